@@ -1,0 +1,35 @@
+"""What one command sees while it is applied: the state, its space, time, ids and the effects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from runstate.actors.state import Space, State
+
+# Effects are plain tuples, handed to the node on the event loop after the batch is applied:
+#   ("wake", key)   wake long-poll waiters parked on key, e.g. ("task", task_id) or
+#                   ("queue", run_id, mailbox)
+#   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
+Effect = tuple[Any, ...]
+
+
+def task_key(task_id: str) -> tuple[str, str]:
+    return ("task", task_id)
+
+
+def queue_key(run_id: str, mailbox: str) -> tuple[str, str, str]:
+    return ("queue", run_id, mailbox)
+
+
+@dataclass(slots=True)
+class Context:
+    state: State
+    space: Space
+    now_ms: int
+    epoch: int
+    command_id: str
+    effects: list[Effect] = field(default_factory=list)
+
+    def wake(self, key: tuple[str, ...]) -> None:
+        self.effects.append(("wake", key))

@@ -1,0 +1,40 @@
+"""Failed preconditions as results.
+
+A command whose precondition fails returns `Rejected(code, message)` and leaves the state as it
+was; every replica computes the same rejection. An exception escaping `apply` is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NOT_FOUND: Final = "NOT_FOUND"
+VALIDATION: Final = "VALIDATION"
+CONFLICT: Final = "CONFLICT"
+SCOPE_CANCELLED: Final = "SCOPE_CANCELLED"
+DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"
+LEASE_LOST: Final = "LEASE_LOST"
+KEY_CONFLICT: Final = "KEY_CONFLICT"
+LIMIT_EXCEEDED: Final = "LIMIT_EXCEEDED"
+RESULT_TOO_LARGE: Final = "RESULT_TOO_LARGE"
+STALE_EPOCH: Final = "STALE_EPOCH"
+
+
+class Rejected(Exception):
+    """Raised inside a handler to reject its command; `apply` turns it into an error result.
+
+    Handlers check every precondition before they change anything, so raising leaves the state
+    untouched.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def as_result(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+def is_error(result: object) -> bool:
+    return isinstance(result, dict) and "error" in result

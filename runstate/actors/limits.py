@@ -1,0 +1,50 @@
+"""Every bound of the core, named once.
+
+The HTTP layer validates against these before proposing, and the core checks them again when it
+applies a command, so a bug in one layer cannot grow the replicated state without limit.
+"""
+
+from __future__ import annotations
+
+KIB = 1024
+
+# Payloads (task input, task result), measured as compact JSON bytes.
+payload_bytes_max = 64 * KIB
+# One HTTP request body.
+body_bytes_max = 256 * KIB
+
+# Names and keys.
+name_chars_max = 128
+key_chars_max = 512
+error_message_chars_max = 2 * KIB
+
+# Spaces, mailboxes, runs, tasks.
+spaces_max = 1_000
+mailboxes_per_space_max = 1_000
+runs_per_space_max = 100_000
+child_limit_default = 1_000
+child_limit_max = 100_000
+run_depth_max = 32
+tasks_per_run_max = 100_000
+tasks_per_space_max = 1_000_000
+
+# Deliveries and leases.
+lease_ms_default = 30_000
+lease_ms_min = 100
+lease_ms_max = 3_600_000
+receive_batch_max = 100
+attempts_default = 5
+attempts_max = 100
+retry_backoff_ms_base = 1_000
+retry_backoff_ms_max = 60_000
+retry_delay_ms_max = 3_600_000
+
+# Runs.
+deadline_ms_max = 365 * 24 * 3_600_000  # a deadline at most a year ahead
+retention_ms_default = 7 * 24 * 3_600_000
+
+# Ticks: how many due entries one tick command processes; the rest wait for the next tick.
+tick_entries_max = 10_000
+
+# One replicated batch.
+batch_commands_max = 1_000

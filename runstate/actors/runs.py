@@ -1,0 +1,172 @@
+"""Every rule of a run: create, child, cancel, complete, deadline, retention, effective state.
+
+A run is the unit a swarm is stopped by. Cancelling or completing a run, or its deadline passing,
+stops it and every run below it in the same step: their unfinished tasks end CANCELLED (EXPIRED
+for a deadline), new work is refused, recorded results stay readable until retention removes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runstate.actors import errors, limits
+from runstate.actors.context import Context, queue_key, task_key
+from runstate.actors.errors import Rejected
+from runstate.actors.state import DueKind, Run, RunState, State, TaskState
+
+
+def require_run(ctx: Context, run_id: Any) -> Run:
+    run = ctx.state.runs.get(run_id) if isinstance(run_id, str) else None
+    if run is None or run.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"run {run_id!r} not found")
+    return run
+
+
+def inactive_reason(state: State, run: Run, now_ms: int) -> tuple[str, str] | None:
+    """Why `run` refuses new work, as (code, message); None when it and every run above it are
+    active. The nearest stopped run decides the code."""
+    current: Run | None = run
+    while current is not None:
+        if current.stored_state != RunState.ACTIVE:
+            which = "run" if current is run else "parent run"
+            return (
+                errors.SCOPE_CANCELLED,
+                f"{which} {current.id} is {current.stored_state.lower()}",
+            )
+        if current.deadline_ms is not None and now_ms >= current.deadline_ms:
+            which = "run" if current is run else "parent run"
+            return (errors.DEADLINE_EXCEEDED, f"{which} {current.id} is past its deadline")
+        current = state.runs.get(current.parent_id) if current.parent_id else None
+    return None
+
+
+def require_active(ctx: Context, run: Run) -> None:
+    reason = inactive_reason(ctx.state, run, ctx.now_ms)
+    if reason is not None:
+        raise Rejected(*reason)
+
+
+def effective(state: State, run: Run, now_ms: int) -> str:
+    return "ACTIVE" if inactive_reason(state, run, now_ms) is None else "INACTIVE"
+
+
+def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    name = args.get("name")
+    deadline_ms = args.get("deadline_ms")
+    child_limit = args.get("child_limit", limits.child_limit_default)
+    parent_id = args.get("parent_id")
+    if not (isinstance(child_limit, int) and 0 <= child_limit <= limits.child_limit_max):
+        raise Rejected(errors.VALIDATION, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
+    if deadline_ms is not None:
+        if not isinstance(deadline_ms, int) or deadline_ms <= ctx.now_ms:
+            raise Rejected(errors.VALIDATION, "deadline must be in the future")
+        if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
+            raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+    parent: Run | None = None
+    depth = 0
+    if parent_id is not None:
+        parent = require_run(ctx, parent_id)
+        require_active(ctx, parent)
+        if len(parent.children) >= parent.child_limit:
+            raise Rejected(
+                errors.LIMIT_EXCEEDED, f"run {parent.id} already has its limit of {parent.child_limit} child runs"
+            )
+        depth = parent.depth + 1
+        if depth > limits.run_depth_max:
+            raise Rejected(errors.LIMIT_EXCEEDED, f"runs nest at most {limits.run_depth_max} deep")
+    if ctx.space.run_count >= limits.runs_per_space_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a space holds at most {limits.runs_per_space_max} runs")
+
+    run = Run(
+        id="run_" + ctx.command_id,
+        space=ctx.space.id,
+        name=name,
+        parent_id=parent.id if parent else None,
+        depth=depth,
+        deadline_ms=deadline_ms,
+        child_limit=child_limit,
+        created_ms=ctx.now_ms,
+    )
+    assert run.id not in ctx.state.runs, "leader generated a duplicate run id"
+    ctx.state.runs[run.id] = run
+    ctx.space.run_count += 1
+    if parent is not None:
+        parent.children.append(run.id)
+    if deadline_ms is not None:
+        ctx.state.arm(deadline_ms, DueKind.DEADLINE, run.id)
+    return {"run_id": run.id}
+
+
+def cancel(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    run = require_run(ctx, args.get("run_id"))
+    if run.stored_state == RunState.COMPLETED:
+        raise Rejected(errors.CONFLICT, f"run {run.id} is completed; a completed run cannot be cancelled")
+    if run.stored_state == RunState.ACTIVE:
+        run.stored_state = RunState.CANCELLED
+        run.reason = args.get("reason")
+        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
+    return {"run_id": run.id}
+
+
+def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    run = require_run(ctx, args.get("run_id"))
+    if run.stored_state == RunState.CANCELLED:
+        raise Rejected(errors.CONFLICT, f"run {run.id} is cancelled; a cancelled run cannot be completed")
+    if run.stored_state == RunState.ACTIVE:
+        run.stored_state = RunState.COMPLETED
+        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
+    return {"run_id": run.id}
+
+
+def on_deadline(ctx: Context, run_id: str, retention_ms: int) -> None:
+    run = ctx.state.runs.get(run_id)
+    if run is None or run.stored_state != RunState.ACTIVE:
+        return  # already stopped (or removed): its tasks are final already
+    _stop(ctx, run, TaskState.EXPIRED, retention_ms)
+
+
+def on_retention(ctx: Context, run_id: str) -> None:
+    run = ctx.state.runs.get(run_id)
+    if run is None:
+        return  # removed with an ancestor already
+    state = ctx.state
+    parent = state.runs.get(run.parent_id) if run.parent_id else None
+    if parent is not None:
+        parent.children.remove(run.id)
+    for member in subtree(state, run):
+        space = state.spaces[member.space]
+        for queue in member.queues.values():
+            for task_id in queue.by_key.values():
+                del state.tasks[task_id]
+        space.task_count -= member.task_count
+        space.run_count -= 1
+        del state.runs[member.id]
+
+
+def subtree(state: State, run: Run) -> list[Run]:
+    """`run` and every run below it, parents before children."""
+    found = [run]
+    index = 0
+    while index < len(found):
+        found.extend(state.runs[child_id] for child_id in found[index].children)
+        index += 1
+    return found
+
+
+def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
+    """Stop `run` and everything below it in this one step."""
+    now_ms = ctx.now_ms
+    for member in subtree(ctx.state, run):
+        for mailbox, queue in member.queues.items():
+            for task_id in queue.by_key.values():
+                task = ctx.state.tasks[task_id]
+                if task.state in TaskState.TERMINAL:
+                    continue
+                task.state = task_state
+                task.finished_ms = now_ms
+                ctx.wake(task_key(task.id))
+            queue.ready.clear()
+            ctx.wake(queue_key(member.id, mailbox))
+    if run.finished_ms is None:
+        run.finished_ms = now_ms
+        ctx.state.arm(now_ms + retention_ms, DueKind.RETENTION, run.id)

@@ -1,0 +1,184 @@
+"""The replicated state: entities, the due-time heap, and the snapshot codec.
+
+Everything here is plain data. The rules that change it live beside it, one module per entity
+(`runs.py`, `tasks.py`); `dispatch.py` routes a command to its rule.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+SNAPSHOT_VERSION = 1
+
+
+class RunState:
+    """A run's own (stored) state."""
+
+    ACTIVE = "ACTIVE"  # accepting work
+    CANCELLED = "CANCELLED"  # stopped by cancel(); final
+    COMPLETED = "COMPLETED"  # closed by complete(); final
+
+
+class TaskState:
+    QUEUED = "QUEUED"  # waiting for a worker (possibly after a retry backoff)
+    RUNNING = "RUNNING"  # held by a worker under a delivery lease
+    SUCCEEDED = "SUCCEEDED"  # completed with a recorded outcome
+    FAILED = "FAILED"  # rejected, or out of attempts; `error` holds the last error
+    CANCELLED = "CANCELLED"  # its run (or a run above it) was cancelled or completed
+    EXPIRED = "EXPIRED"  # its run's deadline passed first
+
+    TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, EXPIRED})
+
+
+class DueKind:
+    """What a heap entry wakes up for. Entries are checked when they come due, so an entry made
+    stale by a later change (a renewed lease, a cancelled task) is simply skipped."""
+
+    LEASE = "lease"  # a delivery lease may have lapsed
+    READY = "ready"  # a retry backoff ends
+    DEADLINE = "deadline"  # a run's deadline passes
+    RETENTION = "retention"  # a finished run's retention ends: remove it
+
+
+@dataclass(slots=True)
+class Mailbox:
+    name: str
+    mode: str
+
+
+@dataclass(slots=True)
+class Space:
+    id: str
+    mailboxes: dict[str, Mailbox] = field(default_factory=dict)
+    run_count: int = 0
+    task_count: int = 0
+
+
+@dataclass(slots=True)
+class Queue:
+    """The tasks of one mailbox within one run."""
+
+    # Task ids ready for delivery, oldest first. May hold ids that are no longer QUEUED (a
+    # cancelled task); receive skips those.
+    ready: deque[str] = field(default_factory=deque)
+    by_key: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Run:
+    id: str
+    space: str
+    name: str | None
+    parent_id: str | None
+    depth: int
+    deadline_ms: int | None
+    child_limit: int
+    created_ms: int
+    stored_state: str = RunState.ACTIVE
+    finished_ms: int | None = None  # when it was cancelled, completed, or its deadline passed
+    reason: str | None = None
+    children: list[str] = field(default_factory=list)
+    queues: dict[str, Queue] = field(default_factory=dict)
+    task_count: int = 0
+
+
+@dataclass(slots=True)
+class Task:
+    id: str
+    space: str
+    run_id: str
+    mailbox: str
+    key: str
+    input: Any
+    input_hash: str
+    attempts: int
+    created_ms: int
+    state: str = TaskState.QUEUED
+    failures: int = 0  # failed attempts so far (lapses, retries)
+    attempt: int = 0  # the number of the current or last delivery; 0 before the first
+    delivery_id: str | None = None
+    delivery_count: int = 0
+    lease_expires_ms: int = 0
+    holder: str | None = None
+    ready_at_ms: int = 0
+    outcome: Any = None
+    error: str | None = None
+    finished_ms: int | None = None
+
+
+@dataclass(slots=True)
+class State:
+    clock_ms: int = 0
+    epoch: int = 0
+    spaces: dict[str, Space] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
+    due: list[list[Any]] = field(default_factory=list)
+    due_seq: int = 0
+
+    def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
+        self.due_seq += 1
+        heapq.heappush(self.due, [due_ms, self.due_seq, kind, entity_id])
+
+    def next_due_ms(self) -> int | None:
+        return self.due[0][0] if self.due else None
+
+
+# -- snapshot codec ------------------------------------------------------------------------------
+# Entities are written as lists in field order; the version guards the layout.
+
+_RUN_FIELDS = (
+    "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
+    "stored_state", "finished_ms", "reason", "children", "task_count",
+)
+_TASK_FIELDS = (
+    "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
+    "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "holder",
+    "ready_at_ms", "outcome", "error", "finished_ms",
+)
+
+
+def to_snapshot(state: State) -> dict[str, Any]:
+    runs = []
+    for run in state.runs.values():
+        queues = {name: [list(q.ready), q.by_key] for name, q in run.queues.items()}
+        runs.append([getattr(run, f) for f in _RUN_FIELDS] + [queues])
+    return {
+        "v": SNAPSHOT_VERSION,
+        "clock_ms": state.clock_ms,
+        "epoch": state.epoch,
+        "spaces": [
+            [s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count]
+            for s in state.spaces.values()
+        ],
+        "runs": runs,
+        "tasks": [[getattr(t, f) for f in _TASK_FIELDS] for t in state.tasks.values()],
+        "due": state.due,
+        "due_seq": state.due_seq,
+    }
+
+
+def from_snapshot(data: dict[str, Any]) -> State:
+    if data.get("v") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported snapshot version {data.get('v')!r}, expected {SNAPSHOT_VERSION}")
+    state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=data["due"], due_seq=data["due_seq"])
+    for space_id, mailboxes, run_count, task_count in data["spaces"]:
+        state.spaces[space_id] = Space(
+            id=space_id,
+            mailboxes={name: Mailbox(name, mode) for name, mode in mailboxes},
+            run_count=run_count,
+            task_count=task_count,
+        )
+    for row in data["runs"]:
+        *values, queues = row
+        run = Run(**dict(zip(_RUN_FIELDS, values)))
+        run.queues = {name: Queue(deque(ready), by_key) for name, (ready, by_key) in queues.items()}
+        state.runs[run.id] = run
+    for row in data["tasks"]:
+        task = Task(**dict(zip(_TASK_FIELDS, row)))
+        state.tasks[task.id] = task
+    return state

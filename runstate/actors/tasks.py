@@ -1,0 +1,250 @@
+"""Every rule of a work queue: mailboxes, tasks, and deliveries under leases.
+
+A task is identified by (run, mailbox, key). A delivery hands a QUEUED task to one worker under a
+lease; the lease is valid while `now_ms < lease_expires_ms`, and every rule below uses that one
+test, so a tick that has not yet run cannot make a lapsed lease valid again. A delivery id names
+its task (`<task id>.<delivery number>.<nonce>`), so an operation on a delivery that was taken
+over finds the task and answers LEASE_LOST rather than NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runstate.actors import errors, limits, runs
+from runstate.actors.context import Context, queue_key, task_key
+from runstate.actors.errors import Rejected
+from runstate.actors.state import DueKind, Mailbox, Queue, Run, Task, TaskState
+
+MAILBOX_MODES = ("WORK",)
+
+
+# -- mailboxes -----------------------------------------------------------------------------------
+
+
+def ensure_mailbox(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    name, mode = args.get("name"), args.get("mode", "WORK")
+    if not (isinstance(name, str) and 0 < len(name) <= limits.name_chars_max):
+        raise Rejected(errors.VALIDATION, f"mailbox name must be 1 to {limits.name_chars_max} characters")
+    if mode not in MAILBOX_MODES:
+        raise Rejected(errors.VALIDATION, f"mode must be one of {', '.join(MAILBOX_MODES)}, not {mode!r}")
+    existing = ctx.space.mailboxes.get(name)
+    if existing is not None:
+        if existing.mode != mode:
+            raise Rejected(errors.CONFLICT, f"mailbox {name!r} exists with mode {existing.mode}, not {mode}")
+        return {"name": name, "mode": mode, "created": False}
+    if len(ctx.space.mailboxes) >= limits.mailboxes_per_space_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a space holds at most {limits.mailboxes_per_space_max} mailboxes")
+    ctx.space.mailboxes[name] = Mailbox(name=name, mode=mode)
+    return {"name": name, "mode": mode, "created": True}
+
+
+def _require_queue(ctx: Context, run: Run, mailbox: Any) -> Queue:
+    if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
+        raise Rejected(errors.NOT_FOUND, f"mailbox {mailbox!r} not found; create it with mailboxes.ensure")
+    queue = run.queues.get(mailbox)
+    if queue is None:
+        queue = run.queues[mailbox] = Queue()
+    return queue
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+
+
+def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    run = runs.require_run(ctx, args.get("run_id"))
+    mailbox = args.get("mailbox")
+    key, input_hash = args["key"], args["input_hash"]
+    attempts = args.get("attempts", limits.attempts_default)
+    if not (isinstance(attempts, int) and 1 <= attempts <= limits.attempts_max):
+        raise Rejected(errors.VALIDATION, f"attempts must be an integer from 1 to {limits.attempts_max}")
+    queue = _require_queue(ctx, run, mailbox)
+    existing_id = queue.by_key.get(key)
+    if existing_id is not None:
+        existing = ctx.state.tasks[existing_id]
+        if existing.input_hash != input_hash:
+            raise Rejected(
+                errors.KEY_CONFLICT, f"task key {key!r} is already used in this run with a different input"
+            )
+        return {"task_id": existing.id, "created": False}
+    runs.require_active(ctx, run)
+    if run.task_count >= limits.tasks_per_run_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.tasks_per_run_max} tasks")
+    if ctx.space.task_count >= limits.tasks_per_space_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a space holds at most {limits.tasks_per_space_max} tasks")
+
+    task = Task(
+        id="tsk_" + ctx.command_id,
+        space=ctx.space.id,
+        run_id=run.id,
+        mailbox=mailbox,
+        key=key,
+        input=args.get("input"),
+        input_hash=input_hash,
+        attempts=attempts,
+        created_ms=ctx.now_ms,
+    )
+    assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
+    ctx.state.tasks[task.id] = task
+    queue.by_key[key] = task.id
+    run.task_count += 1
+    ctx.space.task_count += 1
+    _make_ready(ctx, task, queue)
+    return {"task_id": task.id, "created": True}
+
+
+def _make_ready(ctx: Context, task: Task, queue: Queue) -> None:
+    task.state = TaskState.QUEUED
+    task.ready_at_ms = 0
+    queue.ready.append(task.id)
+    ctx.wake(queue_key(task.run_id, task.mailbox))
+
+
+def _finish(ctx: Context, task: Task, state: str, *, outcome: Any = None, error: str | None = None) -> None:
+    task.state = state
+    task.outcome = outcome
+    if error is not None:
+        task.error = error
+    task.finished_ms = ctx.now_ms
+    task.delivery_id = None
+    ctx.wake(task_key(task.id))
+
+
+# -- deliveries ----------------------------------------------------------------------------------
+
+
+def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    run = runs.require_run(ctx, args.get("run_id"))
+    queue = _require_queue(ctx, run, args.get("mailbox"))
+    runs.require_active(ctx, run)
+    count_max, lease_ms = args["max"], args["lease_ms"]
+    assert 1 <= count_max <= limits.receive_batch_max
+    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
+    delivered: list[str] = []
+    while queue.ready and len(delivered) < count_max:
+        task = ctx.state.tasks[queue.ready.popleft()]
+        if task.state != TaskState.QUEUED or task.ready_at_ms:
+            continue  # stale entry: cancelled, or already handed out
+        task.state = TaskState.RUNNING
+        task.delivery_count += 1
+        task.attempt = task.failures + 1
+        task.delivery_id = f"{task.id}.{task.delivery_count}.{ctx.command_id[:8]}"
+        task.lease_expires_ms = ctx.now_ms + lease_ms
+        task.holder = args.get("holder")
+        ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
+        delivered.append(task.id)
+    return {"task_ids": delivered}
+
+
+def _require_delivery(ctx: Context, delivery_id: Any) -> Task:
+    """The task the delivery belongs to. LEASE_LOST if the delivery is no longer its current one."""
+    task_id = delivery_id.split(".", 1)[0] if isinstance(delivery_id, str) else None
+    task = ctx.state.tasks.get(task_id) if task_id else None
+    if task is None or task.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"delivery {delivery_id!r} not found")
+    if task.delivery_id != delivery_id:
+        raise Rejected(errors.LEASE_LOST, f"delivery {delivery_id} is no longer held: its lease lapsed or ended")
+    return task
+
+
+def _require_live_lease(ctx: Context, task: Task, delivery_id: str) -> None:
+    if task.state != TaskState.RUNNING or ctx.now_ms >= task.lease_expires_ms:
+        raise Rejected(errors.LEASE_LOST, f"the lease of delivery {delivery_id} lapsed")
+
+
+def _handback(ctx: Context, delivery_id: Any) -> tuple[Task, bool]:
+    """For release, retry and reject, which stay allowed after the run stopped: the task, and
+    whether it is still live (False when the run's stop already ended it)."""
+    task = _require_delivery(ctx, delivery_id)
+    if task.state in (TaskState.CANCELLED, TaskState.EXPIRED):
+        task.delivery_id = None
+        return task, False
+    _require_live_lease(ctx, task, delivery_id)
+    return task, True
+
+
+def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    delivery_id, lease_ms = args.get("delivery_id"), args["lease_ms"]
+    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
+    task = _require_delivery(ctx, delivery_id)
+    runs.require_active(ctx, ctx.state.runs[task.run_id])
+    _require_live_lease(ctx, task, delivery_id)
+    # The LEASE heap entry for the old expiry finds the lease extended and re-arms itself.
+    task.lease_expires_ms = max(task.lease_expires_ms, ctx.now_ms + lease_ms)
+    return {"task_id": task.id, "lease_expires_ms": task.lease_expires_ms}
+
+
+def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    delivery_id = args.get("delivery_id")
+    task = _require_delivery(ctx, delivery_id)
+    runs.require_active(ctx, ctx.state.runs[task.run_id])
+    _require_live_lease(ctx, task, delivery_id)
+    _finish(ctx, task, TaskState.SUCCEEDED, outcome=args.get("payload"))
+    return {"task_id": task.id, "state": task.state}
+
+
+def retry(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    task, live = _handback(ctx, args.get("delivery_id"))
+    if live:
+        delay_ms = args.get("delay_ms")
+        _fail_attempt(ctx, task, args.get("error") or "retried by the worker", delay_ms)
+    return {"task_id": task.id, "state": task.state}
+
+
+def reject(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    task, live = _handback(ctx, args.get("delivery_id"))
+    if live:
+        task.failures += 1
+        _finish(ctx, task, TaskState.FAILED, error=args.get("error") or "rejected by the worker")
+    return {"task_id": task.id, "state": task.state}
+
+
+def release(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    task, live = _handback(ctx, args.get("delivery_id"))
+    if live:
+        task.delivery_id = None
+        _make_ready(ctx, task, ctx.state.runs[task.run_id].queues[task.mailbox])
+    return {"task_id": task.id, "state": task.state}
+
+
+def backoff_ms(failures: int) -> int:
+    """Delay before the attempt after `failures` failed ones: 1 s, 2 s, 4 s ... at most 60 s."""
+    return min(limits.retry_backoff_ms_base * 2 ** min(failures - 1, 30), limits.retry_backoff_ms_max)
+
+
+def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None) -> None:
+    """One attempt failed: FAILED when the attempts are used, else QUEUED again (after a delay)."""
+    task.failures += 1
+    task.error = error
+    if task.failures >= task.attempts:
+        _finish(ctx, task, TaskState.FAILED, error=error)
+        return
+    task.delivery_id = None
+    if delay_ms is None:
+        delay_ms = backoff_ms(task.failures)
+    if delay_ms <= 0:
+        _make_ready(ctx, task, ctx.state.runs[task.run_id].queues[task.mailbox])
+        return
+    task.state = TaskState.QUEUED
+    task.ready_at_ms = ctx.now_ms + delay_ms
+    ctx.state.arm(task.ready_at_ms, DueKind.READY, task.id)
+
+
+# -- time ----------------------------------------------------------------------------------------
+
+
+def on_lease_due(ctx: Context, delivery_id: str, due_ms: int) -> None:
+    task = ctx.state.tasks.get(delivery_id.split(".", 1)[0])
+    if task is None or task.delivery_id != delivery_id or task.state != TaskState.RUNNING:
+        return  # the delivery ended already
+    if task.lease_expires_ms > due_ms:
+        ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, delivery_id)  # renewed: look again then
+        return
+    _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0)
+
+
+def on_ready_due(ctx: Context, task_id: str, due_ms: int) -> None:
+    task = ctx.state.tasks.get(task_id)
+    if task is None or task.state != TaskState.QUEUED or task.ready_at_ms != due_ms:
+        return
+    _make_ready(ctx, task, ctx.state.runs[task.run_id].queues[task.mailbox])
