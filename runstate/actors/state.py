@@ -175,10 +175,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
         )
     for row in data["runs"]:
         *values, queues = row
-        run = Run(**dict(zip(_RUN_FIELDS, values)))
+        run = Run(**dict(zip(_RUN_FIELDS, values, strict=True)))
         run.queues = {name: Queue(deque(ready), by_key) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
-        task = Task(**dict(zip(_TASK_FIELDS, row)))
+        task = Task(**dict(zip(_TASK_FIELDS, row, strict=True)))
         state.tasks[task.id] = task
     return state
