@@ -1,0 +1,108 @@
+"""Reading and validating request input. Every failure is a 400 VALIDATION naming the field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from aiohttp import web
+
+from runstate.actors import limits
+from runstate.node.api.errors import ApiError
+
+_MISSING = object()
+
+
+async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > limits.body_bytes_max:
+        raise ApiError("VALIDATION", f"request body over {limits.body_bytes_max} bytes")
+    raw = await request.content.read(limits.body_bytes_max + 1)
+    if len(raw) > limits.body_bytes_max:
+        raise ApiError("VALIDATION", f"request body over {limits.body_bytes_max} bytes")
+    if not raw.strip():
+        if required:
+            raise ApiError("VALIDATION", "a JSON object body is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ApiError("VALIDATION", f"body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError("VALIDATION", "body must be a JSON object")
+    return body
+
+
+def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = False) -> str | None:
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise ApiError("VALIDATION", f"{field} is required")
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
+        raise ApiError("VALIDATION", f"{field} must be a string of 1 to {max_chars} characters")
+    return value
+
+
+def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, default: int | None = None) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ApiError("VALIDATION", f"{field} must be an integer from {minimum} to {maximum}")
+    return value
+
+
+def query_integer(request: web.Request, field: str, *, minimum: int, maximum: int, default: int) -> int:
+    raw = request.query.get(field)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError("VALIDATION", f"{field} must be an integer") from None
+    if not minimum <= value <= maximum:
+        raise ApiError("VALIDATION", f"{field} must be from {minimum} to {maximum}")
+    return value
+
+
+def timestamp_ms(body: dict[str, Any], field: str) -> int | None:
+    """An ISO 8601 time (a naive one is taken as UTC) as milliseconds since the epoch."""
+    value = body.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError("VALIDATION", f"{field} must be an ISO 8601 string")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ApiError("VALIDATION", f"{field} is not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys: equal values give equal bytes (the basis of input hashes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def payload(body: dict[str, Any], field: str, *, code: str, required: bool = True) -> tuple[Any, bytes]:
+    """A JSON value of at most `payload_bytes_max`, with its canonical encoding."""
+    value = body.get(field, _MISSING)
+    if value is _MISSING:
+        if required:
+            raise ApiError("VALIDATION", f"{field} is required")
+        value = None
+    try:
+        encoded = canonical_json(value)
+    except ValueError as error:
+        raise ApiError("VALIDATION", f"{field} is not a JSON value: {error}") from None
+    if len(encoded) > limits.payload_bytes_max:
+        raise ApiError(code, f"{field} is {len(encoded)} bytes, over the {limits.payload_bytes_max}-byte limit")
+    return value, encoded
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,43 @@
+"""The aiohttp application: routes from the table, JSON errors, no 500 for bad input."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+# Importing the route modules registers their routes in ROUTES.
+from runstate.node.api import deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
+from runstate.node.api.errors import ApiError, error_response
+from runstate.node.api.routes import NODE_KEY, ROUTES
+
+if TYPE_CHECKING:
+    from runstate.node.server import Node
+
+log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:  # type: ignore[type-arg]
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status == 404:
+            return error_response("NOT_FOUND", f"no route {request.method} {request.path}")
+        if error.status == 405:
+            return error_response("METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path}")
+        raise
+    except Exception:
+        log.exception("internal error in %s %s", request.method, request.path)
+        return error_response("INTERNAL", "internal server error; the node's log has the details")
+
+
+def build_app(node: Node) -> web.Application:
+    app = web.Application(middlewares=[errors_as_json], client_max_size=2 * 1024 * 1024)
+    app[NODE_KEY] = node
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app

@@ -1,0 +1,156 @@
+"""Deliveries: receive tasks under a lease, renew, complete, retry, reject, release."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from runstate.actors import limits, runs
+from runstate.actors.context import queue_key
+from runstate.node.api import _request as req
+from runstate.node.api.errors import ApiError
+from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, holder_of, node_of, route, space_of
+from runstate.node.api.views import delivery_view, iso
+from runstate.node.config import LONG_POLL_MS_MAX
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
+
+
+def _lease_ms(body: dict[str, Any]) -> int:
+    value = req.integer(
+        body, "leaseMs", minimum=limits.lease_ms_min, maximum=limits.lease_ms_max, default=limits.lease_ms_default
+    )
+    assert value is not None
+    return value
+
+
+@route(
+    "POST", "/v1/scopes/{id}/mailboxes/{name}/receive",
+    "Receive up to max tasks under a lease, waiting up to waitMs for the first",
+    body={
+        "max": {"type": "integer", "minimum": 1, "maximum": limits.receive_batch_max},
+        "leaseMs": _LEASE_MS,
+        "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX},
+        "holder": STRING,
+    },
+    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE),
+)
+async def receive(request: web.Request) -> web.Response:
+    node, space = node_of(request), space_of(request)
+    body = await req.json_body(request, required=False)
+    run_id, mailbox = request.match_info["id"], request.match_info["name"]
+    args = {
+        "run_id": run_id,
+        "mailbox": mailbox,
+        "max": req.integer(body, "max", minimum=1, maximum=limits.receive_batch_max, default=1),
+        "lease_ms": _lease_ms(body),
+        "holder": holder_of(request, body),
+    }
+    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    assert wait_ms is not None
+    deadline = time.monotonic() + wait_ms / 1000
+    first = True
+    while True:
+        # Registered before proposing, so a task that becomes ready meanwhile wakes this wait.
+        with node.waiters.register(queue_key(run_id, mailbox)) as waiter:
+            # The first receive always goes through the log (it validates); later ones only when
+            # there is something to hand out or the run stopped, so an idle poll writes nothing.
+            if first or _worth_receiving(request, run_id, mailbox):
+                result = await node.propose(space, "task.receive", args)
+            else:
+                result = {"task_ids": []}
+            first = False
+            if result["task_ids"]:
+                with node.read() as state:
+                    deliveries = [delivery_view(state.tasks[task_id]) for task_id in result["task_ids"]]
+                return web.json_response({"deliveries": deliveries})
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return web.json_response({"deliveries": []})
+            await waiter.wait(remaining_s)
+
+
+def _worth_receiving(request: web.Request, run_id: str, mailbox: str) -> bool:
+    with node_of(request).read() as state:
+        run = state.runs.get(run_id)
+        if run is None or runs.inactive_reason(state, run, int(time.time() * 1000)) is not None:
+            return True
+        queue = run.queues.get(mailbox)
+        return bool(queue and queue.ready)
+
+
+async def _delivery_command(request: web.Request, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    args["delivery_id"] = request.match_info["id"]
+    result: dict[str, Any] = await node_of(request).propose(space_of(request), kind, args)
+    return result
+
+
+@route(
+    "POST", "/v1/deliveries/{id}/renew", "Extend a delivery's lease", body={"leaseMs": _LEASE_MS},
+    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE),
+)
+async def renew(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    result = await _delivery_command(request, "delivery.renew", {"lease_ms": _lease_ms(body)})
+    return web.json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
+
+
+@route(
+    "POST", "/v1/deliveries/{id}/complete", "Complete a delivery: record its task's result",
+    body={"result": {"type": "object", "properties": {"payload": ANY_JSON}}},
+    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE),
+)
+async def complete(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    result = body.get("result", {})
+    if not isinstance(result, dict):
+        raise ApiError("VALIDATION", "result must be an object such as {\"payload\": ...}")
+    payload, _ = req.payload(result, "payload", code="RESULT_TOO_LARGE", required=False)
+    answer = await _delivery_command(request, "delivery.complete", {"payload": payload})
+    return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
+
+
+@route(
+    "POST", "/v1/deliveries/{id}/retry", "Give the task back for another attempt (after a backoff)",
+    body={"error": STRING, "delayMs": INTEGER}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"),
+)
+async def retry(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    args = {
+        "error": _error_text(body),
+        "delay_ms": req.integer(body, "delayMs", minimum=0, maximum=limits.retry_delay_ms_max),
+    }
+    answer = await _delivery_command(request, "delivery.retry", args)
+    return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
+
+
+@route(
+    "POST", "/v1/deliveries/{id}/reject", "Fail the task now, without further attempts",
+    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"),
+)
+async def reject(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    answer = await _delivery_command(request, "delivery.reject", {"error": _error_text(body)})
+    return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
+
+
+@route(
+    "POST", "/v1/deliveries/{id}/release", "Put the task back at once, no attempt counted",
+    errors=("NOT_FOUND", "LEASE_LOST"),
+)
+async def release(request: web.Request) -> web.Response:
+    await req.json_body(request, required=False)
+    answer = await _delivery_command(request, "delivery.release", {})
+    return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
+
+
+def _error_text(body: dict[str, Any]) -> str | None:
+    error = body.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        raise ApiError("VALIDATION", "error must be a string")
+    return error[: limits.error_message_chars_max]

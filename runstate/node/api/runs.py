@@ -1,0 +1,98 @@
+"""Runs (the API calls them scopes): create, child, status, cancel, complete."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate.actors import limits
+from runstate.node.api import _request as req
+from runstate.node.api.errors import ApiError
+from runstate.node.api.routes import INTEGER, ISO_TIME, STRING, node_of, route, space_of
+from runstate.node.api.views import run_view
+
+if TYPE_CHECKING:
+    from runstate.node.server import Node
+
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_RUN_BODY = {"name": STRING, "deadline": ISO_TIME, "childLimit": INTEGER}
+
+
+def render_run(node: Node, space: str, run_id: str) -> web.Response:
+    with node.read() as state:
+        run = state.runs.get(run_id)
+        if run is None or run.space != space:
+            raise ApiError("NOT_FOUND", f"run {run_id!r} not found")
+        view = run_view(state, run, int(time.time() * 1000))
+    return web.json_response(view)
+
+
+def _create_args(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": req.text(body, "name", max_chars=limits.name_chars_max),
+        "deadline_ms": req.timestamp_ms(body, "deadline"),
+        "child_limit": req.integer(
+            body, "childLimit", minimum=0, maximum=limits.child_limit_max, default=limits.child_limit_default
+        ),
+    }
+
+
+async def _create(request: web.Request, body: dict[str, Any], parent_id: str | None) -> web.Response:
+    node, space = node_of(request), space_of(request)
+    args = _create_args(body)
+    args["parent_id"] = parent_id
+    result = await node.propose(space, "run.create", args)
+    response = render_run(node, space, result["run_id"])
+    response.set_status(201)
+    return response
+
+
+@route(
+    "POST", "/v1/scopes", "Create a run (every call creates a new one)",
+    body={**_RUN_BODY, "parentScopeId": STRING}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+)
+async def create_run(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    parent_id = req.text(body, "parentScopeId", max_chars=limits.name_chars_max)
+    return await _create(request, body, parent_id)
+
+
+@route(
+    "POST", "/v1/scopes/{id}/children", "Create a child run", body=_RUN_BODY, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+)
+async def create_child(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    return await _create(request, body, request.match_info["id"])
+
+
+@route("GET", "/v1/scopes/{id}", "A run's status", errors=("NOT_FOUND",))
+async def run_status(request: web.Request) -> web.Response:
+    return render_run(node_of(request), space_of(request), request.match_info["id"])
+
+
+async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Response:
+    node, space, run_id = node_of(request), space_of(request), request.match_info["id"]
+    args.update(run_id=run_id, retention_ms=node.config.retention_ms)
+    await node.propose(space, kind, args)
+    return render_run(node, space, run_id)
+
+
+@route(
+    "POST", "/v1/scopes/{id}/cancel", "Cancel a run and everything below it",
+    body={"reason": STRING}, errors=("NOT_FOUND", "CONFLICT"),
+)
+async def cancel_run(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    reason = req.text(body, "reason", max_chars=limits.error_message_chars_max)
+    return await _stop(request, "run.cancel", {"reason": reason})
+
+
+@route("POST", "/v1/scopes/{id}/complete", "Complete a run", errors=("NOT_FOUND", "CONFLICT"))
+async def complete_run(request: web.Request) -> web.Response:
+    await req.json_body(request, required=False)
+    return await _stop(request, "run.complete", {})

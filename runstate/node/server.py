@@ -1,0 +1,138 @@
+"""One runstate node: the core, the replicated log, the waiters, the ticker and the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
+
+from runstate.actors import dispatch
+from runstate.actors.context import Effect
+from runstate.actors.state import State
+from runstate.node.api.errors import ApiError, raise_for_result
+from runstate.node.config import PROPOSE_TIMEOUT_S, READY_TIMEOUT_S, NodeConfig
+from runstate.node.ticker import Ticker
+from runstate.node.waiters import Waiters
+
+log = logging.getLogger(__name__)
+
+COMMAND_ID_BYTES = 10  # 80 random bits: run, task and delivery ids are derived from it
+
+
+def new_command_id() -> str:
+    return secrets.token_hex(COMMAND_ID_BYTES)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.core = dispatch.Core()
+        self.waiters = Waiters()
+        self.ticker = Ticker(self)
+        raft_port = config.raft_port or free_port(config.raft_host)
+        if config.data_dir is not None:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = ReplicatedLog(
+            self.core,
+            self_address=f"{config.raft_host}:{raft_port}",
+            peer_addresses=config.peers,
+            data_dir=config.data_dir,
+            password=config.raft_password or secrets.token_hex(16),
+            fsync=config.fsync,
+            on_applied=self._on_applied,
+            on_role_change=self._on_role_change,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from runstate.node.api.app import build_app  # the API imports Node for typing only
+
+        await self.log.start()
+        await self.log.wait_ready(READY_TIMEOUT_S)
+        self._tasks.append(asyncio.create_task(self.ticker.run(), name="ticker"))
+        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=1024)
+        await site.start()
+        self.url = f"http://{self.config.host}:{self.config.port}"
+        if self.log.is_leader:
+            self._on_role_change()
+
+    async def stop(self) -> None:
+        self.waiters.wake_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.log.stop()
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def propose(self, space: str, kind: str, args: dict[str, Any]) -> Any:
+        """Commit one command and return its result; a rejection raises ApiError."""
+        command = {"type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args}
+        try:
+            result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
+        except NotLeader as error:
+            raise ApiError("UNAVAILABLE", f"this node is not the leader (leader: {error})") from None
+        except LogUnavailable as error:
+            raise ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}") from None
+        return raise_for_result(result)
+
+    async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
+        return await self.propose(dispatch.SYSTEM_SPACE, kind, args)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[State]:
+        """The state, held still: no command is applied while the block runs. Keep it short."""
+        with self.log.lock:
+            yield self.core.state
+
+    def next_due_ms(self) -> int | None:
+        with self.log.lock:
+            return self.core.state.next_due_ms()
+
+    # -- effects, on the event loop --------------------------------------------------------------
+
+    def _on_applied(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if effect[0] == "wake":
+                self.waiters.wake(effect[1])
+            elif effect[0] == "arm":
+                self.ticker.arm()
+
+    def _on_role_change(self) -> None:
+        self.ticker.arm()
+        if self.log.is_leader:
+            self._tasks.append(asyncio.create_task(self._announce_leadership(), name="leader-start"))
+        else:
+            # Long polls parked here would wait for effects that now happen elsewhere.
+            self.waiters.wake_all()
+
+    async def _announce_leadership(self) -> None:
+        try:
+            await self.propose_system("leader.start", {})
+        except ApiError as error:
+            log.warning("leader.start not applied: %s", error.message)
