@@ -1,0 +1,11 @@
+"""The Python SDK: HTTP clients (async and blocking) and the error classes.
+
+Imports nothing from the server packages (runstate.actors, runstate.cluster, runstate.node).
+"""
+
+from __future__ import annotations
+
+from runstate.sdk.client import AsyncRunstate
+from runstate.sdk.sync import Runstate
+
+__all__ = ["AsyncRunstate", "Runstate"]

@@ -1,0 +1,298 @@
+"""The consume loop behind `Mailbox.consume`: receive, run handlers, keep leases, settle.
+
+One `Consumer` per call. The loop long-polls for as many deliveries as it has free handler slots;
+each delivery gets a handler task and a renewer task. The renewer extends the lease every third of
+it and cancels the handler when the lease is lost or the run stopped. Whatever the handler does
+not settle itself is settled here: completed with its return value, retried with its exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from runstate.sdk._http import OutcomeUnknownError
+from runstate.sdk.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    LeaseLostError,
+    NotFoundError,
+    RunstateError,
+    ScopeCancelledError,
+    UnavailableError,
+)
+
+if TYPE_CHECKING:
+    from runstate.sdk.client import Delivery, Handler, Mailbox
+
+logger = logging.getLogger("runstate.sdk")
+
+CONCURRENCY_MAX = 1_000
+# Long-poll wait of one receive.
+CONSUME_RECEIVE_WAIT_MS = 15_000
+RECEIVE_BATCH_MAX = 100
+# How long a stopping consume() lets running handlers finish before it cancels them.
+CONSUME_DRAIN_TIMEOUT_S = 30.0
+# Backoff between receives while no server answers, and how long an outage is ridden out.
+CONSUME_BACKOFF_S_INITIAL = 0.1
+CONSUME_BACKOFF_S_MAX = 5.0
+CONSUME_UNAVAILABLE_S_MAX = 60.0
+# Renewing: a third of the lease, but not more often than this.
+RENEW_INTERVAL_S_MIN = 0.05
+# Handing a delivery back when a handler is cancelled on shutdown; waiting for a cancelled handler.
+RELEASE_ON_EXIT_TIMEOUT_S = 2.0
+HANDLER_CANCEL_WAIT_S = 5.0
+# Error messages sent with a retry (the server's bound is 2 KiB).
+ERROR_MESSAGE_CHARS_MAX = 2_000
+
+
+def _is_async_callable(handler: Any) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text[:ERROR_MESSAGE_CHARS_MAX]
+
+
+class Consumer:
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        handler: Handler,
+        *,
+        concurrency: int,
+        lease_ms: int,
+        stop: asyncio.Event | None,
+    ) -> None:
+        if not callable(handler):
+            raise ConfigError(f"handler must be callable, got {handler!r}")
+        if (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= CONCURRENCY_MAX
+        ):
+            raise ConfigError(
+                f"concurrency must be an integer between 1 and {CONCURRENCY_MAX}, got {concurrency!r}"
+            )
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
+            raise ConfigError(f"lease_ms must be a positive integer, got {lease_ms!r}")
+        self._mailbox = mailbox
+        self._handler = handler
+        self._handler_is_async = _is_async_callable(handler)
+        self._concurrency = concurrency
+        self._lease_ms = lease_ms
+        self._stop = stop
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        # Set when the user's stop is set or a renewal learns that the run stopped.
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        stop_waiter = asyncio.create_task(self._stopping.wait())
+        watcher = asyncio.create_task(self._watch_stop(self._stop)) if self._stop is not None else None
+        grace_s = CONSUME_DRAIN_TIMEOUT_S
+        try:
+            await self._loop(stop_waiter)
+        except asyncio.CancelledError:
+            grace_s = 0.0
+            raise
+        finally:
+            helpers = {task for task in (stop_waiter, watcher) if task is not None}
+            for task in helpers:
+                task.cancel()
+            await asyncio.wait(helpers)
+            try:
+                await self._drain(grace_s)
+            finally:
+                if self._executor is not None:
+                    # Threads of abandoned sync handlers run on; nothing waits for them.
+                    self._executor.shutdown(wait=False)
+
+    async def _watch_stop(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._stopping.set()
+
+    async def _loop(self, stop_waiter: asyncio.Task[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        contacted = False
+        unavailable_since: float | None = None
+        backoff_s = CONSUME_BACKOFF_S_INITIAL
+        while not self._stopping.is_set():
+            free = self._concurrency - len(self._running)
+            if free <= 0:
+                await asyncio.wait({*self._running, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            receive = asyncio.create_task(
+                self._mailbox._receive(
+                    max=min(free, RECEIVE_BATCH_MAX), lease_ms=self._lease_ms, wait_ms=CONSUME_RECEIVE_WAIT_MS
+                )
+            )
+            try:
+                await asyncio.wait({receive, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not receive.done():
+                    # Stopping (or cancelled): a delivery handed out meanwhile comes back when its
+                    # lease lapses.
+                    receive.cancel()
+                    await asyncio.wait({receive})
+            if receive.cancelled():
+                return
+            try:
+                deliveries = receive.result()
+            except (ScopeCancelledError, DeadlineExceededError) as exc:
+                logger.info("consume %s: the run stopped (%s)", self._mailbox, exc.code)
+                return
+            except UnavailableError as exc:
+                now = loop.time()
+                contacted = contacted or isinstance(exc, OutcomeUnknownError)
+                if unavailable_since is None:
+                    unavailable_since = now
+                if not contacted or now - unavailable_since > CONSUME_UNAVAILABLE_S_MAX:
+                    raise
+                logger.warning("consume %s: %s; receiving again in %.1f s", self._mailbox, exc, backoff_s)
+                await asyncio.wait({stop_waiter}, timeout=backoff_s)
+                backoff_s = min(backoff_s * 2, CONSUME_BACKOFF_S_MAX)
+                continue
+            contacted = True
+            unavailable_since = None
+            backoff_s = CONSUME_BACKOFF_S_INITIAL
+            if self._stopping.is_set():
+                await asyncio.gather(*(self._release_quietly(delivery) for delivery in deliveries))
+                return
+            for delivery in deliveries:
+                task = asyncio.create_task(self._handle(delivery), name=f"runstate-handler-{delivery.id}")
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+
+    async def _drain(self, grace_s: float) -> None:
+        try:
+            if self._running and grace_s > 0:
+                await asyncio.wait(set(self._running), timeout=grace_s)
+        finally:
+            running = set(self._running)
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+
+    async def _handle(self, delivery: Delivery) -> None:
+        """Run one handler under a renewed lease and settle its delivery. Never raises (but cancels)."""
+        lost: list[str] = []
+        handler_task = asyncio.create_task(self._call_handler(delivery))
+        renewer = asyncio.create_task(self._renew_until_done(delivery, handler_task, lost))
+        try:
+            try:
+                await asyncio.wait({handler_task})
+            except asyncio.CancelledError:
+                # consume() is shutting down: stop the handler and hand the task back at once.
+                handler_task.cancel()
+                await asyncio.wait({handler_task}, timeout=HANDLER_CANCEL_WAIT_S)
+                if not delivery.settled and not lost:
+                    await self._release_quietly(delivery)
+                raise
+        finally:
+            renewer.cancel()
+            await asyncio.wait({renewer})
+        try:
+            await self._settle_after(delivery, handler_task, lost)
+        except Exception:
+            logger.exception("consume %s: settling delivery %s failed", self._mailbox, delivery.id)
+
+    async def _settle_after(
+        self, delivery: Delivery, handler_task: asyncio.Task[Any], lost: list[str]
+    ) -> None:
+        if handler_task.cancelled():
+            logger.warning(
+                "consume %s: handler of delivery %s cancelled: %s",
+                self._mailbox,
+                delivery.id,
+                lost[0] if lost else "cancelled",
+            )
+            return
+        exc = handler_task.exception()
+        if exc is None:
+            if not delivery.settled:
+                await self._complete(delivery, handler_task.result())
+            return
+        if isinstance(exc, LeaseLostError):
+            logger.warning("consume %s: delivery %s: %s", self._mailbox, delivery.id, exc)
+            return
+        logger.warning(
+            "consume %s: handler of delivery %s (attempt %s) raised %s",
+            self._mailbox,
+            delivery.id,
+            delivery.attempt,
+            _describe(exc),
+            exc_info=exc,
+        )
+        if not delivery.settled:
+            await self._retry_quietly(delivery, _describe(exc))
+
+    async def _call_handler(self, delivery: Delivery) -> Any:
+        if self._handler_is_async:
+            return await self._handler(delivery.input, delivery)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self._concurrency, thread_name_prefix="runstate-handler"
+            )
+        loop = asyncio.get_running_loop()
+        value = await loop.run_in_executor(
+            self._executor, functools.partial(self._handler, delivery.input, delivery)
+        )
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    async def _renew_until_done(
+        self, delivery: Delivery, handler_task: asyncio.Task[Any], lost: list[str]
+    ) -> None:
+        interval_s = max(self._lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
+        while True:
+            await asyncio.sleep(interval_s)
+            if handler_task.done() or delivery.settled:
+                return
+            try:
+                await delivery.renew(self._lease_ms)
+            except (LeaseLostError, NotFoundError, ScopeCancelledError, DeadlineExceededError) as exc:
+                if delivery.settled:
+                    # The handler settled it meanwhile; its lease ended with that.
+                    return
+                if isinstance(exc, (ScopeCancelledError, DeadlineExceededError)):
+                    lost.append(f"the run stopped ({exc})")
+                    self._stopping.set()
+                else:
+                    lost.append(f"the lease is lost ({exc})")
+                handler_task.cancel()
+                return
+            except RunstateError as exc:
+                # UNAVAILABLE and the like: try again at the next interval; the lease may still hold.
+                logger.warning("consume %s: renewing delivery %s failed: %s", self._mailbox, delivery.id, exc)
+
+    async def _complete(self, delivery: Delivery, value: Any) -> None:
+        try:
+            await delivery.complete(result={"payload": value})
+        except (LeaseLostError, ScopeCancelledError, DeadlineExceededError) as exc:
+            logger.warning("consume %s: completing delivery %s refused: %s", self._mailbox, delivery.id, exc)
+        except RunstateError as exc:
+            logger.warning("consume %s: completing delivery %s failed: %s", self._mailbox, delivery.id, exc)
+            if not delivery.settled:
+                await self._retry_quietly(delivery, f"completing failed: {_describe(exc)}")
+
+    async def _retry_quietly(self, delivery: Delivery, error: str) -> None:
+        try:
+            await delivery.retry(error=error)
+        except RunstateError as exc:
+            logger.warning("consume %s: retrying delivery %s failed: %s", self._mailbox, delivery.id, exc)
+
+    async def _release_quietly(self, delivery: Delivery) -> None:
+        try:
+            await asyncio.wait_for(delivery.release(), RELEASE_ON_EXIT_TIMEOUT_S)
+        except (RunstateError, asyncio.TimeoutError) as exc:
+            logger.info("consume %s: releasing delivery %s failed: %s", self._mailbox, delivery.id, exc)

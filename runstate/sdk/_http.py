@@ -1,0 +1,257 @@
+"""The HTTP transport: one aiohttp session, the list of servers, failover and bounded retries.
+
+Retry rules. A request that never reached a server (connection refused, connect timeout) is
+retried on the next listed server, whatever it is. A request that may have reached a server (a
+read timeout, a dropped connection, a 503 answer) is retried only when the caller marked it safe:
+a GET, a POST the server deduplicates (a submit carries a key), or one whose repetition changes
+nothing (cancel, complete, renew, the delivery calls). An unsafe one (receive, creating a run)
+raises `OutcomeUnknownError` instead, so the caller decides. Retries back off briefly and stop
+after `UNAVAILABLE_AFTER_S` seconds without an answer, with `UnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import yarl
+
+from runstate.sdk.errors import (
+    ConfigError,
+    RunstateError,
+    UnavailableError,
+    error_from_response,
+)
+
+logger = logging.getLogger("runstate.sdk")
+
+BASE_URL_ENV = "RUNSTATE_BASE_URL"
+SPACE_ID_ENV = "RUNSTATE_SPACE_ID"
+API_KEY_ENV = "RUNSTATE_API_KEY"
+BASE_URL_DEFAULT = "http://localhost:8080"
+
+# How long the SDK keeps retrying without any answer before it raises UnavailableError.
+UNAVAILABLE_AFTER_S = 5.0
+RETRY_BACKOFF_S_INITIAL = 0.05
+RETRY_BACKOFF_S_MAX = 0.5
+# Connecting to one server; past it, the next listed server is tried.
+CONNECT_TIMEOUT_S = 2.0
+# Total time of one ordinary request (not a long poll).
+REQUEST_TIMEOUT_S_DEFAULT = 10.0
+# Added to a long poll's server-side wait for its client-side timeout.
+LONG_POLL_MARGIN_S = 5.0
+# Connection pool, per client.
+POOL_CONNECTIONS_MAX = 100
+# How much of an unexpected (non-JSON) answer goes into an error message.
+ERROR_BODY_CHARS_MAX = 500
+
+HEADER_SPACE = "X-Runstate-Space"
+HEADER_HOLDER = "X-Runstate-Holder"
+
+
+class OutcomeUnknownError(UnavailableError):
+    """A request that is unsafe to repeat may have reached the server, but no answer came back."""
+
+
+def parse_base_urls(base_url: str | Sequence[str] | None) -> list[str]:
+    """The servers to talk to: the argument, else `RUNSTATE_BASE_URL`, else `BASE_URL_DEFAULT`.
+
+    Either may be a comma-separated list (or the argument a list). Trailing slashes are dropped.
+    Raises ConfigError for an entry that is not an http(s) URL with a host.
+    """
+    raw: str | Sequence[str] | None = base_url
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        raw = os.environ.get(BASE_URL_ENV, "").strip() or BASE_URL_DEFAULT
+    parts = raw.split(",") if isinstance(raw, str) else list(raw)
+    urls: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ConfigError(f"base_url entries must be strings, got {part!r}")
+        candidate = part.strip().rstrip("/")
+        if not candidate:
+            continue
+        try:
+            parsed = yarl.URL(candidate)
+        except ValueError as exc:
+            raise ConfigError(f"base_url {candidate!r} is not a URL: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigError(f"base_url {candidate!r} must be an http:// or https:// URL with a host")
+        if candidate not in urls:
+            urls.append(candidate)
+    if not urls:
+        raise ConfigError("base_url lists no URL")
+    return urls
+
+
+def resolve_optional(value: str | None, env: str) -> str | None:
+    """The argument, else the environment variable; an empty string counts as unset."""
+    if value is None:
+        value = os.environ.get(env)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def default_holder() -> str:
+    """The worker identity when none is given: `<hostname>:<pid>`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """Compact JSON for a request body; ConfigError for values JSON cannot carry."""
+    try:
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"request body is not JSON-serializable: {exc}") from exc
+    return text.encode("utf-8")
+
+
+def _error_from_body(status: int, text: str) -> RunstateError:
+    code: str | None = None
+    message: str | None = None
+    try:
+        parsed = json.loads(text) if text else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        error = parsed["error"]
+        code = error.get("code") if isinstance(error.get("code"), str) else None
+        message = error.get("message") if isinstance(error.get("message"), str) else None
+    if message is None and text:
+        message = text[:ERROR_BODY_CHARS_MAX]
+    return error_from_response(status, code, message)
+
+
+class Transport:
+    """One client's connection to the servers. Create it anywhere; the session opens lazily."""
+
+    def __init__(
+        self,
+        base_urls: list[str],
+        *,
+        space_id: str | None,
+        api_key: str | None,
+        holder: str,
+        timeout_s: float,
+    ) -> None:
+        if not base_urls:
+            raise ConfigError("base_url lists no URL")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.base_urls = base_urls
+        self.space_id = space_id
+        self.holder = holder
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+        self._url_index = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def headers(self) -> dict[str, str]:
+        headers = {HEADER_HOLDER: self.holder, "Accept": "application/json"}
+        if self.space_id is not None:
+            headers[HEADER_SPACE] = self.space_id
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ConfigError("this client is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=POOL_CONNECTIONS_MAX, limit_per_host=POOL_CONNECTIONS_MAX)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self.headers())
+        return self._session
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        safe: bool,
+        long_poll_ms: int = 0,
+    ) -> dict[str, Any]:
+        """Send one call and return its JSON object.
+
+        Raises the mapped RunstateError for an error answer, OutcomeUnknownError when an unsafe
+        call may have been applied without an answer, UnavailableError when no server answered
+        within UNAVAILABLE_AFTER_S.
+        """
+        data = encode_body(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        timeout_s = self.timeout_s + (long_poll_ms / 1000 + LONG_POLL_MARGIN_S if long_poll_ms > 0 else 0)
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
+        loop = asyncio.get_running_loop()
+        give_up_at: float | None = None
+        backoff_s = RETRY_BACKOFF_S_INITIAL
+        while True:
+            base = self.base_urls[self._url_index]
+            url = base + path
+            last_status: int | None = None
+            try:
+                async with self._get_session().request(
+                    method, url, data=data, params=params, headers=headers, timeout=timeout
+                ) as response:
+                    status = response.status
+                    text = await response.text()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Never reached a server: always safe to try the next one.
+                failure = f"cannot connect to {base} ({type(exc).__name__}: {exc})"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                failure = f"no answer from {base} ({type(exc).__name__}: {exc})"
+                if not safe:
+                    raise OutcomeUnknownError(
+                        f"{method} {path}: {failure}; the call may or may not have been applied",
+                        status=None,
+                    ) from exc
+            else:
+                if 200 <= status < 300:
+                    return self._decode(status, text, method, path)
+                error = _error_from_body(status, text)
+                if not isinstance(error, UnavailableError) or not safe:
+                    raise error
+                failure = f"{base} answered {error}"
+                last_status = status
+            now = loop.time()
+            if give_up_at is None:
+                give_up_at = now + UNAVAILABLE_AFTER_S
+            if now >= give_up_at:
+                raise UnavailableError(
+                    f"{method} {path}: no server answered within {UNAVAILABLE_AFTER_S} s "
+                    f"(tried {', '.join(self.base_urls)}); last: {failure}",
+                    status=last_status,
+                )
+            logger.debug("retrying %s %s on the next server: %s", method, path, failure)
+            self._url_index = (self._url_index + 1) % len(self.base_urls)
+            await asyncio.sleep(min(backoff_s, give_up_at - now))
+            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+
+    @staticmethod
+    def _decode(status: int, text: str, method: str, path: str) -> dict[str, Any]:
+        if not text:
+            return {}
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise RunstateError(
+                f"{method} {path}: expected a JSON object, got {text[:ERROR_BODY_CHARS_MAX]!r}",
+                code="INVALID_RESPONSE",
+                status=status,
+            )
+        return parsed

@@ -1,0 +1,48 @@
+"""Times on the wire: ISO 8601 in UTC with milliseconds (`2026-11-29T09:00:00.000Z`)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from runstate.sdk.errors import ConfigError
+
+
+def format_time(value: datetime) -> str:
+    """A datetime as the API writes it; a naive datetime is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    value = value.astimezone(timezone.utc)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: str) -> datetime:
+    """An API time (or any ISO 8601 string) as an aware UTC datetime; ValueError if malformed."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def format_deadline(value: datetime | timedelta | str | None, *, now: datetime | None = None) -> str | None:
+    """A run deadline for the API.
+
+    Accepts an aware datetime, a naive datetime (taken as UTC), a timedelta (from now) or an ISO
+    8601 string (without an offset it is taken as UTC). Raises ConfigError for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return format_time(value)
+    if isinstance(value, timedelta):
+        return format_time((now or datetime.now(timezone.utc)) + value)
+    if isinstance(value, str):
+        try:
+            return format_time(parse_time(value))
+        except ValueError as exc:
+            raise ConfigError(f"deadline {value!r} is not an ISO 8601 time: {exc}") from exc
+    raise ConfigError(
+        f"deadline must be a datetime, timedelta or ISO 8601 string, got {type(value).__name__}"
+    )

@@ -1,0 +1,552 @@
+"""The asyncio client: `AsyncRunstate` and its handles (runs, work queues, tasks, deliveries).
+
+Each handle is a thin layer over one route group of the HTTP API (docs/http-api.md). Views come
+back as the server's JSON objects (dicts with camelCase keys, e.g. `storedState`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+from runstate.sdk._consume import Consumer
+from runstate.sdk._http import (
+    API_KEY_ENV,
+    REQUEST_TIMEOUT_S_DEFAULT,
+    SPACE_ID_ENV,
+    OutcomeUnknownError,
+    Transport,
+    default_holder,
+    parse_base_urls,
+    resolve_optional,
+)
+from runstate.sdk._time import format_deadline, parse_time
+from runstate.sdk.errors import (
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    ResultTimeoutError,
+    RunstateError,
+)
+
+# Task results.
+RESULT_TIMEOUT_MS_DEFAULT = 60_000
+# One long poll of GET /v1/tasks/{id}/result; the server's own bound.
+RESULT_POLL_SLICE_MS = 30_000
+# Shortest time between two result polls, in case a server answers a long poll early.
+RESULT_POLL_PAUSE_S_MIN = 0.1
+TASK_STATES_DONE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
+
+# Deliveries.
+LEASE_MS_DEFAULT = 30_000
+RECEIVE_BATCH_MAX = 100
+RECEIVE_WAIT_MS_MAX = 30_000
+
+Handler = Callable[[Any, "Delivery"], Any]
+DeadlineLike = datetime | timedelta | str | None
+
+
+def _segment(value: str, what: str) -> str:
+    """One path segment (a name or an id), percent-encoded; ConfigError if empty or not a string."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+    return quote(value, safe="")
+
+
+def _require_int(value: int, what: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise ConfigError(f"{what} must be {bound}, got {value}")
+    return value
+
+
+def _field(answer: dict[str, Any], name: str) -> Any:
+    if name not in answer:
+        raise RunstateError(
+            f"the server's answer lacks {name!r}: {answer!r}", code="INVALID_RESPONSE", status=None
+        )
+    return answer[name]
+
+
+def _run_body(name: str | None, deadline: DeadlineLike, child_limit: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        body["name"] = name
+    formatted = format_deadline(deadline)
+    if formatted is not None:
+        body["deadline"] = formatted
+    if child_limit is not None:
+        body["childLimit"] = _require_int(child_limit, "child_limit", 0)
+    return body
+
+
+class Mailboxes:
+    """Work queues of the space: `rs.mailboxes`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def ensure(self, name: str, mode: str = "WORK") -> dict[str, Any]:
+        """Create the work queue `name` if it does not exist; safe to call every time.
+
+        Returns `{"name", "mode", "created": bool}`. Raises ConflictError if it exists with another
+        mode, ValidationError for an unknown mode.
+        """
+        _segment(name, "mailbox name")
+        return await self._transport.request(
+            "POST", "/v1/mailboxes", body={"name": name, "mode": mode}, safe=True
+        )
+
+    async def get(self, name: str) -> dict[str, Any]:
+        """Returns `{"name", "mode"}`; raises NotFoundError if there is no such queue."""
+        return await self._transport.request(
+            "GET", f"/v1/mailboxes/{_segment(name, 'mailbox name')}", safe=True
+        )
+
+
+class Scopes:
+    """Runs (the API calls them scopes): `rs.scopes`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def create(
+        self,
+        name: str | None = None,
+        deadline: DeadlineLike = None,
+        child_limit: int | None = None,
+        parent_scope_id: str | None = None,
+    ) -> Scope:
+        """Open a new run; every call creates a new one. Returns its `Scope` handle.
+
+        `deadline` is a datetime (naive is UTC), a timedelta from now, or an ISO 8601 string.
+        Raises ScopeCancelledError / DeadlineExceededError if the parent is inactive,
+        LimitExceededError if the parent is at its child limit, NotFoundError for an unknown parent.
+        Not retried once sent (a repeat would open a second run): a lost answer raises
+        UnavailableError.
+        """
+        body = _run_body(name, deadline, child_limit)
+        if parent_scope_id is not None:
+            _segment(parent_scope_id, "parent_scope_id")
+            body["parentScopeId"] = parent_scope_id
+        view = await self._transport.request("POST", "/v1/scopes", body=body, safe=False)
+        return Scope(self._transport, _field(view, "id"), view)
+
+    async def child(
+        self,
+        parent_id: str,
+        name: str | None = None,
+        deadline: DeadlineLike = None,
+        child_limit: int | None = None,
+    ) -> Scope:
+        """Open a child run under `parent_id`, cancelled along with it. Errors as for `create`."""
+        path = f"/v1/scopes/{_segment(parent_id, 'parent_id')}/children"
+        view = await self._transport.request(
+            "POST", path, body=_run_body(name, deadline, child_limit), safe=False
+        )
+        return Scope(self._transport, _field(view, "id"), view)
+
+    async def status(self, scope_id: str) -> dict[str, Any]:
+        """The run's view: `storedState` (ACTIVE, CANCELLED, COMPLETED), `effective` (ACTIVE or
+        INACTIVE, counting ancestors and deadlines), `name`, `deadline`, ... NotFoundError if unknown.
+        """
+        return await self._transport.request("GET", f"/v1/scopes/{_segment(scope_id, 'scope id')}", safe=True)
+
+    async def cancel(self, scope_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the run and every run below it; returns the run's view.
+
+        Idempotent on a cancelled run; ConflictError on a completed one.
+        """
+        body: dict[str, Any] = {} if reason is None else {"reason": reason}
+        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/cancel"
+        return await self._transport.request("POST", path, body=body, safe=True)
+
+    async def complete(self, scope_id: str) -> dict[str, Any]:
+        """Close the run as finished normally; returns its view.
+
+        Idempotent on a completed run; ConflictError on a cancelled one.
+        """
+        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/complete"
+        return await self._transport.request("POST", path, body={}, safe=True)
+
+
+class Scope:
+    """A handle on one run. `view` is the last view the SDK saw (None if it has not fetched one)."""
+
+    def __init__(self, transport: Transport, scope_id: str, view: dict[str, Any] | None = None) -> None:
+        _segment(scope_id, "scope id")
+        self._transport = transport
+        self._scopes = Scopes(transport)
+        self.id = scope_id
+        self.view = view
+
+    def __repr__(self) -> str:
+        state = f" {self.view.get('storedState')}" if self.view else ""
+        return f"<Scope {self.id}{state}>"
+
+    async def status(self) -> dict[str, Any]:
+        """The run's current view (see `Scopes.status`); NotFoundError if unknown."""
+        self.view = await self._scopes.status(self.id)
+        return self.view
+
+    async def cancel(self, reason: str | None = None) -> dict[str, Any]:
+        """Cancel this run and everything below it (see `Scopes.cancel`)."""
+        self.view = await self._scopes.cancel(self.id, reason)
+        return self.view
+
+    async def complete(self) -> dict[str, Any]:
+        """Close this run as finished normally (see `Scopes.complete`)."""
+        self.view = await self._scopes.complete(self.id)
+        return self.view
+
+    async def child(
+        self, name: str | None = None, deadline: DeadlineLike = None, child_limit: int | None = None
+    ) -> Scope:
+        """Open a sub-run, cancelled along with this one (see `Scopes.child`)."""
+        return await self._scopes.child(self.id, name=name, deadline=deadline, child_limit=child_limit)
+
+    def mailbox(self, name: str) -> Mailbox:
+        """The work queue `name` as seen from this run (no request)."""
+        return Mailbox(self._transport, self.id, name)
+
+    def task(self, task_id: str) -> Ticket:
+        """Re-attach to a task by id, e.g. after a restart (no request)."""
+        return Ticket(self._transport, task_id)
+
+
+class Mailbox:
+    """A work queue within one run: submit tasks, receive or consume deliveries."""
+
+    def __init__(self, transport: Transport, scope_id: str, name: str) -> None:
+        self._transport = transport
+        self.scope_id = scope_id
+        self.name = name
+        self._path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/mailboxes/{_segment(name, 'mailbox name')}"
+
+    def __repr__(self) -> str:
+        return f"<Mailbox {self.name} in {self.scope_id}>"
+
+    async def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> Ticket:
+        """Submit a task; returns its `Ticket` (`.created` is False if the key already existed).
+
+        The same key with the same input returns the existing task (without a key, the server keys
+        the task by a hash of its input). Raises KeyConflictError for the same key with another
+        input, ScopeCancelledError / DeadlineExceededError if the run stopped, NotFoundError if
+        the queue does not exist, ValidationError for an input over 64 KB.
+        """
+        body: dict[str, Any] = {"input": input}
+        if key is not None:
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"key must be a non-empty string, got {key!r}")
+            body["key"] = key
+        if attempts is not None:
+            body["attempts"] = _require_int(attempts, "attempts", 1)
+        # Safe to repeat: the server deduplicates by key.
+        answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
+        return Ticket(
+            self._transport,
+            _field(answer, "id"),
+            key=answer.get("key", key),
+            created=answer.get("created"),
+            state=answer.get("state"),
+        )
+
+    async def receive(
+        self, max: int = 1, lease_ms: int = LEASE_MS_DEFAULT, wait_ms: int = 0
+    ) -> list[Delivery]:
+        """Take up to `max` tasks under a lease of `lease_ms`, waiting up to `wait_ms` for one.
+
+        Returns the deliveries, possibly none. Raises ScopeCancelledError / DeadlineExceededError
+        once the run stopped. A receive is never repeated blindly: if its answer is lost, this
+        returns an empty list (a delivery handed out meanwhile comes back when its lease lapses).
+        """
+        try:
+            return await self._receive(max=max, lease_ms=lease_ms, wait_ms=wait_ms)
+        except OutcomeUnknownError:
+            return []
+
+    async def _receive(self, *, max: int, lease_ms: int, wait_ms: int) -> list[Delivery]:
+        body = {
+            "max": _require_int(max, "max", 1, RECEIVE_BATCH_MAX),
+            "leaseMs": _require_int(lease_ms, "lease_ms", 1),
+            "waitMs": _require_int(wait_ms, "wait_ms", 0, RECEIVE_WAIT_MS_MAX),
+        }
+        answer = await self._transport.request(
+            "POST", f"{self._path}/receive", body=body, safe=False, long_poll_ms=wait_ms
+        )
+        return [Delivery(self._transport, view) for view in _field(answer, "deliveries")]
+
+    async def consume(
+        self,
+        handler: Handler,
+        concurrency: int = 1,
+        lease_ms: int = LEASE_MS_DEFAULT,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Run `handler(data, delivery)` for each task of this queue, up to `concurrency` at once.
+
+        The handler may be async or a plain function (run in a thread). While it runs, its lease is
+        renewed every `lease_ms / 3`. When it returns without settling the delivery itself, the
+        delivery is completed with `{"payload": <return value>}`; when it raises, the delivery is
+        retried (attempt + 1, after a backoff). If the lease is lost or the run stops, the handler
+        is cancelled.
+
+        Returns when the run is cancelled, completed or past its deadline, or when `stop` is set
+        (running handlers get a grace period, then are cancelled). If cancelled itself, it cancels
+        the running handlers at once and hands their deliveries back. Rides out short outages;
+        raises UnavailableError if no server answers at the start or for a long time, and any
+        other error of a receive (NotFoundError for an unknown run or queue, ...).
+        """
+        await Consumer(self, handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop).run()
+
+
+class Ticket:
+    """A submitted task. `.created` and `.state` are from the submit (None when re-attached)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        task_id: str,
+        *,
+        key: str | None = None,
+        created: bool | None = None,
+        state: str | None = None,
+    ) -> None:
+        self._transport = transport
+        self._path = f"/v1/tasks/{_segment(task_id, 'task id')}"
+        self.id = task_id
+        self.key = key
+        self.created = created
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<Ticket {self.id} key={self.key!r} created={self.created!r}>"
+
+    async def status(self) -> dict[str, Any]:
+        """The task's view: `state`, `attempt`, `attempts`, `input`, `outcome`, `error`, ...
+
+        NotFoundError if unknown.
+        """
+        view = await self._transport.request("GET", self._path, safe=True)
+        self.state = view.get("state", self.state)
+        return view
+
+    async def result(self, timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        """Wait until the task has a recorded outcome and return `{"id", "state", "done", "outcome",
+        "error"}`.
+
+        `state` is SUCCEEDED (`outcome` holds the payload), FAILED (`error` holds the last error),
+        CANCELLED or EXPIRED: all are returned, not raised. Raises ResultTimeoutError if the task is
+        still unfinished after `timeout_ms` (the task goes on), NotFoundError for an unknown task.
+        """
+        _require_int(timeout_ms, "timeout_ms", 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            started = loop.time()
+            wait_ms = min(max(0, int((deadline - started) * 1000)), RESULT_POLL_SLICE_MS)
+            answer = await self._transport.request(
+                "GET",
+                f"{self._path}/result",
+                params={"waitMs": str(wait_ms)},
+                safe=True,
+                long_poll_ms=wait_ms,
+            )
+            self.state = answer.get("state", self.state)
+            if answer.get("done") or self.state in TASK_STATES_DONE:
+                return answer
+            now = loop.time()
+            if now >= deadline:
+                raise ResultTimeoutError(self.id, timeout_ms, self.state)
+            if now - started < RESULT_POLL_PAUSE_S_MIN:
+                await asyncio.sleep(min(RESULT_POLL_PAUSE_S_MIN, deadline - now))
+
+
+class Delivery:
+    """One task handed to this worker under a lease.
+
+    `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
+    `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
+    True once complete/retry/reject/release was accepted, or the server said the lease is gone.
+    """
+
+    def __init__(self, transport: Transport, view: dict[str, Any]) -> None:
+        self._transport = transport
+        self.id: str = _field(view, "id")
+        self._path = f"/v1/deliveries/{_segment(self.id, 'delivery id')}"
+        self.task_id: str = _field(view, "taskId")
+        self.key: str | None = view.get("key")
+        self.input: Any = view.get("input")
+        self.attempt: int = view.get("attempt", 0)
+        self.attempts: int | None = view.get("attempts")
+        self.lease_expires_at: datetime | None = self._parse_lease(view.get("leaseExpiresAt"))
+        self._settled = False
+
+    def __repr__(self) -> str:
+        return f"<Delivery {self.id} task={self.task_id} attempt={self.attempt} settled={self._settled}>"
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    @staticmethod
+    def _parse_lease(value: Any) -> datetime | None:
+        if not isinstance(value, str):
+            return None
+        try:
+            return parse_time(value)
+        except ValueError:
+            return None
+
+    async def _settle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            answer = await self._transport.request("POST", f"{self._path}/{action}", body=body, safe=True)
+        except (ConflictError, NotFoundError):
+            # LEASE_LOST, SCOPE_CANCELLED, ...: this delivery is no longer ours to settle.
+            self._settled = True
+            raise
+        self._settled = True
+        return answer
+
+    async def complete(self, result: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record the task's result, e.g. `complete(result={"payload": {...}})`.
+
+        Returns `{"taskId", "state": "SUCCEEDED"}`. Raises LeaseLostError if the lease lapsed or
+        was taken over (nothing is recorded), ScopeCancelledError / DeadlineExceededError if the run
+        stopped, ResultTooLargeError over 64 KB, ConfigError for a result that is not JSON.
+        """
+        if result is None:
+            result = {"payload": None}
+        if not isinstance(result, dict):
+            raise ConfigError(
+                f"result must be a dict such as {{'payload': ...}}, got {type(result).__name__}"
+            )
+        return await self._settle("complete", {"result": result})
+
+    async def retry(self, error: str | None = None, delay_ms: int | None = None) -> dict[str, Any]:
+        """Put the task back for another attempt after `delay_ms` (default: the server's backoff).
+
+        Returns `{"taskId", "state"}` (FAILED when the attempts are used up). Allowed after the run
+        stopped. Raises LeaseLostError if the lease is gone.
+        """
+        body: dict[str, Any] = {}
+        if error is not None:
+            body["error"] = str(error)
+        if delay_ms is not None:
+            body["delayMs"] = _require_int(delay_ms, "delay_ms", 0)
+        return await self._settle("retry", body)
+
+    async def reject(self, error: str | None = None) -> dict[str, Any]:
+        """Fail the task now, without further attempts. Returns `{"taskId", "state": "FAILED"}`.
+
+        Raises LeaseLostError if the lease is gone.
+        """
+        return await self._settle("reject", {} if error is None else {"error": str(error)})
+
+    async def release(self) -> dict[str, Any]:
+        """Hand the task back at once, no attempt counted. Returns `{"taskId", "state"}`.
+
+        Raises LeaseLostError if the lease is gone.
+        """
+        return await self._settle("release", {})
+
+    async def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
+        """Extend the lease by `lease_ms` (default: the server's) from now; returns
+        `{"leaseExpiresAt"}` and updates `lease_expires_at`.
+
+        Raises LeaseLostError if the lease lapsed or was taken over, ScopeCancelledError /
+        DeadlineExceededError if the run stopped.
+        """
+        body: dict[str, Any] = {}
+        if lease_ms is not None:
+            body["leaseMs"] = _require_int(lease_ms, "lease_ms", 1)
+        answer = await self._transport.request("POST", f"{self._path}/renew", body=body, safe=True)
+        expires = self._parse_lease(answer.get("leaseExpiresAt"))
+        if expires is not None:
+            self.lease_expires_at = expires
+        return answer
+
+
+class AsyncRunstate:
+    """The asyncio client. Use as `async with AsyncRunstate(holder="worker-1") as rs: ...`.
+
+    Arguments fall back to the environment: `base_url` to RUNSTATE_BASE_URL (a comma-separated list
+    of servers; default http://localhost:8080), `space_id` to RUNSTATE_SPACE_ID, `api_key` to
+    RUNSTATE_API_KEY. `holder` names this client on leases (default `<hostname>:<pid>`).
+    `timeout_s` bounds each ordinary request (long polls get their wait on top). Raises ConfigError
+    for a malformed setting. Calls raise UnavailableError when no server answers for a few seconds.
+    """
+
+    def __init__(
+        self,
+        base_url: str | Sequence[str] | None = None,
+        space_id: str | None = None,
+        api_key: str | None = None,
+        holder: str | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+    ) -> None:
+        if holder is not None and (not isinstance(holder, str) or not holder.strip()):
+            raise ConfigError(f"holder must be a non-empty string, got {holder!r}")
+        self._transport = Transport(
+            parse_base_urls(base_url),
+            space_id=resolve_optional(space_id, SPACE_ID_ENV),
+            api_key=resolve_optional(api_key, API_KEY_ENV),
+            holder=holder.strip() if holder else default_holder(),
+            timeout_s=timeout_s,
+        )
+        self.mailboxes = Mailboxes(self._transport)
+        self.scopes = Scopes(self._transport)
+
+    @property
+    def holder(self) -> str:
+        return self._transport.holder
+
+    @property
+    def base_urls(self) -> list[str]:
+        return list(self._transport.base_urls)
+
+    @property
+    def space_id(self) -> str | None:
+        return self._transport.space_id
+
+    def __repr__(self) -> str:
+        return f"<AsyncRunstate {','.join(self._transport.base_urls)} holder={self.holder!r}>"
+
+    def scope(self, scope_id: str) -> Scope:
+        """A handle on the run `scope_id`, without a request."""
+        return Scope(self._transport, scope_id)
+
+    async def aclose(self) -> None:
+        """Close the connections. The client cannot be used afterwards."""
+        await self._transport.aclose()
+
+    async def __aenter__(self) -> AsyncRunstate:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+__all__ = [
+    "AsyncRunstate",
+    "Delivery",
+    "Handler",
+    "Mailbox",
+    "Mailboxes",
+    "Scope",
+    "Scopes",
+    "Ticket",
+]

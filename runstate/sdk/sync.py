@@ -1,0 +1,382 @@
+"""The blocking client: `Runstate`, the same surface as `AsyncRunstate` without `await`.
+
+Each client runs an event loop in a thread of its own (an anyio blocking portal) and forwards
+every call to an `AsyncRunstate` there. Close it with `close()` or use `with Runstate() as rs:`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from runstate.sdk import client as aio
+from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
+from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
+from runstate.sdk.errors import ConfigError
+
+T = TypeVar("T")
+
+# How often a blocking consume() looks at its threading.Event `stop`.
+STOP_POLL_INTERVAL_S = 0.1
+# How long an interrupted consume() waits for its handlers to be cancelled and handed back.
+CONSUME_INTERRUPT_WAIT_S = 10.0
+
+SyncHandler = Callable[[Any, "Delivery"], Any]
+
+
+def _call(portal: BlockingPortal, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    return portal.call(functools.partial(function, *args, **kwargs))
+
+
+class Mailboxes:
+    """Work queues of the space: `rs.mailboxes` (see `AsyncRunstate.mailboxes`)."""
+
+    def __init__(self, inner: aio.Mailboxes, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def ensure(self, name: str, mode: str = "WORK") -> dict[str, Any]:
+        """Create the queue if missing; returns `{"name", "mode", "created"}`. ConflictError for
+        another mode."""
+        return _call(self._portal, self._inner.ensure, name, mode=mode)
+
+    def get(self, name: str) -> dict[str, Any]:
+        """Returns `{"name", "mode"}`; NotFoundError if missing."""
+        return _call(self._portal, self._inner.get, name)
+
+
+class Scopes:
+    """Runs: `rs.scopes` (see `AsyncRunstate.scopes` for the errors)."""
+
+    def __init__(self, inner: aio.Scopes, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def create(
+        self,
+        name: str | None = None,
+        deadline: DeadlineLike = None,
+        child_limit: int | None = None,
+        parent_scope_id: str | None = None,
+    ) -> Scope:
+        """Open a new run; returns its `Scope` handle."""
+        scope = _call(
+            self._portal,
+            self._inner.create,
+            name=name,
+            deadline=deadline,
+            child_limit=child_limit,
+            parent_scope_id=parent_scope_id,
+        )
+        return Scope(scope, self._portal)
+
+    def child(
+        self,
+        parent_id: str,
+        name: str | None = None,
+        deadline: DeadlineLike = None,
+        child_limit: int | None = None,
+    ) -> Scope:
+        """Open a child run under `parent_id`; returns its `Scope` handle."""
+        scope = _call(
+            self._portal, self._inner.child, parent_id, name=name, deadline=deadline, child_limit=child_limit
+        )
+        return Scope(scope, self._portal)
+
+    def status(self, scope_id: str) -> dict[str, Any]:
+        """The run's view (`storedState`, `effective`, ...)."""
+        return _call(self._portal, self._inner.status, scope_id)
+
+    def cancel(self, scope_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the run and every run below it; returns its view."""
+        return _call(self._portal, self._inner.cancel, scope_id, reason)
+
+    def complete(self, scope_id: str) -> dict[str, Any]:
+        """Close the run as finished normally; returns its view."""
+        return _call(self._portal, self._inner.complete, scope_id)
+
+
+class Scope:
+    """A handle on one run (see `client.Scope`)."""
+
+    def __init__(self, inner: aio.Scope, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def view(self) -> dict[str, Any] | None:
+        return self._inner.view
+
+    def status(self) -> dict[str, Any]:
+        return _call(self._portal, self._inner.status)
+
+    def cancel(self, reason: str | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.cancel, reason)
+
+    def complete(self) -> dict[str, Any]:
+        return _call(self._portal, self._inner.complete)
+
+    def child(
+        self, name: str | None = None, deadline: DeadlineLike = None, child_limit: int | None = None
+    ) -> Scope:
+        scope = _call(self._portal, self._inner.child, name=name, deadline=deadline, child_limit=child_limit)
+        return Scope(scope, self._portal)
+
+    def mailbox(self, name: str) -> Mailbox:
+        return Mailbox(self._inner.mailbox(name), self._portal)
+
+    def task(self, task_id: str) -> Ticket:
+        return Ticket(self._inner.task(task_id), self._portal)
+
+
+class Ticket:
+    """A submitted task (see `client.Ticket`)."""
+
+    def __init__(self, inner: aio.Ticket, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def key(self) -> str | None:
+        return self._inner.key
+
+    @property
+    def created(self) -> bool | None:
+        return self._inner.created
+
+    @property
+    def state(self) -> str | None:
+        return self._inner.state
+
+    def status(self) -> dict[str, Any]:
+        return _call(self._portal, self._inner.status)
+
+    def result(self, timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        """Block until the task has an outcome; ResultTimeoutError after `timeout_ms`."""
+        return _call(self._portal, self._inner.result, timeout_ms)
+
+
+class Delivery:
+    """A task held under a lease (see `client.Delivery`). Usable from any thread but the portal's."""
+
+    def __init__(self, inner: aio.Delivery, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def task_id(self) -> str:
+        return self._inner.task_id
+
+    @property
+    def key(self) -> str | None:
+        return self._inner.key
+
+    @property
+    def input(self) -> Any:
+        return self._inner.input
+
+    @property
+    def attempt(self) -> int:
+        return self._inner.attempt
+
+    @property
+    def attempts(self) -> int | None:
+        return self._inner.attempts
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        return self._inner.lease_expires_at
+
+    @property
+    def settled(self) -> bool:
+        return self._inner.settled
+
+    def complete(self, result: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.complete, result)
+
+    def retry(self, error: str | None = None, delay_ms: int | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.retry, error, delay_ms)
+
+    def reject(self, error: str | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.reject, error)
+
+    def release(self) -> dict[str, Any]:
+        return _call(self._portal, self._inner.release)
+
+    def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.renew, lease_ms)
+
+
+class Mailbox:
+    """A work queue within one run (see `client.Mailbox`)."""
+
+    def __init__(self, inner: aio.Mailbox, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
+    def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> Ticket:
+        return Ticket(
+            _call(self._portal, self._inner.submit, input, key=key, attempts=attempts), self._portal
+        )
+
+    def receive(self, max: int = 1, lease_ms: int = LEASE_MS_DEFAULT, wait_ms: int = 0) -> list[Delivery]:
+        deliveries = _call(self._portal, self._inner.receive, max=max, lease_ms=lease_ms, wait_ms=wait_ms)
+        return [Delivery(delivery, self._portal) for delivery in deliveries]
+
+    def consume(
+        self,
+        handler: SyncHandler,
+        concurrency: int = 1,
+        lease_ms: int = LEASE_MS_DEFAULT,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Blocking `consume`: `handler(data, delivery)` is a plain function, run in worker threads
+        (up to `concurrency` at once), given a blocking `Delivery`. Returns when the run stops or
+        `stop` (a threading.Event) is set; see `client.Mailbox.consume` for the rest.
+        """
+        if not callable(handler) or inspect.iscoroutinefunction(handler):
+            raise ConfigError("the blocking client's consume() takes a plain (non-async) function")
+        portal = self._portal
+
+        def run_handler(data: Any, delivery: aio.Delivery) -> Any:
+            return handler(data, Delivery(delivery, portal))
+
+        async def run() -> None:
+            stop_async = asyncio.Event() if stop is not None else None
+            poller = asyncio.create_task(self._poll_stop(stop, stop_async)) if stop is not None else None
+            try:
+                await self._inner.consume(
+                    run_handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop_async
+                )
+            finally:
+                if poller is not None:
+                    poller.cancel()
+                    await asyncio.wait({poller})
+
+        future = portal.start_task_soon(run)
+        try:
+            future.result()
+        except BaseException:
+            # KeyboardInterrupt and the like: stop consuming, hand running deliveries back.
+            future.cancel()
+            concurrent.futures.wait([future], timeout=CONSUME_INTERRUPT_WAIT_S)
+            raise
+
+    @staticmethod
+    async def _poll_stop(stop: threading.Event | None, stop_async: asyncio.Event | None) -> None:
+        assert stop is not None and stop_async is not None
+        while not stop.is_set():
+            await asyncio.sleep(STOP_POLL_INTERVAL_S)
+        stop_async.set()
+
+
+class Runstate:
+    """The blocking client: `with Runstate(holder="worker-1") as rs: ...`.
+
+    Same arguments and environment variables as `AsyncRunstate`; same errors. Each client runs its
+    own event-loop thread until `close()`.
+    """
+
+    def __init__(
+        self,
+        base_url: str | Sequence[str] | None = None,
+        space_id: str | None = None,
+        api_key: str | None = None,
+        holder: str | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+    ) -> None:
+        # Validate the settings before starting a thread.
+        self._async = aio.AsyncRunstate(
+            base_url=base_url, space_id=space_id, api_key=api_key, holder=holder, timeout_s=timeout_s
+        )
+        self._portal_context = start_blocking_portal(name="runstate-portal")
+        self._portal = self._portal_context.__enter__()
+        self._closed = False
+        self.mailboxes = Mailboxes(self._async.mailboxes, self._portal)
+        self.scopes = Scopes(self._async.scopes, self._portal)
+
+    @property
+    def holder(self) -> str:
+        return self._async.holder
+
+    @property
+    def base_urls(self) -> list[str]:
+        return self._async.base_urls
+
+    @property
+    def space_id(self) -> str | None:
+        return self._async.space_id
+
+    def __repr__(self) -> str:
+        return f"<Runstate {','.join(self.base_urls)} holder={self.holder!r}>"
+
+    def scope(self, scope_id: str) -> Scope:
+        """A handle on the run `scope_id`, without a request."""
+        return Scope(self._async.scope(scope_id), self._portal)
+
+    def close(self) -> None:
+        """Close the connections and stop the client's thread. Calls still running are cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._portal.call(self._async.aclose)
+        finally:
+            try:
+                # Cancel what still runs (e.g. a result() abandoned by Ctrl-C) instead of waiting.
+                self._portal.call(self._portal.stop, True)
+            except RuntimeError:
+                pass
+            self._portal_context.__exit__(None, None, None)
+
+    def __enter__(self) -> Runstate:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
