@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate import __version__
+from runstate._version import __version__
 from runstate.node.api.errors import STATUS_BY_CODE
 from runstate.node.api.routes import ROUTES, SPACE_HEADER, route
 

@@ -1,0 +1,44 @@
+"""A tiny blocking JSON client for API tests (deliberately not the SDK)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+TIMEOUT_S = 60.0
+
+
+def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(base_url + path, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        payload = error.read()
+        error.close()
+        return error.code, json.loads(payload or b"null")
+
+
+class Api:
+    def __init__(self, base_url: str, space: str | None = None) -> None:
+        self.base_url = base_url
+        self.headers = {"X-Runstate-Space": space} if space else {}
+
+    def __call__(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        return call(self.base_url, method, path, body, headers=self.headers, **kwargs)
+
+    def ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, answer = self(method, path, body)
+        assert 200 <= status < 300, (status, answer)
+        return answer
+
+    def error(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, str]:
+        status, answer = self(method, path, body, **kwargs)
+        assert status >= 400, (status, answer)
+        return status, answer["error"]["code"]

@@ -1,0 +1,86 @@
+"""Real runstate processes for tests: start on free 127.0.0.1 ports, wait for health, kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class DevNode:
+    """One `runstate dev` process. `url` is its API; the data dir survives kill() and start()."""
+
+    def __init__(self, data_dir: Path | None, *extra_args: str) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = (data_dir.parent if data_dir else Path("/tmp")) / f"node-{self.port}.log"
+
+    def start(self) -> DevNode:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        storage = ["--data-dir", str(self.data_dir)] if self.data_dir else ["--in-memory"]
+        command = [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(self.port), *storage, *self.extra_args]
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy())
+        log_file.close()
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"runstate dev exited with {self.process.returncode}: {self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/health", timeout=1) as response:
+                    if json.load(response)["status"] == "ok":
+                        return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"runstate dev did not become healthy in {START_TIMEOUT_S} s: {self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """kill -9: no chance to flush or say goodbye."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(STOP_TIMEOUT_S)
+
+    def interrupt(self) -> int:
+        """Ctrl-C; returns the exit code."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
