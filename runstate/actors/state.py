@@ -143,10 +143,13 @@ _TASK_FIELDS = (
 
 
 def to_snapshot(state: State) -> dict[str, Any]:
+    # A snapshot is a value: the containers the state keeps changing (the heap and its entries, a
+    # run's children, a queue's keys) are copied, so applying later commands does not alter it.
     runs = []
     for run in state.runs.values():
-        queues = {name: [list(q.ready), q.by_key] for name, q in run.queues.items()}
-        runs.append([getattr(run, f) for f in _RUN_FIELDS] + [queues])
+        queues = {name: [list(q.ready), dict(q.by_key)] for name, q in run.queues.items()}
+        row = [list(run.children) if f == "children" else getattr(run, f) for f in _RUN_FIELDS]
+        runs.append(row + [queues])
     return {
         "v": SNAPSHOT_VERSION,
         "clock_ms": state.clock_ms,
@@ -157,7 +160,7 @@ def to_snapshot(state: State) -> dict[str, Any]:
         ],
         "runs": runs,
         "tasks": [[getattr(t, f) for f in _TASK_FIELDS] for t in state.tasks.values()],
-        "due": state.due,
+        "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
     }
 
@@ -165,7 +168,10 @@ def to_snapshot(state: State) -> dict[str, Any]:
 def from_snapshot(data: dict[str, Any]) -> State:
     if data.get("v") != SNAPSHOT_VERSION:
         raise ValueError(f"unsupported snapshot version {data.get('v')!r}, expected {SNAPSHOT_VERSION}")
-    state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=data["due"], due_seq=data["due_seq"])
+    # Copied for the same reason as in to_snapshot: two states restored from one snapshot must not
+    # share a heap, a children list or a key map.
+    due = [list(entry) for entry in data["due"]]
+    state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
     for space_id, mailboxes, run_count, task_count in data["spaces"]:
         state.spaces[space_id] = Space(
             id=space_id,
@@ -176,7 +182,8 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for row in data["runs"]:
         *values, queues = row
         run = Run(**dict(zip(_RUN_FIELDS, values, strict=True)))
-        run.queues = {name: Queue(deque(ready), by_key) for name, (ready, by_key) in queues.items()}
+        run.children = list(run.children)
+        run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
         task = Task(**dict(zip(_TASK_FIELDS, row, strict=True)))
