@@ -12,6 +12,8 @@ from runstate.node.api import deliveries, health, mailboxes, openapi, runs, task
 from runstate.node.api.errors import ApiError, error_response
 from runstate.node.api.routes import NODE_KEY, ROUTES
 
+__all__ = ["ROUTES", "build_app"]
+
 if TYPE_CHECKING:
     from runstate.node.server import Node
 

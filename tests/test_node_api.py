@@ -1,0 +1,337 @@
+"""The HTTP API of a real `runstate dev` process, called over HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from runstate.node.api.app import ROUTES
+from tests._http import Api
+from tests._nodes import DevNode
+
+POLL_TIMEOUT_S = 20.0
+
+
+@pytest.fixture
+def api(dev_node: DevNode) -> Api:
+    """A client in a space of its own, so tests never see each other's state."""
+    client = Api(dev_node.url, space=f"test-{uuid.uuid4().hex[:12]}")
+    assert client.ok("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"})["name"] == "work"
+    return client
+
+
+def new_run(api: Api, **body: Any) -> str:
+    status, run = api("POST", "/v1/scopes", body)
+    assert status == 201, run
+    return str(run["id"])
+
+
+def submit(api: Api, run_id: str, task_input: Any, key: str | None = None, **extra: Any) -> dict[str, Any]:
+    body = {"input": task_input, **extra}
+    if key is not None:
+        body["key"] = key
+    return dict(api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", body))
+
+
+def receive(api: Api, run_id: str, **body: Any) -> list[dict[str, Any]]:
+    return list(api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", body)["deliveries"])
+
+
+def wait_until(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + POLL_TIMEOUT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def task(api: Api, task_id: str) -> dict[str, Any]:
+    return dict(api.ok("GET", f"/v1/tasks/{task_id}"))
+
+
+def in_seconds(seconds: float) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat()
+
+
+# -- health and the contract ---------------------------------------------------------------------
+
+
+def test_health_reports_a_leader(dev_node: DevNode) -> None:
+    health = Api(dev_node.url).ok("GET", "/v1/health")
+    assert health["status"] == "ok"
+    assert health["role"] == "leader"
+    assert health["appliedIndex"] >= 1
+
+
+def test_openapi_lists_exactly_the_routes(dev_node: DevNode) -> None:
+    document = Api(dev_node.url).ok("GET", "/v1/openapi.json")
+    served = {(method.upper(), path) for path, methods in document["paths"].items() for method in methods}
+    assert served == {(route.method, route.path) for route in ROUTES}
+    for method, path in served:  # every documented route is really there
+        status, answer = Api(dev_node.url)(method, path.replace("{id}", "none").replace("{name}", "none"), {})
+        assert not (status == 404 and answer["error"]["message"].startswith("no route")), (method, path)
+
+
+def test_unknown_route_and_method_are_json_errors(api: Api) -> None:
+    assert api.error("GET", "/v1/nothing-here") == (404, "NOT_FOUND")
+    assert api.error("DELETE", "/v1/scopes") == (405, "METHOD_NOT_ALLOWED")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b"[1, 2]", b'"text"', b"{", b"\xff\xfe", b'{"name": 5}', b'{"childLimit": -1}',
+     b'{"deadline": "yesterday"}', b'{"parentScopeId": 7}'],
+)
+def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
+    run_id = new_run(api)
+    paths = [
+        "/v1/mailboxes",
+        "/v1/scopes",
+        f"/v1/scopes/{run_id}/children",
+        f"/v1/scopes/{run_id}/mailboxes/work/tasks",
+        f"/v1/scopes/{run_id}/mailboxes/work/receive",
+        "/v1/deliveries/tsk_x.1.y/complete",
+        "/v1/deliveries/tsk_x.1.y/retry",
+    ]
+    for path in paths:
+        status, answer = api("POST", path, raw=raw)
+        assert status < 500, (path, status, answer)
+        if status >= 400:
+            assert set(answer["error"]) == {"code", "message"}
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+
+
+def test_oversized_input_and_result_are_refused(api: Api) -> None:
+    run_id = new_run(api)
+    big = "x" * (64 * 1024 + 1)
+    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": big}) == (400, "VALIDATION")
+    submit(api, run_id, {"n": 1})
+    (delivery,) = receive(api, run_id)
+    assert api.error("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": big}}) == (
+        413,
+        "RESULT_TOO_LARGE",
+    )
+    assert task(api, delivery["taskId"])["state"] == "RUNNING"
+
+
+# -- mailboxes -----------------------------------------------------------------------------------
+
+
+def test_mailbox_ensure_is_idempotent_and_checks_mode(api: Api) -> None:
+    again = api.ok("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"})
+    assert again == {"name": "work", "mode": "WORK", "created": False}
+    assert api.error("POST", "/v1/mailboxes", {"name": "other", "mode": "FANOUT"}) == (400, "VALIDATION")
+    assert api.ok("GET", "/v1/mailboxes/work") == {"name": "work", "mode": "WORK"}
+    assert api.error("GET", "/v1/mailboxes/other") == (404, "NOT_FOUND")
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def test_two_creates_make_two_runs_with_names(api: Api) -> None:
+    first, second = new_run(api, name="alpha"), new_run(api)
+    assert first != second
+    status = api.ok("GET", f"/v1/scopes/{first}")
+    assert status["name"] == "alpha"
+    assert (status["storedState"], status["effective"], status["childLimit"]) == ("ACTIVE", "ACTIVE", 1000)
+
+
+def test_cancel_stops_the_run_and_everything_below(api: Api) -> None:
+    run_id = new_run(api)
+    shard = api.ok("POST", f"/v1/scopes/{run_id}/children", {"name": "shard"})["id"]
+    queued = submit(api, shard, {"n": 1})["id"]
+    running = submit(api, shard, {"n": 2})["id"]
+    done = submit(api, shard, {"n": 3})["id"]
+    deliveries = {d["taskId"]: d for d in receive(api, shard, max=3)}
+    api.ok("POST", f"/v1/deliveries/{deliveries[done]['id']}/complete", {"result": {"payload": "ok"}})
+    api.ok("POST", f"/v1/deliveries/{deliveries[queued]['id']}/release")
+
+    cancelled = api.ok("POST", f"/v1/scopes/{run_id}/cancel", {"reason": "enough"})
+    assert (cancelled["storedState"], cancelled["effective"]) == ("CANCELLED", "INACTIVE")
+    shard_status = api.ok("GET", f"/v1/scopes/{shard}")
+    assert (shard_status["storedState"], shard_status["effective"]) == ("ACTIVE", "INACTIVE")
+
+    # New work is refused for the run and every run below it.
+    for target in (run_id, shard):
+        assert api.error("POST", f"/v1/scopes/{target}/mailboxes/work/tasks", {"input": 9}) == (409, "SCOPE_CANCELLED")
+        assert api.error("POST", f"/v1/scopes/{target}/mailboxes/work/receive", {}) == (409, "SCOPE_CANCELLED")
+        assert api.error("POST", f"/v1/scopes/{target}/children", {}) == (409, "SCOPE_CANCELLED")
+    # Unfinished tasks are cancelled; the recorded result stays readable.
+    assert task(api, queued)["state"] == "CANCELLED"
+    assert task(api, running)["state"] == "CANCELLED"
+    assert (task(api, done)["state"], task(api, done)["outcome"]) == ("SUCCEEDED", "ok")
+    # Renew and complete are refused; retry, reject and release still answer.
+    held = deliveries[running]["id"]
+    assert api.error("POST", f"/v1/deliveries/{held}/renew", {}) == (409, "SCOPE_CANCELLED")
+    assert api.error("POST", f"/v1/deliveries/{held}/complete", {"result": {"payload": 1}}) == (409, "SCOPE_CANCELLED")
+    assert api.ok("POST", f"/v1/deliveries/{held}/release")["state"] == "CANCELLED"
+    # Cancel is idempotent; a cancelled run cannot be completed.
+    assert api.ok("POST", f"/v1/scopes/{run_id}/cancel")["storedState"] == "CANCELLED"
+    assert api.error("POST", f"/v1/scopes/{run_id}/complete") == (409, "CONFLICT")
+
+
+def test_cancelling_a_completed_run_is_a_conflict(api: Api) -> None:
+    run_id = new_run(api)
+    queued = submit(api, run_id, {"n": 1})["id"]
+    assert api.ok("POST", f"/v1/scopes/{run_id}/complete")["storedState"] == "COMPLETED"
+    assert task(api, queued)["state"] == "CANCELLED"
+    assert api.error("POST", f"/v1/scopes/{run_id}/cancel") == (409, "CONFLICT")
+    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": 2}) == (409, "SCOPE_CANCELLED")
+
+
+def test_child_limit(api: Api) -> None:
+    run_id = new_run(api, childLimit=1)
+    api.ok("POST", f"/v1/scopes/{run_id}/children", {})
+    assert api.error("POST", f"/v1/scopes/{run_id}/children", {}) == (409, "LIMIT_EXCEEDED")
+
+
+def test_deadline_expires_queued_work_and_refuses_new_work(api: Api) -> None:
+    run_id = new_run(api, deadline=in_seconds(1.0))
+    child = api.ok("POST", f"/v1/scopes/{run_id}/children", {})["id"]
+    queued = submit(api, child, {"n": 1})["id"]
+    wait_until(lambda: task(api, queued)["state"] == "EXPIRED", "the deadline to expire the task")
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["effective"] == "INACTIVE"
+    assert api.error("POST", f"/v1/scopes/{child}/mailboxes/work/tasks", {"input": 2}) == (409, "DEADLINE_EXCEEDED")
+    assert api.error("POST", "/v1/scopes", {"deadline": "2001-01-01T00:00:00Z"}) == (400, "VALIDATION")
+
+
+def test_unknown_ids_are_not_found(api: Api) -> None:
+    assert api.error("GET", "/v1/scopes/run_nope") == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/scopes/run_nope/cancel") == (404, "NOT_FOUND")
+    assert api.error("GET", "/v1/tasks/tsk_nope") == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/deliveries/tsk_nope.1.x/complete", {"result": {}}) == (404, "NOT_FOUND")
+    run_id = new_run(api)
+    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/absent/tasks", {"input": 1}) == (404, "NOT_FOUND")
+
+
+def test_spaces_do_not_see_each_other(api: Api, dev_node: DevNode) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 1})["id"]
+    stranger = Api(dev_node.url, space=f"other-{uuid.uuid4().hex[:8]}")
+    assert stranger.error("GET", f"/v1/scopes/{run_id}") == (404, "NOT_FOUND")
+    assert stranger.error("GET", f"/v1/tasks/{task_id}") == (404, "NOT_FOUND")
+    assert stranger.error("POST", f"/v1/scopes/{run_id}/cancel") == (404, "NOT_FOUND")
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+
+
+# -- tasks and deliveries ------------------------------------------------------------------------
+
+
+def test_submit_is_idempotent_per_key(api: Api) -> None:
+    run_id = new_run(api)
+    first = submit(api, run_id, {"n": 1}, key="k")
+    again = submit(api, run_id, {"n": 1}, key="k")
+    assert (first["created"], again["created"], again["id"]) == (True, False, first["id"])
+    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 2}, "key": "k"}) == (
+        409,
+        "KEY_CONFLICT",
+    )
+    # Without a key the input is the key: equal inputs (in any key order) are one task.
+    a = submit(api, run_id, {"x": 1, "y": 2})
+    b = submit(api, run_id, {"y": 2, "x": 1})
+    assert (a["id"], b["created"]) == (b["id"], False)
+    # Another run has its own tasks.
+    assert submit(api, new_run(api), {"n": 1}, key="k")["created"] is True
+
+
+def test_full_task_lifecycle_and_result_long_poll(api: Api) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 21})["id"]
+    answers: list[Any] = []
+    waiter = threading.Thread(target=lambda: answers.append(api.ok("GET", f"/v1/tasks/{task_id}/result?waitMs=20000")))
+    waiter.start()
+    (delivery,) = receive(api, run_id, max=10, leaseMs=10_000)
+    assert (delivery["taskId"], delivery["attempt"], delivery["input"]) == (task_id, 1, {"n": 21})
+    assert task(api, task_id)["state"] == "RUNNING"
+    api.ok("POST", f"/v1/deliveries/{delivery['id']}/renew", {"leaseMs": 20_000})
+    done = api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": {"doubled": 42}}})
+    assert done == {"taskId": task_id, "state": "SUCCEEDED"}
+    waiter.join(POLL_TIMEOUT_S)
+    assert answers and answers[0]["done"] is True
+    assert (answers[0]["state"], answers[0]["outcome"]) == ("SUCCEEDED", {"doubled": 42})
+    # A second complete of the same delivery is refused: one recorded result per task.
+    assert api.error("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": 0}}) == (
+        409,
+        "LEASE_LOST",
+    )
+    assert task(api, task_id)["outcome"] == {"doubled": 42}
+
+
+def test_result_long_poll_answers_not_done_after_wait(api: Api) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 1})["id"]
+    answer = api.ok("GET", f"/v1/tasks/{task_id}/result?waitMs=200")
+    assert (answer["done"], answer["state"]) == (False, "QUEUED")
+    assert api.error("GET", f"/v1/tasks/{task_id}/result?waitMs=999999") == (400, "VALIDATION")
+
+
+def test_receive_long_poll_is_woken_by_a_submit(api: Api) -> None:
+    run_id = new_run(api)
+    got: list[list[dict[str, Any]]] = []
+    poller = threading.Thread(target=lambda: got.append(receive(api, run_id, waitMs=20_000)))
+    poller.start()
+    time.sleep(0.3)  # let the poll park (correctness does not depend on it)
+    task_id = submit(api, run_id, {"n": 1})["id"]
+    poller.join(POLL_TIMEOUT_S)
+    assert got and [d["taskId"] for d in got[0]] == [task_id]
+
+
+def test_receive_hands_out_fifo_and_at_most_max(api: Api) -> None:
+    run_id = new_run(api)
+    ids = [submit(api, run_id, {"n": n})["id"] for n in range(5)]
+    first = receive(api, run_id, max=3)
+    second = receive(api, run_id, max=3)
+    assert [d["taskId"] for d in first + second] == ids
+    assert receive(api, run_id, max=3) == []
+
+
+def test_lapsed_lease_is_taken_over_and_the_late_complete_refused(api: Api) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 1})["id"]
+    (old,) = receive(api, run_id, leaseMs=300)
+    taken: list[dict[str, Any]] = []
+    wait_until(lambda: bool(taken.extend(receive(api, run_id)) or taken), "the lease to lapse")
+    (new,) = taken
+    assert (new["taskId"], new["attempt"]) == (task_id, 2)
+    assert api.error("POST", f"/v1/deliveries/{old['id']}/complete", {"result": {"payload": "late"}}) == (
+        409,
+        "LEASE_LOST",
+    )
+    assert api.error("POST", f"/v1/deliveries/{old['id']}/renew", {}) == (409, "LEASE_LOST")
+    assert task(api, task_id)["state"] == "RUNNING"
+    api.ok("POST", f"/v1/deliveries/{new['id']}/complete", {"result": {"payload": "on time"}})
+    assert task(api, task_id)["outcome"] == "on time"
+
+
+def test_retry_reject_release_and_attempts(api: Api) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 1}, attempts=2)["id"]
+    (first,) = receive(api, run_id)
+    assert api.ok("POST", f"/v1/deliveries/{first['id']}/release")["state"] == "QUEUED"
+    (second,) = receive(api, run_id)
+    assert second["attempt"] == 1  # a release counts no attempt
+    assert api.ok("POST", f"/v1/deliveries/{second['id']}/retry", {"error": "flaky", "delayMs": 0})["state"] == "QUEUED"
+    (third,) = receive(api, run_id)
+    assert third["attempt"] == 2
+    failed = api.ok("POST", f"/v1/deliveries/{third['id']}/retry", {"error": "still flaky"})
+    assert failed["state"] == "FAILED"  # out of attempts
+    assert (task(api, task_id)["error"], task(api, task_id)["state"]) == ("still flaky", "FAILED")
+
+    other = submit(api, run_id, {"n": 2})["id"]
+    (delivery,) = receive(api, run_id)
+    assert api.ok("POST", f"/v1/deliveries/{delivery['id']}/reject", {"error": "bad input"})["state"] == "FAILED"
+    result = api.ok("GET", f"/v1/tasks/{other}/result")
+    assert (result["done"], result["state"], result["error"]) == (True, "FAILED", "bad input")
+
+
+def test_retry_backoff_holds_the_task_back(api: Api) -> None:
+    run_id = new_run(api)
+    task_id = submit(api, run_id, {"n": 1})["id"]
+    (first,) = receive(api, run_id)
+    api.ok("POST", f"/v1/deliveries/{first['id']}/retry", {"delayMs": 60_000})
+    assert receive(api, run_id) == []
+    assert task(api, task_id)["state"] == "QUEUED"
