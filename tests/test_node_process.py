@@ -1,0 +1,178 @@
+"""Whole processes: Ctrl-C, kill -9 and restart, the quickstart's files, a worker killed mid-task."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._http import Api
+from tests._nodes import DevNode
+
+HERE = Path(__file__).parent
+PROCESS_TIMEOUT_S = 60.0
+
+
+def run_with_work_queue(api: Api) -> str:
+    api.ok("POST", "/v1/mailboxes", {"name": "work"})
+    return str(api.ok("POST", "/v1/scopes", {})["id"])
+
+
+def client_env(node: DevNode, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "RUNSTATE_BASE_URL": node.url, "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("RUNSTATE_SPACE_ID", None)
+    env.pop("RUNSTATE_API_KEY", None)
+    return env
+
+
+@contextlib.contextmanager
+def spawn(script: str, *args: str, env: dict[str, str], cwd: Path | None = None) -> Iterator[subprocess.Popen[str]]:
+    """A Python child with its stdout piped; killed and closed whatever happens."""
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / script), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(PROCESS_TIMEOUT_S)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def read_line(process: subprocess.Popen[str], prefix: str) -> str:
+    """The first line of the child's stdout starting with prefix (bounded by the test timeout)."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"the child exited ({process.wait()}) without printing {prefix!r}")
+
+
+def test_dev_prints_where_it_listens_and_stops_cleanly_on_ctrl_c(node_factory: Any) -> None:
+    node: DevNode = node_factory().start()
+    assert node.interrupt() == 0
+    log = node.log()
+    assert f"RUNSTATE_BASE_URL={node.url}" in log
+    assert "RUNSTATE_SPACE_ID=default" in log
+    assert "Traceback" not in log
+
+
+def test_dev_refuses_a_non_loopback_address(tmp_path: Path) -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "runstate.node.cli", "dev", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
+    )
+    assert finished.returncode == 2
+    assert "loopback" in finished.stderr
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])
+def test_kill_9_loses_no_acknowledged_write(node_factory: Any, fsync: str) -> None:
+    node: DevNode = node_factory("--fsync", fsync).start()
+    api = Api(node.url)
+    run_id = run_with_work_queue(api)
+    acknowledged: list[tuple[str, int]] = []  # (task id, n) whose result was acknowledged
+    stop = threading.Event()
+
+    def writer(offset: int) -> None:
+        n = offset
+        while not stop.is_set():
+            try:
+                task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": n, "key": f"k{n}"})["id"]
+                (delivery,) = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {})["deliveries"]
+                api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": delivery["input"]}})
+            except (OSError, AssertionError, ValueError):
+                return  # the node died under us: whatever was not acknowledged may be lost
+            acknowledged.append((task_id, n))
+            n += 4
+
+    writers = [threading.Thread(target=writer, args=(offset,)) for offset in range(4)]
+    for thread in writers:
+        thread.start()
+    deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    while len(acknowledged) < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    node.kill()
+    stop.set()
+    for thread in writers:
+        thread.join(PROCESS_TIMEOUT_S)
+    assert len(acknowledged) >= 200
+
+    node.start()
+    for task_id, n in acknowledged:
+        view = api.ok("GET", f"/v1/tasks/{task_id}")
+        assert (view["state"], view["outcome"]) == ("SUCCEEDED", n)
+    # The restarted node goes on working in the same run.
+    assert api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": "after"})["created"] is True
+
+
+def test_restart_keeps_state_after_ctrl_c(node_factory: Any) -> None:
+    node: DevNode = node_factory().start()
+    api = Api(node.url)
+    run_id = run_with_work_queue(api)
+    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": 1})["id"]
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel")
+    assert node.interrupt() == 0
+    node.start()
+    assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "CANCELLED"
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "CANCELLED"
+
+
+def test_in_memory_node_starts_empty(node_factory: Any) -> None:
+    node: DevNode = node_factory(in_memory=True).start()
+    api = Api(node.url)
+    run_id = run_with_work_queue(api)
+    node.kill()
+    node.start()
+    assert api.error("GET", f"/v1/scopes/{run_id}") == (404, "NOT_FOUND")
+
+
+def test_quickstart_producer_and_worker_run_unchanged(dev_node: DevNode, tmp_path: Path) -> None:
+    with spawn("quickstart/producer.py", env=client_env(dev_node), cwd=tmp_path) as producer:
+        run_id = read_line(producer, "RUNSTATE_SCOPE_ID=").split("=", 1)[1]
+        worker_env = client_env(dev_node, RUNSTATE_SCOPE_ID=run_id)
+        with spawn("quickstart/worker.py", env=worker_env, cwd=tmp_path) as worker:
+            assert read_line(producer, "SUCCEEDED") == "SUCCEEDED {'doubled': 42}"
+            assert producer.wait(PROCESS_TIMEOUT_S) == 0
+            assert read_line(worker, "completed").endswith("(attempt 1)")
+
+
+def test_worker_killed_mid_task_is_taken_over_with_attempt_2(dev_node: DevNode) -> None:
+    api = Api(dev_node.url)
+    run_id = run_with_work_queue(api)
+    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 1}})["id"]
+    with spawn("_blocked_worker.py", run_id, "1000", env=client_env(dev_node)) as doomed:
+        assert read_line(doomed, "started") == f"started {task_id} 1"
+        doomed.send_signal(signal.SIGKILL)
+    answer = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {"waitMs": 20_000})
+    (delivery,) = answer["deliveries"]
+    assert (delivery["taskId"], delivery["attempt"]) == (task_id, 2)
+    api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "second"}})
+    assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "second"
+
+
+def test_a_stalled_workers_late_completion_is_refused(dev_node: DevNode) -> None:
+    api = Api(dev_node.url)
+    run_id = run_with_work_queue(api)
+    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 1}})["id"]
+    with spawn("_stalled_worker.py", run_id, "500", "3", env=client_env(dev_node)) as stalled:
+        assert read_line(stalled, "received").endswith(" 1")
+        answer = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {"waitMs": 20_000})
+        (delivery,) = answer["deliveries"]
+        assert (delivery["taskId"], delivery["attempt"]) == (task_id, 2)
+        api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "taken over"}})
+        assert read_line(stalled, "refused") == "refused LEASE_LOST"
+        assert stalled.wait(PROCESS_TIMEOUT_S) == 0
+    assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "taken over"
