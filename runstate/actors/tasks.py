@@ -40,12 +40,13 @@ def ensure_mailbox(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _require_queue(ctx: Context, run: Run, mailbox: Any) -> Queue:
+    """The run's queue of `mailbox`. A run without one gets a new queue that is not attached yet:
+    `submit` and `receive` attach it once every check passed, so a refused command leaves no
+    trace."""
     if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
         raise Rejected(errors.NOT_FOUND, f"mailbox {mailbox!r} not found; create it with mailboxes.ensure")
     queue = run.queues.get(mailbox)
-    if queue is None:
-        queue = run.queues[mailbox] = Queue()
-    return queue
+    return Queue() if queue is None else queue
 
 
 # -- tasks ---------------------------------------------------------------------------------------
@@ -86,6 +87,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     )
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     ctx.state.tasks[task.id] = task
+    run.queues[mailbox] = queue
     queue.by_key[key] = task.id
     run.task_count += 1
     ctx.space.task_count += 1
@@ -117,6 +119,9 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     run = runs.require_run(ctx, args.get("run_id"))
     queue = _require_queue(ctx, run, args.get("mailbox"))
     runs.require_active(ctx, run)
+    # Attached even when empty: stopping the run wakes the queues it has, and with them the
+    # consumers long-polling this one.
+    run.queues[args["mailbox"]] = queue
     count_max, lease_ms = args["max"], args["lease_ms"]
     assert 1 <= count_max <= limits.receive_batch_max
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
