@@ -1,0 +1,507 @@
+"""Rules of tasks and deliveries (runstate.actors.tasks): submit, receive, leases, retries, and what
+cancel, deadlines and retention do to them."""
+
+from __future__ import annotations
+
+import pytest
+
+from runstate.actors import errors, limits, tasks
+from runstate.actors.state import TaskState
+from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, snapshot_bytes
+
+LEASE_MS = 10_000
+
+
+@pytest.fixture
+def h() -> Harness:
+    harness = Harness()
+    harness.ensure()
+    return harness
+
+
+@pytest.fixture
+def run_id(h: Harness) -> str:
+    return h.create_run()
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+def test_submit_creates_a_queued_task(h: Harness, run_id: str) -> None:
+    result = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}, attempts=3))
+    task = h.task(result["task_id"])
+    assert result == {"task_id": task.id, "created": True}
+    assert task.id.startswith("tsk_")
+    assert (task.run_id, task.mailbox, task.key, task.input) == (run_id, MAILBOX, "k", {"n": 1})
+    assert (task.state, task.attempt, task.attempts, task.failures) == (TaskState.QUEUED, 0, 3, 0)
+    assert task.attempts == 3 and task.created_ms == h.now_ms
+    assert h.run(run_id).task_count == 1 and h.state.spaces[h.space].task_count == 1
+    assert h.woken() == [("queue", run_id, MAILBOX)]
+
+
+def test_submit_defaults_to_the_default_attempts(h: Harness, run_id: str) -> None:
+    assert h.task(h.submit(run_id, "k")).attempts == limits.attempts_default
+
+
+def test_submit_is_idempotent_per_key_with_the_same_input(h: Harness, run_id: str) -> None:
+    first = h.submit(run_id, "k", {"n": 1})
+    again = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}))
+    assert again == {"task_id": first, "created": False}
+    assert h.effects == []
+    assert h.run(run_id).task_count == 1 and len(h.state.tasks) == 1
+    assert list(h.run(run_id).queues[MAILBOX].ready) == [first]  # not queued twice
+
+
+def test_same_key_with_another_input_is_key_conflict(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k", {"n": 1})
+    assert h.err("task.submit", **h.submit_args(run_id, "k", {"n": 2})) == errors.KEY_CONFLICT
+    assert h.task(task_id).input == {"n": 1}
+
+
+def test_same_key_in_another_run_or_mailbox_is_another_task(h: Harness, run_id: str) -> None:
+    h.ensure("other")
+    child = h.create_run(parent_id=run_id)
+    ids = {
+        h.submit(run_id, "k"),
+        h.submit(h.create_run(), "k"),
+        h.submit(child, "k"),
+        h.ok("task.submit", **{**h.submit_args(run_id, "k"), "mailbox": "other"})["task_id"],
+    }
+    assert len(ids) == 4 == len(h.state.tasks)
+
+
+def test_submit_to_unknown_run_or_mailbox_is_not_found(h: Harness, run_id: str) -> None:
+    assert h.err("task.submit", **h.submit_args("run_nope", "k")) == errors.NOT_FOUND
+    assert h.err("task.submit", **{**h.submit_args(run_id, "k"), "mailbox": "nope"}) == errors.NOT_FOUND
+    assert h.err("task.submit", **{**h.submit_args(run_id, "k"), "mailbox": None}) == errors.NOT_FOUND
+    elsewhere = h.create_run(space="space-2")
+    h.ok("mailbox.ensure", space="space-2", name=MAILBOX)
+    assert h.err("task.submit", **h.submit_args(elsewhere, "k")) == errors.NOT_FOUND
+
+
+@pytest.mark.parametrize("attempts", [0, limits.attempts_max + 1, "3", None])
+def test_attempts_are_validated(h: Harness, run_id: str, attempts: object) -> None:
+    assert h.err("task.submit", **h.submit_args(run_id, "k", attempts=attempts)) == errors.VALIDATION
+
+
+def test_tasks_per_run_limit(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "tasks_per_run_max", 2)
+    h.submit(run_id, "a")
+    h.submit(run_id, "b")
+    assert h.err("task.submit", **h.submit_args(run_id, "c")) == errors.LIMIT_EXCEEDED
+    assert h.ok("task.submit", **h.submit_args(run_id, "a"))["created"] is False
+    h.submit(h.create_run(), "c")
+
+
+def test_tasks_per_space_limit(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "tasks_per_space_max", 1)
+    h.submit(run_id, "a")
+    assert h.err("task.submit", **h.submit_args(h.create_run(), "b")) == errors.LIMIT_EXCEEDED
+
+
+@pytest.mark.parametrize("stop", ["run.cancel", "run.complete"])
+def test_no_new_task_in_a_stopped_run_or_below_it(h: Harness, stop: str) -> None:
+    run_id = h.create_run()
+    child = h.create_run(parent_id=run_id)
+    grandchild = h.create_run(parent_id=child)
+    h.ok(stop, run_id=run_id, retention_ms=RETENTION_MS)
+    for target in (run_id, child, grandchild):
+        # err() also checks that the refusal leaves no empty queue behind in the run.
+        assert h.err("task.submit", **h.submit_args(target, "k")) == errors.SCOPE_CANCELLED
+
+
+def test_no_new_task_past_the_deadline_of_the_run_or_above_it(h: Harness) -> None:
+    run_id = h.create_run(deadline_ms=h.now_ms + 1_000)
+    child = h.create_run(parent_id=run_id)
+    h.advance(1_000)  # no tick needed
+    for target in (run_id, child):
+        assert h.err("task.submit", **h.submit_args(target, "k")) == errors.DEADLINE_EXCEEDED
+    h.tick()
+    for target in (run_id, child):
+        assert h.err("task.submit", **h.submit_args(target, "k")) == errors.DEADLINE_EXCEEDED
+
+
+def test_resubmitting_an_existing_key_after_cancel_returns_the_existing_task(h: Harness, run_id: str) -> None:
+    # A producer that retries its submit after the run was cancelled gets its task back, with the
+    # final state, rather than an error that would hide whether the first submit happened.
+    queued = h.submit(run_id, "queued")
+    done = h.submit(run_id, "done")
+    h.receive(run_id)
+    (delivery,) = h.receive(run_id)
+    h.delivery("complete", delivery, payload="result")
+    h.cancel(run_id)
+    before = snapshot_bytes(h.state)
+    assert h.ok("task.submit", **h.submit_args(run_id, "queued")) == {"task_id": queued, "created": False}
+    assert h.ok("task.submit", **h.submit_args(run_id, "done")) == {"task_id": done, "created": False}
+    assert snapshot_bytes(h.state) == before
+    assert h.task(queued).state == TaskState.CANCELLED
+    assert h.task(done).state == TaskState.SUCCEEDED and h.task(done).outcome == "result"
+    # Another input under the same key is still a conflict; a new key is new work.
+    assert h.err("task.submit", **h.submit_args(run_id, "queued", {"x": 1})) == errors.KEY_CONFLICT
+    assert h.err("task.submit", **h.submit_args(run_id, "new")) == errors.SCOPE_CANCELLED
+
+
+# -- receive -----------------------------------------------------------------------------------
+
+
+def test_receive_hands_out_fifo_at_most_max(h: Harness, run_id: str) -> None:
+    ids = [h.submit(run_id, key) for key in "abcde"]
+    h.effects.clear()
+    first = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=2, lease_ms=LEASE_MS, holder="w1")
+    assert first == {"task_ids": ids[:2]}
+    second = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=10, lease_ms=LEASE_MS, holder="w2")
+    assert second == {"task_ids": ids[2:]}
+    assert h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=LEASE_MS, holder="w3") == {
+        "task_ids": []
+    }
+    for index, task_id in enumerate(ids):
+        task = h.task(task_id)
+        assert task.state == TaskState.RUNNING
+        assert task.attempt == 1 and task.failures == 0
+        assert task.lease_expires_ms == h.now_ms + LEASE_MS
+        assert task.holder == ("w1" if index < 2 else "w2")
+        assert task.delivery_id is not None and task.delivery_id.startswith(task_id + ".")
+    assert len({h.task(task_id).delivery_id for task_id in ids}) == 5
+
+
+def test_receive_sees_only_its_own_run_and_mailbox(h: Harness, run_id: str) -> None:
+    h.ensure("other")
+    child = h.create_run(parent_id=run_id)
+    h.submit(child, "k")
+    h.ok("task.submit", **{**h.submit_args(run_id, "k"), "mailbox": "other"})
+    assert h.receive(run_id, max=10) == []
+    assert len(h.receive(run_id, max=10, mailbox="other")) == 1
+    assert len(h.receive(child, max=10)) == 1
+
+
+def test_receive_from_unknown_run_or_mailbox(h: Harness, run_id: str) -> None:
+    args = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+    assert h.err("task.receive", run_id="run_nope", **args) == errors.NOT_FOUND
+    assert h.err("task.receive", run_id=run_id, **{**args, "mailbox": "nope"}) == errors.NOT_FOUND
+
+
+def test_receive_from_a_stopped_run_is_refused(h: Harness) -> None:
+    h.ensure("unused")
+    cancelled = h.create_run()
+    late = h.create_run(deadline_ms=h.now_ms + 1_000)
+    child = h.create_run(parent_id=late)
+    h.submit(cancelled, "k")
+    h.cancel(cancelled)
+    h.advance(1_000)
+    for mailbox in (MAILBOX, "unused"):  # "unused": no queue for it in the run yet
+        args = {"mailbox": mailbox, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+        assert h.err("task.receive", run_id=cancelled, **args) == errors.SCOPE_CANCELLED
+        assert h.err("task.receive", run_id=late, **args) == errors.DEADLINE_EXCEEDED
+        assert h.err("task.receive", run_id=child, **args) == errors.DEADLINE_EXCEEDED
+
+
+# -- leases --------------------------------------------------------------------------------------
+
+
+def test_lease_lapse_puts_the_task_back_with_the_next_attempt(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (first,) = h.receive(run_id, holder="dead-worker")
+    h.advance(LEASE_MS - 1)
+    h.tick()
+    assert h.task(task_id).state == TaskState.RUNNING  # not yet
+    h.advance(1)
+    h.effects.clear()
+    assert h.tick() == {"processed": 1}
+    task = h.task(task_id)
+    assert task.state == TaskState.QUEUED and task.delivery_id is None
+    assert task.failures == 1 and "lease expired" in (task.error or "")
+    assert ("queue", run_id, MAILBOX) in h.woken()
+    (second,) = h.receive(run_id)
+    assert h.task(task_id).attempt == 2 and second != first
+
+
+def test_late_complete_after_a_lapse_is_lease_lost_and_changes_nothing(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (first,) = h.receive(run_id)
+    h.advance(LEASE_MS)
+    # Lapsed but not yet ticked: refused all the same.
+    assert h.err("delivery.complete", delivery_id=first, payload="late") == errors.LEASE_LOST
+    assert h.err("delivery.renew", delivery_id=first, lease_ms=LEASE_MS) == errors.LEASE_LOST
+    assert h.err("delivery.release", delivery_id=first) == errors.LEASE_LOST
+    h.tick()
+    (second,) = h.receive(run_id)
+    for kind, args in [
+        ("complete", {"payload": "late"}),
+        ("renew", {"lease_ms": LEASE_MS}),
+        ("retry", {"error": "e"}),
+        ("reject", {"error": "e"}),
+        ("release", {}),
+    ]:
+        assert h.err("delivery." + kind, delivery_id=first, **args) == errors.LEASE_LOST
+    assert h.task(task_id).state == TaskState.RUNNING and h.task(task_id).delivery_id == second
+    h.delivery("complete", second, payload="on time")
+    assert h.task(task_id).outcome == "on time"
+
+
+def test_renew_extends_the_lease(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    old_expiry = h.task(task_id).lease_expires_ms
+    h.advance(LEASE_MS // 2)
+    result = h.delivery("renew", delivery, lease_ms=LEASE_MS)
+    assert result == {"task_id": task_id, "lease_expires_ms": h.now_ms + LEASE_MS}
+    new_expiry = result["lease_expires_ms"]
+    h.now_ms = old_expiry
+    h.tick()  # the entry for the old expiry re-arms itself
+    assert h.task(task_id).state == TaskState.RUNNING
+    h.delivery("renew", delivery, lease_ms=limits.lease_ms_min)  # never shortens
+    assert h.task(task_id).lease_expires_ms == new_expiry
+    h.now_ms = new_expiry - 1
+    h.tick()
+    assert h.task(task_id).state == TaskState.RUNNING
+    h.now_ms = new_expiry
+    h.tick()
+    assert h.task(task_id).state == TaskState.QUEUED and h.task(task_id).failures == 1
+
+
+def test_unknown_deliveries_are_not_found(h: Harness, run_id: str) -> None:
+    h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    for bogus in ("tsk_nope.1.abc", "", None, 5):
+        assert h.err("delivery.complete", delivery_id=bogus) == errors.NOT_FOUND
+    assert h.err("delivery.complete", space="space-2", delivery_id=delivery) == errors.NOT_FOUND
+
+
+# -- outcomes --------------------------------------------------------------------------------------
+
+
+def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    h.advance(5)
+    assert h.delivery("complete", delivery, payload={"ok": True}) == {"task_id": task_id, "state": "SUCCEEDED"}
+    task = h.task(task_id)
+    assert (task.state, task.outcome, task.finished_ms, task.delivery_id) == (
+        TaskState.SUCCEEDED,
+        {"ok": True},
+        h.now_ms,
+        None,
+    )
+    assert ("task", task_id) in h.woken()
+    assert h.err("delivery.complete", delivery_id=delivery, payload="again") == errors.LEASE_LOST
+    assert h.err("delivery.retry", delivery_id=delivery) == errors.LEASE_LOST
+
+
+def test_retry_with_backoff_is_not_receivable_until_the_ready_tick(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    assert h.delivery("retry", delivery, error="flaky", delay_ms=5_000) == {"task_id": task_id, "state": "QUEUED"}
+    task = h.task(task_id)
+    assert (task.failures, task.error, task.ready_at_ms) == (1, "flaky", h.now_ms + 5_000)
+    assert h.armed() == [h.now_ms + 5_000]
+    assert h.receive(run_id) == []
+    h.advance(5_000)
+    assert h.receive(run_id) == []  # due, but only a tick makes it ready
+    h.effects.clear()
+    h.tick()
+    assert ("queue", run_id, MAILBOX) in h.woken()
+    h.receive(run_id)
+    assert h.task(task_id).attempt == 2 and h.task(task_id).state == TaskState.RUNNING
+
+
+def test_retry_without_delay_backs_off_exponentially(h: Harness, run_id: str) -> None:
+    assert [tasks.backoff_ms(n) for n in (1, 2, 3, 7, 8, 100)] == [1_000, 2_000, 4_000, 60_000, 60_000, 60_000]
+    task_id = h.submit(run_id, "k", attempts=10)
+    for failures, expected_ms in [(1, 1_000), (2, 2_000), (3, 4_000)]:
+        (delivery,) = h.receive(run_id)
+        h.delivery("retry", delivery)
+        assert h.task(task_id).failures == failures
+        assert h.task(task_id).ready_at_ms == h.now_ms + expected_ms
+        assert h.task(task_id).error == "retried by the worker"
+        h.advance(expected_ms)
+        h.tick()
+
+
+def test_retry_with_zero_delay_is_ready_at_once(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    h.delivery("retry", delivery, delay_ms=0)
+    assert ("queue", run_id, MAILBOX) in h.woken()
+    h.receive(run_id)
+    assert h.task(task_id).attempt == 2
+
+
+def test_reject_fails_the_task_now(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k", attempts=5)
+    (delivery,) = h.receive(run_id)
+    assert h.delivery("reject", delivery, error="bad input") == {"task_id": task_id, "state": "FAILED"}
+    task = h.task(task_id)
+    assert (task.state, task.error, task.failures, task.outcome) == (TaskState.FAILED, "bad input", 1, None)
+    assert ("task", task_id) in h.woken()
+    assert h.receive(run_id) == []
+
+
+def test_release_puts_the_task_back_without_counting_an_attempt(h: Harness, run_id: str) -> None:
+    first_id = h.submit(run_id, "first")
+    second_id = h.submit(run_id, "second")
+    (delivery,) = h.receive(run_id)
+    assert h.delivery("release", delivery) == {"task_id": first_id, "state": "QUEUED"}
+    assert h.task(first_id).failures == 0 and h.task(first_id).delivery_id is None
+    assert ("queue", run_id, MAILBOX) in h.woken()
+    assert h.receive(run_id, max=2) == [h.task(second_id).delivery_id, h.task(first_id).delivery_id]
+    assert h.task(first_id).attempt == 1  # the same attempt again
+
+
+def test_after_attempts_failures_the_task_fails_with_the_last_error(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k", attempts=3)
+    (delivery,) = h.receive(run_id)
+    h.delivery("retry", delivery, error="one", delay_ms=0)
+    (delivery,) = h.receive(run_id)
+    h.advance(LEASE_MS)
+    h.tick()  # a lapse counts as a failed attempt
+    assert h.task(task_id).failures == 2 and h.task(task_id).state == TaskState.QUEUED
+    (delivery,) = h.receive(run_id)
+    assert h.task(task_id).attempt == 3
+    h.effects.clear()
+    assert h.delivery("retry", delivery, error="three", delay_ms=0) == {"task_id": task_id, "state": "FAILED"}
+    task = h.task(task_id)
+    assert (task.state, task.error, task.failures, task.delivery_id) == (TaskState.FAILED, "three", 3, None)
+    assert ("task", task_id) in h.woken()
+
+
+def test_last_attempt_lapsing_fails_the_task(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k", attempts=1)
+    h.receive(run_id, holder="w9")
+    h.advance(LEASE_MS)
+    h.effects.clear()
+    h.tick()
+    task = h.task(task_id)
+    assert task.state == TaskState.FAILED and task.error == "lease expired (holder w9)"
+    assert ("task", task_id) in h.woken()
+
+
+# -- cancel, deadline and retention ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["run.cancel", "run.complete"])
+def test_stopping_a_run_cancels_queued_and_running_tasks(h: Harness, stop: str) -> None:
+    run_id = h.create_run()
+    child = h.create_run(parent_id=run_id)
+    done = h.submit(run_id, "done")
+    running = h.submit(run_id, "running")
+    backing_off = h.submit(run_id, "backing-off")
+    queued = h.submit(run_id, "queued")
+    below = h.submit(child, "below")
+    d_done, d_running, d_backing_off = h.receive(run_id, max=3)
+    h.delivery("complete", d_done, payload=1)
+    h.delivery("retry", d_backing_off, delay_ms=1_000)
+    h.ok(stop, run_id=run_id, retention_ms=RETENTION_MS)
+    for task_id in (running, backing_off, queued, below):
+        assert h.task(task_id).state == TaskState.CANCELLED
+        assert h.task(task_id).finished_ms == h.now_ms
+    assert h.task(done).state == TaskState.SUCCEEDED and h.task(done).outcome == 1
+    assert list(h.run(run_id).queues[MAILBOX].ready) == []
+    h.advance(1_000)
+    h.tick()  # the backoff ends: nothing to do for a cancelled task
+    assert h.task(backing_off).state == TaskState.CANCELLED
+    # The worker still holding `running` may not renew or complete it ...
+    assert h.err("delivery.renew", delivery_id=d_running, lease_ms=LEASE_MS) == errors.SCOPE_CANCELLED
+    assert h.err("delivery.complete", delivery_id=d_running, payload=2) == errors.SCOPE_CANCELLED
+    # ... but may hand it back: OK, with the final state, and the task does not change. The
+    # handback ends the delivery, so a second one is LEASE_LOST like after any handback.
+    assert h.delivery("retry", d_running, error="e") == {"task_id": running, "state": "CANCELLED"}
+    task = h.task(running)
+    assert (task.state, task.failures, task.outcome, task.error) == (TaskState.CANCELLED, 0, None, None)
+    assert h.err("delivery.release", delivery_id=d_running) == errors.LEASE_LOST
+    h.advance(LEASE_MS)
+    h.tick()  # its lease entry finds nothing to lapse
+    assert h.task(running).state == TaskState.CANCELLED and h.task(running).failures == 0
+
+
+@pytest.mark.parametrize("kind", ["release", "retry", "reject"])
+def test_each_handback_is_allowed_after_cancel(h: Harness, run_id: str, kind: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    h.cancel(run_id)
+    assert h.delivery(kind, delivery) == {"task_id": task_id, "state": "CANCELLED"}
+    assert h.task(task_id).failures == 0 and h.task(task_id).error is None
+
+
+def test_deadline_expires_the_tasks_and_refuses_new_work(h: Harness) -> None:
+    run_id = h.create_run(deadline_ms=h.now_ms + 5_000)
+    child = h.create_run(parent_id=run_id)
+    done = h.submit(run_id, "done")
+    running = h.submit(run_id, "running")
+    queued = h.submit(run_id, "queued")
+    below = h.submit(child, "below")
+    d_done, d_running = h.receive(run_id, max=2, lease_ms=60_000)
+    h.delivery("complete", d_done, payload="kept")
+    h.advance(5_000)
+    # Past the deadline, before the tick: refused already.
+    assert h.err("delivery.complete", delivery_id=d_running, payload="late") == errors.DEADLINE_EXCEEDED
+    assert h.err("delivery.renew", delivery_id=d_running, lease_ms=LEASE_MS) == errors.DEADLINE_EXCEEDED
+    args = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+    assert h.err("task.receive", run_id=child, **args) == errors.DEADLINE_EXCEEDED
+    h.effects.clear()
+    h.tick()
+    for task_id in (running, queued, below):
+        assert h.task(task_id).state == TaskState.EXPIRED
+        assert ("task", task_id) in h.woken()
+    assert h.task(done).state == TaskState.SUCCEEDED
+    assert h.delivery("retry", d_running) == {"task_id": running, "state": "EXPIRED"}
+    assert h.err("task.submit", **h.submit_args(run_id, "new")) == errors.DEADLINE_EXCEEDED
+
+
+def test_a_handback_between_the_deadline_and_its_tick_is_still_accepted(h: Harness) -> None:
+    run_id = h.create_run(deadline_ms=h.now_ms + 5_000)
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id, lease_ms=60_000)
+    h.advance(5_000)
+    assert h.delivery("release", delivery) == {"task_id": task_id, "state": "QUEUED"}
+    h.tick()
+    assert h.task(task_id).state == TaskState.EXPIRED
+
+
+def test_retention_removes_the_tasks_and_their_deliveries(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    h.cancel(run_id, retention_ms=1_000)
+    h.advance(1_000)
+    h.tick()
+    assert task_id not in h.state.tasks
+    assert h.err("delivery.release", delivery_id=delivery) == errors.NOT_FOUND
+    assert h.err("task.submit", **h.submit_args(run_id, "k")) == errors.NOT_FOUND
+    assert h.state.spaces[h.space].task_count == 0
+    h.advance(LEASE_MS)
+    h.tick()  # the removed task's lease entry is skipped
+
+
+# -- effects ---------------------------------------------------------------------------------------
+
+
+def test_receive_arms_the_ticker_only_when_the_earliest_due_time_moves_earlier(h: Harness, run_id: str) -> None:
+    for key in "abc":
+        h.submit(run_id, key)
+    assert h.effects == [("wake", ("queue", run_id, MAILBOX))]
+    h.receive(run_id, lease_ms=10_000)
+    assert h.effects == [("arm", h.now_ms + 10_000)]
+    h.receive(run_id, lease_ms=20_000)
+    assert h.effects == []
+    h.receive(run_id, lease_ms=5_000)
+    assert h.effects == [("arm", h.now_ms + 5_000)]
+    assert h.receive(run_id, lease_ms=1_000) == []
+    assert h.effects == []
+
+
+def test_effects_of_finishing_and_readying(h: Harness, run_id: str) -> None:
+    a, b = h.submit(run_id, "a"), h.submit(run_id, "b")
+    da, db = h.receive(run_id, max=2)
+    h.delivery("complete", da)
+    assert h.effects == [("wake", ("task", a))]
+    h.delivery("release", db)
+    assert h.effects == [("wake", ("queue", run_id, MAILBOX))]
+    (db,) = h.receive(run_id)
+    h.delivery("reject", db)
+    assert h.effects == [("wake", ("task", b))]
+
+
+def test_stopping_a_run_wakes_consumers_polling_an_empty_mailbox(h: Harness, run_id: str) -> None:
+    h.ensure("idle")
+    assert h.receive(run_id, mailbox="idle") == []  # a consumer now long-polls ("queue", run, "idle")
+    h.cancel(run_id)
+    assert ("queue", run_id, "idle") in h.woken()
