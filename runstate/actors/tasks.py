@@ -54,7 +54,7 @@ def _require_queue(ctx: Context, run: Run, mailbox: Any) -> Queue:
 
 def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     run = runs.require_run(ctx, args.get("run_id"))
-    mailbox = args.get("mailbox")
+    mailbox: str = args["mailbox"]  # a string, checked by _require_queue below
     key, input_hash = args["key"], args["input_hash"]
     attempts = args.get("attempts", limits.attempts_default)
     if not (isinstance(attempts, int) and 1 <= attempts <= limits.attempts_max):
@@ -152,9 +152,9 @@ def _require_delivery(ctx: Context, delivery_id: Any) -> Task:
     return task
 
 
-def _require_live_lease(ctx: Context, task: Task, delivery_id: str) -> None:
+def _require_live_lease(ctx: Context, task: Task) -> None:
     if task.state != TaskState.RUNNING or ctx.now_ms >= task.lease_expires_ms:
-        raise Rejected(errors.LEASE_LOST, f"the lease of delivery {delivery_id} lapsed")
+        raise Rejected(errors.LEASE_LOST, f"the lease of delivery {task.delivery_id} lapsed")
 
 
 def _handback(ctx: Context, delivery_id: Any) -> tuple[Task, bool]:
@@ -164,7 +164,7 @@ def _handback(ctx: Context, delivery_id: Any) -> tuple[Task, bool]:
     if task.state in (TaskState.CANCELLED, TaskState.EXPIRED):
         task.delivery_id = None
         return task, False
-    _require_live_lease(ctx, task, delivery_id)
+    _require_live_lease(ctx, task)
     return task, True
 
 
@@ -173,7 +173,7 @@ def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     task = _require_delivery(ctx, delivery_id)
     runs.require_active(ctx, ctx.state.runs[task.run_id])
-    _require_live_lease(ctx, task, delivery_id)
+    _require_live_lease(ctx, task)
     # The LEASE heap entry for the old expiry finds the lease extended and re-arms itself.
     task.lease_expires_ms = max(task.lease_expires_ms, ctx.now_ms + lease_ms)
     return {"task_id": task.id, "lease_expires_ms": task.lease_expires_ms}
@@ -183,7 +183,7 @@ def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     delivery_id = args.get("delivery_id")
     task = _require_delivery(ctx, delivery_id)
     runs.require_active(ctx, ctx.state.runs[task.run_id])
-    _require_live_lease(ctx, task, delivery_id)
+    _require_live_lease(ctx, task)
     _finish(ctx, task, TaskState.SUCCEEDED, outcome=args.get("payload"))
     return {"task_id": task.id, "state": task.state}
 

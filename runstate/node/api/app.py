@@ -10,7 +10,7 @@ from aiohttp import web
 # Importing the route modules registers their routes in ROUTES.
 from runstate.node.api import deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
 from runstate.node.api.errors import ApiError, error_response
-from runstate.node.api.routes import NODE_KEY, ROUTES
+from runstate.node.api.routes import NODE_KEY, ROUTES, Handler
 
 __all__ = ["ROUTES", "build_app"]
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 @web.middleware
-async def errors_as_json(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:  # type: ignore[type-arg]
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as error:
