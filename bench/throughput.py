@@ -1,0 +1,176 @@
+"""End-to-end throughput and submit latency against a dev node; prints one JSON object.
+
+    python -m bench.throughput --tasks 5000 --workers 2 --fsync always
+
+Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (or uses --url),
+opens a run, starts W worker processes that consume the run's queue with the SDK, submits N tasks
+from P concurrent producers, waits for every result, then cancels the run (which stops the
+workers) and stops the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from runstate import AsyncRunstate
+
+HEALTH_TIMEOUT_S = 30.0
+RESULT_TIMEOUT_MS = 120_000
+WORKER_EXIT_TIMEOUT_S = 30.0
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    async with AsyncRunstate(base_url=url) as rs:
+        while True:
+            try:
+                await rs.mailboxes.ensure("bench", mode="WORK")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+
+async def produce(url: str, run_id: str, tasks: int, producers: int) -> dict[str, Any]:
+    latencies_ms: list[float] = []
+    async with AsyncRunstate(base_url=url, holder="bench-producer") as rs:
+        queue = rs.scope(run_id).mailbox("bench")
+        next_index = iter(range(tasks))
+        tickets: list[Any] = []
+
+        async def producer() -> None:
+            for index in next_index:
+                started = time.perf_counter()
+                tickets.append(await queue.submit({"n": index}, key=f"task-{index}"))
+                latencies_ms.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(producers)))
+        submitted_s = time.perf_counter() - started
+        results = iter(tickets)
+        states: dict[str, int] = {}
+
+        async def collector() -> None:
+            for ticket in results:
+                outcome = await ticket.result(timeout_ms=RESULT_TIMEOUT_MS)
+                states[outcome["state"]] = states.get(outcome["state"], 0) + 1
+
+        await asyncio.gather(*(collector() for _ in range(producers)))
+        elapsed_s = time.perf_counter() - started
+    return {
+        "elapsed_s": round(elapsed_s, 3),
+        "tasks_per_s": round(tasks / elapsed_s, 1),
+        "submit_s": round(submitted_s, 3),
+        "submits_per_s": round(tasks / submitted_s, 1),
+        "submit_latency_ms": {
+            "p50": round(statistics.median(latencies_ms), 2),
+            "p99": round(percentile(latencies_ms, 0.99), 2),
+            "max": round(max(latencies_ms), 2),
+        },
+        "states": states,
+    }
+
+
+async def work(url: str, run_id: str, concurrency: int) -> None:
+    async with AsyncRunstate(base_url=url, holder=f"bench-worker-{os.getpid()}") as rs:
+        async def handle(data: dict[str, Any], delivery: Any) -> dict[str, Any]:
+            return {"doubled": data["n"] * 2}
+
+        await rs.scope(run_id).mailbox("bench").consume(handle, concurrency=concurrency)
+
+
+def start_node(fsync: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests._nodes import free_port
+
+    port = free_port()
+    node = subprocess.Popen(
+        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(port), "--data-dir", str(data_dir),
+         "--fsync", fsync],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    return node, f"http://127.0.0.1:{port}"
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    node = None
+    with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
+        url = args.url
+        if url is None:
+            node, url = start_node(args.fsync, Path(scratch) / "data")
+        workers: list[subprocess.Popen[bytes]] = []
+        try:
+            await wait_healthy(url)
+            async with AsyncRunstate(base_url=url) as rs:
+                run_id = (await rs.scopes.create(name="bench")).id
+            workers = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.throughput", "--role", "worker", "--url", url, "--run", run_id,
+                     "--concurrency", str(args.concurrency)],
+                    cwd=Path(__file__).parent.parent,
+                )
+                for _ in range(args.workers)
+            ]
+            result = await produce(url, run_id, args.tasks, args.producers)
+            async with AsyncRunstate(base_url=url) as rs:
+                await rs.scopes.cancel(run_id)
+            for worker in workers:
+                worker.wait(WORKER_EXIT_TIMEOUT_S)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+            if node is not None:
+                node.terminate()
+                node.wait(WORKER_EXIT_TIMEOUT_S)
+    return {
+        "benchmark": "end_to_end_tasks",
+        "tasks": args.tasks,
+        "workers": args.workers,
+        "worker_concurrency": args.concurrency,
+        "producers": args.producers,
+        "fsync": args.fsync if args.url is None else "unknown (--url)",
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        **result,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=5000, help="tasks to submit (default 5000)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--concurrency", type=int, default=64, help="handlers per worker (default 64)")
+    parser.add_argument("--producers", type=int, default=64, help="concurrent submitters (default 64)")
+    parser.add_argument("--fsync", choices=("always", "never"), default="always")
+    parser.add_argument("--url", help="use a running node instead of starting one")
+    parser.add_argument("--role", choices=("bench", "worker"), default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "worker":
+        asyncio.run(work(args.url, args.run, args.concurrency))
+        return 0
+    print(json.dumps(asyncio.run(bench(args))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The benchmark's short form: it runs end to end and prints the numbers it promises (no timing
+assertions: speed is measured by `python -m bench.throughput`, not judged here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_TIMEOUT_S = 180
+
+
+def test_throughput_bench_short_form() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.throughput", "--tasks", "200", "--workers", "1", "--producers", "8"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["states"] == {"SUCCEEDED": 200}
+    assert report["tasks_per_s"] > 0
+    assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
