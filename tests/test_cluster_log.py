@@ -1,0 +1,251 @@
+"""ReplicatedLog in-process: results, coalescing, failing commands, time, effects, leadership."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj.journal import FileJournal
+from pysyncobj.pickle import loads as pysyncobj_loads
+
+from runstate.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
+from runstate.cluster.codec import decode_batch
+from runstate.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
+from runstate.cluster.snapshot import Dump, encode_dump
+from tests._cluster_log_child import RecordingMachine, free_port
+
+READY_TIMEOUT_S = 15.0
+
+
+@contextlib.asynccontextmanager
+async def running_log(
+    data_dir: Path | None = None, *, ready: bool = True, **options: Any
+) -> AsyncIterator[tuple[ReplicatedLog, RecordingMachine]]:
+    machine = RecordingMachine()
+    log = ReplicatedLog(
+        machine,
+        self_address=f"127.0.0.1:{free_port()}",
+        data_dir=data_dir,
+        password="test-password",
+        **options,
+    )
+    await log.start()
+    try:
+        if ready:
+            await log.wait_ready(READY_TIMEOUT_S)
+        yield log, machine
+    finally:
+        await log.stop()
+
+
+def applied_ids(log: ReplicatedLog, machine: RecordingMachine) -> list[int]:
+    with log.lock:
+        return [entry["id"] for entry in machine.applied]
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_propose_returns_each_commands_result() -> None:
+    role_changes: list[int] = []
+
+    async def scenario() -> None:
+        async with running_log(on_role_change=lambda: role_changes.append(threading.get_ident())) as (
+            log,
+            machine,
+        ):
+            assert log.is_leader and log.role == "leader" and log.leader_address == log.self_address
+            await eventually(lambda: role_changes == [threading.get_ident()])  # became leader, on the loop
+            for command_id in range(5):
+                result = await log.propose({"type": "set", "id": command_id, "key": "k", "value": command_id})
+                assert result == {"id": command_id, "position": command_id + 1}
+            with log.lock:
+                assert machine.values == {"k": 4}
+            await eventually(lambda: log.applied_index == log.commit_index)
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_proposes_are_coalesced_and_answered_in_order() -> None:
+    async def scenario() -> None:
+        async with running_log() as (log, machine):
+            batches_before = log.counters.batches_proposed
+            results = await asyncio.gather(*(log.propose({"type": "add", "id": i}) for i in range(500)))
+            batches = log.counters.batches_proposed - batches_before
+            assert batches <= 5, f"500 concurrent proposes took {batches} batches"
+            assert [result["id"] for result in results] == list(range(500))
+            assert applied_ids(log, machine) == list(range(500))
+            positions = [result["position"] for result in results]
+            assert positions == sorted(positions)
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_command_answers_internal_and_the_log_goes_on() -> None:
+    async def scenario() -> None:
+        async with running_log() as (log, machine):
+            before, failing, after = await asyncio.gather(
+                log.propose({"type": "add", "id": 1}),
+                log.propose({"type": "boom", "id": 2}),
+                log.propose({"type": "add", "id": 3}),
+            )
+            assert before["id"] == 1 and after["id"] == 3
+            assert failing["error"]["code"] == "INTERNAL"
+            assert "boom" in failing["error"]["message"]
+            assert (await log.propose({"type": "add", "id": 4}))["id"] == 4
+            assert applied_ids(log, machine) == [1, 3, 4]
+            assert log.counters.commands_failed_internal == 1
+
+    asyncio.run(scenario())
+
+
+def test_now_ms_never_goes_backwards_and_epoch_is_the_term() -> None:
+    async def scenario() -> None:
+        async with running_log() as (log, machine):
+            ahead_ms = int(time.time() * 1000) + 3_600_000
+            with log.lock:
+                machine.clock_ms = ahead_ms  # a replicated clock ahead of this host's clock
+            for round_number in range(5):
+                await asyncio.gather(
+                    *(log.propose({"type": "add", "id": round_number * 10 + i}) for i in range(10))
+                )
+            with log.lock:
+                stamps = [entry["now_ms"] for entry in machine.applied]
+                epochs = {entry["epoch"] for entry in machine.applied}
+            assert stamps == sorted(stamps)
+            assert stamps[0] >= ahead_ms
+            assert epochs == {log.term}
+
+    asyncio.run(scenario())
+
+
+def test_effects_reach_on_applied_on_the_event_loop() -> None:
+    calls: list[tuple[int, list[Any]]] = []
+
+    def on_applied(effects: list[Any]) -> None:
+        calls.append((threading.get_ident(), effects))
+
+    async def scenario() -> None:
+        async with running_log(on_applied=on_applied) as (log, _):
+            await asyncio.gather(*(log.propose({"type": "add", "id": i}) for i in range(3)))
+            await eventually(lambda: sum(len(effects) for _, effects in calls) == 3)
+
+    asyncio.run(scenario())
+    assert {thread for thread, _ in calls} == {threading.get_ident()}
+    assert [effect for _, effects in calls for effect in effects] == [("applied", i) for i in range(3)]
+
+
+def test_a_node_without_quorum_is_not_leader_and_never_ready() -> None:
+    async def scenario() -> None:
+        silent_peer = f"127.0.0.1:{free_port()}"
+        async with running_log(ready=False, peer_addresses=[silent_peer]) as (log, _):
+            with pytest.raises(NotLeader) as raised:
+                await log.propose({"type": "add", "id": 1})
+            assert raised.value.leader_address is None
+            with pytest.raises(LogUnavailable):
+                await log.wait_ready(timeout_s=0.3)
+
+    asyncio.run(scenario())
+
+
+def test_three_nodes_replicate_and_followers_refuse_proposals() -> None:
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        machines = [RecordingMachine() for _ in addresses]
+        effects: list[list[Any]] = [[] for _ in addresses]
+        logs = [
+            ReplicatedLog(
+                machine,
+                self_address=address,
+                peer_addresses=addresses,
+                data_dir=None,
+                password="cluster-password",
+                on_applied=sink.extend,
+            )
+            for address, machine, sink in zip(addresses, machines, effects, strict=True)
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            results = await asyncio.gather(*(leader.propose({"type": "add", "id": i}) for i in range(20)))
+            assert [result["id"] for result in results] == list(range(20))
+            await eventually(lambda: all(log.applied_index >= leader.commit_index for log in logs))
+            for log, machine, sink in zip(logs, machines, effects, strict=True):
+                assert applied_ids(log, machine) == list(range(20))
+                await eventually(lambda sink=sink: len(sink) == 20)
+            follower = next(log for log in logs if not log.is_leader)
+            with pytest.raises(NotLeader) as raised:
+                await follower.propose({"type": "add", "id": 99})
+            assert raised.value.leader_address == leader.self_address
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())
+
+
+def test_restart_recovers_from_the_journal_in_process(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running_log(tmp_path) as (log, _):
+            await asyncio.gather(*(log.propose({"type": "add", "id": i}) for i in range(50)))
+        async with running_log(tmp_path) as (log, machine):
+            assert applied_ids(log, machine) == list(range(50))
+            assert (await log.propose({"type": "add", "id": 50}))["position"] == 51
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_between_dump_and_journal_trim_keeps_the_journal_tail(tmp_path: Path) -> None:
+    """The state on disk after a crash right after a dump was renamed into place, before the journal
+    was trimmed: the dump covers entries up to k, the journal still holds 1..n with n > k."""
+    no_compaction = LogConfig(log_compaction_entries_min=1_000_000)
+
+    async def fill() -> None:
+        async with running_log(tmp_path, config=no_compaction) as (log, _):
+            for command_id in range(20):
+                await log.propose({"type": "add", "id": command_id})
+
+    asyncio.run(fill())
+    write_dump_of_a_journal_prefix(tmp_path, prefix_commands=8)
+
+    async def restart() -> None:
+        async with running_log(tmp_path, config=no_compaction) as (log, machine):
+            assert applied_ids(log, machine) == list(range(20))
+
+    asyncio.run(restart())
+
+
+def write_dump_of_a_journal_prefix(data_dir: Path, prefix_commands: int) -> None:
+    """Replay the journal's first regular entries into a fresh machine and dump it at that entry."""
+    journal = FileJournal(str(data_dir / JOURNAL_FILE_NAME))
+    try:
+        entries = [journal[position] for position in range(len(journal))]
+    finally:
+        journal._destroy()
+    machine = RecordingMachine()
+    for position, (command, _, _) in enumerate(entries):
+        if command[:1] != b"\x00":  # pysyncobj's no-op entries
+            continue
+        _, (batch,) = pysyncobj_loads(command[1:])
+        decoded = decode_batch(batch)
+        for one in decoded.commands:
+            machine.apply(one, decoded.now_ms, decoded.epoch)
+        if len(machine.applied) >= prefix_commands:
+            dump = Dump(machine.snapshot(), entries[position], entries[position - 1], [])
+            (data_dir / DUMP_FILE_NAME).write_bytes(encode_dump(dump))
+            assert position < len(entries) - 1
+            return
+    raise AssertionError("the journal holds fewer commands than the prefix")
