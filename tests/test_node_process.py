@@ -78,9 +78,13 @@ def test_dev_refuses_a_non_loopback_address(tmp_path: Path) -> None:
     assert "loopback" in finished.stderr
 
 
-@pytest.mark.parametrize("fsync", ["always", "never"])
-def test_kill_9_loses_no_acknowledged_write(node_factory: Any, fsync: str) -> None:
-    node: DevNode = node_factory("--fsync", fsync).start()
+@pytest.mark.parametrize(
+    "flags",
+    [("--fsync", "always"), ("--fsync", "never"), ("--fsync", "always", "--compact-after", "40")],
+    ids=["fsync-always", "fsync-never", "after-compactions"],
+)
+def test_kill_9_loses_no_acknowledged_write(node_factory: Any, flags: tuple[str, ...]) -> None:
+    node: DevNode = node_factory(*flags).start()
     api = Api(node.url)
     run_id = run_with_work_queue(api)
     acknowledged: list[tuple[str, int]] = []  # (task id, n) whose result was acknowledged
@@ -176,3 +180,21 @@ def test_a_stalled_workers_late_completion_is_refused(dev_node: DevNode) -> None
         assert read_line(stalled, "refused") == "refused LEASE_LOST"
         assert stalled.wait(PROCESS_TIMEOUT_S) == 0
     assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "taken over"
+
+
+def test_finished_runs_are_removed_after_retention(node_factory: Any) -> None:
+    node: DevNode = node_factory("--retention", "1s").start()
+    api = Api(node.url)
+    run_id = run_with_work_queue(api)
+    child = api.ok("POST", f"/v1/scopes/{run_id}/children", {})["id"]
+    task_id = api.ok("POST", f"/v1/scopes/{child}/mailboxes/work/tasks", {"input": 1})["id"]
+    survivor = run_with_work_queue(api)
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel")
+    assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "CANCELLED"  # readable until retention ends
+    deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    while api("GET", f"/v1/scopes/{run_id}")[0] != 404:
+        assert time.monotonic() < deadline, "the finished run was never removed"
+        time.sleep(0.1)
+    assert api.error("GET", f"/v1/scopes/{child}") == (404, "NOT_FOUND")
+    assert api.error("GET", f"/v1/tasks/{task_id}") == (404, "NOT_FOUND")
+    assert api.ok("GET", f"/v1/scopes/{survivor}")["storedState"] == "ACTIVE"

@@ -16,6 +16,7 @@ log = logging.getLogger("runstate")
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+COMPACTION_ENTRIES_MIN = 10
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -25,6 +26,13 @@ def duration_ms(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30s, 15m, 12h or 7d")
     return int(match.group(1)) * _UNIT_MS[match.group(2)]
+
+
+def compaction_entries(text: str) -> int:
+    value = int(text)
+    if value < COMPACTION_ENTRIES_MIN:
+        raise argparse.ArgumentTypeError(f"must be at least {COMPACTION_ENTRIES_MIN}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--retention", type=duration_ms, default="7d",
         help="how long a finished run stays readable before it is removed (default 7d)",
     )
+    dev.add_argument(
+        "--compact-after", type=compaction_entries, default=5_000, metavar="ENTRIES",
+        help="snapshot the state and truncate the journal after this many log entries (default 5000)",
+    )
     dev.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     return parser
 
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             raft_port=args.raft_port,
             fsync=args.fsync == "always",
             retention_ms=args.retention,
+            compaction_entries=args.compact_after,
         )
         return asyncio.run(_serve(config))
     return 2

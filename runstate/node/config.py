@@ -28,3 +28,5 @@ class NodeConfig:
     fsync: bool = True
     retention_ms: int = limits.retention_ms_default
     default_space: str = DEFAULT_SPACE
+    # Snapshot the state and truncate the journal after this many log entries (a batch is one).
+    compaction_entries: int = 5_000

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
+from runstate.cluster.config import LogConfig
 from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 
 from runstate.actors import dispatch
@@ -54,6 +55,7 @@ class Node:
             fsync=config.fsync,
             on_applied=self._on_applied,
             on_role_change=self._on_role_change,
+            config=LogConfig(log_compaction_entries_min=config.compaction_entries),
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
