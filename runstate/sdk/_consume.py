@@ -33,7 +33,7 @@ logger = logging.getLogger("runstate.sdk")
 
 CONCURRENCY_MAX = 1_000
 # Long-poll wait of one receive.
-CONSUME_RECEIVE_WAIT_MS = 15_000
+CONSUME_RECEIVE_WAIT_MS = 10_000
 RECEIVE_BATCH_MAX = 100
 # How long a stopping consume() lets running handlers finish before it cancels them.
 CONSUME_DRAIN_TIMEOUT_S = 30.0
@@ -129,23 +129,12 @@ class Consumer:
             if free <= 0:
                 await asyncio.wait({*self._running, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            receive = asyncio.create_task(
-                self._mailbox._receive(
+            try:
+                # Not raced against `stop`: an abandoned receive could strand a delivery until its
+                # lease lapses. It returns within its wait; what it brings after a stop goes back.
+                deliveries = await self._mailbox._receive(
                     max=min(free, RECEIVE_BATCH_MAX), lease_ms=self._lease_ms, wait_ms=CONSUME_RECEIVE_WAIT_MS
                 )
-            )
-            try:
-                await asyncio.wait({receive, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not receive.done():
-                    # Stopping (or cancelled): a delivery handed out meanwhile comes back when its
-                    # lease lapses.
-                    receive.cancel()
-                    await asyncio.wait({receive})
-            if receive.cancelled():
-                return
-            try:
-                deliveries = receive.result()
             except (ScopeCancelledError, DeadlineExceededError) as exc:
                 logger.info("consume %s: the run stopped (%s)", self._mailbox, exc.code)
                 return

@@ -297,6 +297,9 @@ class Mailbox:
         future = portal.start_task_soon(run)
         try:
             future.result()
+        except concurrent.futures.CancelledError:
+            # The client was closed while consuming: that ends consume().
+            return
         except BaseException:
             # KeyboardInterrupt and the like: stop consuming, hand running deliveries back.
             future.cancel()
