@@ -455,11 +455,6 @@ def test_sync_client_quickstart(dev_node: Any) -> None:
             rs.scopes.create().mailbox("work").submit({"n": 1}).result(timeout_ms=200)
 
 
-@pytest.mark.xfail(
-    reason="server bug: a long-poll receive whose client went away still takes the next task "
-    "(aiohttp does not cancel the handler on disconnect), so the task sits RUNNING until its lease lapses",
-    strict=False,
-)
 def test_abandoned_receive_does_not_take_the_next_task(dev_node: Any) -> None:
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url) as rs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import secrets
 import socket
 from collections.abc import Iterator
@@ -24,11 +25,14 @@ from runstate.node.waiters import Waiters
 
 log = logging.getLogger(__name__)
 
-COMMAND_ID_BYTES = 10  # 80 random bits: run, task and delivery ids are derived from it
+COMMAND_ID_BITS = 80  # run, task and delivery ids are derived from a command's id
+# Ids must be unique and unguessable enough, not secret keys: a PRNG seeded from the OS (one
+# syscall per process, not one per id) draws them.
+_ids = random.Random(secrets.randbits(256))
 
 
 def new_command_id() -> str:
-    return secrets.token_hex(COMMAND_ID_BYTES)
+    return f"{_ids.getrandbits(COMMAND_ID_BITS):020x}"
 
 
 def free_port(host: str) -> int:

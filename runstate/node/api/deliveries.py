@@ -56,6 +56,8 @@ async def receive(request: web.Request) -> web.Response:
     while True:
         # Registered before proposing, so a task that becomes ready meanwhile wakes this wait.
         with node.waiters.register(queue_key(run_id, mailbox)) as waiter:
+            if _client_gone(request):
+                return web.json_response({"deliveries": []})  # nobody to hand a task to
             # The first receive always goes through the log (it validates); later ones only when
             # there is something to hand out or the run stopped, so an idle poll writes nothing.
             if first or _worth_receiving(request, run_id, mailbox):
@@ -64,6 +66,9 @@ async def receive(request: web.Request) -> web.Response:
                 result = {"task_ids": []}
             first = False
             if result["task_ids"]:
+                if _client_gone(request):
+                    await _give_back(request, space, result["task_ids"])
+                    return web.json_response({"deliveries": []})
                 with node.read() as state:
                     deliveries = [delivery_view(state.tasks[task_id]) for task_id in result["task_ids"]]
                 return web.json_response({"deliveries": deliveries})
@@ -71,6 +76,23 @@ async def receive(request: web.Request) -> web.Response:
             if remaining_s <= 0:
                 return web.json_response({"deliveries": []})
             await waiter.wait(remaining_s)
+
+
+def _client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _give_back(request: web.Request, space: str, task_ids: list[str]) -> None:
+    """The client left while its receive was committed: release what it got at once rather than
+    leave the tasks stranded until their leases lapse."""
+    node = node_of(request)
+    with node.read() as state:
+        delivery_ids = [state.tasks[task_id].delivery_id for task_id in task_ids]
+    for delivery_id in delivery_ids:
+        try:
+            await node.propose(space, "delivery.release", {"delivery_id": delivery_id})
+        except ApiError:
+            pass  # lapsed or ended meanwhile: nothing left to give back
 
 
 def _worth_receiving(request: web.Request, run_id: str, mailbox: str) -> bool:
