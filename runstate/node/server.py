@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from runstate.cluster.config import LogConfig
-from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 
 from runstate.actors import dispatch
 from runstate.actors.context import Effect
 from runstate.actors.state import State
+from runstate.cluster.config import LogConfig
+from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 from runstate.node.api.errors import ApiError, raise_for_result
 from runstate.node.config import PROPOSE_TIMEOUT_S, READY_TIMEOUT_S, NodeConfig
 from runstate.node.ticker import Ticker
