@@ -8,7 +8,7 @@ import logging
 import random
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -61,7 +61,7 @@ class Node:
             on_role_change=self._on_role_change,
             config=LogConfig(log_compaction_entries_min=config.compaction_entries),
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -72,25 +72,29 @@ class Node:
 
         await self.log.start()
         await self.log.wait_ready(READY_TIMEOUT_S)
-        self._tasks.append(asyncio.create_task(self.ticker.run(), name="ticker"))
+        self._spawn(self.ticker.run(), "ticker")
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=1024)
         await site.start()
         self.url = f"http://{self.config.host}:{self.config.port}"
-        if self.log.is_leader:
-            self._on_role_change()
 
     async def stop(self) -> None:
         self.waiters.wake_all()
         if self._runner is not None:
             await self._runner.cleanup()
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.log.stop()
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -100,7 +104,7 @@ class Node:
         try:
             result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
         except NotLeader as error:
-            raise ApiError("UNAVAILABLE", f"this node is not the leader (leader: {error})") from None
+            raise ApiError("UNAVAILABLE", str(error)) from None
         except LogUnavailable as error:
             raise ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}") from None
         return raise_for_result(result)
@@ -132,7 +136,7 @@ class Node:
     def _on_role_change(self) -> None:
         self.ticker.arm()
         if self.log.is_leader:
-            self._tasks.append(asyncio.create_task(self._announce_leadership(), name="leader-start"))
+            self._spawn(self._announce_leadership(), "leader-start")
         else:
             # Long polls parked here would wait for effects that now happen elsewhere.
             self.waiters.wake_all()
