@@ -335,3 +335,12 @@ def test_retry_backoff_holds_the_task_back(api: Api) -> None:
     api.ok("POST", f"/v1/deliveries/{first['id']}/retry", {"delayMs": 60_000})
     assert receive(api, run_id) == []
     assert task(api, task_id)["state"] == "QUEUED"
+
+
+def test_large_bodies_are_read_whole_and_oversized_ones_refused(api: Api) -> None:
+    run_id = new_run(api)
+    near_limit = {"blob": "y" * (60 * 1024)}  # arrives in many TCP segments
+    created = submit(api, run_id, near_limit)
+    assert task(api, created["id"])["input"] == near_limit
+    status, answer = api("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", raw=b"x" * (300 * 1024))
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION")

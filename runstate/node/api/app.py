@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from runstate.actors import limits
+
 # Importing the route modules registers their routes in ROUTES.
 from runstate.node.api import deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
 from runstate.node.api.errors import ApiError, error_response
@@ -38,7 +40,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=2 * 1024 * 1024)
+    app = web.Application(middlewares=[errors_as_json], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
