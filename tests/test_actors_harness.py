@@ -132,7 +132,9 @@ class Harness:
     ) -> list[str]:
         """Deliver up to `max` tasks; returns their delivery ids."""
         result = self.ok("task.receive", run_id=run_id, mailbox=mailbox, max=max, lease_ms=lease_ms, holder=holder)
-        return [self.task(task_id).delivery_id for task_id in result["task_ids"]]
+        delivery_ids = [self.task(task_id).delivery_id for task_id in result["task_ids"]]
+        assert all(isinstance(delivery_id, str) for delivery_id in delivery_ids)
+        return delivery_ids  # type: ignore[return-value]
 
     def delivery(self, kind: str, delivery_id: str, **args: Any) -> dict[str, Any]:
         return self.ok("delivery." + kind, delivery_id=delivery_id, **args)

@@ -277,10 +277,15 @@ def test_deadline_tick_stops_the_run_and_arms_retention(h: Harness) -> None:
     assert h.tick(retention_ms=1_000) == {"processed": 1}
     run = h.run(run_id)
     assert run.stored_state == RunState.ACTIVE and run.finished_ms == h.now_ms
-    # A run stopped by its deadline can still be cancelled (but not reopened).
+    # A run stopped by its deadline can still be cancelled (but not reopened); it stays finished
+    # from the deadline's tick, and its retention is not pushed back.
+    finished_ms = run.finished_ms
+    h.advance(500)
     h.cancel(run_id)
     assert run.stored_state == RunState.CANCELLED
-    h.advance(1_000)
+    assert run.finished_ms == finished_ms
+    assert [entry[2] for entry in h.state.due].count("retention") == 1
+    h.advance(500)
     h.tick()
     assert run_id not in h.state.runs
 

@@ -3,6 +3,8 @@ cancel, deadlines and retention do to them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from runstate.actors import errors, limits, tasks
@@ -175,7 +177,7 @@ def test_receive_sees_only_its_own_run_and_mailbox(h: Harness, run_id: str) -> N
 
 
 def test_receive_from_unknown_run_or_mailbox(h: Harness, run_id: str) -> None:
-    args = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+    args: dict[str, Any] = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
     assert h.err("task.receive", run_id="run_nope", **args) == errors.NOT_FOUND
     assert h.err("task.receive", run_id=run_id, **{**args, "mailbox": "nope"}) == errors.NOT_FOUND
 
@@ -189,7 +191,7 @@ def test_receive_from_a_stopped_run_is_refused(h: Harness) -> None:
     h.cancel(cancelled)
     h.advance(1_000)
     for mailbox in (MAILBOX, "unused"):  # "unused": no queue for it in the run yet
-        args = {"mailbox": mailbox, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+        args: dict[str, Any] = {"mailbox": mailbox, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
         assert h.err("task.receive", run_id=cancelled, **args) == errors.SCOPE_CANCELLED
         assert h.err("task.receive", run_id=late, **args) == errors.DEADLINE_EXCEEDED
         assert h.err("task.receive", run_id=child, **args) == errors.DEADLINE_EXCEEDED
@@ -225,13 +227,14 @@ def test_late_complete_after_a_lapse_is_lease_lost_and_changes_nothing(h: Harnes
     assert h.err("delivery.release", delivery_id=first) == errors.LEASE_LOST
     h.tick()
     (second,) = h.receive(run_id)
-    for kind, args in [
+    stale: list[tuple[str, dict[str, Any]]] = [
         ("complete", {"payload": "late"}),
         ("renew", {"lease_ms": LEASE_MS}),
         ("retry", {"error": "e"}),
         ("reject", {"error": "e"}),
         ("release", {}),
-    ]:
+    ]
+    for kind, args in stale:
         assert h.err("delivery." + kind, delivery_id=first, **args) == errors.LEASE_LOST
     assert h.task(task_id).state == TaskState.RUNNING and h.task(task_id).delivery_id == second
     h.delivery("complete", second, payload="on time")
@@ -435,7 +438,7 @@ def test_deadline_expires_the_tasks_and_refuses_new_work(h: Harness) -> None:
     # Past the deadline, before the tick: refused already.
     assert h.err("delivery.complete", delivery_id=d_running, payload="late") == errors.DEADLINE_EXCEEDED
     assert h.err("delivery.renew", delivery_id=d_running, lease_ms=LEASE_MS) == errors.DEADLINE_EXCEEDED
-    args = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
+    args: dict[str, Any] = {"mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"}
     assert h.err("task.receive", run_id=child, **args) == errors.DEADLINE_EXCEEDED
     h.effects.clear()
     h.tick()
