@@ -2,7 +2,8 @@
 
     python -m bench.throughput --tasks 5000 --workers 2 --fsync always
 
-Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (or uses --url),
+With --batch B the producers submit B tasks per call (submit_many) and wait for B results per
+call (results); submit latency is then per call. Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (or uses --url),
 opens a run, starts W worker processes that consume the run's queue with the SDK, submits N tasks
 from P concurrent producers, waits for every result, then cancels the run (which stops the
 workers) and stops the node.
@@ -30,6 +31,15 @@ RESULT_TIMEOUT_MS = 120_000
 WORKER_EXIT_TIMEOUT_S = 30.0
 
 
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a live process has used so far; None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -48,32 +58,46 @@ async def wait_healthy(url: str) -> None:
                 await asyncio.sleep(0.1)
 
 
-async def produce(url: str, run_id: str, tasks: int, producers: int) -> dict[str, Any]:
+async def produce(url: str, run_id: str, tasks: int, producers: int, batch: int) -> dict[str, Any]:
+    """Submit `tasks` tasks from `producers` concurrent producers (one call per task, or
+    `batch` tasks per call), then wait for every result the same way."""
     latencies_ms: list[float] = []
     async with AsyncRunstate(base_url=url, holder="bench-producer") as rs:
         queue = rs.scope(run_id).mailbox("bench")
-        next_index = iter(range(tasks))
+        per_call = max(batch, 1)
+        chunks = iter(range(0, tasks, per_call))
         tickets: list[Any] = []
 
         async def producer() -> None:
-            for index in next_index:
-                started = time.perf_counter()
-                tickets.append(await queue.submit({"n": index}, key=f"task-{index}"))
-                latencies_ms.append((time.perf_counter() - started) * 1000)
+            for start in chunks:
+                indexes = range(start, min(start + per_call, tasks))
+                began = time.perf_counter()
+                if batch:
+                    tickets.extend(
+                        await queue.submit_many([{"n": i} for i in indexes], keys=[f"task-{i}" for i in indexes])
+                    )
+                else:
+                    tickets.append(await queue.submit({"n": start}, key=f"task-{start}"))
+                latencies_ms.append((time.perf_counter() - began) * 1000)
 
         started = time.perf_counter()
         await asyncio.gather(*(producer() for _ in range(producers)))
         submitted_s = time.perf_counter() - started
-        results = iter(tickets)
-        states: dict[str, int] = {}
+        outcomes: list[dict[str, Any]] = []
+        pending = iter(range(0, len(tickets), per_call))
 
         async def collector() -> None:
-            for ticket in results:
-                outcome = await ticket.result(timeout_ms=RESULT_TIMEOUT_MS)
-                states[outcome["state"]] = states.get(outcome["state"], 0) + 1
+            for start in pending:
+                if batch:
+                    outcomes.extend(await rs.results(tickets[start : start + per_call], timeout_ms=RESULT_TIMEOUT_MS))
+                else:
+                    outcomes.append(await tickets[start].result(timeout_ms=RESULT_TIMEOUT_MS))
 
         await asyncio.gather(*(collector() for _ in range(producers)))
         elapsed_s = time.perf_counter() - started
+    states: dict[str, int] = {}
+    for outcome in outcomes:
+        states[outcome["state"]] = states.get(outcome["state"], 0) + 1
     return {
         "elapsed_s": round(elapsed_s, 3),
         "tasks_per_s": round(tasks / elapsed_s, 1),
@@ -128,7 +152,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 for _ in range(args.workers)
             ]
-            result = await produce(url, run_id, args.tasks, args.producers)
+            node_cpu_before = cpu_s(node.pid) if node else None
+            producer_cpu_before = time.process_time()
+            result = await produce(url, run_id, args.tasks, args.producers, args.batch)
+            cpu = {
+                "producer": round(time.process_time() - producer_cpu_before, 2),
+                "workers": round(sum(cpu_s(worker.pid) or 0.0 for worker in workers), 2),
+            }
+            if node is not None and node_cpu_before is not None:
+                cpu["node"] = round((cpu_s(node.pid) or 0.0) - node_cpu_before, 2)
+            result["cpu_s"] = cpu
             async with AsyncRunstate(base_url=url) as rs:
                 await rs.scopes.cancel(run_id)
             for worker in workers:
@@ -147,6 +180,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "worker_concurrency": args.concurrency,
         "producers": args.producers,
+        "submit_batch": args.batch,
         "fsync": args.fsync if args.url is None else "unknown (--url)",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -160,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--concurrency", type=int, default=64, help="handlers per worker (default 64)")
     parser.add_argument("--producers", type=int, default=64, help="concurrent submitters (default 64)")
+    parser.add_argument(
+        "--batch", type=int, default=0,
+        help="tasks per submit call and per result wait (0, the default: one call per task)",
+    )
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
     parser.add_argument("--url", help="use a running node instead of starting one")
     parser.add_argument("--role", choices=("bench", "worker"), default="bench", help=argparse.SUPPRESS)

@@ -344,3 +344,41 @@ def test_large_bodies_are_read_whole_and_oversized_ones_refused(api: Api) -> Non
     assert task(api, created["id"])["input"] == near_limit
     status, answer = api("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", raw=b"x" * (300 * 1024))
     assert (status, answer["error"]["code"]) == (400, "VALIDATION")
+
+
+def test_batch_submit_answers_each_task_on_its_own(api: Api) -> None:
+    run_id = new_run(api)
+    path = f"/v1/scopes/{run_id}/mailboxes/work/tasks/batch"
+    answer = api.ok("POST", path, {"tasks": [{"input": 1, "key": "a"}, {"input": 2, "key": "a"}, {"input": 3}, 7]})
+    first, conflict, third, invalid = answer["tasks"]
+    assert (first["created"], first["state"], third["created"]) == (True, "QUEUED", True)
+    assert conflict["error"]["code"] == "KEY_CONFLICT"
+    assert invalid["error"]["code"] == "VALIDATION"
+    again = api.ok("POST", path, {"tasks": [{"input": 1, "key": "a"}]})["tasks"]
+    assert (again[0]["id"], again[0]["created"]) == (first["id"], False)
+    assert api.error("POST", path, {"tasks": []}) == (400, "VALIDATION")
+    assert api.error("POST", path, {"tasks": [{"input": n} for n in range(101)]}) == (400, "VALIDATION")
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel")
+    refused = api.ok("POST", path, {"tasks": [{"input": 9}]})["tasks"][0]
+    assert refused["error"]["code"] == "SCOPE_CANCELLED"
+
+
+def test_batch_results_wait_for_every_task(api: Api) -> None:
+    run_id = new_run(api)
+    ids = [submit(api, run_id, {"n": n})["id"] for n in range(3)]
+    pending = api.ok("POST", "/v1/tasks/results", {"ids": ids, "waitMs": 100})["results"]
+    assert [view["done"] for view in pending] == [False, False, False]
+    answers: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(api.ok("POST", "/v1/tasks/results", {"ids": ids, "waitMs": 20_000}))
+    )
+    waiter.start()
+    for delivery in receive(api, run_id, max=3):
+        api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": delivery["input"]["n"]}})
+    waiter.join(POLL_TIMEOUT_S)
+    assert [(view["state"], view["outcome"]) for view in answers[0]["results"]] == [
+        ("SUCCEEDED", 0), ("SUCCEEDED", 1), ("SUCCEEDED", 2)
+    ]
+    unknown = api.ok("POST", "/v1/tasks/results", {"ids": ["tsk_nope"]})["results"][0]
+    assert unknown["error"]["code"] == "NOT_FOUND"
+    assert api.error("POST", "/v1/tasks/results", {"ids": "x"}) == (400, "VALIDATION")

@@ -35,6 +35,9 @@ CONCURRENCY_MAX = 1_000
 # Long-poll wait of one receive.
 CONSUME_RECEIVE_WAIT_MS = 10_000
 RECEIVE_BATCH_MAX = 100
+# Receive again once this fraction of the handler slots is free (at least one): under load a
+# receive then brings a batch instead of one delivery per finished handler.
+RECEIVE_FREE_FRACTION = 4
 # How long a stopping consume() lets running handlers finish before it cancels them.
 CONSUME_DRAIN_TIMEOUT_S = 30.0
 # Backoff between receives while no server answers, and how long an outage is ridden out.
@@ -124,9 +127,10 @@ class Consumer:
         contacted = False
         unavailable_since: float | None = None
         backoff_s = CONSUME_BACKOFF_S_INITIAL
+        free_min = max(1, self._concurrency // RECEIVE_FREE_FRACTION)
         while not self._stopping.is_set():
             free = self._concurrency - len(self._running)
-            if free <= 0:
+            if free < free_min:
                 await asyncio.wait({*self._running, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:

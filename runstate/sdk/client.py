@@ -31,6 +31,7 @@ from runstate.sdk.errors import (
     NotFoundError,
     ResultTimeoutError,
     RunstateError,
+    error_from_item,
 )
 
 # Task results.
@@ -40,6 +41,10 @@ RESULT_POLL_SLICE_MS = 30_000
 # Shortest time between two result polls, in case a server answers a long poll early.
 RESULT_POLL_PAUSE_S_MIN = 0.1
 TASK_STATES_DONE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
+
+# Batch calls: tasks per POST .../tasks/batch, ids per POST /v1/tasks/results (the server's bounds).
+SUBMIT_BATCH_MAX = 100
+RESULTS_BATCH_MAX = 100
 
 # Deliveries.
 LEASE_MS_DEFAULT = 30_000
@@ -258,6 +263,46 @@ class Mailbox:
             created=answer.get("created"),
             state=answer.get("state"),
         )
+
+    async def submit_many(
+        self, inputs: Sequence[Any], keys: Sequence[str | None] | None = None, attempts: int | None = None
+    ) -> list[Ticket]:
+        """Submit many tasks, SUBMIT_BATCH_MAX per request; returns their tickets in order.
+
+        Each task behaves exactly as `submit(input, key=keys[i])`. Every task is tried; if any was
+        refused, the first refusal is raised after the others were submitted (resubmitting the
+        same keys and inputs is safe: the existing tasks come back).
+        """
+        if keys is not None and len(keys) != len(inputs):
+            raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
+        items: list[dict[str, Any]] = []
+        for index, task_input in enumerate(inputs):
+            item: dict[str, Any] = {"input": task_input}
+            key = keys[index] if keys is not None else None
+            if key is not None:
+                if not isinstance(key, str) or not key:
+                    raise ConfigError(f"key must be a non-empty string, got {key!r}")
+                item["key"] = key
+            if attempts is not None:
+                item["attempts"] = _require_int(attempts, "attempts", 1)
+            items.append(item)
+        tickets: list[Ticket] = []
+        first_error: RunstateError | None = None
+        for start in range(0, len(items), SUBMIT_BATCH_MAX):
+            chunk = items[start : start + SUBMIT_BATCH_MAX]
+            answer = await self._transport.request("POST", f"{self._path}/tasks/batch", body={"tasks": chunk}, safe=True)
+            for view in _field(answer, "tasks"):
+                error = view.get("error")
+                if error is not None:
+                    first_error = first_error or error_from_item(error)
+                    continue
+                tickets.append(
+                    Ticket(self._transport, _field(view, "id"), key=view.get("key"), created=view.get("created"),
+                           state=view.get("state"))
+                )
+        if first_error is not None:
+            raise first_error
+        return tickets
 
     async def receive(
         self, max: int = 1, lease_ms: int = LEASE_MS_DEFAULT, wait_ms: int = 0
@@ -524,6 +569,39 @@ class AsyncRunstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._transport, scope_id)
+
+    async def results(
+        self, tasks: Sequence[Ticket | str], timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT
+    ) -> list[dict[str, Any]]:
+        """Wait until every task (tickets or task ids) has a recorded outcome; return their result
+        views in order, as `Ticket.result()` does, asking for RESULTS_BATCH_MAX tasks per request.
+
+        Raises ResultTimeoutError naming the first unfinished task after `timeout_ms`,
+        NotFoundError for an unknown task id.
+        """
+        _require_int(timeout_ms, "timeout_ms", 0)
+        ids = [task.id if isinstance(task, Ticket) else task for task in tasks]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        found: dict[str, dict[str, Any]] = {}
+        while True:
+            pending = [task_id for task_id in ids if task_id not in found]
+            if not pending:
+                return [found[task_id] for task_id in ids]
+            chunk = pending[:RESULTS_BATCH_MAX]
+            wait_ms = min(max(0, int((deadline - loop.time()) * 1000)), RESULT_POLL_SLICE_MS)
+            answer = await self._transport.request(
+                "POST", "/v1/tasks/results", body={"ids": chunk, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
+            )
+            for view in _field(answer, "results"):
+                error = view.get("error")
+                if error is not None:
+                    raise error_from_item(error)
+                if view.get("done") or view.get("state") in TASK_STATES_DONE:
+                    found[view["id"]] = view
+            if loop.time() >= deadline and any(task_id not in found for task_id in chunk):
+                first = next(task_id for task_id in chunk if task_id not in found)
+                raise ResultTimeoutError(first, timeout_ms, None)
 
     async def aclose(self) -> None:
         """Close the connections. The client cannot be used afterwards."""

@@ -259,3 +259,22 @@ def error_from_response(status: int, code: str | None, message: str | None) -> R
         code = _CODE_BY_STATUS.get(status, "INTERNAL")
     text = message if message else f"HTTP {status}"
     return cls(text, code=code, status=status)
+
+
+# The status each code comes with, for errors reported inside a 200 answer (batch calls).
+_STATUS_BY_CODE: dict[str, int] = {
+    "VALIDATION": 400,
+    "UNAUTHENTICATED": 401,
+    "FORBIDDEN": 403,
+    "NOT_FOUND": 404,
+    "RESULT_TOO_LARGE": 413,
+    "UNAVAILABLE": 503,
+    "INTERNAL": 500,
+}
+
+
+def error_from_item(error: dict[str, str]) -> RunstateError:
+    """The exception for one item's `{"code", "message"}` in a batch answer."""
+    code = error.get("code") or "INTERNAL"
+    status = _STATUS_BY_CODE.get(code, 409 if code in _CLASS_BY_CODE else 500)
+    return error_from_response(status, code, error.get("message"))

@@ -260,6 +260,13 @@ class Mailbox:
             _call(self._portal, self._inner.submit, input, key=key, attempts=attempts), self._portal
         )
 
+    def submit_many(
+        self, inputs: Sequence[Any], keys: Sequence[str | None] | None = None, attempts: int | None = None
+    ) -> list[Ticket]:
+        """Blocking `AsyncRunstate`'s `Mailbox.submit_many`: many tasks, their tickets in order."""
+        tickets = _call(self._portal, self._inner.submit_many, inputs, keys=keys, attempts=attempts)
+        return [Ticket(ticket, self._portal) for ticket in tickets]
+
     def receive(self, max: int = 1, lease_ms: int = LEASE_MS_DEFAULT, wait_ms: int = 0) -> list[Delivery]:
         deliveries = _call(self._portal, self._inner.receive, max=max, lease_ms=lease_ms, wait_ms=wait_ms)
         return [Delivery(delivery, self._portal) for delivery in deliveries]
@@ -357,6 +364,11 @@ class Runstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._async.scope(scope_id), self._portal)
+
+    def results(self, tasks: Sequence[Ticket | str], timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT) -> list[dict[str, Any]]:
+        """Wait for every task's outcome; their result views in order (see AsyncRunstate.results)."""
+        ids = [task.id if isinstance(task, Ticket) else task for task in tasks]
+        return _call(self._portal, self._async.results, ids, timeout_ms=timeout_ms)
 
     def close(self) -> None:
         """Close the connections and stop the client's thread. Calls still running are cancelled."""

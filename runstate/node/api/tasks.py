@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 from aiohttp import web
 
@@ -15,35 +17,68 @@ from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, node_of, route, 
 from runstate.node.api.views import result_view, task_view
 from runstate.node.config import LONG_POLL_MS_MAX
 
+_TASK_FIELDS = {"input": ANY_JSON, "key": STRING, "attempts": INTEGER}
+_SUBMIT_ERRORS = ("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+
+
+def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    task_input, encoded = req.payload(body, "input", code="VALIDATION")
+    input_hash = req.sha256_hex(encoded)
+    return {
+        "run_id": request.match_info["id"],
+        "mailbox": request.match_info["name"],
+        "key": req.text(body, "key", max_chars=limits.key_chars_max) or input_hash,
+        "input": task_input,
+        "input_hash": input_hash,
+        "attempts": req.integer(
+            body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default
+        ),
+    }
+
+
+def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    task_id = result["task_id"]
+    return {"id": task_id, "key": args["key"], "created": result["created"], "state": _state_of(request, task_id)}
+
 
 @route(
     "POST", "/v1/scopes/{id}/mailboxes/{name}/tasks",
     "Submit a task (idempotent per key; without a key the key is the input's hash)",
-    body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"),
+    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS,
 )
 async def submit(request: web.Request) -> web.Response:
-    body = await req.json_body(request)
-    task_input, encoded = req.payload(body, "input", code="VALIDATION")
-    input_hash = req.sha256_hex(encoded)
-    key = req.text(body, "key", max_chars=limits.key_chars_max) or input_hash
-    attempts = req.integer(
-        body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default
-    )
-    args = {
-        "run_id": request.match_info["id"],
-        "mailbox": request.match_info["name"],
-        "key": key,
-        "input": task_input,
-        "input_hash": input_hash,
-        "attempts": attempts,
-    }
+    args = _submit_args(request, await req.json_body(request))
     result = await node_of(request).propose(space_of(request), "task.submit", args)
-    created = result["created"]
-    return web.json_response(
-        {"id": result["task_id"], "key": key, "created": created, "state": _state_of(request, result["task_id"])},
-        status=201 if created else 200,
-    )
+    answer = _submitted(request, args, result)
+    return web.json_response(answer, status=201 if answer["created"] else 200)
+
+
+@route(
+    "POST", "/v1/scopes/{id}/mailboxes/{name}/tasks/batch",
+    f"Submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
+    body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
+                    "items": {"type": "object", "properties": _TASK_FIELDS}}},
+    errors=("VALIDATION",),
+)
+async def submit_batch(request: web.Request) -> web.Response:
+    """Each task is validated and committed like a single submit (the log commits them together);
+    the answer lists, in order, each task's submit answer or its own error."""
+    body = await req.json_body(request)
+    items = body.get("tasks")
+    if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
+        raise ApiError("VALIDATION", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
+    node, space = node_of(request), space_of(request)
+
+    async def one(item: Any) -> dict[str, Any]:
+        try:
+            if not isinstance(item, dict):
+                raise ApiError("VALIDATION", "each task must be an object such as {\"input\": ...}")
+            args = _submit_args(request, item)
+            return _submitted(request, args, await node.propose(space, "task.submit", args))
+        except ApiError as error:
+            return {"error": {"code": error.code, "message": error.message}}
+
+    return web.json_response({"tasks": await asyncio.gather(*(one(item) for item in items))})
 
 
 def _state_of(request: web.Request, task_id: str) -> str | None:
@@ -83,3 +118,48 @@ async def task_result(request: web.Request) -> web.Response:
             if task.state in TaskState.TERMINAL or remaining_s <= 0:
                 return web.json_response(view)
             await waiter.wait(remaining_s)
+
+
+@route(
+    "POST", "/v1/tasks/results",
+    "Results of many tasks: answers when all are finished, or after waitMs with what is known",
+    body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
+          "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    errors=("VALIDATION",),
+)
+async def task_results(request: web.Request) -> web.Response:
+    """One result view per id, in order (`{"id", "error"}` for an unknown id)."""
+    body = await req.json_body(request)
+    ids = body.get("ids")
+    if (
+        not isinstance(ids, list)
+        or not 1 <= len(ids) <= limits.results_batch_max
+        or not all(isinstance(task_id, str) for task_id in ids)
+    ):
+        raise ApiError("VALIDATION", f"ids must be a list of 1 to {limits.results_batch_max} task ids")
+    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    assert wait_ms is not None
+    node, space = node_of(request), space_of(request)
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        pending: str | None = None
+        views: list[dict[str, Any]] = []
+        with node.read() as state:
+            for task_id in ids:
+                task = state.tasks.get(task_id)
+                if task is None or task.space != space:
+                    views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
+                    continue
+                views.append(result_view(task))
+                if pending is None and task.state not in TaskState.TERMINAL:
+                    pending = task_id
+        remaining_s = deadline - time.monotonic()
+        if pending is None or remaining_s <= 0:
+            return web.json_response({"results": views})
+        # Wait for the first unfinished one; the others are looked at again when it is done.
+        with node.waiters.register(task_key(pending)) as waiter:
+            with node.read() as state:
+                task = state.tasks.get(pending)
+                finished = task is None or task.state in TaskState.TERMINAL
+            if not finished:
+                await waiter.wait(remaining_s)

@@ -1,0 +1,55 @@
+"""submit_many and results: many tasks per call, in the async and the blocking client."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+import runstate
+from runstate import AsyncRunstate, Runstate
+from tests._nodes import DevNode
+
+
+def test_submit_many_and_results_async(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=f"batch-{uuid.uuid4().hex[:8]}") as rs:
+            await rs.mailboxes.ensure("work")
+            run = await rs.scopes.create()
+            queue = run.mailbox("work")
+            inputs = [{"n": n} for n in range(250)]  # more than one request's worth
+            tickets = await queue.submit_many(inputs, keys=[f"k{n}" for n in range(250)])
+            assert [ticket.created for ticket in tickets] == [True] * 250
+            again = await queue.submit_many(inputs[:3], keys=["k0", "k1", "k2"])
+            assert [t.id for t in again] == [t.id for t in tickets[:3]]
+
+            async def double(data: dict[str, Any], delivery: Any) -> int:
+                return int(data["n"]) * 2
+
+            worker = asyncio.create_task(queue.consume(double, concurrency=32))
+            results = await rs.results(tickets, timeout_ms=60_000)
+            assert [result["outcome"] for result in results] == [n * 2 for n in range(250)]
+            await run.cancel()
+            await asyncio.wait_for(worker, 30)
+
+            with pytest.raises(runstate.KeyConflictError):
+                await (await rs.scopes.create()).mailbox("work").submit_many([1, 2], keys=["same", "same"])
+            with pytest.raises(runstate.NotFoundError):
+                await rs.results(["tsk_unknown"])
+            with pytest.raises(runstate.ResultTimeoutError):
+                fresh = await (await rs.scopes.create()).mailbox("work").submit_many([1])
+                await rs.results(fresh, timeout_ms=100)
+
+    asyncio.run(main())
+
+
+def test_submit_many_and_results_blocking(dev_node: DevNode) -> None:
+    with Runstate(base_url=dev_node.url, space_id=f"batch-{uuid.uuid4().hex[:8]}") as rs:
+        rs.mailboxes.ensure("work")
+        queue = rs.scopes.create().mailbox("work")
+        tickets = queue.submit_many(["a", "b"])
+        for delivery in queue.receive(max=2):
+            delivery.complete(result={"payload": delivery.input.upper()})
+        assert [result["outcome"] for result in rs.results(tickets, timeout_ms=30_000)] == ["A", "B"]
