@@ -1,7 +1,9 @@
 """Every bound of the core, named once.
 
-The HTTP layer validates against these before proposing, and the core checks them again when it
-applies a command, so a bug in one layer cannot grow the replicated state without limit.
+The HTTP layer validates every request against these before proposing. The core checks again
+every bound on how much the replicated state holds (counts of spaces, mailboxes, runs, children,
+tasks; attempts; leases; tick work), so a bug in one layer cannot grow the state without limit;
+the sizes of single values (payloads, names, keys, messages) are checked by the HTTP layer only.
 """
 
 from __future__ import annotations

@@ -55,10 +55,10 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     deadline_ms = args.get("deadline_ms")
     child_limit = args.get("child_limit", limits.child_limit_default)
     parent_id = args.get("parent_id")
-    if not (isinstance(child_limit, int) and 0 <= child_limit <= limits.child_limit_max):
+    if type(child_limit) is not int or not 0 <= child_limit <= limits.child_limit_max:
         raise Rejected(errors.VALIDATION, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
     if deadline_ms is not None:
-        if not isinstance(deadline_ms, int) or deadline_ms <= ctx.now_ms:
+        if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
             raise Rejected(errors.VALIDATION, "deadline must be in the future")
         if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
             raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")

@@ -57,7 +57,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     mailbox: str = args["mailbox"]  # a string, checked by _require_queue below
     key, input_hash = args["key"], args["input_hash"]
     attempts = args.get("attempts", limits.attempts_default)
-    if not (isinstance(attempts, int) and 1 <= attempts <= limits.attempts_max):
+    if type(attempts) is not int or not 1 <= attempts <= limits.attempts_max:
         raise Rejected(errors.VALIDATION, f"attempts must be an integer from 1 to {limits.attempts_max}")
     queue = _require_queue(ctx, run, mailbox)
     existing_id = queue.by_key.get(key)
