@@ -198,3 +198,22 @@ def test_finished_runs_are_removed_after_retention(node_factory: Any) -> None:
     assert api.error("GET", f"/v1/scopes/{child}") == (404, "NOT_FOUND")
     assert api.error("GET", f"/v1/tasks/{task_id}") == (404, "NOT_FOUND")
     assert api.ok("GET", f"/v1/scopes/{survivor}")["storedState"] == "ACTIVE"
+
+
+def test_a_second_node_on_the_same_data_dir_or_port_is_refused(node_factory: Any, tmp_path: Path) -> None:
+    node: DevNode = node_factory().start()
+    assert node.data_dir is not None
+    same_dir = subprocess.run(
+        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", "0", "--data-dir", str(node.data_dir)],
+        capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
+    )
+    assert same_dir.returncode == 1
+    assert "another runstate node is using the data dir" in same_dir.stderr
+    same_port = subprocess.run(
+        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(node.port), "--data-dir", str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
+    )
+    assert same_port.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{node.port}" in same_port.stderr
+    assert "Traceback" not in same_dir.stderr + same_port.stderr
+    assert Api(node.url).ok("GET", "/v1/health")["status"] == "ok"  # the first one is unharmed

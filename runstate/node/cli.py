@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from runstate._version import __version__
 from runstate.node.config import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SPACE, NodeConfig
 
 log = logging.getLogger("runstate")
@@ -37,6 +38,7 @@ def compaction_entries(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
+    parser.add_argument("--version", action="version", version=f"runstate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     dev = commands.add_parser(
         "dev",
@@ -89,18 +91,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(config: NodeConfig) -> int:
-    from runstate.node.server import Node
+    from runstate.node.server import Node, NodeStartError
 
-    node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    node: Node | None = None
     try:
+        node = Node(config)
         await node.start()
-    except OSError as error:
-        print(f"runstate: cannot listen on {config.host}:{config.port}: {error.strerror}", file=sys.stderr)
-        await node.stop()
+    except (NodeStartError, OSError) as error:
+        print(f"runstate: {error}", file=sys.stderr)
+        if node is not None:
+            await node.stop()
         return 1
     storage = "in memory" if config.data_dir is None else f"data in {config.data_dir}, fsync {'always' if config.fsync else 'never'}"
     print(f"runstate dev node listening on {node.url} ({storage})", flush=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import random
 import secrets
 import socket
 from collections.abc import Coroutine, Iterator
-from typing import Any
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -41,6 +42,23 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
+LOCK_FILE_NAME = "LOCK"
+
+
+class NodeStartError(Exception):
+    """The node cannot start as configured (port taken, data dir in use, ...); the message says why."""
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before replaying the log if the API port is taken."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise NodeStartError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -48,8 +66,8 @@ class Node:
         self.waiters = Waiters()
         self.ticker = Ticker(self)
         raft_port = config.raft_port or free_port(config.raft_host)
-        if config.data_dir is not None:
-            config.data_dir.mkdir(parents=True, exist_ok=True)
+        if raft_port == config.port and config.raft_host == config.host:
+            raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
         self.log = ReplicatedLog(
             self.core,
             self_address=f"{config.raft_host}:{raft_port}",
@@ -63,6 +81,7 @@ class Node:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
+        self._lock_file: IO[bytes] | None = None
         self.url = ""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -70,7 +89,12 @@ class Node:
     async def start(self) -> None:
         from runstate.node.api.app import build_app  # the API imports Node for typing only
 
-        await self.log.start()
+        self._lock_data_dir()
+        _check_port_free(self.config.host, self.config.port)
+        try:
+            await self.log.start()
+        except LogUnavailable as error:
+            raise NodeStartError(f"the replicated log did not start: {error}") from None
         await self.log.wait_ready(READY_TIMEOUT_S)
         self._spawn(self.ticker.run(), "ticker")
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
@@ -90,6 +114,27 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.log.stop()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the lock
+            self._lock_file = None
+
+    def _lock_data_dir(self) -> None:
+        """One node per data dir: two would interleave their journals. The lock dies with the
+        process, so a kill -9 leaves nothing to clean up."""
+        data_dir = self.config.data_dir
+        if data_dir is None:
+            return
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise NodeStartError(f"cannot create the data dir {data_dir}: {error.strerror}") from None
+        lock_file = open(data_dir / LOCK_FILE_NAME, "ab")  # noqa: SIM115 - held until stop()
+        try:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock_file.close()
+            raise NodeStartError(f"another runstate node is using the data dir {data_dir}") from None
+        self._lock_file = lock_file
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)
