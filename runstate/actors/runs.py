@@ -98,22 +98,24 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cancel(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    run = require_run(ctx, args.get("run_id"))
-    if run.stored_state == RunState.COMPLETED:
-        raise Rejected(errors.CONFLICT, f"run {run.id} is completed; a completed run cannot be cancelled")
-    if run.stored_state == RunState.ACTIVE:
-        run.stored_state = RunState.CANCELLED
-        run.reason = args.get("reason")
-        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
-    return {"run_id": run.id}
+    return _close(ctx, args, RunState.CANCELLED, reason=args.get("reason"))
 
 
 def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _close(ctx, args, RunState.COMPLETED, reason=None)
+
+
+def _close(ctx: Context, args: dict[str, Any], final_state: str, *, reason: str | None) -> dict[str, Any]:
+    """Cancel or complete: idempotent for the same final state, a conflict for the other one."""
     run = require_run(ctx, args.get("run_id"))
-    if run.stored_state == RunState.CANCELLED:
-        raise Rejected(errors.CONFLICT, f"run {run.id} is cancelled; a cancelled run cannot be completed")
+    if run.stored_state not in (RunState.ACTIVE, final_state):
+        verb = "cancelled" if final_state == RunState.CANCELLED else "completed"
+        raise Rejected(
+            errors.CONFLICT, f"run {run.id} is {run.stored_state.lower()}; it cannot be {verb} as well"
+        )
     if run.stored_state == RunState.ACTIVE:
-        run.stored_state = RunState.COMPLETED
+        run.stored_state = final_state
+        run.reason = reason
         _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
     return {"run_id": run.id}
 

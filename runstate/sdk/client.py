@@ -227,6 +227,18 @@ class Scope:
         return Ticket(self._transport, task_id)
 
 
+def _task_body(task_input: Any, key: str | None, attempts: int | None) -> dict[str, Any]:
+    """One task of a submit request; ConfigError for a malformed key or attempts."""
+    body: dict[str, Any] = {"input": task_input}
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"key must be a non-empty string, got {key!r}")
+        body["key"] = key
+    if attempts is not None:
+        body["attempts"] = _require_int(attempts, "attempts", 1)
+    return body
+
+
 class Mailbox:
     """A work queue within one run: submit tasks, receive or consume deliveries."""
 
@@ -247,13 +259,7 @@ class Mailbox:
         input, ScopeCancelledError / DeadlineExceededError if the run stopped, NotFoundError if
         the queue does not exist, ValidationError for an input over 64 KB.
         """
-        body: dict[str, Any] = {"input": input}
-        if key is not None:
-            if not isinstance(key, str) or not key:
-                raise ConfigError(f"key must be a non-empty string, got {key!r}")
-            body["key"] = key
-        if attempts is not None:
-            body["attempts"] = _require_int(attempts, "attempts", 1)
+        body = _task_body(input, key, attempts)
         # Safe to repeat: the server deduplicates by key.
         answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
         return Ticket(
@@ -275,17 +281,10 @@ class Mailbox:
         """
         if keys is not None and len(keys) != len(inputs):
             raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
-        items: list[dict[str, Any]] = []
-        for index, task_input in enumerate(inputs):
-            item: dict[str, Any] = {"input": task_input}
-            key = keys[index] if keys is not None else None
-            if key is not None:
-                if not isinstance(key, str) or not key:
-                    raise ConfigError(f"key must be a non-empty string, got {key!r}")
-                item["key"] = key
-            if attempts is not None:
-                item["attempts"] = _require_int(attempts, "attempts", 1)
-            items.append(item)
+        items = [
+            _task_body(task_input, keys[index] if keys is not None else None, attempts)
+            for index, task_input in enumerate(inputs)
+        ]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
         for start in range(0, len(items), SUBMIT_BATCH_MAX):
