@@ -63,6 +63,7 @@ class ModelTask:
     attempt: int = 0
     delivery: str | None = None
     lease_expires: int = 0
+    lease_ms: int = 0  # the length last granted (receive or renew): what a new leader extends by
     lease_seq: int = 0
     first_lease_expires: int = 0  # of the current delivery, before any renewal
     ready_at: int = 0
@@ -377,6 +378,7 @@ class CoreMachine(RuleBasedStateMachine):
                 task = self.tasks[task_id]
                 task.state, task.attempt = "RUNNING", task.failures + 1
                 task.lease_expires, task.lease_seq = self.now + lease_ms, self.next_seq()
+                task.lease_ms = lease_ms
                 task.first_lease_expires = task.lease_expires
             return taken
 
@@ -438,6 +440,7 @@ class CoreMachine(RuleBasedStateMachine):
             task = self.require_delivery(delivery_id)
             self.require_active(task.run)
             self.require_live_lease(task)
+            task.lease_ms = lease_ms
             if self.now + lease_ms > task.lease_expires:
                 event("renew extends the lease")
                 task.lease_expires = self.now + lease_ms
@@ -580,7 +583,12 @@ class CoreMachine(RuleBasedStateMachine):
         self.epoch += 1
 
         def model() -> int:
-            self.state_epoch = max(self.state_epoch, self.epoch)
+            if self.epoch > self.state_epoch:
+                self.state_epoch = self.epoch
+                for task in self.tasks.values():  # every live lease runs its full length from now
+                    if task.state == "RUNNING" and self.now + task.lease_ms > task.lease_expires:
+                        event("a new leader extends a lease")
+                        task.lease_expires = self.now + task.lease_ms
             return self.state_epoch
 
         result, epoch = self.execute("leader.start", {}, model)

@@ -508,3 +508,29 @@ def test_stopping_a_run_wakes_consumers_polling_an_empty_mailbox(h: Harness, run
     assert h.receive(run_id, mailbox="idle") == []  # a consumer now long-polls ("queue", run, "idle")
     h.cancel(run_id)
     assert ("queue", run_id, "idle") in h.woken()
+
+
+def test_a_new_leader_extends_every_live_lease_to_its_full_length(h: Harness, run_id: str) -> None:
+    task_id = h.submit(run_id, "a")
+    (delivery,) = h.receive(run_id, lease_ms=10_000)
+    h.advance(9_000)  # one second of the lease left; the workers could not renew meanwhile
+    h.epoch = 2  # a new leader: every command from now on carries its epoch
+    assert h.ok("leader.start") == {"epoch": 2}
+    assert h.task(task_id).lease_expires_ms == h.now_ms + 10_000
+    h.advance(5_000)
+    h.tick()  # the old expiry has passed: the entry finds the later one and re-arms
+    assert h.task(task_id).state == TaskState.RUNNING
+    h.delivery("complete", delivery, payload="kept")
+    # The same epoch again (a restarted node replaying it) extends nothing.
+    other = h.submit(run_id, "b")
+    h.receive(run_id, lease_ms=10_000)
+    expires = h.task(other).lease_expires_ms
+    h.advance(1_000)
+    h.ok("leader.start")
+    assert h.task(other).lease_expires_ms == expires
+
+
+def test_a_barrier_changes_nothing(h: Harness, run_id: str) -> None:
+    before = snapshot_bytes(h.state, without_clock=True)
+    assert h.ok("barrier") == {}
+    assert snapshot_bytes(h.state, without_clock=True) == before

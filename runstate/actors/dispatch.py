@@ -84,9 +84,9 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
     if kind == "tick":
         return _tick(state, args, now_ms, epoch, effects)
     if kind == "leader.start":
-        if epoch > state.epoch:
-            state.epoch = epoch
-        return {"epoch": state.epoch}
+        return _leader_start(state, now_ms, epoch)
+    if kind == "barrier":
+        return {}  # committed, so its proposer still led: reads after it are linearizable
     handler = HANDLERS.get(kind)  # type: ignore[arg-type]
     if handler is None:
         raise Rejected(errors.VALIDATION, f"unknown command type {kind!r}")
@@ -106,6 +106,16 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
     if is_new_space and (space.mailboxes or space.run_count):
         state.spaces[space_id] = space
     return result
+
+
+def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:
+    """A new leader's first command. From now on ticks of older epochs are refused, and, as etcd
+    does on a leader change, every live lease is extended to its full length from now: a worker
+    that could not reach anyone during the election keeps its task."""
+    if epoch > state.epoch:
+        state.epoch = epoch
+        tasks.extend_leases(state, now_ms)
+    return {"epoch": state.epoch}
 
 
 def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: list[Effect]) -> Any:

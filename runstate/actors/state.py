@@ -102,6 +102,7 @@ class Task:
     delivery_id: str | None = None
     delivery_count: int = 0
     lease_expires_ms: int = 0
+    lease_ms: int = 0  # the length of the current lease, what a new leader extends it by
     holder: str | None = None
     ready_at_ms: int = 0
     outcome: Any = None
@@ -137,7 +138,7 @@ _RUN_FIELDS = (
 )
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
-    "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "holder",
+    "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms",
 )
 

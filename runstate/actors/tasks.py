@@ -14,7 +14,7 @@ from typing import Any
 from runstate.actors import errors, limits, runs
 from runstate.actors.context import Context, queue_key, task_key
 from runstate.actors.errors import Rejected
-from runstate.actors.state import DueKind, Mailbox, Queue, Run, Task, TaskState
+from runstate.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
 
 MAILBOX_MODES = ("WORK",)
 
@@ -134,6 +134,7 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         task.delivery_count += 1
         task.attempt = task.failures + 1
         task.delivery_id = f"{task.id}.{task.delivery_count}.{ctx.command_id[:8]}"
+        task.lease_ms = lease_ms
         task.lease_expires_ms = ctx.now_ms + lease_ms
         task.holder = args.get("holder")
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
@@ -175,6 +176,7 @@ def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     runs.require_active(ctx, ctx.state.runs[task.run_id])
     _require_live_lease(ctx, task)
     # The LEASE heap entry for the old expiry finds the lease extended and re-arms itself.
+    task.lease_ms = lease_ms
     task.lease_expires_ms = max(task.lease_expires_ms, ctx.now_ms + lease_ms)
     return {"task_id": task.id, "lease_expires_ms": task.lease_expires_ms}
 
@@ -233,6 +235,14 @@ def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None) ->
     task.state = TaskState.QUEUED
     task.ready_at_ms = ctx.now_ms + delay_ms
     ctx.state.arm(task.ready_at_ms, DueKind.READY, task.id)
+
+
+def extend_leases(state: State, now_ms: int) -> None:
+    """Every RUNNING task's lease runs its full length from now (the LEASE heap entries find the
+    later expiry when they come due and re-arm themselves)."""
+    for task in state.tasks.values():
+        if task.state == TaskState.RUNNING:
+            task.lease_expires_ms = max(task.lease_expires_ms, now_ms + task.lease_ms)
 
 
 # -- time ----------------------------------------------------------------------------------------

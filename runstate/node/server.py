@@ -20,7 +20,8 @@ from runstate.actors.state import State
 from runstate.cluster.config import LogConfig
 from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 from runstate.node.api.errors import ApiError, raise_for_result
-from runstate.node.config import PROPOSE_TIMEOUT_S, READY_TIMEOUT_S, NodeConfig
+from runstate.node.config import DEFAULT_HOST, PROPOSE_TIMEOUT_S, READY_TIMEOUT_S, NodeConfig, split_address
+from runstate.node.routing import Router
 from runstate.node.ticker import Ticker
 from runstate.node.waiters import Waiters
 
@@ -65,20 +66,25 @@ class Node:
         self.core = dispatch.Core()
         self.waiters = Waiters()
         self.ticker = Ticker(self)
-        raft_port = config.raft_port or free_port(config.raft_host)
-        if raft_port == config.port and config.raft_host == config.host:
+        raft_address = config.raft_address or f"{DEFAULT_HOST}:{free_port(DEFAULT_HOST)}"
+        raft_host, raft_port = split_address(raft_address, "the Raft address")
+        if raft_port == config.port and raft_host in (config.host, "0.0.0.0"):
             raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
+        # Followers forward to the leader's API; pysyncobj names the leader by its Raft address.
+        self.api_url_by_raft_address = {peer.raft_address: peer.api_url for peer in config.peers}
+        self.api_url_by_raft_address[raft_address] = config.api_url
         self.log = ReplicatedLog(
             self.core,
-            self_address=f"{config.raft_host}:{raft_port}",
-            peer_addresses=config.peers,
+            self_address=raft_address,
+            peer_addresses=[peer.raft_address for peer in config.peers],
             data_dir=config.data_dir,
-            password=config.raft_password or secrets.token_hex(16),
+            password=config.secret or secrets.token_hex(16),
             fsync=config.fsync,
             on_applied=self._on_applied,
             on_role_change=self._on_role_change,
-            config=LogConfig(log_compaction_entries_min=config.compaction_entries),
+            config=LogConfig(log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind),
         )
+        self.router = Router(self)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._lock_file: IO[bytes] | None = None
@@ -107,6 +113,7 @@ class Node:
         self.waiters.wake_all()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.router.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -158,6 +165,12 @@ class Node:
         return await self.propose(dispatch.SYSTEM_SPACE, kind, args)
 
     # -- reads -----------------------------------------------------------------------------------
+
+    async def confirm_leadership(self) -> None:
+        """Before a read a client acts on: commit a no-op through the log. Once it is committed
+        this node was still the leader and has applied every write acknowledged before the read
+        began, so the read that follows is linearizable. (pysyncobj has no read index.)"""
+        await self.propose_system("barrier", {})
 
     @contextlib.contextmanager
     def read(self) -> Iterator[State]:

@@ -10,7 +10,7 @@ from aiohttp import web
 from runstate.actors import limits
 
 # Importing the route modules registers their routes in ROUTES.
-from runstate.node.api import deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
+from runstate.node.api import cluster, deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
 from runstate.node.api.errors import ApiError, error_response
 from runstate.node.api.routes import NODE_KEY, ROUTES, Handler
 
@@ -39,8 +39,19 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return error_response("INTERNAL", "internal server error; the node's log has the details")
 
 
+@web.middleware
+async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Serve here if this node leads (or the route is node-local); else forward to the leader."""
+    router = request.app[NODE_KEY].router
+    if not router.serves_here(request):
+        forwarded = await router.forward(request)
+        if forwarded is not None:
+            return forwarded
+    return await handler(request)
+
+
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=limits.body_bytes_max)
+    app = web.Application(middlewares=[errors_as_json, route_to_leader], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)

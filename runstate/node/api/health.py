@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from aiohttp import web
 
 from runstate.node.api.routes import node_of, route
 
+if TYPE_CHECKING:
+    from runstate.node.server import Node
 
-@route("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",))
-async def health(request: web.Request) -> web.Response:
-    node = node_of(request)
+
+def health_view(node: Node) -> dict[str, Any]:
     raft = node.log
-    has_leader = raft.leader_address is not None
-    body = {
-        "status": "ok" if has_leader else "unavailable",
+    return {
+        "status": "ok" if raft.leader_address is not None else "unavailable",
         "nodeId": node.config.node_id,
         "role": raft.role,
         "leader": raft.leader_address,
@@ -21,4 +23,9 @@ async def health(request: web.Request) -> web.Response:
         "appliedIndex": raft.applied_index,
         "commitIndex": raft.commit_index,
     }
-    return web.json_response(body, status=200 if has_leader else 503)
+
+
+@route("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",))
+async def health(request: web.Request) -> web.Response:
+    view = health_view(node_of(request))
+    return web.json_response(view, status=200 if view["status"] == "ok" else 503)

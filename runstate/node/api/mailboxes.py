@@ -26,6 +26,7 @@ async def ensure_mailbox(request: web.Request) -> web.Response:
 @route("GET", "/v1/mailboxes/{name}", "A mailbox", errors=("NOT_FOUND",))
 async def get_mailbox(request: web.Request) -> web.Response:
     node, space, name = node_of(request), space_of(request), request.match_info["name"]
+    await node.confirm_leadership()
     with node.read() as state:
         found = state.spaces.get(space)
         mailbox = found.mailboxes.get(name) if found else None

@@ -72,7 +72,9 @@ async def create_child(request: web.Request) -> web.Response:
 
 @route("GET", "/v1/scopes/{id}", "A run's status", errors=("NOT_FOUND",))
 async def run_status(request: web.Request) -> web.Response:
-    return render_run(node_of(request), space_of(request), request.match_info["id"])
+    node = node_of(request)
+    await node.confirm_leadership()
+    return render_run(node, space_of(request), request.match_info["id"])
 
 
 async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Response:

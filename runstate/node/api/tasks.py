@@ -90,6 +90,7 @@ def _state_of(request: web.Request, task_id: str) -> str | None:
 @route("GET", "/v1/tasks/{id}", "A task's status", errors=("NOT_FOUND",))
 async def task_status(request: web.Request) -> web.Response:
     node, space, task_id = node_of(request), space_of(request), request.match_info["id"]
+    await node.confirm_leadership()
     with node.read() as state:
         task = state.tasks.get(task_id)
         if task is None or task.space != space:
@@ -107,6 +108,7 @@ async def task_result(request: web.Request) -> web.Response:
     node, space, task_id = node_of(request), space_of(request), request.match_info["id"]
     wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
     deadline = time.monotonic() + wait_ms / 1000
+    await node.confirm_leadership()
     while True:
         with node.waiters.register(task_key(task_id)) as waiter:
             with node.read() as state:
@@ -141,6 +143,7 @@ async def task_results(request: web.Request) -> web.Response:
     assert wait_ms is not None
     node, space = node_of(request), space_of(request)
     deadline = time.monotonic() + wait_ms / 1000
+    await node.confirm_leadership()
     while True:
         pending: str | None = None
         views: list[dict[str, Any]] = []
