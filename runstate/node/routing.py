@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/openapi.json"})
+LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json"})
 FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 # During an election a request waits this long for a leader before it answers UNAVAILABLE.
 LEADER_WAIT_S = 3.0

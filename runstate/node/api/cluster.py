@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import aiohttp
+import msgpack
 from aiohttp import web
 
+from runstate.actors.state import to_snapshot
 from runstate.node.api.health import health_view
 from runstate.node.api.routes import node_of, route
 
@@ -37,3 +40,16 @@ async def cluster_view(request: web.Request) -> web.Response:
         (view["id"] for view in [own, *peers] if view["apiUrl"] == leader_url), None
     )
     return web.json_response({"leader": leader_id, "nodes": [own, *peers]})
+
+
+@route(
+    "GET", "/v1/cluster/digest",
+    "This node's applied log index and a SHA-256 of its state there (replicas at one index agree)",
+)
+async def state_digest(request: web.Request) -> web.Response:
+    node = node_of(request)
+    with node.read() as state:
+        applied_index = node.log.applied_index
+        snapshot = to_snapshot(state)
+    digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
+    return web.json_response({"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest})
