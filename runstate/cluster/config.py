@@ -66,6 +66,10 @@ class LogConfig:
     bind_address: str | None = None
     # Raft entries (batches) queued in pysyncobj before its thread appends them.
     raft_queue_entries_max: int = 1_000
+    # How long pysyncobj trusts a resolved peer address (its defaults, 600 s and 30 s, keep dialling
+    # a restarted container's old IP for minutes).
+    dns_cache_s: float = 2.0
+    dns_fail_cache_s: float = 1.0
 
     def __post_init__(self) -> None:
         assert self.raft_timeout_s_min > 3 * self.append_entries_period_s, "pysyncobj needs min > 3 * period"
@@ -104,6 +108,8 @@ class LogConfig:
             connectionTimeout=self.connection_timeout_s,
             connectionRetryTime=self.connection_retry_s,
             bindAddress=self.bind_address or self_address,
+            dnsCacheTime=self.dns_cache_s,
+            dnsFailCacheTime=self.dns_fail_cache_s,
             # Fail at once when the port is taken (unlimited retries would spin in the constructor).
             maxBindRetries=1,
             journalFile=journal_file,

@@ -99,9 +99,12 @@ class Node:
         _check_port_free(self.config.host, self.config.port)
         try:
             await self.log.start()
+            if not self.config.peers:
+                # A single node elects itself at once; wait so the first request finds it ready.
+                # A cluster node serves at once instead (503 until a majority is up and elects).
+                await self.log.wait_ready(READY_TIMEOUT_S)
         except LogUnavailable as error:
             raise NodeStartError(f"the replicated log did not start: {error}") from None
-        await self.log.wait_ready(READY_TIMEOUT_S)
         self._spawn(self.ticker.run(), "ticker")
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
