@@ -63,6 +63,7 @@ class ModelTask:
     attempt: int = 0
     delivery: str | None = None
     lease_expires: int = 0
+    finished_by: str | None = None  # the delivery that finished the task
     lease_ms: int = 0  # the length last granted (receive or renew): what a new leader extends by
     lease_seq: int = 0
     first_lease_expires: int = 0  # of the current delivery, before any renewal
@@ -142,7 +143,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.ready.setdefault((task.run, task.mailbox), []).append(task.id)
 
     def finish(self, task: ModelTask, state: str) -> None:
-        task.state, task.delivery = state, None
+        task.state, task.delivery, task.finished_by = state, None, task.delivery
 
     def fail_attempt(self, task: ModelTask, error: str, delay_ms: int | None) -> None:
         task.failures += 1
@@ -456,6 +457,10 @@ class CoreMachine(RuleBasedStateMachine):
         delivery_id = self.draw_delivery(data)
 
         def model() -> ModelTask:
+            done = self.tasks.get(delivery_id.split(".", 1)[0])
+            if done is not None and done.state == "SUCCEEDED" and done.finished_by == delivery_id:
+                event("a repeated complete is answered again")
+                return done
             task = self.require_delivery(delivery_id)
             self.require_active(task.run)
             self.require_live_lease(task)

@@ -108,6 +108,7 @@ class Task:
     outcome: Any = None
     error: str | None = None
     finished_ms: int | None = None
+    finished_by: str | None = None  # the delivery that finished it (a repeated complete is answered again)
 
 
 @dataclass(slots=True)
@@ -139,7 +140,7 @@ _RUN_FIELDS = (
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
-    "ready_at_ms", "outcome", "error", "finished_ms",
+    "ready_at_ms", "outcome", "error", "finished_ms", "finished_by",
 )
 
 

@@ -108,6 +108,7 @@ def _finish(ctx: Context, task: Task, state: str, *, outcome: Any = None, error:
     if error is not None:
         task.error = error
     task.finished_ms = ctx.now_ms
+    task.finished_by = task.delivery_id
     task.delivery_id = None
     ctx.wake(task_key(task.id))
 
@@ -153,6 +154,15 @@ def _require_delivery(ctx: Context, delivery_id: Any) -> Task:
     return task
 
 
+def _completed_by(ctx: Context, delivery_id: Any) -> Task | None:
+    """The task this very delivery already completed, if it did."""
+    task_id = delivery_id.split(".", 1)[0] if isinstance(delivery_id, str) else None
+    task = ctx.state.tasks.get(task_id) if task_id else None
+    if task is None or task.space != ctx.space.id or task.state != TaskState.SUCCEEDED:
+        return None
+    return task if task.finished_by == delivery_id else None
+
+
 def _require_live_lease(ctx: Context, task: Task) -> None:
     if task.state != TaskState.RUNNING or ctx.now_ms >= task.lease_expires_ms:
         raise Rejected(errors.LEASE_LOST, f"the lease of delivery {task.delivery_id} lapsed")
@@ -183,6 +193,11 @@ def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     delivery_id = args.get("delivery_id")
+    repeated = _completed_by(ctx, delivery_id)
+    if repeated is not None:
+        # The same complete again (a client retrying after a lost answer): the same answer, and
+        # still one recorded result.
+        return {"task_id": repeated.id, "state": repeated.state}
     task = _require_delivery(ctx, delivery_id)
     runs.require_active(ctx, ctx.state.runs[task.run_id])
     _require_live_lease(ctx, task)
