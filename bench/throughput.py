@@ -45,10 +45,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def wait_healthy(url: str) -> None:
+async def wait_healthy(url: str, node: subprocess.Popen[bytes] | None) -> None:
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     async with AsyncRunstate(base_url=url) as rs:
         while True:
+            if node is not None and node.poll() is not None:
+                raise RuntimeError(f"the benchmark's node exited with {node.returncode} while starting")
             try:
                 await rs.mailboxes.ensure("bench", mode="WORK")
                 return
@@ -141,7 +143,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             node, url = start_node(args.fsync, Path(scratch) / "data")
         workers: list[subprocess.Popen[bytes]] = []
         try:
-            await wait_healthy(url)
+            await wait_healthy(url, node)
             async with AsyncRunstate(base_url=url) as rs:
                 run_id = (await rs.scopes.create(name="bench")).id
             workers = [
