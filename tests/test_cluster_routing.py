@@ -48,12 +48,6 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     assert all(node["reachable"] for node in view["nodes"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runstate/node/routing.py: a call a follower forwards to a leader that stops answering (SIGSTOP, "
-    "a stalled VM, a partition on a pooled connection) is held for FORWARD_TIMEOUT_S (45 s), even "
-    "though the follower learns of a new leader within a second; it should be abandoned (UNAVAILABLE, "
-    "so the client retries) or re-sent to the new leader once leadership changes"
-))
 def test_a_forward_to_a_frozen_leader_does_not_outlive_the_next_election(
     make_cluster: Callable[..., Cluster],
 ) -> None:

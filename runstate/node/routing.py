@@ -29,6 +29,8 @@ FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 # During an election a request waits this long for a leader before it answers UNAVAILABLE.
 LEADER_WAIT_S = 3.0
 LEADER_POLL_S = 0.02
+# While a call is forwarded, how often to check that its leader still leads.
+LEADER_CHECK_S = 0.1
 # A forwarded call may be a long poll: its own bound plus the time a write may take.
 FORWARD_TIMEOUT_S = LONG_POLL_MS_MAX / 1000 + PROPOSE_TIMEOUT_S + 5.0
 FORWARD_CONNECT_TIMEOUT_S = 1.0
@@ -55,39 +57,54 @@ class Router:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         if FORWARDED_HEADER in request.headers:
             raise ApiError("UNAVAILABLE", "the node this call was forwarded to is not the leader any more; retry")
-        leader_url = await self._leader_url()
+        leader_address, leader_url = await self._leader()
         if leader_url is None:  # this node became the leader meanwhile
             return None  # type: ignore[return-value]
         body = await request.read()
         headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
         headers[FORWARDED_HEADER] = self._node.config.node_id
+        relay = asyncio.ensure_future(self._relay(request.method, leader_url + request.path_qs, body, headers))
         try:
-            async with self._client().request(
-                request.method, leader_url + request.path_qs, data=body, headers=headers
-            ) as answer:
+            # A leader that stops answering (paused, partitioned) is replaced within about a second;
+            # the call sent to it is then given up instead of waiting out its whole timeout.
+            while True:
+                done, _ = await asyncio.wait({relay}, timeout=LEADER_CHECK_S)
+                if done:
+                    return relay.result()
+                if self._node.log.leader_address != leader_address:
+                    raise ApiError(
+                        "UNAVAILABLE", f"the leader changed while the call was forwarded to {leader_url}; retry"
+                    )
+        finally:
+            relay.cancel()
+
+    async def _relay(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> web.Response:
+        try:
+            async with self._client().request(method, url, data=body, headers=headers) as answer:
                 payload = await answer.read()
                 return web.Response(
                     body=payload, status=answer.status, content_type=answer.content_type or "application/json"
                 )
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise ApiError(
-                "UNAVAILABLE", f"the leader at {leader_url} did not answer ({type(error).__name__}); retry"
+                "UNAVAILABLE", f"the leader at {url} did not answer ({type(error).__name__}); retry"
             ) from None
 
-    async def _leader_url(self) -> str | None:
-        """The leader's API URL; None if this node leads now. Waits out an election, bounded."""
+    async def _leader(self) -> tuple[str | None, str | None]:
+        """The leader's Raft address and API URL; (None, None) if this node leads now. Waits out
+        an election, bounded."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LEADER_WAIT_S
         while True:
             raft = self._node.log
             if raft.is_leader:
-                return None
+                return None, None
             leader = raft.leader_address
             if leader is not None:
                 url = self._node.api_url_by_raft_address.get(leader)
                 if url is None:
                     raise ApiError("UNAVAILABLE", f"the leader {leader} is not among this node's peers")
-                return url
+                return leader, url
             if loop.time() >= deadline:
                 raise ApiError("UNAVAILABLE", f"no leader elected within {LEADER_WAIT_S} s; retry")
             await asyncio.sleep(LEADER_POLL_S)
