@@ -31,6 +31,14 @@ RESULT_TIMEOUT_MS = 120_000
 WORKER_EXIT_TIMEOUT_S = 30.0
 
 
+def rotated(url: str, by: int) -> str:
+    """The comma-separated URL list started at its `by`-th entry, so that clients of a cluster
+    spread over its nodes instead of all going to the first one."""
+    urls = url.split(",")
+    by %= len(urls)
+    return ",".join(urls[by:] + urls[:by])
+
+
 def cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) a live process has used so far; None where /proc is missing."""
     try:
@@ -148,11 +156,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 run_id = (await rs.scopes.create(name="bench")).id
             workers = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "bench.throughput", "--role", "worker", "--url", url, "--run", run_id,
-                     "--concurrency", str(args.concurrency)],
+                    [sys.executable, "-m", "bench.throughput", "--role", "worker", "--url", rotated(url, index + 1),
+                     "--run", run_id, "--concurrency", str(args.concurrency)],
                     cwd=Path(__file__).parent.parent,
                 )
-                for _ in range(args.workers)
+                for index in range(args.workers)
             ]
             node_cpu_before = cpu_s(node.pid) if node else None
             producer_cpu_before = time.process_time()
@@ -201,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         help="tasks per submit call and per result wait (0, the default: one call per task)",
     )
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
-    parser.add_argument("--url", help="use a running node instead of starting one")
+    parser.add_argument(
+        "--url",
+        help="use running nodes instead of starting one: a URL, or a comma-separated list of a cluster's "
+        "nodes (the producer starts at the first, worker i at the (i+1)-th)",
+    )
     parser.add_argument("--role", choices=("bench", "worker"), default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
