@@ -4,16 +4,19 @@ benchmark's short form."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runstate import AsyncRunstate
 from tests._cluster import Cluster, cluster_factory
 from tests._http import Api, call
 
@@ -86,3 +89,27 @@ def test_failover_bench_short_form() -> None:
     assert report["benchmark"] == "failover"
     assert len(report["runs"]) == 1 and report["median_s"] > 0
     assert report["runs"][0]["killed"] != report["runs"][0]["new_leader"]
+
+
+def test_a_client_learns_the_leader_from_a_forwarded_answer(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    follower = (leader + 1) % cluster.size
+    with urllib.request.urlopen(f"{cluster.urls[follower]}/v1/openapi.json") as local:
+        assert "X-Runstate-Leader" not in local.headers  # node-local: served where it arrives
+    request = urllib.request.Request(
+        f"{cluster.urls[follower]}/v1/mailboxes", data=b'{"name": "work"}', method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as forwarded:
+        assert forwarded.headers["X-Runstate-Leader"] == cluster.urls[leader]
+
+    async def main() -> None:
+        urls = [cluster.urls[follower], *(url for url in cluster.urls if url != cluster.urls[follower])]
+        async with AsyncRunstate(base_url=urls) as rs:
+            await rs.mailboxes.ensure("work")  # forwarded by the follower, which names the leader
+            assert rs._transport.base_urls[rs._transport._url_index] == cluster.urls[leader]
+            run = await rs.scopes.create()  # now sent to the leader directly
+            assert (await run.status())["storedState"] == "ACTIVE"
+
+    asyncio.run(main())

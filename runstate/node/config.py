@@ -58,7 +58,7 @@ class NodeConfig:
 
     @property
     def api_url(self) -> str:
-        return self.advertise_url or f"http://{self.host}:{self.port}"
+        return (self.advertise_url or f"http://{self.host}:{self.port}").rstrip("/")
 
 
 def split_address(text: str, what: str) -> tuple[str, int]:

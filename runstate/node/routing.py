@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json"})
 FORWARDED_HEADER = "X-Runstate-Forwarded-By"
+# On a forwarded answer: the leader's API URL, so a client can go there directly next time.
+LEADER_HEADER = "X-Runstate-Leader"
 # During an election a request waits this long for a leader before it answers UNAVAILABLE.
 LEADER_WAIT_S = 3.0
 LEADER_POLL_S = 0.02
@@ -63,7 +65,9 @@ class Router:
         body = await request.read()
         headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
         headers[FORWARDED_HEADER] = self._node.config.node_id
-        relay = asyncio.ensure_future(self._relay(request.method, leader_url + request.path_qs, body, headers))
+        relay = asyncio.ensure_future(
+            self._relay(request.method, leader_url + request.path_qs, body, headers, leader_url)
+        )
         try:
             # A leader that stops answering (paused, partitioned) is replaced within about a second;
             # the call sent to it is then given up instead of waiting out its whole timeout.
@@ -78,12 +82,17 @@ class Router:
         finally:
             relay.cancel()
 
-    async def _relay(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> web.Response:
+    async def _relay(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], leader_url: str
+    ) -> web.Response:
         try:
             async with self._client().request(method, url, data=body, headers=headers) as answer:
                 payload = await answer.read()
                 return web.Response(
-                    body=payload, status=answer.status, content_type=answer.content_type or "application/json"
+                    body=payload,
+                    status=answer.status,
+                    content_type=answer.content_type or "application/json",
+                    headers={LEADER_HEADER: leader_url},
                 )
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise ApiError(

@@ -29,6 +29,9 @@ from runstate.sdk.errors import (
     error_from_response,
 )
 
+# Set by a node that forwarded a call to the leader: the leader's API URL.
+LEADER_HEADER = "X-Runstate-Leader"
+
 logger = logging.getLogger("runstate.sdk")
 
 BASE_URL_ENV = "RUNSTATE_BASE_URL"
@@ -208,6 +211,7 @@ class Transport:
                 ) as response:
                     status = response.status
                     text = await response.text()
+                    self._follow_leader(response.headers.get(LEADER_HEADER))
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Never reached a server: always safe to try the next one.
                 failure = f"cannot connect to {base} ({type(exc).__name__}: {exc})"
@@ -239,6 +243,12 @@ class Transport:
             self._url_index = (self._url_index + 1) % len(self.base_urls)
             await asyncio.sleep(min(backoff_s, give_up_at - now))
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+
+    def _follow_leader(self, leader_url: str | None) -> None:
+        """A follower that forwarded this call named the leader: talk to it directly from now on
+        (one hop less), if it is one of the configured nodes."""
+        if leader_url and leader_url in self.base_urls:
+            self._url_index = self.base_urls.index(leader_url)
 
     @staticmethod
     def _decode(status: int, text: str, method: str, path: str) -> dict[str, Any]:
