@@ -9,7 +9,7 @@ from runstate.actors.state import Space, State
 
 # Effects are plain tuples, handed to the node on the event loop after the batch is applied:
 #   ("wake", key)   wake long-poll waiters parked on key, e.g. ("task", task_id) or
-#                   ("queue", run_id, mailbox)
+#                   ("queue", run_id, mailbox) or ("claim", run_id, key)
 #   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
 Effect = tuple[Any, ...]
 
@@ -20,6 +20,10 @@ def task_key(task_id: str) -> tuple[str, str]:
 
 def queue_key(run_id: str, mailbox: str) -> tuple[str, str, str]:
     return ("queue", run_id, mailbox)
+
+
+def claim_key(run_id: str, key: str) -> tuple[str, str, str]:
+    return ("claim", run_id, key)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from runstate.actors import errors, limits, runs, tasks
+from runstate.actors import claims, errors, limits, runs, tasks
 from runstate.actors.context import Context, Effect
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
@@ -33,6 +33,12 @@ HANDLERS: dict[str, Handler] = {
     "delivery.retry": tasks.retry,
     "delivery.reject": tasks.reject,
     "delivery.release": tasks.release,
+    "run.default": runs.default_run,
+    "claim.acquire": claims.acquire,
+    "claim.renew": claims.renew,
+    "claim.complete": claims.complete,
+    "claim.fail": claims.fail,
+    "claim.release": claims.release,
 }
 
 # Commands that are not about one space: driven by the leader itself.
@@ -115,6 +121,7 @@ def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:
     if epoch > state.epoch:
         state.epoch = epoch
         tasks.extend_leases(state, now_ms)
+        claims.extend_leases(state, now_ms)
     return {"epoch": state.epoch}
 
 
@@ -136,6 +143,8 @@ def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: 
             runs.on_deadline(ctx, entity_id, retention_ms)
         elif kind == DueKind.RETENTION:
             runs.on_retention(ctx, entity_id)
+        elif kind == DueKind.CLAIM_LEASE:
+            claims.on_lease_due(ctx, entity_id, due_ms)
         else:
             raise AssertionError(f"unknown due kind {kind!r}")
     return {"processed": processed}
@@ -147,6 +156,8 @@ _NO_SPACE = Space(id=SYSTEM_SPACE)
 def _entity_space(state: State, kind: str, entity_id: str) -> Space:
     if kind in (DueKind.LEASE, DueKind.READY):
         entity: Any = state.tasks.get(entity_id.split(".", 1)[0])
+    elif kind == DueKind.CLAIM_LEASE:
+        entity = state.claims.get(entity_id.split(".", 1)[0])
     else:
         entity = state.runs.get(entity_id)
     return state.spaces[entity.space] if entity is not None else _NO_SPACE

@@ -30,6 +30,10 @@ run_depth_max = 32
 tasks_per_run_max = 100_000
 tasks_per_space_max = 1_000_000
 
+# Claims (once): per run; attempts of a claim.
+claims_per_run_max = 100_000
+claim_attempts_default = 3
+
 # Deliveries and leases.
 lease_ms_default = 30_000
 lease_ms_min = 100

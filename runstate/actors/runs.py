@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runstate.actors import errors, limits
-from runstate.actors.context import Context, queue_key, task_key
+from runstate.actors.context import Context, claim_key, queue_key, task_key
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Run, RunState, State, TaskState
 
@@ -97,6 +97,17 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": run.id}
 
 
+def default_run(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The space's default run: the current one while it is active, else a fresh one in its place
+    (in this same step, so every process asking after a stop gets the same new run)."""
+    current = ctx.state.runs.get(ctx.space.default_run_id or "")
+    if current is not None and inactive_reason(ctx.state, current, ctx.now_ms) is None:
+        return {"run_id": current.id, "created": False}
+    created = create(ctx, {"name": "default"})
+    ctx.space.default_run_id = created["run_id"]
+    return {"run_id": created["run_id"], "created": True}
+
+
 def cancel(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     return _close(ctx, args, RunState.CANCELLED, reason=args.get("reason"))
 
@@ -140,6 +151,8 @@ def on_retention(ctx: Context, run_id: str) -> None:
         for queue in member.queues.values():
             for task_id in queue.by_key.values():
                 del state.tasks[task_id]
+        for claim_id in member.claims.values():
+            del state.claims[claim_id]
         space.task_count -= member.task_count
         space.run_count -= 1
         del state.runs[member.id]
@@ -169,6 +182,8 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
                 ctx.wake(task_key(task.id))
             queue.ready.clear()
             ctx.wake(queue_key(member.id, mailbox))
+        for key in member.claims:
+            ctx.wake(claim_key(member.id, key))  # waiting callers try again and learn the run stopped
     if run.finished_ms is None:
         run.finished_ms = now_ms
         ctx.state.arm(now_ms + retention_ms, DueKind.RETENTION, run.id)

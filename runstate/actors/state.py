@@ -33,6 +33,13 @@ class TaskState:
     TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, EXPIRED})
 
 
+class ClaimState:
+    FREE = "FREE"  # nobody holds it: new, released, or its last attempt failed or lapsed
+    HELD = "HELD"  # a holder works on it under a lease
+    DONE = "DONE"  # a result is recorded; final
+    FAILED = "FAILED"  # its attempts are used; final until the run ends
+
+
 class DueKind:
     """What a heap entry wakes up for. Entries are checked when they come due, so an entry made
     stale by a later change (a renewed lease, a cancelled task) is simply skipped."""
@@ -41,6 +48,7 @@ class DueKind:
     READY = "ready"  # a retry backoff ends
     DEADLINE = "deadline"  # a run's deadline passes
     RETENTION = "retention"  # a finished run's retention ends: remove it
+    CLAIM_LEASE = "claim_lease"  # a claim's lease may have lapsed
 
 
 @dataclass(slots=True)
@@ -55,6 +63,7 @@ class Space:
     mailboxes: dict[str, Mailbox] = field(default_factory=dict)
     run_count: int = 0
     task_count: int = 0
+    default_run_id: str | None = None  # the run `once`/`queue` use when none is given
 
 
 @dataclass(slots=True)
@@ -83,6 +92,7 @@ class Run:
     children: list[str] = field(default_factory=list)
     queues: dict[str, Queue] = field(default_factory=dict)
     task_count: int = 0
+    claims: dict[str, str] = field(default_factory=dict)  # key -> claim id
 
 
 @dataclass(slots=True)
@@ -112,12 +122,35 @@ class Task:
 
 
 @dataclass(slots=True)
+class Claim:
+    id: str
+    space: str
+    run_id: str
+    key: str
+    attempts: int
+    created_ms: int
+    state: str = ClaimState.FREE
+    failures: int = 0  # failed or lapsed attempts so far
+    attempt: int = 0  # the number of the current or last lease; 0 before the first
+    lease_id: str | None = None
+    lease_count: int = 0
+    lease_ms: int = 0
+    lease_expires_ms: int = 0
+    holder: str | None = None
+    result: Any = None
+    error: str | None = None
+    finished_ms: int | None = None
+    finished_by: str | None = None  # the lease that recorded the result
+
+
+@dataclass(slots=True)
 class State:
     clock_ms: int = 0
     epoch: int = 0
     spaces: dict[str, Space] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     tasks: dict[str, Task] = field(default_factory=dict)
+    claims: dict[str, Claim] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -135,12 +168,18 @@ class State:
 
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
-    "stored_state", "finished_ms", "reason", "children", "task_count",
+    "stored_state", "finished_ms", "reason", "children", "task_count", "claims",
 )
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms", "finished_by",
+)
+
+
+_CLAIM_FIELDS = (
+    "id", "space", "run_id", "key", "attempts", "created_ms", "state", "failures", "attempt", "lease_id",
+    "lease_count", "lease_ms", "lease_expires_ms", "holder", "result", "error", "finished_ms", "finished_by",
 )
 
 
@@ -150,18 +189,19 @@ def to_snapshot(state: State) -> dict[str, Any]:
     runs = []
     for run in state.runs.values():
         queues = {name: [list(q.ready), dict(q.by_key)] for name, q in run.queues.items()}
-        row = [list(run.children) if f == "children" else getattr(run, f) for f in _RUN_FIELDS]
+        row = [_copied(getattr(run, f)) for f in _RUN_FIELDS]
         runs.append(row + [queues])
     return {
         "v": SNAPSHOT_VERSION,
         "clock_ms": state.clock_ms,
         "epoch": state.epoch,
         "spaces": [
-            [s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count]
+            [s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count, s.default_run_id]
             for s in state.spaces.values()
         ],
         "runs": runs,
         "tasks": [[getattr(t, f) for f in _TASK_FIELDS] for t in state.tasks.values()],
+        "claims": [[getattr(c, f) for f in _CLAIM_FIELDS] for c in state.claims.values()],
         "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
     }
@@ -174,20 +214,34 @@ def from_snapshot(data: dict[str, Any]) -> State:
     # share a heap, a children list or a key map.
     due = [list(entry) for entry in data["due"]]
     state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
-    for space_id, mailboxes, run_count, task_count in data["spaces"]:
+    for space_id, mailboxes, run_count, task_count, default_run_id in data["spaces"]:
         state.spaces[space_id] = Space(
             id=space_id,
             mailboxes={name: Mailbox(name, mode) for name, mode in mailboxes},
             run_count=run_count,
             task_count=task_count,
+            default_run_id=default_run_id,
         )
     for row in data["runs"]:
         *values, queues = row
         run = Run(**dict(zip(_RUN_FIELDS, values, strict=True)))
         run.children = list(run.children)
+        run.claims = dict(run.claims)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
         task = Task(**dict(zip(_TASK_FIELDS, row, strict=True)))
         state.tasks[task.id] = task
+    for row in data["claims"]:
+        claim = Claim(**dict(zip(_CLAIM_FIELDS, row, strict=True)))
+        state.claims[claim.id] = claim
     return state
+
+
+def _copied(value: Any) -> Any:
+    """Lists and dicts of the live state, copied (a snapshot must not change with the state)."""
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value

@@ -107,3 +107,22 @@ def payload(body: dict[str, Any], field: str, *, code: str, required: bool = Tru
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def lease_ms(body: dict[str, Any]) -> int:
+    """The `leaseMs` of a receive, acquire or renew (default 30 s)."""
+    value = integer(
+        body, "leaseMs", minimum=limits.lease_ms_min, maximum=limits.lease_ms_max, default=limits.lease_ms_default
+    )
+    assert value is not None
+    return value
+
+
+def error_text(body: dict[str, Any]) -> str | None:
+    """The `error` a worker reports, cut to `error_message_chars_max`."""
+    error = body.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        raise ApiError("VALIDATION", "error must be a string")
+    return error[: limits.error_message_chars_max]

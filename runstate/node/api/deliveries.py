@@ -19,14 +19,6 @@ _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
 
 
-def _lease_ms(body: dict[str, Any]) -> int:
-    value = req.integer(
-        body, "leaseMs", minimum=limits.lease_ms_min, maximum=limits.lease_ms_max, default=limits.lease_ms_default
-    )
-    assert value is not None
-    return value
-
-
 @route(
     "POST", "/v1/scopes/{id}/mailboxes/{name}/receive",
     "Receive up to max tasks under a lease, waiting up to waitMs for the first",
@@ -46,7 +38,7 @@ async def receive(request: web.Request) -> web.Response:
         "run_id": run_id,
         "mailbox": mailbox,
         "max": req.integer(body, "max", minimum=1, maximum=limits.receive_batch_max, default=1),
-        "lease_ms": _lease_ms(body),
+        "lease_ms": req.lease_ms(body),
         "holder": holder_of(request, body),
     }
     wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
@@ -116,7 +108,7 @@ async def _delivery_command(request: web.Request, kind: str, args: dict[str, Any
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
-    result = await _delivery_command(request, "delivery.renew", {"lease_ms": _lease_ms(body)})
+    result = await _delivery_command(request, "delivery.renew", {"lease_ms": req.lease_ms(body)})
     return web.json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
 
 
@@ -142,7 +134,7 @@ async def complete(request: web.Request) -> web.Response:
 async def retry(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     args = {
-        "error": _error_text(body),
+        "error": req.error_text(body),
         "delay_ms": req.integer(body, "delayMs", minimum=0, maximum=limits.retry_delay_ms_max),
     }
     answer = await _delivery_command(request, "delivery.retry", args)
@@ -155,7 +147,7 @@ async def retry(request: web.Request) -> web.Response:
 )
 async def reject(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
-    answer = await _delivery_command(request, "delivery.reject", {"error": _error_text(body)})
+    answer = await _delivery_command(request, "delivery.reject", {"error": req.error_text(body)})
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
@@ -167,12 +159,3 @@ async def release(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     answer = await _delivery_command(request, "delivery.release", {})
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
-
-
-def _error_text(body: dict[str, Any]) -> str | None:
-    error = body.get("error")
-    if error is None:
-        return None
-    if not isinstance(error, str):
-        raise ApiError("VALIDATION", "error must be a string")
-    return error[: limits.error_message_chars_max]

@@ -11,7 +11,12 @@ from runstate._version import __version__
 from runstate.node.api.errors import STATUS_BY_CODE
 from runstate.node.api.routes import ROUTES, SPACE_HEADER, route
 
-_PARAM = re.compile(r"{(\w+)}")
+_PARAM = re.compile(r"{(\w+)(?::[^}]+)?}")
+
+
+def openapi_path(path: str) -> str:
+    """An aiohttp route path in OpenAPI form: `{key:.+}` becomes `{key}`."""
+    return _PARAM.sub(lambda match: "{" + match.group(1) + "}", path)
 _ERROR = {
     "description": "error",
     "content": {
@@ -56,7 +61,7 @@ def document() -> dict[str, Any]:
             }
         for code in entry.errors:
             operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
-        paths.setdefault(entry.path, {})[entry.method.lower()] = operation
+        paths.setdefault(openapi_path(entry.path), {})[entry.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "runstate", "version": __version__},
