@@ -44,6 +44,7 @@ def free_port(host: str) -> int:
 
 
 LOCK_FILE_NAME = "LOCK"
+LISTEN_BACKLOG = 1024  # pending connections the API socket queues
 
 
 class NodeStartError(Exception):
@@ -108,7 +109,7 @@ class Node:
         self._spawn(self.ticker.run(), "ticker")
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=1024)
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
         await site.start()
         self.url = f"http://{self.config.host}:{self.config.port}"
 
