@@ -1,6 +1,14 @@
 """runstate: coordination for swarms of agents and workers. This is the SDK surface.
 
-    from runstate import AsyncRunstate, Runstate
+    import runstate
+
+    @runstate.once                       # run once per run and arguments, every caller gets the result
+    def research_company(name: str) -> dict: ...
+
+    @runstate.queue("research")          # hand work to workers that run runstate.serve()
+    def research(input: dict) -> dict: ...
+
+    from runstate import AsyncRunstate, Runstate     # the HTTP clients
 
 Importing this package imports only the SDK; the server lives in runstate.node, runstate.cluster
 and runstate.actors and is imported only by the server itself.
@@ -8,7 +16,9 @@ and runstate.actors and is imported only by the server itself.
 
 from __future__ import annotations
 
+from runstate.sdk._runtime import close, configure
 from runstate.sdk.client import AsyncRunstate
+from runstate.sdk.context import Context, context, current_context
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -28,9 +38,9 @@ from runstate.sdk.errors import (
     UnavailableError,
     ValidationError,
 )
+from runstate.sdk.once import once
+from runstate.sdk.queue import Job, Queue, queue, serve, serve_async
 from runstate.sdk.sync import Runstate
-
-# Later: once, queue, serve, context (the higher-level SDK) are exported from here too.
 
 __version__ = "0.1.0"
 
@@ -38,13 +48,16 @@ __all__ = [
     "AsyncRunstate",
     "ConfigError",
     "ConflictError",
+    "Context",
     "DeadlineExceededError",
     "ForbiddenError",
     "KeyConflictError",
     "LeaseLostError",
+    "Job",
     "LimitExceededError",
     "NotFoundError",
     "OnceFailedError",
+    "Queue",
     "ResultTimeoutError",
     "ResultTooLargeError",
     "Runstate",
@@ -55,4 +68,12 @@ __all__ = [
     "UnavailableError",
     "ValidationError",
     "__version__",
+    "close",
+    "configure",
+    "context",
+    "current_context",
+    "once",
+    "queue",
+    "serve",
+    "serve_async",
 ]

@@ -185,6 +185,7 @@ class Consumer:
                 await asyncio.wait({handler_task})
             except asyncio.CancelledError:
                 # consume() is shutting down: stop the handler and hand the task back at once.
+                delivery.signal.set()
                 handler_task.cancel()
                 await asyncio.wait({handler_task}, timeout=HANDLER_CANCEL_WAIT_S)
                 if not delivery.settled and not lost:
@@ -262,6 +263,7 @@ class Consumer:
                     self._stopping.set()
                 else:
                     lost.append(f"the lease is lost ({exc})")
+                delivery.signal.set()
                 handler_task.cancel()
                 return
             except RunstateError as exc:

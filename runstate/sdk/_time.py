@@ -46,3 +46,34 @@ def format_deadline(value: datetime | timedelta | str | None, *, now: datetime |
     raise ConfigError(
         f"deadline must be a datetime, timedelta or ISO 8601 string, got {type(value).__name__}"
     )
+
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def parse_duration_ms(value: float | int | str | timedelta, what: str) -> int:
+    """A duration in whole milliseconds (at least 1): a number of seconds (`30`, `0.5`), a string
+    with a unit (`"500ms"`, `"60s"`, `"2m"`, `"1h"`, `"1.5s"`) or a timedelta. ConfigError otherwise."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a number of seconds or a string such as '30s', got {value!r}")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        unit = next((unit for unit in ("ms", "s", "m", "h") if text.endswith(unit)), None)
+        number = text[: -len(unit)].strip() if unit else text
+        try:
+            amount = float(number)
+        except ValueError:
+            raise ConfigError(f"{what} {value!r} is not a duration such as '500ms', '30s' or '2m'") from None
+        seconds = amount * _DURATION_UNITS_MS[unit or "s"] / 1000
+    else:
+        raise ConfigError(f"{what} must be a number of seconds or a string such as '30s', got {type(value).__name__}")
+    if not seconds == seconds or seconds in (float("inf"), float("-inf")):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    milliseconds = round(seconds * 1000)
+    if milliseconds < 1:
+        raise ConfigError(f"{what} must be at least 1 ms, got {value!r}")
+    return milliseconds

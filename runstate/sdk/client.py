@@ -7,6 +7,7 @@ back as the server's JSON objects (dicts with camelCase keys, e.g. `storedState`
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -25,6 +26,7 @@ from runstate.sdk._http import (
     resolve_optional,
 )
 from runstate.sdk._time import format_deadline, parse_time
+from runstate.sdk.claims import Claims
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -434,6 +436,9 @@ class Delivery:
         self.attempts: int | None = view.get("attempts")
         self.lease_expires_at: datetime | None = self._parse_lease(view.get("leaseExpiresAt"))
         self._settled = False
+        # Set by consume() when the lease is lost, the run stopped, or the handler is being
+        # cancelled: a sync handler, which cannot be cancelled, checks it to stop early.
+        self.signal = threading.Event()
 
     def __repr__(self) -> str:
         return f"<Delivery {self.id} task={self.task_id} attempt={self.attempt} settled={self._settled}>"
@@ -549,6 +554,7 @@ class AsyncRunstate:
         )
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
+        self.claims = Claims(self._transport)
 
     @property
     def holder(self) -> str:
@@ -568,6 +574,16 @@ class AsyncRunstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._transport, scope_id)
+
+    def task(self, task_id: str) -> Ticket:
+        """Re-attach to a task by id, e.g. to wait for its result (no request)."""
+        return Ticket(self._transport, task_id)
+
+    async def default_scope(self) -> Scope:
+        """The space's default run (`POST /v1/default-scope`): created on first use, replaced by a
+        fresh one in the same step once it is no longer active. Safe to repeat."""
+        view = await self._transport.request("POST", "/v1/default-scope", safe=True)
+        return Scope(self._transport, _field(view, "id"), view)
 
     async def results(
         self, tasks: Sequence[Ticket | str], timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT
@@ -620,6 +636,7 @@ class AsyncRunstate:
 
 __all__ = [
     "AsyncRunstate",
+    "Claims",
     "Delivery",
     "Handler",
     "Mailbox",

@@ -221,6 +221,11 @@ class Delivery:
     def settled(self) -> bool:
         return self._inner.settled
 
+    @property
+    def signal(self) -> threading.Event:
+        """Set when the lease is lost, the run stopped or consume() is stopping this handler."""
+        return self._inner.signal
+
     def complete(self, result: dict[str, Any] | None = None) -> dict[str, Any]:
         return _call(self._portal, self._inner.complete, result)
 
@@ -364,6 +369,10 @@ class Runstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._async.scope(scope_id), self._portal)
+
+    def default_scope(self) -> Scope:
+        """The space's default run, created on first use and replaced once it stopped."""
+        return Scope(_call(self._portal, self._async.default_scope), self._portal)
 
     def results(self, tasks: Sequence[Ticket | str], timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT) -> list[dict[str, Any]]:
         """Wait for every task's outcome; their result views in order (see AsyncRunstate.results)."""

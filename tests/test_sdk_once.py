@@ -1,0 +1,281 @@
+"""`runstate.once` against a real dev node, in one process: decorator forms, sync and async,
+waiting callers, failures and attempts, results too large, a lease taken over, the default run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import runstate
+from runstate.sdk import claims as claims_module
+from runstate.sdk.errors import ConfigError, LeaseLostError, OnceFailedError, ResultTooLargeError
+from tests._http import Api
+from tests._nodes import DevNode
+
+BARRIER_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def run_id(dev_node: DevNode) -> Iterator[str]:
+    """A fresh run, used by the module-level API of this process for the test."""
+    scope_id = str(Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"])
+    runstate.configure(base_url=dev_node.url, scope_id=scope_id)
+    try:
+        yield scope_id
+    finally:
+        runstate.close()
+
+
+def in_threads(count: int, call: Any) -> list[Any]:
+    """Run `call()` in `count` threads at once; their results (or exceptions) in order."""
+    results: list[Any] = [None] * count
+    start = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        start.wait(BARRIER_TIMEOUT_S)
+        try:
+            results[index] = call()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            results[index] = exc
+
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_decorator_forms(run_id: str) -> None:
+    def plain(x: int) -> int:
+        return x + 1
+
+    @runstate.once
+    def bare(x: int) -> int:
+        return x + 2
+
+    @runstate.once()
+    def called(x: int) -> int:
+        return x + 3
+
+    @runstate.once(name="named", attempts=1, lease="500ms")
+    def named(x: int) -> int:
+        return x + 4
+
+    wrapped = runstate.once(plain)
+    renamed = runstate.once(lambda x: x * 10, name="times-ten")
+    assert (wrapped(1), bare(1), called(1), named(1), renamed(1)) == (2, 3, 4, 5, 10)
+    assert wrapped.__name__ == "plain" and wrapped.once_name == "plain"
+    assert named.once_name == "named" and named.once_attempts == 1 and named.once_lease_ms == 500
+    assert called.once_attempts == 3 and called.once_lease_ms == 30_000
+    with pytest.raises(ConfigError, match="name"):
+        runstate.once(lambda x: x)
+    with pytest.raises(ConfigError, match="attempts"):
+        runstate.once(attempts=0)(plain)
+    with pytest.raises(ConfigError, match="lease"):
+        runstate.once(lease="forever")(plain)
+
+
+def test_same_key_runs_once_and_every_caller_gets_the_result(run_id: str) -> None:
+    runs: list[str] = []
+    release = threading.Event()
+
+    @runstate.once
+    def research_company(name: str) -> dict[str, Any]:
+        runs.append(name)
+        release.wait(BARRIER_TIMEOUT_S)
+        context = runstate.context()
+        return {"name": name, "attempt": context.attempt, "sources": ("web", "news")}
+
+    threading.Timer(0.3, release.set).start()
+    results = in_threads(8, lambda: research_company("acme"))
+    assert runs == ["acme"]
+    assert results == [{"name": "acme", "attempt": 1, "sources": ["web", "news"]}] * 8
+    # A later call gets the recorded result straight away.
+    assert research_company(name="acme") == results[0]
+    assert runs == ["acme"]
+
+
+def test_different_keys_run_in_parallel(run_id: str) -> None:
+    both_running = threading.Barrier(2)
+
+    @runstate.once
+    def research(name: str) -> str:
+        both_running.wait(BARRIER_TIMEOUT_S)  # breaks (an error) if the two calls were serialized
+        return name.upper()
+
+    names = iter(["acme", "globex"])
+    lock = threading.Lock()
+
+    def call() -> str:
+        with lock:
+            name = next(names)
+        return research(name)
+
+    assert sorted(in_threads(2, call)) == ["ACME", "GLOBEX"]
+
+
+def test_async_functions(run_id: str) -> None:
+    runs: list[str] = []
+
+    @runstate.once(name="summarize")
+    async def summarize(topic: str) -> str:
+        runs.append(topic)
+        await asyncio.sleep(0.2)
+        assert runstate.context().attempt == 1
+        return f"summary of {topic}"
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(*(summarize("raft") for _ in range(10))))
+
+    assert asyncio.run(main()) == ["summary of raft"] * 10
+    # Another event loop (asyncio.run closes its loop): the process-wide client still works.
+    assert asyncio.run(summarize("raft")) == "summary of raft"
+    assert runs == ["raft"]
+
+
+def test_failures_go_to_their_caller_then_once_failed(run_id: str) -> None:
+    attempts_seen: list[int] = []
+
+    @runstate.once(attempts=2)
+    def flaky(name: str) -> str:
+        attempts_seen.append(runstate.context().attempt)
+        raise ValueError(f"no luck with {name} (attempt {attempts_seen[-1]})")
+
+    with pytest.raises(ValueError, match="attempt 1"):
+        flaky("acme")
+    with pytest.raises(ValueError, match="attempt 2"):
+        flaky("acme")
+    for _ in range(2):
+        with pytest.raises(OnceFailedError) as caught:
+            flaky("acme")
+        assert caught.value.attempts == 2
+        assert "no luck with acme (attempt 2)" in str(caught.value)
+        assert caught.value.key == flaky.once_key("acme")
+    assert attempts_seen == [1, 2]
+
+
+def test_a_failure_lets_the_next_waiting_caller_try(run_id: str) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    attempts_seen: list[int] = []
+
+    @runstate.once
+    def fragile(name: str) -> str:
+        attempt = runstate.context().attempt
+        attempts_seen.append(attempt)
+        if attempt == 1:
+            started.set()
+            release.wait(BARRIER_TIMEOUT_S)
+            raise RuntimeError("first attempt breaks")
+        return f"{name} on attempt {attempt}"
+
+    first: list[Any] = []
+    runner = threading.Thread(target=lambda: first.append(_outcome(lambda: fragile("x"))))
+    runner.start()
+    assert started.wait(BARRIER_TIMEOUT_S)
+    threading.Timer(0.3, release.set).start()
+    waiter_result = fragile("x")  # waits for the first, then tries itself
+    runner.join()
+    assert isinstance(first[0], RuntimeError)
+    assert waiter_result == "x on attempt 2"
+    assert attempts_seen == [1, 2]
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+def test_result_too_large_and_not_json(run_id: str) -> None:
+    @runstate.once(attempts=1)
+    def big(n: int) -> str:
+        return "x" * n
+
+    with pytest.raises(ResultTooLargeError, match="65536"):
+        big(70_000)
+    # Its attempt was recorded as failed: the next caller learns it.
+    with pytest.raises(OnceFailedError, match="ResultTooLargeError"):
+        big(70_000)
+    assert len(big(60_000)) == 60_000
+
+    @runstate.once
+    def odd() -> object:
+        return object()
+
+    with pytest.raises(ConfigError, match="result"):
+        odd()
+
+
+def test_context_outside_a_call() -> None:
+    with pytest.raises(ConfigError, match="only available inside"):
+        runstate.context()
+    assert runstate.current_context() is None
+
+
+def test_a_lease_taken_over_is_lost(run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's renewals stop (as if it were frozen): a waiting caller takes over at attempt 2,
+    and the runner's late result is refused with LeaseLostError, its signal set."""
+    stop_renewing = threading.Event()
+    real_renew = claims_module.Claims.renew
+
+    async def renew(self: claims_module.Claims, lease_id: str, lease_ms: int | None = None) -> dict[str, Any]:
+        if stop_renewing.is_set():
+            await asyncio.Event().wait()  # never answers; cancelled when the call ends
+        return await real_renew(self, lease_id, lease_ms)
+
+    monkeypatch.setattr(claims_module.Claims, "renew", renew)
+    taken_over = threading.Event()
+    signals: list[threading.Event] = []
+
+    @runstate.once(lease="1s", attempts=5)
+    def slow(name: str) -> str:
+        context = runstate.context()
+        if context.attempt == 1:
+            signals.append(context.signal)
+            stop_renewing.set()
+            taken_over.wait(BARRIER_TIMEOUT_S)
+            return "late result"
+        stop_renewing.clear()
+        taken_over.set()
+        return f"taken over at attempt {context.attempt}"
+
+    first: list[Any] = []
+    runner = threading.Thread(target=lambda: first.append(_outcome(lambda: slow("acme"))))
+    runner.start()
+    while not signals:
+        taken_over.wait(0.01)
+    assert slow("acme") == "taken over at attempt 2"
+    runner.join()
+    assert isinstance(first[0], LeaseLostError), first
+    assert signals[0].is_set()
+    assert slow("acme") == "taken over at attempt 2"
+
+
+def test_default_run_is_replaced_after_a_stop(dev_node: DevNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RUNSTATE_SCOPE_ID", raising=False)
+    api = Api(dev_node.url)
+    runstate.configure(base_url=dev_node.url)
+    runs: list[int] = []
+    try:
+
+        @runstate.once(name="default-run-probe")
+        def probe() -> int:
+            runs.append(1)
+            return len(runs)
+
+        first = probe()
+        assert probe() == first
+        default_id = api.ok("POST", "/v1/default-scope")["id"]
+        api.ok("POST", f"/v1/scopes/{default_id}/cancel", {"reason": "test"})
+        # The cached default run is stopped: the next call starts a fresh run and runs again.
+        assert probe() == first + 1
+        assert api.ok("POST", "/v1/default-scope")["id"] != default_id
+    finally:
+        runstate.close()
