@@ -1,0 +1,128 @@
+"""`runstate.queue` and `serve()` across processes: a producer and two workers run 500 jobs with
+shared inputs while one worker is killed with kill -9 (against a dev node and a three-node cluster);
+SIGTERM drains a worker without losing a job."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import runstate
+from tests._cluster import Cluster, cluster_factory
+from tests._http import Api
+from tests._nodes import DevNode
+from tests._once_procs import WAIT_S, children, lines, output, read_line, sdk_env, wait_until
+
+pytestmark = pytest.mark.slow
+
+JOBS = 500
+DISTINCT = 350  # inputs repeat: 150 submits share a job with another
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    yield from cluster_factory(tmp_path)
+
+
+def kill_a_worker(env_of: Callable[[int], dict[str, str]], api: Api, stop_run: Callable[[], None]) -> None:
+    with children() as procs:
+        workers = [procs.spawn("_queue_worker.py", env=env_of(index)) for index in range(2)]
+        for worker in workers:
+            read_line(worker, "serving")
+        producer = procs.spawn("_queue_producer.py", str(JOBS), str(DISTINCT), env=env_of(2))
+        effects = Path(env_of(0)["RS_TEST_EFFECTS"])
+        wait_until("100 jobs done", lambda: sum(line[0] == "done" for line in lines(effects)) >= 100)
+        victim, survivor = workers
+        victim.kill()
+        victim.wait()
+        report = json.loads(read_line(producer, "{"))
+        stop_run()
+        assert read_line(survivor, "stopped") == "stopped"
+        assert survivor.wait(WAIT_S) == 0
+
+    inputs = [index % DISTINCT for index in range(JOBS)]
+    assert report["results"] == [{"n": n, "square": n * n} for n in inputs]
+    id_of: dict[int, str] = {}
+    for n, job_id in zip(inputs, report["ids"], strict=True):
+        assert id_of.setdefault(n, job_id) == job_id, f"input {n} got two jobs"
+    assert len(set(report["ids"])) == DISTINCT
+    ids = sorted(set(report["ids"]))
+    for start in range(0, len(ids), 100):
+        answer = api.ok("POST", "/v1/tasks/results", {"ids": ids[start : start + 100]})
+        assert {view["state"] for view in answer["results"]} == {"SUCCEEDED"}
+    # Jobs the killed worker had started but not finished were taken over by the survivor.
+    events = lines(effects)
+    finished_by_victim = {int(line[2]) for line in events if line[0] == "done" and int(line[1]) == victim.pid}
+    started_by_victim = {int(line[2]) for line in events if line[0] == "start" and int(line[1]) == victim.pid}
+    print(f"taken over from the killed worker: {sorted(started_by_victim - finished_by_victim)}")
+    for n in started_by_victim - finished_by_victim:
+        assert any(
+            line[0] == "done" and int(line[1]) == survivor.pid and int(line[2]) == n and int(line[3]) >= 2
+            for line in events
+        ), f"job {n}, held by the killed worker, was not taken over"
+
+
+def test_producer_and_two_workers_one_killed(dev_node: DevNode, tmp_path: Path) -> None:
+    api = Api(dev_node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    effects = tmp_path / "effects"
+    kill_a_worker(
+        lambda index: sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects)),
+        api,
+        lambda: api.ok("POST", f"/v1/scopes/{run_id}/cancel", {}),
+    )
+
+
+def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    """All three URLs for every process, each starting at another node; the default run."""
+    cluster = make_cluster().start()
+    api = Api(cluster.urls[0])
+    effects = tmp_path / "effects"
+
+    def stop_run() -> None:
+        run_id = api.ok("POST", "/v1/default-scope")["id"]
+        api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+
+    kill_a_worker(
+        lambda index: sdk_env(cluster.urls_from(index % cluster.size), None, RS_TEST_EFFECTS=str(effects)),
+        api,
+        stop_run,
+    )
+
+
+def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path) -> None:
+    """Two slow jobs running when SIGTERM arrives finish and are recorded; the two not yet taken
+    stay queued and a later worker does them."""
+    api = Api(dev_node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    effects = tmp_path / "effects"
+    env = sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="1.5", RS_TEST_CONCURRENCY="2")
+    runstate.configure(base_url=dev_node.url, scope_id=run_id)
+    try:
+        with children() as procs:
+            worker = procs.spawn("_queue_worker.py", env=env)
+            read_line(worker, "serving")
+            square = runstate.Queue("proc-squares", lambda input: None, lease="2s")
+            jobs = [square.send({"n": n}) for n in range(4)]
+            wait_until("two jobs to start", lambda: sum(line[0] == "start" for line in lines(effects)) == 2)
+            worker.send_signal(signal.SIGTERM)
+            assert "stopped" in output(worker)
+            assert worker.returncode == 0
+            started = {int(line[2]) for line in lines(effects) if line[0] == "start"}
+            assert {int(line[2]) for line in lines(effects) if line[0] == "done"} == started
+            states = {job.id: api.ok("GET", f"/v1/tasks/{job.id}")["state"] for job in jobs}
+            assert sorted(states.values()) == ["QUEUED", "QUEUED", "SUCCEEDED", "SUCCEEDED"]
+            for n in started:
+                assert jobs[n].result(timeout=0) == {"n": n, "square": n * n}
+            later = procs.spawn("_queue_worker.py", env=env)
+            assert [job.result() for job in jobs] == [{"n": n, "square": n * n} for n in range(4)]
+            api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+            assert "stopped" in output(later)
+        attempts = {(int(line[2]), int(line[3])) for line in lines(effects) if line[0] == "done"}
+        assert attempts == {(n, 1) for n in range(4)}  # nothing was redone
+    finally:
+        runstate.close()
