@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -126,3 +128,61 @@ def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path) -> None:
         assert attempts == {(n, 1) for n in range(4)}  # nothing was redone
     finally:
         runstate.close()
+
+
+SPEC_RESEARCH = '''import runstate
+
+
+@runstate.queue("research", attempts=5, lease="60s", concurrency=4)
+def research(input: dict) -> dict:
+    return research_company(input["company"])
+
+
+def research_company(name: str) -> dict:  # added: the spec leaves it to the reader
+    return {"company": name, "summary": f"{name} makes anvils"}
+'''
+
+SPEC_WORKER = '''import runstate
+
+import research  # noqa: F401  (defines the queue)
+
+runstate.serve()  # until the run stops or the process gets SIGTERM
+'''
+
+SPEC_PRODUCER = '''from research import research
+
+# Submit and wait for the result.
+report = research({"company": "acme"})
+
+# Or submit now and collect later.
+job = research.send({"company": "globex"})
+print(f"submitted {job.id}")
+later = job.result()
+print("got", report, later)  # added
+'''
+
+
+def test_the_spec_samples_as_written(dev_node: DevNode, tmp_path: Path) -> None:
+    """research.py, worker.py and the producer of docs "Once and queues", as written."""
+    api = Api(dev_node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    for name, text in (("research.py", SPEC_RESEARCH), ("worker.py", SPEC_WORKER), ("producer.py", SPEC_PRODUCER)):
+        (tmp_path / name).write_text(text)
+    env = sdk_env(dev_node.url, run_id)
+    with children() as procs:
+        worker = subprocess.Popen(
+            [sys.executable, "worker.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        procs.processes.append(worker)
+        producer = subprocess.run(
+            [sys.executable, "producer.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=WAIT_S
+        )
+        assert producer.returncode == 0, producer.stdout + producer.stderr
+        assert producer.stdout.startswith("submitted tsk_")
+        assert producer.stdout.splitlines()[-1] == (
+            "got {'company': 'acme', 'summary': 'acme makes anvils'} "
+            "{'company': 'globex', 'summary': 'globex makes anvils'}"
+        )
+        api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})  # serve() returns when its run stops
+        output(worker)
+        assert worker.returncode == 0
