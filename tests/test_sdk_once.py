@@ -279,3 +279,51 @@ def test_default_run_is_replaced_after_a_stop(dev_node: DevNode, monkeypatch: py
         assert api.ok("POST", "/v1/default-scope")["id"] != default_id
     finally:
         runstate.close()
+
+
+SPEC_ONCE_SAMPLES = '''
+import runstate
+
+
+@runstate.once
+def research_company(name: str) -> dict: ...
+
+
+# Any number of agents can call this. The function runs once; they all get its result.
+report = research_company("acme")
+
+
+@runstate.once(name="research", key=lambda company, http: company.domain)
+def research(company: Company, http: HttpClient) -> dict: ...
+
+
+@runstate.once(attempts=5)
+def research_company(name: str) -> dict: ...
+
+
+try:
+    research_company("acme")
+except runstate.OnceFailedError as err:
+    print(f"gave up after {err.attempts} attempts: {err}")
+
+
+@runstate.once
+def write_report(name: str) -> list:
+    signal = runstate.context().signal
+    sections = []
+    for part in PARTS:
+        if signal.is_set():
+            raise RuntimeError("stopping")
+        sections.append(write_section(name, part))
+    return sections
+'''
+
+
+def test_the_spec_samples_as_written(run_id: str) -> None:
+    namespace: dict[str, Any] = {
+        "Company": object, "HttpClient": object, "PARTS": ["intro", "body"],
+        "write_section": lambda name, part: f"{part} of {name}",
+    }
+    exec(SPEC_ONCE_SAMPLES, namespace)  # noqa: S102 - the documentation's code, verbatim
+    assert namespace["report"] is None
+    assert namespace["write_report"]("acme") == ["intro of acme", "body of acme"]
