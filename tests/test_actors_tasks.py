@@ -537,3 +537,11 @@ def test_a_barrier_changes_nothing(h: Harness, run_id: str) -> None:
     before = snapshot_bytes(h.state, without_clock=True)
     assert h.ok("barrier") == {}
     assert snapshot_bytes(h.state, without_clock=True) == before
+
+
+def test_key_only_names_the_task_by_its_key_alone(h: Harness, run_id: str) -> None:
+    first = h.submit(run_id, "acme", {"at": 1}, key_only=True)
+    again = h.ok("task.submit", **h.submit_args(run_id, "acme", {"at": 2}, key_only=True))
+    assert again == {"task_id": first, "created": False}
+    assert h.task(first).input == {"at": 1}
+    assert h.err("task.submit", **h.submit_args(run_id, "acme", {"at": 3})) == errors.KEY_CONFLICT

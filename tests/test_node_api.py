@@ -383,3 +383,14 @@ def test_batch_results_wait_for_every_task(api: Api) -> None:
     unknown = api.ok("POST", "/v1/tasks/results", {"ids": ["tsk_nope"]})["results"][0]
     assert unknown["error"]["code"] == "NOT_FOUND"
     assert api.error("POST", "/v1/tasks/results", {"ids": "x"}) == (400, "VALIDATION")
+
+
+def test_key_only_returns_the_existing_task_whatever_the_input(api: Api) -> None:
+    run_id = new_run(api)
+    first = submit(api, run_id, {"company": "acme", "at": 1}, key="acme", keyOnly=True)
+    again = submit(api, run_id, {"company": "acme", "at": 2}, key="acme", keyOnly=True)
+    assert (again["id"], again["created"]) == (first["id"], False)
+    assert task(api, first["id"])["input"] == {"company": "acme", "at": 1}
+    path = f"/v1/scopes/{run_id}/mailboxes/work/tasks"
+    assert api.error("POST", path, {"input": 3, "key": "acme"}) == (409, "KEY_CONFLICT")  # without keyOnly
+    assert api.error("POST", path, {"input": 3, "key": "x", "keyOnly": "yes"}) == (400, "VALIDATION")

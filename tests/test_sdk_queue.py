@@ -74,13 +74,14 @@ def test_submit_wait_and_the_same_job(run_id: str, dev_node: DevNode) -> None:
 
 
 def test_key_decides_what_is_the_same_job(run_id: str, dev_node: DevNode) -> None:
+    # The spec's example: the input carries a timestamp that must not make it new work.
     @runstate.queue("sdk-keyed", key=lambda input: input["company"])
     def research(input: dict[str, str]) -> str:
         return f"report on {input['company']}"
 
-    first = research.send({"company": "acme"})
-    assert research.send({"company": "acme"}).id == first.id
-    assert research.send({"company": "globex"}).id != first.id
+    first = research.send({"company": "acme", "requestedAt": "2026-11-29T10:00:00Z"})
+    assert research.send({"company": "acme", "requestedAt": "2026-11-29T10:05:00Z"}).id == first.id
+    assert research.send({"company": "globex", "requestedAt": "2026-11-29T10:00:00Z"}).id != first.id
     worker = Worker(research)
     try:
         assert first.result() == "report on acme"

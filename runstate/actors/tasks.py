@@ -63,7 +63,8 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     existing_id = queue.by_key.get(key)
     if existing_id is not None:
         existing = ctx.state.tasks[existing_id]
-        if existing.input_hash != input_hash:
+        # key_only: the key alone names the work (a queue's key function); else the input must match.
+        if existing.input_hash != input_hash and not args.get("key_only"):
             raise Rejected(
                 errors.KEY_CONFLICT, f"task key {key!r} is already used in this run with a different input"
             )

@@ -229,9 +229,13 @@ class Scope:
         return Ticket(self._transport, task_id)
 
 
-def _task_body(task_input: Any, key: str | None, attempts: int | None) -> dict[str, Any]:
+def _task_body(task_input: Any, key: str | None, attempts: int | None, key_only: bool = False) -> dict[str, Any]:
     """One task of a submit request; ConfigError for a malformed key or attempts."""
     body: dict[str, Any] = {"input": task_input}
+    if key_only:
+        if key is None:
+            raise ConfigError("key_only needs a key")
+        body["keyOnly"] = True
     if key is not None:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
@@ -253,15 +257,18 @@ class Mailbox:
     def __repr__(self) -> str:
         return f"<Mailbox {self.name} in {self.scope_id}>"
 
-    async def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> Ticket:
+    async def submit(
+        self, input: Any, key: str | None = None, attempts: int | None = None, key_only: bool = False
+    ) -> Ticket:
         """Submit a task; returns its `Ticket` (`.created` is False if the key already existed).
 
         The same key with the same input returns the existing task (without a key, the server keys
         the task by a hash of its input). Raises KeyConflictError for the same key with another
-        input, ScopeCancelledError / DeadlineExceededError if the run stopped, NotFoundError if
+        input (unless `key_only`: then the key alone names the task and the existing one comes back
+        whatever its input), ScopeCancelledError / DeadlineExceededError if the run stopped, NotFoundError if
         the queue does not exist, ValidationError for an input over 64 KB.
         """
-        body = _task_body(input, key, attempts)
+        body = _task_body(input, key, attempts, key_only)
         # Safe to repeat: the server deduplicates by key.
         answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
         return Ticket(

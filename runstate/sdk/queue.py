@@ -191,7 +191,9 @@ class Queue:
         await rt.ensure_mailbox(self.name)
 
         async def in_run(scope_id: str) -> Ticket:
-            return await rt.client.scope(scope_id).mailbox(self.name).submit(value, key=key, attempts=self.attempts)
+            return await rt.client.scope(scope_id).mailbox(self.name).submit(
+                value, key=key, attempts=self.attempts, key_only=self.key_function is not None
+            )
 
         return await rt.in_run(in_run)
 

@@ -55,6 +55,13 @@ def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, def
     return value
 
 
+def flag(body: dict[str, Any], field: str) -> bool:
+    value = body.get(field, False)
+    if not isinstance(value, bool):
+        raise ApiError("VALIDATION", f"{field} must be true or false")
+    return value
+
+
 def query_integer(request: web.Request, field: str, *, minimum: int, maximum: int, default: int) -> int:
     raw = request.query.get(field)
     if raw is None:

@@ -17,7 +17,7 @@ from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, node_of, route, 
 from runstate.node.api.views import result_view, task_view
 from runstate.node.config import LONG_POLL_MS_MAX
 
-_TASK_FIELDS = {"input": ANY_JSON, "key": STRING, "attempts": INTEGER}
+_TASK_FIELDS = {"input": ANY_JSON, "key": STRING, "attempts": INTEGER, "keyOnly": {"type": "boolean"}}
 _SUBMIT_ERRORS = ("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 
 
@@ -33,6 +33,7 @@ def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
         "attempts": req.integer(
             body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default
         ),
+        "key_only": req.flag(body, "keyOnly"),
     }
 
 
