@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from runstate.actors import claims, errors, limits, runs, tasks
+from runstate.actors import barriers, claims, errors, groups, limits, runs, tasks, timers
 from runstate.actors.context import Context, Effect
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
@@ -39,6 +39,16 @@ HANDLERS: dict[str, Handler] = {
     "claim.complete": claims.complete,
     "claim.fail": claims.fail,
     "claim.release": claims.release,
+    **groups.HANDLERS,
+    **barriers.HANDLERS,
+    **timers.HANDLERS,
+}
+
+# Time-driven transitions of the later rule modules: due kind -> handler(ctx, entity id, due_ms).
+DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
+    **groups.DUE_HANDLERS,
+    **barriers.DUE_HANDLERS,
+    **timers.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.
@@ -145,6 +155,8 @@ def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: 
             runs.on_retention(ctx, entity_id)
         elif kind == DueKind.CLAIM_LEASE:
             claims.on_lease_due(ctx, entity_id, due_ms)
+        elif kind in DUE_HANDLERS:
+            DUE_HANDLERS[kind](ctx, entity_id, due_ms)
         else:
             raise AssertionError(f"unknown due kind {kind!r}")
     return {"processed": processed}
@@ -158,6 +170,10 @@ def _entity_space(state: State, kind: str, entity_id: str) -> Space:
         entity: Any = state.tasks.get(entity_id.split(".", 1)[0])
     elif kind == DueKind.CLAIM_LEASE:
         entity = state.claims.get(entity_id.split(".", 1)[0])
+    elif kind == DueKind.GROUP_DEADLINE:
+        entity = state.groups.get(entity_id)
+    elif kind == DueKind.TIMER:
+        entity = state.timers.get(entity_id)
     else:
         entity = state.runs.get(entity_id)
     return state.spaces[entity.space] if entity is not None else _NO_SPACE

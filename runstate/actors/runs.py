@@ -7,12 +7,20 @@ for a deadline), new work is refused, recorded results stay readable until reten
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from runstate.actors import errors, limits
 from runstate.actors.context import Context, claim_key, queue_key, task_key
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Run, RunState, State, TaskState
+
+# What other kinds of work do when a run stops or is removed, registered by their rule modules
+# (groups, barriers, timers), called in this same step for the run and every run below it.
+# on stop: hook(ctx, run, task_state) with task_state CANCELLED or EXPIRED (a deadline);
+# on removal (retention): hook(state, run).
+RUN_STOP_HOOKS: list[Callable[[Context, Run, str], None]] = []
+RUN_REMOVE_HOOKS: list[Callable[[State, Run], None]] = []
 
 
 def require_run(ctx: Context, run_id: Any) -> Run:
@@ -153,6 +161,8 @@ def on_retention(ctx: Context, run_id: str) -> None:
                 del state.tasks[task_id]
         for claim_id in member.claims.values():
             del state.claims[claim_id]
+        for remove_hook in RUN_REMOVE_HOOKS:
+            remove_hook(state, member)
         space.task_count -= member.task_count
         space.run_count -= 1
         del state.runs[member.id]
@@ -184,6 +194,8 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
             ctx.wake(queue_key(member.id, mailbox))
         for key in member.claims:
             ctx.wake(claim_key(member.id, key))  # waiting callers try again and learn the run stopped
+        for stop_hook in RUN_STOP_HOOKS:
+            stop_hook(ctx, member, task_state)
     if run.finished_ms is None:
         run.finished_ms = now_ms
         ctx.state.arm(now_ms + retention_ms, DueKind.RETENTION, run.id)

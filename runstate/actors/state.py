@@ -6,6 +6,8 @@ Everything here is plain data. The rules that change it live beside it, one modu
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,6 +51,8 @@ class DueKind:
     DEADLINE = "deadline"  # a run's deadline passes
     RETENTION = "retention"  # a finished run's retention ends: remove it
     CLAIM_LEASE = "claim_lease"  # a claim's lease may have lapsed
+    GROUP_DEADLINE = "group_deadline"  # a task group's deadline passes
+    TIMER = "timer"  # a durable timer fires
 
 
 @dataclass(slots=True)
@@ -93,6 +97,9 @@ class Run:
     queues: dict[str, Queue] = field(default_factory=dict)
     task_count: int = 0
     claims: dict[str, str] = field(default_factory=dict)  # key -> claim id
+    group_id: str | None = None  # the task group this run belongs to (a group owns its own run)
+    barriers: list[str] = field(default_factory=list)  # barrier ids created in this run
+    timers: list[str] = field(default_factory=list)  # timer ids created in this run
 
 
 @dataclass(slots=True)
@@ -151,6 +158,11 @@ class State:
     runs: dict[str, Run] = field(default_factory=dict)
     tasks: dict[str, Task] = field(default_factory=dict)
     claims: dict[str, Claim] = field(default_factory=dict)
+    # Entities of groups.py, barriers.py and timers.py: id -> entity. Each is a dataclass whose
+    # fields are plain values, lists and dicts of plain values (copied deeply by snapshots).
+    groups: dict[str, Any] = field(default_factory=dict)
+    barriers: dict[str, Any] = field(default_factory=dict)
+    timers: dict[str, Any] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -168,7 +180,8 @@ class State:
 
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
-    "stored_state", "finished_ms", "reason", "children", "task_count", "claims",
+    "stored_state", "finished_ms", "reason", "children", "task_count", "claims", "group_id", "barriers",
+    "timers",
 )
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
@@ -202,6 +215,10 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "runs": runs,
         "tasks": [[getattr(t, f) for f in _TASK_FIELDS] for t in state.tasks.values()],
         "claims": [[getattr(c, f) for f in _CLAIM_FIELDS] for c in state.claims.values()],
+        **{
+            table: [[copy.deepcopy(getattr(entity, f)) for f in _fields(cls)] for entity in getattr(state, table).values()]
+            for table, cls in ENTITY_TABLES.items()
+        },
         "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
     }
@@ -235,7 +252,26 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for row in data["claims"]:
         claim = Claim(**dict(zip(_CLAIM_FIELDS, row, strict=True)))
         state.claims[claim.id] = claim
+    for table, cls in ENTITY_TABLES.items():
+        entities = getattr(state, table)
+        for row in data.get(table, []):
+            entity = cls(**dict(zip(_fields(cls), copy.deepcopy(row), strict=True)))
+            entities[entity.id] = entity
     return state
+
+
+# The entity classes of the later rule modules, by State table; registered by those modules
+# (register_table) so this module does not import them.
+ENTITY_TABLES: dict[str, type] = {}
+
+
+def register_table(table: str, cls: type) -> None:
+    assert table in ("groups", "barriers", "timers"), table
+    ENTITY_TABLES[table] = cls
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _copied(value: Any) -> Any:
