@@ -26,6 +26,7 @@ from runstate.sdk._http import (
     resolve_optional,
 )
 from runstate.sdk._time import format_deadline, parse_time
+from runstate.sdk.barriers import Barriers
 from runstate.sdk.claims import Claims
 from runstate.sdk.errors import (
     ConfigError,
@@ -35,6 +36,8 @@ from runstate.sdk.errors import (
     RunstateError,
     error_from_item,
 )
+from runstate.sdk.groups import Groups
+from runstate.sdk.timers import Timers
 
 # Task results.
 RESULT_TIMEOUT_MS_DEFAULT = 60_000
@@ -194,6 +197,9 @@ class Scope:
         self._scopes = Scopes(transport)
         self.id = scope_id
         self.view = view
+        self.groups = Groups(transport, scope_id)
+        self.barriers = Barriers(transport, scope_id)
+        self.timers = Timers(transport, scope_id)
 
     def __repr__(self) -> str:
         state = f" {self.view.get('storedState')}" if self.view else ""

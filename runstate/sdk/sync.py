@@ -20,8 +20,11 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runstate.sdk import client as aio
 from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
+from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.errors import ConfigError
+from runstate.sdk.groups import BlockingGroups
+from runstate.sdk.timers import BlockingTimers
 
 T = TypeVar("T")
 
@@ -111,6 +114,9 @@ class Scope:
     def __init__(self, inner: aio.Scope, portal: BlockingPortal) -> None:
         self._inner = inner
         self._portal = portal
+        self.groups = BlockingGroups(inner.groups, portal)
+        self.barriers = BlockingBarriers(inner.barriers, portal)
+        self.timers = BlockingTimers(inner.timers, portal)
 
     def __repr__(self) -> str:
         return repr(self._inner)

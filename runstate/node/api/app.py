@@ -10,7 +10,19 @@ from aiohttp import web
 from runstate.actors import limits
 
 # Importing the route modules registers their routes in ROUTES.
-from runstate.node.api import claims, cluster, deliveries, health, mailboxes, openapi, runs, tasks  # noqa: F401
+from runstate.node.api import (  # noqa: F401
+    barriers,
+    claims,
+    cluster,
+    deliveries,
+    groups,
+    health,
+    mailboxes,
+    openapi,
+    runs,
+    tasks,
+    timers,
+)
 from runstate.node.api.errors import ApiError, error_response
 from runstate.node.api.routes import NODE_KEY, ROUTES, Handler
 

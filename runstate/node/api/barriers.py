@@ -1,0 +1,3 @@
+"""HTTP routes of barriers (being built)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""HTTP routes of timers (being built)."""
+
+from __future__ import annotations
