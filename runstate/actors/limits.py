@@ -34,6 +34,12 @@ tasks_per_space_max = 1_000_000
 claims_per_run_max = 100_000
 claim_attempts_default = 3
 
+# Barriers and timers: per run; a barrier's target; how far ahead a timer may be set.
+barriers_per_run_max = 10_000
+barrier_target_max = 10_000
+timers_per_run_max = 10_000
+timer_ms_max = 365 * 24 * 3_600_000
+
 # Deliveries and leases.
 lease_ms_default = 30_000
 lease_ms_min = 100
