@@ -1,3 +1,110 @@
-"""HTTP routes of barriers (being built)."""
+"""Barriers: create, arrive, wait for the release, start the next epoch."""
 
 from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate.actors import barriers, limits
+from runstate.actors.barriers import Barrier
+from runstate.node.api import _request as req
+from runstate.node.api.errors import ApiError
+from runstate.node.api.routes import STRING, node_of, route, space_of
+from runstate.node.api.views import iso
+from runstate.node.config import LONG_POLL_MS_MAX
+
+if TYPE_CHECKING:
+    from runstate.node.server import Node
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+
+
+def barrier_view(barrier: Barrier) -> dict[str, Any]:
+    return {
+        "id": barrier.id,
+        "scopeId": barrier.run_id,
+        "target": barrier.target,
+        "arrivals": len(barrier.arrivals),
+        "epoch": barrier.epoch,
+        "state": barrier.state,
+        "releasedAt": iso(barrier.released_ms),
+        "createdAt": iso(barrier.created_ms),
+    }
+
+
+def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, Any]:
+    with node.read() as state:
+        barrier = state.barriers.get(barrier_id)
+        if barrier is None or barrier.space != space:
+            raise ApiError("NOT_FOUND", f"barrier {barrier_id!r} not found")
+        return {**barrier_view(barrier), **extra}
+
+
+@route(
+    "POST", "/v1/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
+    body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+)
+async def create_barrier(request: web.Request) -> web.Response:
+    node, space = node_of(request), space_of(request)
+    body = await req.json_body(request)
+    target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
+    if target is None:
+        raise ApiError("VALIDATION", "target is required")
+    result = await node.propose(space, "barrier.create", {"run_id": request.match_info["id"], "target": target})
+    return web.json_response(_render(node, space, result["barrier_id"]), status=201)
+
+
+@route("GET", "/v1/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",))
+async def barrier_status(request: web.Request) -> web.Response:
+    node = node_of(request)
+    await node.confirm_leadership()
+    return web.json_response(_render(node, space_of(request), request.match_info["id"]))
+
+
+@route(
+    "POST", "/v1/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
+    body={"key": STRING},
+    errors=("VALIDATION", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE),
+)
+async def arrive(request: web.Request) -> web.Response:
+    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    body = await req.json_body(request)
+    key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
+    result = await node.propose(space, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
+    return web.json_response(_render(node, space, barrier_id, arrived=result["arrived"]))
+
+
+@route(
+    "GET", "/v1/barriers/{id}/wait",
+    "Long poll: answers when the barrier is RELEASED (or BARRIER_CANCELLED), or after waitMs",
+    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"),
+)
+async def wait(request: web.Request) -> web.Response:
+    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    deadline = time.monotonic() + wait_ms / 1000
+    await node.confirm_leadership()
+    while True:
+        with node.waiters.register(barriers.barrier_key(barrier_id)) as waiter:
+            view = _render(node, space, barrier_id)
+            if view["state"] == barriers.CANCELLED:
+                raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
+            remaining_s = deadline - time.monotonic()
+            if view["state"] == barriers.RELEASED or remaining_s <= 0:
+                return web.json_response(view)
+            await waiter.wait(remaining_s)
+
+
+@route(
+    "POST", "/v1/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
+    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE),
+)
+async def next_epoch(request: web.Request) -> web.Response:
+    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    await node.propose(space, "barrier.next_epoch", {"barrier_id": barrier_id})
+    return web.json_response(_render(node, space, barrier_id))

@@ -1,3 +1,105 @@
-"""HTTP routes of timers (being built)."""
+"""Durable timers: create, wait for the firing (and acknowledge it), cancel."""
 
 from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate.actors import timers
+from runstate.actors.timers import Timer
+from runstate.node.api import _request as req
+from runstate.node.api.errors import ApiError
+from runstate.node.api.routes import ISO_TIME, node_of, route, space_of
+from runstate.node.api.views import iso
+from runstate.node.config import LONG_POLL_MS_MAX
+
+if TYPE_CHECKING:
+    from runstate.node.server import Node
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+AFTER_SECONDS_MAX = 365 * 24 * 3600
+
+
+def timer_view(timer: Timer) -> dict[str, Any]:
+    return {
+        "id": timer.id,
+        "scopeId": timer.run_id,
+        "state": timer.state,
+        "fireAt": iso(timer.fire_at_ms),
+        "firedAt": iso(timer.fired_ms),
+        "createdAt": iso(timer.created_ms),
+    }
+
+
+def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
+    with node.read() as state:
+        timer = state.timers.get(timer_id)
+        if timer is None or timer.space != space:
+            raise ApiError("NOT_FOUND", f"timer {timer_id!r} not found")
+        return timer_view(timer)
+
+
+@route(
+    "POST", "/v1/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
+    body={"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+)
+async def create_timer(request: web.Request) -> web.Response:
+    node, space = node_of(request), space_of(request)
+    body = await req.json_body(request)
+    after = body.get("afterSeconds")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= AFTER_SECONDS_MAX):
+        raise ApiError("VALIDATION", f"afterSeconds must be a number from 0 to {AFTER_SECONDS_MAX}")
+    args = {
+        "run_id": request.match_info["id"],
+        "fire_at_ms": req.timestamp_ms(body, "at"),
+        "after_ms": None if after is None else round(after * 1000),
+    }
+    result = await node.propose(space, "timer.create", args)
+    return web.json_response(_render(node, space, result["timer_id"]), status=201)
+
+
+@route("GET", "/v1/timers/{id}", "A timer's state", errors=("NOT_FOUND",))
+async def timer_status(request: web.Request) -> web.Response:
+    node = node_of(request)
+    await node.confirm_leadership()
+    return web.json_response(_render(node, space_of(request), request.match_info["id"]))
+
+
+@route(
+    "POST", "/v1/timers/{id}/wait",
+    "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
+    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    errors=("NOT_FOUND", "VALIDATION", "CONFLICT"),
+)
+async def wait(request: web.Request) -> web.Response:
+    node, space, timer_id = node_of(request), space_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    deadline = time.monotonic() + wait_ms / 1000
+    await node.confirm_leadership()
+    while True:
+        with node.waiters.register(timers.timer_key(timer_id)) as waiter:
+            view = _render(node, space, timer_id)
+            if view["state"] == timers.CANCELLED:
+                raise ApiError("CONFLICT", f"timer {timer_id} was cancelled")
+            if view["state"] in (timers.FIRED, timers.ACKNOWLEDGED):
+                await node.propose(space, "timer.acknowledge", {"timer_id": timer_id})
+                return web.json_response({**_render(node, space, timer_id), "done": True})
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return web.json_response({**view, "done": False})
+            await waiter.wait(remaining_s)
+
+
+@route(
+    "POST", "/v1/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
+    errors=("NOT_FOUND", "CONFLICT"),
+)
+async def cancel(request: web.Request) -> web.Response:
+    node, space, timer_id = node_of(request), space_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    await node.propose(space, "timer.cancel", {"timer_id": timer_id})
+    return web.json_response(_render(node, space, timer_id))
