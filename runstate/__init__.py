@@ -37,6 +37,7 @@ from runstate.sdk.errors import (
     UnauthenticatedError,
     UnavailableError,
     ValidationError,
+    WaitTimeoutError,
 )
 from runstate.sdk.once import once
 from runstate.sdk.queue import Job, Queue, queue, serve, serve_async
@@ -67,6 +68,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "ValidationError",
+    "WaitTimeoutError",
     "__version__",
     "close",
     "configure",

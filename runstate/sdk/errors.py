@@ -278,3 +278,16 @@ def error_from_item(error: dict[str, str]) -> RunstateError:
     code = error.get("code") or "INTERNAL"
     status = _STATUS_BY_CODE.get(code, 409 if code in _CLASS_BY_CODE else 500)
     return error_from_response(status, code, error.get("message"))
+
+
+class WaitTimeoutError(RunstateError):
+    """A `wait(timeout_ms=...)` on a barrier, timer or group ended before what it waits for
+    happened. Nothing changed: wait again, or give up. Attributes: `what` (e.g. "barrier bar_1"),
+    `timeout_ms`."""
+
+    default_code = "WAIT_TIMEOUT"
+
+    def __init__(self, what: str, timeout_ms: int) -> None:
+        super().__init__(f"{what} did not happen within {timeout_ms} ms")
+        self.what = what
+        self.timeout_ms = timeout_ms
