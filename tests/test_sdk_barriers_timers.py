@@ -1,0 +1,115 @@
+"""Barriers and timers through the SDK, against a real dev node and a real three-node cluster: the
+spec's samples in Python, concurrent arrivals, cancellation, and a timer across a leader kill."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runstate
+from runstate import AsyncRunstate, Runstate
+from tests._cluster import Cluster, cluster_factory
+from tests._nodes import DevNode
+
+
+def space() -> str:
+    return f"bt-{uuid.uuid4().hex[:10]}"
+
+
+def test_the_spec_samples(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            run = await rs.scopes.create()
+            # Coordinator:
+            barrier = await run.barriers.create(target=3)
+
+            # Each shard, given barrier.id:
+            async def shard(n: int) -> str:
+                handle = rs.scope(run.id).barriers.get(barrier.id)
+                await handle.arrive(key=f"shard-{n}")  # idempotent per key
+                view = await handle.wait(timeout_ms=300_000)
+                return f"{view['state']} {view['arrivals']}/{view['target']}"
+
+            assert await asyncio.gather(*(shard(n) for n in range(3))) == ["RELEASED 3/3"] * 3
+
+            timer = await run.timers.create(after_seconds=0.3)
+            assert timer.fire_at is not None
+            fired = await timer.wait(timeout_ms=360_000)
+            assert fired["fired_at"] >= timer.fire_at
+            again = run.timers.get(timer.id)  # re-attach by id
+            assert (await again.status())["state"] == "ACKNOWLEDGED"
+
+    asyncio.run(main())
+
+
+def test_fifty_concurrent_arrivals_with_thirty_keys_release_exactly_once(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            run = await rs.scopes.create()
+            barrier = await run.barriers.create(target=30)
+            keys = [f"k{n % 30}" for n in range(50)]
+            waiters = [asyncio.create_task(rs.scope(run.id).barriers.get(barrier.id).wait(timeout_ms=60_000)) for _ in range(5)]
+            answers = await asyncio.gather(*(barrier.arrive(key=key) for key in keys))
+            assert sum(answer["arrived"] for answer in answers) == 30  # each distinct key counted once
+            views = await asyncio.gather(*waiters)
+            assert {(view["state"], view["arrivals"], view["epoch"], view["releasedAt"]) for view in views} == {
+                ("RELEASED", 30, 1, views[0]["releasedAt"])
+            }
+            with pytest.raises(runstate.ConflictError) as released:
+                await barrier.arrive(key="late")
+            assert released.value.code == "BARRIER_RELEASED"
+            assert (await barrier.next_epoch())["epoch"] == 2
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_run_cancels_barriers_and_timers(dev_node: DevNode) -> None:
+    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+        run = rs.scopes.create()
+        barrier = run.barriers.create(target=2)
+        timer = run.timers.create(after_seconds=3600)
+        disarmed = run.timers.create(after_seconds=3600)
+        assert disarmed.cancel()["state"] == "CANCELLED"
+        with pytest.raises(runstate.WaitTimeoutError):
+            barrier.wait(timeout_ms=100)
+        run.cancel()
+        with pytest.raises(runstate.ConflictError) as cancelled:
+            barrier.wait(timeout_ms=5_000)
+        assert cancelled.value.code == "BARRIER_CANCELLED"
+        with pytest.raises(runstate.ConflictError):
+            barrier.arrive(key="a")
+        assert timer.status()["state"] == "CANCELLED"
+        with pytest.raises(runstate.ConflictError):
+            timer.wait(timeout_ms=5_000)
+        with pytest.raises(runstate.ScopeCancelledError):
+            run.timers.create(after_seconds=1)
+        with pytest.raises(runstate.ConfigError):
+            run.timers.create()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    yield from cluster_factory(tmp_path)
+
+
+def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=cluster.urls_from((leader + 1) % cluster.size)) as rs:
+            run = await rs.scopes.create()
+            timer = await run.timers.create(after_seconds=1.5)
+            cluster.kill(leader)  # the timer falls due during (or after) the election
+            fired: dict[str, Any] = await timer.wait(timeout_ms=30_000)
+            assert fired["state"] == "ACKNOWLEDGED" and fired["fired_at"] >= timer.fire_at
+            cluster.start(leader)
+            cluster.wait_same_digest()
+            assert (await timer.status())["firedAt"] == fired["firedAt"]  # fired once: the same firing
+
+    asyncio.run(main())
