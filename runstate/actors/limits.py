@@ -64,3 +64,6 @@ results_batch_max = 100
 
 # One replicated batch.
 batch_commands_max = 1_000
+
+# Task groups.
+group_members_max = 100  # members of one group; also the largest threshold and expectedMembers

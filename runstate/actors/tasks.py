@@ -9,6 +9,7 @@ over finds the task and answers LEASE_LOST rather than NOT_FOUND.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from runstate.actors import errors, limits, runs
@@ -17,6 +18,11 @@ from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
 
 MAILBOX_MODES = ("WORK",)
+
+# What other rules do when a task finishes (SUCCEEDED or FAILED through a delivery), registered by
+# their modules (groups): hook(ctx, task), called in this same step. A run's stop ends its tasks
+# through runs.RUN_STOP_HOOKS instead.
+TASK_FINISHED_HOOKS: list[Callable[[Context, Task], None]] = []
 
 
 # -- mailboxes -----------------------------------------------------------------------------------
@@ -112,6 +118,8 @@ def _finish(ctx: Context, task: Task, state: str, *, outcome: Any = None, error:
     task.finished_by = task.delivery_id
     task.delivery_id = None
     ctx.wake(task_key(task.id))
+    for finished_hook in TASK_FINISHED_HOOKS:
+        finished_hook(ctx, task)
 
 
 # -- deliveries ----------------------------------------------------------------------------------
