@@ -21,3 +21,15 @@ def test_throughput_bench_short_form() -> None:
     assert report["states"] == {"SUCCEEDED": 200}
     assert report["tasks_per_s"] > 0
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
+
+
+def test_timer_bench_short_form() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.timers", "--timers", "5"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["timers"] == 5
+    assert set(report["fired_late_ms"]) == {"p50", "p99", "max"}
+    assert report["fired_late_ms"]["p50"] >= 0  # never before its time
