@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runstate.actors import errors, limits, runs
-from runstate.actors.context import Context
+from runstate.actors.context import Context, require_in_space
 from runstate.actors.errors import Rejected
 from runstate.actors.state import Run, State, register_table
 
@@ -59,10 +59,8 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def require_barrier(ctx: Context, barrier_id: Any) -> Barrier:
-    barrier = ctx.state.barriers.get(barrier_id) if isinstance(barrier_id, str) else None
-    if barrier is None or barrier.space != ctx.space.id:
-        raise Rejected(errors.NOT_FOUND, f"barrier {barrier_id!r} not found")
-    return barrier
+    found: Barrier = require_in_space(ctx, ctx.state.barriers, barrier_id, "barrier")
+    return found
 
 
 def arrive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runstate.actors.errors import NOT_FOUND, Rejected
 from runstate.actors.state import Space, State
 
 # Effects are plain tuples, handed to the node on the event loop after the batch is applied:
@@ -37,3 +38,12 @@ class Context:
 
     def wake(self, key: tuple[str, ...]) -> None:
         self.effects.append(("wake", key))
+
+
+def require_in_space(ctx: Context, table: dict[str, Any], entity_id: Any, what: str) -> Any:
+    """The entity `entity_id` of `table` if it belongs to the command's space, else NOT_FOUND
+    (an id of another space looks exactly like one that does not exist)."""
+    entity = table.get(entity_id) if isinstance(entity_id, str) else None
+    if entity is None or entity.space != ctx.space.id:
+        raise Rejected(NOT_FOUND, f"{what} {entity_id!r} not found")
+    return entity

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runstate.actors import errors, limits, runs
-from runstate.actors.context import Context
+from runstate.actors.context import Context, require_in_space
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Run, State, register_table
 
@@ -65,10 +65,8 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def require_timer(ctx: Context, timer_id: Any) -> Timer:
-    timer = ctx.state.timers.get(timer_id) if isinstance(timer_id, str) else None
-    if timer is None or timer.space != ctx.space.id:
-        raise Rejected(errors.NOT_FOUND, f"timer {timer_id!r} not found")
-    return timer
+    found: Timer = require_in_space(ctx, ctx.state.timers, timer_id, "timer")
+    return found
 
 
 def acknowledge(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from runstate.actors.barriers import Barrier
 from runstate.node.api import _request as req
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import STRING, node_of, route, space_of
-from runstate.node.api.views import iso
+from runstate.node.api.views import in_space, iso
 from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
@@ -36,10 +36,7 @@ def barrier_view(barrier: Barrier) -> dict[str, Any]:
 
 def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, Any]:
     with node.read() as state:
-        barrier = state.barriers.get(barrier_id)
-        if barrier is None or barrier.space != space:
-            raise ApiError("NOT_FOUND", f"barrier {barrier_id!r} not found")
-        return {**barrier_view(barrier), **extra}
+        return {**barrier_view(in_space(state.barriers, space, barrier_id, "barrier")), **extra}
 
 
 @route(

@@ -12,7 +12,7 @@ from runstate.actors.timers import Timer
 from runstate.node.api import _request as req
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ISO_TIME, node_of, route, space_of
-from runstate.node.api.views import iso
+from runstate.node.api.views import in_space, iso
 from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
@@ -35,10 +35,7 @@ def timer_view(timer: Timer) -> dict[str, Any]:
 
 def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
     with node.read() as state:
-        timer = state.timers.get(timer_id)
-        if timer is None or timer.space != space:
-            raise ApiError("NOT_FOUND", f"timer {timer_id!r} not found")
-        return timer_view(timer)
+        return timer_view(in_space(state.timers, space, timer_id, "timer"))
 
 
 @route(

@@ -7,6 +7,16 @@ from typing import Any
 
 from runstate.actors import runs
 from runstate.actors.state import Run, State, Task, TaskState
+from runstate.node.api.errors import ApiError
+
+
+def in_space(table: dict[str, Any], space: str, entity_id: str, what: str) -> Any:
+    """The entity of `table` with this id in this space; NOT_FOUND otherwise (another space's id
+    looks exactly like an unknown one). Call it with the state held (node.read())."""
+    entity = table.get(entity_id)
+    if entity is None or entity.space != space:
+        raise ApiError("NOT_FOUND", f"{what} {entity_id!r} not found")
+    return entity
 
 
 def iso(ms: int | None) -> str | None:
