@@ -1,26 +1,266 @@
-"""The groups of a run: `run.groups` (being built)."""
+"""Task groups: `run.groups.create(...)`, `run.groups.by_id(id)`.
+
+A group decides once, under races, whether a set of member tasks is done (FIRST_ACCEPTED,
+N_ACCEPTED with a threshold, ALL_TERMINAL) and stops its work in the same step. Members are tasks
+of the group's own run (`(await group.status())["scopeId"]`): start workers on that run.
+
+    group = await run.groups.create(mailbox="reviews", condition="N_ACCEPTED", threshold=5,
+                                    parent_scope_id=run.id)
+    ticket = await group.submit({"draft": 1}, key="draft-1")
+    await group.close()
+    await group.accept(ticket.id)
+    decision = await group.wait(timeout_ms=600_000)   # decision["outcome"], decision["outcomeReason"]
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from runstate.sdk._time import format_deadline
+from runstate.sdk._waiting import wait_until
+from runstate.sdk.errors import ConfigError
 
 if TYPE_CHECKING:
+    from datetime import datetime, timedelta
+
     from anyio.from_thread import BlockingPortal
 
+    from runstate.sdk import client, sync
     from runstate.sdk._http import Transport
+
+CONDITIONS = ("FIRST_ACCEPTED", "N_ACCEPTED", "ALL_TERMINAL")
+GROUP_MEMBERS_MAX = 100  # the server's bound on members, threshold and expected_members
+WAIT_TIMEOUT_MS_DEFAULT = 60_000
+
+
+def _segment(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+    return quote(value, safe="")
+
+
+def _count(value: int | None, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= GROUP_MEMBERS_MAX:
+        raise ConfigError(f"{what} must be an integer from 1 to {GROUP_MEMBERS_MAX}, got {value!r}")
+    return value
+
+
+def _task_id(task: Any) -> str:
+    """A task id, from the id itself or from a ticket (anything with `.id`)."""
+    task_id = task if isinstance(task, str) else getattr(task, "id", None)
+    if not isinstance(task_id, str) or not task_id:
+        raise ConfigError(f"task must be a task id or a ticket, got {task!r}")
+    return task_id
 
 
 class Groups:
-    """`run.groups`: async handles."""
+    """`run.groups`: create a task group from this run, or re-attach to one by id."""
 
     def __init__(self, transport: Transport, scope_id: str) -> None:
         self._transport = transport
         self.scope_id = scope_id
 
+    async def create(
+        self,
+        mailbox: str,
+        condition: str,
+        threshold: int | None = None,
+        expected_members: int | None = None,
+        deadline: datetime | timedelta | str | None = None,
+        parent_scope_id: str | None = None,
+    ) -> Group:
+        """Create a group; returns its `Group` (`.view` holds the server's view, `.scope_id` its run).
+
+        `condition` is FIRST_ACCEPTED, N_ACCEPTED (needs `threshold`, 1 to 100) or ALL_TERMINAL.
+        `expected_members` (1 to 100, at least `threshold`) closes the group when that many joined.
+        `deadline` (a datetime, a timedelta from now or an ISO 8601 string) finalizes it with
+        FAILURE if undecided by then. With `parent_scope_id` the group's run is a child of that run,
+        so cancelling it also finalizes the group. Raises NotFoundError if the mailbox or a run
+        does not exist, ScopeCancelledError if this run or the parent stopped, ValidationError /
+        ConfigError for bad arguments.
+        """
+        if condition not in CONDITIONS:
+            raise ConfigError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
+        body: dict[str, Any] = {"mailbox": mailbox, "condition": condition}
+        _segment(mailbox, "mailbox")
+        optional = {
+            "threshold": _count(threshold, "threshold"),
+            "expectedMembers": _count(expected_members, "expected_members"),
+            "deadline": format_deadline(deadline),
+            "parentScopeId": parent_scope_id,
+        }
+        body.update({name: value for name, value in optional.items() if value is not None})
+        # Not repeated blindly: a lost answer might hide a group that was created.
+        view = await self._transport.request(
+            "POST", f"/v1/scopes/{_segment(self.scope_id, 'scope id')}/groups", body=body, safe=False
+        )
+        return Group(self._transport, view["id"], view)
+
+    def by_id(self, group_id: str) -> Group:
+        """A handle on group `group_id`, e.g. after a restart (no request)."""
+        return Group(self._transport, group_id)
+
+
+class Group:
+    """One task group. `view` is the last group view seen (None until a call fetched one):
+    `state` (OPEN, SEALED, FINALIZED), `outcome`, `outcomeReason`, `scopeId`, `members`, ..."""
+
+    def __init__(self, transport: Transport, group_id: str, view: dict[str, Any] | None = None) -> None:
+        self._path = f"/v1/groups/{_segment(group_id, 'group id')}"
+        self._transport = transport
+        self.id = group_id
+        self.view = view
+
+    def __repr__(self) -> str:
+        state = f" {self.view.get('state')}" if self.view else ""
+        return f"<Group {self.id}{state}>"
+
+    @property
+    def scope_id(self) -> str | None:
+        """The group's own run (where workers take its members), once a view was fetched."""
+        return self.view.get("scopeId") if self.view else None
+
+    async def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> client.Ticket:
+        """Submit a member task; returns its `Ticket` (`.created` is False for an existing member).
+
+        The same key and input as a member returns that member, even once the group is closed.
+        Raises ConflictError with code GROUP_CLOSED for a new member of a closed or finalized
+        group, KeyConflictError for a member key with another input, LimitExceededError past 100
+        members.
+        """
+        from runstate.sdk.client import Ticket, _task_body
+
+        answer = await self._transport.request(
+            "POST", f"{self._path}/tasks", body=_task_body(input, key, attempts), safe=True
+        )
+        return Ticket(self._transport, answer["id"], key=answer.get("key", key), created=answer.get("created"),
+                      state=answer.get("state"))
+
+    async def join_task(self, task_id: Any) -> dict[str, Any]:
+        """Add an existing task of the group's run as a member; returns `{"taskId", "joined",
+        "groupState"}` (`joined` False if it was a member already). ConflictError with code
+        GROUP_CLOSED once closed, CONFLICT for a task of another run; NotFoundError."""
+        body = {"taskId": _task_id(task_id)}
+        return await self._transport.request("POST", f"{self._path}/join", body=body, safe=True)
+
+    async def close(self) -> dict[str, Any]:
+        """No new members; the group is evaluated at once. Returns `{"state", "outcome",
+        "outcomeReason"}`: SEALED while undecided, FINALIZED if closing decided it (or it was
+        decided before). Safe to call again."""
+        return await self._transport.request("POST", f"{self._path}/close", body={}, safe=True)
+
+    async def status(self) -> dict[str, Any]:
+        """The group's view, with every member's `taskId`, `key`, task `state`, `verdict`
+        (ACCEPTED, REJECTED or None) and `late`. NotFoundError if unknown."""
+        self.view = await self._transport.request("GET", self._path, safe=True)
+        return self.view
+
+    async def accept(self, task_id: Any) -> dict[str, Any]:
+        """Accept a SUCCEEDED member (a task id or its ticket). Returns `{"taskId", "verdict",
+        "late", "groupState", "outcome", "outcomeReason"}`; `late` is True when the group was
+        decided before (the verdict is recorded and changes nothing). Idempotent. ConflictError if
+        the member has not SUCCEEDED or was rejected; NotFoundError if it is not a member."""
+        return await self._judge("accept", task_id)
+
+    async def reject(self, task_id: Any) -> dict[str, Any]:
+        """Reject a finished member; same answer and rules as `accept` (ConflictError while the
+        member is unfinished, or if it was accepted)."""
+        return await self._judge("reject", task_id)
+
+    async def _judge(self, kind: str, task_id: Any) -> dict[str, Any]:
+        body = {"taskId": _task_id(task_id)}
+        return await self._transport.request("POST", f"{self._path}/{kind}", body=body, safe=True)
+
+    async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        """Wait until the group is FINALIZED; returns its view (`outcome`: SUCCESS or FAILURE,
+        `outcomeReason`). Raises WaitTimeoutError if still undecided after `timeout_ms` (nothing
+        changes: wait again), NotFoundError if unknown."""
+
+        async def poll(wait_ms: int) -> dict[str, Any]:
+            return await self._transport.request(
+                "GET", f"{self._path}/wait", params={"waitMs": str(wait_ms)}, safe=True, long_poll_ms=wait_ms
+            )
+
+        self.view = await wait_until(
+            poll, lambda view: view.get("state") == "FINALIZED", timeout_ms=timeout_ms,
+            what=f"the decision of group {self.id}",
+        )
+        return self.view
+
 
 class BlockingGroups:
-    """`run.groups` of the blocking client."""
+    """`run.groups` of the blocking client (see `Groups`)."""
 
     def __init__(self, inner: Groups, portal: BlockingPortal) -> None:
         self._inner = inner
         self._portal = portal
+
+    def create(
+        self,
+        mailbox: str,
+        condition: str,
+        threshold: int | None = None,
+        expected_members: int | None = None,
+        deadline: datetime | timedelta | str | None = None,
+        parent_scope_id: str | None = None,
+    ) -> BlockingGroup:
+        group = self._portal.call(
+            lambda: self._inner.create(
+                mailbox, condition, threshold=threshold, expected_members=expected_members, deadline=deadline,
+                parent_scope_id=parent_scope_id,
+            )
+        )
+        return BlockingGroup(group, self._portal)
+
+    def by_id(self, group_id: str) -> BlockingGroup:
+        return BlockingGroup(self._inner.by_id(group_id), self._portal)
+
+
+class BlockingGroup:
+    """One task group, blocking calls (see `Group`)."""
+
+    def __init__(self, inner: Group, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def view(self) -> dict[str, Any] | None:
+        return self._inner.view
+
+    @property
+    def scope_id(self) -> str | None:
+        return self._inner.scope_id
+
+    def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> sync.Ticket:
+        from runstate.sdk.sync import Ticket
+
+        ticket = self._portal.call(lambda: self._inner.submit(input, key=key, attempts=attempts))
+        return Ticket(ticket, self._portal)
+
+    def join_task(self, task_id: Any) -> dict[str, Any]:
+        return self._portal.call(self._inner.join_task, _task_id(task_id))
+
+    def close(self) -> dict[str, Any]:
+        return self._portal.call(self._inner.close)
+
+    def status(self) -> dict[str, Any]:
+        return self._portal.call(self._inner.status)
+
+    def accept(self, task_id: Any) -> dict[str, Any]:
+        return self._portal.call(self._inner.accept, _task_id(task_id))
+
+    def reject(self, task_id: Any) -> dict[str, Any]:
+        return self._portal.call(self._inner.reject, _task_id(task_id))
+
+    def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        return self._portal.call(self._inner.wait, timeout_ms)
