@@ -131,11 +131,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             raise Rejected(errors.VALIDATION, f"expectedMembers must be an integer from 1 to {members_max}")
         if threshold is not None and expected < threshold:
             raise Rejected(errors.VALIDATION, f"expectedMembers ({expected}) is lower than threshold ({threshold})")
-    if deadline_ms is not None:
-        if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
-            raise Rejected(errors.VALIDATION, "deadline must be in the future")
-        if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
-            raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+    runs.require_deadline(ctx, deadline_ms)
     if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
         raise Rejected(errors.NOT_FOUND, f"mailbox {mailbox!r} not found; create it with mailboxes.ensure")
     # The run the call is made from: it must exist and accept work, like any other new work.

@@ -54,6 +54,16 @@ def require_active(ctx: Context, run: Run) -> None:
         raise Rejected(*reason)
 
 
+def require_deadline(ctx: Context, deadline_ms: Any) -> None:
+    """A deadline (None, or ms since the epoch) must lie in the future, at most a year ahead."""
+    if deadline_ms is None:
+        return
+    if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
+        raise Rejected(errors.VALIDATION, "deadline must be in the future")
+    if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
+        raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+
+
 def effective(state: State, run: Run, now_ms: int) -> str:
     return "ACTIVE" if inactive_reason(state, run, now_ms) is None else "INACTIVE"
 
@@ -65,11 +75,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     parent_id = args.get("parent_id")
     if type(child_limit) is not int or not 0 <= child_limit <= limits.child_limit_max:
         raise Rejected(errors.VALIDATION, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
-    if deadline_ms is not None:
-        if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
-            raise Rejected(errors.VALIDATION, "deadline must be in the future")
-        if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
-            raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+    require_deadline(ctx, deadline_ms)
     parent: Run | None = None
     depth = 0
     if parent_id is not None:

@@ -133,3 +133,17 @@ def error_text(body: dict[str, Any]) -> str | None:
     if not isinstance(error, str):
         raise ApiError("VALIDATION", "error must be a string")
     return error[: limits.error_message_chars_max]
+
+
+def task_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a task to submit (to a mailbox or a group): its input, the input's hash, its
+    key (the hash when none is given), attempts and keyOnly, as the core's submit takes them."""
+    task_input, encoded = payload(body, "input", code="VALIDATION")
+    input_hash = sha256_hex(encoded)
+    return {
+        "key": text(body, "key", max_chars=limits.key_chars_max) or input_hash,
+        "input": task_input,
+        "input_hash": input_hash,
+        "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default),
+        "key_only": flag(body, "keyOnly"),
+    }

@@ -131,17 +131,7 @@ async def wait(request: web.Request) -> web.Response:
 async def submit_member(request: web.Request) -> web.Response:
     node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
     body = await req.json_body(request)
-    task_input, encoded = req.payload(body, "input", code="VALIDATION")
-    input_hash = req.sha256_hex(encoded)
-    key = req.text(body, "key", max_chars=limits.key_chars_max) or input_hash
-    args = {
-        "group_id": group_id,
-        "key": key,
-        "input": task_input,
-        "input_hash": input_hash,
-        "attempts": req.integer(body, "attempts", minimum=1, maximum=limits.attempts_max,
-                                default=limits.attempts_default),
-    }
+    args = {"group_id": group_id, **req.task_fields(body)}
     result = await node.propose(space, "group.submit", args)
     with node.read() as state:
         task = state.tasks[result["task_id"]]

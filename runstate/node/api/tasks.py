@@ -22,19 +22,7 @@ _SUBMIT_ERRORS = ("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "
 
 
 def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    task_input, encoded = req.payload(body, "input", code="VALIDATION")
-    input_hash = req.sha256_hex(encoded)
-    return {
-        "run_id": request.match_info["id"],
-        "mailbox": request.match_info["name"],
-        "key": req.text(body, "key", max_chars=limits.key_chars_max) or input_hash,
-        "input": task_input,
-        "input_hash": input_hash,
-        "attempts": req.integer(
-            body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default
-        ),
-        "key_only": req.flag(body, "keyOnly"),
-    }
+    return {"run_id": request.match_info["id"], "mailbox": request.match_info["name"], **req.task_fields(body)}
 
 
 def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
