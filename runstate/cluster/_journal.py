@@ -79,26 +79,45 @@ class DurableJournal(Journal):  # type: ignore[misc]
             inner.flush()  # the no-op entry SyncObj may have just added
         self._inner = inner
         self.compactions = 0
+        # Positions at and after this one are deleted for pysyncobj but still on disk (None: none
+        # are). pysyncobj deletes a follower's whole suffix on every append that overlaps it and
+        # re-appends what the leader resends, even when the entries match; Raft truncates only on
+        # a conflict. Dropping acknowledged, maybe committed entries that way would lose them if
+        # this follower and the leader then failed. So a delete only hides the suffix; an add at
+        # a hidden position that equals what is there re-shows it without a write, and the first
+        # add that differs (a real conflict) truncates the disk there.
+        self._visible: int | None = None
+        self.skipped_rewrites = 0
 
     # Writes.
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._visible is not None:
+            position = self._visible
+            if tuple(self._inner[position]) == (command, idx, term):
+                self._visible = position + 1 if position + 1 < len(self._inner) else None
+                self.skipped_rewrites += 1
+                return
+            self._inner.deleteEntriesFrom(position)  # a conflict: the disk is truncated here
+            self._visible = None
         self._inner.add(command, idx, term)
         if self._fsync:
             self._inner.flush()
 
     def clear(self) -> None:
+        self._visible = None
         self._inner.clear()
         if self._fsync:
             self._inner.flush()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
-        self._inner.deleteEntriesFrom(entryFrom)
-        if self._fsync:
-            self._inner.flush()
+        if 0 <= entryFrom < len(self):
+            self._visible = entryFrom
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        """Keep the entries from position `entryTo` on, through a new file and a rename."""
+        """Keep the entries from position `entryTo` on, through a new file and a rename (hidden
+        ones included: they stay hidden at their shifted position)."""
+        assert self._visible is None or entryTo <= self._visible
         kept = [self._inner[position] for position in range(entryTo, len(self._inner))]
         if self._fsync:
             # pysyncobj renamed the new dump over the old one in the previous tick: make that
@@ -117,6 +136,8 @@ class DurableJournal(Journal):  # type: ignore[misc]
             fsync_directory(self._directory)
         self._inner = _open(self._path, fsync=self._fsync)
         assert len(self._inner) == len(kept)
+        if self._visible is not None:
+            self._visible -= entryTo
         self.compactions += 1
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
@@ -138,10 +159,19 @@ class DurableJournal(Journal):  # type: ignore[misc]
     # Reads.
 
     def __getitem__(self, item: Any) -> Any:
-        return self._inner[item]
+        visible = self._visible
+        if visible is None:
+            return self._inner[item]
+        if isinstance(item, slice):
+            start, stop, step = item.indices(visible)
+            return [self._inner[position] for position in range(start, stop, step)]
+        position = item + visible if item < 0 else item
+        if not 0 <= position < visible:
+            raise IndexError("journal index out of range")
+        return self._inner[position]
 
     def __len__(self) -> int:
-        return len(self._inner)
+        return len(self._inner) if self._visible is None else self._visible
 
     def getRaftCommitIndex(self) -> int:
         return int(self._inner.getRaftCommitIndex())
@@ -154,9 +184,9 @@ class DurableJournal(Journal):  # type: ignore[misc]
 
     def position_of(self, entry: tuple[bytes, int, int]) -> int | None:
         """Where `entry` sits in the journal, by its index; None if absent or different."""
-        if len(self._inner) == 0:
+        if len(self) == 0:
             return None
-        position = entry[1] - self._inner[0][1]
-        if 0 <= position < len(self._inner) and tuple(self._inner[position]) == tuple(entry):
+        position = entry[1] - self[0][1]
+        if 0 <= position < len(self) and tuple(self[position]) == tuple(entry):
             return position
         return None

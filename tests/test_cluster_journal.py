@@ -1,0 +1,73 @@
+"""The durable journal keeps what a follower acknowledged: pysyncobj's delete-and-re-append of
+matching entries only hides the suffix; a real conflict truncates it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pysyncobj.journal import FileJournal
+
+from runstate.cluster._journal import DurableJournal
+
+
+def entries(count: int, term: int = 1) -> list[tuple[bytes, int, int]]:
+    return [(f"cmd-{index}".encode(), index, term) for index in range(1, count + 1)]
+
+
+def open_journal(path: Path) -> DurableJournal:
+    return DurableJournal(FileJournal(str(path)), str(path), fsync=True)
+
+
+def on_disk(path: Path) -> list[tuple[bytes, int, int]]:
+    journal = FileJournal(str(path))
+    try:
+        return [tuple(journal[position]) for position in range(len(journal))]  # type: ignore[misc]
+    finally:
+        journal._destroy()
+
+
+def test_re_appending_matching_entries_writes_nothing_and_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "raft.journal"
+    journal = open_journal(path)
+    for entry in entries(5):
+        journal.add(*entry)
+    journal.deleteEntriesFrom(2)  # what pysyncobj does on an overlapping append
+    assert (len(journal), journal[-1][1]) == (2, 2)
+    assert on_disk(path) == entries(5)  # a crash now loses nothing that was acknowledged
+    journal.add(*entries(5)[2])  # the leader resends the same entry
+    assert (len(journal), journal.skipped_rewrites) == (3, 1)
+    assert journal[1:3] == entries(5)[1:3]
+    for entry in entries(5)[3:]:
+        journal.add(*entry)
+    assert len(journal) == 5 and journal[-1] == entries(5)[-1]
+    journal.add(b"cmd-6", 6, 1)  # past the end: an ordinary append
+    assert on_disk(path)[-1] == (b"cmd-6", 6, 1)
+    journal._destroy()
+
+
+def test_a_conflicting_entry_truncates_the_disk_there(tmp_path: Path) -> None:
+    path = tmp_path / "raft.journal"
+    journal = open_journal(path)
+    for entry in entries(5):
+        journal.add(*entry)
+    journal.deleteEntriesFrom(3)
+    journal.add(b"other", 4, 2)  # a new leader's entry at index 4: a conflict
+    assert len(journal) == 4
+    assert on_disk(path) == [*entries(5)[:3], (b"other", 4, 2)]
+    journal._destroy()
+
+
+def test_compaction_keeps_hidden_entries_hidden(tmp_path: Path) -> None:
+    path = tmp_path / "raft.journal"
+    journal = open_journal(path)
+    for entry in entries(6):
+        journal.add(*entry)
+    journal.deleteEntriesFrom(4)
+    journal.deleteEntriesTo(2)  # compaction drops the first two
+    assert [entry[1] for entry in journal[0:len(journal)]] == [3, 4]
+    journal.add(*entries(6)[4])  # resent: shown again without a write
+    assert [entry[1] for entry in journal[0:len(journal)]] == [3, 4, 5]
+    assert [entry[1] for entry in on_disk(path)] == [3, 4, 5, 6]
+    journal.clear()
+    assert len(journal) == 0
+    journal._destroy()
