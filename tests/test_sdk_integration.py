@@ -21,6 +21,7 @@ import pytest
 
 import runstate
 from runstate import AsyncRunstate, Runstate
+from tests._nodes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -467,5 +468,16 @@ def test_abandoned_receive_does_not_take_the_next_task(dev_node: Any) -> None:
             ticket = await mailbox.submit({"n": 1})
             deliveries = await mailbox.receive(lease_ms=30_000, wait_ms=3_000)
             assert [delivery.task_id for delivery in deliveries] == [ticket.id]
+
+    run(main)
+
+
+def test_calls_failing_together_do_not_keep_landing_on_a_dead_node(dev_node: Any) -> None:
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=[*dead, dev_node.url]) as rs:
+            answers = await asyncio.gather(*(rs.mailboxes.ensure("work") for _ in range(3)))
+            assert all(answer["name"] == "work" for answer in answers)
 
     run(main)

@@ -240,7 +240,11 @@ class Transport:
                     status=last_status,
                 )
             logger.debug("retrying %s %s on the next server: %s", method, path, failure)
-            self._url_index = (self._url_index + 1) % len(self.base_urls)
+            # Move on from the node that failed, unless a concurrent call already did: calls that
+            # fail together must not each advance the shared index (by len(urls) they would all
+            # land on the dead node again).
+            if self.base_urls[self._url_index] == base:
+                self._url_index = (self._url_index + 1) % len(self.base_urls)
             await asyncio.sleep(min(backoff_s, give_up_at - now))
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
 
