@@ -95,8 +95,10 @@ def test_a_cancelled_run_refuses_claims_and_keeps_results(api: Api) -> None:
     lease = api.ok("POST", claims_path(run_id), {"key": "done"})["leaseId"]
     api.ok("POST", f"/v1/claims/{lease}/complete", {"result": 42})
     held = api.ok("POST", claims_path(run_id), {"key": "held"})["leaseId"]
+    assert api.ok("POST", claims_path(run_id), {"key": "done"})["scopeEffective"] == "ACTIVE"
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
-    assert api.ok("POST", claims_path(run_id), {"key": "done"})["claim"]["result"] == 42
+    after = api.ok("POST", claims_path(run_id), {"key": "done"})
+    assert (after["claim"]["result"], after["scopeEffective"]) == (42, "INACTIVE")
     assert api.error("POST", claims_path(run_id), {"key": "new"}) == (409, "SCOPE_CANCELLED")
     assert api.error("POST", f"/v1/claims/{held}/renew", {}) == (409, "SCOPE_CANCELLED")
     assert api.ok("POST", f"/v1/claims/{held}/release")["state"] == "FREE"

@@ -142,14 +142,16 @@ class Runtime:
             fresh_id, _ = await self.scope_id()
             return await operation(fresh_id)
 
-    async def check_default_active(self, scope_id: str) -> None:
+    async def check_default_active(self, scope_id: str, effective: str | None = None) -> None:
         """If `scope_id` is the cached default run and it is no longer active, raise
-        ScopeCancelledError (so `in_run` moves to the fresh default run). For answers that do not
-        say whether the run is active: an acquire of a claim already DONE or FAILED. On the loop."""
+        ScopeCancelledError (so `in_run` moves to the fresh default run). For answers that are
+        given whether or not the run is active: an acquire of a claim already DONE or FAILED, which
+        says `effective` (asked with a read when it is not given). On the loop."""
         if self.explicit_scope_id is not None or self._default_scope_id != scope_id:
             return
-        view = await self.client.scopes.status(scope_id)
-        if view.get("effective", "ACTIVE") != "ACTIVE":
+        if effective is None:
+            effective = (await self.client.scopes.status(scope_id)).get("effective", "ACTIVE")
+        if effective != "ACTIVE":
             raise ScopeCancelledError(f"the default run {scope_id} is no longer active", status=None)
 
     def forget_default(self, scope_id: str) -> None:

@@ -139,7 +139,7 @@ class _OnceSpec:
                 if outcome in ("DONE", "FAILED"):
                     # A stopped run still answers its recorded outcomes; the default run's are
                     # not this call's once the run stopped: then it is the fresh run's turn.
-                    await rt.check_default_active(scope_id)
+                    await rt.check_default_active(scope_id, answer.get("scopeEffective"))
                 while True:
                     state = claim.get("state", outcome)
                     if state == "DONE":

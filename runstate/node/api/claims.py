@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate.actors import limits
+from runstate.actors import limits, runs
 from runstate.actors.context import claim_key
 from runstate.actors.state import Claim, ClaimState, State
 from runstate.node.api import _request as req
@@ -76,7 +76,13 @@ async def acquire(request: web.Request) -> web.Response:
     }
     result = await node.propose(space, "claim.acquire", args)
     with node.read() as state:
-        answer: dict[str, Any] = {"outcome": result["outcome"], "claim": claim_view(state.claims[result["claim_id"]], key)}
+        claim = state.claims[result["claim_id"]]
+        answer: dict[str, Any] = {
+            "outcome": result["outcome"],
+            "claim": claim_view(claim, key),
+            # A stopped run still answers its recorded outcomes; this says whether it stopped.
+            "scopeEffective": runs.effective(state, state.runs[claim.run_id], int(time.time() * 1000)),
+        }
     if "lease_id" in result:
         answer["leaseId"] = result["lease_id"]
     return web.json_response(answer)
