@@ -21,6 +21,7 @@ import pytest
 
 import runstate
 from runstate import AsyncRunstate, Runstate
+from runstate.sdk import _consume
 from tests._nodes import free_port
 
 pytestmark = pytest.mark.slow
@@ -479,5 +480,31 @@ def test_calls_failing_together_do_not_keep_landing_on_a_dead_node(dev_node: Any
         async with AsyncRunstate(base_url=[*dead, dev_node.url]) as rs:
             answers = await asyncio.gather(*(rs.mailboxes.ensure("work") for _ in range(3)))
             assert all(answer["name"] == "work" for answer in answers)
+
+    run(main)
+
+
+def test_an_idle_consume_stops_without_waiting_out_its_long_poll(
+    dev_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_consume, "CONSUME_RECEIVE_WAIT_MS", 30_000)  # the server's longest poll
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url) as rs:
+            await rs.mailboxes.ensure("work")
+            scope = await rs.scopes.create()
+            stop = asyncio.Event()
+
+            async def handler(data: Any, delivery: Any) -> None:
+                raise AssertionError("no task was submitted")
+
+            consuming = asyncio.create_task(scope.mailbox("work").consume(handler, stop=stop))
+            await asyncio.sleep(0.5)  # the receive is parked on the node by now (or soon)
+            stop.set()
+            # Well inside the 30 s the long poll would otherwise hold it.
+            await asyncio.wait_for(consuming, 20)
+            ticket = await scope.mailbox("work").submit({"n": 1})
+            (delivery,) = await scope.mailbox("work").receive(wait_ms=5_000)
+            assert delivery.task_id == ticket.id  # the abandoned receive took nothing
 
     run(main)

@@ -134,11 +134,9 @@ class Consumer:
                 await asyncio.wait({*self._running, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                # Not raced against `stop`: an abandoned receive could strand a delivery until its
-                # lease lapses. It returns within its wait; what it brings after a stop goes back.
-                deliveries = await self._mailbox._receive(
-                    max=min(free, RECEIVE_BATCH_MAX), lease_ms=self._lease_ms, wait_ms=CONSUME_RECEIVE_WAIT_MS
-                )
+                deliveries = await self._receive_unless_stopped(free, stop_waiter)
+                if deliveries is None:
+                    return  # stopped while the receive waited
             except (ScopeCancelledError, DeadlineExceededError) as exc:
                 logger.info("consume %s: the run stopped (%s)", self._mailbox, exc.code)
                 return
@@ -163,6 +161,28 @@ class Consumer:
                 task = asyncio.create_task(self._handle(delivery), name=f"runstate-handler-{delivery.id}")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
+
+    async def _receive_unless_stopped(self, free: int, stop_waiter: asyncio.Task[Any]) -> list[Delivery] | None:
+        """One long-poll receive, given up when consume() is stopped meanwhile (None). The node
+        gives back what a receive whose client left had committed; what arrives here anyway in
+        that race is released."""
+        receiving = asyncio.ensure_future(
+            self._mailbox._receive(
+                max=min(free, RECEIVE_BATCH_MAX), lease_ms=self._lease_ms, wait_ms=CONSUME_RECEIVE_WAIT_MS
+            )
+        )
+        try:
+            await asyncio.wait({receiving, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if receiving.done():
+                return receiving.result()
+            receiving.cancel()
+            await asyncio.wait({receiving})
+            if not receiving.cancelled() and receiving.exception() is None:
+                await asyncio.gather(*(self._release_quietly(delivery) for delivery in receiving.result()))
+            return None
+        finally:
+            if not receiving.done():
+                receiving.cancel()
 
     async def _drain(self, grace_s: float) -> None:
         try:

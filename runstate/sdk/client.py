@@ -359,7 +359,7 @@ class Mailbox:
         is cancelled.
 
         Returns when the run is cancelled, completed or past its deadline, or when `stop` is set
-        (after the receive in flight returns, within about 10 s; what it brought is released;
+        (the receive in flight is given up at once; what it brought is released;
         running handlers get a grace period of 30 s, then are cancelled). If cancelled itself, it cancels
         the running handlers at once and hands their deliveries back. Rides out short outages;
         raises UnavailableError if no server answers at the start or for a long time, and any
