@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -10,10 +9,10 @@ from aiohttp import web
 from runstate.actors import barriers, limits
 from runstate.actors.barriers import Barrier
 from runstate.node.api import _request as req
+from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import STRING, node_of, route, space_of
 from runstate.node.api.views import in_space, iso
-from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
     from runstate.node.server import Node
@@ -77,23 +76,22 @@ async def arrive(request: web.Request) -> web.Response:
 @route(
     "GET", "/v1/barriers/{id}/wait",
     "Long poll: answers when the barrier is RELEASED (or BARRIER_CANCELLED), or after waitMs",
-    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"),
 )
 async def wait(request: web.Request) -> web.Response:
     node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
-    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
-    while True:
-        with node.waiters.register(barriers.barrier_key(barrier_id)) as waiter:
-            view = _render(node, space, barrier_id)
-            if view["state"] == barriers.CANCELLED:
-                raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
-            remaining_s = deadline - time.monotonic()
-            if view["state"] == barriers.RELEASED or remaining_s <= 0:
-                return web.json_response(view)
-            await waiter.wait(remaining_s)
+
+    def look() -> dict[str, Any]:
+        view = _render(node, space, barrier_id)
+        if view["state"] == barriers.CANCELLED:
+            raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
+        return view
+
+    view = await long_poll(
+        request, node, barriers.barrier_key(barrier_id), look, lambda view: view["state"] == barriers.RELEASED
+    )
+    return web.json_response(view)
 
 
 @route(

@@ -11,11 +11,11 @@ from runstate.actors import limits, runs
 from runstate.actors.context import claim_key
 from runstate.actors.state import Claim, ClaimState, State
 from runstate.node.api import _request as req
+from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ANY_JSON, STRING, holder_of, node_of, route, space_of
 from runstate.node.api.runs import render_run
 from runstate.node.api.views import iso
-from runstate.node.config import LONG_POLL_MS_MAX
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
@@ -91,24 +91,19 @@ async def acquire(request: web.Request) -> web.Response:
 @route(
     "GET", "/v1/scopes/{id}/claims/{key:.+}",
     "A claim; long poll: answers once it is not HELD (FREE, DONE or FAILED), or after waitMs",
-    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION"),
 )
 async def claim_status(request: web.Request) -> web.Response:
     node, space = node_of(request), space_of(request)
     run_id, key = request.match_info["id"], request.match_info["key"]
-    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
-    while True:
-        with node.waiters.register(claim_key(run_id, key)) as waiter:
-            with node.read() as state:
-                claim = _find(state, space, run_id, key)
-                view = claim_view(claim, key)
-            remaining_s = deadline - time.monotonic()
-            if view["state"] != ClaimState.HELD or remaining_s <= 0:
-                return web.json_response(view)
-            await waiter.wait(remaining_s)
+
+    def look() -> dict[str, Any]:
+        with node.read() as state:
+            return claim_view(_find(state, space, run_id, key), key)
+
+    view = await long_poll(request, node, claim_key(run_id, key), look, lambda view: view["state"] != ClaimState.HELD)
+    return web.json_response(view)
 
 
 async def _lease_command(request: web.Request, kind: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -11,10 +10,10 @@ from runstate.actors import groups, limits
 from runstate.actors.groups import Group, GroupState
 from runstate.actors.state import State
 from runstate.node.api import _request as req
+from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ANY_JSON, INTEGER, ISO_TIME, STRING, node_of, route, space_of
 from runstate.node.api.views import iso
-from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
     from runstate.node.server import Node
@@ -105,21 +104,16 @@ async def group_status(request: web.Request) -> web.Response:
 @route(
     "GET", "/v1/groups/{id}/wait",
     "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
-    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION"),
 )
 async def wait(request: web.Request) -> web.Response:
     node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
-    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
-    while True:
-        with node.waiters.register(groups.group_key(group_id)) as waiter:
-            view = _render(node, space, group_id)
-            remaining_s = deadline - time.monotonic()
-            if view["state"] == GroupState.FINALIZED or remaining_s <= 0:
-                return web.json_response(view)
-            await waiter.wait(remaining_s)
+    view = await long_poll(
+        request, node, groups.group_key(group_id), lambda: _render(node, space, group_id),
+        lambda view: view["state"] == GroupState.FINALIZED,
+    )
+    return web.json_response(view)
 
 
 @route(

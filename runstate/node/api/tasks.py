@@ -12,6 +12,7 @@ from runstate.actors import limits
 from runstate.actors.context import task_key
 from runstate.actors.state import TaskState
 from runstate.node.api import _request as req
+from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, node_of, route, space_of
 from runstate.node.api.views import result_view, task_view
@@ -90,25 +91,21 @@ async def task_status(request: web.Request) -> web.Response:
 @route(
     "GET", "/v1/tasks/{id}/result",
     "A task's result: answers when the task is finished, or after waitMs with done=false",
-    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION"),
 )
 async def task_result(request: web.Request) -> web.Response:
     node, space, task_id = node_of(request), space_of(request), request.match_info["id"]
-    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
-    while True:
-        with node.waiters.register(task_key(task_id)) as waiter:
-            with node.read() as state:
-                task = state.tasks.get(task_id)
-                if task is None or task.space != space:
-                    raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
-                view = result_view(task)
-            remaining_s = deadline - time.monotonic()
-            if task.state in TaskState.TERMINAL or remaining_s <= 0:
-                return web.json_response(view)
-            await waiter.wait(remaining_s)
+
+    def look() -> dict[str, Any]:
+        with node.read() as state:
+            task = state.tasks.get(task_id)
+            if task is None or task.space != space:
+                raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
+            return result_view(task)
+
+    view = await long_poll(request, node, task_key(task_id), look, lambda view: bool(view["done"]))
+    return web.json_response(view)
 
 
 @route(

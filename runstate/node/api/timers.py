@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -10,10 +9,10 @@ from aiohttp import web
 from runstate.actors import timers
 from runstate.actors.timers import Timer
 from runstate.node.api import _request as req
+from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ISO_TIME, node_of, route, space_of
 from runstate.node.api.views import in_space, iso
-from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
     from runstate.node.server import Node
@@ -68,27 +67,25 @@ async def timer_status(request: web.Request) -> web.Response:
 @route(
     "POST", "/v1/timers/{id}/wait",
     "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
-    query={"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+    query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION", "CONFLICT"),
 )
 async def wait(request: web.Request) -> web.Response:
     node, space, timer_id = node_of(request), space_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
-    while True:
-        with node.waiters.register(timers.timer_key(timer_id)) as waiter:
-            view = _render(node, space, timer_id)
-            if view["state"] == timers.CANCELLED:
-                raise ApiError("CONFLICT", f"timer {timer_id} was cancelled")
-            if view["state"] in (timers.FIRED, timers.ACKNOWLEDGED):
-                await node.propose(space, "timer.acknowledge", {"timer_id": timer_id})
-                return web.json_response({**_render(node, space, timer_id), "done": True})
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return web.json_response({**view, "done": False})
-            await waiter.wait(remaining_s)
+
+    def look() -> dict[str, Any]:
+        view = _render(node, space, timer_id)
+        if view["state"] == timers.CANCELLED:
+            raise ApiError("CONFLICT", f"timer {timer_id} was cancelled")
+        return view
+
+    fired = (timers.FIRED, timers.ACKNOWLEDGED)
+    view = await long_poll(request, node, timers.timer_key(timer_id), look, lambda view: view["state"] in fired)
+    if view["state"] not in fired:
+        return web.json_response({**view, "done": False})
+    await node.propose(space, "timer.acknowledge", {"timer_id": timer_id})
+    return web.json_response({**_render(node, space, timer_id), "done": True})
 
 
 @route(
