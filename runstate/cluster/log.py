@@ -55,6 +55,8 @@ DUMP_FILE_NAME = "raft.dump"
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADER = 2
 
+# stop(): the longest to wait for the tick thread to close the port and the files.
+STOP_TIMEOUT_S = 10.0
 # How often wait_ready looks at the Raft state (startup only).
 _READY_POLL_S = 0.01
 
@@ -199,7 +201,9 @@ class ReplicatedLog:
         self._stopping.set()
         self._raft.wake()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+            await asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S)
+            if self._thread.is_alive():
+                logger.error("the Raft thread of %s did not stop within %s s", self.self_address, STOP_TIMEOUT_S)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Return once a leader is known and this node has applied the log up to the leader's commit
