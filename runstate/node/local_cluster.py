@@ -24,6 +24,7 @@ RAFT_PORT_OFFSET = 100  # node i: API on base_port + i, Raft on base_port + 100 
 HEALTHY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 WATCH_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 1.0  # one health probe while the nodes start
 SECRET_FILE_NAME = "cluster.secret"
 
 
@@ -106,7 +107,7 @@ def _wait_healthy(urls: list[str], processes: dict[str, subprocess.Popen[bytes]]
             return False
         for url in list(pending):
             try:
-                with urllib.request.urlopen(f"{url}/v1/health", timeout=1) as response:
+                with urllib.request.urlopen(f"{url}/v1/health", timeout=PROBE_TIMEOUT_S) as response:
                     if json.load(response).get("status") == "ok":
                         pending.discard(url)
             except (OSError, urllib.error.URLError, ValueError):
