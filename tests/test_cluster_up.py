@@ -1,0 +1,47 @@
+"""`runstate cluster up`: three nodes in the foreground, one URL list, Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests._cluster import free_ports
+
+UP_TIMEOUT_S = 60.0
+
+
+def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> None:
+    base_port = free_ports(1)[0]
+    # The command takes base_port .. base_port+2 for the APIs and base_port+100 .. for Raft.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runstate.node.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
+         "--data-dir", str(tmp_path / "cluster"), "--fsync", "never"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        urls: list[str] = []
+        for line in process.stdout:
+            if "RUNSTATE_BASE_URL=" in line:
+                urls = line.strip().split("=", 1)[1].split(",")
+                break
+        assert urls == [f"http://127.0.0.1:{base_port + index}" for index in range(3)]
+        with urllib.request.urlopen(f"{urls[1]}/v1/cluster", timeout=UP_TIMEOUT_S) as answer:
+            view = json.load(answer)
+        assert sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"]
+        assert view["leader"] in ("n1", "n2", "n3")
+        assert (tmp_path / "cluster" / "cluster.secret").stat().st_mode & 0o777 == 0o600
+        process.send_signal(signal.SIGINT)
+        assert process.wait(UP_TIMEOUT_S) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(UP_TIMEOUT_S)
+        if process.stdout is not None:
+            process.stdout.close()
+    pids = subprocess.run(["pgrep", "-f", f"--api 127.0.0.1:{base_port}"], capture_output=True, text=True).stdout
+    assert pids.strip() == ""  # no node left behind
