@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,12 +19,7 @@ from runstate import AsyncRunstate
 from runstate.sdk import _http
 from runstate.sdk._http import BASE_URL_DEFAULT, default_holder, parse_base_urls
 from runstate.sdk._time import format_deadline, parse_time
-
-
-def unused_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests._nodes import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +120,7 @@ def test_sdk_imports_no_server_package() -> None:
 def test_unavailable_when_nothing_listens() -> None:
     async def main() -> None:
         async with AsyncRunstate(
-            base_url=f"http://127.0.0.1:{unused_port()},http://127.0.0.1:{unused_port()}"
+            base_url=f"http://127.0.0.1:{free_port()},http://127.0.0.1:{free_port()}"
         ) as rs:
             with pytest.raises(runstate.UnavailableError) as caught:
                 await rs.mailboxes.ensure("work")
@@ -137,7 +131,7 @@ def test_unavailable_when_nothing_listens() -> None:
 
 
 def test_unavailable_blocking_client() -> None:
-    with runstate.Runstate(base_url=f"http://127.0.0.1:{unused_port()}") as rs:
+    with runstate.Runstate(base_url=f"http://127.0.0.1:{free_port()}") as rs:
         with pytest.raises(runstate.UnavailableError):
             rs.mailboxes.get("work")
 
@@ -219,7 +213,7 @@ def test_failover_on_503_and_dead_node_for_safe_calls() -> None:
     async def main() -> None:
         async with fake_server({("GET", "/v1/mailboxes/{name}"): unavailable}) as down:
             async with fake_server({("GET", "/v1/mailboxes/{name}"): ok}) as up:
-                dead = f"http://127.0.0.1:{unused_port()}"
+                dead = f"http://127.0.0.1:{free_port()}"
                 async with AsyncRunstate(base_url=[dead, down, up]) as rs:
                     assert (await rs.mailboxes.get("work"))["mode"] == "WORK"
                     # The client stays on the server that answered.
@@ -309,7 +303,7 @@ def test_result_timeout() -> None:
 
 def test_local_misuse_raises_config_error_before_any_request() -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=f"http://127.0.0.1:{unused_port()}") as rs:
+        async with AsyncRunstate(base_url=f"http://127.0.0.1:{free_port()}") as rs:
             mailbox = rs.scope("run_1").mailbox("work")
             with pytest.raises(runstate.ConfigError):
                 await mailbox.submit({"x": float("nan")})

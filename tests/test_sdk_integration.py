@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -40,75 +38,14 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def unused_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+# --- the quickstart, verbatim (the same files the docs show: tests/quickstart/) ---------------
 
-
-# --- the quickstart, verbatim -----------------------------------------------------------------
-
-PRODUCER = """
-import asyncio
-import time
-
-from runstate import AsyncRunstate
-
-
-async def main() -> None:
-    async with AsyncRunstate(holder="quickstart-producer") as rs:
-        # Create the work queue if it doesn't exist yet (safe to call every time).
-        await rs.mailboxes.ensure("work", mode="WORK")
-
-        # A run groups everything this swarm does, so you can cancel it as one unit.
-        run = await rs.scopes.create()
-        print(f"RUNSTATE_SCOPE_ID={run.id}", flush=True)
-
-        # Submit a task. The key identifies the logical task: submitting the same
-        # key with the same input again returns this task instead of a new one.
-        ticket = await run.mailbox("work").submit(
-            {"greeting": "runstate", "n": 21},
-            key=f"quickstart-task-{int(time.time())}",
-        )
-        print(f"task {ticket.id} submitted, waiting for a worker...", flush=True)
-
-        # Poll until the task has a recorded result.
-        outcome = await ticket.result(timeout_ms=60_000)
-        print(outcome["state"], outcome["outcome"])
-
-
-asyncio.run(main())
-"""
-
-WORKER = """
-import asyncio
-import os
-
-from runstate import AsyncRunstate
-
-
-async def main() -> None:
-    run_id = os.environ["RUNSTATE_SCOPE_ID"]  # the id the producer printed
-    async with AsyncRunstate(holder="quickstart-worker") as rs:
-        queue = rs.scope(run_id).mailbox("work")
-        print(f"worker listening on run {run_id}", flush=True)
-
-        async def handle(data, delivery):
-            # Completing with a payload records it as the task's result.
-            await delivery.complete(result={"payload": {"doubled": data["n"] * 2}})
-            print(f"completed {delivery.id} (attempt {delivery.attempt})", flush=True)
-
-        # Runs until the process is stopped.
-        await queue.consume(handle)
-
-
-asyncio.run(main())
-"""
+QUICKSTART = Path(__file__).parent / "quickstart"
 
 
 def test_quickstart_scripts_run_unchanged(dev_node: Any, tmp_path: Path) -> None:
-    (tmp_path / "producer.py").write_text(textwrap.dedent(PRODUCER))
-    (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
+    for name in ("producer.py", "worker.py"):
+        (tmp_path / name).write_text((QUICKSTART / name).read_text())
     env = {**os.environ, "RUNSTATE_BASE_URL": dev_node.url}
     env.pop("RUNSTATE_SPACE_ID", None)
     env.pop("RUNSTATE_API_KEY", None)
@@ -404,7 +341,7 @@ def test_result_timeout(dev_node: Any) -> None:
 
 def test_failover_past_a_dead_url(dev_node: Any) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=f"http://127.0.0.1:{unused_port()},{dev_node.url}") as rs:
+        async with AsyncRunstate(base_url=f"http://127.0.0.1:{free_port()},{dev_node.url}") as rs:
             assert (await rs.mailboxes.ensure("work"))["mode"] == "WORK"
 
     run(main)
