@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -50,6 +51,23 @@ def free_ports(count: int) -> list[int]:
     finally:
         for probe in probes:
             probe.close()
+
+
+PORT_BLOCK_BASES = range(20000, 30000)  # below Linux's ephemeral range, so clients rarely take them
+PORT_BLOCK_TRIES = 200
+
+
+def free_port_block(offsets: Sequence[int]) -> int:
+    """A base port such that base + offset is free for every offset (for `cluster up`)."""
+    for base in random.sample(PORT_BLOCK_BASES, PORT_BLOCK_TRIES):
+        try:
+            for offset in offsets:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                    probe.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no free port block for offsets {list(offsets)} in {PORT_BLOCK_TRIES} tries")
 
 
 def get_json(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, Any] | None:

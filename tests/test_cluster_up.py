@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
-from tests._cluster import free_ports
+from runstate.node.local_cluster import RAFT_PORT_OFFSET
+from tests._cluster import free_port_block
 
 UP_TIMEOUT_S = 60.0
 
 
 def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> None:
-    base_port = free_ports(1)[0]
     # The command takes base_port .. base_port+2 for the APIs and base_port+100 .. for Raft.
+    base_port = free_port_block([*range(3), *(RAFT_PORT_OFFSET + index for index in range(3))])
     process = subprocess.Popen(
         [sys.executable, "-m", "runstate.node.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
          "--data-dir", str(tmp_path / "cluster"), "--fsync", "never"],
@@ -25,11 +27,13 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
     try:
         assert process.stdout is not None
         urls: list[str] = []
+        printed: list[str] = []
         for line in process.stdout:
+            printed.append(line)
             if "RUNSTATE_BASE_URL=" in line:
                 urls = line.strip().split("=", 1)[1].split(",")
                 break
-        assert urls == [f"http://127.0.0.1:{base_port + index}" for index in range(3)]
+        assert urls == [f"http://127.0.0.1:{base_port + index}" for index in range(3)], "".join(printed)
         with urllib.request.urlopen(f"{urls[1]}/v1/cluster", timeout=UP_TIMEOUT_S) as answer:
             view = json.load(answer)
         assert sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"]
@@ -45,3 +49,19 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
             process.stdout.close()
     pids = subprocess.run(["pgrep", "-f", f"--api 127.0.0.1:{base_port}"], capture_output=True, text=True).stdout
     assert pids.strip() == ""  # no node left behind
+
+
+def test_cluster_up_refuses_a_taken_port_before_starting_anything(tmp_path: Path) -> None:
+    base_port = free_port_block([*range(3), *(RAFT_PORT_OFFSET + index for index in range(3))])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", base_port + RAFT_PORT_OFFSET + 1))
+        taken.listen()
+        finished = subprocess.run(
+            [sys.executable, "-m", "runstate.node.cli", "cluster", "up", "--base-port", str(base_port),
+             "--data-dir", str(tmp_path / "cluster")],
+            capture_output=True, text=True, timeout=UP_TIMEOUT_S,
+        )
+    assert finished.returncode == 2, finished.stderr
+    assert f"127.0.0.1:{base_port + RAFT_PORT_OFFSET + 1}" in finished.stderr
+    assert "--base-port" in finished.stderr
+    assert not (tmp_path / "cluster" / "n1.log").exists()  # no node was started

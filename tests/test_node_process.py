@@ -87,7 +87,8 @@ def test_kill_9_loses_no_acknowledged_write(node_factory: Any, flags: tuple[str,
     node: DevNode = node_factory(*flags).start()
     api = Api(node.url)
     run_id = run_with_work_queue(api)
-    acknowledged: list[tuple[str, int]] = []  # (task id, n) whose result was acknowledged
+    submitted: list[tuple[str, int]] = []  # (task id, input) of every acknowledged submit
+    completed: list[tuple[str, int]] = []  # (task id, result) of every acknowledged complete
     stop = threading.Event()
 
     def writer(offset: int) -> None:
@@ -95,27 +96,31 @@ def test_kill_9_loses_no_acknowledged_write(node_factory: Any, flags: tuple[str,
         while not stop.is_set():
             try:
                 task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": n, "key": f"k{n}"})["id"]
+                submitted.append((task_id, n))
+                # Four writers share the queue: the delivery may be another writer's task.
                 (delivery,) = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {})["deliveries"]
                 api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": delivery["input"]}})
             except (OSError, AssertionError, ValueError):
                 return  # the node died under us: whatever was not acknowledged may be lost
-            acknowledged.append((task_id, n))
+            completed.append((delivery["taskId"], delivery["input"]))
             n += 4
 
     writers = [threading.Thread(target=writer, args=(offset,)) for offset in range(4)]
     for thread in writers:
         thread.start()
     deadline = time.monotonic() + PROCESS_TIMEOUT_S
-    while len(acknowledged) < 200 and time.monotonic() < deadline:
+    while len(completed) < 200 and time.monotonic() < deadline:
         time.sleep(0.01)
     node.kill()
     stop.set()
     for thread in writers:
         thread.join(PROCESS_TIMEOUT_S)
-    assert len(acknowledged) >= 200
+    assert len(completed) >= 200
 
     node.start()
-    for task_id, n in acknowledged:
+    for task_id, n in submitted:
+        assert api.ok("GET", f"/v1/tasks/{task_id}")["input"] == n
+    for task_id, n in completed:
         view = api.ok("GET", f"/v1/tasks/{task_id}")
         assert (view["state"], view["outcome"]) == ("SUCCEEDED", n)
     # The restarted node goes on working in the same run.

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from runstate.node.config import CLUSTER_NODES_MAX, DEFAULT_HOST, DEFAULT_SPACE, ConfigError
+from runstate.node.server import NodeStartError, check_port_free
 
 RAFT_PORT_OFFSET = 100  # node i: API on base_port + i, Raft on base_port + 100 + i
 HEALTHY_TIMEOUT_S = 30.0
@@ -33,6 +34,12 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
         raise ConfigError(f"--nodes must be from 1 to {CLUSTER_NODES_MAX}")
     if not 1024 <= base_port <= 65535 - RAFT_PORT_OFFSET - nodes:
         raise ConfigError(f"--base-port must leave room for {nodes} API and Raft ports below 65536")
+    for port in [base_port + index for index in range(nodes)] + [base_port + RAFT_PORT_OFFSET + index for index in range(nodes)]:
+        try:
+            check_port_free(DEFAULT_HOST, port)
+        except NodeStartError as error:
+            raise ConfigError(f"{error}; choose another --base-port (it takes {nodes} API ports from it "
+                              f"and {nodes} Raft ports from it + {RAFT_PORT_OFFSET})") from None
     data_dir.mkdir(parents=True, exist_ok=True)
     secret_file = _secret_file(data_dir)
     ids = [f"n{index + 1}" for index in range(nodes)]

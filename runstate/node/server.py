@@ -51,8 +51,8 @@ class NodeStartError(Exception):
     """The node cannot start as configured (port taken, data dir in use, ...); the message says why."""
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail before replaying the log if the API port is taken."""
+def check_port_free(host: str, port: int) -> None:
+    """Fail before replaying the log (or starting nodes) if a port is taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -97,7 +97,7 @@ class Node:
         from runstate.node.api.app import build_app  # the API imports Node for typing only
 
         self._lock_data_dir()
-        _check_port_free(self.config.host, self.config.port)
+        check_port_free(self.config.host, self.config.port)
         try:
             await self.log.start()
             if not self.config.peers:
