@@ -44,7 +44,7 @@ async def write(rs: AsyncRunstate, kind: str, run_id: str, n: int) -> None:
 
 async def one_run(cluster: Cluster, kind: str, run_id: str, n: int) -> dict[str, Any]:
     leader = cluster.leader_index()
-    async with AsyncRunstate(base_url=cluster.base_url, holder="bench-failover") as rs:
+    async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.base_url, holder="bench-failover") as rs:
         await write(rs, kind, run_id, -n - 1)  # connected, and the cluster is writable
         attempts = 0
         killed_at = time.perf_counter()
@@ -70,7 +70,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         runs: list[dict[str, Any]] = []
         try:
             cluster.start()
-            async with AsyncRunstate(base_url=cluster.base_url) as rs:
+            async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.base_url) as rs:
                 await rs.mailboxes.ensure("failover")
                 run_id = (await rs.scopes.create(name="failover")).id
             for n in range(args.runs):

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests._http import Api
+
 START_TIMEOUT_S = 60.0  # a node replays its log and finds a leader (generous: 2 cores, 3 nodes)
 LEADER_TIMEOUT_S = 30.0  # an election after a kill or pause
 CONVERGE_TIMEOUT_S = 60.0  # replicas reach one digest
@@ -37,6 +39,7 @@ POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 LOG_TAIL_CHARS = 3000
 SECRET = "cluster-test-secret-0123456789"
+ADMIN_KEY = "rsk_cluster-test-admin-key-0123456789abcdef"  # the bootstrap admin key of every test cluster
 
 
 def free_ports(count: int) -> list[int]:
@@ -70,10 +73,11 @@ def free_port_block(offsets: Sequence[int]) -> int:
     raise RuntimeError(f"no free port block for offsets {list(offsets)} in {PORT_BLOCK_TRIES} tries")
 
 
-def get_json(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, Any] | None:
-    """(status, body) of a GET, or None when nothing answered."""
+def get_json(url: str, timeout_s: float = PROBE_TIMEOUT_S, key: str | None = None) -> tuple[int, Any] | None:
+    """(status, body) of a GET (with `key` as the bearer), or None when nothing answered."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         payload = error.read()
@@ -96,6 +100,10 @@ class Cluster:
         self.size = size
         self.secret_file = root / "cluster.secret"
         self.secret_file.write_text(SECRET)
+        # The first admin key: every node is given it, the first leader creates it.
+        self.admin_key = ADMIN_KEY
+        self.admin_key_file = root / "bootstrap.key"
+        self.admin_key_file.write_text(ADMIN_KEY)
         ports = free_ports(2 * size)
         self.api_ports = ports[:size]
         self.raft_ports = ports[size:]
@@ -144,6 +152,7 @@ class Cluster:
             "--raft", self.rafts[index],
             "--data-dir", str(self.data_dir(index)),
             "--secret-file", str(self.secret_file),
+            "--bootstrap-key-file", str(self.admin_key_file),
             *self.extra_args,
         ]
         for other in range(self.size):
@@ -217,13 +226,17 @@ class Cluster:
 
     # -- what the nodes say --------------------------------------------------------------------
 
+    def api(self, index: int) -> Api:
+        """A JSON client of node `index` with the admin key."""
+        return Api(self.urls[index], key=self.admin_key)
+
     def health(self, index: int) -> dict[str, Any] | None:
         """Node `index`'s /v1/health body (200 or 503), or None if it does not answer."""
         answer = get_json(f"{self.urls[index]}/v1/health")
         return answer[1] if answer is not None and isinstance(answer[1], dict) else None
 
     def digest(self, index: int) -> dict[str, Any] | None:
-        answer = get_json(f"{self.urls[index]}/v1/cluster/digest")
+        answer = get_json(f"{self.urls[index]}/v1/cluster/digest", key=self.admin_key)
         return answer[1] if answer is not None and answer[0] == 200 else None
 
     def digests(self, indexes: Sequence[int] | None = None) -> list[dict[str, Any] | None]:

@@ -26,9 +26,11 @@ def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes 
 
 
 class Api:
-    def __init__(self, base_url: str, space: str | None = None) -> None:
+    def __init__(self, base_url: str, space: str | None = None, key: str | None = None) -> None:
         self.base_url = base_url
         self.headers = {"X-Runstate-Space": space} if space else {}
+        if key is not None:
+            self.headers["Authorization"] = f"Bearer {key}"
 
     def __call__(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
         return call(self.base_url, method, path, body, headers=self.headers, **kwargs)

@@ -18,9 +18,10 @@ POLL_S = 0.02
 
 
 def sdk_env(base_url: str, scope_id: str | None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "RUNSTATE_BASE_URL": base_url, "PYTHONUNBUFFERED": "1", **extra}
+    env = {**os.environ, "RUNSTATE_BASE_URL": base_url, "PYTHONUNBUFFERED": "1"}
     for name in ("RUNSTATE_SPACE_ID", "RUNSTATE_API_KEY", "RUNSTATE_SCOPE_ID"):
         env.pop(name, None)
+    env.update(extra)
     if scope_id is not None:
         env["RUNSTATE_SCOPE_ID"] = scope_id
     return env

@@ -18,7 +18,6 @@ import pytest
 from runstate import AsyncRunstate
 from runstate.sdk.errors import LeaseLostError, UnavailableError
 from tests._cluster import Cluster, cluster_factory
-from tests._http import Api
 
 PRODUCERS = 4
 WORKERS = 3
@@ -58,7 +57,7 @@ class Ledger:
 async def producer(cluster: Cluster, index: int, run_id: str, ledger: Ledger, stop: asyncio.Event) -> None:
     """Submits keyed tasks through its own order of the nodes until told to stop; a submit that no
     node answered is repeated with the same key (the server deduplicates)."""
-    async with AsyncRunstate(base_url=cluster.urls_from(index % cluster.size), holder=f"producer-{index}") as rs:
+    async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.urls_from(index % cluster.size), holder=f"producer-{index}") as rs:
         queue = rs.scope(run_id).mailbox("work")
         n = 0
         while not stop.is_set():
@@ -75,7 +74,7 @@ async def producer(cluster: Cluster, index: int, run_id: str, ledger: Ledger, st
 
 async def worker(cluster: Cluster, index: int, run_id: str, ledger: Ledger, stop: asyncio.Event) -> None:
     """`consume` through its own order of the nodes; the handler completes itself and records it."""
-    async with AsyncRunstate(base_url=cluster.urls_from(index % cluster.size), holder=f"worker-{index}") as rs:
+    async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.urls_from(index % cluster.size), holder=f"worker-{index}") as rs:
 
         async def handle(data: dict[str, Any], delivery: Any) -> None:
             ledger.delivered[delivery.task_id].add(delivery.id)
@@ -94,7 +93,7 @@ async def worker(cluster: Cluster, index: int, run_id: str, ledger: Ledger, stop
 
 
 async def through_failover(cluster: Cluster, ledger: Ledger) -> dict[str, Any]:
-    async with AsyncRunstate(base_url=cluster.base_url, holder="test") as rs:
+    async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.base_url, holder="test") as rs:
         await rs.mailboxes.ensure("work")
         await rs.mailboxes.ensure("late")
         run = await rs.scopes.create(name="failover")
@@ -195,7 +194,7 @@ def test_leader_killed_under_load_loses_nothing_and_records_one_result_per_task(
     cluster.start(outcome["old_leader"])
     cluster.wait_same_digest()
     # A resubmit of every acknowledged key through the restarted node finds the same task.
-    api = Api(cluster.urls[outcome["old_leader"]])
+    api = cluster.api(outcome["old_leader"])
     for key in random.sample(sorted(ledger.submitted), 20):
         task_id = ledger.submitted[key]
         assert api.ok("GET", f"/v1/tasks/{task_id}")["key"] == key
@@ -210,7 +209,7 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
 ) -> None:
     cluster = make_cluster().start()
     old = cluster.leader_index()
-    api_old = Api(cluster.urls[old])
+    api_old = cluster.api(old)
     api_old.ok("POST", "/v1/mailboxes", {"name": "work"})
     run_id = api_old.ok("POST", "/v1/scopes", {})["id"]
     queue = f"/v1/scopes/{run_id}/mailboxes/work"
@@ -223,7 +222,7 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
 
     cluster.pause(old)
     new = cluster.leader_index(exclude=[old])
-    api_new = Api(cluster.urls[new])
+    api_new = cluster.api(new)
     # The worker holding `held` renews it on the new leader; every renewal must be accepted.
     renewals: list[tuple[int, Any]] = []
     stop_renewing = threading.Event()
@@ -282,7 +281,7 @@ def test_a_new_leader_extends_live_leases(make_cluster: Callable[..., Cluster]) 
 
     async def worker() -> tuple[str, dict[str, Any]]:
         # The worker lists every node, the old leader first: it receives from the old leader.
-        async with AsyncRunstate(base_url=cluster.urls_from(old), holder="worker") as rs:
+        async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.urls_from(old), holder="worker") as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             ticket = await run.mailbox("work").submit({"n": 1})
@@ -301,5 +300,5 @@ def test_a_new_leader_extends_live_leases(make_cluster: Callable[..., Cluster]) 
 
     task_id, answer = asyncio.run(worker())
     assert answer["state"] == "SUCCEEDED"
-    view = Api(cluster.urls[cluster.leader_index()]).ok("GET", f"/v1/tasks/{task_id}")
+    view = cluster.api(cluster.leader_index()).ok("GET", f"/v1/tasks/{task_id}")
     assert (view["state"], view["attempt"], view["outcome"]) == ("SUCCEEDED", 1, "kept")

@@ -13,7 +13,6 @@ import pytest
 from runstate import Runstate
 from runstate.cluster.log import DUMP_FILE_NAME
 from tests._cluster import Cluster, cluster_factory
-from tests._http import Api
 
 WRITERS = 3
 ACKS_BEFORE_KILL = 150
@@ -27,7 +26,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 
 def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster().start()
-    with Runstate(base_url=cluster.base_url, holder="setup") as rs:
+    with Runstate(api_key=cluster.admin_key, base_url=cluster.base_url, holder="setup") as rs:
         rs.mailboxes.ensure("work")
         run_id = rs.scopes.create().id
     submitted: list[tuple[str, int]] = []  # (task id, n) of acknowledged submits
@@ -38,7 +37,7 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
     def writer(index: int) -> None:
         """Submit, receive, complete through its own node (forwarded to the leader when a follower);
         every fourth delivery is held instead of completed."""
-        api = Api(cluster.urls[index])
+        api = cluster.api(index)
         queue = f"/v1/scopes/{run_id}/mailboxes/work"
         n = index
         while not stop.is_set():
@@ -71,7 +70,7 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
     assert len(completed) >= ACKS_BEFORE_KILL, f"only {len(completed)} completes before the kill\n{cluster.logs()}"
 
     cluster.start()
-    api = Api(cluster.urls[cluster.leader_index()])
+    api = cluster.api(cluster.leader_index())
     for task_id, n in submitted:
         view = api.ok("GET", f"/v1/tasks/{task_id}")
         assert (view["key"], view["input"]) == (f"k{n}", n)
@@ -89,7 +88,7 @@ def test_a_wiped_node_rejoins_from_a_snapshot(make_cluster: Callable[..., Cluste
     cluster = make_cluster("--compact-after", "20").start()
     leader = cluster.leader_index()
     wiped = (leader + 1) % cluster.size
-    with Runstate(base_url=cluster.base_url, holder="writer") as rs:
+    with Runstate(api_key=cluster.admin_key, base_url=cluster.base_url, holder="writer") as rs:
         rs.mailboxes.ensure("work")
         run = rs.scopes.create()
         queue = run.mailbox("work")
@@ -104,6 +103,6 @@ def test_a_wiped_node_rejoins_from_a_snapshot(make_cluster: Callable[..., Cluste
     cluster.start(wiped)
     cluster.wait_same_digest()
     assert (cluster.data_dir(wiped) / DUMP_FILE_NAME).exists()  # it stored the snapshot it received
-    api = Api(cluster.urls[wiped])
+    api = cluster.api(wiped)
     for ticket in before + after:
         assert api.ok("GET", f"/v1/tasks/{ticket.id}")["key"] == ticket.key

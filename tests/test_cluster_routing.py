@@ -18,7 +18,7 @@ import pytest
 
 from runstate import AsyncRunstate
 from tests._cluster import Cluster, cluster_factory
-from tests._http import Api, call
+from tests._http import call
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # The SDK's own bound on an ordinary request (runstate.sdk._http.REQUEST_TIMEOUT_S_DEFAULT) plus a
@@ -36,11 +36,11 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     cluster = make_cluster().start()
     leader = cluster.leader_index()
     follower = (leader + 1) % cluster.size
-    api = Api(cluster.urls[follower])
+    api = cluster.api(follower)
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
-    assert Api(cluster.urls[leader]).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
-    hop = {"X-Runstate-Forwarded-By": cluster.ids[leader]}
+    assert cluster.api(leader).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+    hop = {"X-Runstate-Forwarded-By": cluster.ids[leader], "Authorization": f"Bearer {cluster.admin_key}"}
     status, body = call(cluster.urls[follower], "GET", f"/v1/scopes/{run_id}", headers=hop)
     assert (status, body["error"]["code"]) == (503, "UNAVAILABLE")
     # The leader serves a forwarded call itself.
@@ -57,7 +57,7 @@ def test_a_forward_to_a_frozen_leader_does_not_outlive_the_next_election(
     cluster = make_cluster().start()
     old = cluster.leader_index()
     follower = (old + 1) % cluster.size
-    api = Api(cluster.urls[follower])
+    api = cluster.api(follower)
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
     answers: list[tuple[int, Any]] = []
@@ -99,14 +99,14 @@ def test_a_client_learns_the_leader_from_a_forwarded_answer(make_cluster: Callab
         assert "X-Runstate-Leader" not in local.headers  # node-local: served where it arrives
     request = urllib.request.Request(
         f"{cluster.urls[follower]}/v1/mailboxes", data=b'{"name": "work"}', method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {cluster.admin_key}"},
     )
     with urllib.request.urlopen(request) as forwarded:
         assert forwarded.headers["X-Runstate-Leader"] == cluster.urls[leader]
 
     async def main() -> None:
         urls = [cluster.urls[follower], *(url for url in cluster.urls if url != cluster.urls[follower])]
-        async with AsyncRunstate(base_url=urls) as rs:
+        async with AsyncRunstate(base_url=urls, api_key=cluster.admin_key) as rs:
             await rs.mailboxes.ensure("work")  # forwarded by the follower, which names the leader
             assert rs._transport.base_urls[rs._transport._url_index] == cluster.urls[leader]
             run = await rs.scopes.create()  # now sent to the leader directly

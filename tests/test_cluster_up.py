@@ -34,7 +34,12 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
                 urls = line.strip().split("=", 1)[1].split(",")
                 break
         assert urls == [f"http://127.0.0.1:{base_port + index}" for index in range(3)], "".join(printed)
-        with urllib.request.urlopen(f"{urls[1]}/v1/cluster", timeout=UP_TIMEOUT_S) as answer:
+        key_file = tmp_path / "cluster" / "bootstrap.key"
+        banner = "".join(process.stdout.readline() for _ in range(2))  # the space, then the key
+        assert f"RUNSTATE_API_KEY=$(cat {key_file})" in banner, banner
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        request = urllib.request.Request(f"{urls[1]}/v1/cluster", headers={"Authorization": f"Bearer {key_file.read_text()}"})
+        with urllib.request.urlopen(request, timeout=UP_TIMEOUT_S) as answer:
             view = json.load(answer)
         assert sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"]
         assert view["leader"] in ("n1", "n2", "n3")

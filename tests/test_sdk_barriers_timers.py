@@ -102,7 +102,7 @@ def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Clu
     leader = cluster.leader_index()
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=cluster.urls_from((leader + 1) % cluster.size)) as rs:
+        async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.urls_from((leader + 1) % cluster.size)) as rs:
             run = await rs.scopes.create()
             timer = await run.timers.create(after_seconds=1.5)
             cluster.kill(leader)  # the timer falls due during (or after) the election

@@ -25,7 +25,7 @@ def test_a_group_finalizes_once_across_a_leader_kill(make_cluster: Callable[...,
     leader = cluster.leader_index()
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=cluster.urls_from((leader + 1) % cluster.size)) as rs:
+        async with AsyncRunstate(api_key=cluster.admin_key, base_url=cluster.urls_from((leader + 1) % cluster.size)) as rs:
             await rs.mailboxes.ensure("reviews", mode="WORK")
             run = await rs.scopes.create()
             group = await run.groups.create(mailbox="reviews", condition="N_ACCEPTED", threshold=2, parent_scope_id=run.id)

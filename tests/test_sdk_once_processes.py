@@ -117,4 +117,6 @@ def test_cluster_runner_killed_another_takes_over(make_cluster: Callable[..., Cl
     """Against three nodes (each caller lists all three, starting at a different one), in the
     space's default run (no RUNSTATE_SCOPE_ID): every process finds the same run."""
     cluster = make_cluster().start()
-    kill_the_runner(lambda index: sdk_env(cluster.urls_from(index % cluster.size), None), tmp_path, 10)
+    kill_the_runner(
+        lambda index: sdk_env(cluster.urls_from(index % cluster.size), None, RUNSTATE_API_KEY=cluster.admin_key), tmp_path, 10
+    )

@@ -82,7 +82,7 @@ def test_producer_and_two_workers_one_killed(dev_node: DevNode, tmp_path: Path) 
 def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     """All three URLs for every process, each starting at another node; the default run."""
     cluster = make_cluster().start()
-    api = Api(cluster.urls[0])
+    api = cluster.api(0)
     effects = tmp_path / "effects"
 
     def stop_run() -> None:
@@ -90,7 +90,9 @@ def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[...,
         api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
 
     kill_a_worker(
-        lambda index: sdk_env(cluster.urls_from(index % cluster.size), None, RS_TEST_EFFECTS=str(effects)),
+        lambda index: sdk_env(
+            cluster.urls_from(index % cluster.size), None, RS_TEST_EFFECTS=str(effects), RUNSTATE_API_KEY=cluster.admin_key
+        ),
         api,
         stop_run,
     )

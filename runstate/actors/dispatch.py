@@ -1,9 +1,10 @@
 """The dispatcher: apply one command to the state, deterministically.
 
-A command is `{"type": str, "v": 1, "space": str, "id": str, "args": dict}`; the leader chose its
-id, and the batch it travels in carries `now_ms` and the leader's `epoch`. `apply` never reads a
-clock, a random source or the environment, so every replica computes the same result and the same
-state from the same log.
+A command is `{"type": str, "v": 1, "space": str, "id": str, "args": dict, "key": str | None}`; the
+leader chose its id, and the batch it travels in carries `now_ms` and the leader's `epoch`. `key`
+is the id of the API key the request was made with (absent on a node without auth, and on the
+leader's own commands). `apply` never reads a clock, a random source or the environment, so every
+replica computes the same result and the same state from the same log.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from runstate.actors import barriers, claims, errors, groups, limits, runs, tasks, timers
+from runstate.actors import access, barriers, claims, errors, groups, limits, runs, tasks, timers
 from runstate.actors.context import Context, Effect
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
@@ -42,6 +43,7 @@ HANDLERS: dict[str, Handler] = {
     **groups.HANDLERS,
     **barriers.HANDLERS,
     **timers.HANDLERS,
+    **access.HANDLERS,
 }
 
 # Time-driven transitions of the later rule modules: due kind -> handler(ctx, entity id, due_ms).
@@ -95,31 +97,43 @@ def apply(state: State, command: dict[str, Any], now_ms: int, epoch: int) -> tup
 def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effects: list[Effect]) -> Any:
     if command.get("v") != COMMAND_VERSION:
         raise Rejected(errors.VALIDATION, f"unsupported command version {command.get('v')!r}")
+    space_id = command.get("space")
+    key_id = command.get("key")
+    if key_id is not None:
+        # Before everything, the read barrier included: a command after a revoke in the log is
+        # refused, whichever node checked its key before proposing it.
+        access.require_command_key(state, key_id, space_id)
     kind = command.get("type")
     args = command.get("args") or {}
     if kind == "tick":
         return _tick(state, args, now_ms, epoch, effects)
     if kind == "leader.start":
         return _leader_start(state, now_ms, epoch)
+    if kind == "access.bootstrap":
+        if space_id != SYSTEM_SPACE:
+            raise Rejected(errors.VALIDATION, "access.bootstrap is a command of the leader, not of a space")
+        return access.bootstrap(state, args, now_ms)
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
     handler = HANDLERS.get(kind)  # type: ignore[arg-type]
     if handler is None:
         raise Rejected(errors.VALIDATION, f"unknown command type {kind!r}")
-    space_id = command.get("space")
     if not isinstance(space_id, str) or not space_id:
         raise Rejected(errors.VALIDATION, "a command needs a space")
+    if kind in access.HANDLERS:
+        args = {**args, access.CALLER_ARG: key_id}  # who calls, from the command, never from its args
     space = state.spaces.get(space_id)
     is_new_space = space is None
     if space is None:
-        # Until spaces and keys are managed explicitly, a space comes into being when something is
-        # first created in it; a command that creates nothing leaves no empty space behind.
+        # A space also comes into being when something is first created in it (a keyless node
+        # has no space.create to call first); a command that creates nothing leaves no empty
+        # space behind.
         if len(state.spaces) >= limits.spaces_max:
             raise Rejected(errors.LIMIT_EXCEEDED, f"at most {limits.spaces_max} spaces")
-        space = Space(id=space_id)
+        space = Space(id=space_id, created_ms=now_ms)
     ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects)
     result = handler(ctx, args)
-    if is_new_space and (space.mailboxes or space.run_count):
+    if is_new_space and (space.mailboxes or space.run_count or space.key_count):
         state.spaces[space_id] = space
     return result
 

@@ -10,6 +10,8 @@ from typing import Final
 
 NOT_FOUND: Final = "NOT_FOUND"
 VALIDATION: Final = "VALIDATION"
+UNAUTHENTICATED: Final = "UNAUTHENTICATED"  # the command's API key is unknown or revoked
+FORBIDDEN: Final = "FORBIDDEN"  # the key belongs to another space, or lacks a permission
 CONFLICT: Final = "CONFLICT"
 SCOPE_CANCELLED: Final = "SCOPE_CANCELLED"
 DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"

@@ -22,6 +22,7 @@ error_message_chars_max = 2 * KIB
 
 # Spaces, mailboxes, runs, tasks.
 spaces_max = 1_000
+space_id_chars_max = 128
 mailboxes_per_space_max = 1_000
 runs_per_space_max = 100_000
 child_limit_default = 1_000
@@ -29,6 +30,9 @@ child_limit_max = 100_000
 run_depth_max = 32
 tasks_per_run_max = 100_000
 tasks_per_space_max = 1_000_000
+
+# API keys: per space, revoked ones included (a key is never removed, so its id stays taken).
+keys_per_space_max = 1_000
 
 # Claims (once): per run; attempts of a claim.
 claims_per_run_max = 100_000

@@ -68,6 +68,24 @@ class Space:
     run_count: int = 0
     task_count: int = 0
     default_run_id: str | None = None  # the run `once`/`queue` use when none is given
+    name: str | None = None
+    created_ms: int = 0  # 0 for a space of a snapshot older than spaces with names
+    key_count: int = 0  # its API keys, revoked ones included
+
+
+@dataclass(slots=True)
+class ApiKey:
+    """An API key of a space. Only the SHA-256 of its secret is kept; the secret itself was shown
+    once to whoever created it and never reaches the log."""
+
+    id: str
+    space: str
+    name: str | None
+    permissions: list[str]  # non-empty, in access.PERMISSIONS order
+    hash: str  # sha256 of the secret, 64 lowercase hex
+    created_ms: int
+    revoked_ms: int | None = None  # set once, by the first revoke
+    created_by: str | None = None  # the key that created it; None for bootstrap and keyless nodes
 
 
 @dataclass(slots=True)
@@ -166,6 +184,11 @@ class State:
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
+    keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
+    # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
+    # from_snapshot, never written to a snapshot.
+    key_ids_by_hash: dict[str, str] = field(default_factory=dict)
+    operator_space: str | None = None  # the space bootstrap created: its admin keys manage every space
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -194,6 +217,7 @@ _CLAIM_FIELDS = (
     "id", "space", "run_id", "key", "attempts", "created_ms", "state", "failures", "attempt", "lease_id",
     "lease_count", "lease_ms", "lease_expires_ms", "holder", "result", "error", "finished_ms", "finished_by",
 )
+_KEY_FIELDS = ("id", "space", "name", "permissions", "hash", "created_ms", "revoked_ms", "created_by")
 
 
 def to_snapshot(state: State) -> dict[str, Any]:
@@ -209,7 +233,10 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "clock_ms": state.clock_ms,
         "epoch": state.epoch,
         "spaces": [
-            [s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count, s.default_run_id]
+            [
+                s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count, s.default_run_id,
+                s.name, s.created_ms, s.key_count,
+            ]
             for s in state.spaces.values()
         ],
         "runs": runs,
@@ -221,6 +248,8 @@ def to_snapshot(state: State) -> dict[str, Any]:
         },
         "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
+        "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
+        "operator_space": state.operator_space,
     }
 
 
@@ -231,14 +260,27 @@ def from_snapshot(data: dict[str, Any]) -> State:
     # share a heap, a children list or a key map.
     due = [list(entry) for entry in data["due"]]
     state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
-    for space_id, mailboxes, run_count, task_count, default_run_id in data["spaces"]:
+    # Spaces, keys and the operator space came later: a snapshot from before them has rows of 5
+    # columns, no keys and no operator space, and loads with the defaults.
+    state.operator_space = data.get("operator_space")
+    for row in data["spaces"]:
+        space_id, mailboxes, run_count, task_count, default_run_id, *named = row
+        space_name, created_ms, key_count = named or (None, 0, 0)
         state.spaces[space_id] = Space(
             id=space_id,
             mailboxes={name: Mailbox(name, mode) for name, mode in mailboxes},
             run_count=run_count,
             task_count=task_count,
             default_run_id=default_run_id,
+            name=space_name,
+            created_ms=created_ms,
+            key_count=key_count,
         )
+    for row in data.get("keys", []):
+        key = ApiKey(**dict(zip(_KEY_FIELDS, row, strict=True)))
+        key.permissions = list(key.permissions)
+        state.keys[key.id] = key
+        state.key_ids_by_hash[key.hash] = key.id
     for row in data["runs"]:
         *values, queues = row
         run = Run(**dict(zip(_RUN_FIELDS, values, strict=True)))

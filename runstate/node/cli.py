@@ -13,7 +13,10 @@ from typing import Any
 
 from runstate._version import __version__
 from runstate.actors import limits
+from runstate.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from runstate.node.config import (
+    BOOTSTRAP_KEY_ENV,
+    BOOTSTRAP_KEY_FILE_NAME,
     CLUSTER_NODES_MAX,
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -24,6 +27,7 @@ from runstate.node.config import (
     NodeConfig,
     load_toml,
     parse_peer,
+    read_bootstrap_key,
     read_secret,
     split_address,
 )
@@ -70,6 +74,14 @@ def _add_storage_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> No
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
 
 
+def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap-key-file",
+        help=f"file holding the first admin key's secret (or set {BOOTSTRAP_KEY_ENV}); without either, the "
+        f"first start writes a generated one to DATA_DIR/{BOOTSTRAP_KEY_FILE_NAME}",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
     parser.add_argument("--version", action="version", version=f"runstate {__version__}")
@@ -85,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--data-dir", type=Path, default=Path(".runstate"), help="where the journal and snapshot live (default ./.runstate)")
     dev.add_argument("--in-memory", action="store_true", help="keep nothing on disk; everything is lost on exit")
     dev.add_argument("--raft-port", type=int, default=0, help="Raft port on 127.0.0.1 (default: a free port)")
+    dev.add_argument(
+        "--auth", action="store_true",
+        help="require API keys as a cluster does; the first start creates an admin key (see --bootstrap-key-file)",
+    )
+    _add_bootstrap_flag(dev)
     _add_storage_flags(dev, defaults=True)
 
     node = commands.add_parser(
@@ -108,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--secret-file", help=f"file holding the cluster secret (or set {SECRET_ENV}); required, at least "
         f"{SECRET_CHARS_MIN} characters",
     )
+    _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
 
     cluster = commands.add_parser("cluster", help="a local cluster for trying runstate out and for tests")
@@ -124,11 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path, default=Path("cluster"), help="where the nodes keep their data (default ./cluster)")
     up.add_argument("--fsync", choices=("always", "never"), default="always")
     up.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    add_admin_commands(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ADMIN_COMMANDS:
+        return run_admin_command(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "dev":
@@ -147,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    if args.host not in LOOPBACK_HOSTS:
+    if args.host not in LOOPBACK_HOSTS and not args.auth:
         print(
-            f"runstate dev serves without authentication, so it binds only loopback addresses, not {args.host}",
+            f"runstate dev serves without authentication, so it binds only loopback addresses, not {args.host} "
+            "(add --auth to require API keys)",
             file=sys.stderr,
         )
         return 2
@@ -161,6 +183,8 @@ def _dev(args: argparse.Namespace) -> int:
         fsync=args.fsync == "always",
         retention_ms=args.retention,
         compaction_entries=args.compact_after,
+        auth=args.auth,
+        bootstrap_key=read_bootstrap_key(args.bootstrap_key_file) if args.auth else None,
     )
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
@@ -213,6 +237,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raft_bind=raft_bind,
         peers=peers,
         secret=read_secret(setting(args.secret_file, "secret_file")),
+        auth=True,  # a cluster node always requires keys
+        bootstrap_key=read_bootstrap_key(setting(args.bootstrap_key_file, "bootstrap_key_file")),
         fsync=fsync == "always",
         retention_ms=duration_ms(retention) if isinstance(retention, str) else (retention or limits.retention_ms_default),
         compaction_entries=int(compact_after) if compact_after else 5_000,
@@ -240,6 +266,8 @@ async def _serve(config: NodeConfig, *, banner: str) -> int:
     print("Point clients at it with:", flush=True)
     print(f"  export RUNSTATE_BASE_URL={','.join([config.api_url, *(peer.api_url for peer in config.peers)])}", flush=True)
     print(f"  export RUNSTATE_SPACE_ID={DEFAULT_SPACE}", flush=True)
+    if config.auth:
+        print(node.bootstrap_message or "  export RUNSTATE_API_KEY=<an API key of the space>", flush=True)
     print("Stop it with Ctrl-C.", flush=True)
     await stop.wait()
     print("runstate: stopping", flush=True)

@@ -23,6 +23,10 @@ LONG_POLL_MS_MAX = 30_000  # the longest a result/receive long poll is held; the
 READY_TIMEOUT_S = 30.0  # start-up: the longest to wait for the log to be replayed and a leader
 SECRET_ENV = "RUNSTATE_CLUSTER_SECRET"
 SECRET_CHARS_MIN = 16
+BOOTSTRAP_KEY_ENV = "RUNSTATE_BOOTSTRAP_KEY"
+BOOTSTRAP_KEY_CHARS_MIN = 32
+BOOTSTRAP_KEY_CHARS_MAX = 256
+BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
 CLUSTER_NODES_MAX = 7
 
 
@@ -52,7 +56,9 @@ class NodeConfig:
     secret: str = ""  # the cluster secret (Raft password); "" on a dev node: a random one
     fsync: bool = True
     retention_ms: int = limits.retention_ms_default
-    default_space: str = DEFAULT_SPACE
+    default_space: str = DEFAULT_SPACE  # without auth: the space of calls naming none; with: the operator space
+    auth: bool = False  # require API keys (always on a cluster node; `runstate dev --auth`)
+    bootstrap_key: str | None = None  # the first admin key's secret; None: generate one into the data dir
     # Snapshot the state and truncate the journal after this many log entries (a batch is one).
     compaction_entries: int = 5_000
 
@@ -109,3 +115,22 @@ def read_secret(secret_file: str | None) -> str:
     if len(secret) < SECRET_CHARS_MIN:
         raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
     return secret
+
+
+def read_bootstrap_key(key_file: str | None) -> str | None:
+    """The first admin key, from a file or RUNSTATE_BOOTSTRAP_KEY; None when neither is set."""
+    if key_file:
+        try:
+            key = Path(key_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read the bootstrap key file {key_file}: {error.strerror}") from None
+    else:
+        key = os.environ.get(BOOTSTRAP_KEY_ENV, "").strip()
+        if not key:
+            return None
+    if not BOOTSTRAP_KEY_CHARS_MIN <= len(key) <= BOOTSTRAP_KEY_CHARS_MAX or not key.isprintable() or " " in key:
+        raise ConfigError(
+            f"the bootstrap key must be {BOOTSTRAP_KEY_CHARS_MIN} to {BOOTSTRAP_KEY_CHARS_MAX} printable characters "
+            "without spaces (e.g. python -c 'import secrets; print(\"rsk_\" + secrets.token_urlsafe(32))')"
+        )
+    return key

@@ -1,8 +1,9 @@
 """`runstate cluster up`: N cluster nodes on 127.0.0.1, in the foreground, for trying it out.
 
 Each node is its own `runstate node` process (the same command a deployment runs), with its data
-and its log in DATA_DIR/<id>. The cluster secret is generated once into DATA_DIR/cluster.secret
-(mode 0600) and reused, so the same command restarts the same cluster.
+and its log in DATA_DIR/<id>. The cluster secret and the first admin key are generated once into
+DATA_DIR/cluster.secret and DATA_DIR/bootstrap.key (mode 0600) and reused, so the same command
+restarts the same cluster.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from runstate.node.config import CLUSTER_NODES_MAX, DEFAULT_HOST, DEFAULT_SPACE, ConfigError
+from runstate.node.api.access import new_key_secret
+from runstate.node.config import (
+    BOOTSTRAP_KEY_FILE_NAME,
+    CLUSTER_NODES_MAX,
+    DEFAULT_HOST,
+    DEFAULT_SPACE,
+    ConfigError,
+)
 from runstate.node.server import NodeStartError, check_port_free
 
 RAFT_PORT_OFFSET = 100  # node i: API on base_port + i, Raft on base_port + 100 + i
@@ -41,7 +49,8 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
             raise ConfigError(f"{error}; choose another --base-port (it takes {nodes} API ports from it "
                               f"and {nodes} Raft ports from it + {RAFT_PORT_OFFSET})") from None
     data_dir.mkdir(parents=True, exist_ok=True)
-    secret_file = _secret_file(data_dir)
+    secret_file = _secret_file(data_dir, SECRET_FILE_NAME, secrets.token_hex(32))
+    key_file = _secret_file(data_dir, BOOTSTRAP_KEY_FILE_NAME, new_key_secret())
     ids = [f"n{index + 1}" for index in range(nodes)]
     api_urls = [f"http://{DEFAULT_HOST}:{base_port + index}" for index in range(nodes)]
     rafts = [f"{DEFAULT_HOST}:{base_port + RAFT_PORT_OFFSET + index}" for index in range(nodes)]
@@ -63,6 +72,7 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
                 "--raft", rafts[index],
                 "--data-dir", str(data_dir / node_id),
                 "--secret-file", str(secret_file),
+                "--bootstrap-key-file", str(key_file),
                 "--fsync", fsync,
                 "--log-level", log_level,
             ]
@@ -77,7 +87,8 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
         print("Point clients at it with:", flush=True)
         print(f"  export RUNSTATE_BASE_URL={','.join(api_urls)}", flush=True)
         print(f"  export RUNSTATE_SPACE_ID={DEFAULT_SPACE}", flush=True)
-        print(f"See the nodes with: curl {api_urls[0]}/v1/cluster", flush=True)
+        print(f"  export RUNSTATE_API_KEY=$(cat {key_file})", flush=True)
+        print(f'See the nodes with: curl -H "Authorization: Bearer $RUNSTATE_API_KEY" {api_urls[0]}/v1/cluster', flush=True)
         print("Stop them all with Ctrl-C.", flush=True)
         reported: set[str] = set()
         while not stopping:
@@ -92,12 +103,13 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
         _stop_all(processes)
 
 
-def _secret_file(data_dir: Path) -> Path:
-    path = data_dir / SECRET_FILE_NAME
+def _secret_file(data_dir: Path, name: str, secret: str) -> Path:
+    """DATA_DIR/name holding `secret` (mode 0600), unless an earlier run wrote it: then that one."""
+    path = data_dir / name
     if not path.exists():
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_hex(32))
+            file.write(secret)
     return path
 
 

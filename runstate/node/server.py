@@ -20,6 +20,8 @@ from runstate.actors.state import State
 from runstate.cluster.config import LogConfig
 from runstate.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 from runstate.node.api.errors import ApiError, raise_for_result
+from runstate.node.api.routes import Caller
+from runstate.node.bootstrap import bootstrap
 from runstate.node.config import DEFAULT_HOST, PROPOSE_TIMEOUT_S, READY_TIMEOUT_S, NodeConfig, split_address
 from runstate.node.routing import Router
 from runstate.node.ticker import Ticker
@@ -45,6 +47,7 @@ def free_port(host: str) -> int:
 
 LOCK_FILE_NAME = "LOCK"
 LISTEN_BACKLOG = 1024  # pending connections the API socket queues
+BOOTSTRAP_RETRY_S = 0.5  # a cluster leader retries creating the first admin key this often
 
 
 class NodeStartError(Exception):
@@ -90,6 +93,7 @@ class Node:
         self._runner: web.AppRunner | None = None
         self._lock_file: IO[bytes] | None = None
         self.url = ""
+        self.bootstrap_message: str | None = None  # what `runstate dev --auth` tells the user
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -106,6 +110,11 @@ class Node:
                 await self.log.wait_ready(READY_TIMEOUT_S)
         except LogUnavailable as error:
             raise NodeStartError(f"the replicated log did not start: {error}") from None
+        if self.config.auth and not self.config.peers:
+            try:
+                self.bootstrap_message = await bootstrap(self)
+            except (ApiError, OSError) as error:
+                raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -154,9 +163,21 @@ class Node:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    async def propose(self, space: str, kind: str, args: dict[str, Any]) -> Any:
-        """Commit one command and return its result; a rejection raises ApiError."""
-        command = {"type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args}
+    async def propose(self, caller: Caller, kind: str, args: dict[str, Any]) -> Any:
+        """Commit one command for `caller` and return its result; a rejection raises ApiError. The
+        command carries the caller's key id, so the core refuses it if the key was revoked by an
+        earlier entry of the log, whichever node checked the key first."""
+        return await self._propose(caller.space, caller.key_id, kind, args)
+
+    async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
+        return await self._propose(dispatch.SYSTEM_SPACE, None, kind, args)
+
+    async def _propose(self, space: str, key_id: str | None, kind: str, args: dict[str, Any]) -> Any:
+        command = {
+            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args,
+        }
+        if key_id is not None:
+            command["key"] = key_id
         try:
             result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
         except NotLeader as error:
@@ -165,16 +186,14 @@ class Node:
             raise ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}") from None
         return raise_for_result(result)
 
-    async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
-        return await self.propose(dispatch.SYSTEM_SPACE, kind, args)
-
     # -- reads -----------------------------------------------------------------------------------
 
-    async def confirm_leadership(self) -> None:
+    async def confirm_leadership(self, caller: Caller) -> None:
         """Before a read a client acts on: commit a no-op through the log. Once it is committed
         this node was still the leader and has applied every write acknowledged before the read
-        began, so the read that follows is linearizable. (pysyncobj has no read index.)"""
-        await self.propose_system("barrier", {})
+        began, so the read that follows is linearizable. (pysyncobj has no read index.) The no-op
+        carries the caller's key: a key revoked before the read is refused by it."""
+        await self.propose(caller, "barrier", {})
 
     @contextlib.contextmanager
     def read(self) -> Iterator[State]:
@@ -208,3 +227,21 @@ class Node:
             await self.propose_system("leader.start", {})
         except ApiError as error:
             log.warning("leader.start not applied: %s", error.message)
+        if self.config.auth and self.config.peers:
+            await self._bootstrap_while_leading()
+
+    async def _bootstrap_while_leading(self) -> None:
+        """A cluster's first leader creates the first admin key; retried while this node leads."""
+        while self.log.is_leader:
+            try:
+                message = await bootstrap(self)
+            except ApiError as error:
+                log.warning("bootstrap not applied (%s); retrying", error.message)
+                await asyncio.sleep(BOOTSTRAP_RETRY_S)
+                continue
+            except OSError as error:
+                log.error("cannot write the bootstrap key: %s", error)
+                return
+            if message is not None:
+                print(message, flush=True)
+            return

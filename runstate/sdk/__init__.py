@@ -5,7 +5,8 @@ Imports nothing from the server packages (runstate.actors, runstate.cluster, run
 
 from __future__ import annotations
 
+from runstate.sdk.admin import PERMISSIONS, Identity, KeyInfo, NewKey, SpaceInfo
 from runstate.sdk.client import AsyncRunstate
 from runstate.sdk.sync import Runstate
 
-__all__ = ["AsyncRunstate", "Runstate"]
+__all__ = ["PERMISSIONS", "AsyncRunstate", "Identity", "KeyInfo", "NewKey", "Runstate", "SpaceInfo"]

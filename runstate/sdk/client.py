@@ -26,6 +26,7 @@ from runstate.sdk._http import (
     resolve_optional,
 )
 from runstate.sdk._time import format_deadline, parse_time
+from runstate.sdk.admin import Identity, Keys, Spaces, fetch_identity
 from runstate.sdk.barriers import Barriers
 from runstate.sdk.claims import Claims
 from runstate.sdk.errors import (
@@ -568,6 +569,8 @@ class AsyncRunstate:
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
         self.claims = Claims(self._transport)
+        self.spaces = Spaces(self._transport)
+        self.keys = Keys(self._transport)
 
     @property
     def holder(self) -> str:
@@ -591,6 +594,12 @@ class AsyncRunstate:
     def task(self, task_id: str) -> Ticket:
         """Re-attach to a task by id, e.g. to wait for its result (no request)."""
         return Ticket(self._transport, task_id)
+
+    async def whoami(self) -> Identity:
+        """Who this client is to the server: its key id, space, permissions and whether it is an
+        operator admin (`Identity.auth` is False on a node without auth). UnauthenticatedError
+        for a missing, unknown or revoked key."""
+        return await fetch_identity(self._transport)
 
     async def default_scope(self) -> Scope:
         """The space's default run (`POST /v1/default-scope`): created on first use, replaced by a

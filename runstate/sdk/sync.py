@@ -20,6 +20,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runstate.sdk import client as aio
 from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
+from runstate.sdk.admin import BlockingKeys, BlockingSpaces, Identity
 from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.errors import ConfigError
@@ -356,6 +357,8 @@ class Runstate:
         self._closed = False
         self.mailboxes = Mailboxes(self._async.mailboxes, self._portal)
         self.scopes = Scopes(self._async.scopes, self._portal)
+        self.spaces = BlockingSpaces(self._async.spaces, self._portal)
+        self.keys = BlockingKeys(self._async.keys, self._portal)
 
     @property
     def holder(self) -> str:
@@ -375,6 +378,10 @@ class Runstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._async.scope(scope_id), self._portal)
+
+    def whoami(self) -> Identity:
+        """Who this client is to the server (see `AsyncRunstate.whoami`)."""
+        return _call(self._portal, self._async.whoami)
 
     def default_scope(self) -> Scope:
         """The space's default run, created on first use and replaced once it stopped."""

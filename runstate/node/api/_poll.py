@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from runstate.node.api import _request as req
+from runstate.node.api.routes import caller_of
 from runstate.node.config import LONG_POLL_MS_MAX
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ async def long_poll(
     ApiError, e.g. NOT_FOUND). The waiter is registered before each look, so no wake is missed."""
     wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
     deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
+    await node.confirm_leadership(caller_of(request))
     while True:
         with node.waiters.register(key) as waiter:
             view = look()

@@ -11,6 +11,7 @@ from runstate.actors import limits
 
 # Importing the route modules registers their routes in ROUTES.
 from runstate.node.api import (  # noqa: F401
+    access,
     barriers,
     claims,
     cluster,
@@ -23,6 +24,7 @@ from runstate.node.api import (  # noqa: F401
     tasks,
     timers,
 )
+from runstate.node.api.auth import authenticate
 from runstate.node.api.errors import ApiError, error_response
 from runstate.node.api.routes import NODE_KEY, ROUTES, Handler
 
@@ -63,7 +65,7 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json, route_to_leader], client_max_size=limits.body_bytes_max)
+    app = web.Application(middlewares=[errors_as_json, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)

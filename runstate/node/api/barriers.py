@@ -11,7 +11,7 @@ from runstate.actors.barriers import Barrier
 from runstate.node.api import _request as req
 from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import STRING, node_of, route, space_of
+from runstate.node.api.routes import READ, RESOURCE_CONFIG, STRING, WRITE, caller_of, node_of, route
 from runstate.node.api.views import in_space, iso
 
 if TYPE_CHECKING:
@@ -41,49 +41,49 @@ def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, 
 @route(
     "POST", "/v1/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
     body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def create_barrier(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
     if target is None:
         raise ApiError("VALIDATION", "target is required")
-    result = await node.propose(space, "barrier.create", {"run_id": request.match_info["id"], "target": target})
-    return web.json_response(_render(node, space, result["barrier_id"]), status=201)
+    result = await node.propose(caller, "barrier.create", {"run_id": request.match_info["id"], "target": target})
+    return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
-@route("GET", "/v1/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",))
+@route("GET", "/v1/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ)
 async def barrier_status(request: web.Request) -> web.Response:
     node = node_of(request)
-    await node.confirm_leadership()
-    return web.json_response(_render(node, space_of(request), request.match_info["id"]))
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
 @route(
     "POST", "/v1/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
     body={"key": STRING},
-    errors=("VALIDATION", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE,
 )
 async def arrive(request: web.Request) -> web.Response:
-    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
     key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
-    result = await node.propose(space, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
-    return web.json_response(_render(node, space, barrier_id, arrived=result["arrived"]))
+    result = await node.propose(caller, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
+    return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
 
 
 @route(
     "GET", "/v1/barriers/{id}/wait",
     "Long poll: answers when the barrier is RELEASED (or BARRIER_CANCELLED), or after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"),
+    errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
-    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
 
     def look() -> dict[str, Any]:
-        view = _render(node, space, barrier_id)
+        view = _render(node, caller.space, barrier_id)
         if view["state"] == barriers.CANCELLED:
             raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
         return view
@@ -96,10 +96,10 @@ async def wait(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
-    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE),
+    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def next_epoch(request: web.Request) -> web.Response:
-    node, space, barrier_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    await node.propose(space, "barrier.next_epoch", {"barrier_id": barrier_id})
-    return web.json_response(_render(node, space, barrier_id))
+    await node.propose(caller, "barrier.next_epoch", {"barrier_id": barrier_id})
+    return web.json_response(_render(node, caller.space, barrier_id))

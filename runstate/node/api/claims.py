@@ -13,7 +13,7 @@ from runstate.actors.state import Claim, ClaimState, State
 from runstate.node.api import _request as req
 from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import ANY_JSON, STRING, holder_of, node_of, route, space_of
+from runstate.node.api.routes import ANY_JSON, READ, STRING, WRITE, caller_of, holder_of, node_of, route
 from runstate.node.api.runs import render_run
 from runstate.node.api.views import iso
 
@@ -21,12 +21,12 @@ _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
 
 
-@route("POST", "/v1/default-scope", "The space's default run (created, or replaced once it stopped)")
+@route("POST", "/v1/default-scope", "The space's default run (created, or replaced once it stopped)", permission=READ)
 async def default_scope(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     await req.json_body(request, required=False)
-    result = await node.propose(space, "run.default", {})
-    return render_run(node, space, result["run_id"])
+    result = await node.propose(caller, "run.default", {})
+    return render_run(node, caller.space, result["run_id"])
 
 
 def claim_view(claim: Claim | None, key: str) -> dict[str, Any]:
@@ -58,10 +58,10 @@ def _find(state: State, space: str, run_id: str, key: str) -> Claim | None:
     "Acquire the claim on a key: GRANTED (with a lease), HELD by another, DONE (with the result) or FAILED",
     body={"key": STRING, "leaseMs": _LEASE_MS, "attempts": {"type": "integer", "minimum": 1,
                                                             "maximum": limits.attempts_max}, "holder": STRING},
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def acquire(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
     assert key is not None
@@ -74,7 +74,7 @@ async def acquire(request: web.Request) -> web.Response:
         ),
         "holder": holder_of(request, body),
     }
-    result = await node.propose(space, "claim.acquire", args)
+    result = await node.propose(caller, "claim.acquire", args)
     with node.read() as state:
         claim = state.claims[result["claim_id"]]
         answer: dict[str, Any] = {
@@ -92,24 +92,24 @@ async def acquire(request: web.Request) -> web.Response:
     "GET", "/v1/scopes/{id}/claims/{key:.+}",
     "A claim; long poll: answers once it is not HELD (FREE, DONE or FAILED), or after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"),
+    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
 )
 async def claim_status(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     run_id, key = request.match_info["id"], request.match_info["key"]
 
     def look() -> dict[str, Any]:
         with node.read() as state:
-            return claim_view(_find(state, space, run_id, key), key)
+            return claim_view(_find(state, caller.space, run_id, key), key)
 
     view = await long_poll(request, node, claim_key(run_id, key), look, lambda view: view["state"] != ClaimState.HELD)
     return web.json_response(view)
 
 
 async def _lease_command(request: web.Request, kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     args["lease_id"] = request.match_info["lease"]
-    result = await node.propose(space, kind, args)
+    result = await node.propose(caller, kind, args)
     with node.read() as state:
         claim = state.claims[result["claim_id"]]
         return claim_view(claim, claim.key)
@@ -117,7 +117,7 @@ async def _lease_command(request: web.Request, kind: str, args: dict[str, Any]) 
 
 @route(
     "POST", "/v1/claims/{lease}/renew", "Extend a claim's lease", body={"leaseMs": _LEASE_MS},
-    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE),
+    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE), permission=WRITE,
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -127,7 +127,7 @@ async def renew(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/claims/{lease}/complete", "Record the claim's result (DONE for everyone)",
-    body={"result": ANY_JSON}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE),
+    body={"result": ANY_JSON}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE), permission=WRITE,
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -137,7 +137,7 @@ async def complete(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/claims/{lease}/fail", "Record a failed attempt (FREE for the next caller, or FAILED)",
-    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"),
+    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def fail(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -146,7 +146,7 @@ async def fail(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/claims/{lease}/release", "Give the claim back at once, no attempt counted",
-    errors=("NOT_FOUND", "LEASE_LOST"),
+    errors=("NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def release(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)

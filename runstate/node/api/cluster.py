@@ -12,12 +12,12 @@ from aiohttp import web
 
 from runstate.actors.state import to_snapshot
 from runstate.node.api.health import health_view
-from runstate.node.api.routes import node_of, route
+from runstate.node.api.routes import ANY_KEY, node_of, route
 
 PEER_HEALTH_TIMEOUT_S = 0.5
 
 
-@route("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not")
+@route("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY)
 async def cluster_view(request: web.Request) -> web.Response:
     node = node_of(request)
     own = {"id": node.config.node_id, "apiUrl": node.config.api_url, "reachable": True, **health_view(node)}
@@ -44,7 +44,7 @@ async def cluster_view(request: web.Request) -> web.Response:
 
 @route(
     "GET", "/v1/cluster/digest",
-    "This node's applied log index and a SHA-256 of its state there (replicas at one index agree)",
+    "This node's applied log index and a SHA-256 of its state there (replicas at one index agree)", permission=ANY_KEY,
 )
 async def state_digest(request: web.Request) -> web.Response:
     node = node_of(request)

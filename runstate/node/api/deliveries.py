@@ -11,7 +11,17 @@ from runstate.actors import limits, runs
 from runstate.actors.context import queue_key
 from runstate.node.api import _request as req
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, holder_of, node_of, route, space_of
+from runstate.node.api.routes import (
+    ANY_JSON,
+    INTEGER,
+    STRING,
+    WRITE,
+    Caller,
+    caller_of,
+    holder_of,
+    node_of,
+    route,
+)
 from runstate.node.api.views import delivery_view, iso
 from runstate.node.config import LONG_POLL_MS_MAX
 
@@ -28,10 +38,10 @@ _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limit
         "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX},
         "holder": STRING,
     },
-    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE), permission=WRITE,
 )
 async def receive(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request, required=False)
     run_id, mailbox = request.match_info["id"], request.match_info["name"]
     args = {
@@ -53,13 +63,13 @@ async def receive(request: web.Request) -> web.Response:
             # The first receive always goes through the log (it validates); later ones only when
             # there is something to hand out or the run stopped, so an idle poll writes nothing.
             if first or _worth_receiving(request, run_id, mailbox):
-                result = await node.propose(space, "task.receive", args)
+                result = await node.propose(caller, "task.receive", args)
             else:
                 result = {"task_ids": []}
             first = False
             if result["task_ids"]:
                 if _client_gone(request):
-                    await _give_back(request, space, result["task_ids"])
+                    await _give_back(request, caller, result["task_ids"])
                     return web.json_response({"deliveries": []})
                 with node.read() as state:
                     deliveries = [delivery_view(state.tasks[task_id]) for task_id in result["task_ids"]]
@@ -74,7 +84,7 @@ def _client_gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _give_back(request: web.Request, space: str, task_ids: list[str]) -> None:
+async def _give_back(request: web.Request, caller: Caller, task_ids: list[str]) -> None:
     """The client left while its receive was committed: release what it got at once rather than
     leave the tasks stranded until their leases lapse."""
     node = node_of(request)
@@ -82,7 +92,7 @@ async def _give_back(request: web.Request, space: str, task_ids: list[str]) -> N
         delivery_ids = [state.tasks[task_id].delivery_id for task_id in task_ids]
     for delivery_id in delivery_ids:
         try:
-            await node.propose(space, "delivery.release", {"delivery_id": delivery_id})
+            await node.propose(caller, "delivery.release", {"delivery_id": delivery_id})
         except ApiError:
             pass  # lapsed or ended meanwhile: nothing left to give back
 
@@ -98,13 +108,13 @@ def _worth_receiving(request: web.Request, run_id: str, mailbox: str) -> bool:
 
 async def _delivery_command(request: web.Request, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     args["delivery_id"] = request.match_info["id"]
-    result: dict[str, Any] = await node_of(request).propose(space_of(request), kind, args)
+    result: dict[str, Any] = await node_of(request).propose(caller_of(request), kind, args)
     return result
 
 
 @route(
     "POST", "/v1/deliveries/{id}/renew", "Extend a delivery's lease", body={"leaseMs": _LEASE_MS},
-    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE),
+    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE), permission=WRITE,
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -115,7 +125,7 @@ async def renew(request: web.Request) -> web.Response:
 @route(
     "POST", "/v1/deliveries/{id}/complete", "Complete a delivery: record its task's result",
     body={"result": {"type": "object", "properties": {"payload": ANY_JSON}}},
-    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE), permission=WRITE,
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -129,7 +139,7 @@ async def complete(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/deliveries/{id}/retry", "Give the task back for another attempt (after a backoff)",
-    body={"error": STRING, "delayMs": INTEGER}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"),
+    body={"error": STRING, "delayMs": INTEGER}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def retry(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -143,7 +153,7 @@ async def retry(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/deliveries/{id}/reject", "Fail the task now, without further attempts",
-    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"),
+    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -153,7 +163,7 @@ async def reject(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/deliveries/{id}/release", "Put the task back at once, no attempt counted",
-    errors=("NOT_FOUND", "LEASE_LOST"),
+    errors=("NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def release(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)

@@ -12,7 +12,17 @@ from runstate.actors.state import State
 from runstate.node.api import _request as req
 from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import ANY_JSON, INTEGER, ISO_TIME, STRING, node_of, route, space_of
+from runstate.node.api.routes import (
+    ANY_JSON,
+    INTEGER,
+    ISO_TIME,
+    READ,
+    STRING,
+    WRITE,
+    caller_of,
+    node_of,
+    route,
+)
 from runstate.node.api.views import iso
 
 if TYPE_CHECKING:
@@ -74,10 +84,10 @@ def _task_id(body: dict[str, Any]) -> str:
     "Create a task group with a run of its own (under parentScopeId when given)",
     body={"mailbox": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
           "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
-    ok=201, errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    ok=201, errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_group(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     members_max = limits.group_members_max
     args = {
@@ -90,27 +100,27 @@ async def create_group(request: web.Request) -> web.Response:
         "parent_id": req.text(body, "parentScopeId", max_chars=limits.name_chars_max),
         "retention_ms": node.config.retention_ms,
     }
-    result = await node.propose(space, "group.create", args)
-    return web.json_response(_render(node, space, result["group_id"]), status=201)
+    result = await node.propose(caller, "group.create", args)
+    return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
 
 
-@route("GET", "/v1/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",))
+@route("GET", "/v1/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ)
 async def group_status(request: web.Request) -> web.Response:
     node = node_of(request)
-    await node.confirm_leadership()
-    return web.json_response(_render(node, space_of(request), request.match_info["id"]))
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
 @route(
     "GET", "/v1/groups/{id}/wait",
     "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"),
+    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
-    node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     view = await long_poll(
-        request, node, groups.group_key(group_id), lambda: _render(node, space, group_id),
+        request, node, groups.group_key(group_id), lambda: _render(node, caller.space, group_id),
         lambda view: view["state"] == GroupState.FINALIZED,
     )
     return web.json_response(view)
@@ -120,13 +130,13 @@ async def wait(request: web.Request) -> web.Response:
     "POST", "/v1/groups/{id}/tasks",
     "Submit a member task to the group's run (idempotent per key; without a key the key is the input's hash)",
     body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def submit_member(request: web.Request) -> web.Response:
-    node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
     args = {"group_id": group_id, **req.task_fields(body)}
-    result = await node.propose(space, "group.submit", args)
+    result = await node.propose(caller, "group.submit", args)
     with node.read() as state:
         task = state.tasks[result["task_id"]]
         group = state.groups[group_id]
@@ -137,12 +147,12 @@ async def submit_member(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/join", "Add an existing task of the group's run as a member",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED"),
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED"), permission=WRITE,
 )
 async def join(request: web.Request) -> web.Response:
-    node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
-    result = await node.propose(space, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
+    result = await node.propose(caller, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
     with node.read() as state:
         group_state = state.groups[group_id].state
     return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": group_state})
@@ -151,19 +161,19 @@ async def join(request: web.Request) -> web.Response:
 @route(
     "POST", "/v1/groups/{id}/close",
     "Close the group to new members and decide at once what the full member list decides (idempotent)",
-    errors=("NOT_FOUND",),
+    errors=("NOT_FOUND",), permission=WRITE,
 )
 async def close(request: web.Request) -> web.Response:
-    node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    result = await node.propose(space, "group.close", {"group_id": group_id})
+    result = await node.propose(caller, "group.close", {"group_id": group_id})
     return web.json_response(_decision(result))
 
 
 async def _judge(request: web.Request, kind: str) -> web.Response:
-    node, space, group_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
-    result = await node.propose(space, kind, {"group_id": group_id, "task_id": _task_id(body)})
+    result = await node.propose(caller, kind, {"group_id": group_id, "task_id": _task_id(body)})
     return web.json_response({
         "taskId": result["task_id"],
         "verdict": result["verdict"],
@@ -176,7 +186,7 @@ async def _judge(request: web.Request, kind: str) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"),
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def accept(request: web.Request) -> web.Response:
     return await _judge(request, "group.accept")
@@ -184,7 +194,7 @@ async def accept(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"),
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     return await _judge(request, "group.reject")

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from runstate._version import __version__
 from runstate.node.api.errors import STATUS_BY_CODE
-from runstate.node.api.routes import ROUTES, SPACE_HEADER, route
+from runstate.node.api.routes import PUBLIC, ROUTES, SPACE_HEADER, route
 
 _PARAM = re.compile(r"{(\w+)(?::[^}]+)?}")
 
@@ -69,6 +69,6 @@ def document() -> dict[str, Any]:
     }
 
 
-@route("GET", "/v1/openapi.json", "This OpenAPI document")
+@route("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC)
 async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(document())

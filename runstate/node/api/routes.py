@@ -22,7 +22,29 @@ NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 
 SPACE_HEADER = "X-Runstate-Space"
 HOLDER_HEADER = "X-Runstate-Holder"
-_SPACE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+SPACE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+# What a route needs from the caller's API key (runstate.actors.access.PERMISSIONS), or:
+PUBLIC = "public"  # nothing: no key is read (health, the OpenAPI document)
+ANY_KEY = "any"  # a valid key, whatever its permissions (whoami, the cluster view)
+ADMIN = "admin"  # manage the space's keys (an operator admin: every space)
+RESOURCE_CONFIG = "resource_config"  # create or change mailboxes, barriers, timers, pools, limits, budgets
+WRITE = "coordination_write"  # submit, receive, complete, claim, accept, arrive, cancel, ...
+READ = "coordination_read"  # status, result, wait
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a request, as the auth middleware established it. Without auth (`runstate dev`
+    without --auth) there is no key and every permission."""
+
+    space: str
+    key_id: str | None
+    permissions: frozenset[str]
+    operator: bool  # an admin key of the operator space: manages every space
+
+
+CALLER_KEY: web.RequestKey[Caller] = web.RequestKey("caller", Caller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +53,7 @@ class Route:
     path: str
     handler: Handler
     summary: str
+    permission: str  # PUBLIC, ANY_KEY or one of the key permissions
     body: dict[str, Any] | None = None  # JSON schema properties of the request body
     query: dict[str, Any] = field(default_factory=dict)  # query parameters: schema
     ok: int = 200
@@ -45,13 +68,14 @@ def route(
     path: str,
     summary: str,
     *,
+    permission: str,
     body: dict[str, Any] | None = None,
     query: dict[str, Any] | None = None,
     ok: int = 200,
     errors: tuple[str, ...] = (),
 ) -> Callable[[Handler], Handler]:
     def register(handler: Handler) -> Handler:
-        ROUTES.append(Route(method, path, handler, summary, body, query or {}, ok, errors))
+        ROUTES.append(Route(method, path, handler, summary, permission, body, query or {}, ok, errors))
         return handler
 
     return register
@@ -61,13 +85,13 @@ def node_of(request: web.Request) -> Node:
     return request.app[NODE_KEY]
 
 
+def caller_of(request: web.Request) -> Caller:
+    """The caller the auth middleware recorded (every non-public route has one)."""
+    return request[CALLER_KEY]
+
+
 def space_of(request: web.Request) -> str:
-    space = request.headers.get(SPACE_HEADER)
-    if space is None:
-        return node_of(request).config.default_space
-    if not _SPACE_ID.match(space):
-        raise ApiError("VALIDATION", f"{SPACE_HEADER} must be 1 to 128 letters, digits, '_', '.' or '-'")
-    return space
+    return request[CALLER_KEY].space
 
 
 def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:

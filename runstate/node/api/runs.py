@@ -10,7 +10,7 @@ from aiohttp import web
 from runstate.actors import limits
 from runstate.node.api import _request as req
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import INTEGER, ISO_TIME, STRING, node_of, route, space_of
+from runstate.node.api.routes import INTEGER, ISO_TIME, READ, STRING, WRITE, caller_of, node_of, route
 from runstate.node.api.views import run_view
 
 if TYPE_CHECKING:
@@ -41,11 +41,11 @@ def _create_args(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _create(request: web.Request, body: dict[str, Any], parent_id: str | None) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     args = _create_args(body)
     args["parent_id"] = parent_id
-    result = await node.propose(space, "run.create", args)
-    response = render_run(node, space, result["run_id"])
+    result = await node.propose(caller, "run.create", args)
+    response = render_run(node, caller.space, result["run_id"])
     response.set_status(201)
     return response
 
@@ -53,7 +53,7 @@ async def _create(request: web.Request, body: dict[str, Any], parent_id: str | N
 @route(
     "POST", "/v1/scopes", "Create a run (every call creates a new one)",
     body={**_RUN_BODY, "parentScopeId": STRING}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_run(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -63,30 +63,30 @@ async def create_run(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/scopes/{id}/children", "Create a child run", body=_RUN_BODY, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_child(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     return await _create(request, body, request.match_info["id"])
 
 
-@route("GET", "/v1/scopes/{id}", "A run's status", errors=("NOT_FOUND",))
+@route("GET", "/v1/scopes/{id}", "A run's status", errors=("NOT_FOUND",), permission=READ)
 async def run_status(request: web.Request) -> web.Response:
     node = node_of(request)
-    await node.confirm_leadership()
-    return render_run(node, space_of(request), request.match_info["id"])
+    await node.confirm_leadership(caller_of(request))
+    return render_run(node, caller_of(request).space, request.match_info["id"])
 
 
 async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Response:
-    node, space, run_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, run_id = node_of(request), caller_of(request), request.match_info["id"]
     args.update(run_id=run_id, retention_ms=node.config.retention_ms)
-    await node.propose(space, kind, args)
-    return render_run(node, space, run_id)
+    await node.propose(caller, kind, args)
+    return render_run(node, caller.space, run_id)
 
 
 @route(
     "POST", "/v1/scopes/{id}/cancel", "Cancel a run and everything below it",
-    body={"reason": STRING}, errors=("NOT_FOUND", "CONFLICT"),
+    body={"reason": STRING}, errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def cancel_run(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -94,7 +94,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     return await _stop(request, "run.cancel", {"reason": reason})
 
 
-@route("POST", "/v1/scopes/{id}/complete", "Complete a run", errors=("NOT_FOUND", "CONFLICT"))
+@route("POST", "/v1/scopes/{id}/complete", "Complete a run", errors=("NOT_FOUND", "CONFLICT"), permission=WRITE)
 async def complete_run(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     return await _stop(request, "run.complete", {})

@@ -14,7 +14,7 @@ from runstate.actors.state import TaskState
 from runstate.node.api import _request as req
 from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import ANY_JSON, INTEGER, STRING, node_of, route, space_of
+from runstate.node.api.routes import ANY_JSON, INTEGER, READ, STRING, WRITE, caller_of, node_of, route
 from runstate.node.api.views import result_view, task_view
 from runstate.node.config import LONG_POLL_MS_MAX
 
@@ -34,11 +34,11 @@ def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any
 @route(
     "POST", "/v1/scopes/{id}/mailboxes/{name}/tasks",
     "Submit a task (idempotent per key; without a key the key is the input's hash)",
-    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS,
+    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE,
 )
 async def submit(request: web.Request) -> web.Response:
     args = _submit_args(request, await req.json_body(request))
-    result = await node_of(request).propose(space_of(request), "task.submit", args)
+    result = await node_of(request).propose(caller_of(request), "task.submit", args)
     answer = _submitted(request, args, result)
     return web.json_response(answer, status=201 if answer["created"] else 200)
 
@@ -48,7 +48,7 @@ async def submit(request: web.Request) -> web.Response:
     f"Submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
     body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
                     "items": {"type": "object", "properties": _TASK_FIELDS}}},
-    errors=("VALIDATION",),
+    errors=("VALIDATION",), permission=WRITE,
 )
 async def submit_batch(request: web.Request) -> web.Response:
     """Each task is validated and committed like a single submit (the log commits them together);
@@ -57,14 +57,14 @@ async def submit_batch(request: web.Request) -> web.Response:
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
         raise ApiError("VALIDATION", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
 
     async def one(item: Any) -> dict[str, Any]:
         try:
             if not isinstance(item, dict):
                 raise ApiError("VALIDATION", "each task must be an object such as {\"input\": ...}")
             args = _submit_args(request, item)
-            return _submitted(request, args, await node.propose(space, "task.submit", args))
+            return _submitted(request, args, await node.propose(caller, "task.submit", args))
         except ApiError as error:
             return {"error": {"code": error.code, "message": error.message}}
 
@@ -77,13 +77,13 @@ def _state_of(request: web.Request, task_id: str) -> str | None:
         return task.state if task else None
 
 
-@route("GET", "/v1/tasks/{id}", "A task's status", errors=("NOT_FOUND",))
+@route("GET", "/v1/tasks/{id}", "A task's status", errors=("NOT_FOUND",), permission=READ)
 async def task_status(request: web.Request) -> web.Response:
-    node, space, task_id = node_of(request), space_of(request), request.match_info["id"]
-    await node.confirm_leadership()
+    node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
+    await node.confirm_leadership(caller)
     with node.read() as state:
         task = state.tasks.get(task_id)
-        if task is None or task.space != space:
+        if task is None or task.space != caller.space:
             raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
         return web.json_response(task_view(task))
 
@@ -92,15 +92,15 @@ async def task_status(request: web.Request) -> web.Response:
     "GET", "/v1/tasks/{id}/result",
     "A task's result: answers when the task is finished, or after waitMs with done=false",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"),
+    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
 )
 async def task_result(request: web.Request) -> web.Response:
-    node, space, task_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
 
     def look() -> dict[str, Any]:
         with node.read() as state:
             task = state.tasks.get(task_id)
-            if task is None or task.space != space:
+            if task is None or task.space != caller.space:
                 raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
             return result_view(task)
 
@@ -113,7 +113,7 @@ async def task_result(request: web.Request) -> web.Response:
     "Results of many tasks: answers when all are finished, or after waitMs with what is known",
     body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
           "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
-    errors=("VALIDATION",),
+    errors=("VALIDATION",), permission=READ,
 )
 async def task_results(request: web.Request) -> web.Response:
     """One result view per id, in order (`{"id", "error"}` for an unknown id)."""
@@ -127,16 +127,16 @@ async def task_results(request: web.Request) -> web.Response:
         raise ApiError("VALIDATION", f"ids must be a list of 1 to {limits.results_batch_max} task ids")
     wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
     assert wait_ms is not None
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     deadline = time.monotonic() + wait_ms / 1000
-    await node.confirm_leadership()
+    await node.confirm_leadership(caller)
     while True:
         pending: str | None = None
         views: list[dict[str, Any]] = []
         with node.read() as state:
             for task_id in ids:
                 task = state.tasks.get(task_id)
-                if task is None or task.space != space:
+                if task is None or task.space != caller.space:
                     views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
                     continue
                 views.append(result_view(task))

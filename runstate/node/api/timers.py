@@ -11,7 +11,7 @@ from runstate.actors.timers import Timer
 from runstate.node.api import _request as req
 from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate.node.api.errors import ApiError
-from runstate.node.api.routes import ISO_TIME, node_of, route, space_of
+from runstate.node.api.routes import ISO_TIME, READ, RESOURCE_CONFIG, WRITE, caller_of, node_of, route
 from runstate.node.api.views import in_space, iso
 
 if TYPE_CHECKING:
@@ -40,10 +40,10 @@ def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
 @route(
     "POST", "/v1/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
     body={"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE),
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def create_timer(request: web.Request) -> web.Response:
-    node, space = node_of(request), space_of(request)
+    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     after = body.get("afterSeconds")
     if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= AFTER_SECONDS_MAX):
@@ -53,29 +53,29 @@ async def create_timer(request: web.Request) -> web.Response:
         "fire_at_ms": req.timestamp_ms(body, "at"),
         "after_ms": None if after is None else round(after * 1000),
     }
-    result = await node.propose(space, "timer.create", args)
-    return web.json_response(_render(node, space, result["timer_id"]), status=201)
+    result = await node.propose(caller, "timer.create", args)
+    return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
-@route("GET", "/v1/timers/{id}", "A timer's state", errors=("NOT_FOUND",))
+@route("GET", "/v1/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ)
 async def timer_status(request: web.Request) -> web.Response:
     node = node_of(request)
-    await node.confirm_leadership()
-    return web.json_response(_render(node, space_of(request), request.match_info["id"]))
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
 @route(
     "POST", "/v1/timers/{id}/wait",
     "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION", "CONFLICT"),
+    errors=("NOT_FOUND", "VALIDATION", "CONFLICT"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
-    node, space, timer_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
 
     def look() -> dict[str, Any]:
-        view = _render(node, space, timer_id)
+        view = _render(node, caller.space, timer_id)
         if view["state"] == timers.CANCELLED:
             raise ApiError("CONFLICT", f"timer {timer_id} was cancelled")
         return view
@@ -84,16 +84,16 @@ async def wait(request: web.Request) -> web.Response:
     view = await long_poll(request, node, timers.timer_key(timer_id), look, lambda view: view["state"] in fired)
     if view["state"] not in fired:
         return web.json_response({**view, "done": False})
-    await node.propose(space, "timer.acknowledge", {"timer_id": timer_id})
-    return web.json_response({**_render(node, space, timer_id), "done": True})
+    await node.propose(caller, "timer.acknowledge", {"timer_id": timer_id})
+    return web.json_response({**_render(node, caller.space, timer_id), "done": True})
 
 
 @route(
     "POST", "/v1/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
-    errors=("NOT_FOUND", "CONFLICT"),
+    errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def cancel(request: web.Request) -> web.Response:
-    node, space, timer_id = node_of(request), space_of(request), request.match_info["id"]
+    node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    await node.propose(space, "timer.cancel", {"timer_id": timer_id})
-    return web.json_response(_render(node, space, timer_id))
+    await node.propose(caller, "timer.cancel", {"timer_id": timer_id})
+    return web.json_response(_render(node, caller.space, timer_id))

@@ -1,0 +1,248 @@
+"""Spaces are tenants: every command of dispatch.HANDLERS that names an entity of another space
+is refused as if the entity did not exist (NOT_FOUND), and changes nothing.
+
+Two spaces get the same entities (mailbox, run, child run, queued task, held and completed
+deliveries, held and completed claims, a group with a member, barriers, timers, an admin key).
+Each case names entities of space A in a command of space B, with no key (a node without auth)
+and with B's admin key; and from a space that does not exist yet. The same case in space A must
+not be NOT_FOUND, so each case really names something that exists. A new handler without a case
+fails `test_every_handler_has_a_case`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from runstate.actors import access, dispatch, errors
+from tests.test_actors_access import ALL, KeyedHarness
+from tests.test_actors_harness import MAILBOX, RETENTION_MS, snapshot_bytes, unpack
+
+A, B, NEW = "space-a", "space-b", "space-new"
+LEASE_MS = 10_000
+
+
+@dataclass
+class Entities:
+    space: str
+    admin_key: str  # an admin key of the space (not of the operator space)
+    run: str
+    child: str
+    queued_task: str
+    held_delivery: str
+    done_delivery: str  # the delivery that completed its task
+    held_lease: str  # the lease of the claim "held"
+    done_lease: str  # the lease that completed the claim "done"
+    group: str
+    group_run: str
+    member: str  # a SUCCEEDED member of the group, without a verdict
+    waiting_barrier: str  # key "a" arrived, target 2
+    released_barrier: str
+    armed_timer: str
+    fired_timer: str
+
+
+def build(h: KeyedHarness, space: str) -> Entities:
+    """Every kind of entity in `space`, made through the commands (a node without auth)."""
+    h.space = space
+    admin_key = h.mint(space, ALL)
+    h.ensure()
+    run = h.create_run()
+    child = h.create_run(parent_id=run)
+    h.submit(run, "done")
+    (done_delivery,) = h.receive(run)
+    h.delivery("complete", done_delivery, payload=1)
+    h.submit(run, "held")
+    (held_delivery,) = h.receive(run)
+    queued_task = h.submit(run, "queued")
+
+    def acquire(key: str) -> str:
+        return str(h.ok("claim.acquire", run_id=run, key=key, lease_ms=LEASE_MS, holder="w")["lease_id"])
+
+    held_lease = acquire("held")
+    done_lease = acquire("done")
+    h.ok("claim.complete", lease_id=done_lease, result=1)
+
+    group = h.ok("group.create", run_id=run, mailbox=MAILBOX, condition="ALL_TERMINAL", retention_ms=RETENTION_MS)
+    member = h.ok("group.submit", group_id=group["group_id"], key="m1", input=1, input_hash="h1")["task_id"]
+    (member_delivery,) = h.receive(group["run_id"])
+    h.delivery("complete", member_delivery, payload=1)
+
+    waiting_barrier = h.ok("barrier.create", run_id=run, target=2)["barrier_id"]
+    h.ok("barrier.arrive", barrier_id=waiting_barrier, key="a")
+    released_barrier = h.ok("barrier.create", run_id=run, target=1)["barrier_id"]
+    h.ok("barrier.arrive", barrier_id=released_barrier, key="a")
+
+    armed_timer = h.ok("timer.create", run_id=run, after_ms=3_600_000)["timer_id"]
+    fired_timer = h.ok("timer.create", run_id=run, after_ms=0)["timer_id"]
+    h.tick()
+    assert h.state.timers[fired_timer].state == "FIRED"
+    return Entities(
+        space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease,
+        group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
+    )
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[bytes, int, Entities, Entities]:
+    """(the snapshot, the command count, A's entities, B's entities); each test restores its own
+    harness from it."""
+    h = KeyedHarness()
+    h.bootstrap()  # "ops" is the operator space: neither A's nor B's admin key is an operator
+    a, b = build(h, A), build(h, B)
+    return snapshot_bytes(h.state), h.commands, a, b
+
+
+def harness(world: tuple[bytes, int, Entities, Entities]) -> KeyedHarness:
+    snapshot, commands, _, _ = world
+    h = KeyedHarness()
+    h.core.restore(unpack(snapshot))
+    h.commands = commands
+    return h
+
+
+# -- the cases -----------------------------------------------------------------------------------
+
+Args = Callable[[Entities, Entities], dict[str, Any]]  # (foreign, own) -> args
+
+
+@dataclass
+class Case:
+    args: Args
+    code: str = errors.NOT_FOUND
+    keyed_only: bool = False  # a keyless caller is trusted like an operator admin: it may do this
+
+
+def submit(run: str, key: str, input: Any = 1) -> dict[str, Any]:
+    return {"run_id": run, "mailbox": MAILBOX, "key": key, "input": input, "input_hash": "h1"}
+
+
+def new_key(target: str) -> dict[str, Any]:
+    return {"space_id": target, "key_id": "key_foreign", "key_hash": "0" * 64, "name": None, "permissions": ["admin"]}
+
+
+CASES: dict[str, list[Case]] = {
+    "run.create": [Case(lambda f, o: {"parent_id": f.run}), Case(lambda f, o: {"parent_id": f.group_run})],
+    "run.cancel": [
+        Case(lambda f, o: {"run_id": f.run, "retention_ms": RETENTION_MS}),
+        Case(lambda f, o: {"run_id": f.child, "retention_ms": RETENTION_MS}),
+        Case(lambda f, o: {"run_id": f.group_run, "retention_ms": RETENTION_MS}),
+    ],
+    "run.complete": [Case(lambda f, o: {"run_id": f.run, "retention_ms": RETENTION_MS})],
+    "task.submit": [
+        Case(lambda f, o: submit(f.run, "queued", {"key": "queued"})),  # the existing task's key
+        Case(lambda f, o: submit(f.run, "fresh")),
+        Case(lambda f, o: submit(f.group_run, "m1")),
+    ],
+    "task.receive": [
+        Case(lambda f, o: {"run_id": f.run, "mailbox": MAILBOX, "max": 10, "lease_ms": LEASE_MS, "holder": "x"})
+    ],
+    "delivery.renew": [Case(lambda f, o: {"delivery_id": f.held_delivery, "lease_ms": LEASE_MS})],
+    "delivery.complete": [
+        Case(lambda f, o: {"delivery_id": f.held_delivery, "payload": 2}),
+        Case(lambda f, o: {"delivery_id": f.done_delivery, "payload": 1}),  # a repeated complete
+    ],
+    "delivery.retry": [Case(lambda f, o: {"delivery_id": f.held_delivery, "error": "e", "delay_ms": None})],
+    "delivery.reject": [Case(lambda f, o: {"delivery_id": f.held_delivery, "error": "e"})],
+    "delivery.release": [Case(lambda f, o: {"delivery_id": f.held_delivery})],
+    "claim.acquire": [
+        Case(lambda f, o, key=key: {"run_id": f.run, "key": key, "lease_ms": LEASE_MS, "holder": "x"})
+        for key in ("held", "done", "fresh")
+    ],
+    "claim.renew": [Case(lambda f, o: {"lease_id": f.held_lease, "lease_ms": LEASE_MS})],
+    "claim.complete": [
+        Case(lambda f, o: {"lease_id": f.held_lease, "result": 2}),
+        Case(lambda f, o: {"lease_id": f.done_lease, "result": 1}),  # a repeated complete
+    ],
+    "claim.fail": [Case(lambda f, o: {"lease_id": f.held_lease, "error": "e"})],
+    "claim.release": [Case(lambda f, o: {"lease_id": f.held_lease})],
+    "group.create": [
+        Case(lambda f, o: {"run_id": f.run, "mailbox": MAILBOX, "condition": "ALL_TERMINAL",
+                           "retention_ms": RETENTION_MS}),
+        Case(lambda f, o: {"run_id": o.run, "parent_id": f.run, "mailbox": MAILBOX, "condition": "ALL_TERMINAL",
+                           "retention_ms": RETENTION_MS}),
+    ],
+    "group.submit": [
+        Case(lambda f, o: {"group_id": f.group, "key": "m1", "input": 1, "input_hash": "h1"}),  # a member's key
+        Case(lambda f, o: {"group_id": f.group, "key": "m2", "input": 2, "input_hash": "h2"}),
+    ],
+    "group.join": [
+        Case(lambda f, o: {"group_id": f.group, "task_id": f.member}),
+        Case(lambda f, o: {"group_id": o.group, "task_id": f.queued_task}),
+    ],
+    "group.close": [Case(lambda f, o: {"group_id": f.group})],
+    **{
+        verdict: [
+            Case(lambda f, o: {"group_id": f.group, "task_id": f.member}),
+            Case(lambda f, o: {"group_id": o.group, "task_id": f.member}),
+        ]
+        for verdict in ("group.accept", "group.reject")
+    },
+    "barrier.create": [Case(lambda f, o: {"run_id": f.run, "target": 2})],
+    "barrier.arrive": [
+        Case(lambda f, o: {"barrier_id": f.waiting_barrier, "key": "a"}),  # arrived already: idempotent
+        Case(lambda f, o: {"barrier_id": f.waiting_barrier, "key": "z"}),
+        Case(lambda f, o: {"barrier_id": f.released_barrier, "key": "a"}),
+    ],
+    "barrier.next_epoch": [Case(lambda f, o: {"barrier_id": f.released_barrier})],
+    "timer.create": [Case(lambda f, o: {"run_id": f.run, "after_ms": 1_000})],
+    "timer.acknowledge": [Case(lambda f, o: {"timer_id": f.fired_timer})],
+    "timer.cancel": [Case(lambda f, o: {"timer_id": f.armed_timer})],
+    "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
+    # Naming another space as the target is refused before anything is looked up.
+    "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],
+}
+
+# Handlers that name no entity of a space by id: they act on the command's own space only.
+# (space.create names a new space; who may create one is tested in test_actors_access.)
+NO_FOREIGN_ID = {"mailbox.ensure", "run.default", "space.create"}
+
+
+def test_every_handler_has_a_case() -> None:
+    assert set(CASES) | NO_FOREIGN_ID == set(dispatch.HANDLERS)
+    assert not set(CASES) & NO_FOREIGN_ID
+    assert all(CASES.values())
+
+
+PARAMS = [
+    pytest.param(kind, index, mode, id=f"{kind}-{index}-{mode}")
+    for kind, cases in CASES.items()
+    for index, case in enumerate(cases)
+    for mode in ("keyed", "keyless", "new-space")
+    if not (case.keyed_only and mode != "keyed")
+]
+
+
+@pytest.mark.parametrize(("kind", "index", "mode"), PARAMS)
+def test_an_id_of_another_space_is_not_found_and_changes_nothing(
+    world: tuple[bytes, int, Entities, Entities], kind: str, index: int, mode: str
+) -> None:
+    _, _, a, b = world
+    case = CASES[kind][index]
+    h = harness(world)
+    space = NEW if mode == "new-space" else B
+    api_key = b.admin_key if mode == "keyed" else None
+    assert h.err(kind, space=space, api_key=api_key, **case.args(a, b)) == case.code  # the snapshot is unchanged
+    assert NEW not in h.state.spaces
+
+    # The same case in space A names things that exist there: not NOT_FOUND.
+    owner = harness(world)
+    result = owner.apply(kind, space=A, api_key=a.admin_key if mode == "keyed" else None, **case.args(a, a))
+    assert result.get("error", {}).get("code") != errors.NOT_FOUND, result
+
+
+def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities, Entities]) -> None:
+    """Both spaces hold one of everything, and nothing of one space points into the other."""
+    h = harness(world)
+    state = h.state
+    for table in (state.runs, state.tasks, state.claims, state.groups, state.barriers, state.timers):
+        assert {entity.space for entity in table.values()} == {A, B}
+    for run in state.runs.values():
+        assert all(state.runs[child].space == run.space for child in run.children)
+        assert all(state.claims[claim].space == run.space for claim in run.claims.values())
+    for task in state.tasks.values():
+        assert state.runs[task.run_id].space == task.space
+    assert [view["id"] for view in access.list_keys(state, B)] == [world[3].admin_key]
