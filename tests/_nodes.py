@@ -84,3 +84,26 @@ class DevNode:
                 self.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+BOOTSTRAP_KEY_FILE = "bootstrap.key"
+BOOTSTRAP_KEY_WAIT_S = 10.0
+
+
+def start_auth_node(data_dir: Path) -> tuple[DevNode, str]:
+    """A `runstate dev --auth` node on `data_dir` and the secret of the admin key it bootstrapped
+    (the node writes it to <data dir>/bootstrap.key)."""
+    node = DevNode(data_dir, "--auth").start()
+    return node, read_bootstrap_key(node)
+
+
+def read_bootstrap_key(node: DevNode) -> str:
+    assert node.data_dir is not None
+    path = node.data_dir / BOOTSTRAP_KEY_FILE
+    deadline = time.monotonic() + BOOTSTRAP_KEY_WAIT_S
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            assert path.stat().st_mode & 0o777 == 0o600
+            return path.read_text().strip()
+        time.sleep(0.05)
+    raise AssertionError(f"no bootstrap key in {path}: {node.log()}")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests._nodes import DevNode, free_port
-from tests.test_sdk_admin import OPERATOR_SPACE, start_auth_node, unique
+from tests._nodes import DevNode, free_port, start_auth_node
+from tests.test_sdk_admin import OPERATOR_SPACE, unique
 
 CLI_TIMEOUT_S = 60
 CLIENT_ENV = ("RUNSTATE_BASE_URL", "RUNSTATE_API_KEY", "RUNSTATE_SPACE_ID")

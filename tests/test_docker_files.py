@@ -24,6 +24,7 @@ DOCKER = ROOT / "docker"
 COMPOSE_TEXT = (DOCKER / "compose.yml").read_text()
 DOCKERFILE_TEXT = (DOCKER / "Dockerfile").read_text()
 SECRET_VARIABLE = "RUNSTATE_CLUSTER_SECRET"
+BOOTSTRAP_KEY_VARIABLE = "RUNSTATE_BOOTSTRAP_KEY"
 API_PORT, RAFT_PORT = "8080", "9000"
 HELP_TIMEOUT_S = 60
 
@@ -166,14 +167,16 @@ def test_only_the_api_is_published_on_distinct_host_ports() -> None:
     assert host_ports == ["8081", "8082", "8083"]
 
 
-def test_the_secret_comes_from_the_environment_only() -> None:
+@pytest.mark.parametrize("variable", [SECRET_VARIABLE, BOOTSTRAP_KEY_VARIABLE])
+def test_the_secrets_come_from_the_environment_only(variable: str) -> None:
     for name, service in SERVICES.items():
-        value = service["environment"][SECRET_VARIABLE]
-        assert re.fullmatch(rf"\$\{{{SECRET_VARIABLE}:\?[^}}]+\}}", value), (name, value)
+        value = service["environment"][variable]
+        assert re.fullmatch(rf"\$\{{{variable}:\?[^}}]+\}}", value), (name, value)
         assert "--secret-file" not in node_flags(service), name
+        assert "--bootstrap-key-file" not in node_flags(service), name
     for line in COMPOSE_TEXT.splitlines():
         # A literal would be assigned to the variable, or look like a key (hex or base64).
-        assignment = re.search(rf"{SECRET_VARIABLE}\s*[:=]\s*(\S+)", line)
+        assignment = re.search(rf"{variable}\s*[:=]\s*(\S+)", line)
         if assignment and not line.lstrip().startswith("#"):
             assert assignment.group(1).startswith("${"), line
         assert not re.search(r"[0-9a-fA-F]{16,}|[A-Za-z0-9+/_-]{32,}={0,2}", line), line

@@ -6,11 +6,9 @@ are enforced once the node restarts with --auth."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,31 +24,10 @@ from runstate import (
     ValidationError,
 )
 from runstate.sdk import PERMISSIONS, Identity, KeyInfo, NewKey, SpaceInfo
-from tests._nodes import DevNode
+from tests._nodes import DevNode, read_bootstrap_key, start_auth_node
 
 OPERATOR_SPACE = "default"
-BOOTSTRAP_KEY_FILE = "bootstrap.key"
-BOOTSTRAP_KEY_WAIT_S = 10.0
 CLOCK_SLACK = timedelta(minutes=5)  # times the node stamps are near the test's clock
-
-
-def start_auth_node(data_dir: Path) -> tuple[DevNode, str]:
-    """A `runstate dev --auth` node on `data_dir` and the secret of the admin key it bootstrapped
-    (the node writes it to <data dir>/bootstrap.key)."""
-    node = DevNode(data_dir, "--auth").start()
-    return node, read_bootstrap_key(node)
-
-
-def read_bootstrap_key(node: DevNode) -> str:
-    assert node.data_dir is not None
-    path = node.data_dir / BOOTSTRAP_KEY_FILE
-    deadline = time.monotonic() + BOOTSTRAP_KEY_WAIT_S
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            assert path.stat().st_mode & 0o777 == 0o600
-            return path.read_text().strip()
-        time.sleep(0.05)
-    raise AssertionError(f"no bootstrap key in {path}: {node.log()}")
 
 
 def unique(prefix: str) -> str:

@@ -44,7 +44,8 @@ async def cluster_view(request: web.Request) -> web.Response:
 
 @route(
     "GET", "/v1/cluster/digest",
-    "This node's applied log index and a SHA-256 of its state there (replicas at one index agree)", permission=ANY_KEY,
+    "This node's applied log index, a SHA-256 of its state there (replicas at one index agree), and one of "
+    "the state without its clock (`dataDigest`: unchanged by reads and refused commands)", permission=ANY_KEY,
 )
 async def state_digest(request: web.Request) -> web.Response:
     node = node_of(request)
@@ -52,4 +53,8 @@ async def state_digest(request: web.Request) -> web.Response:
         applied_index = node.log.applied_index
         snapshot = to_snapshot(state)
     digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
-    return web.json_response({"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest})
+    # Every command moves the clock, a refused one and a read's no-op included; nothing else.
+    data_digest = hashlib.sha256(msgpack.packb({**snapshot, "clock_ms": None}, use_bin_type=True)).hexdigest()
+    return web.json_response(
+        {"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest, "dataDigest": data_digest}
+    )

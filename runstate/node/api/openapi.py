@@ -17,6 +17,8 @@ _PARAM = re.compile(r"{(\w+)(?::[^}]+)?}")
 def openapi_path(path: str) -> str:
     """An aiohttp route path in OpenAPI form: `{key:.+}` becomes `{key}`."""
     return _PARAM.sub(lambda match: "{" + match.group(1) + "}", path)
+
+
 _ERROR = {
     "description": "error",
     "content": {
@@ -59,6 +61,13 @@ def document() -> dict[str, Any]:
                 "required": False,
                 "content": {"application/json": {"schema": {"type": "object", "properties": entry.body}}},
             }
+        # Which key the route needs: none (public), any valid one, or one with this permission.
+        operation["x-runstate-permission"] = entry.permission
+        if entry.permission == PUBLIC:
+            operation["security"] = []
+        else:
+            for code in ("UNAUTHENTICATED", "FORBIDDEN"):
+                operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
         for code in entry.errors:
             operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
         paths.setdefault(openapi_path(entry.path), {})[entry.method.lower()] = operation
@@ -66,6 +75,9 @@ def document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "runstate", "version": __version__},
         "paths": paths,
+        # A node started without auth (`runstate dev`) ignores the key.
+        "components": {"securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"apiKey": []}],
     }
 
 

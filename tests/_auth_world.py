@@ -1,0 +1,120 @@
+"""A `runstate dev --auth` node furnished for the auth tests: one of every entity in the operator
+space, a second space with an all-permission key, a revoked key, and for each permission a key
+with every other one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests._http import Api
+from tests._nodes import DevNode, start_auth_node
+
+PERMISSIONS = ("admin", "resource_config", "coordination_write", "coordination_read")
+OTHER_SPACE = "other-team"
+_PARAMETER = re.compile(r"{(\w+)}")
+
+
+@dataclass
+class World:
+    node: DevNode
+    admin: Api  # the operator's bootstrap key
+    ids: dict[str, str]  # path parameter values, per route family
+    bodies: dict[tuple[str, str], Any]
+    other: Api  # an all-permission key of OTHER_SPACE
+    revoked: Api
+    lacking: dict[str, Api]  # permission -> a key of the operator space with every other permission
+    routes: list[tuple[str, str, str]]  # (method, OpenAPI path, x-runstate-permission)
+
+
+def new_key(admin: Api, permissions: list[str], space: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"permissions": permissions, "name": "matrix"}
+    if space is not None:
+        body["space"] = space
+    key: dict[str, Any] = admin.ok("POST", "/v1/keys", body)
+    return key
+
+
+def auth_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """A module fixture's body: the node with its world; the node is stopped at the end."""
+    node, secret = start_auth_node(tmp_path_factory.mktemp("auth-world") / "data")
+    try:
+        yield build_world(node, secret)
+    finally:
+        node.stop()
+
+
+def build_world(node: DevNode, secret: str) -> World:
+    admin = Api(node.url, key=secret)
+    admin.ok("POST", "/v1/mailboxes", {"name": "work"})
+    admin.ok("POST", "/v1/mailboxes", {"name": "a-only"})  # a name no other space has
+    run = admin.ok("POST", "/v1/scopes", {})["id"]
+    admin.ok("POST", f"/v1/scopes/{run}/children", {})
+    task = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/tasks", {"input": 1, "key": "t1"})["id"]
+    (delivery,) = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/receive", {"leaseMs": 600_000})["deliveries"]
+    claim = admin.ok("POST", f"/v1/scopes/{run}/claims", {"key": "c1", "leaseMs": 600_000})
+    group = admin.ok("POST", f"/v1/scopes/{run}/groups", {"mailbox": "work", "condition": "ALL_TERMINAL"})["id"]
+    member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
+    barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
+    timer = admin.ok("POST", f"/v1/scopes/{run}/timers", {"afterSeconds": 3600})["id"]
+    admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
+    other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
+    other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
+    victim = new_key(admin, ["coordination_read"])
+    revoked = Api(node.url, key=victim["key"])
+    admin.ok("POST", f"/v1/keys/{victim['id']}/revoke")
+    lacking = {
+        permission: Api(node.url, key=new_key(admin, [p for p in PERMISSIONS if p != permission])["key"])
+        for permission in PERMISSIONS
+    }
+    ids = {
+        "scopes": run, "tasks": task, "deliveries": delivery["id"], "claims": claim["leaseId"], "groups": group,
+        "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": "a-only", "claim-key": "c1",
+    }
+    bodies = {
+        ("POST", "/v1/groups/{id}/join"): {"taskId": task},
+        ("POST", "/v1/groups/{id}/accept"): {"taskId": member},
+        ("POST", "/v1/groups/{id}/reject"): {"taskId": member},
+        ("POST", "/v1/groups/{id}/tasks"): {"input": 3},
+        ("POST", "/v1/barriers/{id}/arrive"): {"key": "a"},
+        ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks"): {"input": 4},
+        ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks/batch"): {"tasks": [{"input": 5}]},
+        ("POST", "/v1/scopes/{id}/claims"): {"key": "c2"},
+        ("POST", "/v1/scopes/{id}/barriers"): {"target": 1},
+        ("POST", "/v1/scopes/{id}/timers"): {"afterSeconds": 60},
+        ("POST", "/v1/scopes/{id}/groups"): {"mailbox": "work", "condition": "ALL_TERMINAL"},
+        ("POST", "/v1/claims/{lease}/complete"): {"result": 1},
+        ("POST", "/v1/deliveries/{id}/complete"): {"result": {"payload": 1}},
+        ("POST", "/v1/mailboxes"): {"name": "more"},
+        ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
+        ("POST", "/v1/tasks/results"): {"ids": [task]},
+    }
+    document = Api(node.url).ok("GET", "/v1/openapi.json")
+    routes = [
+        (method.upper(), path, operation["x-runstate-permission"])
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+    ]
+    return World(node, admin, ids, bodies, other, revoked, lacking, routes)
+
+
+def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = None) -> str:
+    """`path` with the world's ids (or `ids`) in its parameters."""
+    values = ids if ids is not None else world.ids
+    family = path.split("/")[2]
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == "key":
+            return values["claim-key"]
+        if name == "name":
+            return values["mailboxes"]
+        if name == "lease":
+            return values["claims"]
+        return values[family]
+
+    return _PARAMETER.sub(value, path)

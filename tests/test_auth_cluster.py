@@ -1,0 +1,50 @@
+"""Keys on the three-node cluster: every node requires one, the first leader bootstraps exactly one
+admin key, a key created through one node works at once on the others, and a key revoked through
+one node is refused by the other two at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._cluster import Cluster, cluster_factory
+from tests._http import Api
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    yield from cluster_factory(tmp_path)
+
+
+def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    followers = [index for index in range(cluster.size) if index != leader]
+    for index in range(cluster.size):
+        assert Api(cluster.urls[index]).error("GET", "/v1/cluster") == (401, "UNAUTHENTICATED")
+        assert Api(cluster.urls[index]).error("POST", "/v1/scopes", {}) == (401, "UNAUTHENTICATED")
+    keys = cluster.api(leader).ok("GET", "/v1/keys")["keys"]
+    assert [(key["name"], key["permissions"]) for key in keys] == [
+        ("bootstrap admin", ["admin", "resource_config", "coordination_write", "coordination_read"])
+    ]
+
+    # Created through a follower, used at once through every node (followers forward to the leader).
+    created = cluster.api(followers[0]).ok(
+        "POST", "/v1/keys", {"permissions": ["coordination_write", "coordination_read"], "name": "worker"}
+    )
+    workers = [Api(url, key=created["key"]) for url in cluster.urls]
+    for api in workers:
+        assert api.ok("GET", "/v1/whoami")["keyId"] == created["id"]
+    run_id = workers[followers[1]].ok("POST", "/v1/scopes", {})["id"]
+
+    # Revoked through the other follower: refused at once everywhere, reads and writes alike.
+    revoked = cluster.api(followers[1]).ok("POST", f"/v1/keys/{created['id']}/revoke")
+    assert revoked["revokedAt"] is not None
+    for api in workers:
+        assert api.error("GET", "/v1/whoami") == (401, "UNAUTHENTICATED")
+        assert api.error("GET", f"/v1/scopes/{run_id}") == (401, "UNAUTHENTICATED")
+        assert api.error("POST", "/v1/scopes", {}) == (401, "UNAUTHENTICATED")
+    assert cluster.api(followers[0]).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+    cluster.wait_same_digest()

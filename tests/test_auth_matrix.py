@@ -1,0 +1,126 @@
+"""Every route of the OpenAPI document against a `runstate dev --auth` node, called with no key, a
+revoked key, a key lacking the route's permission, and a key of another space: each gets the
+documented status, and none changes the state (the node's state digest without its clock is the
+same before and after). An id of another space answers exactly as an id that does not exist."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests._auth_world import OTHER_SPACE, PERMISSIONS, World, auth_world, concrete
+from tests._http import Api
+
+# Routes whose answer depends on no id of the caller's space: a key of another space uses them in
+# its own space, legitimately (and changes its own space's state), so the cross-space case skips them.
+SPACELESS = {
+    ("GET", "/v1/whoami"), ("POST", "/v1/spaces"), ("GET", "/v1/spaces"), ("POST", "/v1/keys"),
+    ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("POST", "/v1/default-scope"), ("POST", "/v1/mailboxes"),
+    ("POST", "/v1/tasks/results"),
+    ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    yield from auth_world(tmp_path_factory)
+
+
+def data_digest(world: World) -> str:
+    return str(world.admin.ok("GET", "/v1/cluster/digest")["dataDigest"])
+
+
+def call(world: World, api: Api, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    body = world.bodies.get((method, path), {} if method == "POST" else None)
+    return api(method, concrete(world, method, path, **kwargs), body)
+
+
+def test_the_document_names_a_permission_for_every_route(world: World) -> None:
+    permissions = {permission for _, _, permission in world.routes}
+    assert permissions <= {"public", "any", *PERMISSIONS}
+    assert {(m, p) for m, p, perm in world.routes if perm == "public"} == {
+        ("GET", "/v1/health"), ("GET", "/v1/openapi.json"),
+    }
+    assert len(world.routes) > 50
+
+
+def test_no_key_and_a_revoked_key_are_unauthenticated_and_change_nothing(world: World) -> None:
+    anonymous = Api(world.node.url)
+    wrong = Api(world.node.url, key="rsk_" + "x" * 43)
+    before = data_digest(world)
+    for method, path, permission in world.routes:
+        for api in (anonymous, wrong, world.revoked):
+            status, body = call(world, api, method, path)
+            if permission == "public":
+                assert status == 200, (method, path, status, body)
+            else:
+                assert (status, body["error"]["code"]) == (401, "UNAUTHENTICATED"), (method, path, body)
+    assert data_digest(world) == before
+
+
+def test_a_key_without_the_permission_is_forbidden_and_changes_nothing(world: World) -> None:
+    before = data_digest(world)
+    checked = 0
+    for method, path, permission in world.routes:
+        if permission not in PERMISSIONS:
+            continue
+        status, body = call(world, world.lacking[permission], method, path)
+        assert (status, body["error"]["code"]) == (403, "FORBIDDEN"), (method, path, body)
+        assert permission in body["error"]["message"]
+        checked += 1
+    assert checked > 40
+    assert data_digest(world) == before
+
+
+def test_ids_of_another_space_are_not_found_exactly_like_unknown_ids(world: World) -> None:
+    unknown = {family: f"{value}x" for family, value in world.ids.items()}
+    before = data_digest(world)
+    checked = 0
+    for method, path, permission in world.routes:
+        if permission == "public" or (method, path) in SPACELESS:
+            continue
+        status, body = call(world, world.other, method, path)
+        if path.endswith("/batch"):  # per-item answers (docs/http-api.md): each one NOT_FOUND
+            assert status == 200 and [item["error"]["code"] for item in body["tasks"]] == ["NOT_FOUND"], body
+            continue
+        assert (status, (body.get("error") or {}).get("code")) == (404, "NOT_FOUND"), (method, path, body)
+        # The same answer as for an id that exists nowhere, up to the id itself.
+        unknown_status, unknown_body = call(world, world.other, method, path, ids=unknown)
+        assert unknown_status == 404, (method, path, unknown_body)
+        message, unknown_message = body["error"]["message"], unknown_body["error"]["message"]
+        for family, value in sorted(world.ids.items(), key=lambda item: -len(item[1])):  # a delivery id holds its task's
+            message = message.replace(value, "<id>")
+            unknown_message = unknown_message.replace(unknown[family], "<id>")
+        assert message == unknown_message, (method, path)
+        checked += 1
+    assert checked > 35
+    assert data_digest(world) == before
+
+
+def test_a_key_of_another_space_sees_none_of_its_data_on_spaceless_routes(world: World) -> None:
+    results = world.other.ok("POST", "/v1/tasks/results", {"ids": [world.ids["tasks"]]})["results"]
+    assert results == [{"id": world.ids["tasks"], "error": results[0]["error"]}]
+    assert results[0]["error"]["code"] == "NOT_FOUND"
+    assert [space["id"] for space in world.other.ok("GET", "/v1/spaces")["spaces"]] == [OTHER_SPACE]
+    assert all(key["space"] == OTHER_SPACE for key in world.other.ok("GET", "/v1/keys")["keys"])
+    assert world.other.error("GET", "/v1/keys?space=default") == (403, "FORBIDDEN")
+    assert world.other.ok("GET", "/v1/whoami")["space"] == OTHER_SPACE
+
+
+def test_a_space_header_other_than_the_keys_space_is_forbidden(world: World) -> None:
+    elsewhere = Api(world.node.url, space="default", key=world.other.headers["Authorization"].split()[1])
+    before = data_digest(world)
+    assert elsewhere.error("GET", f"/v1/scopes/{world.ids['scopes']}") == (403, "FORBIDDEN")
+    assert elsewhere.error("POST", "/v1/scopes", {}) == (403, "FORBIDDEN")
+    assert data_digest(world) == before
+
+
+def test_the_operator_key_passes_every_check(world: World) -> None:
+    """The control: with the right key, no route answers 401, 403 or 404 for the world's ids."""
+    for method, path, _ in world.routes:
+        if path.endswith(("/revoke", "/cancel", "/complete", "/release", "/reject", "/fail", "/close")):
+            continue  # ends an entity the other checks use
+        status, body = call(world, world.admin, method, path)
+        assert status not in (401, 403, 404), (method, path, status, body)
