@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import statistics
 import subprocess
 import sys
@@ -130,14 +131,19 @@ async def work(url: str, run_id: str, concurrency: int) -> None:
         await rs.scope(run_id).mailbox("bench").consume(handle, concurrency=concurrency)
 
 
-def start_node(fsync: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_node(fsync: str, data_dir: Path, *, auth: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """A dev node; with `auth`, it requires keys and RUNSTATE_API_KEY (inherited by the workers)
+    is set to its first admin key."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._nodes import free_port
 
     port = free_port()
+    flags = ["--auth"] if auth else []
+    if auth:
+        os.environ["RUNSTATE_BOOTSTRAP_KEY"] = os.environ["RUNSTATE_API_KEY"] = "rsk_" + secrets.token_urlsafe(32)
     node = subprocess.Popen(
         [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(port), "--data-dir", str(data_dir),
-         "--fsync", fsync],
+         "--fsync", fsync, *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     return node, f"http://127.0.0.1:{port}"
@@ -148,7 +154,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
         url = args.url
         if url is None:
-            node, url = start_node(args.fsync, Path(scratch) / "data")
+            node, url = start_node(args.fsync, Path(scratch) / "data", auth=args.auth)
         workers: list[subprocess.Popen[bytes]] = []
         try:
             await wait_healthy(url, node)
@@ -192,6 +198,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "producers": args.producers,
         "submit_batch": args.batch,
         "fsync": args.fsync if args.url is None else "unknown (--url)",
+        "auth": args.auth if args.url is None else "unknown (--url)",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         **result,
@@ -209,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         help="tasks per submit call and per result wait (0, the default: one call per task)",
     )
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
+    parser.add_argument("--auth", action="store_true", help="start the node with --auth: every call carries a key")
     parser.add_argument(
         "--url",
         help="use running nodes instead of starting one: a URL, or a comma-separated list of a cluster's "

@@ -345,11 +345,11 @@ def test_a_key_may_revoke_itself_and_is_refused_afterwards(h: KeyedHarness) -> N
 def test_the_caller_comes_from_the_command_not_from_its_args(h: KeyedHarness) -> None:
     h.ok("space.create", api_key="key_ops", space_id="acme", name=None)
     acme_admin = h.mint("acme", ["admin"], api_key="key_ops")
-    forged = {access.CALLER_ARG: "key_ops"}
+    forged = {"key_id_of_caller": "key_ops", "caller": "key_ops", "key": "key_ops"}
     assert h.err("space.create", api_key=acme_admin, space="acme", space_id="x", name=None, **forged) == errors.FORBIDDEN
     args = {**h.key_args(OPS), **forged}
     assert h.err("key.create", api_key=acme_admin, space="acme", **args) == errors.FORBIDDEN
-    view = h.ok("key.create", **{**h.key_args(OPS), access.CALLER_ARG: acme_admin})  # keyless: trusted
+    view = h.ok("key.create", **{**h.key_args(OPS), "caller": acme_admin})  # keyless: trusted
     assert view["createdBy"] is None
 
 

@@ -8,17 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH_TIMEOUT_S = 180
 
 
-def test_throughput_bench_short_form() -> None:
+@pytest.mark.parametrize("flags", [(), ("--auth",)], ids=["no-auth", "auth"])
+def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "bench.throughput", "--tasks", "200", "--workers", "1", "--producers", "8"],
+        [sys.executable, "-m", "bench.throughput", "--tasks", "200", "--workers", "1", "--producers", "8", *flags],
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report["states"] == {"SUCCEEDED": 200}
+    assert report["auth"] is bool(flags)
     assert report["tasks_per_s"] > 0
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
 

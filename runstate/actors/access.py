@@ -33,7 +33,6 @@ PERMISSIONS = (ADMIN, "resource_config", "coordination_write", "coordination_rea
 
 # The argument dispatch sets on every access command to the key id the command carries (None
 # without one), overwriting whatever the node put there: the handlers learn who calls from it.
-CALLER_ARG = "caller_key_id"
 
 _SPACE_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{limits.space_id_chars_max}}}")
 _KEY_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{limits.name_chars_max}}}")
@@ -108,7 +107,7 @@ def space_view(space: Space) -> dict[str, Any]:
 
 
 def create_space(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    caller = _caller(ctx, args)
+    caller = _caller(ctx)
     if caller is not None and not is_operator_admin(ctx.state, caller):
         raise Rejected(errors.FORBIDDEN, "managing spaces needs an admin key of the operator space")
     space_id = _require_space_id(args.get("space_id"))
@@ -126,7 +125,7 @@ def create_space(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_key(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    caller = _caller(ctx, args)
+    caller = _caller(ctx)
     target_id = args.get("space_id") or ctx.space.id
     if caller is not None:
         if ADMIN not in caller.permissions:
@@ -149,7 +148,7 @@ def create_key(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 def revoke_key(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Revoke a key; the first revoke's time stays (revoking again answers the same)."""
-    caller = _caller(ctx, args)
+    caller = _caller(ctx)
     if caller is not None and ADMIN not in caller.permissions:
         raise Rejected(errors.FORBIDDEN, f"managing keys needs the {ADMIN} permission")
     key_id = args.get("key_id")
@@ -190,10 +189,9 @@ def bootstrap(state: State, args: dict[str, Any], now_ms: int) -> dict[str, Any]
 # -- rules ---------------------------------------------------------------------------------------
 
 
-def _caller(ctx: Context, args: dict[str, Any]) -> ApiKey | None:
+def _caller(ctx: Context) -> ApiKey | None:
     """The key the command carries (dispatch checked it already), None for a keyless node."""
-    key_id = args.get(CALLER_ARG)
-    return None if key_id is None else ctx.state.keys[key_id]
+    return None if ctx.key_id is None else ctx.state.keys[ctx.key_id]
 
 
 def _require_space_id(space_id: Any) -> str:

@@ -136,6 +136,14 @@ def _settle(ctx: Context, claim: Claim, state: str) -> None:
     ctx.wake(claim_key(claim.run_id, claim.key))
 
 
+def finisher(claim: Claim) -> str | None:
+    """Who finished the claim: the holder of the lease that recorded its result (DONE) or its last
+    failed attempt (FAILED, a lapse included). Derived, not stored: `holder` changes only when a
+    lease is granted, which a final claim never sees again. None while not final, and when that
+    holder declared no name."""
+    return claim.holder if claim.state in FINAL else None
+
+
 def _lapse_message(claim: Claim) -> str:
     return f"lease expired (holder {claim.holder or 'unknown'})"
 

@@ -35,6 +35,7 @@ class Context:
     epoch: int
     command_id: str
     effects: list[Effect] = field(default_factory=list)
+    key_id: str | None = None  # the API key the command carries (checked by dispatch); None: keyless node
 
     def wake(self, key: tuple[str, ...]) -> None:
         self.effects.append(("wake", key))

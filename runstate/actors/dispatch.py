@@ -120,8 +120,6 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         raise Rejected(errors.VALIDATION, f"unknown command type {kind!r}")
     if not isinstance(space_id, str) or not space_id:
         raise Rejected(errors.VALIDATION, "a command needs a space")
-    if kind in access.HANDLERS:
-        args = {**args, access.CALLER_ARG: key_id}  # who calls, from the command, never from its args
     space = state.spaces.get(space_id)
     is_new_space = space is None
     if space is None:
@@ -131,7 +129,7 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         if len(state.spaces) >= limits.spaces_max:
             raise Rejected(errors.LIMIT_EXCEEDED, f"at most {limits.spaces_max} spaces")
         space = Space(id=space_id, created_ms=now_ms)
-    ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects)
+    ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects, key_id)
     result = handler(ctx, args)
     if is_new_space and (space.mailboxes or space.run_count or space.key_count):
         state.spaces[space_id] = space

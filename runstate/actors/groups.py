@@ -91,6 +91,9 @@ class Group:
     members: list[str] = field(default_factory=list)  # task ids, in the order they joined
     verdicts: dict[str, str] = field(default_factory=dict)  # task id -> ACCEPTED | REJECTED
     late: list[str] = field(default_factory=list)  # task ids whose verdict came after finalizing
+    # task id -> the holder that gave its verdict, when the caller declared one. Last, with a
+    # default: a snapshot from before it has rows without it and loads with {}.
+    verdict_by: dict[str, str] = field(default_factory=dict)
 
 
 register_table("groups", Group)
@@ -219,10 +222,12 @@ def close(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def accept(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Accept a SUCCEEDED member; args `group_id`, `task_id`, `holder` (who gives it, or None)."""
     return _judge(ctx, args, Verdict.ACCEPTED)
 
 
 def reject(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Reject a finished member; args as for accept."""
     return _judge(ctx, args, Verdict.REJECTED)
 
 
@@ -257,7 +262,8 @@ def _join(ctx: Context, group: Group, task_id: str) -> None:
 
 def _judge(ctx: Context, args: dict[str, Any], verdict: str) -> dict[str, Any]:
     group = require_group(ctx, args.get("group_id"))
-    task_id = args.get("task_id")
+    task_id, holder = args.get("task_id"), args.get("holder")
+    assert holder is None or isinstance(holder, str), holder  # the API checked it (holder_of)
     if not isinstance(task_id, str) or task_id not in group.members:
         raise Rejected(errors.NOT_FOUND, f"task {task_id!r} is not a member of group {group.id}")
     recorded = group.verdicts.get(task_id)
@@ -273,6 +279,8 @@ def _judge(ctx: Context, args: dict[str, Any], verdict: str) -> dict[str, Any]:
     if group.state != GroupState.FINALIZED and _deadline_passed(ctx, group):
         _finalize(ctx, group, Outcome.FAILURE, Reason.DEADLINE)  # the tick has not run yet
     group.verdicts[task_id] = verdict
+    if holder is not None:
+        group.verdict_by[task_id] = holder  # recorded with the verdict, so as final as it is
     if group.state == GroupState.FINALIZED:
         group.late.append(task_id)
     ctx.wake(group_key(group.id))

@@ -296,8 +296,13 @@ def from_snapshot(data: dict[str, Any]) -> State:
         state.claims[claim.id] = claim
     for table, cls in ENTITY_TABLES.items():
         entities = getattr(state, table)
+        names = _fields(cls)
         for row in data.get(table, []):
-            entity = cls(**dict(zip(_fields(cls), copy.deepcopy(row), strict=True)))
+            # Fields are only ever appended, with defaults: a row written before one was added is
+            # shorter and the missing fields take their defaults.
+            if len(row) > len(names):
+                raise ValueError(f"a {table} row has {len(row)} fields, {cls.__name__} has {len(names)}")
+            entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
     return state
 

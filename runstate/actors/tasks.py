@@ -122,6 +122,14 @@ def _finish(ctx: Context, task: Task, state: str, *, outcome: Any = None, error:
         finished_hook(ctx, task)
 
 
+def finisher(task: Task) -> str | None:
+    """Who finished the task: the holder of the delivery that recorded its result or its failure
+    (a lapse of the last attempt included). Derived, not stored: `holder` changes only on receive,
+    which a finished task never sees again. None while unfinished, for a task its run's stop ended
+    (CANCELLED, EXPIRED: no delivery finished it), and when that worker declared no holder."""
+    return task.holder if task.finished_by is not None else None
+
+
 # -- deliveries ----------------------------------------------------------------------------------
 
 

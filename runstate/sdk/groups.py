@@ -106,7 +106,8 @@ class Groups:
 
 class Group:
     """One task group. `view` is the last group view seen (None until a call fetched one):
-    `state` (OPEN, SEALED, FINALIZED), `outcome`, `outcomeReason`, `scopeId`, `members`, ..."""
+    `state` (OPEN, SEALED, FINALIZED), `outcome`, `outcomeReason`, `scopeId`, `members` (each with
+    its `verdict` and `verdictBy`), ..."""
 
     def __init__(self, transport: Transport, group_id: str, view: dict[str, Any] | None = None) -> None:
         self._path = f"/v1/groups/{_segment(group_id, 'group id')}"
@@ -154,15 +155,18 @@ class Group:
 
     async def status(self) -> dict[str, Any]:
         """The group's view, with every member's `taskId`, `key`, task `state`, `verdict`
-        (ACCEPTED, REJECTED or None) and `late`. NotFoundError if unknown."""
+        (ACCEPTED, REJECTED or None), `verdictBy` (the holder of the client that gave the verdict,
+        or None) and `late`. NotFoundError if unknown."""
         self.view = await self._transport.request("GET", self._path, safe=True)
         return self.view
 
     async def accept(self, task_id: Any) -> dict[str, Any]:
-        """Accept a SUCCEEDED member (a task id or its ticket). Returns `{"taskId", "verdict",
-        "late", "groupState", "outcome", "outcomeReason"}`; `late` is True when the group was
-        decided before (the verdict is recorded and changes nothing). Idempotent. ConflictError if
-        the member has not SUCCEEDED or was rejected; NotFoundError if it is not a member."""
+        """Accept a SUCCEEDED member (a task id or its ticket), as this client's `holder`. Returns
+        `{"taskId", "verdict", "verdictBy", "late", "groupState", "outcome", "outcomeReason"}`;
+        `verdictBy` is the holder recorded with the verdict (the first one's, on a repeat); `late`
+        is True when the group was decided before (the verdict is recorded and changes nothing).
+        Idempotent. ConflictError if the member has not SUCCEEDED or was rejected; NotFoundError if
+        it is not a member."""
         return await self._judge("accept", task_id)
 
     async def reject(self, task_id: Any) -> dict[str, Any]:
@@ -171,7 +175,7 @@ class Group:
         return await self._judge("reject", task_id)
 
     async def _judge(self, kind: str, task_id: Any) -> dict[str, Any]:
-        body = {"taskId": _task_id(task_id)}
+        body = {"taskId": _task_id(task_id), "holder": self._transport.holder}
         return await self._transport.request("POST", f"{self._path}/{kind}", body=body, safe=True)
 
     async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate.actors import limits, runs
+from runstate.actors import claims, limits, runs
 from runstate.actors.context import claim_key
 from runstate.actors.state import Claim, ClaimState, State
 from runstate.node.api import _request as req
@@ -32,7 +32,7 @@ async def default_scope(request: web.Request) -> web.Response:
 def claim_view(claim: Claim | None, key: str) -> dict[str, Any]:
     if claim is None:
         return {"key": key, "state": ClaimState.FREE, "attempt": 0, "attempts": None, "holder": None,
-                "leaseExpiresAt": None, "result": None, "error": None}
+                "leaseExpiresAt": None, "result": None, "error": None, "finishedBy": None}
     held = claim.state == ClaimState.HELD
     return {
         "key": claim.key,
@@ -43,6 +43,7 @@ def claim_view(claim: Claim | None, key: str) -> dict[str, Any]:
         "leaseExpiresAt": iso(claim.lease_expires_ms) if held else None,
         "result": claim.result,
         "error": claim.error,
+        "finishedBy": claims.finisher(claim),
     }
 
 

@@ -20,6 +20,7 @@ from runstate.node.api.routes import (
     STRING,
     WRITE,
     caller_of,
+    holder_of,
     node_of,
     route,
 )
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _MEMBERS = {"type": "integer", "minimum": 1, "maximum": limits.group_members_max}
 _TASK_ID = {"taskId": STRING}
+_VERDICT = {**_TASK_ID, "holder": STRING}  # holder: who gives the verdict (else the X-Runstate-Holder header)
 
 
 def group_view(state: State, group: Group) -> dict[str, Any]:
@@ -55,6 +57,7 @@ def group_view(state: State, group: Group) -> dict[str, Any]:
                 "state": state.tasks[task_id].state,
                 "verdict": group.verdicts.get(task_id),
                 "late": task_id in group.late,
+                "verdictBy": group.verdict_by.get(task_id),
             }
             for task_id in group.members
         ],
@@ -173,10 +176,15 @@ async def close(request: web.Request) -> web.Response:
 async def _judge(request: web.Request, kind: str) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
-    result = await node.propose(caller, kind, {"group_id": group_id, "task_id": _task_id(body)})
+    args = {"group_id": group_id, "task_id": _task_id(body), "holder": holder_of(request, body)}
+    result = await node.propose(caller, kind, args)
+    with node.read() as state:
+        group = state.groups.get(group_id)  # None only if its retention ended meanwhile
+        verdict_by = group.verdict_by.get(result["task_id"]) if group is not None else None
     return web.json_response({
         "taskId": result["task_id"],
         "verdict": result["verdict"],
+        "verdictBy": verdict_by,
         "late": result["late"],
         "groupState": result["state"],
         "outcome": result["outcome"],
@@ -186,7 +194,7 @@ async def _judge(request: web.Request, kind: str) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def accept(request: web.Request) -> web.Response:
     return await _judge(request, "group.accept")
@@ -194,7 +202,7 @@ async def accept(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     return await _judge(request, "group.reject")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from runstate.actors import runs
+from runstate.actors import runs, tasks
 from runstate.actors.state import Run, State, Task, TaskState
 from runstate.node.api.errors import ApiError
 
@@ -58,6 +58,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "leaseExpiresAt": iso(task.lease_expires_ms) if task.state == TaskState.RUNNING else None,
         "createdAt": iso(task.created_ms),
         "finishedAt": iso(task.finished_ms),
+        "finishedBy": tasks.finisher(task),
     }
 
 
