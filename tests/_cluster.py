@@ -93,7 +93,8 @@ def get_json(url: str, timeout_s: float = PROBE_TIMEOUT_S, key: str | None = Non
 class Cluster:
     """Three (or `size`) cluster nodes; index i is node n{i+1}. Data dirs survive kill() and start()."""
 
-    def __init__(self, root: Path, *extra_args: str, size: int = 3) -> None:
+    def __init__(self, root: Path, *extra_args: str, size: int = 3, admin_key: bool = True) -> None:
+        """`admin_key=False`: the nodes get no bootstrap key, so the first leader generates one."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = extra_args
@@ -102,8 +103,10 @@ class Cluster:
         self.secret_file.write_text(SECRET)
         # The first admin key: every node is given it, the first leader creates it.
         self.admin_key = ADMIN_KEY
-        self.admin_key_file = root / "bootstrap.key"
-        self.admin_key_file.write_text(ADMIN_KEY)
+        self.admin_key_file: Path | None = None
+        if admin_key:
+            self.admin_key_file = root / "bootstrap.key"
+            self.admin_key_file.write_text(ADMIN_KEY)
         ports = free_ports(2 * size)
         self.api_ports = ports[:size]
         self.raft_ports = ports[size:]
@@ -152,7 +155,7 @@ class Cluster:
             "--raft", self.rafts[index],
             "--data-dir", str(self.data_dir(index)),
             "--secret-file", str(self.secret_file),
-            "--bootstrap-key-file", str(self.admin_key_file),
+            *(["--bootstrap-key-file", str(self.admin_key_file)] if self.admin_key_file else []),
             *self.extra_args,
         ]
         for other in range(self.size):
@@ -336,8 +339,8 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     process is killed at the end; the node logs are printed (shown by pytest on failure)."""
     made: list[Cluster] = []
 
-    def make(*extra_args: str) -> Cluster:
-        cluster = Cluster(tmp_path / f"cluster-{len(made)}", *extra_args)
+    def make(*extra_args: str, admin_key: bool = True) -> Cluster:
+        cluster = Cluster(tmp_path / f"cluster-{len(made)}", *extra_args, admin_key=admin_key)
         made.append(cluster)
         return cluster
 

@@ -48,3 +48,25 @@ def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluste
         assert api.error("POST", "/v1/scopes", {}) == (401, "UNAUTHENTICATED")
     assert cluster.api(followers[0]).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
     cluster.wait_same_digest()
+
+
+def test_without_a_bootstrap_key_the_first_leader_writes_one_to_its_data_dir(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster(admin_key=False).start()
+    def announced() -> list[int]:
+        """The nodes whose log says where the key is (the file is written before the key commits)."""
+        return [index for index in range(cluster.size) if "export RUNSTATE_API_KEY=$(cat" in cluster.log_path(index).read_text()]
+
+    (owner,) = cluster.wait_until("a node to say where the first admin key is", announced, timeout_s=30)
+    key_file = cluster.data_dir(owner) / "bootstrap.key"
+    assert f"RUNSTATE_API_KEY=$(cat {key_file})" in cluster.log_path(owner).read_text()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    others = [index for index in range(cluster.size) if index != owner]
+    assert not any((cluster.data_dir(index) / "bootstrap.key").exists() for index in others)
+    secret = key_file.read_text().strip()
+    for url in cluster.urls:
+        assert Api(url, key=secret).ok("GET", "/v1/whoami")["operator"] is True
+    # A restart of every node creates no second key.
+    cluster.kill_all()
+    cluster.start()
+    keys = Api(cluster.urls[0], key=secret).ok("GET", "/v1/keys")["keys"]
+    assert len(keys) == 1
