@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._nodes import DevNode
+from tests._nodes import DevNode, start_auth_node
+from tests.test_actors_harness import Harness
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +34,27 @@ def node_factory(tmp_path: Path) -> Iterator[type[DevNode]]:
     finally:
         for node in started:
             node.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevNode, str]]:
+    """A `runstate dev --auth` node of the module's tests, with its bootstrap admin key's secret."""
+    node, secret = start_auth_node(tmp_path_factory.mktemp("auth-node") / "data")
+    try:
+        yield node, secret
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def h() -> Harness:
+    """The core on its own, with the default mailbox (tests/test_actors_harness.py)."""
+    harness = Harness()
+    harness.ensure()
+    return harness
+
+
+@pytest.fixture
+def run_id(h: Harness) -> str:
+    return h.create_run()
+

@@ -56,18 +56,6 @@ class G:
         return self.group.state, self.group.outcome, self.group.outcome_reason
 
 
-@pytest.fixture
-def h() -> Harness:
-    harness = Harness()
-    harness.ensure()
-    return harness
-
-
-@pytest.fixture
-def run_id(h: Harness) -> str:
-    return h.create_run()
-
-
 # -- create --------------------------------------------------------------------------------------
 
 

@@ -16,18 +16,6 @@ from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, roun
 LEASE_MS = 10_000
 
 
-@pytest.fixture
-def h() -> Harness:
-    harness = Harness()
-    harness.ensure()
-    return harness
-
-
-@pytest.fixture
-def run_id(h: Harness) -> str:
-    return h.create_run()
-
-
 def deliver(h: Harness, run_id: str, holder: str | None) -> str:
     """Deliver the next task of the run to `holder` (None: a worker that declared none)."""
     args: dict[str, Any] = {"run_id": run_id, "mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS}

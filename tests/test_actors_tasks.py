@@ -14,18 +14,6 @@ from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, snapshot_b
 LEASE_MS = 10_000
 
 
-@pytest.fixture
-def h() -> Harness:
-    harness = Harness()
-    harness.ensure()
-    return harness
-
-
-@pytest.fixture
-def run_id(h: Harness) -> str:
-    return h.create_run()
-
-
 # -- submit ------------------------------------------------------------------------------------
 
 

@@ -8,25 +8,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests._nodes import DevNode, free_port, start_auth_node
+from tests._nodes import DevNode, free_port
 from tests.test_sdk_admin import OPERATOR_SPACE, unique
 
 CLI_TIMEOUT_S = 60
 CLIENT_ENV = ("RUNSTATE_BASE_URL", "RUNSTATE_API_KEY", "RUNSTATE_SPACE_ID")
-
-
-@pytest.fixture(scope="module")
-def auth_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevNode, str]]:
-    node, secret = start_auth_node(tmp_path_factory.mktemp("cli-auth-node") / "data")
-    try:
-        yield node, secret
-    finally:
-        node.stop()
 
 
 def runstate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ from runstate import (
     ValidationError,
 )
 from runstate.sdk import PERMISSIONS, Identity, KeyInfo, NewKey, SpaceInfo
-from tests._nodes import DevNode, read_bootstrap_key, start_auth_node
+from tests._nodes import DevNode, read_bootstrap_key
 
 OPERATOR_SPACE = "default"
 CLOCK_SLACK = timedelta(minutes=5)  # times the node stamps are near the test's clock
@@ -37,15 +37,6 @@ def unique(prefix: str) -> str:
 def recent(value: datetime) -> bool:
     now = datetime.now(timezone.utc)
     return value.tzinfo is not None and now - CLOCK_SLACK < value < now + CLOCK_SLACK
-
-
-@pytest.fixture(scope="module")
-def auth_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevNode, str]]:
-    node, secret = start_auth_node(tmp_path_factory.mktemp("auth-node") / "data")
-    try:
-        yield node, secret
-    finally:
-        node.stop()
 
 
 @pytest.fixture
