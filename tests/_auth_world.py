@@ -61,6 +61,14 @@ def build_world(node: DevNode, secret: str) -> World:
     member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
     barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
     timer = admin.ok("POST", f"/v1/scopes/{run}/timers", {"afterSeconds": 3600})["id"]
+    # Resources named like the mailbox no other space has: a path's {name} takes that one value.
+    admin.ok("PUT", "/v1/pools/a-only", {"size": 2})
+    admin.ok("PUT", "/v1/limits/a-only", {"units": 1000, "per": "1s"})
+    admin.ok("PUT", "/v1/budgets/a-only", {"total": 100})
+    slot = admin.ok("POST", f"/v1/scopes/{run}/pools/a-only/acquire", {"leaseMs": 600_000})["leaseId"]
+    reservation = admin.ok(
+        "POST", f"/v1/scopes/{run}/budgets/a-only/reserve", {"amount": 1, "leaseMs": 600_000}
+    )["reservationId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
     other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
     other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
@@ -74,6 +82,7 @@ def build_world(node: DevNode, secret: str) -> World:
     ids = {
         "scopes": run, "tasks": task, "deliveries": delivery["id"], "claims": claim["leaseId"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": "a-only", "claim-key": "c1",
+        "slots": slot, "reservations": reservation,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -92,6 +101,11 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/mailboxes"): {"name": "more"},
         ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
         ("POST", "/v1/tasks/results"): {"ids": [task]},
+        ("PUT", "/v1/pools/{name}"): {"size": 2},
+        ("PUT", "/v1/limits/{name}"): {"units": 1000, "per": "1s"},
+        ("PUT", "/v1/budgets/{name}"): {"total": 100},
+        ("POST", "/v1/scopes/{id}/budgets/{name}/reserve"): {"amount": 1},
+        ("POST", "/v1/reservations/{id}/settle"): {"spent": 0.5},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     routes = [
@@ -112,9 +126,9 @@ def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = 
         if name == "key":
             return values["claim-key"]
         if name == "name":
-            return values["mailboxes"]
+            return values["mailboxes"]  # the pool, limit and budget of the world have its name
         if name == "lease":
-            return values["claims"]
+            return values["slots" if family == "slots" else "claims"]
         return values[family]
 
     return _PARAMETER.sub(value, path)

@@ -2,7 +2,9 @@
 is refused as if the entity did not exist (NOT_FOUND), and changes nothing.
 
 Two spaces get the same entities (mailbox, run, child run, queued task, held and completed
-deliveries, held and completed claims, a group with a member, barriers, timers, an admin key).
+deliveries, held and completed claims, a group with a member, barriers, timers, an admin key,
+a pool, a rate limit and a budget with a slot lease, a reservation and a job holding both, and a
+pool of its own name).
 Each case names entities of space A in a command of space B, with no key (a node without auth)
 and with B's admin key; and from a space that does not exist yet. The same case in space A must
 not be NOT_FOUND, so each case really names something that exists. A new handler without a case
@@ -43,6 +45,9 @@ class Entities:
     released_barrier: str
     armed_timer: str
     fired_timer: str
+    slot_lease: str  # a direct lease of pool "p"
+    reservation: str  # a direct reservation of budget "b"
+    own_pool: str  # a pool only this space has
 
 
 def build(h: KeyedHarness, space: str) -> Entities:
@@ -80,9 +85,25 @@ def build(h: KeyedHarness, space: str) -> Entities:
     fired_timer = h.ok("timer.create", run_id=run, after_ms=0)["timer_id"]
     h.tick()
     assert h.state.timers[fired_timer].state == "FIRED"
+
+    own_pool = f"only-{space}"
+    h.ok("pool.ensure", name="p", size=5)
+    h.ok("pool.ensure", name=own_pool, size=1)
+    h.ok("limit.ensure", name="l", units=10, interval_ms=1_000)
+    h.ok("budget.ensure", name="b", total_micros=10_000_000)
+    slot_lease = h.ok("pool.acquire", name="p", run_id=run, lease_ms=LEASE_MS, holder="w")["lease_id"]
+    reservation = h.ok(
+        "budget.reserve", name="b", run_id=run, amount_micros=1_000, lease_ms=LEASE_MS, holder="w"
+    )["reservation_id"]
+    needs = {"slots": ["p"], "limit": ["l", 1], "budget": ["b", 1_000]}
+    h.ok("mailbox.ensure", name="jobs")
+    h.ok("task.submit", **{**submit(run, "job"), "mailbox": "jobs", "needs": needs})
+    (job,) = h.ok("task.receive", run_id=run, mailbox="jobs", max=1, lease_ms=LEASE_MS, holder="w")["task_ids"]
+    assert h.state.tasks[job].reservation_id is not None
     return Entities(
         space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease,
         group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
+        slot_lease, reservation, own_pool,
     )
 
 
@@ -136,6 +157,8 @@ CASES: dict[str, list[Case]] = {
         Case(lambda f, o: submit(f.run, "queued", {"key": "queued"})),  # the existing task's key
         Case(lambda f, o: submit(f.run, "fresh")),
         Case(lambda f, o: submit(f.group_run, "m1")),
+        # Resources are named in the command's space: a pool only the other space has is not found.
+        Case(lambda f, o: {**submit(o.run, "needy"), "needs": {"slots": [f.own_pool]}}),
     ],
     "task.receive": [
         Case(lambda f, o: {"run_id": f.run, "mailbox": MAILBOX, "max": 10, "lease_ms": LEASE_MS, "holder": "x"})
@@ -191,6 +214,16 @@ CASES: dict[str, list[Case]] = {
     "timer.create": [Case(lambda f, o: {"run_id": f.run, "after_ms": 1_000})],
     "timer.acknowledge": [Case(lambda f, o: {"timer_id": f.fired_timer})],
     "timer.cancel": [Case(lambda f, o: {"timer_id": f.armed_timer})],
+    "pool.acquire": [Case(lambda f, o: {"name": "p", "run_id": f.run, "lease_ms": LEASE_MS, "holder": "x"})],
+    "pool.renew": [Case(lambda f, o: {"lease_id": f.slot_lease, "lease_ms": LEASE_MS})],
+    "pool.release": [Case(lambda f, o: {"lease_id": f.slot_lease})],
+    "limit.take": [Case(lambda f, o: {"name": "l", "run_id": f.run, "units": 1})],
+    "budget.reserve": [
+        Case(lambda f, o: {"name": "b", "run_id": f.run, "amount_micros": 1, "lease_ms": LEASE_MS, "holder": "x"})
+    ],
+    "budget.renew": [Case(lambda f, o: {"reservation_id": f.reservation, "lease_ms": LEASE_MS})],
+    "budget.release": [Case(lambda f, o: {"reservation_id": f.reservation})],
+    "budget.settle": [Case(lambda f, o: {"reservation_id": f.reservation, "spent_micros": 1})],
     "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
     # Naming another space as the target is refused before anything is looked up.
     "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],
@@ -198,7 +231,8 @@ CASES: dict[str, list[Case]] = {
 
 # Handlers that name no entity of a space by id: they act on the command's own space only.
 # (space.create names a new space; who may create one is tested in test_actors_access.)
-NO_FOREIGN_ID = {"mailbox.ensure", "run.default", "space.create"}
+# (pool.ensure, limit.ensure, budget.ensure name a resource of the command's own space.)
+NO_FOREIGN_ID = {"mailbox.ensure", "run.default", "space.create", "pool.ensure", "limit.ensure", "budget.ensure"}
 
 
 def test_every_handler_has_a_case() -> None:
@@ -238,8 +272,14 @@ def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities
     """Both spaces hold one of everything, and nothing of one space points into the other."""
     h = harness(world)
     state = h.state
-    for table in (state.runs, state.tasks, state.claims, state.groups, state.barriers, state.timers):
+    for table in (
+        state.runs, state.tasks, state.claims, state.groups, state.barriers, state.timers, state.pools,
+        state.rate_limits, state.budgets, state.slot_leases, state.reservations,
+    ):
         assert {entity.space for entity in table.values()} == {A, B}
+    for hold in [*state.slot_leases.values(), *state.reservations.values()]:
+        assert state.runs[hold.run_id].space == hold.space
+        assert hold.task_id is None or state.tasks[hold.task_id].space == hold.space
     for run in state.runs.values():
         assert all(state.runs[child].space == run.space for child in run.children)
         assert all(state.claims[claim].space == run.space for claim in run.claims.values())

@@ -18,9 +18,16 @@ from tests._http import Api
 SPACELESS = {
     ("GET", "/v1/whoami"), ("POST", "/v1/spaces"), ("GET", "/v1/spaces"), ("POST", "/v1/keys"),
     ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("POST", "/v1/default-scope"), ("POST", "/v1/mailboxes"),
-    ("POST", "/v1/tasks/results"),
+    ("POST", "/v1/tasks/results"), ("PUT", "/v1/pools/{name}"), ("PUT", "/v1/limits/{name}"),
+    ("PUT", "/v1/budgets/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
 }
+
+
+# Slot leases and reservations are forgotten when they end, so an id of theirs that is not held
+# answers as an ended one (409 LEASE_LOST, or 200 released false) rather than 404; one of another
+# space answers exactly the same.
+FORGOTTEN_WHEN_ENDED = ("slots", "reservations")
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +92,17 @@ def test_ids_of_another_space_are_not_found_exactly_like_unknown_ids(world: Worl
         if path.endswith("/batch"):  # per-item answers (docs/http-api.md): each one NOT_FOUND
             assert status == 200 and [item["error"]["code"] for item in body["tasks"]] == ["NOT_FOUND"], body
             continue
-        assert (status, (body.get("error") or {}).get("code")) == (404, "NOT_FOUND"), (method, path, body)
         # The same answer as for an id that exists nowhere, up to the id itself.
         unknown_status, unknown_body = call(world, world.other, method, path, ids=unknown)
-        assert unknown_status == 404, (method, path, unknown_body)
+        if path.split("/")[2] in FORGOTTEN_WHEN_ENDED:
+            assert status == unknown_status and status in (200, 409), (method, path, body, unknown_body)
+            if status == 200:
+                assert body == unknown_body == {"released": False}, (method, path)
+                checked += 1
+                continue
+        else:
+            assert (status, (body.get("error") or {}).get("code")) == (404, "NOT_FOUND"), (method, path, body)
+            assert unknown_status == 404, (method, path, unknown_body)
         message, unknown_message = body["error"]["message"], unknown_body["error"]["message"]
         for family, value in sorted(world.ids.items(), key=lambda item: -len(item[1])):  # a delivery id holds its task's
             message = message.replace(value, "<id>")

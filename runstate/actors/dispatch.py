@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from runstate.actors import access, barriers, claims, errors, groups, limits, runs, tasks, timers
+from runstate.actors import access, barriers, claims, errors, groups, limits, resources, runs, tasks, timers
 from runstate.actors.context import Context, Effect
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
@@ -43,6 +43,7 @@ HANDLERS: dict[str, Handler] = {
     **groups.HANDLERS,
     **barriers.HANDLERS,
     **timers.HANDLERS,
+    **resources.HANDLERS,
     **access.HANDLERS,
 }
 
@@ -51,6 +52,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **groups.DUE_HANDLERS,
     **barriers.DUE_HANDLERS,
     **timers.DUE_HANDLERS,
+    **resources.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.
@@ -131,7 +133,7 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         space = Space(id=space_id, created_ms=now_ms)
     ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects, key_id)
     result = handler(ctx, args)
-    if is_new_space and (space.mailboxes or space.run_count or space.key_count):
+    if is_new_space and (space.mailboxes or space.run_count or space.key_count or space.resource_counts):
         state.spaces[space_id] = space
     return result
 
@@ -144,6 +146,7 @@ def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:
         state.epoch = epoch
         tasks.extend_leases(state, now_ms)
         claims.extend_leases(state, now_ms)
+        resources.extend_leases(state, now_ms)
     return {"epoch": state.epoch}
 
 
@@ -186,6 +189,8 @@ def _entity_space(state: State, kind: str, entity_id: str) -> Space:
         entity = state.groups.get(entity_id)
     elif kind == DueKind.TIMER:
         entity = state.timers.get(entity_id)
+    elif kind in resources.DUE_TABLES:
+        entity = getattr(state, resources.DUE_TABLES[kind]).get(entity_id)
     else:
         entity = state.runs.get(entity_id)
     return state.spaces[entity.space] if entity is not None else _NO_SPACE

@@ -71,3 +71,18 @@ batch_commands_max = 1_000
 
 # Task groups.
 group_members_max = 100  # members of one group; also the largest threshold and expectedMembers
+
+# Resources: pools of slots, rate limits, spend budgets (resources.py).
+resources_per_space_max = 1_000  # of each kind
+pool_size_max = 10_000  # slots of one pool; also how many it can have in use
+limit_units_max = 1_000_000_000
+limit_interval_ms_min = 1
+limit_interval_ms_max = 24 * 3_600_000
+# Takes a rate limit remembers (one entry per ms at most). Beyond it, it forgets the takes its
+# window no longer counts, then counts the rest in coarser steps of time (stricter, never looser).
+limit_takes_max = 1_000
+budget_total_micros_max = 10**15  # a billion units of the budget's currency
+reservations_per_budget_max = 10_000  # reservations held at once; more wait like a full budget
+needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
+blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
+receive_scan_max = 1_000  # queue entries one receive looks at

@@ -13,7 +13,7 @@ from typing import Any
 from runstate.actors import errors, limits
 from runstate.actors.context import Context, claim_key, queue_key, task_key
 from runstate.actors.errors import Rejected
-from runstate.actors.state import DueKind, Run, RunState, State, TaskState
+from runstate.actors.state import DueKind, Run, RunState, State, Task, TaskState
 
 # What other kinds of work do when a run stops or is removed, registered by their rule modules
 # (groups, barriers, timers), called in this same step for the run and every run below it.
@@ -21,6 +21,9 @@ from runstate.actors.state import DueKind, Run, RunState, State, TaskState
 # on removal (retention): hook(state, run).
 RUN_STOP_HOOKS: list[Callable[[Context, Run, str], None]] = []
 RUN_REMOVE_HOOKS: list[Callable[[State, Run], None]] = []
+# What other rules do for each unfinished task a stop ends (resources: a running job's holds
+# return): hook(ctx, task, task_state), called before the task's state changes.
+TASK_STOP_HOOKS: list[Callable[[Context, Task, str], None]] = []
 
 
 def require_run(ctx: Context, run_id: Any) -> Run:
@@ -193,6 +196,8 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
                 task = ctx.state.tasks[task_id]
                 if task.state in TaskState.TERMINAL:
                     continue
+                for task_stop_hook in TASK_STOP_HOOKS:
+                    task_stop_hook(ctx, task, task_state)
                 task.state = task_state
                 task.finished_ms = now_ms
                 ctx.wake(task_key(task.id))

@@ -53,6 +53,9 @@ class DueKind:
     CLAIM_LEASE = "claim_lease"  # a claim's lease may have lapsed
     GROUP_DEADLINE = "group_deadline"  # a task group's deadline passes
     TIMER = "timer"  # a durable timer fires
+    SLOT_LEASE = "slot_lease"  # a direct slot lease may have lapsed
+    RESERVATION = "reservation"  # a direct budget reservation may have lapsed
+    LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class Space:
     name: str | None = None
     created_ms: int = 0  # 0 for a space of a snapshot older than spaces with names
     key_count: int = 0  # its API keys, revoked ones included
+    resource_counts: dict[str, int] = field(default_factory=dict)  # pools, limits, budgets: kind -> count
 
 
 @dataclass(slots=True)
@@ -144,6 +148,12 @@ class Task:
     error: str | None = None
     finished_ms: int | None = None
     finished_by: str | None = None  # the delivery that finished it (a repeated complete is answered again)
+    # The resources each delivery needs (see resources.require_needs): None, or {"slots": [pool
+    # names], "limit": [name, units] | None, "budget": [name, reserve micros] | None}.
+    needs: dict[str, Any] | None = None
+    # What the current delivery holds of them: slot lease ids, and the reservation id.
+    slot_leases: list[str] = field(default_factory=list)
+    reservation_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -181,6 +191,12 @@ class State:
     groups: dict[str, Any] = field(default_factory=dict)
     barriers: dict[str, Any] = field(default_factory=dict)
     timers: dict[str, Any] = field(default_factory=dict)
+    # Entities of resources.py: resources by "<space>/<name>", and what holds them by hold id.
+    pools: dict[str, Any] = field(default_factory=dict)
+    rate_limits: dict[str, Any] = field(default_factory=dict)
+    budgets: dict[str, Any] = field(default_factory=dict)
+    slot_leases: dict[str, Any] = field(default_factory=dict)
+    reservations: dict[str, Any] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -209,8 +225,11 @@ _RUN_FIELDS = (
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
-    "ready_at_ms", "outcome", "error", "finished_ms", "finished_by",
+    "ready_at_ms", "outcome", "error", "finished_ms", "finished_by", "needs", "slot_leases", "reservation_id",
 )
+# Task fields appended after the first snapshots: an older row stops before them (their defaults).
+_TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
+_TASK_COPIED = frozenset({"slot_leases"})  # changed in place by later commands: copied by snapshots
 
 
 _CLAIM_FIELDS = (
@@ -235,12 +254,15 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "spaces": [
             [
                 s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count, s.default_run_id,
-                s.name, s.created_ms, s.key_count,
+                s.name, s.created_ms, s.key_count, dict(s.resource_counts),
             ]
             for s in state.spaces.values()
         ],
         "runs": runs,
-        "tasks": [[getattr(t, f) for f in _TASK_FIELDS] for t in state.tasks.values()],
+        "tasks": [
+            [_copied(getattr(t, f)) if f in _TASK_COPIED else getattr(t, f) for f in _TASK_FIELDS]
+            for t in state.tasks.values()
+        ],
         "claims": [[getattr(c, f) for f in _CLAIM_FIELDS] for c in state.claims.values()],
         **{
             table: [[copy.deepcopy(getattr(entity, f)) for f in _fields(cls)] for entity in getattr(state, table).values()]
@@ -261,11 +283,13 @@ def from_snapshot(data: dict[str, Any]) -> State:
     due = [list(entry) for entry in data["due"]]
     state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
     # Spaces, keys and the operator space came later: a snapshot from before them has rows of 5
-    # columns, no keys and no operator space, and loads with the defaults.
+    # columns, no keys and no operator space, and loads with the defaults; so does one from before
+    # resources (rows of 8 columns).
     state.operator_space = data.get("operator_space")
     for row in data["spaces"]:
-        space_id, mailboxes, run_count, task_count, default_run_id, *named = row
-        space_name, created_ms, key_count = named or (None, 0, 0)
+        space_id, mailboxes, run_count, task_count, default_run_id, *later = row
+        later_defaults: list[Any] = [None, 0, 0, {}]  # name, created_ms, key_count, resource_counts
+        space_name, created_ms, key_count, resource_counts = list(later) + later_defaults[len(later):]
         state.spaces[space_id] = Space(
             id=space_id,
             mailboxes={name: Mailbox(name, mode) for name, mode in mailboxes},
@@ -275,6 +299,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
             name=space_name,
             created_ms=created_ms,
             key_count=key_count,
+            resource_counts=dict(resource_counts),
         )
     for row in data.get("keys", []):
         key = ApiKey(**dict(zip(_KEY_FIELDS, row, strict=True)))
@@ -289,7 +314,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
-        task = Task(**dict(zip(_TASK_FIELDS, row, strict=True)))
+        if not _TASK_FIELDS_REQUIRED <= len(row) <= len(_TASK_FIELDS):
+            raise ValueError(f"a task row has {len(row)} fields, Task has {len(_TASK_FIELDS)}")
+        task = Task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
+        task.slot_leases = list(task.slot_leases)
         state.tasks[task.id] = task
     for row in data["claims"]:
         claim = Claim(**dict(zip(_CLAIM_FIELDS, row, strict=True)))
@@ -313,7 +341,9 @@ ENTITY_TABLES: dict[str, type] = {}
 
 
 def register_table(table: str, cls: type) -> None:
-    assert table in ("groups", "barriers", "timers"), table
+    assert table in (
+        "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations"
+    ), table
     ENTITY_TABLES[table] = cls
 
 

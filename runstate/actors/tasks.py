@@ -5,6 +5,11 @@ lease; the lease is valid while `now_ms < lease_expires_ms`, and every rule belo
 test, so a tick that has not yet run cannot make a lapsed lease valid again. A delivery id names
 its task (`<task id>.<delivery number>.<nonce>`), so an operation on a delivery that was taken
 over finds the task and answers LEASE_LOST rather than NOT_FOUND.
+
+A task may need resources (resources.py): a receive hands it out only with all of them, taken in
+the same step, and every end of its delivery gives them back. A queue serves such jobs in order: a
+job is skipped, and stays where it is, when it needs a resource of an earlier job this receive
+could not serve; jobs that need none of those go past.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate.actors import errors, limits, runs
+from runstate.actors import errors, limits, resources, runs
 from runstate.actors.context import Context, queue_key, task_key
 from runstate.actors.errors import Rejected
 from runstate.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -65,6 +70,8 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     attempts = args.get("attempts", limits.attempts_default)
     if type(attempts) is not int or not 1 <= attempts <= limits.attempts_max:
         raise Rejected(errors.VALIDATION, f"attempts must be an integer from 1 to {limits.attempts_max}")
+    # Checked for a resubmit too; the needs of the first submit stay.
+    needs = resources.require_needs(ctx, args.get("needs"))
     queue = _require_queue(ctx, run, mailbox)
     existing_id = queue.by_key.get(key)
     if existing_id is not None:
@@ -91,6 +98,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         input_hash=input_hash,
         attempts=attempts,
         created_ms=ctx.now_ms,
+        needs=needs,
     )
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     ctx.state.tasks[task.id] = task
@@ -98,19 +106,30 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     queue.by_key[key] = task.id
     run.task_count += 1
     ctx.space.task_count += 1
+    if needs is not None:
+        resources.count_waiting(ctx.state, task, 1)  # new, and QUEUED
     _make_ready(ctx, task, queue)
     return {"task_id": task.id, "created": True}
 
 
+def _set_state(ctx: Context, task: Task, state: str) -> None:
+    """Every change of a task's state in this module (runs._stop ends tasks through
+    runs.TASK_STOP_HOOKS): a job entering or leaving QUEUED counts as waiting on its resources."""
+    if task.needs is not None and (task.state == TaskState.QUEUED) != (state == TaskState.QUEUED):
+        resources.count_waiting(ctx.state, task, 1 if state == TaskState.QUEUED else -1)
+    task.state = state
+
+
 def _make_ready(ctx: Context, task: Task, queue: Queue) -> None:
-    task.state = TaskState.QUEUED
+    _set_state(ctx, task, TaskState.QUEUED)
     task.ready_at_ms = 0
     queue.ready.append(task.id)
     ctx.wake(queue_key(task.run_id, task.mailbox))
 
 
 def _finish(ctx: Context, task: Task, state: str, *, outcome: Any = None, error: str | None = None) -> None:
-    task.state = state
+    assert not task.slot_leases and task.reservation_id is None, "a delivery ends its holds before its task"
+    _set_state(ctx, task, state)
     task.outcome = outcome
     if error is not None:
         task.error = error
@@ -140,23 +159,37 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     # Attached even when empty: stopping the run wakes the queues it has, and with them the
     # consumers long-polling this one.
     run.queues[args["mailbox"]] = queue
-    count_max, lease_ms = args["max"], args["lease_ms"]
+    count_max, lease_ms, holder = args["max"], args["lease_ms"], args.get("holder")
     assert 1 <= count_max <= limits.receive_batch_max
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     delivered: list[str] = []
-    while queue.ready and len(delivered) < count_max:
+    unserved: list[str] = []  # jobs this receive could not serve, in order: they stay in front
+    passed: set[tuple[str, str]] = set()  # the resources those jobs need
+    scanned = 0
+    while queue.ready and len(delivered) < count_max and scanned < limits.receive_scan_max:
+        scanned += 1
         task = ctx.state.tasks[queue.ready.popleft()]
         if task.state != TaskState.QUEUED or task.ready_at_ms:
             continue  # stale entry: cancelled, or already handed out
-        task.state = TaskState.RUNNING
+        delivery_id = f"{task.id}.{task.delivery_count + 1}.{ctx.command_id[:8]}"
+        if task.needs is not None:
+            needed = resources.needed(task.needs)
+            # An earlier job waits for one of its resources (it must not be passed), or they
+            # cannot all be taken now (take_needs remembers this queue on what falls short).
+            if needed & passed or not resources.take_needs(ctx, task, delivery_id, holder):
+                passed |= needed
+                unserved.append(task.id)
+                continue
+        _set_state(ctx, task, TaskState.RUNNING)
         task.delivery_count += 1
         task.attempt = task.failures + 1
-        task.delivery_id = f"{task.id}.{task.delivery_count}.{ctx.command_id[:8]}"
+        task.delivery_id = delivery_id
         task.lease_ms = lease_ms
         task.lease_expires_ms = ctx.now_ms + lease_ms
-        task.holder = args.get("holder")
+        task.holder = holder
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
         delivered.append(task.id)
+    queue.ready.extendleft(reversed(unserved))
     return {"task_ids": delivered}
 
 
@@ -190,6 +223,7 @@ def _handback(ctx: Context, delivery_id: Any) -> tuple[Task, bool]:
     whether it is still live (False when the run's stop already ended it)."""
     task = _require_delivery(ctx, delivery_id)
     if task.state in (TaskState.CANCELLED, TaskState.EXPIRED):
+        assert not task.slot_leases and task.reservation_id is None, "the stop returned them"
         task.delivery_id = None
         return task, False
     _require_live_lease(ctx, task)
@@ -209,6 +243,8 @@ def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """`spent_micros` (optional): what the job spent of its reservation; without it, all of it."""
+    spent_micros = resources.require_spent(args.get("spent_micros"))
     delivery_id = args.get("delivery_id")
     repeated = _completed_by(ctx, delivery_id)
     if repeated is not None:
@@ -218,21 +254,28 @@ def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     task = _require_delivery(ctx, delivery_id)
     runs.require_active(ctx, ctx.state.runs[task.run_id])
     _require_live_lease(ctx, task)
+    resources.end_holds(ctx, task, spent_micros)
     _finish(ctx, task, TaskState.SUCCEEDED, outcome=args.get("payload"))
     return {"task_id": task.id, "state": task.state}
 
 
 def retry(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """`spent_micros` as for complete. After the run's stop, its holds had returned whole already."""
+    spent_micros = resources.require_spent(args.get("spent_micros"))
     task, live = _handback(ctx, args.get("delivery_id"))
     if live:
+        resources.end_holds(ctx, task, spent_micros)
         delay_ms = args.get("delay_ms")
         _fail_attempt(ctx, task, args.get("error") or "retried by the worker", delay_ms)
     return {"task_id": task.id, "state": task.state}
 
 
 def reject(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """`spent_micros` as for retry."""
+    spent_micros = resources.require_spent(args.get("spent_micros"))
     task, live = _handback(ctx, args.get("delivery_id"))
     if live:
+        resources.end_holds(ctx, task, spent_micros)
         task.failures += 1
         _finish(ctx, task, TaskState.FAILED, error=args.get("error") or "rejected by the worker")
     return {"task_id": task.id, "state": task.state}
@@ -241,6 +284,7 @@ def reject(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def release(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     task, live = _handback(ctx, args.get("delivery_id"))
     if live:
+        resources.end_holds(ctx, task, 0)  # nothing spent: the reservation returns whole
         task.delivery_id = None
         _make_ready(ctx, task, ctx.state.runs[task.run_id].queues[task.mailbox])
     return {"task_id": task.id, "state": task.state}
@@ -252,7 +296,8 @@ def backoff_ms(failures: int) -> int:
 
 
 def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None) -> None:
-    """One attempt failed: FAILED when the attempts are used, else QUEUED again (after a delay)."""
+    """One attempt failed: FAILED when the attempts are used, else QUEUED again (after a delay).
+    The caller ended the delivery's holds."""
     task.failures += 1
     task.error = error
     if task.failures >= task.attempts:
@@ -264,7 +309,7 @@ def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None) ->
     if delay_ms <= 0:
         _make_ready(ctx, task, ctx.state.runs[task.run_id].queues[task.mailbox])
         return
-    task.state = TaskState.QUEUED
+    _set_state(ctx, task, TaskState.QUEUED)
     task.ready_at_ms = ctx.now_ms + delay_ms
     ctx.state.arm(task.ready_at_ms, DueKind.READY, task.id)
 
@@ -287,6 +332,7 @@ def on_lease_due(ctx: Context, delivery_id: str, due_ms: int) -> None:
     if task.lease_expires_ms > due_ms:
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, delivery_id)  # renewed: look again then
         return
+    resources.end_holds(ctx, task, 0)  # a lapse spends nothing: the reservation returns whole
     _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0)
 
 

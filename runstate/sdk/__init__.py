@@ -7,6 +7,17 @@ from __future__ import annotations
 
 from runstate.sdk.admin import PERMISSIONS, Identity, KeyInfo, NewKey, SpaceInfo
 from runstate.sdk.client import AsyncRunstate
+from runstate.sdk.resources import Reservation, SlotLease
 from runstate.sdk.sync import Runstate
 
-__all__ = ["PERMISSIONS", "AsyncRunstate", "Identity", "KeyInfo", "NewKey", "Runstate", "SpaceInfo"]
+__all__ = [
+    "PERMISSIONS",
+    "AsyncRunstate",
+    "Identity",
+    "KeyInfo",
+    "NewKey",
+    "Reservation",
+    "Runstate",
+    "SlotLease",
+    "SpaceInfo",
+]

@@ -38,6 +38,25 @@ from runstate.sdk.errors import (
     error_from_item,
 )
 from runstate.sdk.groups import Groups
+from runstate.sdk.resources import (
+    SLOT_LEASE_MS_DEFAULT,
+    WAIT_TIMEOUT_MS_DEFAULT,
+    BudgetLike,
+    Budgets,
+    Holding,
+    LimitLike,
+    Limits,
+    Pools,
+    Reservation,
+    ScopeBudgets,
+    ScopeLimits,
+    ScopePools,
+    SlotLease,
+    SlotsLike,
+    Spending,
+    needs_body,
+    spent_value,
+)
 from runstate.sdk.timers import Timers
 
 # Task results.
@@ -201,6 +220,9 @@ class Scope:
         self.groups = Groups(transport, scope_id)
         self.barriers = Barriers(transport, scope_id)
         self.timers = Timers(transport, scope_id)
+        self.pools = ScopePools(transport, scope_id)
+        self.limits = ScopeLimits(transport, scope_id)
+        self.budgets = ScopeBudgets(transport, scope_id)
 
     def __repr__(self) -> str:
         state = f" {self.view.get('storedState')}" if self.view else ""
@@ -227,6 +249,42 @@ class Scope:
         """Open a sub-run, cancelled along with this one (see `Scopes.child`)."""
         return await self._scopes.child(self.id, name=name, deadline=deadline, child_limit=child_limit)
 
+    def slot(
+        self,
+        name: str,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> Holding[SlotLease]:
+        """`async with run.slot("browser") as lease:` holds a slot of the pool for the block.
+
+        Waits up to `timeout_ms` for a free slot (WaitTimeoutError), renews the lease every third
+        of `lease_ms` while the block runs and releases it on exit. If a renewal is refused (the
+        lease lapsed, or the run stopped), `lease.signal` is set, the block is cancelled and
+        LeaseLostError is raised. ScopeCancelledError / DeadlineExceededError if the run stopped,
+        NotFoundError for an unknown pool.
+        """
+        return Holding(lambda: self.pools.acquire(name, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder))
+
+    def budget(
+        self,
+        name: str,
+        reserve: float,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> Holding[Reservation]:
+        """`async with run.budget("model-usd", reserve=0.40) as reservation:` reserves `reserve` of
+        the budget for the block; report spend with `reservation.spend(amount)`.
+
+        On exit the reservation is settled with what was spent (the whole reservation if
+        `spend()` was never called), or released if the block raised before any `spend()`.
+        Waiting, renewal and errors as for `slot` (ValidationError for more than the budget's total).
+        """
+        return Holding(
+            lambda: self.budgets.reserve(name, reserve, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder)
+        )
+
     def mailbox(self, name: str) -> Mailbox:
         """The work queue `name` as seen from this run (no request)."""
         return Mailbox(self._transport, self.id, name)
@@ -236,9 +294,12 @@ class Scope:
         return Ticket(self._transport, task_id)
 
 
-def _task_body(task_input: Any, key: str | None, attempts: int | None, key_only: bool = False) -> dict[str, Any]:
-    """One task of a submit request; ConfigError for a malformed key or attempts."""
-    body: dict[str, Any] = {"input": task_input}
+def _task_body(
+    task_input: Any, key: str | None, attempts: int | None, key_only: bool = False, needs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One task of a submit request (with `needs`, from `needs_body`); ConfigError for a malformed
+    key or attempts."""
+    body: dict[str, Any] = {"input": task_input, **(needs or {})}
     if key_only:
         if key is None:
             raise ConfigError("key_only needs a key")
@@ -265,17 +326,29 @@ class Mailbox:
         return f"<Mailbox {self.name} in {self.scope_id}>"
 
     async def submit(
-        self, input: Any, key: str | None = None, attempts: int | None = None, key_only: bool = False
+        self,
+        input: Any,
+        key: str | None = None,
+        attempts: int | None = None,
+        key_only: bool = False,
+        slots: SlotsLike = None,
+        limit: LimitLike = None,
+        budget: BudgetLike = None,
     ) -> Ticket:
         """Submit a task; returns its `Ticket` (`.created` is False if the key already existed).
+
+        `slots` (a pool name or a list of them), `limit` (a limit name, or `{"name", "units"}`) and
+        `budget` (`{"name", "reserve"}`) name what the job needs: a worker receives it only when
+        all of them can be taken, and takes them with it; they return when its delivery ends.
 
         The same key with the same input returns the existing task (without a key, the server keys
         the task by a hash of its input). Raises KeyConflictError for the same key with another
         input (unless `key_only`: then the key alone names the task and the existing one comes back
         whatever its input), ScopeCancelledError / DeadlineExceededError if the run stopped, NotFoundError if
-        the queue does not exist, ValidationError for an input over 64 KB.
+        the queue or a named resource does not exist, ValidationError for an input over 64 KB or a
+        need no job could ever get (more units than the limit, more than the budget's total).
         """
-        body = _task_body(input, key, attempts, key_only)
+        body = _task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))
         # Safe to repeat: the server deduplicates by key.
         answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
         return Ticket(
@@ -287,18 +360,25 @@ class Mailbox:
         )
 
     async def submit_many(
-        self, inputs: Sequence[Any], keys: Sequence[str | None] | None = None, attempts: int | None = None
+        self,
+        inputs: Sequence[Any],
+        keys: Sequence[str | None] | None = None,
+        attempts: int | None = None,
+        slots: SlotsLike = None,
+        limit: LimitLike = None,
+        budget: BudgetLike = None,
     ) -> list[Ticket]:
         """Submit many tasks, SUBMIT_BATCH_MAX per request; returns their tickets in order.
 
-        Each task behaves exactly as `submit(input, key=keys[i])`. Every task is tried; if any was
-        refused, the first refusal is raised after the others were submitted (resubmitting the
-        same keys and inputs is safe: the existing tasks come back).
+        Each task behaves exactly as `submit(input, key=keys[i], slots=, limit=, budget=)`. Every
+        task is tried; if any was refused, the first refusal is raised after the others were
+        submitted (resubmitting the same keys and inputs is safe: the existing tasks come back).
         """
         if keys is not None and len(keys) != len(inputs):
             raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
+        needs = needs_body(slots, limit, budget)
         items = [
-            _task_body(task_input, keys[index] if keys is not None else None, attempts)
+            _task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)
             for index, task_input in enumerate(inputs)
         ]
         tickets: list[Ticket] = []
@@ -356,8 +436,8 @@ class Mailbox:
         The handler may be async or a plain function (run in a thread). While it runs, its lease is
         renewed every `lease_ms / 3`. When it returns without settling the delivery itself, the
         delivery is completed with `{"payload": <return value>}`; when it raises, the delivery is
-        retried (attempt + 1, after a backoff). If the lease is lost or the run stops, the handler
-        is cancelled.
+        retried (attempt + 1, after a backoff); either sends what `delivery.spend()` reported. If
+        the lease is lost or the run stops, the handler is cancelled.
 
         Returns when the run is cancelled, completed or past its deadline, or when `stop` is set
         (the receive in flight is given up at once; what it brought is released;
@@ -437,6 +517,8 @@ class Delivery:
     `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
     `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
     True once complete/retry/reject/release was accepted, or the server said the lease is gone.
+    `needs` is what the task needs (`{"slots", "limit", "budget"}`, or None) and `holds` what this
+    delivery took for it (`{"slots": [lease ids], "reservationId"}`, or None).
     """
 
     def __init__(self, transport: Transport, view: dict[str, Any]) -> None:
@@ -449,6 +531,9 @@ class Delivery:
         self.attempt: int = view.get("attempt", 0)
         self.attempts: int | None = view.get("attempts")
         self.lease_expires_at: datetime | None = self._parse_lease(view.get("leaseExpiresAt"))
+        self.needs: dict[str, Any] | None = view.get("needs")
+        self.holds: dict[str, Any] | None = view.get("holds")
+        self._spending = Spending()
         self._settled = False
         # Set by consume() when the lease is lost, the run stopped, or the handler is being
         # cancelled: a sync handler, which cannot be cancelled, checks it to stop early.
@@ -460,6 +545,23 @@ class Delivery:
     @property
     def settled(self) -> bool:
         return self._settled
+
+    def spend(self, amount: float) -> None:
+        """Report `amount` more spent of the job's budget reservation (no request; safe from any
+        thread). complete/retry/reject send the sum. ConfigError for a negative amount."""
+        self._spending.add(amount)
+
+    @property
+    def spent(self) -> float | None:
+        """The sum reported with `spend()`, or None if it was never called."""
+        return self._spending.total
+
+    def _with_spent(self, body: dict[str, Any], spent: float | None) -> dict[str, Any]:
+        """`body` with `spent`: the argument, else the sum reported with `spend()`, else nothing
+        (the whole reservation counts as spent)."""
+        if spent is None:
+            spent = self.spent
+        return body if spent is None else {**body, "spent": spent_value(spent)}
 
     @staticmethod
     def _parse_lease(value: Any) -> datetime | None:
@@ -480,8 +582,10 @@ class Delivery:
         self._settled = True
         return answer
 
-    async def complete(self, result: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Record the task's result, e.g. `complete(result={"payload": {...}})`.
+    async def complete(self, result: dict[str, Any] | None = None, spent: float | None = None) -> dict[str, Any]:
+        """Record the task's result, e.g. `complete(result={"payload": {...}})`. `spent` (default:
+        the sum reported with `spend()`, else the whole reservation) settles the job's budget
+        reservation, as with retry and reject.
 
         Returns `{"taskId", "state": "SUCCEEDED"}`. Raises LeaseLostError if the lease lapsed or
         was taken over (nothing is recorded), ScopeCancelledError / DeadlineExceededError if the run
@@ -493,10 +597,13 @@ class Delivery:
             raise ConfigError(
                 f"result must be a dict such as {{'payload': ...}}, got {type(result).__name__}"
             )
-        return await self._settle("complete", {"result": result})
+        return await self._settle("complete", self._with_spent({"result": result}, spent))
 
-    async def retry(self, error: str | None = None, delay_ms: int | None = None) -> dict[str, Any]:
-        """Put the task back for another attempt after `delay_ms` (default: the server's backoff).
+    async def retry(
+        self, error: str | None = None, delay_ms: int | None = None, spent: float | None = None
+    ) -> dict[str, Any]:
+        """Put the task back for another attempt after `delay_ms` (default: the server's backoff);
+        `spent` as for `complete`.
 
         Returns `{"taskId", "state"}` (FAILED when the attempts are used up). Allowed after the run
         stopped. Raises LeaseLostError if the lease is gone.
@@ -506,14 +613,15 @@ class Delivery:
             body["error"] = str(error)
         if delay_ms is not None:
             body["delayMs"] = _require_int(delay_ms, "delay_ms", 0)
-        return await self._settle("retry", body)
+        return await self._settle("retry", self._with_spent(body, spent))
 
-    async def reject(self, error: str | None = None) -> dict[str, Any]:
+    async def reject(self, error: str | None = None, spent: float | None = None) -> dict[str, Any]:
         """Fail the task now, without further attempts. Returns `{"taskId", "state": "FAILED"}`.
 
         Raises LeaseLostError if the lease is gone.
         """
-        return await self._settle("reject", {} if error is None else {"error": str(error)})
+        body = {} if error is None else {"error": str(error)}
+        return await self._settle("reject", self._with_spent(body, spent))
 
     async def release(self) -> dict[str, Any]:
         """Hand the task back at once, no attempt counted. Returns `{"taskId", "state"}`.
@@ -569,6 +677,9 @@ class AsyncRunstate:
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
         self.claims = Claims(self._transport)
+        self.pools = Pools(self._transport)
+        self.limits = Limits(self._transport)
+        self.budgets = Budgets(self._transport)
         self.spaces = Spaces(self._transport)
         self.keys = Keys(self._transport)
 
@@ -663,7 +774,9 @@ __all__ = [
     "Handler",
     "Mailbox",
     "Mailboxes",
+    "Reservation",
     "Scope",
     "Scopes",
+    "SlotLease",
     "Ticket",
 ]

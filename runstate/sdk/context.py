@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from runstate.sdk.errors import ConfigError
 
@@ -20,12 +21,25 @@ class Context:
         attempt: 1 for the first attempt, n for the n-th (a failure or a lapsed lease counts).
         key: the once key or the job's key, `<name>:<hash>`.
         run_id: the run the call belongs to.
+
+    In a queue handler, `spend(amount)` reports what the job spent of its budget reservation.
     """
 
     signal: threading.Event
     attempt: int
     key: str
     run_id: str
+    # The job's delivery's `spend`, in a queue handler.
+    spend_to: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+
+    def spend(self, amount: float) -> None:
+        """Report `amount` more spent of this job's budget reservation (a decimal, e.g. 0.12);
+        the sum is sent when the job completes (or is retried) and charged, the rest of the
+        reservation returns to the budget. Without it the whole reservation counts as spent.
+        Raises ConfigError outside a queue handler, or for a negative amount."""
+        if self.spend_to is None:
+            raise ConfigError("context().spend() is only available inside a queue handler")
+        self.spend_to(amount)
 
 
 _CURRENT: contextvars.ContextVar[Context | None] = contextvars.ContextVar("runstate_context", default=None)

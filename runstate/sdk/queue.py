@@ -42,6 +42,7 @@ from runstate.sdk.errors import (
 )
 from runstate.sdk.keys import json_value, make_key
 from runstate.sdk.once import DurationLike, check_attempts, result_value
+from runstate.sdk.resources import BudgetLike, LimitLike, SlotsLike, needs_body
 
 logger = logging.getLogger("runstate.sdk")
 
@@ -131,6 +132,9 @@ class Queue:
         lease: DurationLike = QUEUE_LEASE_DEFAULT,
         concurrency: int = 1,
         key: Callable[[Any], Any] | None = None,
+        slots: SlotsLike = None,
+        limit: LimitLike = None,
+        budget: BudgetLike = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"a queue needs a non-empty name, got {name!r}")
@@ -146,6 +150,8 @@ class Queue:
         self.lease_ms = parse_duration_ms(lease, "lease")
         self.concurrency = concurrency
         self.key_function = key
+        needs_body(slots, limit, budget)  # ConfigError now, not at the first submit
+        self.slots, self.limit, self.budget = slots, limit, budget
         self.is_async = inspect.iscoroutinefunction(handler)
         self.__doc__ = getattr(handler, "__doc__", None)
         self.__wrapped__ = handler
@@ -192,7 +198,8 @@ class Queue:
 
         async def in_run(scope_id: str) -> Ticket:
             return await rt.client.scope(scope_id).mailbox(self.name).submit(
-                value, key=key, attempts=self.attempts, key_only=self.key_function is not None
+                value, key=key, attempts=self.attempts, key_only=self.key_function is not None,
+                slots=self.slots, limit=self.limit, budget=self.budget,
             )
 
         return await rt.in_run(in_run)
@@ -205,7 +212,7 @@ class Queue:
         what = f"the result of queue {self.name}"
 
         def make_context(delivery: Delivery) -> _context.Context:
-            return _context.Context(delivery.signal, delivery.attempt, delivery.key or "", scope_id)
+            return _context.Context(delivery.signal, delivery.attempt, delivery.key or "", scope_id, delivery.spend)
 
         if not self.is_async:
 
@@ -243,6 +250,9 @@ def queue(
     lease: DurationLike = QUEUE_LEASE_DEFAULT,
     concurrency: int = 1,
     key: Callable[[Any], Any] | None = None,
+    slots: SlotsLike = None,
+    limit: LimitLike = None,
+    budget: BudgetLike = None,
 ) -> Callable[[Callable[[Any], Any]], Queue]:
     """Define the queue `name` with the decorated handler (one argument, the input; returns the
     result, a JSON value of at most 64 KB).
@@ -251,10 +261,19 @@ def queue(
     "60s", "500ms", "2m"; default 30 s) after which a dead worker's job is taken over;
     `concurrency` (default 1) jobs at once per `serve()`; `key` a function of the input whose
     return value identifies the job instead of the whole input.
+
+    `slots` (a pool name or a list of them), `limit` (`{"name", "units"}`, or a limit name for one
+    unit) and `budget` (`{"name", "reserve"}`) name what each job needs; they must exist (see
+    `rs.pools`, `rs.limits`, `rs.budgets`). A worker takes a job and all of them in one step and
+    they return when the job ends; `runstate.context().spend(amount)` in the handler reports the
+    actual spend (else the whole reservation counts as spent).
     """
 
     def decorate(handler: Callable[[Any], Any]) -> Queue:
-        defined = Queue(name, handler, attempts=attempts, lease=lease, concurrency=concurrency, key=key)
+        defined = Queue(
+            name, handler, attempts=attempts, lease=lease, concurrency=concurrency, key=key,
+            slots=slots, limit=limit, budget=budget,
+        )
         _queues[name] = defined
         return defined
 

@@ -25,6 +25,24 @@ from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.errors import ConfigError
 from runstate.sdk.groups import BlockingGroups
+from runstate.sdk.resources import (
+    SLOT_LEASE_MS_DEFAULT,
+    WAIT_TIMEOUT_MS_DEFAULT,
+    BlockingBudgets,
+    BlockingHolding,
+    BlockingLimits,
+    BlockingPools,
+    BlockingReservation,
+    BlockingScopeBudgets,
+    BlockingScopeLimits,
+    BlockingScopePools,
+    BlockingSlotLease,
+    BudgetLike,
+    LimitLike,
+    Reservation,
+    SlotLease,
+    SlotsLike,
+)
 from runstate.sdk.timers import BlockingTimers
 
 T = TypeVar("T")
@@ -118,6 +136,9 @@ class Scope:
         self.groups = BlockingGroups(inner.groups, portal)
         self.barriers = BlockingBarriers(inner.barriers, portal)
         self.timers = BlockingTimers(inner.timers, portal)
+        self.pools = BlockingScopePools(inner.pools, portal)
+        self.limits = BlockingScopeLimits(inner.limits, portal)
+        self.budgets = BlockingScopeBudgets(inner.budgets, portal)
 
     def __repr__(self) -> str:
         return repr(self._inner)
@@ -129,6 +150,39 @@ class Scope:
     @property
     def view(self) -> dict[str, Any] | None:
         return self._inner.view
+
+    def slot(
+        self,
+        name: str,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> BlockingHolding[SlotLease, BlockingSlotLease]:
+        """`with run.slot("browser") as lease:` (see `client.Scope.slot`). The block is not
+        cancelled when the lease is lost: `lease.signal` is set and LeaseLostError is raised at
+        its end."""
+        return BlockingHolding(
+            lambda: self._inner.pools.acquire(name, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder),
+            BlockingSlotLease,
+            self._portal,
+        )
+
+    def budget(
+        self,
+        name: str,
+        reserve: float,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> BlockingHolding[Reservation, BlockingReservation]:
+        """`with run.budget("model-usd", reserve=0.40) as reservation:` (see `client.Scope.budget`)."""
+        return BlockingHolding(
+            lambda: self._inner.budgets.reserve(
+                name, reserve, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder
+            ),
+            BlockingReservation,
+            self._portal,
+        )
 
     def status(self) -> dict[str, Any]:
         return _call(self._portal, self._inner.status)
@@ -233,14 +287,30 @@ class Delivery:
         """Set when the lease is lost, the run stopped or consume() is stopping this handler."""
         return self._inner.signal
 
-    def complete(self, result: dict[str, Any] | None = None) -> dict[str, Any]:
-        return _call(self._portal, self._inner.complete, result)
+    @property
+    def needs(self) -> dict[str, Any] | None:
+        return self._inner.needs
 
-    def retry(self, error: str | None = None, delay_ms: int | None = None) -> dict[str, Any]:
-        return _call(self._portal, self._inner.retry, error, delay_ms)
+    @property
+    def holds(self) -> dict[str, Any] | None:
+        return self._inner.holds
 
-    def reject(self, error: str | None = None) -> dict[str, Any]:
-        return _call(self._portal, self._inner.reject, error)
+    @property
+    def spent(self) -> float | None:
+        return self._inner.spent
+
+    def spend(self, amount: float) -> None:
+        """Report `amount` more spent of the job's budget reservation (see `client.Delivery.spend`)."""
+        self._inner.spend(amount)
+
+    def complete(self, result: dict[str, Any] | None = None, spent: float | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.complete, result, spent)
+
+    def retry(self, error: str | None = None, delay_ms: int | None = None, spent: float | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.retry, error, delay_ms, spent)
+
+    def reject(self, error: str | None = None, spent: float | None = None) -> dict[str, Any]:
+        return _call(self._portal, self._inner.reject, error, spent)
 
     def release(self) -> dict[str, Any]:
         return _call(self._portal, self._inner.release)
@@ -267,16 +337,35 @@ class Mailbox:
     def scope_id(self) -> str:
         return self._inner.scope_id
 
-    def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> Ticket:
-        return Ticket(
-            _call(self._portal, self._inner.submit, input, key=key, attempts=attempts), self._portal
+    def submit(
+        self,
+        input: Any,
+        key: str | None = None,
+        attempts: int | None = None,
+        slots: SlotsLike = None,
+        limit: LimitLike = None,
+        budget: BudgetLike = None,
+    ) -> Ticket:
+        ticket = _call(
+            self._portal, self._inner.submit, input, key=key, attempts=attempts, slots=slots, limit=limit,
+            budget=budget,
         )
+        return Ticket(ticket, self._portal)
 
     def submit_many(
-        self, inputs: Sequence[Any], keys: Sequence[str | None] | None = None, attempts: int | None = None
+        self,
+        inputs: Sequence[Any],
+        keys: Sequence[str | None] | None = None,
+        attempts: int | None = None,
+        slots: SlotsLike = None,
+        limit: LimitLike = None,
+        budget: BudgetLike = None,
     ) -> list[Ticket]:
         """Blocking `AsyncRunstate`'s `Mailbox.submit_many`: many tasks, their tickets in order."""
-        tickets = _call(self._portal, self._inner.submit_many, inputs, keys=keys, attempts=attempts)
+        tickets = _call(
+            self._portal, self._inner.submit_many, inputs, keys=keys, attempts=attempts, slots=slots, limit=limit,
+            budget=budget,
+        )
         return [Ticket(ticket, self._portal) for ticket in tickets]
 
     def receive(self, max: int = 1, lease_ms: int = LEASE_MS_DEFAULT, wait_ms: int = 0) -> list[Delivery]:
@@ -357,6 +446,9 @@ class Runstate:
         self._closed = False
         self.mailboxes = Mailboxes(self._async.mailboxes, self._portal)
         self.scopes = Scopes(self._async.scopes, self._portal)
+        self.pools = BlockingPools(self._async.pools, self._portal)
+        self.limits = BlockingLimits(self._async.limits, self._portal)
+        self.budgets = BlockingBudgets(self._async.budgets, self._portal)
         self.spaces = BlockingSpaces(self._async.spaces, self._portal)
         self.keys = BlockingKeys(self._async.keys, self._portal)
 

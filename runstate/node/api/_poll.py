@@ -39,3 +39,15 @@ async def long_poll(
             if happened(view) or remaining_s <= 0:
                 return view
             await waiter.wait(remaining_s)
+
+
+def body_wait_ms(body: dict[str, Any]) -> int:
+    """The `waitMs` of a long poll's body: 0 to LONG_POLL_MS_MAX, default 0."""
+    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    assert wait_ms is not None
+    return wait_ms
+
+
+def client_gone(request: web.Request) -> bool:
+    """The client closed its connection: nobody is left to hand a grant to."""
+    return request.transport is None or request.transport.is_closing()

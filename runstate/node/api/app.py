@@ -20,6 +20,7 @@ from runstate.node.api import (  # noqa: F401
     health,
     mailboxes,
     openapi,
+    resources,
     runs,
     tasks,
     timers,

@@ -10,6 +10,7 @@ from aiohttp import web
 from runstate.actors import limits, runs
 from runstate.actors.context import queue_key
 from runstate.node.api import _request as req
+from runstate.node.api._poll import body_wait_ms, client_gone
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import (
     ANY_JSON,
@@ -27,6 +28,7 @@ from runstate.node.config import LONG_POLL_MS_MAX
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
+_SPENT = {"type": "number", "minimum": 0, "maximum": req.AMOUNT_MAX}  # of the job's budget reservation
 
 
 @route(
@@ -51,14 +53,12 @@ async def receive(request: web.Request) -> web.Response:
         "lease_ms": req.lease_ms(body),
         "holder": holder_of(request, body),
     }
-    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    assert wait_ms is not None
-    deadline = time.monotonic() + wait_ms / 1000
+    deadline = time.monotonic() + body_wait_ms(body) / 1000
     first = True
     while True:
         # Registered before proposing, so a task that becomes ready meanwhile wakes this wait.
         with node.waiters.register(queue_key(run_id, mailbox)) as waiter:
-            if _client_gone(request):
+            if client_gone(request):
                 return web.json_response({"deliveries": []})  # nobody to hand a task to
             # The first receive always goes through the log (it validates); later ones only when
             # there is something to hand out or the run stopped, so an idle poll writes nothing.
@@ -68,7 +68,7 @@ async def receive(request: web.Request) -> web.Response:
                 result = {"task_ids": []}
             first = False
             if result["task_ids"]:
-                if _client_gone(request):
+                if client_gone(request):
                     await _give_back(request, caller, result["task_ids"])
                     return web.json_response({"deliveries": []})
                 with node.read() as state:
@@ -78,10 +78,6 @@ async def receive(request: web.Request) -> web.Response:
             if remaining_s <= 0:
                 return web.json_response({"deliveries": []})
             await waiter.wait(remaining_s)
-
-
-def _client_gone(request: web.Request) -> bool:
-    return request.transport is None or request.transport.is_closing()
 
 
 async def _give_back(request: web.Request, caller: Caller, task_ids: list[str]) -> None:
@@ -106,6 +102,13 @@ def _worth_receiving(request: web.Request, run_id: str, mailbox: str) -> bool:
         return bool(queue and queue.ready)
 
 
+def _spent(body: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with the job's actual spend of its budget reservation, when the worker reported one
+    (without it the whole reservation counts as spent)."""
+    spent = req.amount_micros(body, "spent")
+    return args if spent is None else {**args, "spent_micros": spent}
+
+
 async def _delivery_command(request: web.Request, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     args["delivery_id"] = request.match_info["id"]
     result: dict[str, Any] = await node_of(request).propose(caller_of(request), kind, args)
@@ -124,7 +127,7 @@ async def renew(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/deliveries/{id}/complete", "Complete a delivery: record its task's result",
-    body={"result": {"type": "object", "properties": {"payload": ANY_JSON}}},
+    body={"result": {"type": "object", "properties": {"payload": ANY_JSON}}, "spent": _SPENT},
     errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE), permission=WRITE,
 )
 async def complete(request: web.Request) -> web.Response:
@@ -133,13 +136,14 @@ async def complete(request: web.Request) -> web.Response:
     if not isinstance(result, dict):
         raise ApiError("VALIDATION", "result must be an object such as {\"payload\": ...}")
     payload, _ = req.payload(result, "payload", code="RESULT_TOO_LARGE", required=False)
-    answer = await _delivery_command(request, "delivery.complete", {"payload": payload})
+    answer = await _delivery_command(request, "delivery.complete", _spent(body, {"payload": payload}))
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
 @route(
     "POST", "/v1/deliveries/{id}/retry", "Give the task back for another attempt (after a backoff)",
-    body={"error": STRING, "delayMs": INTEGER}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+    body={"error": STRING, "delayMs": INTEGER, "spent": _SPENT},
+    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def retry(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -147,17 +151,17 @@ async def retry(request: web.Request) -> web.Response:
         "error": req.error_text(body),
         "delay_ms": req.integer(body, "delayMs", minimum=0, maximum=limits.retry_delay_ms_max),
     }
-    answer = await _delivery_command(request, "delivery.retry", args)
+    answer = await _delivery_command(request, "delivery.retry", _spent(body, args))
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
 @route(
     "POST", "/v1/deliveries/{id}/reject", "Fail the task now, without further attempts",
-    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+    body={"error": STRING, "spent": _SPENT}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
-    answer = await _delivery_command(request, "delivery.reject", {"error": req.error_text(body)})
+    answer = await _delivery_command(request, "delivery.reject", _spent(body, {"error": req.error_text(body)}))
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 

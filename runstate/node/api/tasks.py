@@ -3,27 +3,90 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 
-from runstate.actors import limits
+from runstate.actors import limits, resources
 from runstate.actors.context import task_key
 from runstate.actors.state import TaskState
 from runstate.node.api import _request as req
-from runstate.node.api._poll import WAIT_MS_QUERY, long_poll
+from runstate.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
 from runstate.node.api.errors import ApiError
 from runstate.node.api.routes import ANY_JSON, INTEGER, READ, STRING, WRITE, caller_of, node_of, route
 from runstate.node.api.views import result_view, task_view
 from runstate.node.config import LONG_POLL_MS_MAX
 
-_TASK_FIELDS = {"input": ANY_JSON, "key": STRING, "attempts": INTEGER, "keyOnly": {"type": "boolean"}}
+_TASK_FIELDS = {
+    "input": ANY_JSON, "key": STRING, "attempts": INTEGER, "keyOnly": {"type": "boolean"},
+    # What each delivery of the job takes with its lease (the resources must exist).
+    "slots": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1,
+                                 "maxItems": limits.needs_slots_max}]},
+    "limit": {"type": "object", "required": ["name"], "properties": {
+        "name": STRING, "units": {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}}},
+    "budget": {"type": "object", "required": ["name", "reserve"], "properties": {
+        "name": STRING, "reserve": {"type": "number", "exclusiveMinimum": 0, "maximum": req.AMOUNT_MAX}}},
+}
 _SUBMIT_ERRORS = ("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 
 
 def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    return {"run_id": request.match_info["id"], "mailbox": request.match_info["name"], **req.task_fields(body)}
+    args = {"run_id": request.match_info["id"], "mailbox": request.match_info["name"], **req.task_fields(body)}
+    needs = _needs(body)
+    if needs is not None:
+        args["needs"] = needs
+    return args
+
+
+def _needs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The resources a job takes with each delivery, as the core's `needs`: `slots` (a pool name or
+    a list of them), `limit` ({"name", "units"?: 1}) and `budget` ({"name", "reserve"}, a decimal
+    in the API, micro-units in the core). None when the job names none."""
+    slots, limit, budget = body.get("slots"), body.get("limit"), body.get("budget")
+    if slots is None and limit is None and budget is None:
+        return None
+    names = [slots] if isinstance(slots, str) else [] if slots is None else slots
+    if (
+        not isinstance(names, list)
+        or len(names) > limits.needs_slots_max
+        or (slots is not None and not names)
+        or not all(isinstance(name, str) and 0 < len(name) <= limits.name_chars_max for name in names)
+    ):
+        raise ApiError(
+            "VALIDATION",
+            f"slots must be a pool name or a list of 1 to {limits.needs_slots_max} pool names",
+        )
+    needs: dict[str, Any] = {"slots": names, "limit": None, "budget": None}
+    if limit is not None:
+        if not isinstance(limit, dict):
+            raise ApiError("VALIDATION", "limit must be an object such as {\"name\": \"search-api\", \"units\": 1}")
+        with _field_of("limit"):
+            name = req.text(limit, "name", max_chars=limits.name_chars_max, required=True)
+            units = req.integer(limit, "units", minimum=1, maximum=limits.limit_units_max, default=1)
+        needs["limit"] = [name, units]
+    if budget is not None:
+        if not isinstance(budget, dict):
+            raise ApiError("VALIDATION", "budget must be an object such as {\"name\": \"model-usd\", \"reserve\": 0.4}")
+        with _field_of("budget"):
+            name = req.text(budget, "name", max_chars=limits.name_chars_max, required=True)
+            reserve = req.amount_micros(budget, "reserve", required=True, positive=True)
+        needs["budget"] = [name, reserve]
+    problem = resources.needs_problem(needs)  # the core's own check of the shape, before proposing
+    if problem is not None:
+        raise ApiError("VALIDATION", problem)
+    return needs
+
+
+@contextlib.contextmanager
+def _field_of(outer: str) -> Iterator[None]:
+    """Validation errors of a nested object name the field in full (`limit.units`)."""
+    try:
+        yield
+    except ApiError as error:
+        raise ApiError(error.code, f"{outer}.{error.message}") from None
 
 
 def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -125,8 +188,7 @@ async def task_results(request: web.Request) -> web.Response:
         or not all(isinstance(task_id, str) for task_id in ids)
     ):
         raise ApiError("VALIDATION", f"ids must be a list of 1 to {limits.results_batch_max} task ids")
-    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
-    assert wait_ms is not None
+    wait_ms = body_wait_ms(body)
     node, caller = node_of(request), caller_of(request)
     deadline = time.monotonic() + wait_ms / 1000
     await node.confirm_leadership(caller)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from runstate.actors import runs, tasks
+from runstate.actors import resources, runs, tasks
 from runstate.actors.state import Run, State, Task, TaskState
 from runstate.node.api.errors import ApiError
 
@@ -59,6 +59,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "createdAt": iso(task.created_ms),
         "finishedAt": iso(task.finished_ms),
         "finishedBy": tasks.finisher(task),
+        "needs": resources.needs_view(task.needs),
     }
 
 
@@ -83,4 +84,7 @@ def delivery_view(task: Task) -> dict[str, Any]:
         "attempt": task.attempt,
         "attempts": task.attempts,
         "leaseExpiresAt": iso(task.lease_expires_ms),
+        "needs": resources.needs_view(task.needs),
+        # What this delivery took with its lease; it returns when the delivery ends.
+        "holds": resources.holds_view(task),
     }

@@ -1,0 +1,724 @@
+"""Slots, rate limits and spend budgets: `rs.pools`, `rs.limits`, `rs.budgets` configure them for
+the space; a run takes them (`run.slot`, `run.limits.take`, `run.budget`), or a queue names them so
+that a worker takes a job and everything it needs in one step (`submit(..., slots=, limit=, budget=)`).
+
+    await rs.pools.ensure("browser", size=4)
+    await rs.limits.ensure("search-api", units=10, per="1s")
+    await rs.budgets.ensure("model-usd", total=25.00)
+
+    run = rs.scope(run_id)
+    async with run.slot("browser", timeout_ms=60_000) as lease:    # renewed while held, released on exit
+        ...
+    await run.limits.take("search-api", units=1, timeout_ms=10_000)
+    async with run.budget("model-usd", reserve=0.40) as reservation:
+        reservation.spend(0.12)                                      # settled on exit
+
+Amounts are decimals, carried exactly to the micro-unit (1e-6): 25 spends of 0.40 are 10.00.
+A slot lease or a reservation held with `async with` is renewed every third of its lease; when a
+renewal is refused (the lease lapsed, or the run stopped) it is marked lost, its `signal` is set,
+the block is cancelled and LeaseLostError comes out of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from runstate.sdk._time import parse_duration_ms, parse_time
+from runstate.sdk._waiting import wait_until
+from runstate.sdk.claims import _segment
+from runstate.sdk.errors import (
+    ConfigError,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    RunstateError,
+)
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
+
+    from runstate.sdk._http import Transport
+
+logger = logging.getLogger("runstate.sdk")
+
+SLOT_LEASE_MS_DEFAULT = 30_000
+WAIT_TIMEOUT_MS_DEFAULT = 60_000
+# Renewing: a third of the lease, but not more often than this.
+RENEW_INTERVAL_S_MIN = 0.05
+MICROS_PER_UNIT = 1_000_000
+
+SlotsLike = str | Sequence[str] | None
+LimitLike = str | Mapping[str, Any] | None
+BudgetLike = Mapping[str, Any] | None
+DurationLike = float | int | str | timedelta
+
+H = TypeVar("H", bound="Held")
+W = TypeVar("W")
+T = TypeVar("T")
+R = TypeVar("R", bound="_Resources")
+
+
+def _count(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _amount(value: float, what: str) -> float:
+    """A decimal amount for the API: a finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _micros(amount: float) -> int:
+    return round(amount * MICROS_PER_UNIT)
+
+
+def spent_value(value: float) -> float:
+    """An amount spent as sent to the server: rounded to the micro-unit. ConfigError if negative
+    or not a number."""
+    return _micros(_amount(value, "the amount spent")) / MICROS_PER_UNIT
+
+
+def _expiry(value: Any) -> datetime | None:
+    try:
+        return parse_time(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _field(answer: dict[str, Any], name: str) -> Any:
+    if name not in answer:
+        raise RunstateError(f"the server's answer lacks {name!r}: {answer!r}", code="INVALID_RESPONSE", status=None)
+    return answer[name]
+
+
+def needs_body(slots: SlotsLike, limit: LimitLike, budget: BudgetLike) -> dict[str, Any]:
+    """The fields a task submit carries for what the job needs. ConfigError when malformed.
+
+    `slots` is a pool name or a list of them; `limit` a limit name (1 unit) or `{"name", "units"}`;
+    `budget` `{"name", "reserve"}`.
+    """
+    body: dict[str, Any] = {}
+    if slots is not None:
+        if isinstance(slots, str):
+            names: str | list[str] = slots
+        elif isinstance(slots, Sequence) and slots:
+            names = list(slots)
+        else:
+            raise ConfigError(f"slots must be a pool name or a non-empty list of them, got {slots!r}")
+        for name in [names] if isinstance(names, str) else names:
+            _segment(name, "a pool name in slots")
+        body["slots"] = names
+    if limit is not None:
+        if isinstance(limit, str):
+            limit = {"name": limit}
+        if not isinstance(limit, Mapping) or "name" not in limit or set(limit) - {"name", "units"}:
+            raise ConfigError(f'limit must be a limit name or {{"name", "units"}}, got {limit!r}')
+        _segment(limit["name"], "limit name")
+        body["limit"] = {"name": limit["name"]}
+        if "units" in limit:
+            body["limit"]["units"] = _count(limit["units"], "limit units")
+    if budget is not None:
+        if not isinstance(budget, Mapping) or set(budget) != {"name", "reserve"}:
+            raise ConfigError(f'budget must be {{"name", "reserve"}}, got {budget!r}')
+        _segment(budget["name"], "budget name")
+        body["budget"] = {"name": budget["name"], "reserve": _amount(budget["reserve"], "budget reserve")}
+    return body
+
+
+class Spending:
+    """Amounts reported with `spend()`, summed exactly in micro-units; safe from any thread."""
+
+    def __init__(self) -> None:
+        self._micros: int | None = None
+        self._lock = threading.Lock()
+
+    def add(self, amount: float) -> None:
+        micros = _micros(_amount(amount, "the amount spent"))
+        with self._lock:
+            self._micros = (self._micros or 0) + micros
+
+    @property
+    def total(self) -> float | None:
+        """The sum reported so far, or None if `spend()` was never called."""
+        micros = self._micros
+        return None if micros is None else micros / MICROS_PER_UNIT
+
+
+# -- configuration (per space) -------------------------------------------------------------------
+
+
+class _Resources:
+    _route: ClassVar[str]
+    _what: ClassVar[str]
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    def _path(self, name: str) -> str:
+        return f"/v1/{self._route}/{_segment(name, f'{self._what} name')}"
+
+    async def _put(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._transport.request("PUT", self._path(name), body=body, safe=True)
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
+        return await self._transport.request("GET", self._path(name), safe=True)
+
+
+class Pools(_Resources):
+    """Pools of slots of the space: `rs.pools`."""
+
+    _route = "pools"
+    _what = "pool"
+
+    async def ensure(self, name: str, size: int) -> dict[str, Any]:
+        """Create the pool `name` with `size` slots, or resize it; safe to call every time.
+
+        Returns its view `{"name", "size", "inUse", "waiting", "holders": [{"leaseId", "holder",
+        "scopeId", "taskId", "leaseExpiresAt"}]}` (`waiting`: queued jobs that need it). A size
+        below the slots in use grants nothing new until enough return. ValidationError for a size
+        out of range.
+        """
+        return await self._put(name, {"size": _count(size, "size")})
+
+
+class Limits(_Resources):
+    """Rate limits of the space: `rs.limits`."""
+
+    _route = "limits"
+    _what = "limit"
+
+    async def ensure(self, name: str, units: int, per: DurationLike = "1s") -> dict[str, Any]:
+        """Create the rate limit `name` of `units` per `per` (seconds, "500ms", "1s", "1m" or a
+        timedelta), or change it; safe to call every time. No window of `per` ever holds more
+        than `units` taken units.
+
+        Returns its view `{"name", "units", "intervalMs", "available", "takenInWindow", "waiting"}`.
+        """
+        body = {"units": _count(units, "units"), "intervalMs": parse_duration_ms(per, "per")}
+        return await self._put(name, body)
+
+
+class Budgets(_Resources):
+    """Spend budgets of the space: `rs.budgets`."""
+
+    _route = "budgets"
+    _what = "budget"
+
+    async def ensure(self, name: str, total: float) -> dict[str, Any]:
+        """Create the budget `name` with `total` (a decimal), or change its total; safe to call
+        every time. A total below what is spent and reserved grants nothing new.
+
+        Returns its view `{"name", "total", "spent", "reserved", "remaining", "waiting",
+        "reservations": [{"reservationId", "amount", "holder", "scopeId", "taskId",
+        "leaseExpiresAt"}]}`.
+        """
+        return await self._put(name, {"total": _amount(total, "total")})
+
+
+# -- what a run holds ----------------------------------------------------------------------------
+
+
+class Held:
+    """What slot leases and reservations share: an id held under a lease that the holder renews.
+
+    `lease_expires_at` is an aware UTC datetime (None if the server sent none). `lost` turns True
+    once a renewal was refused (the lease lapsed, or the run stopped): the server returns it, or
+    has already, and `signal` (a threading.Event) is set. `lost_error` is that refusal.
+    """
+
+    _route: ClassVar[str]
+    _kind: ClassVar[str]
+
+    def __init__(
+        self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any
+    ) -> None:
+        self._transport = transport
+        self._path = f"/v1/{self._route}/{_segment(held_id, f'{self._kind} id')}"
+        self.id = held_id
+        self.name = name
+        self.scope_id = scope_id
+        self.lease_ms = lease_ms
+        self.lease_expires_at = _expiry(expires)
+        self.lost_error: RunstateError | None = None
+        self.signal = threading.Event()
+
+    def __repr__(self) -> str:
+        lost = " lost" if self.lost else ""
+        return f"<{type(self).__name__} {self.id} of {self.name}{lost}>"
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_error is not None
+
+    def _lose(self, error: RunstateError) -> None:
+        if self.lost_error is None:
+            self.lost_error = error
+        self.signal.set()
+
+    async def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
+        """Extend the lease by `lease_ms` (default: the one it was taken with) from now; returns
+        `{"leaseExpiresAt"}` and updates `lease_expires_at`.
+
+        Raises LeaseLostError once it lapsed or was returned, ScopeCancelledError /
+        DeadlineExceededError once its run stopped; both mark it lost.
+        """
+        body = {"leaseMs": _count(self.lease_ms if lease_ms is None else lease_ms, "lease_ms")}
+        try:
+            answer = await self._transport.request("POST", f"{self._path}/renew", body=body, safe=True)
+        except (ConflictError, NotFoundError) as exc:
+            self._lose(exc)
+            raise
+        self.lease_expires_at = _expiry(answer.get("leaseExpiresAt")) or self.lease_expires_at
+        return answer
+
+    async def release(self) -> dict[str, Any]:
+        """Give it back at once (nothing spent). Returns `{"released": bool}` (False when it had
+        lapsed already). Allowed after the run stopped."""
+        return await self._transport.request("POST", f"{self._path}/release", body={}, safe=True)
+
+    async def _finish(self, raised: bool) -> None:
+        """Return it at the end of an `async with` block."""
+        raise NotImplementedError
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self.release()
+        except RunstateError as exc:
+            # A lapsed lease has returned already; anything else lapses it in `lease_ms`.
+            logger.info("releasing %r failed: %s", self, exc)
+
+
+class SlotLease(Held):
+    """One slot of a pool, held by a run: `async with run.slot("browser") as lease:`."""
+
+    _route = "slots"
+    _kind = "slot lease"
+
+    async def _finish(self, raised: bool) -> None:
+        await self._release_quietly()
+
+
+class Reservation(Held):
+    """An amount reserved from a budget: `async with run.budget("model-usd", reserve=0.40) as r:`.
+
+    `amount` is what was reserved; `spend(amount)` reports what was actually spent (summed over
+    calls, `spent`); `settle()` charges it and returns the rest to the budget.
+    """
+
+    _route = "reservations"
+    _kind = "reservation"
+
+    def __init__(
+        self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any,
+        amount: float,
+    ) -> None:
+        super().__init__(transport, held_id, name, scope_id, lease_ms, expires)
+        self.amount = amount
+        self._spending = Spending()
+
+    def spend(self, amount: float) -> None:
+        """Report `amount` more spent (no request; `settle` sends the sum). ConfigError for a
+        negative or non-numeric amount."""
+        self._spending.add(amount)
+
+    @property
+    def spent(self) -> float | None:
+        """The sum reported with `spend()`, or None if it was never called."""
+        return self._spending.total
+
+    async def settle(self, spent: float | None = None) -> dict[str, Any]:
+        """Charge `spent` (default: the sum reported with `spend()`, else the whole reservation)
+        and return the rest. A spend over the reservation is charged up to what the budget still
+        has. Returns `{"charged", "returned"}`.
+
+        Raises LeaseLostError once the reservation lapsed (it returned whole: nothing was
+        charged). Allowed after the run stopped.
+        """
+        if spent is None:
+            spent = self.spent if self.spent is not None else self.amount
+        body = {"spent": spent_value(spent)}
+        return await self._transport.request("POST", f"{self._path}/settle", body=body, safe=True)
+
+    async def _finish(self, raised: bool) -> None:
+        if raised and self.spent is None:
+            await self._release_quietly()
+            return
+        try:
+            await self.settle()
+        except (ConflictError, NotFoundError) as exc:
+            logger.warning("settling %r refused (it returned whole, nothing charged): %s", self, exc)
+        except RunstateError:
+            if not raised:
+                raise
+            logger.exception("settling %r failed", self)
+
+
+async def _wait_for(
+    transport: Transport, path: str, body: dict[str, Any], flag: str, timeout_ms: int, what: str
+) -> dict[str, Any]:
+    """POST `path` as a long poll, re-issued in slices, until the answer's `flag` is true;
+    WaitTimeoutError after `timeout_ms`. Repeated after a lost answer: a lost grant then holds one
+    more (the lost one returns when its lease lapses); a lost take takes units again (never more
+    than the limit allows)."""
+
+    async def poll(wait_ms: int) -> dict[str, Any]:
+        return await transport.request(
+            "POST", path, body={**body, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
+        )
+
+    return await wait_until(poll, lambda answer: bool(answer.get(flag)), timeout_ms=timeout_ms, what=what)
+
+
+class _InScope:
+    def __init__(self, transport: Transport, scope_id: str) -> None:
+        self._transport = transport
+        self.scope_id = scope_id
+        self._path = f"/v1/scopes/{_segment(scope_id, 'scope id')}"
+
+
+class ScopePools(_InScope):
+    """`run.pools`: take slots under this run (`run.slot(...)` holds one for a block)."""
+
+    async def acquire(
+        self,
+        name: str,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> SlotLease:
+        """Take a slot of pool `name`, waiting up to `timeout_ms` for one. Returns the `SlotLease`;
+        renew it within `lease_ms` and release it (or use `run.slot`, which does both).
+
+        Raises WaitTimeoutError when no slot was free in time, ScopeCancelledError /
+        DeadlineExceededError once the run stopped, NotFoundError for an unknown pool.
+        """
+        body = {"leaseMs": _count(lease_ms, "lease_ms"), "holder": holder or self._transport.holder}
+        path = f"{self._path}/pools/{_segment(name, 'pool name')}/acquire"
+        answer = await _wait_for(self._transport, path, body, "granted", timeout_ms, f"a slot of pool {name}")
+        return SlotLease(self._transport, _field(answer, "leaseId"), name, self.scope_id, lease_ms,
+                         answer.get("leaseExpiresAt"))
+
+
+class ScopeLimits(_InScope):
+    """`run.limits`: take units of rate limits under this run."""
+
+    async def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        """Take `units` of the rate limit `name`, waiting up to `timeout_ms` until the window has
+        room. Taken units are spent: they never come back. Returns `{"taken": True, "availableAt"}`.
+
+        Raises WaitTimeoutError when the units were not free in time, ValidationError for more
+        units than the limit has, ScopeCancelledError / DeadlineExceededError once the run
+        stopped, NotFoundError for an unknown limit.
+        """
+        path = f"{self._path}/limits/{_segment(name, 'limit name')}/take"
+        body = {"units": _count(units, "units")}
+        return await _wait_for(self._transport, path, body, "taken", timeout_ms, f"{units} units of limit {name}")
+
+
+class ScopeBudgets(_InScope):
+    """`run.budgets`: reserve amounts of spend budgets under this run (`run.budget(...)` for a block)."""
+
+    async def reserve(
+        self,
+        name: str,
+        amount: float,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> Reservation:
+        """Reserve `amount` of budget `name`, waiting up to `timeout_ms` until that much remains.
+        Returns the `Reservation`; renew it within `lease_ms`, then `settle(spent)` or `release()`
+        it (a lapsed reservation returns whole).
+
+        Raises WaitTimeoutError when not enough remained in time, ValidationError for more than
+        the budget's total, ScopeCancelledError / DeadlineExceededError once the run stopped,
+        NotFoundError for an unknown budget.
+        """
+        body = {
+            "amount": _amount(amount, "amount"),
+            "leaseMs": _count(lease_ms, "lease_ms"),
+            "holder": holder or self._transport.holder,
+        }
+        path = f"{self._path}/budgets/{_segment(name, 'budget name')}/reserve"
+        answer = await _wait_for(self._transport, path, body, "granted", timeout_ms, f"{amount} of budget {name}")
+        return Reservation(self._transport, _field(answer, "reservationId"), name, self.scope_id, lease_ms,
+                           answer.get("leaseExpiresAt"), float(answer.get("amount", amount)))
+
+
+async def _keep(held: Held, on_lost: Callable[[], None]) -> None:
+    """Renew `held` every third of its lease until cancelled; once a renewal is refused (which
+    marks it lost), call `on_lost`."""
+    interval_s = max(held.lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await held.renew()
+        except (ConflictError, NotFoundError):
+            on_lost()
+            return
+        except RunstateError as exc:
+            # UNAVAILABLE and the like: try again at the next interval; the lease may still hold.
+            logger.warning("renewing %r failed: %s", held, exc)
+
+
+def _lost_error(held: Held) -> LeaseLostError:
+    return LeaseLostError(f"{held._kind} {held.id} of {held.name} was lost: {held.lost_error}", status=None)
+
+
+class Holding(Generic[H]):
+    """`async with run.slot(...) as lease:` / `async with run.budget(...) as reservation:`.
+
+    Takes it on entry (waiting as `acquire` / `reserve` do), renews it while the block runs,
+    returns it on exit: a slot is released; a reservation is settled with what was spent (the
+    whole reservation if `spend()` was never called), or released if the block raised before any
+    `spend()`. If a renewal is refused, the block is cancelled and LeaseLostError is raised.
+    """
+
+    def __init__(self, take: Callable[[], Awaitable[H]]) -> None:
+        self._take = take
+        self._held: H | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._in_block = False
+        self._cancelled = False
+
+    async def __aenter__(self) -> H:
+        if self._held is not None:
+            raise ConfigError("enter run.slot(...) / run.budget(...) once; call it again for another")
+        self._held = held = await self._take()
+        self._task = asyncio.current_task()
+        self._in_block = True
+        self._keeper = asyncio.create_task(_keep(held, self._on_lost))
+        return held
+
+    def _on_lost(self) -> None:
+        if self._in_block and self._task is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        held, keeper = self._held, self._keeper
+        assert held is not None and keeper is not None
+        self._in_block = False
+        keeper.cancel()
+        await asyncio.wait({keeper})
+        await held._finish(raised=exc is not None)
+        if not held.lost:
+            return
+        if self._cancelled:
+            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None and uncancel() > 0:
+                return  # also cancelled from outside: let that cancellation go on
+        raise _lost_error(held) from held.lost_error
+
+
+# -- the blocking client -------------------------------------------------------------------------
+
+
+class _Blocking(Generic[T]):
+    def __init__(self, inner: T, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+
+class _BlockingResources(_Blocking[R]):
+    def status(self, name: str) -> dict[str, Any]:
+        return self._portal.call(self._inner.status, name)
+
+
+class BlockingPools(_BlockingResources[Pools]):
+    """`rs.pools` of the blocking client (see `Pools`)."""
+
+    def ensure(self, name: str, size: int) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.ensure(name, size=size))
+
+
+class BlockingLimits(_BlockingResources[Limits]):
+    """`rs.limits` of the blocking client (see `Limits`)."""
+
+    def ensure(self, name: str, units: int, per: DurationLike = "1s") -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.ensure(name, units=units, per=per))
+
+
+class BlockingBudgets(_BlockingResources[Budgets]):
+    """`rs.budgets` of the blocking client (see `Budgets`)."""
+
+    def ensure(self, name: str, total: float) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.ensure(name, total=total))
+
+
+class BlockingSlotLease:
+    """A slot lease of the blocking client (see `SlotLease`); usable from any thread but the portal's."""
+
+    def __init__(self, inner: Held, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        return self._inner.lease_expires_at
+
+    @property
+    def lost(self) -> bool:
+        return self._inner.lost
+
+    @property
+    def lost_error(self) -> RunstateError | None:
+        return self._inner.lost_error
+
+    @property
+    def signal(self) -> threading.Event:
+        return self._inner.signal
+
+    def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
+        return self._portal.call(self._inner.renew, lease_ms)
+
+    def release(self) -> dict[str, Any]:
+        return self._portal.call(self._inner.release)
+
+
+class BlockingReservation(BlockingSlotLease):
+    """A reservation of the blocking client (see `Reservation`)."""
+
+    def __init__(self, inner: Reservation, portal: BlockingPortal) -> None:
+        super().__init__(inner, portal)
+        self._reservation = inner
+
+    @property
+    def amount(self) -> float:
+        return self._reservation.amount
+
+    @property
+    def spent(self) -> float | None:
+        return self._reservation.spent
+
+    def spend(self, amount: float) -> None:
+        self._reservation.spend(amount)
+
+    def settle(self, spent: float | None = None) -> dict[str, Any]:
+        return self._portal.call(self._reservation.settle, spent)
+
+
+class BlockingHolding(Generic[H, W]):
+    """`with run.slot(...) as lease:` of the blocking client (see `Holding`). The block runs in the
+    caller's thread and cannot be cancelled: a refused renewal sets `lease.signal`, and
+    LeaseLostError is raised when the block ends."""
+
+    def __init__(self, take: Callable[[], Awaitable[H]], wrap: Callable[[H, BlockingPortal], W],
+                 portal: BlockingPortal) -> None:
+        self._take = take
+        self._wrap = wrap
+        self._portal = portal
+        self._held: H | None = None
+        self._keeper: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> W:
+        if self._held is not None:
+            raise ConfigError("enter run.slot(...) / run.budget(...) once; call it again for another")
+        self._held = held = self._portal.call(self._take)
+        self._keeper = self._portal.call(self._start_keeper, held)
+        return self._wrap(held, self._portal)
+
+    @staticmethod
+    async def _start_keeper(held: H) -> asyncio.Task[None]:
+        return asyncio.create_task(_keep(held, lambda: None))
+
+    async def _finish(self, raised: bool) -> None:
+        held, keeper = self._held, self._keeper
+        assert held is not None and keeper is not None
+        keeper.cancel()
+        await asyncio.wait({keeper})
+        await held._finish(raised)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._portal.call(self._finish, exc is not None)
+        held = self._held
+        assert held is not None
+        if held.lost:
+            raise _lost_error(held) from held.lost_error
+
+
+class BlockingScopePools(_Blocking[ScopePools]):
+    """`run.pools` of the blocking client (see `ScopePools`)."""
+
+    def acquire(
+        self,
+        name: str,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> BlockingSlotLease:
+        lease = self._portal.call(lambda: self._inner.acquire(name, lease_ms, timeout_ms, holder))
+        return BlockingSlotLease(lease, self._portal)
+
+
+class BlockingScopeLimits(_Blocking[ScopeLimits]):
+    """`run.limits` of the blocking client (see `ScopeLimits`)."""
+
+    def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.take(name, units=units, timeout_ms=timeout_ms))
+
+
+class BlockingScopeBudgets(_Blocking[ScopeBudgets]):
+    """`run.budgets` of the blocking client (see `ScopeBudgets`)."""
+
+    def reserve(
+        self,
+        name: str,
+        amount: float,
+        lease_ms: int = SLOT_LEASE_MS_DEFAULT,
+        timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
+        holder: str | None = None,
+    ) -> BlockingReservation:
+        reservation = self._portal.call(lambda: self._inner.reserve(name, amount, lease_ms, timeout_ms, holder))
+        return BlockingReservation(reservation, self._portal)
+
+
+__all__ = [
+    "BudgetLike",
+    "Budgets",
+    "Held",
+    "Holding",
+    "LimitLike",
+    "Limits",
+    "Pools",
+    "Reservation",
+    "ScopeBudgets",
+    "ScopeLimits",
+    "ScopePools",
+    "SlotLease",
+    "SlotsLike",
+    "Spending",
+    "needs_body",
+    "spent_value",
+]

@@ -1,0 +1,562 @@
+"""Slots, rate limits and spend budgets through the SDK against a real dev node: configuring them,
+holding a slot (renewed, released, handed to the next waiter, a bounded wait), taking rate-limit
+units, reserving and settling budget amounts, the spec's queue sample with two workers (its needs
+recorded and honoured), `context().spend`, and a cancelled run (refused acquisitions, held leases
+marked lost). Each test works in a space of its own, so resources never collide."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import runstate
+from runstate import AsyncRunstate, Runstate
+from runstate.sdk import queue as queue_module
+from runstate.sdk.errors import (
+    ConfigError,
+    LeaseLostError,
+    NotFoundError,
+    ScopeCancelledError,
+    ValidationError,
+    WaitTimeoutError,
+)
+from runstate.sdk.resources import Spending, needs_body
+from tests._nodes import DevNode
+from tests.test_sdk_queue import Worker
+
+WAIT_S = 30.0
+
+
+def space() -> str:
+    return f"resources-{uuid.uuid4().hex[:10]}"
+
+
+async def eventually(what: str, probe: Any, timeout_s: float = WAIT_S) -> Any:
+    """`await probe()` until it is truthy; AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await probe()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+# -- without a server ----------------------------------------------------------------------------
+
+
+def test_needs_are_checked_before_sending() -> None:
+    assert needs_body(None, None, None) == {}
+    assert needs_body("browser", "search-api", {"name": "model-usd", "reserve": 0.4}) == {
+        "slots": "browser",
+        "limit": {"name": "search-api"},
+        "budget": {"name": "model-usd", "reserve": 0.4},
+    }
+    assert needs_body(["browser", "gpu"], {"name": "search-api", "units": 2}, None) == {
+        "slots": ["browser", "gpu"],
+        "limit": {"name": "search-api", "units": 2},
+    }
+    for slots, limit, budget in [
+        ([], None, None),
+        ([""], None, None),
+        (None, {"name": "search-api", "units": 0}, None),
+        (None, {"units": 1}, None),
+        (None, {"name": "x", "unit": 1}, None),
+        (None, None, {"name": "model-usd"}),
+        (None, None, {"name": "model-usd", "reserve": -1}),
+        (None, None, {"name": "model-usd", "reserve": float("nan")}),
+    ]:
+        with pytest.raises(ConfigError):
+            needs_body(slots, limit, budget)
+    with pytest.raises(ConfigError, match="budget"):
+        runstate.queue("bad", budget={"name": "model-usd"})(lambda input: input)
+
+
+def test_spend_sums_exactly_and_needs_a_queue_handler() -> None:
+    spending = Spending()
+    assert spending.total is None
+    for _ in range(25):
+        spending.add(0.40)
+    assert spending.total == 10.00
+    with pytest.raises(ConfigError):
+        spending.add(-0.01)
+    context = runstate.Context(threading.Event(), 1, "once:key", "run_1")
+    with pytest.raises(ConfigError, match="queue handler"):
+        context.spend(0.1)
+
+
+class FakeTransport:
+    """Answers the slot and reservation routes; renewals are refused from the `refuse_after`-th on."""
+
+    holder = "fake-holder"
+
+    def __init__(self, refuse_after: int | None = None) -> None:
+        self.refuse_after = refuse_after
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def request(self, method: str, path: str, *, body: Any = None, safe: bool, **_: Any) -> dict[str, Any]:
+        action = path.rsplit("/", 1)[-1]
+        self.calls.append((action, dict(body or {})))
+        if action == "acquire":
+            return {"granted": True, "leaseId": "sl_1", "leaseExpiresAt": "2030-01-01T00:00:00.000Z"}
+        if action == "reserve":
+            return {"granted": True, "reservationId": "rsv_1", "amount": body["amount"], "leaseExpiresAt": None}
+        if action == "renew":
+            renewals = sum(1 for name, _ in self.calls if name == "renew")
+            if self.refuse_after is not None and renewals >= self.refuse_after:
+                raise ScopeCancelledError("the run was cancelled", status=409)
+            return {"leaseExpiresAt": "2030-01-01T00:00:01.000Z"}
+        if action == "release":
+            return {"released": True}
+        if action == "settle":
+            return {"charged": body["spent"], "returned": 0.0}
+        raise AssertionError(f"unexpected {method} {path}")
+
+    def actions(self) -> list[str]:
+        return [name for name, _ in self.calls if name != "renew"]
+
+
+def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> None:
+    async def main() -> None:
+        transport = FakeTransport(refuse_after=3)
+        run = runstate.AsyncRunstate().scope("run_1")
+        run.pools._transport = transport  # type: ignore[assignment]
+        started = time.monotonic()
+        with pytest.raises(LeaseLostError) as caught:
+            async with run.slot("browser", lease_ms=150) as lease:
+                await asyncio.sleep(WAIT_S)
+        assert time.monotonic() - started < WAIT_S  # the block was cancelled, not slept out
+        assert isinstance(caught.value.__cause__, ScopeCancelledError)
+        assert lease.lost and lease.signal.is_set()
+        assert transport.actions() == ["acquire", "release"]  # released on exit all the same
+        # The cancellation the lease's loss made is taken back (Python 3.11 counts them).
+        assert getattr(asyncio.current_task(), "cancelling", lambda: 0)() == 0
+
+        # The block's own error comes out as it is; a reservation without spend() is released.
+        transport = FakeTransport()
+        run.budgets._transport = transport  # type: ignore[assignment]
+        with pytest.raises(KeyError):
+            async with run.budget("model-usd", reserve=0.4):
+                raise KeyError("own error")
+        assert transport.actions() == ["reserve", "release"]
+        async with run.budget("model-usd", reserve=0.4, lease_ms=150) as reservation:
+            await asyncio.sleep(0.2)
+        assert transport.calls[-1] == ("settle", {"spent": 0.4})
+        assert "renew" in [name for name, _ in transport.calls]
+        async with run.budget("model-usd", reserve=0.4) as reservation:
+            reservation.spend(0.07)
+            reservation.spend(0.05)
+        assert transport.calls[-1] == ("settle", {"spent": 0.12})
+
+        # Cancelled from outside while held: the cancellation goes on, the slot is released.
+        transport = FakeTransport()
+        run.pools._transport = transport  # type: ignore[assignment]
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with run.slot("browser"):
+                entered.set()
+                await asyncio.sleep(WAIT_S)
+
+        holder = asyncio.create_task(hold())
+        await entered.wait()
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        assert transport.actions() == ["acquire", "release"]
+
+    asyncio.run(main())
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            pool = await rs.pools.ensure("browser", size=2)
+            assert (pool["name"], pool["size"], pool["inUse"], pool["holders"], pool["created"]) == (
+                "browser", 2, 0, [], True
+            )
+            resized = await rs.pools.ensure("browser", size=3)
+            assert (resized["size"], resized["created"]) == (3, False)
+            assert (await rs.pools.status("browser"))["size"] == 3
+
+            limit = await rs.limits.ensure("search-api", units=10, per="500ms")
+            assert (limit["units"], limit["intervalMs"], limit["available"], limit["created"]) == (10, 500, 10, True)
+            assert (await rs.limits.ensure("search-api", units=5))["intervalMs"] == 1000  # per="1s"
+            assert (await rs.limits.status("search-api"))["units"] == 5
+
+            budget = await rs.budgets.ensure("model-usd", total=25.00)
+            assert (budget["total"], budget["spent"], budget["reserved"], budget["remaining"]) == (25.0, 0, 0, 25.0)
+            assert (await rs.budgets.status("model-usd"))["reservations"] == []
+
+            for status in (rs.pools.status, rs.limits.status, rs.budgets.status):
+                with pytest.raises(NotFoundError):
+                    await status("nothing")
+            with pytest.raises(ConfigError):
+                await rs.pools.ensure("browser", size=0)
+            with pytest.raises(ConfigError):
+                await rs.limits.ensure("search-api", units=1, per="soon")
+            with pytest.raises(ConfigError):
+                await rs.budgets.ensure("model-usd", total=-1)
+
+    asyncio.run(main())
+
+
+# -- direct use under a run ----------------------------------------------------------------------
+
+
+def test_a_slot_is_held_renewed_released_and_handed_on(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(), holder="holder-a") as rs:
+            await rs.pools.ensure("browser", size=1)
+            run = await rs.scopes.create()
+            events: list[tuple[str, float]] = []
+            holding = asyncio.Event()
+
+            async def first() -> None:
+                # A lease of 1 s held for 3 s: only the background renewals keep it.
+                async with run.slot("browser", lease_ms=1_000, timeout_ms=1_000) as lease:
+                    holding.set()
+                    view = await rs.pools.status("browser")
+                    assert view["inUse"] == 1
+                    assert [(h["leaseId"], h["holder"], h["scopeId"]) for h in view["holders"]] == [
+                        (lease.id, "holder-a", run.id)
+                    ]
+                    await asyncio.sleep(3.0)
+                    assert not lease.lost and not lease.signal.is_set()
+                    events.append(("first released", time.monotonic()))
+
+            async def second() -> None:
+                await holding.wait()
+                async with run.slot("browser", timeout_ms=10_000):
+                    events.append(("second acquired", time.monotonic()))
+
+            async def impatient() -> None:
+                await holding.wait()
+                started = time.monotonic()
+                with pytest.raises(WaitTimeoutError):
+                    async with run.slot("browser", timeout_ms=300):
+                        raise AssertionError("the slot is held")
+                events.append(("timed out", time.monotonic() - started))
+
+            await asyncio.gather(first(), second(), impatient())
+            names = [name for name, _ in events]
+            assert names == ["timed out", "first released", "second acquired"]
+            assert events[0][1] >= 0.25  # it waited out its timeout (how much longer is the machine's business)
+            assert (await rs.pools.status("browser"))["inUse"] == 0
+
+            # The explicit form: acquire, renew, release.
+            lease = await run.pools.acquire("browser", lease_ms=5_000, timeout_ms=1_000)
+            before = lease.lease_expires_at
+            assert before is not None
+            await lease.renew(lease_ms=20_000)
+            assert lease.lease_expires_at is not None and lease.lease_expires_at > before
+            assert await lease.release() == {"released": True}
+            with pytest.raises(LeaseLostError):
+                await lease.renew()
+            assert lease.lost
+            with pytest.raises(NotFoundError):
+                await run.pools.acquire("no-such-pool", timeout_ms=0)
+
+    asyncio.run(main())
+
+
+def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            await rs.limits.ensure("search-api", units=2, per="1s")
+            run = await rs.scopes.create()
+            started = time.monotonic()
+            first = await run.limits.take("search-api", timeout_ms=0)
+            assert first["taken"] is True
+            assert (await run.limits.take("search-api", units=1, timeout_ms=0))["taken"] is True
+            with pytest.raises(WaitTimeoutError):
+                await run.limits.take("search-api", timeout_ms=200)
+            third = await run.limits.take("search-api", timeout_ms=5_000)
+            waited_s = time.monotonic() - started
+            assert third["taken"] is True and waited_s >= 0.8, waited_s  # not before the window opened
+            view = await rs.limits.status("search-api")
+            assert view["takenInWindow"] <= 2
+            with pytest.raises(ValidationError):
+                await run.limits.take("search-api", units=3, timeout_ms=0)
+            with pytest.raises(NotFoundError):
+                await run.limits.take("no-such-limit", timeout_ms=0)
+
+    asyncio.run(main())
+
+
+def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            await rs.budgets.ensure("model-usd", total=1.00)
+            run = await rs.scopes.create()
+
+            async def spent() -> float:
+                view = await rs.budgets.status("model-usd")
+                assert view["reserved"] == 0 and view["reservations"] == []
+                return float(view["spent"])
+
+            async with run.budget("model-usd", reserve=0.40) as reservation:
+                assert reservation.amount == 0.40
+                view = await rs.budgets.status("model-usd")
+                assert (view["reserved"], view["remaining"]) == (0.40, 0.60)
+                for _ in range(3):
+                    reservation.spend(0.1)  # summed exactly: 0.3, not 0.30000000000000004
+                assert reservation.spent == 0.3
+            assert await spent() == 0.3
+
+            async with run.budget("model-usd", reserve=0.40):
+                pass  # spend() never called: the whole reservation counts
+            assert await spent() == 0.7
+
+            with pytest.raises(RuntimeError):
+                async with run.budget("model-usd", reserve=0.20):
+                    raise RuntimeError("before any spend: released")
+            assert await spent() == 0.7
+
+            with pytest.raises(RuntimeError):
+                async with run.budget("model-usd", reserve=0.20) as reservation:
+                    reservation.spend(0.05)
+                    raise RuntimeError("after a spend: settled")
+            assert await spent() == 0.75
+
+            explicit = await run.budgets.reserve("model-usd", 0.20, timeout_ms=1_000)
+            assert await explicit.settle(0.1) == {"charged": 0.1, "returned": 0.1}
+            again = await run.budgets.reserve("model-usd", 0.10, timeout_ms=1_000)
+            assert await again.release() == {"released": True}
+            assert await spent() == 0.85
+
+            with pytest.raises(WaitTimeoutError):
+                await run.budgets.reserve("model-usd", 0.40, timeout_ms=200)  # 0.15 remains
+            with pytest.raises(ValidationError):
+                await run.budgets.reserve("model-usd", 2.00, timeout_ms=0)  # over the total
+
+            # A reservation waits for an amount to return.
+            held = await run.budgets.reserve("model-usd", 0.15, timeout_ms=1_000)
+
+            async def settle_later() -> None:
+                await asyncio.sleep(0.3)
+                await held.settle(0.05)
+
+            settling = asyncio.create_task(settle_later())
+            async with run.budget("model-usd", reserve=0.10, timeout_ms=5_000) as waited:
+                assert waited.amount == 0.10
+            await settling
+            assert await spent() == 1.00
+
+    asyncio.run(main())
+
+
+def test_the_blocking_client(dev_node: DevNode) -> None:
+    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+        assert rs.pools.ensure("browser", size=1)["size"] == 1
+        assert rs.limits.ensure("search-api", units=3, per=1)["intervalMs"] == 1000
+        assert rs.budgets.ensure("model-usd", total=1)["total"] == 1.0
+        run = rs.scopes.create()
+        with run.slot("browser", lease_ms=300) as lease:
+            time.sleep(0.6)  # renewed in the background while this thread works
+            assert rs.pools.status("browser")["holders"][0]["leaseId"] == lease.id
+            with pytest.raises(WaitTimeoutError):
+                run.pools.acquire("browser", timeout_ms=100)
+        assert not lease.lost and rs.pools.status("browser")["inUse"] == 0
+        assert run.limits.take("search-api", units=3)["taken"] is True
+        with run.budget("model-usd", reserve=0.5) as reservation:
+            reservation.spend(0.25)
+        explicit = run.budgets.reserve("model-usd", 0.5)
+        assert explicit.settle() == {"charged": 0.5, "returned": 0}
+        assert rs.budgets.status("model-usd")["spent"] == 0.75
+
+        with pytest.raises(LeaseLostError):
+            with run.slot("browser", lease_ms=300) as lease:
+                run.cancel()
+                assert lease.signal.wait(WAIT_S)  # the block runs on; signal tells it to stop
+        assert isinstance(lease.lost_error, ScopeCancelledError)
+        assert rs.pools.status("browser")["inUse"] == 0
+
+
+# -- jobs that need resources --------------------------------------------------------------------
+
+
+@pytest.fixture
+def module_api(dev_node: DevNode, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runstate, Any]]:
+    """The module-level API on a fresh space and run (queues defined here are forgotten after)."""
+    monkeypatch.setattr(queue_module, "_queues", {})
+    space_id = space()
+    with Runstate(base_url=dev_node.url, space_id=space_id) as rs:
+        run = rs.scopes.create()
+        runstate.configure(base_url=dev_node.url, space_id=space_id, scope_id=run.id)
+        try:
+            yield rs, run
+        finally:
+            runstate.close()
+
+
+def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]) -> None:
+    rs, run = module_api
+    rs.pools.ensure("browser", size=1)
+    rs.limits.ensure("search-api", units=2, per="1s")
+    rs.budgets.ensure("model-usd", total=2.00)  # five reservations of 0.40
+    lock = threading.Lock()
+    spans: list[tuple[float, float]] = []
+
+    # -- the spec's sample, as written --
+    @runstate.queue(
+        "render",
+        slots="browser",
+        limit={"name": "search-api", "units": 1},
+        budget={"name": "model-usd", "reserve": 0.40},
+    )
+    def render(input: dict) -> dict:
+        started = time.monotonic()
+        time.sleep(0.1)
+        with lock:
+            spans.append((started, time.monotonic()))
+        return {"rendered": input["url"]}
+
+    jobs = [render.send({"url": f"https://example.com/{n}"}) for n in range(6)]
+    task = run.task(jobs[0].id).status()
+    assert task["needs"] == {
+        "slots": ["browser"],
+        "limit": {"name": "search-api", "units": 1},
+        "budget": {"name": "model-usd", "reserve": 0.4},
+    }
+    workers = [Worker(render), Worker(render)]
+    try:
+        results = [job.result(timeout=WAIT_S) for job in jobs[:5]]
+        assert results == [{"rendered": f"https://example.com/{n}"} for n in range(5)]
+        time.sleep(1.5)  # the budget is spent: the sixth job may not start
+        assert run.task(jobs[5].id).status()["state"] == "QUEUED"
+        budget = rs.budgets.status("model-usd")
+        assert (budget["spent"], budget["reserved"], budget["remaining"], budget["waiting"]) == (2.0, 0, 0, 1)
+        # One browser: no two jobs overlapped. Two units a second: five jobs span two windows.
+        ordered = sorted(spans)
+        assert all(earlier[1] <= later[0] for earlier, later in zip(ordered, ordered[1:], strict=False))
+        assert ordered[-1][0] - ordered[0][0] >= 1.8
+        rs.budgets.ensure("model-usd", total=2.40)  # room for the sixth
+        assert render({"url": "https://example.com/5"}) == {"rendered": "https://example.com/5"}
+        assert rs.pools.status("browser")["inUse"] == 0
+    finally:
+        run.cancel()
+        for worker in workers:
+            worker.join()
+
+
+def test_context_spend_is_reported_with_the_job(module_api: tuple[Runstate, Any]) -> None:
+    rs, run = module_api
+    rs.budgets.ensure("model-usd", total=10.00)
+    budget = {"name": "model-usd", "reserve": 0.40}
+
+    @runstate.queue("spends", budget=budget)
+    def spends(input: float) -> float:
+        runstate.context().spend(input)
+        runstate.context().spend(input)
+        return input
+
+    @runstate.queue("spends-all", budget=budget)
+    def spends_all(input: int) -> int:
+        return input
+
+    @runstate.queue("fails", budget=budget, attempts=1)
+    def fails(input: float) -> None:
+        runstate.context().spend(input)
+        raise RuntimeError("spent, then failed")
+
+    worker = Worker(spends, spends_all, fails)
+    try:
+        assert spends(0.1) == 0.1
+        assert rs.budgets.status("model-usd")["spent"] == 0.2
+        assert spends_all(1) == 1
+        assert rs.budgets.status("model-usd")["spent"] == 0.6
+        with pytest.raises(runstate.TaskFailedError):
+            fails(0.05)
+        view = rs.budgets.status("model-usd")
+        assert (view["spent"], view["reserved"]) == (0.65, 0)
+    finally:
+        run.cancel()
+        worker.join()
+
+
+def test_submits_name_existing_resources(dev_node: DevNode) -> None:
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            await rs.mailboxes.ensure("render")
+            await rs.limits.ensure("search-api", units=2)
+            await rs.pools.ensure("browser", size=1)
+            mailbox = (await rs.scopes.create()).mailbox("render")
+            with pytest.raises(NotFoundError):
+                await mailbox.submit({"n": 1}, slots="no-such-pool")
+            with pytest.raises(ValidationError):
+                await mailbox.submit({"n": 1}, limit={"name": "search-api", "units": 3})
+            tickets = await mailbox.submit_many([{"n": 1}, {"n": 2}], slots=["browser"], limit="search-api")
+            for ticket in tickets:
+                assert (await ticket.status())["needs"]["slots"] == ["browser"]
+            delivery = (await mailbox.receive(max=2))[0]
+            assert delivery.needs is not None and delivery.holds is not None
+            assert len(delivery.holds["slots"]) == 1
+            assert (await mailbox.receive(max=1)) == []  # the one browser is held
+            await delivery.complete({"payload": None})
+            assert len(await mailbox.receive(max=1, wait_ms=5_000)) == 1
+
+    asyncio.run(main())
+
+
+# -- a cancelled run -----------------------------------------------------------------------------
+
+
+def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> None:
+    async def main() -> None:
+        space_id = space()
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:
+            await rs.pools.ensure("browser", size=1)
+            await rs.limits.ensure("search-api", units=5)
+            await rs.budgets.ensure("model-usd", total=1.00)
+            run = await rs.scopes.create()
+            held = asyncio.Event()
+            seen: dict[str, Any] = {}
+
+            async def hold_slot() -> None:
+                async with run.slot("browser", lease_ms=600) as lease:
+                    seen["lease"] = lease
+                    held.set()
+                    await asyncio.sleep(WAIT_S)  # cancelled when a renewal is refused
+                raise AssertionError("the block ran to its end")
+
+            async def hold_budget() -> None:
+                async with run.budget("model-usd", reserve=0.40, lease_ms=600) as reservation:
+                    seen["reservation"] = reservation
+                    reservation.spend(0.1)
+                    await asyncio.sleep(WAIT_S)
+                raise AssertionError("the block ran to its end")
+
+            tasks = [asyncio.create_task(hold_slot()), asyncio.create_task(hold_budget())]
+            await held.wait()
+            while "reservation" not in seen:
+                await asyncio.sleep(0.01)
+            await rs.scope(run.id).cancel(reason="stop the swarm")
+            outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+            assert all(isinstance(outcome, LeaseLostError) for outcome in outcomes), outcomes
+            for lease in (seen["lease"], seen["reservation"]):
+                assert lease.lost and lease.signal.is_set()
+                assert isinstance(lease.lost_error, ScopeCancelledError)
+            # Handed back on exit: the slot released, the reservation settled with its spend.
+            assert (await rs.pools.status("browser"))["inUse"] == 0
+            budget = await rs.budgets.status("model-usd")
+            assert (budget["spent"], budget["reserved"]) == (0.1, 0)
+
+            with pytest.raises(ScopeCancelledError):
+                async with run.slot("browser", timeout_ms=1_000):
+                    raise AssertionError("granted under a cancelled run")
+            with pytest.raises(ScopeCancelledError):
+                await run.limits.take("search-api", timeout_ms=1_000)
+            with pytest.raises(ScopeCancelledError):
+                await run.budgets.reserve("model-usd", 0.1, timeout_ms=1_000)
+
+    asyncio.run(main())
