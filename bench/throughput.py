@@ -69,7 +69,22 @@ async def wait_healthy(url: str, node: subprocess.Popen[bytes] | None) -> None:
                 await asyncio.sleep(0.1)
 
 
-async def produce(url: str, run_id: str, tasks: int, producers: int, batch: int) -> dict[str, Any]:
+# With --needs every task needs a slot, a rate-limit unit and a budget reservation, sized so none
+# of them is the bottleneck: what is measured is the cost of taking and returning them.
+NEEDS: dict[str, Any] = {
+    "slots": "bench-pool", "limit": {"name": "bench-limit", "units": 1}, "budget": {"name": "bench-budget", "reserve": 0.01},
+}
+NEEDS_POOL_SIZE = 10_000
+NEEDS_LIMIT_UNITS = 1_000_000
+
+
+async def ensure_needs(rs: Any, tasks: int) -> None:
+    await rs.pools.ensure("bench-pool", size=NEEDS_POOL_SIZE)
+    await rs.limits.ensure("bench-limit", units=NEEDS_LIMIT_UNITS, per="1s")
+    await rs.budgets.ensure("bench-budget", total=tasks * NEEDS["budget"]["reserve"] * 2)
+
+
+async def produce(url: str, run_id: str, tasks: int, producers: int, batch: int, needs: bool) -> dict[str, Any]:
     """Submit `tasks` tasks from `producers` concurrent producers (one call per task, or
     `batch` tasks per call), then wait for every result the same way."""
     latencies_ms: list[float] = []
@@ -83,12 +98,15 @@ async def produce(url: str, run_id: str, tasks: int, producers: int, batch: int)
             for start in chunks:
                 indexes = range(start, min(start + per_call, tasks))
                 began = time.perf_counter()
+                extra = NEEDS if needs else {}
                 if batch:
                     tickets.extend(
-                        await queue.submit_many([{"n": i} for i in indexes], keys=[f"task-{i}" for i in indexes])
+                        await queue.submit_many(
+                            [{"n": i} for i in indexes], keys=[f"task-{i}" for i in indexes], **extra
+                        )
                     )
                 else:
-                    tickets.append(await queue.submit({"n": start}, key=f"task-{start}"))
+                    tickets.append(await queue.submit({"n": start}, key=f"task-{start}", **extra))
                 latencies_ms.append((time.perf_counter() - began) * 1000)
 
         started = time.perf_counter()
@@ -159,6 +177,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await wait_healthy(url, node)
             async with AsyncRunstate(base_url=url) as rs:
+                if args.needs:
+                    await ensure_needs(rs, args.tasks)
                 run_id = (await rs.scopes.create(name="bench")).id
             workers = [
                 subprocess.Popen(
@@ -170,7 +190,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             ]
             node_cpu_before = cpu_s(node.pid) if node else None
             producer_cpu_before = time.process_time()
-            result = await produce(url, run_id, args.tasks, args.producers, args.batch)
+            result = await produce(url, run_id, args.tasks, args.producers, args.batch, args.needs)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
                 "workers": round(sum(cpu_s(worker.pid) or 0.0 for worker in workers), 2),
@@ -199,6 +219,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "submit_batch": args.batch,
         "fsync": args.fsync if args.url is None else "unknown (--url)",
         "auth": args.auth if args.url is None else "unknown (--url)",
+        "needs": args.needs,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         **result,
@@ -217,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
     parser.add_argument("--auth", action="store_true", help="start the node with --auth: every call carries a key")
+    parser.add_argument(
+        "--needs", action="store_true",
+        help="every task needs a slot, a rate-limit unit and a budget reservation (none of them a bottleneck)",
+    )
     parser.add_argument(
         "--url",
         help="use running nodes instead of starting one: a URL, or a comma-separated list of a cluster's "
