@@ -1,0 +1,1300 @@
+"""The checks of a chaos history: what a cluster under faults must never do, tested on what its
+clients saw.
+
+    report = check_history(read_history(report_dir / "history.jsonl"))
+    print(format_report(report))
+
+A history (chaos/history.py) holds every client operation with its call and return times and a
+status: `ok` (acknowledged), `fail` (a definite refusal: nothing happened) or `unknown` (no
+answer: it may have happened, at any time after its call, or never). Each check below is one
+function `(History) -> list[Violation]`, with a docstring saying what it proves and how it treats
+unknown operations. The rule for all of them: an unknown operation is never a violation by itself,
+and it may explain a later observation (a result read that only an unknown complete wrote). Times
+of one process (`call`, `ret`: the harness's monotonic clock) are compared only with each other;
+times of the server (`leaseExpiresAt`, `fireAt`, `firedAt`, a run's `finishedAt`: the leader's
+epoch milliseconds) only with each other. "B was called after A was acknowledged" is
+`B.call > A.ret`, and then B took effect after A did.
+
+    1 results          every acknowledged submit ends with one recorded result; none lost or changed
+    2 leases           no complete from a lost lease is accepted; no two valid leases of a task overlap
+    3 once             a once key has one result, the same for every caller
+    4 groups           a group finalizes once, as its verdicts imply; late verdicts change nothing
+    5 barriers         a barrier releases only after `target` distinct arrivals, once per epoch
+    6 timers           a timer fires at most once, never early, never after its run stopped
+    7 cancel           after a run's cancel is acknowledged, it takes no new work
+    8 linearizability  per task, completes (write once) and reads are linearizable
+
+The final views (`final` lines, read after the faults healed) are the last observation of each
+entity; a check that needs them and finds none of a kind notes that it skipped that part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from chaos import linearizability
+from chaos.history import STATUS_FAIL, STATUS_OK, STATUS_UNKNOWN, HistoryLines
+
+CHECK_RESULTS = "results"
+CHECK_LEASES = "leases"
+CHECK_ONCE = "once"
+CHECK_GROUPS = "groups"
+CHECK_BARRIERS = "barriers"
+CHECK_TIMERS = "timers"
+CHECK_CANCEL = "cancel"
+CHECK_LINEARIZABILITY = "linearizability"
+
+# Steps of the linearizability search per task before it answers "unknown".
+LINEARIZABILITY_BUDGET_STEPS = 100_000
+# How much of an operation's args or result a report line shows.
+REPORT_VALUE_CHARS_MAX = 160
+# Operations shown under one violation.
+REPORT_OPS_MAX = 8
+
+TASK_FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED")
+SUCCEEDED = "SUCCEEDED"
+CANCELLED = "CANCELLED"
+FINALIZED = "FINALIZED"
+RELEASED = "RELEASED"
+ONCE_FAILED = "ONCE_FAILED"
+NOT_FOUND = "NOT_FOUND"
+
+# Operations that end a delivery (the lease ends with them when they take effect).
+DELIVERY_ENDS = ("complete", "release", "retry", "reject")
+
+
+# -- the history ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One recorded operation (a history line with `op`)."""
+
+    id: int
+    client: str
+    op: str
+    call: float
+    ret: float | None
+    args: Mapping[str, Any]
+    result: Mapping[str, Any] | None
+    error: Mapping[str, Any] | None
+    status: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    @property
+    def failed(self) -> bool:
+        return self.status == STATUS_FAIL
+
+    @property
+    def may_have_happened(self) -> bool:
+        """Acknowledged or unknown: not refused."""
+        return self.status != STATUS_FAIL
+
+    @property
+    def code(self) -> str | None:
+        return None if self.error is None else self.error.get("code")
+
+    def __str__(self) -> str:
+        ret = "-" if self.ret is None or self.status == STATUS_UNKNOWN else f"{self.ret:.3f}"
+        answer = self.result if self.ok else self.error
+        return (
+            f"#{self.id} {self.client} {self.op} [{self.call:.3f} .. {ret}] {self.status} "
+            f"args={_short(self.args)} -> {_short(answer)}"
+        )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A delivery a receive acknowledged: its task, its worker and its lease in server time."""
+
+    id: str
+    task: str
+    receive: Op
+    holder: str | None
+    granted_ms: float | None  # leaseExpiresAt - leaseMs: the server's time of the receive
+    expires_ms: float | None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """What a check found: the check's name, the entity (a task id, a group id, ...), what is
+    wrong, and the operations that show it."""
+
+    check: str
+    key: str
+    message: str
+    ops: tuple[Op, ...] = ()
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.key}: {self.message}"
+
+
+@dataclass
+class Report:
+    """Every violation, counts of what was checked, and notes on what could not be (an
+    undecided linearizability search, a kind of final views missing)."""
+
+    violations: list[Violation]
+    counts: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class History:
+    """A parsed history with the indexes the checks share. `notes` collects what a check could not
+    decide (it is not a violation)."""
+
+    def __init__(self, operations: Iterable[Op], events: Iterable[Mapping[str, Any]], finals: Iterable[Mapping[str, Any]]):
+        self.ops = sorted(operations, key=lambda op: (op.call, op.id))
+        self.events = list(events)
+        self.finals: dict[str, dict[str, Any]] = defaultdict(dict)  # kind -> id -> view
+        for line in finals:
+            self.finals[str(line["final"])][str(line["id"])] = line.get("view")
+        self.notes: list[str] = []
+        self.counts_extra: dict[str, int] = {}  # what a check counted (registers searched)
+        self.by_kind: dict[str, list[Op]] = defaultdict(list)
+        for op in self.ops:
+            self.by_kind[op.op].append(op)
+        self.deliveries: dict[str, Delivery] = {}
+        self.run_of_task: dict[str, str] = {}
+        for op in self.by_kind["submit"]:
+            if op.ok and op.result is not None and op.result.get("taskId") and op.args.get("run"):
+                self.run_of_task[op.result["taskId"]] = op.args["run"]
+        for op in self.by_kind["receive"]:
+            for delivery in _deliveries_of(op):
+                self.deliveries[delivery.id] = delivery
+                if op.args.get("run"):
+                    self.run_of_task.setdefault(delivery.task, op.args["run"])
+        self.task_ops: dict[str, list[Op]] = defaultdict(list)  # task id -> its delivery calls and reads
+        for kind in ("renew", "complete", "release", "retry", "reject", "read_task"):
+            for op in self.by_kind[kind]:
+                task = self.task_of(op)
+                if task is not None:
+                    self.task_ops[task].append(op)
+
+    def delivery_of(self, op: Op) -> Delivery | None:
+        """The acknowledged delivery an operation names (None if no receive acknowledged it)."""
+        delivery_id = op.args.get("delivery")
+        return self.deliveries.get(delivery_id) if isinstance(delivery_id, str) else None
+
+    def task_of(self, op: Op) -> str | None:
+        """The task an operation on a task or a delivery is about."""
+        task = op.args.get("taskId")
+        if task is None:
+            delivery = self.delivery_of(op)
+            task = None if delivery is None else delivery.task
+        return task
+
+    def task_ops_of(self, task: str, *kinds: str) -> list[Op]:
+        return [op for op in self.task_ops.get(task, []) if op.op in kinds]
+
+    def submitted_tasks(self) -> list[tuple[str, Op]]:
+        """(task id, the acknowledged submit) for every acknowledged submit and group submit."""
+        found = []
+        for op in self.by_kind["submit"] + self.by_kind["group_submit"]:
+            if op.ok and op.result is not None and op.result.get("taskId"):
+                found.append((op.result["taskId"], op))
+        return found
+
+    def final(self, kind: str, entity_id: str) -> tuple[bool, Any]:
+        """(whether a final line of this entity exists, its view)."""
+        views = self.finals.get(kind, {})
+        return (entity_id in views), views.get(entity_id)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def parse_history(lines: HistoryLines) -> History:
+    """A History from `read_history`'s answer (operations, events, finals)."""
+    return History((_op(line) for line in lines.operations), lines.events, lines.finals)
+
+
+def _op(line: Mapping[str, Any]) -> Op:
+    status = line["status"]
+    return Op(
+        id=int(line["id"]),
+        client=str(line.get("client", "")),
+        op=str(line["op"]),
+        call=float(line["call"]),
+        # An unknown operation's effect may land at any time after its call: it has no return.
+        ret=None if status == STATUS_UNKNOWN or line.get("ret") is None else float(line["ret"]),
+        args=line.get("args") or {},
+        result=line.get("result"),
+        error=line.get("error"),
+        status=status,
+    )
+
+
+def _deliveries_of(receive: Op) -> list[Delivery]:
+    if not receive.ok or receive.result is None:
+        return []
+    holder = receive.args.get("holder", receive.args.get("worker"))
+    found = []
+    for item in receive.result.get("deliveries") or []:
+        expires_ms = epoch_ms(item.get("leaseExpiresAt"))
+        lease_ms = item.get("leaseMs", receive.args.get("leaseMs"))
+        granted_ms = None if expires_ms is None or lease_ms is None else expires_ms - float(lease_ms)
+        found.append(Delivery(item["id"], item["taskId"], receive, holder, granted_ms, expires_ms))
+    return found
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def canonical(value: Any) -> str:
+    """A JSON value as text that is equal exactly when the values are (keys sorted)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def epoch_ms(value: Any) -> float | None:
+    """A server time in epoch milliseconds, given as a number or as ISO 8601 text."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000.0
+    raise ValueError(f"not a time: {value!r}")
+
+
+def written_payload(complete: Op) -> Any:
+    """What a complete asked to record as the task's outcome: its `result`'s `payload` (the HTTP
+    body's shape), or the `result` itself when it is not wrapped."""
+    result = complete.args.get("result")
+    if isinstance(result, dict) and "payload" in result and set(result) <= {"payload", "spent"}:
+        return result["payload"]
+    return result
+
+
+def _short(value: Any) -> str:
+    text = canonical(value)
+    return text if len(text) <= REPORT_VALUE_CHARS_MAX else text[: REPORT_VALUE_CHARS_MAX - 3] + "..."
+
+
+def _read_error(view: Any) -> Mapping[str, Any] | None:
+    """The refusal a final read got instead of a view (`{"error": {"code", "message"}}`); a view's
+    own `error` (a task's last error message) is text, not this."""
+    error = view.get("error") if isinstance(view, dict) else None
+    return error if isinstance(error, dict) else None
+
+
+def _is_missing(view: Any) -> bool:
+    """A final view saying the entity does not exist (any more)."""
+    return view is None or (_read_error(view) or {}).get("code") == NOT_FOUND
+
+
+def _is_error(view: Any) -> bool:
+    """A final read that was refused for another reason than NOT_FOUND (or for that one)."""
+    return _read_error(view) is not None
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One observation of an entity: an acknowledged read (or an answer carrying its state), or
+    the final view (at infinite time). `b` was read after `a` when `b.call > a.ret`."""
+
+    view: Mapping[str, Any]
+    call: float
+    ret: float
+    op: Op | None = None
+
+    def after(self, other: _Seen) -> bool:
+        return self.call > other.ret
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return () if self.op is None else (self.op,)
+
+
+def _seen(op: Op, view: Mapping[str, Any]) -> _Seen:
+    assert op.ret is not None, op
+    return _Seen(view, op.call, op.ret, op)
+
+
+def _seen_final(view: Mapping[str, Any]) -> _Seen:
+    return _Seen(view, math.inf, math.inf)
+
+
+def _observed(history: History, final_kind: str, id_name: str, *kinds: str) -> dict[Any, list[_Seen]]:
+    """Every view of each entity, by id: the acknowledged answers of `kinds` that carry its state
+    (a verdict's answer names it `groupState`), then its final view."""
+    seen: dict[Any, list[_Seen]] = defaultdict(list)
+    for kind in kinds:
+        for op in history.by_kind[kind]:
+            if not op.ok or op.result is None:
+                continue
+            view = {**op.result, "state": op.result["groupState"]} if "groupState" in op.result else op.result
+            if view.get("state") is not None:
+                seen[op.args.get(id_name)].append(_seen(op, view))
+    for entity_id, view in history.finals.get(final_kind, {}).items():
+        if isinstance(view, dict) and not _is_error(view):
+            seen[entity_id].append(_seen_final(view))
+    return seen
+
+
+def _ops(*groups: Iterable[Op]) -> tuple[Op, ...]:
+    unique = {op.id: op for group in groups for op in group}
+    return tuple(sorted(unique.values(), key=lambda op: (op.call, op.id)))
+
+
+# -- 1. results ----------------------------------------------------------------------------------
+
+
+def check_results(history: History) -> list[Violation]:
+    """Every acknowledged submit ends with exactly one recorded result, and no result is lost or
+    changes.
+
+    Proves, for each task an acknowledged submit (or group submit) created: its final view exists
+    and is finished; a SUCCEEDED outcome is the payload of a complete of that task that was
+    acknowledged or unknown (an unknown complete may be the one that wrote it; a refused one
+    cannot); an acknowledged complete's payload is the final outcome (an acknowledged result is
+    never lost or replaced); and every acknowledged read of the task that saw it finished saw the
+    final state and outcome (a recorded result never changes). Without final views, reads that saw
+    the task finished are compared with each other. An unknown submit is not required to have
+    created anything; unknown reads are not observations.
+    """
+    violations: list[Violation] = []
+    if "task" not in history.finals:
+        history.note("results: no final task views; checked only that finished reads agree")
+    submits = dict(history.submitted_tasks())
+    for task in sorted(set(submits) | set(history.task_ops)):
+        present, view = history.final("task", task)
+        if present and _is_error(view) and not _is_missing(view):
+            history.note(f"results: the final read of task {task} failed: {_short(view['error'])}")
+        elif not present and task in submits and "task" in history.finals:
+            history.note(f"results: task {task} has no final view")
+        final_view = view if present and not _is_error(view) else None
+        gone = present and _is_missing(view)
+        if task in submits and (gone or final_view is not None):
+            violations.extend(_submitted_task_wrong(history, task, submits[task], final_view))
+        for complete in history.task_ops_of(task, "complete"):
+            if complete.ok and (gone or final_view is not None):
+                violations.extend(_acknowledged_result_wrong(complete, final_view, reported_gone=task in submits))
+        violations.extend(_finished_reads_disagree(history, task, final_view))
+    return violations
+
+
+def _submitted_task_wrong(history: History, task: str, submit: Op, view: Mapping[str, Any] | None) -> list[Violation]:
+    """An acknowledged submit's task in its final view (None: gone): finished, with an outcome
+    some complete that may have happened wrote."""
+    if view is None:
+        return [Violation(CHECK_RESULTS, task, "an acknowledged submit's task is gone", (submit,))]
+    if view.get("state") not in TASK_FINISHED:
+        return [Violation(CHECK_RESULTS, task, f"an acknowledged task never finished: final state {view.get('state')}", (submit,))]
+    if view.get("state") != SUCCEEDED:
+        return []
+    completes = history.task_ops_of(task, "complete")
+    outcome = canonical(view.get("outcome"))
+    if any(op.may_have_happened and canonical(written_payload(op)) == outcome for op in completes):
+        return []
+    message = f"final outcome {_short(view.get('outcome'))} is no payload of an acknowledged or unknown complete"
+    return [Violation(CHECK_RESULTS, task, message, _ops([submit], completes))]
+
+
+def _acknowledged_result_wrong(complete: Op, view: Mapping[str, Any] | None, *, reported_gone: bool) -> list[Violation]:
+    """An acknowledged complete against its task's final view (None: gone)."""
+    task = str(complete.args.get("taskId"))
+    if view is None:
+        gone = Violation(CHECK_RESULTS, task, "an acknowledged complete's task is gone", (complete,))
+        return [] if reported_gone else [gone]
+    payload = written_payload(complete)
+    if view.get("state") == SUCCEEDED and canonical(view.get("outcome")) == canonical(payload):
+        return []
+    message = (
+        f"an acknowledged complete's result {_short(payload)} is not the final one "
+        f"(final: {view.get('state')} {_short(view.get('outcome'))})"
+    )
+    return [Violation(CHECK_RESULTS, task, message, (complete,))]
+
+
+def _finished_reads_disagree(history: History, task: str, final_view: Mapping[str, Any] | None) -> list[Violation]:
+    """Reads that saw the task finished against the final view (or, without one, the first such
+    read): a finished task never changes state or outcome."""
+    seen = [
+        _seen(op, op.result)
+        for op in history.task_ops_of(task, "read_task")
+        if op.ok and op.result is not None and op.result.get("state") in TASK_FINISHED
+    ]
+    reference: _Seen | None = _seen_final(final_view) if final_view is not None else (seen[0] if seen else None)
+    if reference is None:
+        return []
+    violations = []
+    for read in seen:
+        if _finished(read.view) != _finished(reference.view):
+            what = "the final view" if reference.op is None else "another read"
+            violations.append(
+                Violation(
+                    CHECK_RESULTS,
+                    task,
+                    f"a read saw {_describe_finished(read.view)} but {what} saw {_describe_finished(reference.view)}: "
+                    "a recorded result was lost or changed",
+                    _ops(read.ops, reference.ops),
+                )
+            )
+    return violations
+
+
+def _finished(view: Mapping[str, Any]) -> tuple[Any, str]:
+    return view.get("state"), canonical(view.get("outcome"))
+
+
+def _describe_finished(view: Mapping[str, Any]) -> str:
+    return f"{view.get('state')} {_short(view.get('outcome'))}"
+
+
+# -- 2. leases -----------------------------------------------------------------------------------
+
+
+def check_leases(history: History) -> list[Violation]:
+    """No complete from a lost lease is accepted, and no two deliveries of a task hold valid leases
+    at once.
+
+    Proves, per task: (a) at most one delivery had a complete acknowledged (the same delivery may
+    be acknowledged again: a retried complete is answered again); (b) that delivery is the one the
+    final view names: its receive's holder is the final `finishedBy`; (c) no complete of a
+    delivery called after another delivery of the task was received is acknowledged (that lease
+    was taken over); (d) for two deliveries received in that order, the second was granted
+    (server time `leaseExpiresAt - leaseMs`) no earlier than the first's last acknowledged
+    `leaseExpiresAt` (its receive's, or an acknowledged renew's), unless the first may have been
+    ended before: a complete, release, retry or reject of it, acknowledged or unknown, called
+    before the second receive returned. Unknown completes are not acceptances; an unknown renew
+    extends nothing we rely on (the server's lease can only be longer than the acknowledged one,
+    which makes an overlap only more certain).
+    """
+    violations: list[Violation] = []
+    by_task: dict[str, list[Delivery]] = defaultdict(list)
+    for delivery in history.deliveries.values():
+        by_task[delivery.task].append(delivery)
+    for task in sorted(set(by_task) | set(history.task_ops)):
+        completes = history.task_ops_of(task, "complete")
+        accepted: dict[Any, list[Op]] = defaultdict(list)
+        for op in completes:
+            if op.ok:
+                accepted[op.args.get("delivery")].append(op)
+        if len(accepted) > 1:
+            violations.append(
+                Violation(
+                    CHECK_LEASES,
+                    task,
+                    f"completes of {len(accepted)} different deliveries were acknowledged ({', '.join(map(str, accepted))})",
+                    _ops(*accepted.values()),
+                )
+            )
+        violations.extend(_finisher_differs(history, task, accepted))
+        violations.extend(_complete_after_takeover(history, task, by_task.get(task, []), completes))
+        violations.extend(_leases_overlap(history, task, by_task.get(task, [])))
+    return violations
+
+
+def _finisher_differs(history: History, task: str, accepted: Mapping[Any, list[Op]]) -> list[Violation]:
+    present, view = history.final("task", task)
+    if not present or _is_missing(view) or _is_error(view) or view.get("finishedBy") is None:
+        return []
+    if view.get("state") != SUCCEEDED:
+        return []  # an acknowledged result that is not the final one: check_results reports it
+    violations = []
+    for delivery_id, ops in accepted.items():
+        delivery = history.deliveries.get(delivery_id)
+        if delivery is not None and delivery.holder is not None and delivery.holder != view["finishedBy"]:
+            violations.append(
+                Violation(
+                    CHECK_LEASES,
+                    task,
+                    f"delivery {delivery_id} of holder {delivery.holder} had its complete acknowledged, "
+                    f"but the final view says {view['finishedBy']} finished the task",
+                    _ops([delivery.receive], ops),
+                )
+            )
+    return violations
+
+
+def _complete_after_takeover(
+    history: History, task: str, deliveries: list[Delivery], completes: list[Op]
+) -> list[Violation]:
+    violations = []
+    for complete in completes:
+        mine = history.delivery_of(complete)
+        if not complete.ok or mine is None:
+            continue
+        for other in deliveries:
+            assert other.receive.ret is not None
+            if other.id != mine.id and _granted_after(other, mine) and complete.call > other.receive.ret:
+                violations.append(
+                    Violation(
+                        CHECK_LEASES,
+                        task,
+                        f"a complete of delivery {complete.args.get('delivery')} was acknowledged although it was "
+                        f"called after delivery {other.id} of the task was received (its lease was lost)",
+                        _ops([other.receive, complete]),
+                    )
+                )
+                break
+    return violations
+
+
+def _granted_after(later: Delivery, earlier: Delivery) -> bool:
+    """Whether `later` was handed out after `earlier` (by server time when both are known)."""
+    if later.granted_ms is not None and earlier.granted_ms is not None:
+        return later.granted_ms > earlier.granted_ms
+    assert earlier.receive.ret is not None
+    return later.receive.call > earlier.receive.ret
+
+
+def _leases_overlap(history: History, task: str, deliveries: list[Delivery]) -> list[Violation]:
+    timed = sorted(
+        (delivery for delivery in deliveries if delivery.granted_ms is not None),
+        key=lambda delivery: (delivery.granted_ms, delivery.receive.call),
+    )
+    violations = []
+    for index, first in enumerate(timed):
+        renews = [op for op in history.task_ops_of(task, "renew") if op.ok and op.args.get("delivery") == first.id]
+        expiries = [first.expires_ms] + [epoch_ms((op.result or {}).get("leaseExpiresAt")) for op in renews]
+        valid_until = max(expiry for expiry in expiries if expiry is not None)
+        ends = [
+            op
+            for op in history.task_ops_of(task, *DELIVERY_ENDS)
+            if op.args.get("delivery") == first.id and op.may_have_happened
+        ]
+        for second in timed[index + 1 :]:
+            assert second.granted_ms is not None and second.receive.ret is not None
+            if second.granted_ms >= valid_until:
+                break  # granted after the first lease ran out; later ones too
+            if any(end.call < second.receive.ret for end in ends):
+                continue
+            violations.append(
+                Violation(
+                    CHECK_LEASES,
+                    task,
+                    f"delivery {second.id} was granted at {second.granted_ms:.0f} while delivery {first.id}'s lease "
+                    f"was valid until {valid_until:.0f} and nothing had ended it",
+                    _ops([first.receive, second.receive], renews),
+                )
+            )
+    return violations
+
+
+# -- 3. once -------------------------------------------------------------------------------------
+
+
+def check_once(history: History) -> list[Violation]:
+    """A once key has one result, the same for every caller.
+
+    Proves, per (run, name, key): every acknowledged call got the same value; no caller got
+    ONCE_FAILED (the key failed for good) while another got a value; and the final claim view, if
+    any, is DONE with that value. Unknown calls and other refusals (a caller whose lease was taken
+    over) say nothing about the key's result.
+    """
+    violations = []
+    calls: dict[tuple[Any, Any, Any], list[Op]] = defaultdict(list)
+    for op in history.by_kind["once"]:
+        calls[(op.args.get("run"), op.args.get("name"), op.args.get("key"))].append(op)
+    claims = history.finals.get("claim", {})
+    for (run, _, key), ops in calls.items():
+        label = str(key)
+        values: dict[str, list[Op]] = defaultdict(list)
+        for op in ops:
+            if op.ok and op.result is not None:
+                values[canonical(op.result.get("value"))].append(op)
+        if len(values) > 1:
+            violations.append(
+                Violation(
+                    CHECK_ONCE,
+                    label,
+                    f"callers got {len(values)} different results: {', '.join(_short(json.loads(v)) for v in values)}",
+                    _ops(*(group[:1] for group in values.values())),
+                )
+            )
+        failed = [op for op in ops if op.failed and op.code == ONCE_FAILED]
+        if values and failed:
+            violations.append(
+                Violation(
+                    CHECK_ONCE,
+                    label,
+                    "one caller got a result and another ONCE_FAILED",
+                    _ops(failed[:1], next(iter(values.values()))[:1]),
+                )
+            )
+        view = _claim_view(claims, run, key)
+        if view is None or not values:
+            continue
+        if view.get("state") != "DONE" or canonical(view.get("result")) not in values:
+            violations.append(
+                Violation(
+                    CHECK_ONCE,
+                    label,
+                    f"callers got {_short(json.loads(next(iter(values))))} but the final claim is "
+                    f"{view.get('state')} {_short(view.get('result'))}",
+                    _ops(next(iter(values.values()))[:1]),
+                )
+            )
+    return violations
+
+
+def _claim_view(claims: Mapping[str, Any], run: Any, key: Any) -> Mapping[str, Any] | None:
+    for claim_id, view in claims.items():
+        if not isinstance(view, dict) or _is_error(view):
+            continue
+        if claim_id != key and view.get("key") != key:
+            continue
+        view_run = view.get("scopeId", view.get("run"))
+        if run is None or view_run is None or view_run == run:
+            return view
+    return None
+
+
+# -- 4. groups -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """A member as a group's decision sees it: its task's state and its verdict."""
+
+    state: str | None
+    verdict: str | None  # ACCEPTED | REJECTED | None
+
+
+def group_decision(condition: str, threshold: int | None, closed: bool, members: Iterable[GroupMember]) -> tuple[str, str] | None:
+    """The (outcome, reason) a group's members decide, or None while undecided: the rule of
+    docs/http-api.md "Task groups" (and runstate/actors/groups.py), restated from the spec."""
+    accepted = rejected = unfinished = unjudged_successes = 0
+    for member in members:
+        if member.verdict == "ACCEPTED":
+            accepted += 1
+        elif member.verdict == "REJECTED":
+            rejected += 1
+        elif member.state == SUCCEEDED:
+            unjudged_successes += 1
+        if member.state not in TASK_FINISHED:
+            unfinished += 1
+    if condition == "FIRST_ACCEPTED":
+        return ("SUCCESS", "first_accepted") if accepted >= 1 else None
+    if condition == "N_ACCEPTED":
+        assert threshold is not None
+        if accepted >= threshold:
+            return "SUCCESS", "threshold_reached"
+        if closed and accepted + unfinished + unjudged_successes < threshold:
+            return "FAILURE", "threshold_unreachable"
+        return None
+    if condition == "ALL_TERMINAL":
+        if not closed or unfinished:
+            return None
+        return ("SUCCESS" if accepted >= 1 and rejected == 0 else "FAILURE"), "all_terminal"
+    raise ValueError(f"unknown group condition {condition!r}")
+
+
+def check_groups(history: History) -> list[Violation]:
+    """Each group finalizes once, with the outcome and reason its verdicts imply, and no late
+    verdict changes it.
+
+    Proves, per group: every observation that saw it FINALIZED (a group read, a verdict's answer,
+    the final view) has the same outcome and reason, and nothing read after a FINALIZED one saw it
+    undecided; an acknowledged verdict is in the final view, with the verdict given and the same
+    late flag; a final view that is not FINALIZED is not already decided by its own members; a
+    FINALIZED one has the decision its on-time verdicts imply (members then unfinished are the
+    ones it cancelled), with no more on-time acceptances than the decision needed; `deadline` needs
+    a deadline, and `cancelled` a stop of its run or its parent run (a cancel acknowledged or
+    unknown, or a parent seen stopped). Unknown verdicts may or may not be in the final view; only
+    acknowledged ones must be.
+    """
+    violations: list[Violation] = []
+    creates = {op.result["groupId"]: op for op in history.by_kind["group_create"] if op.ok and op.result}
+    observations = _observed(history, "group", "groupId", "group_read", "verdict")
+    verdicts: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["verdict"]:
+        verdicts[op.args.get("groupId")].append(op)
+    for group_id in sorted(set(creates) | set(observations) | set(history.finals.get("group", {}))):
+        present, view = history.final("group", group_id)
+        final_view = view if present and not _is_missing(view) and not _is_error(view) else None
+        violations.extend(_finalized_disagree(group_id, observations.get(group_id, [])))
+        if final_view is None:
+            continue
+        violations.extend(_verdicts_lost(group_id, final_view, verdicts.get(group_id, [])))
+        create = creates.get(group_id)
+        created: Mapping[str, Any] = (create.result or {}) if create is not None else {}
+        condition = final_view.get("condition") or created.get("condition")
+        threshold = final_view.get("threshold") if final_view.get("threshold") is not None else created.get("threshold")
+        if condition is None or (condition == "N_ACCEPTED" and threshold is None):
+            history.note(f"groups: group {group_id} has no condition or threshold in its views; decision not checked")
+            continue
+        violations.extend(_decision_wrong(history, group_id, condition, threshold, final_view, create))
+    return violations
+
+
+def _finalized_disagree(group_id: str, seen: list[_Seen]) -> list[Violation]:
+    violations = []
+    finalized = [item for item in seen if item.view.get("state") == FINALIZED]
+    if finalized:
+        decisions = {(item.view.get("outcome"), item.view.get("outcomeReason")) for item in finalized}
+        if len(decisions) > 1:
+            violations.append(
+                Violation(
+                    CHECK_GROUPS,
+                    group_id,
+                    f"finalized with different decisions: {', '.join(f'{o} {r}' for o, r in sorted(decisions, key=str))}",
+                    _ops(*(item.ops for item in finalized)),
+                )
+            )
+    for decided in finalized:
+        for later in seen:
+            if later.after(decided) and later.view.get("state") != FINALIZED:
+                violations.append(
+                    Violation(
+                        CHECK_GROUPS,
+                        group_id,
+                        f"seen {later.view.get('state')} after it was seen FINALIZED",
+                        _ops(decided.ops, later.ops),
+                    )
+                )
+                return violations
+    return violations
+
+
+def _verdicts_lost(group_id: str, final_view: Mapping[str, Any], verdicts: list[Op]) -> list[Violation]:
+    members = {member.get("taskId"): member for member in final_view.get("members") or []}
+    violations = []
+    for op in verdicts:
+        if not op.ok:
+            continue
+        given = {"accept": "ACCEPTED", "reject": "REJECTED"}.get(str(op.args.get("verdict")).lower(), op.args.get("verdict"))
+        member = members.get(op.args.get("taskId"))
+        late = (op.result or {}).get("late")
+        if member is None or member.get("verdict") != given:
+            recorded = None if member is None else member.get("verdict")
+            violations.append(
+                Violation(CHECK_GROUPS, group_id, f"an acknowledged verdict {given} is {recorded} in the final view", (op,))
+            )
+        elif late is not None and bool(member.get("late")) != bool(late):
+            violations.append(
+                Violation(
+                    CHECK_GROUPS,
+                    group_id,
+                    f"a verdict acknowledged with late={late} has late={member.get('late')} in the final view",
+                    (op,),
+                )
+            )
+    return violations
+
+
+def _decision_wrong(
+    history: History, group_id: str, condition: str, threshold: int | None, view: Mapping[str, Any], create: Op | None
+) -> list[Violation]:
+    members = view.get("members") or []
+    ops = () if create is None else (create,)
+    if view.get("state") != FINALIZED:
+        now = [GroupMember(member.get("state"), member.get("verdict")) for member in members]
+        decided = group_decision(condition, threshold, view.get("state") == "SEALED", now)
+        if decided is None:
+            return []
+        return [Violation(CHECK_GROUPS, group_id, f"its members decide {decided[0]} {decided[1]} but it is {view.get('state')}", ops)]
+    outcome, reason = view.get("outcome"), view.get("outcomeReason")
+    # The members as they were when it finalized: late verdicts came after; members it cancelled
+    # were unfinished (a group's member is cancelled only by its run's stop, which finalizes it).
+    then = [
+        GroupMember(
+            "RUNNING" if member.get("state") == CANCELLED else member.get("state"),
+            None if member.get("late") else member.get("verdict"),
+        )
+        for member in members
+    ]
+    accepted = sum(1 for member in then if member.verdict == "ACCEPTED")
+    needed = threshold if condition == "N_ACCEPTED" else 1 if condition == "FIRST_ACCEPTED" else None
+    if reason in ("deadline", "cancelled"):
+        if outcome != "FAILURE":
+            return [Violation(CHECK_GROUPS, group_id, f"finalized {outcome} {reason}: that reason is a FAILURE", ops)]
+        if needed is not None and accepted >= needed:
+            return [
+                Violation(
+                    CHECK_GROUPS, group_id, f"finalized FAILURE {reason} although {accepted} members were accepted on time", ops
+                )
+            ]
+        return _stop_unexplained(history, group_id, reason, view, ops)
+    implied = group_decision(condition, threshold, True, then)
+    if implied != (outcome, reason):
+        implied_text = "nothing yet" if implied is None else f"{implied[0]} {implied[1]}"
+        return [
+            Violation(
+                CHECK_GROUPS, group_id, f"finalized {outcome} {reason}, but its on-time verdicts imply {implied_text}", ops
+            )
+        ]
+    if outcome == "SUCCESS" and needed is not None and accepted > needed:
+        return [
+            Violation(
+                CHECK_GROUPS, group_id, f"{accepted} members accepted on time, but it finalizes at the {needed}th", ops
+            )
+        ]
+    return []
+
+
+def _stop_unexplained(
+    history: History, group_id: str, reason: str, view: Mapping[str, Any], ops: tuple[Op, ...]
+) -> list[Violation]:
+    if reason == "deadline":
+        if "deadline" in view and view["deadline"] is None:
+            return [Violation(CHECK_GROUPS, group_id, "finalized FAILURE deadline, but it has no deadline", ops)]
+        return []
+    if "parentScopeId" not in view:
+        return []
+    runs = {view.get("scopeId"), view.get("parentScopeId")} - {None}
+    cancels = [op for op in history.by_kind["cancel_run"] if op.args.get("run") in runs and op.may_have_happened]
+    if cancels:
+        return []
+    parent = view.get("parentScopeId")
+    if parent is not None:
+        present, parent_view = history.final("run", parent)
+        if not present or not isinstance(parent_view, dict) or _is_error(parent_view):
+            return []  # its parent's fate is not known
+        stopped = parent_view.get("storedState") not in (None, "ACTIVE") or parent_view.get("effective") == "INACTIVE"
+        if stopped or parent_view.get("deadline") is not None or parent_view.get("parentId") is not None:
+            return []
+    return [Violation(CHECK_GROUPS, group_id, "finalized FAILURE cancelled, but nothing stopped its run", ops)]
+
+
+# -- 5. barriers ---------------------------------------------------------------------------------
+
+_BARRIER_NEXT = {"WAITING": {"WAITING", "RELEASED", "CANCELLED"}, "RELEASED": {"RELEASED"}, "CANCELLED": {"CANCELLED"}}
+
+
+def check_barriers(history: History) -> list[Violation]:
+    """A barrier releases only after `target` distinct arrivals were called, once per epoch.
+
+    Proves, per barrier: every observation (an arrive's answer, a read, the final view) that saw
+    it RELEASED came after at least `target` distinct keys had called arrive (acknowledged or
+    unknown: an unknown arrival may have counted; a refused one did not), and shows at most and,
+    once released, exactly `target` arrivals; within an epoch it goes WAITING -> RELEASED or
+    CANCELLED and never back (a second release), epochs never go back, and while it never left
+    its first epoch no arrive called after a release was seen is acknowledged as a new arrival.
+    """
+    violations: list[Violation] = []
+    creates = {op.result["barrierId"]: op for op in history.by_kind["barrier_create"] if op.ok and op.result}
+    arrives: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["arrive"]:
+        arrives[op.args.get("barrierId")].append(op)
+    seen = _observed(history, "barrier", "barrierId", "arrive", "barrier_read")
+    for barrier_id in sorted(set(creates) | set(seen)):
+        observed = seen.get(barrier_id, [])
+        create = creates.get(barrier_id)
+        target = create.args.get("target") if create is not None else None
+        if target is None:
+            target = next((item.view["target"] for item in observed if item.view.get("target") is not None), None)
+        if target is None:
+            history.note(f"barriers: barrier {barrier_id} has no known target; not checked")
+            continue
+        violations.extend(_barrier_counts(barrier_id, int(target), observed, arrives.get(barrier_id, [])))
+        violations.extend(_barrier_order(barrier_id, observed, arrives.get(barrier_id, [])))
+    return violations
+
+
+def _barrier_counts(barrier_id: str, target: int, observed: list[_Seen], arrives: list[Op]) -> list[Violation]:
+    violations = []
+    for item in observed:
+        arrivals = item.view.get("arrivals")
+        if isinstance(arrivals, int) and arrivals > target:
+            violations.append(Violation(CHECK_BARRIERS, barrier_id, f"{arrivals} arrivals counted for a target of {target}", item.ops))
+        if item.view.get("state") != RELEASED:
+            continue
+        if isinstance(arrivals, int) and arrivals < target:
+            violations.append(
+                Violation(CHECK_BARRIERS, barrier_id, f"released with {arrivals} arrivals for a target of {target}", item.ops)
+            )
+        callers = [op for op in arrives if op.may_have_happened and op.call < item.ret]
+        keys = {op.args.get("key") for op in callers}
+        if len(keys) < target:
+            violations.append(
+                Violation(
+                    CHECK_BARRIERS,
+                    barrier_id,
+                    f"seen released when only {len(keys)} distinct keys of a target of {target} had called arrive",
+                    _ops(item.ops, callers),
+                )
+            )
+    return violations
+
+
+def _barrier_order(barrier_id: str, observed: list[_Seen], arrives: list[Op]) -> list[Violation]:
+    # No operation of the workload starts a new epoch, but a view may say it happened; then an
+    # observation without an epoch (an arrive's answer) cannot be placed in one.
+    single_epoch = all(item.view.get("epoch") in (None, 1) for item in observed)
+    default_epoch = 1 if single_epoch else None
+    violations = []
+    for earlier in observed:
+        for later in observed:
+            epoch_before = earlier.view.get("epoch", default_epoch)
+            epoch_after = later.view.get("epoch", default_epoch)
+            if not later.after(earlier) or epoch_before is None or epoch_after is None:
+                continue
+            if epoch_after < epoch_before:
+                violations.append(
+                    Violation(CHECK_BARRIERS, barrier_id, f"epoch {epoch_after} seen after epoch {epoch_before}", _ops(earlier.ops, later.ops))
+                )
+                return violations
+            before, after = earlier.view.get("state"), later.view.get("state")
+            if epoch_after == epoch_before and before in _BARRIER_NEXT and after not in _BARRIER_NEXT[before]:
+                violations.append(
+                    Violation(
+                        CHECK_BARRIERS,
+                        barrier_id,
+                        f"seen {after} after {before} in epoch {epoch_before}",
+                        _ops(earlier.ops, later.ops),
+                    )
+                )
+                return violations
+    if not single_epoch:
+        return violations
+    releases = [item for item in observed if item.view.get("state") == RELEASED]
+    for op in arrives:
+        if not (op.ok and op.result is not None and op.result.get("arrived") is True):
+            continue
+        release = next((item for item in releases if op.call > item.ret), None)
+        if release is not None:
+            violations.append(
+                Violation(
+                    CHECK_BARRIERS,
+                    barrier_id,
+                    f"key {op.args.get('key')!r} was acknowledged as a new arrival after the release was seen",
+                    _ops(release.ops, [op]),
+                )
+            )
+    return violations
+
+
+# -- 6. timers -----------------------------------------------------------------------------------
+
+_TIMER_NEXT = {
+    "ARMED": {"ARMED", "FIRED", "ACKNOWLEDGED", "CANCELLED"},
+    "FIRED": {"FIRED", "ACKNOWLEDGED"},
+    "ACKNOWLEDGED": {"ACKNOWLEDGED"},
+    "CANCELLED": {"CANCELLED"},
+}
+
+
+def check_timers(history: History) -> list[Violation]:
+    """A timer fires at most once, never before its time, never after its run's cancel was
+    acknowledged.
+
+    Proves, per timer: every `firedAt` seen is at or after its `fireAt` and they are all the same
+    time (one firing); its state never goes back (ARMED -> FIRED -> ACKNOWLEDGED, or ARMED ->
+    CANCELLED, then nothing else); once its run's cancel is acknowledged, no read called later
+    sees it ARMED (the cancel disarms it in the same step); and if the final view of its run is
+    stopped, it did not fire after the run's `finishedAt` (server times both). An unknown cancel
+    may or may not have stopped the run; only its final view or an acknowledged cancel count.
+    """
+    violations: list[Violation] = []
+    creates = {op.result["timerId"]: op for op in history.by_kind["timer_create"] if op.ok and op.result}
+    seen = _observed(history, "timer", "timerId", "timer_read")
+    cancels: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["cancel_run"]:
+        if op.ok:
+            cancels[op.args.get("run")].append(op)
+    for timer_id in sorted(set(creates) | set(seen)):
+        observed = seen.get(timer_id, [])
+        create = creates.get(timer_id)
+        fire_at = epoch_ms((create.result or {}).get("fireAt")) if create is not None else None
+        if fire_at is None:
+            fire_at = next((epoch_ms(item.view["fireAt"]) for item in observed if item.view.get("fireAt") is not None), None)
+        run = create.args.get("run") if create is not None else None
+        if run is None:
+            run = next((item.view.get("scopeId") for item in observed if item.view.get("scopeId")), None)
+        create_ops = () if create is None else (create,)
+        fired = [(item, _fired_ms(item)) for item in observed if item.view.get("firedAt") is not None]
+        fired_times = sorted({fired_ms for _, fired_ms in fired})
+        if len(fired_times) > 1:
+            violations.append(
+                Violation(
+                    CHECK_TIMERS,
+                    timer_id,
+                    f"fired at {len(fired_times)} different times: {', '.join(f'{t:.0f}' for t in fired_times)}",
+                    _ops(create_ops, *(item.ops for item, _ in fired)),
+                )
+            )
+        early = [(item, fired_ms) for item, fired_ms in fired if fire_at is not None and fired_ms < fire_at]
+        if early and fire_at is not None:
+            violations.append(
+                Violation(
+                    CHECK_TIMERS,
+                    timer_id,
+                    f"fired at {early[0][1]:.0f}, before its time {fire_at:.0f}",
+                    _ops(create_ops, early[0][0].ops),
+                )
+            )
+        violations.extend(_timer_order(timer_id, observed))
+        if run is not None:
+            violations.extend(_timer_after_stop(history, timer_id, run, observed, fired, cancels.get(run, [])))
+    return violations
+
+
+def _fired_ms(item: _Seen) -> float:
+    fired_ms = epoch_ms(item.view["firedAt"])
+    assert fired_ms is not None
+    return fired_ms
+
+
+def _timer_order(timer_id: str, observed: list[_Seen]) -> list[Violation]:
+    for earlier in observed:
+        for later in observed:
+            before, after = earlier.view.get("state"), later.view.get("state")
+            if later.after(earlier) and before in _TIMER_NEXT and after not in _TIMER_NEXT[before]:
+                return [Violation(CHECK_TIMERS, timer_id, f"seen {after} after {before}", _ops(earlier.ops, later.ops))]
+    return []
+
+
+def _timer_after_stop(
+    history: History, timer_id: str, run: str, observed: list[_Seen], fired: list[tuple[_Seen, float]], cancels: list[Op]
+) -> list[Violation]:
+    violations = []
+    for cancel in cancels:
+        armed = next((item for item in observed if item.view.get("state") == "ARMED" and item.call > (cancel.ret or math.inf)), None)
+        if armed is not None:
+            violations.append(
+                Violation(
+                    CHECK_TIMERS,
+                    timer_id,
+                    f"still ARMED after the cancel of its run {run} was acknowledged",
+                    _ops([cancel], armed.ops),
+                )
+            )
+            break
+    # When the run stopped, in server time: its acknowledged cancel's answer, or its final view.
+    stop_times = [epoch_ms((cancel.result or {}).get("finishedAt")) for cancel in cancels]
+    present, run_view = history.final("run", run)
+    if present and isinstance(run_view, dict) and run_view.get("storedState") not in (None, "ACTIVE"):
+        stop_times.append(epoch_ms(run_view.get("finishedAt")))
+    known = [time for time in stop_times if time is not None]
+    if not known:
+        return violations
+    stopped_at = min(known)
+    late = next(((item, fired_ms) for item, fired_ms in fired if fired_ms > stopped_at), None)
+    if late is not None:
+        violations.append(
+            Violation(
+                CHECK_TIMERS,
+                timer_id,
+                f"fired at {late[1]:.0f}, after its run {run} stopped at {stopped_at:.0f}",
+                _ops(cancels[:1], late[0].ops),
+            )
+        )
+    return violations
+
+
+# -- 7. cancel -----------------------------------------------------------------------------------
+
+
+def check_cancel(history: History) -> list[Violation]:
+    """After a run's cancel is acknowledged, the run takes no new work.
+
+    Proves, for each run from the return of its first acknowledged cancel: no submit called later
+    is acknowledged as creating a task (`created` true; an answer without `created` counts unless
+    a submit of the same key, acknowledged or unknown, was called before the cancel returned: the
+    answer may then name that earlier task); no receive called later is acknowledged with
+    deliveries; no renew called later is acknowledged; no complete called later is acknowledged,
+    unless a complete of the same delivery (acknowledged or unknown) was called before the cancel
+    returned, which may have recorded the result first (a repeat is answered again). An unknown
+    cancel proves nothing: the run may still be active.
+    """
+    violations: list[Violation] = []
+    cancelled_at: dict[Any, Op] = {}
+    for op in history.by_kind["cancel_run"]:
+        run = op.args.get("run")
+        if op.ok and op.ret is not None and (run not in cancelled_at or op.ret < (cancelled_at[run].ret or math.inf)):
+            cancelled_at[run] = op
+    if not cancelled_at:
+        return violations
+
+    def after_cancel(op: Op, run: Any) -> Op | None:
+        cancel = cancelled_at.get(run)
+        return cancel if cancel is not None and cancel.ret is not None and op.call > cancel.ret else None
+
+    for op in history.by_kind["submit"]:
+        cancel = after_cancel(op, op.args.get("run"))
+        if cancel is None or not op.ok or op.result is None or op.result.get("created") is False:
+            continue
+        earlier = [
+            other
+            for other in history.by_kind["submit"]
+            if other.may_have_happened
+            and other.call < (cancel.ret or 0)
+            and all(other.args.get(name) == op.args.get(name) for name in ("run", "mailbox", "key"))
+        ]
+        if op.result.get("created") is None and earlier:
+            continue
+        violations.append(
+            Violation(CHECK_CANCEL, str(op.args.get("run")), "a submit called after the run's cancel was acknowledged created a task", (cancel, op))
+        )
+    for op in history.by_kind["receive"]:
+        cancel = after_cancel(op, op.args.get("run"))
+        if cancel is not None and op.ok and (op.result or {}).get("deliveries"):
+            violations.append(
+                Violation(CHECK_CANCEL, str(op.args.get("run")), "a receive called after the run's cancel was acknowledged got work", (cancel, op))
+            )
+    for op in history.by_kind["renew"] + history.by_kind["complete"]:
+        task = history.task_of(op)
+        run = history.run_of_task.get(task) if task is not None else None
+        cancel = after_cancel(op, run)
+        if cancel is None or not op.ok:
+            continue
+        if op.op == "complete" and any(
+            other.args.get("delivery") == op.args.get("delivery") and other.may_have_happened and other.call < (cancel.ret or 0)
+            for other in history.by_kind["complete"]
+        ):
+            continue
+        violations.append(
+            Violation(
+                CHECK_CANCEL, str(run), f"a {op.op} called after the run's cancel was acknowledged was acknowledged", (cancel, op)
+            )
+        )
+    return violations
+
+
+# -- 8. linearizability --------------------------------------------------------------------------
+
+
+def check_linearizable_reads(history: History, budget_steps: int = LINEARIZABILITY_BUDGET_STEPS) -> list[Violation]:
+    """Reads a client acted on are linearizable: per task, its completes and reads are a history
+    of a write-once register (chaos.linearizability.write_once_register) and must have a
+    linearization.
+
+    A complete writes its payload: acknowledged means accepted, refused means no effect, unknown
+    means it may have been accepted at any time after its call, or never (it is given no return).
+    A read reads the outcome: the payload once SUCCEEDED, nothing before (or for a task that ended
+    otherwise). Unknown and refused reads carry no observation and are left out. A search that
+    exhausts `budget_steps` is noted as undecided, not reported as a violation.
+    """
+    violations = []
+    checked = undecided = 0
+    for task in sorted(history.task_ops):
+        register = [_register_operation(task, op) for op in history.task_ops_of(task, "complete", "read_task")]
+        operations = [operation for operation in register if operation is not None]
+        if not any(isinstance(operation.input, linearizability.Read) for operation in operations):
+            continue
+        checked += 1
+        result = linearizability.check(linearizability.write_once_register, operations, budget_steps)
+        if result.outcome == linearizability.Outcome.UNKNOWN:
+            undecided += 1
+            history.note(f"linearizability: task {task} undecided after {budget_steps} search steps")
+        elif result.outcome == linearizability.Outcome.VIOLATION:
+            by_id = {op.id: op for op in history.task_ops[task]}
+            prefix = tuple(by_id[operation.id] for operation in result.prefix)
+            last = next((op for op in prefix if op.ret == result.prefix_end), None)
+            culprit = f"; no order explains #{last.id} {last.op} -> {_short(last.result)}" if last is not None else ""
+            violations.append(
+                Violation(
+                    CHECK_LINEARIZABILITY,
+                    task,
+                    f"its completes and reads are not linearizable as a write-once register{culprit}",
+                    prefix,
+                )
+            )
+    history.counts_extra["registers"] = checked
+    history.counts_extra["registers_undecided"] = undecided
+    return violations
+
+
+def _register_operation(task: str, op: Op) -> linearizability.Operation | None:
+    if op.op == "complete":
+        value = canonical(written_payload(op))
+        if op.status == STATUS_UNKNOWN:
+            return linearizability.Operation(op.client, op.call, None, linearizability.Complete(task, value), None, op.id)
+        return linearizability.Operation(op.client, op.call, op.ret, linearizability.Complete(task, value), op.ok, op.id)
+    if not op.ok or op.result is None:
+        return None
+    seen = canonical(op.result.get("outcome")) if op.result.get("state") == SUCCEEDED else None
+    return linearizability.Operation(op.client, op.call, op.ret, linearizability.Read(task), seen, op.id)
+
+
+# -- all of them ---------------------------------------------------------------------------------
+
+CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
+    (CHECK_RESULTS, check_results),
+    (CHECK_LEASES, check_leases),
+    (CHECK_ONCE, check_once),
+    (CHECK_GROUPS, check_groups),
+    (CHECK_BARRIERS, check_barriers),
+    (CHECK_TIMERS, check_timers),
+    (CHECK_CANCEL, check_cancel),
+    (CHECK_LINEARIZABILITY, check_linearizable_reads),
+)
+
+
+def check_history(lines: HistoryLines) -> Report:
+    """Run every check on a history (`read_history`'s answer) and count what was checked."""
+    history = parse_history(lines)
+    violations: list[Violation] = []
+    for _, check in CHECKS:
+        violations.extend(check(history))
+    return Report(violations, _counts(history, violations), history.notes)
+
+
+def _counts(history: History, violations: list[Violation]) -> dict[str, int]:
+    statuses = Counter(op.status for op in history.ops)
+    counts = {
+        "operations": len(history.ops),
+        "ok": statuses[STATUS_OK],
+        "fail": statuses[STATUS_FAIL],
+        "unknown": statuses[STATUS_UNKNOWN],
+        "events": len(history.events),
+        "faults": sum(1 for event in history.events if event.get("event") == "fault"),
+        "finals": sum(len(views) for views in history.finals.values()),
+        "tasks": len({task for task, _ in history.submitted_tasks()} | set(history.task_ops)),
+        "deliveries": len(history.deliveries),
+        "once_keys": len({(op.args.get("run"), op.args.get("name"), op.args.get("key")) for op in history.by_kind["once"]}),
+        "groups": _entities(history, "group", "groupId", "group_create", "group_read", "verdict"),
+        "barriers": _entities(history, "barrier", "barrierId", "barrier_create", "arrive", "barrier_read"),
+        "timers": _entities(history, "timer", "timerId", "timer_create", "timer_read"),
+        "runs_cancelled": len({op.args.get("run") for op in history.by_kind["cancel_run"] if op.ok}),
+        **history.counts_extra,
+    }
+    by_check = Counter(violation.check for violation in violations)
+    for name, _ in CHECKS:
+        counts[f"violations.{name}"] = by_check[name]
+    return counts
+
+
+def _entities(history: History, kind: str, id_name: str, create: str, *uses: str) -> int:
+    """How many entities of a kind the history names: created, used or read at the end."""
+    ids = {op.result.get(id_name) for op in history.by_kind[create] if op.ok and op.result is not None}
+    ids |= {op.args.get(id_name) for use in uses for op in history.by_kind[use]}
+    ids |= set(history.finals.get(kind, {}))
+    return len(ids - {None})
+
+
+def format_report(report: Report) -> str:
+    """The report as text: what was checked, each check's verdict, then every violation with the
+    operations that show it, and the notes."""
+    counts = report.counts
+    lines = [
+        f"chaos check: {counts.get('operations', 0)} operations ({counts.get('ok', 0)} ok, {counts.get('fail', 0)} "
+        f"failed, {counts.get('unknown', 0)} unknown), {counts.get('faults', 0)} faults, {counts.get('finals', 0)} final views",
+        f"  checked: {counts.get('tasks', 0)} tasks, {counts.get('deliveries', 0)} deliveries, {counts.get('once_keys', 0)} once "
+        f"keys, {counts.get('groups', 0)} groups, {counts.get('barriers', 0)} barriers, {counts.get('timers', 0)} timers, "
+        f"{counts.get('runs_cancelled', 0)} cancelled runs, {counts.get('registers', 0)} task registers "
+        f"({counts.get('registers_undecided', 0)} undecided)",
+    ]
+    for number, (name, _) in enumerate(CHECKS, start=1):
+        found = counts.get(f"violations.{name}", 0)
+        lines.append(f"  {number} {name:<16} {'ok' if found == 0 else f'{found} violation' + ('s' if found > 1 else '')}")
+    if report.violations:
+        lines.append(f"{len(report.violations)} violation{'s' if len(report.violations) > 1 else ''}:")
+        for violation in report.violations:
+            lines.append(str(violation))
+            for op in violation.ops[:REPORT_OPS_MAX]:
+                lines.append(f"    {op}")
+            if len(violation.ops) > REPORT_OPS_MAX:
+                lines.append(f"    ... and {len(violation.ops) - REPORT_OPS_MAX} more operations")
+    else:
+        lines.append("no violations")
+    if report.notes:
+        lines.append(f"notes ({len(report.notes)}):")
+        lines.extend(f"  {note}" for note in report.notes)
+    return "\n".join(lines)

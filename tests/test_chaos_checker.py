@@ -1,0 +1,724 @@
+"""The chaos checker on small hand-written histories, and the linearizability search on classic
+examples and on random histories that are linearizable by construction.
+
+Every check of the contract gets a history that passes and one that violates it; unknown
+operations are shown never to be violations by themselves and to explain later observations.
+Times: `call`/`ret` are the harness's seconds; server times (`leaseExpiresAt`, `fireAt`,
+`firedAt`, `finishedAt`) are epoch milliseconds, kept small here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chaos import checker
+from chaos.checker import Violation, check_history, format_report, parse_history
+from chaos.history import History as HistoryWriter
+from chaos.history import HistoryLines, read_history
+from chaos.linearizability import (
+    UNKNOWN,
+    Complete,
+    Model,
+    Operation,
+    Outcome,
+    Read,
+    check,
+    write_once_register,
+)
+
+LEASE_MS = 2_000
+
+
+class H:
+    """A hand-written history: `op(...)` adds an operation, `final(...)` a final view;
+    `violations(check)` runs one check on it."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def op(
+        self,
+        op: str,
+        args: dict[str, Any],
+        call: float,
+        ret: float | None,
+        result: dict[str, Any] | None = None,
+        *,
+        status: str = "ok",
+        code: str | None = None,
+        client: str = "c1",
+    ) -> H:
+        line = {
+            "id": len(self.lines) + 1,
+            "client": client,
+            "op": op,
+            "call": call,
+            "ret": None if status == "unknown" else ret,
+            "args": args,
+            "result": (result if result is not None else {}) if status == "ok" else None,
+            "error": None if status == "ok" else {"code": code or "UNAVAILABLE", "message": "..."},
+            "status": status,
+        }
+        self.lines.append(line)
+        return self
+
+    def fail(self, op: str, args: dict[str, Any], call: float, ret: float, code: str, **kwargs: Any) -> H:
+        return self.op(op, args, call, ret, status="fail", code=code, **kwargs)
+
+    def unknown(self, op: str, args: dict[str, Any], call: float, **kwargs: Any) -> H:
+        return self.op(op, args, call, None, status="unknown", **kwargs)
+
+    def final(self, kind: str, entity_id: str, view: dict[str, Any] | None) -> H:
+        self.lines.append({"final": kind, "id": entity_id, "view": view})
+        return self
+
+    def history_lines(self) -> HistoryLines:
+        """As read_history answers."""
+        operations = [line for line in self.lines if "op" in line]
+        events = [line for line in self.lines if "event" in line]
+        return HistoryLines(operations, events, [line for line in self.lines if "final" in line])
+
+    def violations(self, name: str) -> list[Violation]:
+        functions = dict(checker.CHECKS)
+        return functions[name](parse_history(self.history_lines()))
+
+    # -- tasks -----------------------------------------------------------------------------------
+
+    def submit(self, task: str, call: float, ret: float, *, run: str = "run1", key: str | None = None) -> H:
+        args = {"run": run, "mailbox": "work", "key": key or task, "input": {"n": 1}}
+        return self.op("submit", args, call, ret, {"taskId": task, "created": True})
+
+    def receive(
+        self, task: str, delivery: str, call: float, ret: float, granted_ms: int, *, worker: str = "w1", run: str = "run1"
+    ) -> H:
+        item = {"id": delivery, "taskId": task, "input": {"n": 1}, "leaseExpiresAt": granted_ms + LEASE_MS, "leaseMs": LEASE_MS}
+        args = {"run": run, "mailbox": "work", "worker": worker, "leaseMs": LEASE_MS}
+        return self.op("receive", args, call, ret, {"deliveries": [item]}, client=worker)
+
+    def complete(self, task: str, delivery: str, payload: Any, call: float, ret: float | None, *, status: str = "ok") -> H:
+        args = {"delivery": delivery, "taskId": task, "result": payload}
+        if status == "fail":
+            return self.fail("complete", args, call, ret or call, "LEASE_LOST")
+        return self.op("complete", args, call, ret, {"state": "SUCCEEDED"}, status=status)
+
+    def read_task(self, task: str, call: float, ret: float, state: str, outcome: Any = None) -> H:
+        result = {"state": state, "outcome": outcome, "attempt": 1, "finishedBy": None}
+        return self.op("read_task", {"taskId": task}, call, ret, result, client="reader")
+
+    def final_task(self, task: str, state: str, outcome: Any = None, finished_by: str | None = None) -> H:
+        return self.final("task", task, {"state": state, "outcome": outcome, "attempt": 1, "finishedBy": finished_by})
+
+
+def completed_task() -> H:
+    """t1 submitted, received by w1, completed with {"v": 1}, read, and final."""
+    return (
+        H()
+        .submit("t1", 0, 1)
+        .receive("t1", "d1", 1, 2, 10_000)
+        .complete("t1", "d1", {"v": 1}, 2, 3)
+        .read_task("t1", 4, 5, "SUCCEEDED", {"v": 1})
+        .final_task("t1", "SUCCEEDED", {"v": 1}, "w1")
+    )
+
+
+def messages(violations: list[Violation]) -> str:
+    return "\n".join(map(str, violations))
+
+
+# -- 1. results ----------------------------------------------------------------------------------
+
+
+def test_results_pass_for_a_completed_task() -> None:
+    assert completed_task().violations("results") == []
+
+
+def test_results_an_acknowledged_result_lost() -> None:
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000).complete("t1", "d1", {"v": 1}, 2, 3)
+    history.final_task("t1", "FAILED")
+    found = history.violations("results")
+    assert "acknowledged complete's result" in messages(found)
+
+
+def test_results_a_result_that_changes() -> None:
+    # Two unknown completes could each have written the final outcome; a read saw the other one.
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 2)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 2}}, 2.5)
+    history.read_task("t1", 4, 5, "SUCCEEDED", {"v": 1}).final_task("t1", "SUCCEEDED", {"v": 2})
+    found = history.violations("results")
+    assert len(found) == 1 and "lost or changed" in found[0].message
+
+
+def test_results_an_acknowledged_task_that_never_finished_or_is_gone() -> None:
+    queued = H().submit("t1", 0, 1).final_task("t1", "QUEUED")
+    assert "never finished" in messages(queued.violations("results"))
+    gone = H().submit("t1", 0, 1).final("task", "t1", {"error": {"code": "NOT_FOUND", "message": "gone"}})
+    assert "gone" in messages(gone.violations("results"))
+
+
+def test_results_an_outcome_no_complete_wrote() -> None:
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.complete("t1", "d1", {"v": 1}, 2, 3, status="fail").final_task("t1", "SUCCEEDED", {"v": 1})
+    assert "no payload" in messages(history.violations("results"))
+
+
+def test_results_an_unknown_complete_explains_the_outcome_and_an_unknown_submit_proves_nothing() -> None:
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 2)
+    history.final_task("t1", "SUCCEEDED", {"v": 1})
+    history.unknown("submit", {"run": "run1", "mailbox": "work", "key": "k2", "input": {}}, 3)
+    assert history.violations("results") == []
+
+
+def test_results_a_task_view_carries_its_own_error_message() -> None:
+    # A view's `error` is the task's last error (text); only `{"error": {"code", ...}}` is a refused read.
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.final("task", "t1", {"state": "FAILED", "outcome": None, "error": "lease expired (holder w1)", "finishedBy": "w1"})
+    assert history.violations("results") == [] and history.violations("leases") == []
+
+
+def test_results_without_final_views_finished_reads_are_compared() -> None:
+    history = H().read_task("t1", 0, 1, "SUCCEEDED", {"v": 1}).read_task("t1", 2, 3, "SUCCEEDED", {"v": 2})
+    assert len(history.violations("results")) == 1
+
+
+# -- 2. leases -----------------------------------------------------------------------------------
+
+
+def taken_over() -> H:
+    """d1 (w1) granted at 10000 lapses at 12000; d2 (w2) granted at 12500 completes."""
+    return (
+        H()
+        .submit("t1", 0, 1)
+        .receive("t1", "d1", 1, 2, 10_000, worker="w1")
+        .receive("t1", "d2", 4, 5, 12_500, worker="w2")
+        .complete("t1", "d1", {"by": "w1"}, 6, 7, status="fail")
+        .complete("t1", "d2", {"by": "w2"}, 6, 7)
+        .final_task("t1", "SUCCEEDED", {"by": "w2"}, "w2")
+    )
+
+
+def test_leases_pass_for_a_takeover_after_a_lapse() -> None:
+    assert taken_over().violations("leases") == []
+
+
+def test_leases_two_accepted_completes() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000).receive("t1", "d2", 4, 5, 12_500, worker="w2")
+    history.complete("t1", "d1", {"v": 1}, 2.5, 3).complete("t1", "d2", {"v": 2}, 6, 7)
+    found = history.violations("leases")
+    assert any("2 different deliveries" in violation.message for violation in found)
+
+
+def test_leases_a_complete_from_a_lost_lease_accepted() -> None:
+    history = taken_over()
+    history.lines[3] = {**history.lines[3], "status": "ok", "result": {"state": "SUCCEEDED"}, "error": None}
+    found = history.violations("leases")
+    assert any("its lease was lost" in violation.message for violation in found)
+
+
+def test_leases_the_final_view_names_another_finisher() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000, worker="w1").complete("t1", "d1", {"v": 1}, 2, 3)
+    history.final_task("t1", "SUCCEEDED", {"v": 1}, "w9")
+    assert "w9 finished" in messages(history.violations("leases"))
+
+
+def test_leases_overlapping_valid_leases() -> None:
+    # d1's renew was acknowledged until 13000; d2 was granted at 12500.
+    history = H().receive("t1", "d1", 1, 2, 10_000)
+    history.op("renew", {"delivery": "d1", "taskId": "t1"}, 2.5, 3, {"leaseExpiresAt": 13_000})
+    history.receive("t1", "d2", 4, 5, 12_500, worker="w2")
+    found = history.violations("leases")
+    assert len(found) == 1 and "while delivery d1's lease was valid until 13000" in found[0].message
+
+
+def test_leases_a_release_acknowledged_or_unknown_before_the_second_receive_explains_it() -> None:
+    for status in ("ok", "unknown"):
+        history = H().receive("t1", "d1", 1, 2, 10_000)
+        history.op("release", {"delivery": "d1", "taskId": "t1"}, 2.5, 3, {}, status=status)
+        history.receive("t1", "d2", 4, 5, 10_500, worker="w2")
+        assert history.violations("leases") == [], status
+    # A refused release ended nothing.
+    history = H().receive("t1", "d1", 1, 2, 10_000)
+    history.fail("release", {"delivery": "d1", "taskId": "t1"}, 2.5, 3, "LEASE_LOST")
+    history.receive("t1", "d2", 4, 5, 10_500, worker="w2")
+    assert len(history.violations("leases")) == 1
+
+
+# -- 3. once -------------------------------------------------------------------------------------
+
+
+def once_calls(*values: Any) -> H:
+    history = H()
+    for index, value in enumerate(values):
+        history.op("once", {"key": "k", "name": "f"}, index, index + 1, {"value": value}, client=f"c{index}")
+    return history
+
+
+def test_once_pass_for_one_value_and_unknown_callers() -> None:
+    history = once_calls({"v": 1}, {"v": 1})
+    history.unknown("once", {"key": "k", "name": "f"}, 3)
+    history.fail("once", {"key": "k", "name": "f"}, 3, 4, "LEASE_LOST")
+    history.final("claim", "k", {"key": "k", "state": "DONE", "result": {"v": 1}})
+    assert history.violations("once") == []
+
+
+def test_once_two_values() -> None:
+    assert "2 different results" in messages(once_calls({"v": 1}, {"v": 2}).violations("once"))
+
+
+def test_once_a_value_and_once_failed_and_a_final_claim_that_differs() -> None:
+    history = once_calls({"v": 1}).fail("once", {"key": "k", "name": "f"}, 3, 4, "ONCE_FAILED")
+    assert "ONCE_FAILED" in messages(history.violations("once"))
+    history = once_calls({"v": 1}).final("claim", "k", {"key": "k", "state": "DONE", "result": {"v": 2}})
+    assert "final claim" in messages(history.violations("once"))
+
+
+# -- 4. groups -----------------------------------------------------------------------------------
+
+
+def member(task: str, state: str, verdict: str | None = None, late: bool = False) -> dict[str, Any]:
+    return {"taskId": task, "state": state, "verdict": verdict, "late": late}
+
+
+def group_view(state: str, outcome: str | None, reason: str | None, members: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": "g1", "scopeId": "grun", "parentScopeId": "prun", "condition": "N_ACCEPTED", "threshold": 2,
+        "deadline": None, "state": state, "outcome": outcome, "outcomeReason": reason, "members": members,
+    }  # fmt: skip
+
+
+def verdict(history: H, task: str, given: str, call: float, result: dict[str, Any]) -> H:
+    return history.op("verdict", {"groupId": "g1", "taskId": task, "verdict": given}, call, call + 0.5, result)
+
+
+SUCCESS = {"groupState": "FINALIZED", "outcome": "SUCCESS", "outcomeReason": "threshold_reached"}
+
+
+def decided_group() -> H:
+    """N_ACCEPTED, threshold 2: t1 and t2 accepted on time, t3 cancelled by the decision, t4
+    rejected late."""
+    history = H().op("group_create", {"run": "prun"}, 0, 1, {"groupId": "g1", "condition": "N_ACCEPTED", "threshold": 2})
+    verdict(history, "t1", "accept", 2, {"late": False, "groupState": "SEALED", "outcome": None, "outcomeReason": None})
+    verdict(history, "t2", "accept", 3, {"late": False, **SUCCESS})
+    history.op("group_read", {"groupId": "g1"}, 4, 5, {"state": "FINALIZED", "outcome": "SUCCESS", "outcomeReason": "threshold_reached"})
+    verdict(history, "t4", "reject", 6, {"late": True, **SUCCESS})
+    members = [
+        member("t1", "SUCCEEDED", "ACCEPTED"),
+        member("t2", "SUCCEEDED", "ACCEPTED"),
+        member("t3", "CANCELLED"),
+        member("t4", "SUCCEEDED", "REJECTED", late=True),
+    ]
+    return history.final("group", "g1", group_view("FINALIZED", "SUCCESS", "threshold_reached", members))
+
+
+def test_groups_pass_for_a_decision_and_a_late_verdict() -> None:
+    assert decided_group().violations("groups") == []
+
+
+def test_groups_finalized_twice() -> None:
+    history = decided_group()
+    history.op("group_read", {"groupId": "g1"}, 7, 8, {"state": "FINALIZED", "outcome": "FAILURE", "outcomeReason": "threshold_unreachable"})
+    assert "different decisions" in messages(history.violations("groups"))
+
+
+def test_groups_seen_undecided_after_it_was_finalized() -> None:
+    history = decided_group()
+    history.op("group_read", {"groupId": "g1"}, 7, 8, {"state": "SEALED", "outcome": None, "outcomeReason": None})
+    assert "after it was seen FINALIZED" in messages(history.violations("groups"))
+
+
+def test_groups_finalized_against_its_verdicts() -> None:
+    members = [member("t1", "SUCCEEDED", "ACCEPTED"), member("t2", "SUCCEEDED", "ACCEPTED"), member("t3", "FAILED")]
+    history = H().final("group", "g1", group_view("FINALIZED", "FAILURE", "threshold_unreachable", members))
+    assert "imply SUCCESS threshold_reached" in messages(history.violations("groups"))
+    # Unreachable is right only when accepted + could still be accepted < threshold.
+    members = [member("t1", "SUCCEEDED", "ACCEPTED"), member("t2", "CANCELLED"), member("t3", "FAILED")]
+    history = H().final("group", "g1", group_view("FINALIZED", "FAILURE", "threshold_unreachable", members))
+    assert "imply nothing yet" in messages(history.violations("groups"))
+    members = [member("t1", "SUCCEEDED", "ACCEPTED"), member("t2", "FAILED", "REJECTED"), member("t3", "FAILED")]
+    history = H().final("group", "g1", group_view("FINALIZED", "FAILURE", "threshold_unreachable", members))
+    assert history.violations("groups") == []
+
+
+def test_groups_a_late_verdict_that_changed_it_or_an_acknowledged_verdict_lost() -> None:
+    history = decided_group()
+    history.lines[-1]["view"]["members"][1]["late"] = True  # t2's acceptance turned late: one accepted on time
+    found = messages(history.violations("groups"))
+    assert "late=False has late=True" in found and "imply nothing yet" in found
+    history = decided_group()
+    history.lines[-1]["view"]["members"][3]["verdict"] = None
+    assert "acknowledged verdict REJECTED is None" in messages(history.violations("groups"))
+
+
+def test_groups_undecided_although_its_members_decide() -> None:
+    members = [member("t1", "SUCCEEDED", "ACCEPTED"), member("t2", "SUCCEEDED", "ACCEPTED")]
+    history = H().final("group", "g1", group_view("SEALED", None, None, members))
+    assert "members decide SUCCESS threshold_reached" in messages(history.violations("groups"))
+
+
+def test_groups_cancelled_needs_a_stop_of_its_run() -> None:
+    members = [member("t1", "CANCELLED")]
+    history = H().final("group", "g1", group_view("FINALIZED", "FAILURE", "cancelled", members))
+    history.final("run", "prun", {"storedState": "ACTIVE", "deadline": None, "parentId": None, "finishedAt": None})
+    assert "nothing stopped its run" in messages(history.violations("groups"))
+    # An unknown cancel of the parent may have stopped it.
+    history.unknown("cancel_run", {"run": "prun"}, 1)
+    assert history.violations("groups") == []
+
+
+# -- 5. barriers ---------------------------------------------------------------------------------
+
+
+def barrier(target: int = 2) -> H:
+    return H().op("barrier_create", {"run": "run1", "target": target}, 0, 1, {"barrierId": "b1", "target": target, "epoch": 1})
+
+
+def arrive(history: H, key: str, call: float, state: str, arrivals: int, *, arrived: bool = True) -> H:
+    result = {"arrived": arrived, "state": state, "arrivals": arrivals, "epoch": 1}
+    return history.op("arrive", {"barrierId": "b1", "key": key}, call, call + 0.5, result, client=key)
+
+
+def read_barrier(history: H, call: float, state: str, arrivals: int) -> H:
+    result = {"state": state, "arrivals": arrivals, "target": 2, "epoch": 1}
+    return history.op("barrier_read", {"barrierId": "b1"}, call, call + 0.5, result)
+
+
+def test_barriers_pass_for_a_release_at_the_target() -> None:
+    history = arrive(barrier(), "a", 2, "WAITING", 1)
+    arrive(history, "b", 3, "RELEASED", 2)
+    arrive(history, "a", 4, "RELEASED", 2, arrived=False)
+    history.fail("arrive", {"barrierId": "b1", "key": "c"}, 5, 5.5, "BARRIER_RELEASED")
+    read_barrier(history, 6, "RELEASED", 2).final("barrier", "b1", {"state": "RELEASED", "arrivals": 2, "target": 2, "epoch": 1})
+    assert history.violations("barriers") == []
+
+
+def test_barriers_an_unknown_arrival_may_have_counted() -> None:
+    history = arrive(barrier(), "a", 2, "WAITING", 1)
+    history.unknown("arrive", {"barrierId": "b1", "key": "b"}, 3)
+    read_barrier(history, 4, "RELEASED", 2)
+    assert history.violations("barriers") == []
+
+
+def test_barriers_released_early() -> None:
+    history = arrive(barrier(), "a", 2, "WAITING", 1)
+    history.fail("arrive", {"barrierId": "b1", "key": "b"}, 2.2, 2.4, "BARRIER_CANCELLED")
+    read_barrier(history, 3, "RELEASED", 2)
+    assert "only 1 distinct keys" in messages(history.violations("barriers"))
+
+
+def test_barriers_released_twice_and_an_arrival_after_the_release() -> None:
+    history = arrive(barrier(), "a", 2, "WAITING", 1)
+    arrive(history, "b", 3, "RELEASED", 2)
+    read_barrier(history, 4, "WAITING", 1)
+    assert "seen WAITING after RELEASED" in messages(history.violations("barriers"))
+    history = arrive(barrier(), "a", 2, "WAITING", 1)
+    arrive(history, "b", 3, "RELEASED", 2)
+    arrive(history, "c", 4, "RELEASED", 3)
+    found = messages(history.violations("barriers"))
+    assert "'c' was acknowledged as a new arrival" in found and "3 arrivals counted for a target of 2" in found
+
+
+# -- 6. timers -----------------------------------------------------------------------------------
+
+
+def timer(fire_at: int = 5_000) -> H:
+    return H().op("timer_create", {"run": "run1", "afterMs": 3_000}, 0, 1, {"timerId": "tm1", "fireAt": fire_at, "state": "ARMED"})
+
+
+def read_timer(history: H, call: float, state: str, fired_at: int | None) -> H:
+    return history.op("timer_read", {"timerId": "tm1"}, call, call + 0.5, {"state": state, "firedAt": fired_at, "fireAt": 5_000})
+
+
+def test_timers_pass_for_one_firing() -> None:
+    history = read_timer(timer(), 2, "ARMED", None)
+    read_timer(history, 6, "FIRED", 5_010)
+    history.final("timer", "tm1", {"scopeId": "run1", "state": "FIRED", "fireAt": 5_000, "firedAt": 5_010})
+    history.final("run", "run1", {"storedState": "ACTIVE", "finishedAt": None})
+    assert history.violations("timers") == []
+
+
+def test_timers_fired_twice_early_or_back_to_armed() -> None:
+    twice = read_timer(read_timer(timer(), 6, "FIRED", 5_010), 7, "FIRED", 5_900)
+    assert "2 different times" in messages(twice.violations("timers"))
+    early = read_timer(timer(), 6, "FIRED", 4_000)
+    assert "before its time 5000" in messages(early.violations("timers"))
+    back = read_timer(read_timer(timer(), 6, "FIRED", 5_010), 7, "ARMED", None)
+    assert "seen ARMED after FIRED" in messages(back.violations("timers"))
+
+
+def test_timers_fired_after_the_cancel_of_its_run() -> None:
+    history = timer().op("cancel_run", {"run": "run1"}, 2, 3, {"storedState": "CANCELLED", "finishedAt": 4_500})
+    history.final("timer", "tm1", {"scopeId": "run1", "state": "FIRED", "fireAt": 5_000, "firedAt": 5_010})
+    assert "after its run run1 stopped at 4500" in messages(history.violations("timers"))
+    still_armed = timer().op("cancel_run", {"run": "run1"}, 2, 3, {"storedState": "CANCELLED", "finishedAt": 4_500})
+    read_timer(still_armed, 4, "ARMED", None)
+    assert "still ARMED after the cancel" in messages(still_armed.violations("timers"))
+
+
+def test_timers_an_unknown_cancel_proves_nothing() -> None:
+    history = timer().unknown("cancel_run", {"run": "run1"}, 2)
+    read_timer(history, 4, "ARMED", None)
+    read_timer(history, 6, "FIRED", 5_010)
+    assert history.violations("timers") == []
+
+
+# -- 7. cancel -----------------------------------------------------------------------------------
+
+
+def cancelled_run() -> H:
+    return H().op("cancel_run", {"run": "run1"}, 10, 11, {"storedState": "CANCELLED", "finishedAt": 50_000})
+
+
+def test_cancel_pass_refused_concurrent_and_existing_submits() -> None:
+    history = cancelled_run()
+    history.fail("submit", {"run": "run1", "mailbox": "work", "key": "k9", "input": {}}, 12, 13, "SCOPE_CANCELLED")
+    history.submit("t2", 10.5, 11.5, key="k2")  # concurrent with the cancel: may come first
+    args = {"run": "run1", "mailbox": "work", "key": "k1", "input": {}}
+    history.op("submit", args, 12, 13, {"taskId": "t1", "created": False})  # the existing task
+    assert history.violations("cancel") == []
+
+
+def test_cancel_a_submit_accepted_after_an_acknowledged_cancel() -> None:
+    history = cancelled_run().submit("t9", 12, 13, key="k9")
+    found = history.violations("cancel")
+    assert len(found) == 1 and "created a task" in found[0].message
+
+
+def test_cancel_an_unknown_cancel_proves_nothing() -> None:
+    history = H().unknown("cancel_run", {"run": "run1"}, 10).submit("t9", 12, 13)
+    assert history.violations("cancel") == []
+
+
+def test_cancel_work_handed_out_or_completed_after_the_cancel() -> None:
+    history = cancelled_run().receive("t1", "d1", 12, 13, 60_000)
+    assert "receive called after" in messages(history.violations("cancel"))
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.op("cancel_run", {"run": "run1"}, 3, 4, {"storedState": "CANCELLED", "finishedAt": 11_000})
+    history.complete("t1", "d1", {"v": 1}, 5, 6)
+    assert "a complete called after" in messages(history.violations("cancel"))
+    # A repeat of a complete that was sent before the cancel returned is answered again.
+    history = H().submit("t1", 0, 1).receive("t1", "d1", 1, 2, 10_000)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 2.5)
+    history.op("cancel_run", {"run": "run1"}, 3, 4, {"storedState": "CANCELLED", "finishedAt": 11_000})
+    history.complete("t1", "d1", {"v": 1}, 5, 6)
+    assert history.violations("cancel") == []
+
+
+# -- 8. linearizability (the check) --------------------------------------------------------------
+
+
+def test_linearizability_pass_for_reads_around_a_complete() -> None:
+    history = H().read_task("t1", 0, 0.5, "QUEUED").receive("t1", "d1", 1, 2, 10_000)
+    history.complete("t1", "d1", {"v": 1}, 2, 4).read_task("t1", 3, 3.5, "RUNNING").read_task("t1", 5, 6, "SUCCEEDED", {"v": 1})
+    assert history.violations("linearizability") == []
+
+
+def test_linearizability_a_read_that_sees_the_result_then_a_read_that_sees_nothing() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000).complete("t1", "d1", {"v": 1}, 2, 3)
+    history.read_task("t1", 4, 5, "SUCCEEDED", {"v": 1}).read_task("t1", 6, 7, "RUNNING")
+    found = history.violations("linearizability")
+    assert len(found) == 1
+    assert [op.op for op in found[0].ops] == ["complete", "read_task", "read_task"]
+    assert "no order explains" in found[0].message
+
+
+def test_linearizability_an_unknown_complete_explains_a_read() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 2)
+    history.read_task("t1", 30, 31, "SUCCEEDED", {"v": 1})
+    assert history.violations("linearizability") == []
+
+
+def test_linearizability_an_undecided_search_is_a_note_not_a_violation() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000).complete("t1", "d1", {"v": 1}, 2, 30)
+    for i in range(8):
+        history.read_task("t1", 3 + i, 20 + i, "RUNNING")
+    parsed = parse_history(history.history_lines())
+    assert checker.check_linearizable_reads(parsed, budget_steps=3) == []
+    assert parsed.notes == ["linearizability: task t1 undecided after 3 search steps"]
+    assert parsed.counts_extra == {"registers": 1, "registers_undecided": 1}
+
+
+# -- the linearizability search ------------------------------------------------------------------
+
+
+def op(client: str, call: float, ret: float | None, input: Any, output: Any) -> Operation:
+    return Operation(client, call, ret, input, output)
+
+
+def _register_step(state: int, input: tuple[str, int], output: Any) -> tuple[bool, int]:
+    kind, value = input
+    if kind == "put":
+        return True, value
+    return (output is UNKNOWN or output == state), state
+
+
+# A plain read/write register (porcupine's first example), to show the search is generic.
+register: Model[int] = Model(init=0, step=_register_step)
+
+
+def test_search_a_linearizable_concurrent_history() -> None:
+    # The get of 0 goes before the put, the get of 100 after it: both overlap the put.
+    history = [
+        op("c0", 0, 100, ("put", 100), None),
+        op("c1", 25, 75, ("get", 0), 100),
+        op("c2", 30, 60, ("get", 0), 0),
+    ]
+    assert check(register, history).outcome == Outcome.OK
+
+
+def test_search_a_stale_read() -> None:
+    # The get of 0 starts after the get of 100 returned: no order explains both.
+    history = [
+        op("c0", 0, 100, ("put", 100), None),
+        op("c1", 25, 75, ("get", 0), 100),
+        op("c2", 80, 90, ("get", 0), 0),
+    ]
+    result = check(register, history)
+    assert result.outcome == Outcome.VIOLATION and result.prefix_end == 90
+    assert result.prefix == tuple(history)
+
+
+def test_search_the_shortest_failing_prefix() -> None:
+    history = [
+        op("c0", 0, 1, Complete("k", "a"), True),
+        op("c1", 2, 3, Read("k"), None),  # stale: the write returned before this read began
+        op("c1", 4, 5, Read("k"), "a"),
+        op("c0", 6, 7, Read("k"), "a"),
+    ]
+    result = check(write_once_register, history)
+    assert result.outcome == Outcome.VIOLATION and result.key == "k"
+    assert result.prefix == tuple(history[:2]) and result.prefix_end == 3
+
+
+def test_search_an_unknown_operation_explains_a_read_but_only_after_its_call() -> None:
+    explained = [op("c0", 0, None, Complete("k", "a"), None), op("c1", 10, 11, Read("k"), "a")]
+    assert check(write_once_register, explained).outcome == Outcome.OK
+    # Never returning, it may also not have happened at all.
+    not_happened = [op("c0", 0, None, Complete("k", "a"), None), op("c1", 10, 11, Read("k"), None)]
+    assert check(write_once_register, not_happened).outcome == Outcome.OK
+    too_late = [op("c1", 10, 11, Read("k"), "a"), op("c0", 12, None, Complete("k", "a"), None)]
+    assert check(write_once_register, too_late).outcome == Outcome.VIOLATION
+
+
+def test_search_write_once_refuses_a_second_value() -> None:
+    history = [op("c0", 0, 1, Complete("k", "a"), True), op("c1", 2, 3, Complete("k", "b"), True)]
+    assert check(write_once_register, history).outcome == Outcome.VIOLATION
+    refused = [op("c0", 0, 1, Complete("k", "a"), True), op("c1", 2, 3, Complete("k", "b"), False), op("c2", 4, 5, Read("k"), "a")]
+    assert check(write_once_register, refused).outcome == Outcome.OK
+    repeated = [op("c0", 0, 1, Complete("k", "a"), True), op("c0", 2, 3, Complete("k", "a"), True)]
+    assert check(write_once_register, repeated).outcome == Outcome.OK
+
+
+def test_search_partitions_by_key() -> None:
+    history = [
+        op("c0", 0, 1, Complete("good", "a"), True),
+        op("c1", 2, 3, Read("good"), "a"),
+        op("c0", 0, 1, Complete("bad", "a"), True),
+        op("c1", 2, 3, Read("bad"), "b"),
+    ]
+    result = check(write_once_register, history)
+    assert result.outcome == Outcome.VIOLATION and result.key == "bad"
+    assert result.outcomes["good"] == Outcome.OK
+
+
+def test_search_answers_unknown_when_the_budget_runs_out() -> None:
+    # Twelve concurrent reads of nothing and a write that returned last: decidable, not in 5 steps.
+    history = [op("c0", 0, 100, Complete("k", "a"), True)]
+    history += [op(f"r{i}", 1 + i, 50 + i, Read("k"), None) for i in range(12)]
+    history.append(op("r", 101, 102, Read("k"), None))  # stale: a violation, found with budget
+    assert check(write_once_register, history, budget_steps=5).outcome == Outcome.UNKNOWN
+    assert check(write_once_register, history).outcome == Outcome.VIOLATION
+
+
+@st.composite
+def linearizable_histories(draw: st.DrawFn) -> list[Operation]:
+    """Random write-once register histories over a few keys, linearizable by construction: each
+    operation's point is its index, its interval a random stretch around it, its output what the
+    register gives at that point; some completes never return (and then may or may not have
+    taken effect). Sequential when every stretch is zero."""
+    count = draw(st.integers(0, 14))
+    registers: dict[Hashable, Hashable | None] = {}
+    operations = []
+    for point in range(count):
+        key = draw(st.sampled_from(["x", "y"]))
+        call = point - draw(st.sampled_from([0, 0, 0.25, 1.5, 3]))
+        ret = point + draw(st.sampled_from([0, 0, 0.25, 1.5, 3]))
+        current = registers.get(key)
+        if draw(st.booleans()):
+            operations.append(Operation("c", call, ret, Read(key), current))
+            continue
+        value = draw(st.sampled_from(["a", "b"]))
+        if draw(st.integers(0, 4)) == 0:  # never returned: took effect or not
+            if current is None and draw(st.booleans()):
+                registers[key] = value
+            operations.append(Operation("c", call, None, Complete(key, value), None))
+            continue
+        accepted = current is None or (current == value and draw(st.booleans()))
+        if current is None:
+            registers[key] = value
+        operations.append(Operation("c", call, ret, Complete(key, value), accepted))
+    return draw(st.permutations(operations))
+
+
+@settings(max_examples=300, deadline=None)
+@given(linearizable_histories())
+def test_search_accepts_every_linearizable_history(history: Sequence[Operation]) -> None:
+    result = check(write_once_register, history)
+    assert result.outcome == Outcome.OK, result
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", None]), min_size=1, max_size=12), st.sampled_from(["a", "b"]))
+def test_search_sequential_reads_after_an_acknowledged_write(reads: list[str | None], written: str) -> None:
+    """Sequentially, after an acknowledged write of `written`, every read must see it."""
+    history = [Operation("w", 0, 1, Complete("k", written), True)]
+    history += [Operation("r", 2 + 2 * i, 3 + 2 * i, Read("k"), seen) for i, seen in enumerate(reads)]
+    expected = Outcome.OK if all(seen == written for seen in reads) else Outcome.VIOLATION
+    assert check(write_once_register, history).outcome == expected
+
+
+# -- the whole checker ---------------------------------------------------------------------------
+
+
+def test_check_history_and_its_report(tmp_path: Path) -> None:
+    """A history written with chaos.history, read back and checked: a clean one, then one with a
+    result that changed."""
+    times = iter(float(t) for t in range(1000))
+    path = tmp_path / "history.jsonl"
+    with HistoryWriter(path, clock=lambda: next(times)) as writer:
+        writer.event("fault", {"kind": "kill", "node": "n1"})
+        writer.record("p", "submit", {"run": "run1", "mailbox": "work", "key": "k1", "input": {}}).ok({"taskId": "t1", "created": True})
+        item = {"id": "d1", "taskId": "t1", "input": {}, "leaseExpiresAt": 12_000, "leaseMs": LEASE_MS}
+        writer.record("w1", "receive", {"run": "run1", "mailbox": "work", "worker": "w1", "leaseMs": LEASE_MS}).ok({"deliveries": [item]})
+        writer.record("w1", "complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}).ok({"state": "SUCCEEDED"})
+        read = writer.record("r", "read_task", {"taskId": "t1"})
+        read.ok({"state": "SUCCEEDED", "outcome": {"v": 1}, "attempt": 1, "finishedBy": "w1"})
+        writer.final("task", "t1", {"state": "SUCCEEDED", "outcome": {"v": 1}, "attempt": 1, "finishedBy": "w1"})
+    report = check_history(read_history(path))
+    assert report.ok, format_report(report)
+    assert report.counts["operations"] == 4 and report.counts["faults"] == 1 and report.counts["registers"] == 1
+    text = format_report(report)
+    assert "no violations" in text and "8 linearizability" in text
+
+    lines = path.read_text().splitlines()
+    lines[-1] = lines[-1].replace('{"v":1}', '{"v":2}')
+    path.write_text("\n".join(lines) + "\n")
+    report = check_history(read_history(path))
+    assert not report.ok
+    assert {violation.check for violation in report.violations} == {"results"}
+    text = format_report(report)
+    assert "[results] t1" in text and "#4 r read_task" in text
+
+
+def test_every_check_is_named_in_the_contract_order() -> None:
+    assert [name for name, _ in checker.CHECKS] == [
+        "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability",
+    ]  # fmt: skip
+    for _, function in checker.CHECKS:
+        assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__

@@ -1,0 +1,159 @@
+"""The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses its
+proxy, a partition of the leader elects another one and heals to one state, the schedule is a
+function of the seed, the injector records each fault, and close() leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.cluster import NODES, ChaosCluster
+from chaos.faults import REGISTRY, Injector, PlannedFault, Schedule, parse_kinds
+from runstate import Runstate, UnavailableError
+
+pytestmark = pytest.mark.slow
+
+# The isolated node holds a write while it waits for a leader (the node's LEADER_WAIT_S, 3 s) and
+# then answers 503; the client gives up sooner. Either way: UnavailableError, nothing committed.
+ISOLATED_WRITE_TIMEOUT_S = 1.5
+ALL_KINDS = list(REGISTRY)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    made = ChaosCluster(tmp_path / "cluster")
+    try:
+        yield made
+    finally:
+        made.close()
+        print(made.logs_tail())
+
+
+def create_run(url: str, key: str, name: str, timeout_s: float | None = None) -> str:
+    """A write through the SDK, given one node only; the new run's id."""
+    options: dict[str, Any] = {} if timeout_s is None else {"timeout_s": timeout_s}
+    with Runstate(base_url=url, api_key=key, **options) as rs:
+        return rs.scopes.create(name=name).id
+
+
+def run_state(url: str, key: str, run_id: str) -> str:
+    with Runstate(base_url=url, api_key=key) as rs:
+        return str(rs.scopes.status(run_id)["storedState"])
+
+
+def test_the_proxies_carry_every_raft_pair(cluster: ChaosCluster) -> None:
+    cluster.up()
+    # Writes through every node (followers forward to the leader) are read back through another.
+    run_ids = [create_run(cluster.urls[index], cluster.admin_key, f"via-{cluster.ids[index]}") for index in range(NODES)]
+    for index, run_id in enumerate(run_ids):
+        assert run_state(cluster.urls[(index + 1) % NODES], cluster.admin_key, run_id) == "ACTIVE"
+    cluster.wait_converged()
+    assert cluster.pairs_connected(range(NODES))
+    for stats in cluster.proxy_stats():
+        assert stats["connections"] >= 1 and stats["bytes_to_target"] > 0 and stats["bytes_from_target"] > 0, stats
+    # Each node names the others by its own view of their Raft address, and health maps it back.
+    leader = cluster.wait_healthy()
+    views = cluster.health()
+    for viewer in range(NODES):
+        view = views[cluster.ids[viewer]]
+        assert view["leader"] == cluster.ids[leader], views
+        assert view["leaderAddress"] == cluster.raft_view(viewer, leader), views
+
+
+def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosCluster) -> None:
+    old = cluster.up()
+    cluster.partition(old)
+    new = cluster.leader()
+    assert new != old
+    # The majority commits; the isolated node cannot (no leader, or no majority behind it).
+    run_id = create_run(cluster.urls[new], cluster.admin_key, "majority")
+    with pytest.raises(UnavailableError):
+        create_run(cluster.urls[old], cluster.admin_key, "minority", timeout_s=ISOLATED_WRITE_TIMEOUT_S)
+    views = cluster.health()
+    isolated, leading = views[cluster.ids[old]], views[cluster.ids[new]]
+    assert isolated["role"] != "leader" and isolated["commitIndex"] < leading["commitIndex"], views
+    assert all(stats["live"] == 0 for stats in cluster.proxy_stats() if cluster.ids[old] in stats["name"].split("-"))
+
+    cluster.heal()
+    cluster.wait_healthy()
+    digest = cluster.wait_converged()
+    digests = cluster.digests()
+    assert {view["digest"] for view in digests.values() if view is not None} == {digest}
+    assert None not in digests.values()
+    assert run_state(cluster.urls[old], cluster.admin_key, run_id) == "ACTIVE"
+
+
+def test_the_schedule_is_a_function_of_the_seed() -> None:
+    first = Schedule(7, 120.0, ALL_KINDS)
+    assert first.faults == Schedule(7, 120.0, list(reversed(ALL_KINDS))).faults
+    assert first.faults != Schedule(8, 120.0, ALL_KINDS).faults
+    assert len(first) > 5
+    assert {fault.kind for fault in first.faults} == set(ALL_KINDS)
+    for fault in first.faults:
+        assert fault.role in REGISTRY[fault.kind].roles
+        assert REGISTRY[fault.kind].hold_s_min <= fault.hold_s <= REGISTRY[fault.kind].hold_s_max
+        assert 0 < fault.at_s and fault.at_s + fault.hold_s <= first.duration_s
+    offsets = [fault.at_s for fault in first.faults]
+    assert offsets == sorted(offsets)
+    # A shorter run is a prefix of a longer one with the same seed.
+    shorter = Schedule(7, 60.0, ALL_KINDS).faults
+    assert shorter == first.faults[: len(shorter)]
+    assert {fault.kind for fault in Schedule(7, 120.0, ["pause"]).faults} == {"pause"}
+    assert parse_kinds("restart, kill") == ["kill", "restart"]
+    with pytest.raises(ValueError):
+        parse_kinds("kill,fire")
+    with pytest.raises(ValueError):
+        Schedule(7, 60.0, [])
+
+
+def test_the_injector_records_each_fault_and_its_recovery(cluster: ChaosCluster) -> None:
+    cluster.up()
+    schedule = Schedule(1, 60.0, ALL_KINDS)
+    schedule.faults = (
+        PlannedFault(0.0, "kill", "leader", 0.5, 0),
+        PlannedFault(0.0, "partition", "follower", 1.0, 1),
+        PlannedFault(0.0, "restart", "all", 0.0, 0),
+    )
+    events: list[dict[str, Any]] = []
+    injector = Injector(cluster, schedule, events.append)
+    injector.start().join()
+
+    assert injector.error is None
+    for seq in range(len(schedule.faults)):
+        mine = [event for event in events if event["detail"]["fault"] == seq]
+        assert [event["event"] for event in mine] == ["health", "fault", "heal", "health"], mine
+        before, fault, heal, after = mine
+        assert before["detail"]["ok"] and after["detail"]["ok"], mine
+        assert before["at"] <= fault["at"] <= heal["at"] <= after["at"]
+        assert after["detail"]["unavailableS"] == pytest.approx(after["at"] - fault["at"], abs=0.01)
+    kill = events[1]["detail"]
+    assert kill["kind"] == "kill" and kill["role"] == "leader" and kill["node"] == events[0]["detail"]["leader"]
+    assert [event["detail"]["nodes"] for event in events if event["event"] == "fault"][2] == cluster.ids
+
+    summary = injector.summary()
+    assert summary["injected"] == {"kill": 1, "pause": 0, "partition": 1, "restart": 1}
+    assert summary["survived"] == summary["injected"]
+    assert summary["longestUnavailableS"] >= 1.0  # the partition's hold at least
+    assert all(cluster.running(index) for index in range(NODES))
+
+
+def test_close_leaves_no_process(cluster: ChaosCluster) -> None:
+    cluster.up()
+    cluster.kill(0)
+    cluster.start(0)
+    cluster.restart(1)
+    cluster.wait_healthy()
+    cluster.pause(2)  # a stopped process must die too
+    started = list(cluster.pids_started)
+    assert len(started) == NODES + 2
+    cluster.close()
+    cluster.close()  # idempotent
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert cluster.pids() == {}
+    assert all(not stats["live"] for stats in cluster.proxy_stats())
