@@ -22,8 +22,9 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   a run and submit to it twice more (those submits must be refused with SCOPE_CANCELLED).
 - workers: receive with a short lease and complete with `{"by": worker, "delivery": id}`; some
   work long and renew, some crash (a `crash` line, the delivery abandoned), some stall past the
-  lease and then complete (a complete with `"stalled": true`, to be refused with LEASE_LOST).
-  Workers serve the producers' runs and the task groups' runs.
+  lease and then complete (a complete with `"stalled": true`, to be refused with LEASE_LOST,
+  unless an election meanwhile let the new leader extend the live lease, as it does for every
+  lease). Workers serve the producers' runs and the task groups' runs.
 - readers: read_task of known tasks.
 - once callers: several threads call the same few `runstate.once` keys.
 - a grouper: N_ACCEPTED groups (threshold 2, four members), reviews finished members with accept
@@ -34,7 +35,8 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   before their timers fire.
 
 Times in results and final views are epoch milliseconds of the server's clock (every ISO field
-ending in `At`, and `deadline`); `call`/`ret` are the harness's monotonic clock. Every wait and
+ending in `At`, and `deadline`; the clients' own values, `input`, `outcome` and `result`, are left
+as they are); `call`/`ret` are the harness's monotonic clock. Every wait and
 every request has a timeout, every list a bound (`*_MAX`).
 """
 
