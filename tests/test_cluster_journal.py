@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pysyncobj.journal import FileJournal
 
 from runstate.cluster._journal import DurableJournal
@@ -70,4 +71,29 @@ def test_compaction_keeps_hidden_entries_hidden(tmp_path: Path) -> None:
     assert [entry[1] for entry in on_disk(path)] == [3, 4, 5, 6]
     journal.clear()
     assert len(journal) == 0
+    journal._destroy()
+
+
+def test_committed_entries_stay_visible_when_pysyncobj_truncates_an_overlap(tmp_path: Path) -> None:
+    """pysyncobj's follower deletes everything after prevLogIdx on an overlapping append, even
+    entries it has applied (it logs "truncating already-applied log entries"). Hiding committed
+    ones would let this node's log, as pysyncobj sees it, end below its commit index: two such
+    followers could then elect one of themselves without entries a majority committed."""
+    path = tmp_path / "raft.journal"
+    journal = open_journal(path)
+    for entry in entries(10):
+        journal.add(*entry)
+    journal.setRaftCommitIndex(8)
+    journal.deleteEntriesFrom(5)  # an append with prevLogIdx 5 carrying entries 6 and 7
+    assert len(journal) == 8  # 9 and 10 (not known committed) hidden; 1..8 stay
+    for entry in entries(10)[5:7]:
+        journal.add(*entry)  # re-appended committed entries: checked equal, nothing written
+    assert (len(journal), journal.skipped_rewrites) == (8, 2)
+    journal.add(*entries(10)[7])  # entry 8 again (the next append), then the hidden 9 re-shown
+    journal.add(*entries(10)[8])
+    assert len(journal) == 9 and journal[-1] == entries(10)[8]
+    journal.deleteEntriesFrom(6)
+    with pytest.raises(AssertionError, match="committed entry 7 conflicts"):
+        journal.add(b"other", 7, 2)  # Raft never lets a committed entry change: a bug, loudly
+    assert on_disk(path) == entries(10)
     journal._destroy()

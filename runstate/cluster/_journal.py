@@ -26,6 +26,25 @@ from runstate.cluster.snapshot import fsync_directory
 logger = logging.getLogger(__name__)
 
 COMPACTION_SUFFIX = ".compact"
+_TRUNCATION_WARNING = "truncating already-applied log entries"
+
+
+class _AppliedTruncationFilter(logging.Filter):
+    """pysyncobj logs CRITICAL "truncating already-applied log entries ... state machine may have
+    diverged" before every overlapping append it handles by delete-and-re-append. With
+    DurableJournal nothing applied is deleted (applied entries are committed, and committed ones
+    are never hidden), so the line is noise: it is dropped and counted."""
+
+    dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_TRUNCATION_WARNING):
+            _AppliedTruncationFilter.dropped += 1
+            return False
+        return True
+
+
+logging.getLogger("pysyncobj.syncobj").addFilter(_AppliedTruncationFilter())
 
 
 def _get_meta_closing_the_file(self: MetaStorer) -> dict[str, Any]:
@@ -92,14 +111,22 @@ class DurableJournal(Journal):  # type: ignore[misc]
     # Writes.
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        position = idx - self._inner[0][1] if len(self._inner) else 0
+        if position < len(self):
+            # A committed entry pysyncobj meant to delete and re-append (deleteEntriesFrom kept
+            # it): the leader's copy must be the same, as Raft guarantees for committed entries.
+            assert tuple(self[position]) == (command, idx, term), f"committed entry {idx} conflicts with {term}"
+            self.skipped_rewrites += 1
+            return
         if self._visible is not None:
-            position = self._visible
+            assert position == self._visible, f"entry {idx} is not next ({position} != {self._visible})"
             if tuple(self._inner[position]) == (command, idx, term):
                 self._visible = position + 1 if position + 1 < len(self._inner) else None
                 self.skipped_rewrites += 1
                 return
             self._inner.deleteEntriesFrom(position)  # a conflict: the disk is truncated here
             self._visible = None
+        assert position == len(self._inner), f"entry {idx} leaves a gap after {len(self._inner)} entries"
         self._inner.add(command, idx, term)
         if self._fsync:
             self._inner.flush()
@@ -111,8 +138,22 @@ class DurableJournal(Journal):  # type: ignore[misc]
             self._inner.flush()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
-        if 0 <= entryFrom < len(self):
-            self._visible = entryFrom
+        """pysyncobj's follower calls this on every append that overlaps its log, before re-adding
+        the leader's entries, and also when they match (Raft truncates only on a conflict). Hide
+        the suffix instead of deleting it (see the class notes), and never hide a committed entry:
+        a committed entry cannot conflict, and a node whose log, as pysyncobj sees it, ended below
+        its commit index could win an election without entries a majority committed."""
+        if not 0 <= entryFrom < len(self):
+            return
+        keep = max(entryFrom, self._committed_count())
+        if keep < len(self):
+            self._visible = keep
+
+    def _committed_count(self) -> int:
+        """How many entries, from the first, this node knows to be committed."""
+        if not len(self._inner):
+            return 0
+        return max(0, min(len(self), self.getRaftCommitIndex() - self._inner[0][1] + 1))
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Keep the entries from position `entryTo` on, through a new file and a rename (hidden
