@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     faults = summary["faults"]
     print(json.dumps({
         "seed": seed, "injected": faults["injected"], "survived": faults["survived"], "skipped": faults["skipped"],
-        "longestUnavailableS": faults["longestUnavailableS"], "operations": summary["operations"].get("operations"),
+        "longestUnavailableS": faults["longestUnavailableS"], "longestWriteGapS": summary["longestWriteGapS"],
+        "operations": summary["operations"].get("operations"),
         "violations": summary["violations"], "harnessErrors": summary["harness_errors"],
     }), flush=True)
     print(f"chaos: seed {seed}; report in {report}", flush=True)
@@ -129,6 +130,7 @@ def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_leve
     harness_errors.extend(workload.errors)
     result = check_history(read_history(report / HISTORY_FILE))
     summary["operations"] = result.counts
+    summary["longestWriteGapS"] = longest_write_gap_s(report / HISTORY_FILE)
     summary["violations"] = len(result.violations)
     summary["violationsByCheck"] = _by_check(result.violations)
     summary["notes"] = result.notes
@@ -147,6 +149,23 @@ def _heal_everything(cluster: ChaosCluster) -> None:
     if stopped:
         cluster.start(*stopped)
     cluster.wait_healthy(HEAL_TIMEOUT_S)
+
+
+WRITE_OPS = frozenset({
+    "submit", "receive", "renew", "complete", "arrive", "run_create", "group_submit", "verdict", "timer_create",
+    "barrier_create", "group_create", "cancel_run",
+})
+
+
+def longest_write_gap_s(history_path: Path) -> float:
+    """The longest time no write was acknowledged, as the clients saw it (the harness's own
+    unavailability figure instead runs from each fault until every node is healthy again)."""
+    returns = sorted(
+        operation["ret"] for operation in read_history(history_path).operations
+        if operation["op"] in WRITE_OPS and operation["status"] == "ok" and operation["ret"] is not None
+    )
+    gaps = (later - earlier for earlier, later in zip(returns, returns[1:], strict=False))
+    return round(max(gaps, default=0.0), 2)
 
 
 def _by_check(violations: list[Any]) -> dict[str, int]:
