@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests._cluster import Cluster, cluster_factory
 from tests._nodes import DevNode, start_auth_node
 from tests.test_actors_harness import Harness
 
@@ -57,4 +58,11 @@ def h() -> Harness:
 @pytest.fixture
 def run_id(h: Harness) -> str:
     return h.create_run()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """`make_cluster(*extra_args)` builds a three-node Cluster (tests/_cluster.py), not started;
+    every process is killed at the end."""
+    yield from cluster_factory(tmp_path)
 

@@ -4,18 +4,10 @@ one node is refused by the other two at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
-
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 from tests._http import Api
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluster: Callable[..., Cluster]) -> None:

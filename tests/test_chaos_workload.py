@@ -17,7 +17,7 @@ import pytest
 
 from chaos.history import History, read_history
 from chaos.workload import HttpClient, Workload, WorkloadConfig, classify, epoch_ms, normalize_times
-from tests._cluster import Cluster, cluster_factory, free_ports
+from tests._cluster import Cluster, free_ports
 
 WORKLOAD_S = 10.0
 SEED = 8
@@ -180,11 +180,6 @@ def test_server_times_become_epoch_milliseconds() -> None:
 
 
 # -- against a real cluster ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def _term(cluster: Cluster) -> int:

@@ -8,16 +8,13 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from runstate import AsyncRunstate
 from runstate.sdk.errors import LeaseLostError, UnavailableError
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 
 PRODUCERS = 4
 WORKERS = 3
@@ -28,11 +25,6 @@ COMPLETES_AFTER_KILL = 120
 LATE_TASKS = 3
 LATE_LEASE_MS = 1_500
 WAIT_S = 60.0  # bound of every wait for progress (a failure, not a timing assertion)
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 async def wait_for(what: str, condition: Callable[[], bool], cluster: Cluster) -> None:

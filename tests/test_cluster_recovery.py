@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
+from collections.abc import Callable
 
 from runstate import Runstate
 from runstate.cluster.log import DUMP_FILE_NAME
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 
 WRITERS = 3
 ACKS_BEFORE_KILL = 150
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster: Callable[..., Cluster]) -> None:

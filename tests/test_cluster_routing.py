@@ -10,14 +10,12 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from runstate import AsyncRunstate
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 from tests._http import call
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -25,11 +23,6 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 # margin: a follower that holds a call longer than this has already lost the client.
 ANSWER_BOUND_S = 12.0
 BENCH_TIMEOUT_S = 180
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_cluster: Callable[..., Cluster]) -> None:

@@ -5,20 +5,14 @@ it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from runstate import AsyncRunstate, WaitTimeoutError
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 
 LEASE_MS = 30_000
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_holds_survive_a_leader_kill(make_cluster: Callable[..., Cluster]) -> None:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import runstate
 from runstate import AsyncRunstate, Runstate
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 from tests._nodes import DevNode
 
 
@@ -90,11 +89,6 @@ def test_cancelling_the_run_cancels_barriers_and_timers(dev_node: DevNode) -> No
             run.timers.create(after_seconds=1)
         with pytest.raises(runstate.ConfigError):
             run.timers.create()
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Cluster]) -> None:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from runstate import AsyncRunstate
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 
 RESULT_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def test_a_group_finalizes_once_across_a_leader_kill(make_cluster: Callable[..., Cluster]) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 from tests._http import Api
 from tests._nodes import DevNode
 from tests._once_procs import Children, children, lines, output, read_line, sdk_env, wait_until
@@ -21,11 +21,6 @@ from tests._once_procs import Children, children, lines, output, read_line, sdk_
 pytestmark = pytest.mark.slow
 
 CALLERS = 20
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def start_callers(

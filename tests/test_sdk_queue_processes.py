@@ -8,13 +8,13 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import runstate
-from tests._cluster import Cluster, cluster_factory
+from tests._cluster import Cluster
 from tests._http import Api
 from tests._nodes import DevNode
 from tests._once_procs import WAIT_S, children, lines, output, read_line, sdk_env, wait_until
@@ -23,11 +23,6 @@ pytestmark = pytest.mark.slow
 
 JOBS = 500
 DISTINCT = 350  # inputs repeat: 150 submits share a job with another
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    yield from cluster_factory(tmp_path)
 
 
 def kill_a_worker(env_of: Callable[[int], dict[str, str]], api: Api, stop_run: Callable[[], None]) -> None:
