@@ -8,10 +8,10 @@ down, in the handlers and again in the core, so ids leak nothing.
 
 The key is checked where the request is served (this middleware runs after route_to_leader): a
 follower forwards a request to the leader unchecked (its copy of the keys may lag a create or a
-revoke), and the leader checks it against its state. Every command then carries the key id and the core refuses it if an earlier
-log entry revoked the key, so a revoke holds in log order for writes and for reads (which confirm
-leadership with a no-op that carries the key). Node-local routes (the cluster view) are checked
-against the local copy.
+revoke), and the leader checks it against its state. Every command then carries the key id, and
+the core refuses it if an earlier log entry revoked the key, so a revoke holds in log order for
+writes and for reads (which confirm leadership with a no-op that carries the key). Node-local
+routes (the cluster view) are checked against the local copy.
 
 Without auth (`runstate dev` without --auth, loopback only) there is no key: the caller has every
 permission in the space the header names, or the default space.
