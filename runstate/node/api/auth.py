@@ -79,6 +79,10 @@ def _caller(request: web.Request, route: Route) -> Caller:
         return Caller(header_space or node.config.default_space, None, ALL_PERMISSIONS, operator=True)
     secret = _bearer(request)
     with node.read() as state:
+        if state.operator_space is None:
+            # A fresh cluster's leader is still committing the first admin key: no key can be
+            # valid yet, and saying so (401) would be wrong a moment later.
+            raise ApiError("UNAVAILABLE", "the first admin key is still being created; retry")
         key = access.authenticate(state, key_hash(secret))
         if key is None:
             raise ApiError("UNAUTHENTICATED", "the API key is not valid (unknown or revoked)")

@@ -13,9 +13,13 @@ if TYPE_CHECKING:
 
 
 def health_view(node: Node) -> dict[str, Any]:
+    """"ok" once a leader is known and, on a node that requires keys, the first admin key exists
+    (until then every keyed call would be refused: the bootstrap is still being committed)."""
     raft = node.log
+    with node.read() as state:
+        bootstrapped = not node.config.auth or state.operator_space is not None
     return {
-        "status": "ok" if raft.leader_address is not None else "unavailable",
+        "status": "ok" if raft.leader_address is not None and bootstrapped else "unavailable",
         "nodeId": node.config.node_id,
         "role": raft.role,
         "leader": raft.leader_address,
