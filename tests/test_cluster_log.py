@@ -25,9 +25,9 @@ READY_TIMEOUT_S = 15.0
 
 @contextlib.asynccontextmanager
 async def running_log(
-    data_dir: Path | None = None, *, ready: bool = True, **options: Any
+    data_dir: Path | None = None, *, ready: bool = True, state_machine: RecordingMachine | None = None, **options: Any
 ) -> AsyncIterator[tuple[ReplicatedLog, RecordingMachine]]:
-    machine = RecordingMachine()
+    machine = state_machine or RecordingMachine()
     log = ReplicatedLog(
         machine,
         self_address=f"127.0.0.1:{free_port()}",

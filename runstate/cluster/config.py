@@ -88,6 +88,7 @@ class LogConfig:
         dump_file: str | None,
         serializer: Any,
         deserializer: Any,
+        serialize_checker: Any,
         on_state_changed: Any,
     ) -> SyncObjConf:
         assert password, "the Raft port must always be authenticated"
@@ -116,6 +117,7 @@ class LogConfig:
             fullDumpFile=dump_file,
             serializer=None if in_memory else serializer,
             deserializer=None if in_memory else deserializer,
+            serializeChecker=None if in_memory else serialize_checker,
             logCompactionMinEntries=_NEVER_ENTRIES if in_memory else self.log_compaction_entries_min,
             logCompactionMinTime=_NEVER_S if in_memory else self.log_compaction_time_s_min,
             onStateChanged=on_state_changed,

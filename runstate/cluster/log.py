@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
 import functools
 import logging
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON
 
-from runstate.cluster import _journal
+from runstate.cluster import _dumper, _journal
 from runstate.cluster._raft import RaftNode
 from runstate.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
 from runstate.cluster.config import (
@@ -43,7 +44,6 @@ from runstate.cluster.snapshot import (
     encode_dump,
     fsync_directory,
     fsync_file,
-    write_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class ReplicatedLog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._raft: RaftNode | None = None
         self._journal: _journal.DurableJournal | None = None
+        self._dumper: _dumper.Dumper | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stopped = False
@@ -167,6 +168,8 @@ class ReplicatedLog:
             journal_file = str(self.data_dir / JOURNAL_FILE_NAME)
             dump_file = str(self.data_dir / DUMP_FILE_NAME)
             _journal.remove_leftovers(journal_file)
+            _dumper.remove_leftovers(dump_file)
+            self._dumper = _dumper.Dumper(dump_file, fsync=self._fsync)
         conf = self._config.syncobj_conf(
             self_address=self.self_address,
             password=self._password,
@@ -174,6 +177,7 @@ class ReplicatedLog:
             dump_file=dump_file,
             serializer=self._write_dump,
             deserializer=self._read_dump,
+            serialize_checker=self._check_dump,
             on_state_changed=self._on_state_changed,
         )
         try:
@@ -418,6 +422,8 @@ class ReplicatedLog:
                     logger.exception("Raft tick failed on %s", self.self_address)
                     time.sleep(self._config.tick_period_s)
         finally:
+            if self._dumper is not None:
+                self._dumper.abort()
             try:
                 raft.destroy()  # transport, then journal (msync + close)
             except Exception:
@@ -475,27 +481,34 @@ class ReplicatedLog:
         logger.critical("replicated log %s halts: %s", self.self_address, reason)
         self._halt_reason = reason
 
-    # Snapshots (tick thread; pysyncobj calls these with a custom serializer, so it never forks).
+    # Snapshots (tick thread). pysyncobj calls _write_dump right after applying, then _check_dump
+    # every tick until it reports the outcome; the dump is written by a forked child (_dumper.py).
 
     def _write_dump(self, file_name: str, data: tuple[Any, Any, Any]) -> None:
         last, previous, cluster = data
-        try:
-            with self.lock:  # the state after exactly `last`: apply runs in this same thread
-                state = self._state_machine.snapshot()
-            dump = Dump(
-                state=state,
-                last=_entry(last),
-                previous=_entry(previous),
-                cluster=[str(node.id) for node in cluster],
-            )
-            write_file(file_name, encode_dump(dump), fsync=self._fsync)
-            # pysyncobj renames file_name over the dump after we return; the journal fsyncs the
-            # directory before it drops the entries the dump replaces.
-        except Exception:
-            logger.exception("writing the Raft dump %s failed", file_name)  # pysyncobj swallows it
-            raise
+        dumper = self._dumper
+        assert dumper is not None, "dumps are written only with a data dir"
+        dump_last, dump_previous = _entry(last), _entry(previous)
+        addresses = [str(node.id) for node in cluster]
+        state_machine = self._state_machine
+
+        def encode() -> bytes:
+            # In the forked child: the state after exactly `last` (apply runs in the tick thread).
+            return encode_dump(Dump(state_machine.snapshot(), dump_last, dump_previous, addresses))
+
+        # pysyncobj renames file_name over the dump when this returns; the child's file goes into
+        # place only when it is complete (_check_dump), so nothing may be at file_name.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file_name)
+        dumper.start(encode)
+
+    def _check_dump(self) -> int:
+        assert self._dumper is not None
+        return self._dumper.check()
 
     def _read_dump(self, file_name: str) -> tuple[Any, Any, list[str]]:
+        if self._dumper is not None:
+            self._dumper.abort()  # a dump installed from the leader replaces the one being written
         try:
             with open(file_name, "rb") as file:
                 dump = decode_dump(file.read())
