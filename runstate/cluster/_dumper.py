@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 CAN_FORK = hasattr(os, "fork") and sys.platform.startswith("linux")
 _PR_SET_PDEATHSIG = 1
 _WRITING_SUFFIX = ".writing"
+# The child's CPU priority below the node's: a dump may take longer, a heartbeat may not.
+_CHILD_NICENESS = 10
 
 
 def writing_path(dump_path: str, pid: int) -> str:
@@ -80,6 +82,7 @@ class Dumper:
             try:
                 _close_inherited_descriptors()
                 _die_with_parent(parent_pid)
+                os.nice(_CHILD_NICENESS)  # the node's own threads come first for the CPU
                 write_file(writing_path(self.dump_path, os.getpid()), encode(), fsync=self.fsync)
                 code = 0
             except BaseException:
