@@ -3,7 +3,8 @@
     python -m bench.throughput --tasks 5000 --workers 2 --fsync always
 
 With --batch B the producers submit B tasks per call (submit_many) and wait for B results per
-call (results); submit latency is then per call. Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (or uses --url),
+call (results); submit latency is then per call. Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (with
+--cluster, a three-node cluster of `runstate node` processes; or uses --url),
 opens a run, starts W worker processes that consume the run's queue with the SDK, submits N tasks
 from P concurrent producers, waits for every result, then cancels the run (which stops the
 workers) and stops the node.
@@ -167,11 +168,30 @@ def start_node(fsync: str, data_dir: Path, *, auth: bool = False) -> tuple[subpr
     return node, f"http://127.0.0.1:{port}"
 
 
+def start_cluster(fsync: str, root: Path) -> Any:
+    """A three-node cluster (`runstate node` processes, as the tests start them); RUNSTATE_API_KEY
+    (inherited by the workers) is set to its first admin key."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests._cluster import Cluster
+
+    cluster = Cluster(root, "--fsync", fsync)
+    os.environ["RUNSTATE_API_KEY"] = cluster.admin_key
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    node = None
+    node = cluster = None
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
         url = args.url
-        if url is None:
+        if args.cluster:
+            cluster = start_cluster(args.fsync, Path(scratch) / "cluster")
+            url = cluster.base_url
+        elif url is None:
             node, url = start_node(args.fsync, Path(scratch) / "data", auth=args.auth)
         workers: list[subprocess.Popen[bytes]] = []
         try:
@@ -188,15 +208,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 for index in range(args.workers)
             ]
-            node_cpu_before = cpu_s(node.pid) if node else None
+            node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
+            node_cpu_before = [cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
             result = await produce(url, run_id, args.tasks, args.producers, args.batch, args.needs)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
                 "workers": round(sum(cpu_s(worker.pid) or 0.0 for worker in workers), 2),
             }
-            if node is not None and node_cpu_before is not None:
-                cpu["node"] = round((cpu_s(node.pid) or 0.0) - node_cpu_before, 2)
+            if node_pids and None not in node_cpu_before:
+                # One node, or the sum of a cluster's three.
+                used = [(cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_cpu_before, strict=True)]
+                cpu["node"] = round(sum(used), 2)
             result["cpu_s"] = cpu
             async with AsyncRunstate(base_url=url) as rs:
                 await rs.scopes.cancel(run_id)
@@ -210,15 +233,19 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if node is not None:
                 node.terminate()
                 node.wait(WORKER_EXIT_TIMEOUT_S)
+            if cluster is not None:
+                cluster.stop()
+    known = args.url is None or args.cluster
     return {
         "benchmark": "end_to_end_tasks",
+        "nodes": 3 if args.cluster else 1 if args.url is None else "unknown (--url)",
         "tasks": args.tasks,
         "workers": args.workers,
         "worker_concurrency": args.concurrency,
         "producers": args.producers,
         "submit_batch": args.batch,
-        "fsync": args.fsync if args.url is None else "unknown (--url)",
-        "auth": args.auth if args.url is None else "unknown (--url)",
+        "fsync": args.fsync if known else "unknown (--url)",
+        "auth": (args.auth or args.cluster) if known else "unknown (--url)",
         "needs": args.needs,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -247,9 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         help="use running nodes instead of starting one: a URL, or a comma-separated list of a cluster's "
         "nodes (the producer starts at the first, worker i at the (i+1)-th)",
     )
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="start a three-node cluster (API keys required, as always on a cluster) instead of one dev node",
+    )
     parser.add_argument("--role", choices=("bench", "worker"), default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cluster and (args.url or args.auth):
+        parser.error("--cluster starts its own nodes, which always require keys: no --url, no --auth")
     if args.role == "worker":
         asyncio.run(work(args.url, args.run, args.concurrency))
         return 0

@@ -13,7 +13,9 @@ import pytest
 BENCH_TIMEOUT_S = 180
 
 
-@pytest.mark.parametrize("flags", [(), ("--auth",), ("--needs",)], ids=["plain", "auth", "needs"])
+@pytest.mark.parametrize(
+    "flags", [(), ("--auth",), ("--needs",), ("--cluster",)], ids=["plain", "auth", "needs", "cluster"]
+)
 def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     finished = subprocess.run(
         [sys.executable, "-m", "bench.throughput", "--tasks", "200", "--workers", "1", "--producers", "8", *flags],
@@ -22,7 +24,10 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report["states"] == {"SUCCEEDED": 200}
-    assert report["auth"] is ("--auth" in flags)
+    assert report["auth"] is ("--auth" in flags or "--cluster" in flags)  # a cluster always requires keys
+    assert report["nodes"] == (3 if "--cluster" in flags else 1)
+    assert report["fsync"] == "always"
+    assert report["cpu_s"]["node"] > 0
     assert report["needs"] is ("--needs" in flags)
     assert report["tasks_per_s"] > 0
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
