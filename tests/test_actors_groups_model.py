@@ -135,6 +135,8 @@ class GroupMachine(RuleBasedStateMachine):
         def model() -> None:
             if key in self.members:
                 return
+            if self.reason == "cancelled":
+                raise Rejection("SCOPE_CANCELLED")  # its run was stopped from outside: new work refused
             if self.state != "OPEN" or self.deadline_passed():
                 raise Rejection("GROUP_CLOSED")
             self.members[key] = Member(task_id="")

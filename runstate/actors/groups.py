@@ -243,6 +243,13 @@ def _deadline_passed(ctx: Context, group: Group) -> bool:
 
 
 def _require_open(ctx: Context, group: Group) -> None:
+    if group.outcome_reason == Reason.CANCELLED:
+        # Its run was stopped from outside: new members are new work of a stopped run, refused as
+        # every other kind is (SCOPE_CANCELLED, or DEADLINE_EXCEEDED for a deadline above it).
+        run = ctx.state.runs.get(group.run_id)
+        inactive = runs.inactive_reason(ctx.state, run, ctx.now_ms) if run is not None else None
+        if inactive is not None:
+            raise Rejected(*inactive)
     if group.state != GroupState.OPEN:
         raise Rejected(GROUP_CLOSED, f"group {group.id} is {group.state.lower()}: it takes no new members")
     if _deadline_passed(ctx, group):

@@ -150,7 +150,8 @@ async def submit_member(request: web.Request) -> web.Response:
 
 @route(
     "POST", "/v1/groups/{id}/join", "Add an existing task of the group's run as a member",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED"), permission=WRITE,
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
+    permission=WRITE,
 )
 async def join(request: web.Request) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
