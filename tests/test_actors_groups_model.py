@@ -149,8 +149,9 @@ class GroupMachine(RuleBasedStateMachine):
         result = self.execute("group.submit", args, model)
         if result is not None:
             if self.members[key].task_id:
-                assert result == {"task_id": self.members[key].task_id, "created": False}
+                assert result == {"task_id": self.members[key].task_id, "created": False, "group_state": self.state}
             self.members[key].task_id = result["task_id"]
+            assert result["group_state"] == self.state  # as this submit left the group
 
     @rule()
     def receive(self) -> None:
