@@ -31,22 +31,25 @@ LEASE_MS = 60_000
 class Tree:
     """top -> shard -> leaf, with every kind of work in the leaf (and some in the top)."""
 
-    def __init__(self, h: Harness) -> None:
+    def __init__(self, h: Harness, top_deadline_ms: int | None = None) -> None:
         self.h = h
         h.ok("pool.ensure", name="browser", size=4)
         h.ok("limit.ensure", name="api", units=100, interval_ms=1_000)
         h.ok("budget.ensure", name="usd", total_micros=resources.to_micros(10.0))
-        self.top = h.create_run()
+        self.top = h.create_run(deadline_ms=top_deadline_ms)
         self.shard = h.create_run(parent_id=self.top)
         self.leaf = h.create_run(parent_id=self.shard)
         leaf = self.leaf
         self.queued = h.submit(leaf, "queued")
         self.running = h.submit(leaf, "running")
         self.done = h.submit(leaf, "done")
-        delivered = {h.task_of(d).key: d for d in h.receive(leaf, max=3, lease_ms=LEASE_MS)}
+        self.to_retry = h.submit(leaf, "to_retry")
+        self.to_reject = h.submit(leaf, "to_reject")
+        delivered = {h.task_of(d).key: d for d in h.receive(leaf, max=5, lease_ms=LEASE_MS)}
         h.delivery("complete", delivered["done"], payload="kept")
         h.delivery("release", delivered["queued"])
         self.held_delivery = delivered["running"]
+        self.retry_delivery, self.reject_delivery = delivered["to_retry"], delivered["to_reject"]
         # A job that holds a slot while it runs, in the shard.
         self.job = h.ok("task.submit", **{**h.submit_args(self.shard, "job"), "needs": {"slots": ["browser"]}})["task_id"]
         (self.job_delivery,) = h.receive(self.shard, lease_ms=LEASE_MS)
@@ -76,26 +79,40 @@ class Tree:
         return int(view["inUse"])
 
 
-def test_one_cancel_ends_every_kind_of_work_below_in_one_command(h: Harness) -> None:
+STOPS = {
+    # how the top run stops: (its stored state, what its unfinished tasks become, the refusal code)
+    "run.cancel": (RunState.CANCELLED, "CANCELLED", errors.SCOPE_CANCELLED),
+    "run.complete": (RunState.COMPLETED, "CANCELLED", errors.SCOPE_CANCELLED),
+    "deadline": (RunState.ACTIVE, "EXPIRED", errors.DEADLINE_EXCEEDED),
+}
+DEADLINE_MS = 1_000  # well inside every lease: the deadline, not a lapse, stops the work
+
+
+def stopped_tree(h: Harness, stop: str) -> Tree:
+    """A tree whose top run was just stopped by `stop`, in one command."""
     h.ensure()
-    tree = Tree(h)
-    state = h.state
-    assert tree.pool_in_use() == 2  # the job's slot and the direct one
-    assert state.timers[tree.fired_timer].state == "FIRED"
+    tree = Tree(h, top_deadline_ms=h.now_ms + DEADLINE_MS if stop == "deadline" else None)
     commands = h.commands
-
-    h.cancel(tree.top, reason="stop the swarm")
-
+    if stop == "deadline":
+        h.advance(DEADLINE_MS)
+        h.tick()
+    else:
+        h.ok(stop, run_id=tree.top, retention_ms=RETENTION_MS)
     assert h.commands == commands + 1  # everything below happened in this one command
-    assert h.run(tree.top).stored_state == RunState.CANCELLED
+    return tree
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_one_stop_ends_every_kind_of_work_below_in_one_command(h: Harness, stop: str) -> None:
+    stored, ended, _ = STOPS[stop]
+    tree = stopped_tree(h, stop)
+    state = h.state
+    assert h.run(tree.top).stored_state == stored
     for below in (tree.shard, tree.leaf, tree.group_run):
         assert h.run(below).stored_state == RunState.ACTIVE  # its own state; inactive through the top
-    states = {task_id: h.task(task_id).state for task_id in (tree.queued, tree.running, tree.done, tree.job, tree.member)}
-    assert states == {
-        tree.queued: "CANCELLED", tree.running: "CANCELLED", tree.done: "SUCCEEDED", tree.job: "CANCELLED",
-        tree.member: "CANCELLED",
-    }
-    assert h.task(tree.done).outcome == "kept"  # the recorded result stays
+    unfinished = (tree.queued, tree.running, tree.to_retry, tree.to_reject, tree.job, tree.member)
+    assert {h.task(task_id).state for task_id in unfinished} == {ended}
+    assert (h.task(tree.done).state, h.task(tree.done).outcome) == ("SUCCEEDED", "kept")  # recorded results stay
     group = state.groups[tree.group]
     assert (group.state, group.outcome, group.outcome_reason) == ("FINALIZED", "FAILURE", "cancelled")
     assert state.barriers[tree.waiting_barrier].state == "CANCELLED"
@@ -105,11 +122,10 @@ def test_one_cancel_ends_every_kind_of_work_below_in_one_command(h: Harness) -> 
     assert tree.pool_in_use() == 1  # the job's slot came back; the direct lease is handed back by its holder
 
 
-def test_after_the_cancel_new_work_on_every_run_of_the_tree_is_refused_and_changes_nothing(h: Harness) -> None:
-    h.ensure()
-    tree = Tree(h)
-    h.cancel(tree.top)
-    cancelled = errors.SCOPE_CANCELLED
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_after_the_stop_new_work_on_every_run_of_the_tree_is_refused_and_changes_nothing(h: Harness, stop: str) -> None:
+    tree = stopped_tree(h, stop)
+    cancelled = STOPS[stop][2]
     for run_id in (tree.top, tree.shard, tree.leaf, tree.group_run):
         new_work: dict[str, dict[str, Any]] = {
             "task.submit": h.submit_args(run_id, "new"),
@@ -140,7 +156,9 @@ def test_after_the_cancel_new_work_on_every_run_of_the_tree_is_refused_and_chang
     assert h.err("budget.renew", reservation_id=tree.reservation, lease_ms=LEASE_MS) == cancelled
     # Handing back stays allowed, and changes no finished state.
     h.delivery("release", tree.held_delivery)
-    assert h.task(tree.running).state == "CANCELLED"
+    h.delivery("retry", tree.retry_delivery)
+    h.delivery("reject", tree.reject_delivery)
+    assert {h.task(t).state for t in (tree.running, tree.to_retry, tree.to_reject)} == {STOPS[stop][1]}
     h.ok("claim.release", lease_id=tree.claim_lease)
     assert h.ok("pool.release", lease_id=tree.slot) == {"released": True}
     h.ok("budget.settle", reservation_id=tree.reservation, spent_micros=0)
