@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from chaos.checker import GroupMember, group_decision
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -70,26 +71,13 @@ class Model:
         self.queue.clear()
 
     def evaluate(self) -> None:
+        """The spec's table, as the chaos checker restates it (not the server's code)."""
         if self.state == "FINALIZED":
             return
-        members = list(self.members.values())
-        accepted = sum(m["verdict"] == "ACCEPTED" for m in members)
-        rejected = sum(m["verdict"] == "REJECTED" for m in members)
-        possible = sum(
-            m["state"] not in FINISHED or (m["state"] == "SUCCEEDED" and m["verdict"] is None) for m in members
-        )
-        closed = self.state == "SEALED"
-        if self.condition == "FIRST_ACCEPTED":
-            if accepted:
-                self.finalize("SUCCESS", "first_accepted")
-        elif self.condition == "N_ACCEPTED":
-            assert self.threshold is not None
-            if accepted >= self.threshold:
-                self.finalize("SUCCESS", "threshold_reached")
-            elif closed and accepted + possible < self.threshold:
-                self.finalize("FAILURE", "threshold_unreachable")
-        elif closed and all(m["state"] in FINISHED for m in members):
-            self.finalize("SUCCESS" if accepted and not rejected else "FAILURE", "all_terminal")
+        members = [GroupMember(m["state"], m["verdict"]) for m in self.members.values()]
+        decided = group_decision(self.condition, self.threshold, self.state == "SEALED", members)
+        if decided is not None:
+            self.finalize(*decided)
 
     def decision(self) -> tuple[str, str | None, str | None]:
         return self.state, self.outcome, self.reason
