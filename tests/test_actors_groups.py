@@ -106,7 +106,7 @@ def test_members_are_tasks_of_the_group_run_and_resubmitting_returns_them(h: Har
     assert (h.task(task_id).run_id, h.task(task_id).mailbox, g.group.members) == (g.run_id, MAILBOX, [task_id])
     assert ("group", g.id) in h.woken()
     again = h.ok("group.submit", **g.submit_args("a"))
-    assert again == {"task_id": task_id, "created": False}
+    assert again == {"task_id": task_id, "created": False, "group_state": "OPEN"}
     assert h.err("group.submit", **g.submit_args("a", {"other": 1})) == errors.KEY_CONFLICT
     g.close()
     assert h.ok("group.submit", **g.submit_args("a"))["task_id"] == task_id  # even when closed
@@ -116,8 +116,8 @@ def test_members_are_tasks_of_the_group_run_and_resubmitting_returns_them(h: Har
 def test_join_adds_a_task_of_the_group_run_only(h: Harness, run_id: str) -> None:
     g = G(h, run_id, condition="ALL_TERMINAL")
     direct = h.submit(g.run_id, "direct")
-    assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": True}
-    assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": False}
+    assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": True, "group_state": "OPEN"}
+    assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": False, "group_state": "OPEN"}
     elsewhere = h.submit(run_id, "elsewhere")
     assert h.err("group.join", group_id=g.id, task_id=elsewhere) == errors.CONFLICT
     assert h.err("group.join", group_id=g.id, task_id="tsk_nope") == errors.NOT_FOUND

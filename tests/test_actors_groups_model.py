@@ -135,6 +135,8 @@ class GroupMachine(RuleBasedStateMachine):
         def model() -> None:
             if key in self.members:
                 return
+            if self.reason == "cancelled":
+                raise Rejection("SCOPE_CANCELLED")  # its run was stopped from outside: new work refused
             if self.state != "OPEN" or self.deadline_passed():
                 raise Rejection("GROUP_CLOSED")
             self.members[key] = Member(task_id="")
@@ -147,8 +149,9 @@ class GroupMachine(RuleBasedStateMachine):
         result = self.execute("group.submit", args, model)
         if result is not None:
             if self.members[key].task_id:
-                assert result == {"task_id": self.members[key].task_id, "created": False}
+                assert result == {"task_id": self.members[key].task_id, "created": False, "group_state": self.state}
             self.members[key].task_id = result["task_id"]
+            assert result["group_state"] == self.state  # as this submit left the group
 
     @rule()
     def receive(self) -> None:

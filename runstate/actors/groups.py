@@ -175,7 +175,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if existing_id is not None and existing_id in group.members:
         if ctx.state.tasks[existing_id].input_hash != input_hash:
             raise Rejected(errors.KEY_CONFLICT, f"member key {key!r} is already used with a different input")
-        return {"task_id": existing_id, "created": False}
+        return {"task_id": existing_id, "created": False, "group_state": group.state}
     _require_open(ctx, group)
     submitted = tasks.submit(
         ctx,
@@ -189,7 +189,8 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         },
     )
     _join(ctx, group, submitted["task_id"])
-    return {"task_id": submitted["task_id"], "created": submitted["created"]}
+    # The group's state as this step left it (the member that completes expectedMembers seals it).
+    return {"task_id": submitted["task_id"], "created": submitted["created"], "group_state": group.state}
 
 
 def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +201,7 @@ def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if task is None or task.space != ctx.space.id:
         raise Rejected(errors.NOT_FOUND, f"task {task_id!r} not found")
     if task.id in group.members:
-        return {"task_id": task.id, "joined": False}
+        return {"task_id": task.id, "joined": False, "group_state": group.state}
     if task.run_id != group.run_id:
         raise Rejected(
             errors.CONFLICT,
@@ -208,7 +209,7 @@ def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         )
     _require_open(ctx, group)
     _join(ctx, group, task.id)
-    return {"task_id": task.id, "joined": True}
+    return {"task_id": task.id, "joined": True, "group_state": group.state}
 
 
 def close(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -243,6 +244,13 @@ def _deadline_passed(ctx: Context, group: Group) -> bool:
 
 
 def _require_open(ctx: Context, group: Group) -> None:
+    if group.outcome_reason == Reason.CANCELLED:
+        # Its run was stopped from outside: new members are new work of a stopped run, refused as
+        # every other kind is (SCOPE_CANCELLED, or DEADLINE_EXCEEDED for a deadline above it).
+        run = ctx.state.runs.get(group.run_id)
+        inactive = runs.inactive_reason(ctx.state, run, ctx.now_ms) if run is not None else None
+        if inactive is not None:
+            raise Rejected(*inactive)
     if group.state != GroupState.OPEN:
         raise Rejected(GROUP_CLOSED, f"group {group.id} is {group.state.lower()}: it takes no new members")
     if _deadline_passed(ctx, group):

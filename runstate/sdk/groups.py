@@ -129,8 +129,8 @@ class Group:
 
         The same key and input as a member returns that member, even once the group is closed.
         Raises ConflictError with code GROUP_CLOSED for a new member of a closed or finalized
-        group, KeyConflictError for a member key with another input, LimitExceededError past 100
-        members.
+        group (ScopeCancelledError / DeadlineExceededError once its run was stopped from outside),
+        KeyConflictError for a member key with another input, LimitExceededError past 100 members.
         """
         from runstate.sdk.client import Ticket, _task_body
 
@@ -143,7 +143,8 @@ class Group:
     async def join_task(self, task_id: Any) -> dict[str, Any]:
         """Add an existing task of the group's run as a member; returns `{"taskId", "joined",
         "groupState"}` (`joined` False if it was a member already). ConflictError with code
-        GROUP_CLOSED once closed, CONFLICT for a task of another run; NotFoundError."""
+        GROUP_CLOSED once closed (ScopeCancelledError once its run was stopped from outside),
+        CONFLICT for a task of another run; NotFoundError."""
         body = {"taskId": _task_id(task_id)}
         return await self._transport.request("POST", f"{self._path}/join", body=body, safe=True)
 

@@ -142,23 +142,22 @@ async def submit_member(request: web.Request) -> web.Response:
     result = await node.propose(caller, "group.submit", args)
     with node.read() as state:
         task = state.tasks[result["task_id"]]
-        group = state.groups[group_id]
+        # groupState as the submit left it, not as a later call may have changed it since.
         answer = {"id": task.id, "key": task.key, "created": result["created"], "state": task.state,
-                  "groupState": group.state}
+                  "groupState": result["group_state"]}
     return web.json_response(answer, status=201 if result["created"] else 200)
 
 
 @route(
     "POST", "/v1/groups/{id}/join", "Add an existing task of the group's run as a member",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED"), permission=WRITE,
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
+    permission=WRITE,
 )
 async def join(request: web.Request) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
     result = await node.propose(caller, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
-    with node.read() as state:
-        group_state = state.groups[group_id].state
-    return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": group_state})
+    return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
 
 
 @route(
