@@ -689,7 +689,7 @@ def group_decision(condition: str, threshold: int | None, closed: bool, members:
             return "FAILURE", "threshold_unreachable"
         return None
     if condition == "ALL_TERMINAL":
-        if not closed or unfinished:
+        if not closed or unfinished or unjudged_successes:
             return None
         return ("SUCCESS" if accepted >= 1 and rejected == 0 else "FAILURE"), "all_terminal"
     raise ValueError(f"unknown group condition {condition!r}")

@@ -301,13 +301,39 @@ def test_all_terminal_fails_with_a_rejection_or_without_an_accept(h: Harness, ru
     rejected.close()
     assert rejected.decided() == ("FINALIZED", "FAILURE", "all_terminal")
     none = G(h, run_id, condition="ALL_TERMINAL")
-    none.submit("a")
+    none.submit("a", "b")
     none.close()
     assert none.group.state == "SEALED"
-    none.finish("a")  # the last member finishes, nobody accepted it
+    none.finish("a", "reject")  # FAILED: finished without a verdict, and nobody accepted the other
+    none.finish("b")
+    none.verdict("reject", "b")
     assert none.decided() == ("FINALIZED", "FAILURE", "all_terminal")
     empty = G(h, run_id, condition="ALL_TERMINAL")
     assert empty.close()["outcome"] == "FAILURE"
+
+
+def test_all_terminal_waits_for_the_verdict_on_the_last_success(h: Harness, run_id: str) -> None:
+    """Every member succeeded before the close and before any verdict (the spec's reviewer flow:
+    close, then judge each result): the group decides on the last verdict, which counts."""
+    g = G(h, run_id, condition="ALL_TERMINAL")
+    g.submit("a", "b", "c")
+    for key in ("a", "b", "c"):
+        g.finish(key)
+    assert g.close()["state"] == "SEALED"
+    g.verdict("accept", "a")
+    g.verdict("accept", "b")
+    assert g.group.state == "SEALED"  # c succeeded but is not judged yet
+    last = g.verdict("accept", "c")
+    assert (last["late"], last["state"], last["outcome"]) == (False, "FINALIZED", "SUCCESS")
+    assert g.decided() == ("FINALIZED", "SUCCESS", "all_terminal")
+    rejected = G(h, run_id, condition="ALL_TERMINAL")
+    rejected.submit("a", "b")
+    rejected.finish("a")
+    rejected.finish("b")
+    rejected.close()
+    rejected.verdict("accept", "a")
+    assert rejected.verdict("reject", "b")["late"] is False  # the last verdict decides: FAILURE
+    assert rejected.decided() == ("FINALIZED", "FAILURE", "all_terminal")
 
 
 def test_all_terminal_decides_on_the_last_member_finishing_after_close(h: Harness, run_id: str) -> None:

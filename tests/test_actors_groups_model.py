@@ -101,7 +101,8 @@ class GroupMachine(RuleBasedStateMachine):
         rejected = sum(m.verdict == "REJECTED" for m in members)
         possible = sum(m.state not in FINISHED or (m.state == "SUCCEEDED" and m.verdict is None) for m in members)
         closed = self.state == "SEALED"
-        all_finished = all(m.state in FINISHED for m in members)
+        # A success is finished for the group once it has a verdict (spec: "every member has finished").
+        all_finished = all(m.state in FINISHED and not (m.state == "SUCCEEDED" and m.verdict is None) for m in members)
         if self.condition == "FIRST_ACCEPTED" and accepted:
             self.finalize("SUCCESS", "first_accepted")
         elif self.condition == "N_ACCEPTED":

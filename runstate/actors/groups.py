@@ -17,7 +17,10 @@ Any condition also fails with `cancelled` when the group's run stops for another
 run above it, is cancelled, completed or passes its deadline).
 
 "Could still be accepted": members whose task has not finished, plus SUCCEEDED members without a
-verdict. A member is finished when its task is SUCCEEDED, FAILED, CANCELLED or EXPIRED. Every
+verdict. A member is finished when its task is FAILED, CANCELLED or EXPIRED, or SUCCEEDED with a
+verdict: a success is not finished until it is judged, so for ALL_TERMINAL the verdict on the
+last member to succeed still counts (deciding when the last task ends would make every verdict a
+race with the workers, the last one always lost). Every
 member is a task of the group's run, so its finishing and its run's stop reach the group through
 tasks.TASK_FINISHED_HOOKS and runs.RUN_STOP_HOOKS in the same step.
 """
@@ -337,7 +340,7 @@ def _decide(state: State, group: Group) -> tuple[str, str] | None:
             return Outcome.FAILURE, Reason.THRESHOLD_UNREACHABLE
         return None
     assert group.condition == Condition.ALL_TERMINAL
-    if not closed or unfinished:
+    if not closed or unfinished or unjudged_successes:
         return None
     success = accepted >= 1 and rejected == 0
     return (Outcome.SUCCESS if success else Outcome.FAILURE), Reason.ALL_TERMINAL
