@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -49,6 +50,27 @@ def test_a_claim_wait_answers_when_its_run_stops(dev_node: DevNode) -> None:
     assert (answers[0]["state"], answers[0]["scopeEffective"]) == ("HELD", "INACTIVE"), answers
     status, code = api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": key})
     assert (status, code) == (409, "SCOPE_CANCELLED")
+
+
+def test_a_finished_run_and_a_run_past_its_deadline_refuse_claims_and_keep_results(dev_node: DevNode) -> None:
+    """Completing a run, or its deadline passing, stops it as cancelling does: new claims are
+    refused, recorded results stay readable, and a wait on a claim still HELD answers."""
+    api = Api(dev_node.url)
+    for stop, code in (("complete", "SCOPE_CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")):
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=2)
+        run_id = api.ok("POST", "/v1/scopes", {"deadline": deadline.isoformat()} if stop == "deadline" else {})["id"]
+        lease = api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "done"})["leaseId"]
+        api.ok("POST", f"/v1/claims/{lease}/complete", {"result": {"kept": stop}})
+        api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "held", "leaseMs": LEASE_MS * 2})
+        if stop == "complete":
+            api.ok("POST", f"/v1/scopes/{run_id}/complete")
+        # Answers at once after a complete; past the deadline, once the server stops the run.
+        woken = api.ok("GET", claim_path(run_id, "held") + "?waitMs=30000")
+        assert (woken["state"], woken["scopeEffective"]) == ("HELD", "INACTIVE"), (stop, woken)
+        assert api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": "new"}) == (409, code)
+        assert api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": "held"}) == (409, code)
+        done = api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "done"})
+        assert (done["outcome"], done["claim"]["result"], done["scopeEffective"]) == ("DONE", {"kept": stop}, "INACTIVE")
 
 
 @pytest.fixture
