@@ -18,6 +18,7 @@ from tests._once_procs import sdk_env
 from tests.test_sdk_once import SPEC_ONCE_SAMPLES
 from tests.test_sdk_once_processes import slow_runner_loses_its_lease, twenty_callers
 from tests.test_sdk_queue_processes import sigterm_drains_a_worker, spec_samples_as_written
+from tests.test_sdk_queue_serve import late_result_dropped_quietly
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +53,11 @@ def test_slow_runner_loses_its_lease(cluster: Cluster, tmp_path: Path) -> None:
 def test_sigterm_drains_a_worker(cluster: Cluster, tmp_path: Path) -> None:
     api, run_id = new_run(cluster)
     sigterm_drains_a_worker(api, run_id, cluster.urls_from(1), cluster.admin_key, tmp_path)
+
+
+def test_a_late_result_from_a_lapsed_lease_is_dropped_quietly(cluster: Cluster, tmp_path: Path) -> None:
+    api, run_id = new_run(cluster)
+    late_result_dropped_quietly(api, run_id, env_of(cluster, run_id)(1), tmp_path / "effects")
 
 
 def test_the_queue_spec_samples_as_written(cluster: Cluster, tmp_path: Path) -> None:

@@ -93,14 +93,17 @@ def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[...,
     )
 
 
-def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path, signal_number: int) -> None:
     api = Api(dev_node.url)
-    sigterm_drains_a_worker(api, api.ok("POST", "/v1/scopes", {})["id"], dev_node.url, None, tmp_path)
+    sigterm_drains_a_worker(api, api.ok("POST", "/v1/scopes", {})["id"], dev_node.url, None, tmp_path, signal_number)
 
 
-def sigterm_drains_a_worker(api: Api, run_id: str, base_url: str, api_key: str | None, tmp_path: Path) -> None:
-    """Two slow jobs running when SIGTERM arrives finish and are recorded; the two not yet taken
-    stay queued and a later worker does them."""
+def sigterm_drains_a_worker(
+    api: Api, run_id: str, base_url: str, api_key: str | None, tmp_path: Path, signal_number: int = signal.SIGTERM
+) -> None:
+    """Two slow jobs running when SIGTERM (or SIGINT) arrives finish and are recorded; the two not
+    yet taken stay queued and a later worker does them."""
     effects = tmp_path / "effects"
     keyed = {} if api_key is None else {"RUNSTATE_API_KEY": api_key}
     env = sdk_env(
@@ -114,7 +117,7 @@ def sigterm_drains_a_worker(api: Api, run_id: str, base_url: str, api_key: str |
             square = runstate.Queue("proc-squares", lambda input: None, lease="2s")
             jobs = [square.send({"n": n}) for n in range(4)]
             wait_until("two jobs to start", lambda: sum(line[0] == "start" for line in lines(effects)) == 2)
-            worker.send_signal(signal.SIGTERM)
+            worker.send_signal(signal_number)
             assert "stopped" in output(worker)
             assert worker.returncode == 0
             started = {int(line[2]) for line in lines(effects) if line[0] == "start"}
