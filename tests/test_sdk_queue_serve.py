@@ -153,3 +153,25 @@ def test_serve_async_with_no_queue_is_a_config_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(queue_module, "_queues", {})
     with pytest.raises(runstate.ConfigError, match="no queue"):
         asyncio.run(runstate.serve_async())
+
+
+def test_a_stuck_handler_does_not_keep_a_stopped_worker_alive(dev_node: DevNode, tmp_path: Path) -> None:
+    """SIGTERM while a sync handler never returns: serve() waits its 30 s for it, hands the job
+    back and returns, and the process exits (the handler's thread does not hold it)."""
+    api = Api(dev_node.url)
+    run_id = str(api.ok("POST", "/v1/scopes", {})["id"])
+    effects = tmp_path / "effects"
+    env = sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="3600")
+    runstate.configure(base_url=dev_node.url, scope_id=run_id)
+    try:
+        with children() as procs:
+            worker = procs.spawn("_queue_worker.py", env=env)
+            read_line(worker, "serving")
+            job = runstate.Queue("proc-squares", lambda input: None).send({"n": 1})
+            wait_until("the handler to start", lambda: bool(lines(effects)))
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(WAIT_S) == 0  # a TimeoutExpired here: the stuck thread held the process
+            assert read_line(worker, "stopped") == "stopped"
+            assert api.ok("GET", f"/v1/tasks/{job.id}")["state"] == "QUEUED"  # handed back, not lost
+    finally:
+        runstate.close()
