@@ -166,3 +166,58 @@ def test_after_a_stop_every_process_moves_to_the_same_fresh_default_run(dev_node
             process.stdin.close()
             assert process.wait(WAIT_S) == 0
     assert [line[2] for line in lines(effects)] == [old_run, fresh_run]  # once per run
+
+
+def test_in_the_default_run_a_waiter_moves_to_the_fresh_run_when_it_stops(
+    dev_node: DevNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder is still at work when the default run is stopped: the waiting caller does not
+    wait for it, it runs the function itself in the fresh default run."""
+    monkeypatch.delenv("RUNSTATE_SCOPE_ID", raising=False)
+    space = f"default-stop-{uuid.uuid4().hex[:12]}"
+    api = Api(dev_node.url, space=space)
+    runstate.configure(base_url=dev_node.url, space_id=space)
+    started, waiting = threading.Event(), threading.Event()
+    real_wait = claims_module.Claims.wait
+
+    async def wait(self: claims_module.Claims, scope_id: str, key: str, wait_ms: int = 30_000) -> dict[str, Any]:
+        waiting.set()
+        return await real_wait(self, scope_id, key, wait_ms)
+
+    monkeypatch.setattr(claims_module.Claims, "wait", wait)
+
+    @runstate.once(name="default-stop-probe", lease=f"{LEASE_MS}ms")
+    def work(name: str) -> dict[str, Any]:
+        context = runstate.context()
+        if not started.is_set():
+            started.set()
+            context.signal.wait(WAIT_TIMEOUT_S)  # the first caller holds on until its renewal is refused
+        return {"name": name, "run": context.run_id, "attempt": context.attempt}
+
+    outcomes: dict[str, Any] = {}
+
+    def call(who: str) -> None:
+        try:
+            outcomes[who] = work("acme")
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcomes[who] = exc
+
+    try:
+        holder = threading.Thread(target=call, args=("holder",))
+        holder.start()
+        assert started.wait(WAIT_TIMEOUT_S)
+        old_run = api.ok("POST", "/v1/default-scope")["id"]
+        waiter = threading.Thread(target=call, args=("waiter",))
+        waiter.start()
+        assert waiting.wait(WAIT_TIMEOUT_S)
+        api.ok("POST", f"/v1/scopes/{old_run}/cancel", {})
+        waiter.join(WAIT_TIMEOUT_S)
+        fresh_run = api.ok("POST", "/v1/default-scope")["id"]
+        assert fresh_run != old_run
+        assert outcomes.get("waiter") == {"name": "acme", "run": fresh_run, "attempt": 1}, outcomes
+        # The old run's claim was still held when the waiter moved on.
+        assert api.ok("GET", claim_path(old_run, work.once_key("acme")))["state"] == "HELD"
+        holder.join(WAIT_TIMEOUT_S)
+        assert isinstance(outcomes.get("holder"), ScopeCancelledError), outcomes
+    finally:
+        runstate.close()
