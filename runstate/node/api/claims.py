@@ -98,6 +98,8 @@ async def acquire(request: web.Request) -> web.Response:
 async def claim_status(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     run_id, key = request.match_info["id"], request.match_info["key"]
+    if len(key) > limits.key_chars_max:
+        raise ApiError("VALIDATION", f"key must be at most {limits.key_chars_max} characters")
 
     def look() -> dict[str, Any]:
         with node.read() as state:
