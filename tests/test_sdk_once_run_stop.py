@@ -128,6 +128,7 @@ def test_waiting_callers_learn_at_once_that_the_run_stopped(
     assert isinstance(outcomes.get("holder"), ScopeCancelledError), outcomes
 
 
+@pytest.mark.slow
 def test_after_a_stop_every_process_moves_to_the_same_fresh_default_run(dev_node: DevNode, tmp_path: Path) -> None:
     """Two long-lived processes (each caching the default run) in a space of their own."""
     space = f"default-run-{uuid.uuid4().hex[:12]}"

@@ -143,6 +143,7 @@ def late_result_dropped_quietly(api: Api, run_id: str, env: dict[str, str], effe
         runstate.close()
 
 
+@pytest.mark.slow
 def test_a_late_result_from_a_lapsed_lease_is_dropped_quietly(dev_node: DevNode, tmp_path: Path) -> None:
     api = Api(dev_node.url)
     run_id = str(api.ok("POST", "/v1/scopes", {})["id"])
@@ -155,6 +156,7 @@ def test_serve_async_with_no_queue_is_a_config_error(monkeypatch: pytest.MonkeyP
         asyncio.run(runstate.serve_async())
 
 
+@pytest.mark.slow
 def test_a_stuck_handler_does_not_keep_a_stopped_worker_alive(dev_node: DevNode, tmp_path: Path) -> None:
     """SIGTERM while a sync handler never returns: serve() waits its 30 s for it, hands the job
     back and returns, and the process exits (the handler's thread does not hold it)."""
