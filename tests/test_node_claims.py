@@ -86,6 +86,7 @@ def test_stale_holder_and_bad_input(api: Api) -> None:
     assert api.error("POST", "/v1/claims/clm_nope.1.x/complete", {"result": 1}) == (404, "NOT_FOUND")
     too_big = {"result": "x" * (64 * 1024 + 1)}
     assert api.error("POST", f"/v1/claims/{taken['leaseId']}/complete", too_big) == (413, "RESULT_TOO_LARGE")
+    assert api.error("GET", claims_path(run_id, "k" * 513)) == (400, "VALIDATION")  # no claim has such a key
     unknown = api.ok("GET", claims_path(run_id, "never-claimed"))
     assert (unknown["state"], unknown["attempt"]) == ("FREE", 0)
 

@@ -49,10 +49,13 @@ def result_of(line: str) -> dict[str, Any]:
 
 def test_twenty_callers_one_run(dev_node: DevNode, tmp_path: Path) -> None:
     run_id = Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"]
+    twenty_callers(lambda index: sdk_env(dev_node.url, run_id), tmp_path)
+
+
+def twenty_callers(env_of: Callable[[int], dict[str, str]], tmp_path: Path) -> None:
+    """Twenty callers released at one moment: the function runs once, all print its result."""
     with children() as procs:
-        callers, effects = start_callers(
-            procs, CALLERS, tmp_path, "plain", "30s", lambda index: sdk_env(dev_node.url, run_id)
-        )
+        callers, effects = start_callers(procs, CALLERS, tmp_path, "plain", "30s", env_of)
         printed = outcomes(callers)
     assert len(set(printed)) == 1, printed
     result = result_of(printed[0])
@@ -87,10 +90,14 @@ def test_runner_killed_another_takes_over(dev_node: DevNode, tmp_path: Path) -> 
 
 def test_slow_runner_loses_its_lease(dev_node: DevNode, tmp_path: Path) -> None:
     run_id = Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"]
+    slow_runner_loses_its_lease(lambda index: sdk_env(dev_node.url, run_id), tmp_path)
+
+
+def slow_runner_loses_its_lease(env_of: Callable[[int], dict[str, str]], tmp_path: Path) -> None:
+    """The runner is frozen (SIGSTOP) past its lease: another caller takes over at attempt 2; the
+    runner, resumed, gets LeaseLostError and its context().signal is set."""
     with children() as procs:
-        callers, effects = start_callers(
-            procs, 3, tmp_path, "slow-first", "1s", lambda index: sdk_env(dev_node.url, run_id)
-        )
+        callers, effects = start_callers(procs, 3, tmp_path, "slow-first", "1s", env_of)
         wait_until("a runner to start", lambda: bool(lines(effects)))
         runner = next(caller for caller in callers if caller.pid == int(lines(effects)[0][1]))
         runner.send_signal(signal.SIGSTOP)  # frozen past its lease
@@ -113,5 +120,5 @@ def test_cluster_runner_killed_another_takes_over(make_cluster: Callable[..., Cl
     space's default run (no RUNSTATE_SCOPE_ID): every process finds the same run."""
     cluster = make_cluster().start()
     kill_the_runner(
-        lambda index: sdk_env(cluster.urls_from(index % cluster.size), None, RUNSTATE_API_KEY=cluster.admin_key), tmp_path, 10
+        lambda index: sdk_env(cluster.urls_from(index % cluster.size), None, RUNSTATE_API_KEY=cluster.admin_key), tmp_path, CALLERS
     )

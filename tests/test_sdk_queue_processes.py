@@ -93,14 +93,23 @@ def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[...,
     )
 
 
-def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path) -> None:
-    """Two slow jobs running when SIGTERM arrives finish and are recorded; the two not yet taken
-    stay queued and a later worker does them."""
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path, signal_number: int) -> None:
     api = Api(dev_node.url)
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    sigterm_drains_a_worker(api, api.ok("POST", "/v1/scopes", {})["id"], dev_node.url, None, tmp_path, signal_number)
+
+
+def sigterm_drains_a_worker(
+    api: Api, run_id: str, base_url: str, api_key: str | None, tmp_path: Path, signal_number: int = signal.SIGTERM
+) -> None:
+    """Two slow jobs running when SIGTERM (or SIGINT) arrives finish and are recorded; the two not
+    yet taken stay queued and a later worker does them."""
     effects = tmp_path / "effects"
-    env = sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="1.5", RS_TEST_CONCURRENCY="2")
-    runstate.configure(base_url=dev_node.url, scope_id=run_id)
+    keyed = {} if api_key is None else {"RUNSTATE_API_KEY": api_key}
+    env = sdk_env(
+        base_url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="1.5", RS_TEST_CONCURRENCY="2", **keyed
+    )
+    runstate.configure(base_url=base_url, scope_id=run_id, api_key=api_key)
     try:
         with children() as procs:
             worker = procs.spawn("_queue_worker.py", env=env)
@@ -108,7 +117,7 @@ def test_sigterm_drains_a_worker(dev_node: DevNode, tmp_path: Path) -> None:
             square = runstate.Queue("proc-squares", lambda input: None, lease="2s")
             jobs = [square.send({"n": n}) for n in range(4)]
             wait_until("two jobs to start", lambda: sum(line[0] == "start" for line in lines(effects)) == 2)
-            worker.send_signal(signal.SIGTERM)
+            worker.send_signal(signal_number)
             assert "stopped" in output(worker)
             assert worker.returncode == 0
             started = {int(line[2]) for line in lines(effects) if line[0] == "start"}
@@ -160,12 +169,15 @@ print("got", report, later)  # added
 
 
 def test_the_spec_samples_as_written(dev_node: DevNode, tmp_path: Path) -> None:
-    """research.py, worker.py and the producer of docs "Once and queues", as written."""
     api = Api(dev_node.url)
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    spec_samples_as_written(api, api.ok("POST", "/v1/scopes", {})["id"], sdk_env(dev_node.url, None), tmp_path)
+
+
+def spec_samples_as_written(api: Api, run_id: str, env: dict[str, str], tmp_path: Path) -> None:
+    """research.py, worker.py and the producer of docs "Once and queues", as written, in `run_id`."""
     for name, text in (("research.py", SPEC_RESEARCH), ("worker.py", SPEC_WORKER), ("producer.py", SPEC_PRODUCER)):
         (tmp_path / name).write_text(text)
-    env = sdk_env(dev_node.url, run_id)
+    env = {**env, "RUNSTATE_SCOPE_ID": run_id}
     with children() as procs:
         worker = subprocess.Popen(
             [sys.executable, "worker.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import inspect
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from runstate.sdk._http import OutcomeUnknownError
@@ -64,6 +65,33 @@ def _describe(exc: BaseException) -> str:
     return text[:ERROR_MESSAGE_CHARS_MAX]
 
 
+class _DaemonThreads(concurrent.futures.Executor):
+    """Runs each sync handler in a daemon thread of its own. ThreadPoolExecutor's threads are
+    joined at interpreter exit, so one handler still stuck after the drain (or after its lease was
+    lost) kept the process alive forever once serve() had returned; a daemon thread does not. At
+    most `concurrency` handlers run at once (the consume loop's bound); one abandoned after a lost
+    lease or the drain runs on until it returns or the process exits."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=run, name=self._name, daemon=True).start()
+        return future
+
+
 class Consumer:
     def __init__(
         self,
@@ -92,7 +120,7 @@ class Consumer:
         self._concurrency = concurrency
         self._lease_ms = lease_ms
         self._stop = stop
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: _DaemonThreads | None = None
         self._running: set[asyncio.Task[None]] = set()
         # Set when the user's stop is set or a renewal learns that the run stopped.
         self._stopping = asyncio.Event()
@@ -111,12 +139,8 @@ class Consumer:
             for task in helpers:
                 task.cancel()
             await asyncio.wait(helpers)
-            try:
-                await self._drain(grace_s)
-            finally:
-                if self._executor is not None:
-                    # Threads of abandoned sync handlers run on; nothing waits for them.
-                    self._executor.shutdown(wait=False)
+            # Threads of sync handlers abandoned by the drain run on; nothing waits for them.
+            await self._drain(grace_s)
 
     async def _watch_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -253,9 +277,7 @@ class Consumer:
         if self._handler_is_async:
             return await self._handler(delivery.input, delivery)
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self._concurrency, thread_name_prefix="runstate-handler"
-            )
+            self._executor = _DaemonThreads("runstate-handler")
         loop = asyncio.get_running_loop()
         value = await loop.run_in_executor(
             self._executor, functools.partial(self._handler, delivery.input, delivery)

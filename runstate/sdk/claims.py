@@ -54,8 +54,9 @@ class Claims:
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def wait(self, scope_id: str, key: str, wait_ms: int = CLAIM_WAIT_MS_MAX) -> dict[str, Any]:
-        """The claim's view, as soon as it is not HELD (FREE, DONE or FAILED), or after `wait_ms`
-        (at most 30000) with it still HELD. An unknown key is a FREE view with attempt 0."""
+        """The claim's view with `scopeEffective`, as soon as it is not HELD (FREE, DONE or
+        FAILED) or its run stopped (`scopeEffective` "INACTIVE"), or after `wait_ms` (at most
+        30000) with it still HELD. An unknown key is a FREE view with attempt 0."""
         wait_ms = max(0, min(wait_ms, CLAIM_WAIT_MS_MAX))
         path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/claims/{_segment(key, 'claim key')}"
         return await self._transport.request(

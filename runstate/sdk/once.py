@@ -146,8 +146,8 @@ class _OnceSpec:
                         return _Done(claim.get("result"))
                     if state == "FAILED":
                         raise _failed(key, claim)
-                    if state != "HELD":
-                        break  # FREE: acquire again
+                    if state != "HELD" or claim.get("scopeEffective", "ACTIVE") != "ACTIVE":
+                        break  # FREE: acquire again; the run stopped: acquire says how
                     claim = await rt.wait_claim(scope_id, key)
 
         return await rt.in_run(in_run)

@@ -91,19 +91,28 @@ async def acquire(request: web.Request) -> web.Response:
 
 @route(
     "GET", "/v1/scopes/{id}/claims/{key:.+}",
-    "A claim; long poll: answers once it is not HELD (FREE, DONE or FAILED), or after waitMs",
+    "A claim; long poll: answers once it is not HELD (FREE, DONE or FAILED) or its run stopped, or after waitMs",
     query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION"), permission=READ,
 )
 async def claim_status(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     run_id, key = request.match_info["id"], request.match_info["key"]
+    if len(key) > limits.key_chars_max:
+        raise ApiError("VALIDATION", f"key must be at most {limits.key_chars_max} characters")
 
     def look() -> dict[str, Any]:
         with node.read() as state:
-            return claim_view(_find(state, caller.space, run_id, key), key)
+            view = claim_view(_find(state, caller.space, run_id, key), key)
+            view["scopeEffective"] = runs.effective(state, state.runs[run_id], int(time.time() * 1000))
+            return view
 
-    view = await long_poll(request, node, claim_key(run_id, key), look, lambda view: view["state"] != ClaimState.HELD)
+    def happened(view: dict[str, Any]) -> bool:
+        # A stopped run wakes its claims' waiters (runs._stop): a claim still HELD there will never
+        # be recorded, so waiting on for its lease to lapse would only delay them.
+        return view["state"] != ClaimState.HELD or view["scopeEffective"] != "ACTIVE"
+
+    view = await long_poll(request, node, claim_key(run_id, key), look, happened)
     return web.json_response(view)
 
 
