@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runstate.sdk._http import OutcomeUnknownError
@@ -50,6 +52,9 @@ RENEW_INTERVAL_S_MIN = 0.05
 # Handing a delivery back when a handler is cancelled on shutdown; waiting for a cancelled handler.
 RELEASE_ON_EXIT_TIMEOUT_S = 2.0
 HANDLER_CANCEL_WAIT_S = 5.0
+# Sync handlers abandoned (lease lost, or cancelled at shutdown) run on in their threads; up to
+# this many per handler slot are tolerated, beyond that each one takes a slot until it returns.
+ABANDONED_HANDLERS_PER_SLOT = 1
 # Error messages sent with a retry (the server's bound is 2 KiB).
 ERROR_MESSAGE_CHARS_MAX = 2_000
 
@@ -58,6 +63,11 @@ def _is_async_callable(handler: Any) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
     )
+
+
+def _set_threadsafe(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(event.set)
 
 
 def _describe(exc: BaseException) -> str:
@@ -70,24 +80,35 @@ class _DaemonThreads(concurrent.futures.Executor):
     joined at interpreter exit, so one handler still stuck after the drain (or after its lease was
     lost) kept the process alive forever once serve() had returned; a daemon thread does not. At
     most `concurrency` handlers run at once (the consume loop's bound); one abandoned after a lost
-    lease or the drain runs on until it returns or the process exits."""
+    lease or the drain runs on until it returns or the process exits, and `live` counts it, so the
+    loop can bound how many are left behind (ABANDONED_HANDLERS_PER_SLOT)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_thread_end: Callable[[], None]) -> None:
         self._name = name
+        self._on_thread_end = on_thread_end
+        self._lock = threading.Lock()
+        self.live = 0
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            finally:
+                with self._lock:
+                    self.live -= 1
+                self._on_thread_end()
 
+        with self._lock:
+            self.live += 1
         threading.Thread(target=run, name=self._name, daemon=True).start()
         return future
 
@@ -124,6 +145,8 @@ class Consumer:
         self._running: set[asyncio.Task[None]] = set()
         # Set when the user's stop is set or a renewal learns that the run stopped.
         self._stopping = asyncio.Event()
+        # Set (from a handler thread) whenever a sync handler's thread ends.
+        self._thread_ended = asyncio.Event()
 
     async def run(self) -> None:
         stop_waiter = asyncio.create_task(self._stopping.wait())
@@ -153,9 +176,16 @@ class Consumer:
         backoff_s = CONSUME_BACKOFF_S_INITIAL
         free_min = max(1, self._concurrency // RECEIVE_FREE_FRACTION)
         while not self._stopping.is_set():
-            free = self._concurrency - len(self._running)
+            free = self._concurrency - len(self._running) - self._abandoned_over_bound()
             if free < free_min:
-                await asyncio.wait({*self._running, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                self._thread_ended.clear()
+                thread_ended = asyncio.ensure_future(self._thread_ended.wait())
+                try:
+                    await asyncio.wait(
+                        {*self._running, stop_waiter, thread_ended}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    thread_ended.cancel()
                 continue
             try:
                 deliveries = await self._receive_unless_stopped(free, stop_waiter)
@@ -185,6 +215,14 @@ class Consumer:
                 task = asyncio.create_task(self._handle(delivery), name=f"runstate-handler-{delivery.id}")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
+
+    def _abandoned_over_bound(self) -> int:
+        """Handler threads left running by handlers that are no longer ours (a thread per running
+        sync handler is expected), beyond the tolerated ABANDONED_HANDLERS_PER_SLOT per slot."""
+        if self._executor is None:
+            return 0
+        abandoned = self._executor.live - len(self._running)
+        return max(0, abandoned - ABANDONED_HANDLERS_PER_SLOT * self._concurrency)
 
     async def _receive_unless_stopped(self, free: int, stop_waiter: asyncio.Task[Any]) -> list[Delivery] | None:
         """One long-poll receive, given up when consume() is stopped meanwhile (None). The node
@@ -276,9 +314,11 @@ class Consumer:
     async def _call_handler(self, delivery: Delivery) -> Any:
         if self._handler_is_async:
             return await self._handler(delivery.input, delivery)
-        if self._executor is None:
-            self._executor = _DaemonThreads("runstate-handler")
         loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = _DaemonThreads(
+                "runstate-handler", functools.partial(_set_threadsafe, loop, self._thread_ended)
+            )
         value = await loop.run_in_executor(
             self._executor, functools.partial(self._handler, delivery.input, delivery)
         )
