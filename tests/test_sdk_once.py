@@ -258,6 +258,46 @@ def test_a_lease_taken_over_is_lost(run_id: str, monkeypatch: pytest.MonkeyPatch
     assert slow("acme") == "taken over at attempt 2"
 
 
+def test_an_async_once_whose_lease_is_taken_over_gets_lease_lost(run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same takeover with an `async def` function, runner and taker in one event loop."""
+    stop_renewing = threading.Event()
+    real_renew = claims_module.Claims.renew
+
+    async def renew(self: claims_module.Claims, lease_id: str, lease_ms: int | None = None) -> dict[str, Any]:
+        if stop_renewing.is_set():
+            await asyncio.Event().wait()  # never answers; cancelled when the call ends
+        return await real_renew(self, lease_id, lease_ms)
+
+    monkeypatch.setattr(claims_module.Claims, "renew", renew)
+    signals: list[Any] = []
+
+    async def scenario() -> None:
+        taken_over = asyncio.Event()
+
+        @runstate.once(lease="1s", attempts=5)
+        async def slow(name: str) -> str:
+            context = runstate.context()
+            if context.attempt == 1:
+                signals.append(context.signal)
+                stop_renewing.set()
+                await asyncio.wait_for(taken_over.wait(), BARRIER_TIMEOUT_S)
+                return "late result"
+            stop_renewing.clear()
+            taken_over.set()
+            return f"taken over at attempt {context.attempt}"
+
+        runner = asyncio.create_task(slow("acme-async"))
+        while not signals:
+            await asyncio.sleep(0.01)
+        assert await slow("acme-async") == "taken over at attempt 2"
+        with pytest.raises(LeaseLostError):
+            await runner
+        assert signals[0].is_set()
+        assert await slow("acme-async") == "taken over at attempt 2"
+
+    asyncio.run(scenario())
+
+
 def test_default_run_is_replaced_after_a_stop(dev_node: DevNode, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RUNSTATE_SCOPE_ID", raising=False)
     api = Api(dev_node.url)
