@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 TIMEOUT_S = 60.0
@@ -44,3 +45,16 @@ class Api:
         status, answer = self(method, path, body, **kwargs)
         assert status >= 400, (status, answer)
         return status, answer["error"]["code"]
+
+
+def configured_run(base_url: str) -> Iterator[str]:
+    """A fresh run that the module-level API of this process (`runstate.once`, `runstate.queue`)
+    uses until the generator ends; for a fixture to `yield from`."""
+    import runstate
+
+    scope_id = str(Api(base_url).ok("POST", "/v1/scopes", {})["id"])
+    runstate.configure(base_url=base_url, scope_id=scope_id)
+    try:
+        yield scope_id
+    finally:
+        runstate.close()

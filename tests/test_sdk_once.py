@@ -13,7 +13,7 @@ import pytest
 import runstate
 from runstate.sdk import claims as claims_module
 from runstate.sdk.errors import ConfigError, LeaseLostError, OnceFailedError, ResultTooLargeError
-from tests._http import Api
+from tests._http import Api, configured_run
 from tests._nodes import DevNode
 
 BARRIER_TIMEOUT_S = 30.0
@@ -22,12 +22,7 @@ BARRIER_TIMEOUT_S = 30.0
 @pytest.fixture
 def run_id(dev_node: DevNode) -> Iterator[str]:
     """A fresh run, used by the module-level API of this process for the test."""
-    scope_id = str(Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"])
-    runstate.configure(base_url=dev_node.url, scope_id=scope_id)
-    try:
-        yield scope_id
-    finally:
-        runstate.close()
+    yield from configured_run(dev_node.url)
 
 
 def in_threads(count: int, call: Any) -> list[Any]:
@@ -219,18 +214,24 @@ def test_context_outside_a_call() -> None:
     assert runstate.current_context() is None
 
 
-def test_a_lease_taken_over_is_lost(run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner's renewals stop (as if it were frozen): a waiting caller takes over at attempt 2,
-    and the runner's late result is refused with LeaseLostError, its signal set."""
-    stop_renewing = threading.Event()
+@pytest.fixture
+def stop_renewing(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Once set, this process's claim renewals never answer (as if the runner were frozen)."""
+    stop = threading.Event()
     real_renew = claims_module.Claims.renew
 
     async def renew(self: claims_module.Claims, lease_id: str, lease_ms: int | None = None) -> dict[str, Any]:
-        if stop_renewing.is_set():
+        if stop.is_set():
             await asyncio.Event().wait()  # never answers; cancelled when the call ends
         return await real_renew(self, lease_id, lease_ms)
 
     monkeypatch.setattr(claims_module.Claims, "renew", renew)
+    return stop
+
+
+def test_a_lease_taken_over_is_lost(run_id: str, stop_renewing: threading.Event) -> None:
+    """The runner's renewals stop (as if it were frozen): a waiting caller takes over at attempt 2,
+    and the runner's late result is refused with LeaseLostError, its signal set."""
     taken_over = threading.Event()
     signals: list[threading.Event] = []
 
@@ -258,17 +259,8 @@ def test_a_lease_taken_over_is_lost(run_id: str, monkeypatch: pytest.MonkeyPatch
     assert slow("acme") == "taken over at attempt 2"
 
 
-def test_an_async_once_whose_lease_is_taken_over_gets_lease_lost(run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_async_once_whose_lease_is_taken_over_gets_lease_lost(run_id: str, stop_renewing: threading.Event) -> None:
     """The same takeover with an `async def` function, runner and taker in one event loop."""
-    stop_renewing = threading.Event()
-    real_renew = claims_module.Claims.renew
-
-    async def renew(self: claims_module.Claims, lease_id: str, lease_ms: int | None = None) -> dict[str, Any]:
-        if stop_renewing.is_set():
-            await asyncio.Event().wait()  # never answers; cancelled when the call ends
-        return await real_renew(self, lease_id, lease_ms)
-
-    monkeypatch.setattr(claims_module.Claims, "renew", renew)
     signals: list[Any] = []
 
     async def scenario() -> None:

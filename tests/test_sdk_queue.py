@@ -13,7 +13,7 @@ import pytest
 import runstate
 from runstate.sdk import queue as queue_module
 from runstate.sdk.errors import ConfigError, ScopeCancelledError, TaskFailedError
-from tests._http import Api
+from tests._http import Api, configured_run
 from tests._nodes import DevNode
 
 JOIN_TIMEOUT_S = 60.0
@@ -21,12 +21,7 @@ JOIN_TIMEOUT_S = 60.0
 
 @pytest.fixture
 def run_id(dev_node: DevNode) -> Iterator[str]:
-    scope_id = str(Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"])
-    runstate.configure(base_url=dev_node.url, scope_id=scope_id)
-    try:
-        yield scope_id
-    finally:
-        runstate.close()
+    yield from configured_run(dev_node.url)
 
 
 class Worker:

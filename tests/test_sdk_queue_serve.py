@@ -15,7 +15,7 @@ import pytest
 
 import runstate
 from runstate.sdk import queue as queue_module
-from tests._http import Api
+from tests._http import Api, configured_run
 from tests._nodes import DevNode
 from tests._once_procs import WAIT_S, children, lines, output, read_line, sdk_env, wait_until
 from tests.test_sdk_queue import Worker
@@ -25,12 +25,7 @@ BARRIER_TIMEOUT_S = 30.0
 
 @pytest.fixture
 def run_id(dev_node: DevNode) -> Iterator[str]:
-    scope_id = str(Api(dev_node.url).ok("POST", "/v1/scopes", {})["id"])
-    runstate.configure(base_url=dev_node.url, scope_id=scope_id)
-    try:
-        yield scope_id
-    finally:
-        runstate.close()
+    yield from configured_run(dev_node.url)
 
 
 class Running:
