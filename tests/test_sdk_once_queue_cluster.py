@@ -15,7 +15,7 @@ import runstate
 from tests._cluster import Cluster, cluster_factory
 from tests._http import Api
 from tests._once_procs import sdk_env
-from tests.test_sdk_once import SPEC_ONCE_SAMPLES
+from tests.test_sdk_once import run_the_spec_samples
 from tests.test_sdk_once_processes import slow_runner_loses_its_lease, twenty_callers
 from tests.test_sdk_queue_processes import sigterm_drains_a_worker, spec_samples_as_written
 from tests.test_sdk_queue_serve import late_result_dropped_quietly
@@ -69,12 +69,6 @@ def test_the_once_spec_samples_as_written(cluster: Cluster) -> None:
     _, run_id = new_run(cluster)
     runstate.configure(base_url=cluster.base_url, api_key=cluster.admin_key, scope_id=run_id)
     try:
-        namespace: dict[str, Any] = {
-            "Company": object, "HttpClient": object, "PARTS": ["intro", "body"],
-            "write_section": lambda name, part: f"{part} of {name}",
-        }
-        exec(SPEC_ONCE_SAMPLES, namespace)  # noqa: S102 - the documentation's code, verbatim
-        assert namespace["report"] is None
-        assert namespace["write_report"]("acme") == ["intro of acme", "body of acme"]
+        run_the_spec_samples()
     finally:
         runstate.close()
