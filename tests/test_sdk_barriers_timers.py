@@ -13,6 +13,7 @@ import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 from tests._cluster import Cluster
+from tests._http import Api
 from tests._nodes import DevNode
 
 
@@ -65,6 +66,47 @@ def test_fifty_concurrent_arrivals_with_thirty_keys_release_exactly_once(dev_nod
             assert (await barrier.next_epoch())["epoch"] == 2
 
     asyncio.run(main())
+
+
+def test_a_waiter_late_for_a_release_is_not_held_for_the_next_epoch(dev_node: DevNode) -> None:
+    """A shard that arrived in epoch 1 but waits only after the release and the coordinator's
+    nextEpoch gets epoch 1's release; waiting for epoch 2 would need its own next arrival."""
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            run = await rs.scopes.create()
+            barrier = await run.barriers.create(target=2)
+            slow = rs.scope(run.id).barriers.get(barrier.id)
+            await slow.arrive(key="slow")
+            await rs.scope(run.id).barriers.get(barrier.id).arrive(key="fast")  # releases epoch 1
+            assert (await barrier.next_epoch())["epoch"] == 2
+            view = await slow.wait(timeout_ms=5_000)
+            assert (view["state"], view["epoch"], view["currentEpoch"], view["arrivals"]) == ("RELEASED", 1, 2, 2)
+            # Its next round: arrives in epoch 2 and waits for that release.
+            await slow.arrive(key="slow")
+            waiting = asyncio.create_task(slow.wait(timeout_ms=30_000))
+            await rs.scope(run.id).barriers.get(barrier.id).arrive(key="fast")
+            view = await waiting
+            assert (view["state"], view["epoch"], "currentEpoch" in view) == ("RELEASED", 2, False)
+            # Without an arrival, a wait is for the epoch current when it begins.
+            await barrier.next_epoch()
+            with pytest.raises(runstate.WaitTimeoutError):
+                await rs.scope(run.id).barriers.get(barrier.id).wait(timeout_ms=300)
+
+    asyncio.run(main())
+
+
+def test_waiting_for_an_epoch_over_http(dev_node: DevNode) -> None:
+    api = Api(dev_node.url)
+    run = api.ok("POST", "/v1/scopes", {})["id"]
+    barrier = api.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 1})["id"]
+    api.ok("POST", f"/v1/barriers/{barrier}/arrive", {"key": "a"})
+    api.ok("POST", f"/v1/barriers/{barrier}/nextEpoch")
+    view = api.ok("GET", f"/v1/barriers/{barrier}/wait?epoch=1")
+    assert (view["state"], view["epoch"], view["currentEpoch"], view["releasedAt"]) == ("RELEASED", 1, 2, None)
+    assert api.ok("GET", f"/v1/barriers/{barrier}/wait?epoch=2")["state"] == "WAITING"
+    for bad in ("3", "0", "x", "-1"):
+        assert api.error("GET", f"/v1/barriers/{barrier}/wait?epoch={bad}") == (400, "VALIDATION")
 
 
 def test_cancelling_the_run_cancels_barriers_and_timers(dev_node: DevNode) -> None:

@@ -52,6 +52,8 @@ class Barrier:
         self.id = barrier_id
         self.view = view
         self._path = f"/v1/barriers/{quote(barrier_id, safe='')}"
+        # The epoch the last arrive() counted in, until a wait() saw its release.
+        self._arrived_epoch: int | None = None
 
     def __repr__(self) -> str:
         return f"<Barrier {self.id}>"
@@ -63,6 +65,7 @@ class Barrier:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
         self.view = await self._transport.request("POST", f"{self._path}/arrive", body={"key": key}, safe=True)
+        self._arrived_epoch = self.view.get("epoch")
         return self.view
 
     async def status(self) -> dict[str, Any]:
@@ -70,18 +73,29 @@ class Barrier:
         return self.view
 
     async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
-        """Wait until the barrier is RELEASED and return its view (`state`, `arrivals`, `target`).
+        """Wait until the barrier's epoch is RELEASED and return its view (`state`, `arrivals`,
+        `target`, `epoch`). The epoch is the one this handle's last `arrive` counted in, else the
+        one current when the wait begins; if that epoch was released and the next one began
+        meanwhile, the view describes that release and carries `currentEpoch`.
         Raises ConflictError with code BARRIER_CANCELLED if it was cancelled (its run stopped),
         WaitTimeoutError after `timeout_ms`."""
+        epoch = self._arrived_epoch
 
         async def poll(wait_ms: int) -> dict[str, Any]:
-            return await self._transport.request(
-                "GET", f"{self._path}/wait", params={"waitMs": str(wait_ms)}, safe=True, long_poll_ms=wait_ms
+            nonlocal epoch
+            params = {"waitMs": str(wait_ms)}
+            if epoch is not None:
+                params["epoch"] = str(epoch)
+            view: dict[str, Any] = await self._transport.request(
+                "GET", f"{self._path}/wait", params=params, safe=True, long_poll_ms=wait_ms
             )
+            epoch = view.get("epoch") if epoch is None else epoch  # later polls wait for the same epoch
+            return view
 
         self.view = await wait_until(
             poll, lambda view: view.get("state") == "RELEASED", timeout_ms=timeout_ms, what=f"the release of barrier {self.id}"
         )
+        self._arrived_epoch = None
         return self.view
 
     async def next_epoch(self) -> dict[str, Any]:

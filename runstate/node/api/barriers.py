@@ -73,17 +73,35 @@ async def arrive(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
 
 
+# Epochs a waiter may name (a barrier starts at 1 and gains one per nextEpoch).
+_EPOCH_MAX = 2**53
+
+
 @route(
     "GET", "/v1/barriers/{id}/wait",
-    "Long poll: answers when the barrier is RELEASED (or BARRIER_CANCELLED), or after waitMs",
-    query=WAIT_MS_QUERY,
+    "Long poll: answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
+    "epoch has begun since (then `currentEpoch` says which), or BARRIER_CANCELLED, or after waitMs",
+    query={**WAIT_MS_QUERY, "epoch": {"type": "integer", "minimum": 1, "maximum": _EPOCH_MAX}},
     errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
+    awaited = req.query_integer(request, "epoch", minimum=0, maximum=_EPOCH_MAX, default=0) or None
+    if "epoch" in request.query and awaited is None:
+        raise ApiError("VALIDATION", f"epoch must be from 1 to {_EPOCH_MAX}")
 
     def look() -> dict[str, Any]:
+        nonlocal awaited
         view = _render(node, caller.space, barrier_id)
+        if awaited is None:
+            awaited = view["epoch"]  # the epoch current when the wait began
+        if view["epoch"] > awaited:
+            # nextEpoch needs a release: the awaited epoch was released, though it is over now (a
+            # waiter woken late must not wait for the next round, which may need its own arrival).
+            return {**view, "epoch": awaited, "state": barriers.RELEASED, "arrivals": view["target"],
+                    "releasedAt": None, "currentEpoch": view["epoch"]}
+        if view["epoch"] < awaited:
+            raise ApiError("VALIDATION", f"barrier {barrier_id} is in epoch {view['epoch']}; epoch {awaited} has not begun")
         if view["state"] == barriers.CANCELLED:
             raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
         return view
