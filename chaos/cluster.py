@@ -63,9 +63,10 @@ KILL_TIMEOUT_S = 10.0  # SIGKILL until reaped
 PROBE_TIMEOUT_S = 1.0  # one HTTP probe of one node
 POLL_S = 0.05
 # Health must hold this long to count: a node that has just reconnected (after a partition or a
-# SIGSTOP) starts an election within a tick or two if its election deadline passed meanwhile
-# (pysyncobj only campaigns while connected to someone, and has no pre-vote), deposing the leader
-# everyone still agrees on. Above raft_timeout_s_min (0.3 s) plus a few 50 ms ticks.
+# SIGSTOP) tries an election within a tick or two if its election deadline passed meanwhile
+# (pysyncobj only campaigns while connected to someone). Pre-vote (runstate/cluster/_prevote.py)
+# keeps it from deposing a healthy leader; a leader that really lost its majority is still being
+# replaced in that window. Above raft_timeout_s_min (0.3 s) plus a few 50 ms ticks.
 HEALTHY_STABLE_S = 0.5
 LOG_TAIL_CHARS = 3000
 SECRET_BYTES = 32

@@ -1,7 +1,8 @@
 """The thin pysyncobj subclass: one @replicated method taking one bytes batch, nothing else.
 
 Everything it needs arrives as `bridge` (the ReplicatedLog), set BEFORE SyncObj.__init__ so that
-pysyncobj counts it among its own properties and never serializes it.
+pysyncobj counts it among its own properties and never serializes it; so does `pre_vote`
+(_prevote.py), which this class wires into pysyncobj's tick and message handler.
 """
 
 from __future__ import annotations
@@ -14,14 +15,27 @@ from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
+from runstate.cluster._prevote import PreVote
+
 
 class Bridge(Protocol):
     def apply_batch(self, batch: bytes) -> list[Any]: ...
 
 
+_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
+
+
 class RaftNode(SyncObj):  # type: ignore[misc]
-    def __init__(self, bridge: Bridge, self_address: str, peer_addresses: Sequence[str], conf: SyncObjConf):
+    def __init__(
+        self,
+        bridge: Bridge,
+        self_address: str,
+        peer_addresses: Sequence[str],
+        conf: SyncObjConf,
+        pre_vote: PreVote | None = None,
+    ):
         self._bridge = bridge
+        self.pre_vote = pre_vote
         try:
             # autoTick=False: binds the port here, synchronously.
             super().__init__(self_address, list(peer_addresses), conf)
@@ -41,6 +55,52 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if not self._isLeader():
             self._reject_queued_commands()
         super()._checkCommandsToApply()
+
+    # Pre-vote (_prevote.py). pysyncobj starts an election inside _onTick, and its transport calls
+    # the handler it was given in SyncObj.__init__, `self.__onMessageReceived`, which resolves to
+    # the name-mangled attribute below: defining it here puts pre-vote in front of pysyncobj's own.
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self.pre_vote is not None and self._SyncObj__transport.ready and not self._SyncObj__needLoadDumpFile:
+            self.pre_vote.before_tick(self)
+        super()._onTick(timeToWait)
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
+            return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    # _prevote.RaftView: what pre-vote reads and changes in pysyncobj (tick thread only).
+
+    def current_term(self) -> int:
+        return int(self._SyncObj__raftCurrentTerm)
+
+    def last_log(self) -> tuple[int, int]:
+        last = self._SyncObj__raftLog[-1]
+        return int(last[1]), int(last[2])
+
+    def peers(self) -> set[Any]:
+        return self._SyncObj__otherNodes  # type: ignore[no-any-return]
+
+    def election_due(self, now: float) -> bool:
+        # SyncObj._onTick's own condition for starting an election (its selfNode is never None here).
+        return (
+            self._SyncObj__raftState != _LEADER
+            and self._SyncObj__raftElectionDeadline < now
+            and bool(self._SyncObj__connectedToAnyone())
+        )
+
+    def transfer_in_progress(self) -> bool:
+        return bool(self._SyncObj__transferInProgress)
+
+    def postpone_election(self, now: float) -> None:
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+
+    def allow_election_now(self) -> None:
+        self._SyncObj__raftElectionDeadline = 0
+
+    def send(self, node: Any, message: dict[str, Any]) -> None:
+        self._SyncObj__transport.send(node, message)
 
     def _reject_queued_commands(self) -> None:
         commands = self._SyncObj__commandsQueue

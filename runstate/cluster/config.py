@@ -50,6 +50,10 @@ class LogConfig:
     # Election timeout, drawn at random in [min, max]; pysyncobj requires min > 3 * append period.
     raft_timeout_s_min: float = 0.3
     raft_timeout_s_max: float = 0.6
+    # Raft pre-vote (_prevote.py): a node campaigns (term + 1) only after a majority said it would
+    # vote for it; a node says so only if it has not heard from a leader for raft_timeout_s_min.
+    # Keeps a rejoining node from deposing a healthy leader. Off: pysyncobj's plain elections.
+    pre_vote: bool = True
     # Heartbeat period of the leader.
     append_entries_period_s: float = 0.05
     # A leader that has heard from no majority for this long steps down (pysyncobj default: 30 s).

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from pysyncobj import FAIL_REASON
 
 from runstate.cluster import _dumper, _journal
+from runstate.cluster._prevote import PreVote
 from runstate.cluster._raft import RaftNode
 from runstate.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
 from runstate.cluster.config import (
@@ -182,7 +183,8 @@ class ReplicatedLog:
         )
         try:
             # Reads the whole journal and binds the port: not on the loop.
-            raft = await asyncio.to_thread(RaftNode, self, self.self_address, self.peer_addresses, conf)
+            pre_vote = PreVote(silence_s=self._config.raft_timeout_s_min) if self._config.pre_vote else None
+            raft = await asyncio.to_thread(RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote)
         except Exception as error:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
         if journal_file is not None:

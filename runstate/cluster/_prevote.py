@@ -1,0 +1,192 @@
+"""Raft pre-vote (Ongaro's thesis, section 9.6) for pysyncobj 0.3.17, which has none.
+
+Without it, a follower that stops hearing from the leader (a partition, a SIGSTOP, a restart whose
+connections are not up yet) becomes a candidate and increments its term as soon as it is connected
+to anyone; when it is back, its higher term deposes the healthy leader (pysyncobj steps down on any
+request_vote or append_entries with a higher term), ~1-2 s of 503s for nothing.
+
+With pre-vote, a node whose election timeout passed first asks every peer "would you vote for me
+at term T+1, with my last log (index, term)?", without changing its term or anything else. A peer
+answers yes only if that log is at least as up to date as its own AND it has not heard from a
+leader for at least `silence_s` (raft_timeout_s_min), and it is not the leader itself. Only with a
+majority of yes (itself included) does the node let pysyncobj start the real election (term + 1,
+request_vote). Pre-vote only ever holds an election back; it decides nothing: the real vote keeps
+every safety rule (DESIGN.md, "Pre-vote").
+
+How it is wired (RaftNode, _raft.py; the pysyncobj internals are listed in DESIGN.md):
+- `before_tick` runs before SyncObj._onTick. When pysyncobj is about to start an election (its
+  `__raftElectionDeadline` passed, a follower or candidate connected to someone), it moves that
+  deadline by a fresh election timeout and sends the pre-vote requests instead, unless a round won
+  within `silence_s` for exactly term + 1 is pending: then it lets pysyncobj elect.
+- `on_message` sees every message before pysyncobj. It consumes our two message types (pysyncobj's
+  own handler ignores any type it does not know, so a node without pre-vote ignores them too) and
+  notes when a leader's append_entries is accepted. A won round sets the election deadline to 0, so
+  the election starts on the next tick.
+- A leadership transfer (pysyncobj's timeout_now, which we never send) skips pre-vote: the peers
+  still hear from the old leader and would refuse.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# pysyncobj's clock (CLOCK_MONOTONIC_RAW), which its election deadline is measured on.
+from pysyncobj.monotonic import monotonic as raft_clock
+
+logger = logging.getLogger(__name__)
+
+PRE_VOTE_REQUEST = "runstate_pre_vote"
+PRE_VOTE_RESPONSE = "runstate_pre_vote_response"
+
+_FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
+_NEVER = float("-inf")
+
+
+class RaftView(Protocol):
+    """What pre-vote reads and does on the pysyncobj node (RaftNode implements it)."""
+
+    def raft_state(self) -> int: ...
+
+    def current_term(self) -> int: ...
+
+    def last_log(self) -> tuple[int, int]: ...  # (index, term) of the last entry
+
+    def peers(self) -> set[Any]: ...  # pysyncobj Node objects of the voting peers
+
+    def election_due(self, now: float) -> bool: ...  # pysyncobj would start an election this tick
+
+    def transfer_in_progress(self) -> bool: ...
+
+    def postpone_election(self, now: float) -> None: ...  # deadline = now + a fresh election timeout
+
+    def allow_election_now(self) -> None: ...  # deadline = 0: the next tick elects
+
+    def send(self, node: Any, message: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class _Round:
+    term: int  # the term this node would campaign at (its current term + 1)
+    started_at: float
+    granted_by: set[Any] = field(default_factory=set)
+    won_at: float | None = None
+
+
+@dataclass
+class PreVoteCounters:
+    rounds: int = 0  # pre-vote rounds started
+    rounds_won: int = 0  # rounds that let an election start
+    granted: int = 0  # pre-votes this node gave
+    refused_leader_alive: int = 0  # refused: this node leads, or heard from a leader within silence_s
+    refused_log_behind: int = 0  # refused: the asker's log is behind ours
+
+
+class PreVote:
+    """One node's pre-vote state. Runs in the tick thread only (pysyncobj's)."""
+
+    def __init__(self, silence_s: float) -> None:
+        assert silence_s > 0
+        # A peer grants only after this long without a leader; a won round stays usable this long.
+        self.silence_s = silence_s
+        self.counters = PreVoteCounters()
+        self._round: _Round | None = None
+        self._leader_heard_at = _NEVER
+
+    def __repr__(self) -> str:
+        c = self.counters
+        return (
+            f"<PreVote rounds={c.rounds} won={c.rounds_won} granted={c.granted} "
+            f"refused={c.refused_leader_alive}+{c.refused_log_behind}>"
+        )
+
+    # Candidate side.
+
+    def before_tick(self, raft: RaftView, now: float | None = None) -> None:
+        now = raft_clock() if now is None else now
+        if not raft.election_due(now) or raft.transfer_in_progress():
+            return
+        round_ = self._round
+        if round_ is not None and round_.won_at is not None and round_.term == raft.current_term() + 1:
+            if now - round_.won_at <= self.silence_s:
+                self._round = None  # used once: the next election needs a new round
+                return  # pysyncobj starts the election in this tick
+        self._start_round(raft, now)
+
+    def _start_round(self, raft: RaftView, now: float) -> None:
+        raft.postpone_election(now)
+        last_index, last_term = raft.last_log()
+        self._round = _Round(term=raft.current_term() + 1, started_at=now)
+        self.counters.rounds += 1
+        request = {
+            "type": PRE_VOTE_REQUEST,
+            "term": self._round.term,
+            "last_log_index": last_index,
+            "last_log_term": last_term,
+        }
+        for node in raft.peers():
+            raft.send(node, request)
+        self._check_won(raft, now)  # a single node wins with its own vote
+
+    def _on_response(self, raft: RaftView, node: Any, message: dict[str, Any], now: float) -> None:
+        round_ = self._round
+        if round_ is None or round_.won_at is not None or message.get("term") != round_.term:
+            return  # late, or for an older round
+        if message.get("granted") is True and node in raft.peers():
+            round_.granted_by.add(node)
+            self._check_won(raft, now)
+
+    def _check_won(self, raft: RaftView, now: float) -> None:
+        round_ = self._round
+        assert round_ is not None
+        voters = len(raft.peers()) + 1
+        if 2 * (len(round_.granted_by) + 1) > voters:
+            round_.won_at = now
+            self.counters.rounds_won += 1
+            logger.info("pre-vote for term %d won (%d of %d)", round_.term, len(round_.granted_by) + 1, voters)
+            raft.allow_election_now()
+
+    # Voter side, and every message.
+
+    def on_message(self, raft: RaftView, node: Any, message: Any, now: float | None = None) -> bool:
+        """True when the message was ours (pysyncobj must not see it)."""
+        if not isinstance(message, dict):
+            return False
+        kind = message.get("type")
+        now = raft_clock() if now is None else now
+        if kind == "append_entries":
+            term = message.get("term")
+            if isinstance(term, int) and term >= raft.current_term():
+                # pysyncobj accepts it: a live leader (it resets its election deadline likewise).
+                self._leader_heard_at = now
+                self._round = None
+            return False
+        if kind == PRE_VOTE_REQUEST:
+            if node in raft.peers():
+                self._on_request(raft, node, message, now)
+            return True
+        if kind == PRE_VOTE_RESPONSE:
+            self._on_response(raft, node, message, now)
+            return True
+        return False
+
+    def _on_request(self, raft: RaftView, node: Any, message: dict[str, Any], now: float) -> None:
+        term, last_index, last_term = message.get("term"), message.get("last_log_index"), message.get("last_log_term")
+        if not (isinstance(term, int) and isinstance(last_index, int) and isinstance(last_term, int)):
+            return  # not from our version: no answer, like a lost message
+        granted = self.would_grant(raft, (last_term, last_index), now)
+        raft.send(node, {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted})
+
+    def would_grant(self, raft: RaftView, asker_last: tuple[int, int], now: float) -> bool:
+        """Raft's vote rule on the log, plus: no live leader. The term is not compared: a pre-vote
+        changes no state, and a real request_vote at a lower term is ignored by pysyncobj anyway."""
+        if raft.raft_state() == _LEADER or now - self._leader_heard_at < self.silence_s:
+            self.counters.refused_leader_alive += 1
+            return False
+        own_index, own_term = raft.last_log()
+        if asker_last < (own_term, own_index):
+            self.counters.refused_log_behind += 1
+            return False
+        self.counters.granted += 1
+        return True

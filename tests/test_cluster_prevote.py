@@ -1,0 +1,277 @@
+"""Pre-vote (runstate/cluster/_prevote.py). Its rules on a fake pysyncobj node first; then on real
+processes: a follower cut off by a partition, frozen by SIGSTOP, or killed with kill -9 and
+restarted, for several election timeouts, rejoins without deposing the healthy leader: every node
+names the same leader at the same term afterwards, and no write to the leader failed meanwhile.
+
+Without pre-vote each of these costs an election: the rejoining node starts one at term + 1 as
+soon as it is connected again (its election deadline passed long ago), and pysyncobj's leader steps
+down on the first message with a higher term."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.cluster import NODES, POLL_S, START_TIMEOUT_S, ChaosCluster
+from runstate import Runstate
+from runstate.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
+from runstate.cluster.config import LogConfig
+
+# How long the follower stays away: several election timeouts (0.3-0.6 s) and past pysyncobj's
+# connection timeout (1 s), so the other nodes drop it too.
+AWAY_S = 10 * LogConfig().raft_timeout_s_max
+# One write never waits longer than this (a failure, not a timing assertion: nothing is measured).
+WRITE_TIMEOUT_S = 10.0
+# The writer pauses this long between writes, so the log keeps moving while the follower is away.
+WRITE_PAUSE_S = 0.02
+
+SILENCE_S = 0.3
+
+
+@dataclass
+class FakeRaft:
+    """The RaftView pre-vote drives: a follower at term 5 whose election deadline has passed."""
+
+    state: int = 0
+    term: int = 5
+    log: tuple[int, int] = (10, 5)  # (index, term)
+    nodes: set[str] = field(default_factory=lambda: {"b", "c"})
+    deadline: float = 0.0
+    connected: bool = True
+    sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def raft_state(self) -> int:
+        return self.state
+
+    def current_term(self) -> int:
+        return self.term
+
+    def last_log(self) -> tuple[int, int]:
+        return self.log
+
+    def peers(self) -> set[str]:
+        return self.nodes
+
+    def election_due(self, now: float) -> bool:
+        return self.state != 2 and self.deadline < now and self.connected
+
+    def transfer_in_progress(self) -> bool:
+        return False
+
+    def postpone_election(self, now: float) -> None:
+        self.deadline = now + 0.45
+
+    def allow_election_now(self) -> None:
+        self.deadline = 0
+
+    def send(self, node: str, message: dict[str, Any]) -> None:
+        self.sent.append((node, message))
+
+
+def grant(term: int, granted: bool = True) -> dict[str, Any]:
+    return {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted}
+
+
+def test_a_due_election_becomes_a_pre_vote_round_and_a_majority_lets_it_start() -> None:
+    raft, pre_vote = FakeRaft(), PreVote(SILENCE_S)
+    pre_vote.before_tick(raft, now=100.0)
+    # Held back: the deadline moved, the term did not, every peer was asked about term 6.
+    assert raft.deadline > 100.0 and raft.term == 5
+    assert sorted(node for node, _ in raft.sent) == ["b", "c"]
+    assert {message["term"] for _, message in raft.sent} == {6}
+    assert all(message["type"] == PRE_VOTE_REQUEST and message["last_log_index"] == 10 for _, message in raft.sent)
+    assert pre_vote.on_message(raft, "b", grant(6, granted=False), now=100.1)
+    assert pre_vote.on_message(raft, "b", grant(5), now=100.1)  # an older round's answer
+    assert raft.deadline > 100.0
+    assert pre_vote.on_message(raft, "c", grant(6), now=100.1)
+    assert raft.deadline == 0  # won: 2 of 3
+    raft.sent.clear()
+    pre_vote.before_tick(raft, now=100.2)
+    assert raft.deadline == 0 and raft.sent == []  # pysyncobj elects in this tick
+    # Used once: the next due election (the real one failed, term now 6) needs a new round.
+    raft.term = 6
+    pre_vote.before_tick(raft, now=101.0)
+    assert raft.deadline > 101.0 and {message["term"] for _, message in raft.sent} == {7}
+
+
+def test_a_won_round_expires_and_a_leader_message_cancels_it() -> None:
+    raft, pre_vote = FakeRaft(), PreVote(SILENCE_S)
+    pre_vote.before_tick(raft, now=100.0)
+    pre_vote.on_message(raft, "b", grant(6), now=100.1)
+    assert raft.deadline == 0
+    raft.connected = False  # the election cannot start now; much later, the grant is stale
+    pre_vote.before_tick(raft, now=100.2)
+    raft.connected = True
+    pre_vote.before_tick(raft, now=100.1 + SILENCE_S + 0.01)
+    assert raft.deadline > 100.4  # a new round instead
+    pre_vote.on_message(raft, "b", grant(6), now=100.5)
+    assert raft.deadline == 0
+    # A leader's heartbeat (at our term) cancels the won round: no election.
+    assert not pre_vote.on_message(raft, "b", {"type": "append_entries", "term": 5}, now=100.55)
+    pre_vote.before_tick(raft, now=100.6)
+    assert raft.deadline > 100.6
+
+
+def test_a_single_node_wins_its_own_round() -> None:
+    raft, pre_vote = FakeRaft(nodes=set()), PreVote(SILENCE_S)
+    pre_vote.before_tick(raft, now=100.0)
+    assert raft.deadline == 0 and raft.sent == []
+    pre_vote.before_tick(raft, now=100.0)
+    assert raft.deadline == 0
+
+
+def test_a_peer_grants_only_without_a_live_leader_and_with_a_log_as_up_to_date() -> None:
+    raft, pre_vote = FakeRaft(deadline=1e9), PreVote(SILENCE_S)
+
+    def ask(last_index: int, last_term: int, now: float) -> bool:
+        raft.sent.clear()
+        request = {"type": PRE_VOTE_REQUEST, "term": 6, "last_log_index": last_index, "last_log_term": last_term}
+        assert pre_vote.on_message(raft, "b", request, now=now)
+        [(node, answer)] = raft.sent
+        assert node == "b" and answer["type"] == PRE_VOTE_RESPONSE and answer["term"] == 6
+        return bool(answer["granted"])
+
+    assert ask(10, 5, now=100.0)  # never heard from a leader; same log
+    assert ask(3, 6, now=100.0)  # a later last term wins over a longer log
+    assert not ask(9, 5, now=100.0)  # shorter log, same last term
+    assert not ask(20, 4, now=100.0)  # older last term
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.0)
+    assert not ask(10, 5, now=100.0 + SILENCE_S / 2)  # heard from the leader just now
+    assert ask(10, 5, now=100.0 + SILENCE_S + 0.01)
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 4}, now=101.0)  # a stale leader
+    assert ask(10, 5, now=101.0)
+    raft.state = 2
+    assert not ask(10, 5, now=102.0)  # the leader never grants
+
+
+def test_malformed_and_foreign_messages_are_dropped_or_passed_on() -> None:
+    raft, pre_vote = FakeRaft(deadline=1e9), PreVote(SILENCE_S)
+    assert pre_vote.on_message(raft, "b", {"type": PRE_VOTE_REQUEST, "term": "6"}, now=100.0)
+    assert pre_vote.on_message(raft, "z", {"type": PRE_VOTE_REQUEST, "term": 6, "last_log_index": 1,
+                                           "last_log_term": 1}, now=100.0)  # not a peer
+    assert raft.sent == []
+    assert pre_vote.on_message(raft, "b", {"type": PRE_VOTE_RESPONSE}, now=100.0)  # no round: ignored
+    assert not pre_vote.on_message(raft, "b", "not a dict", now=100.0)
+    assert not pre_vote.on_message(raft, "b", {"type": "request_vote", "term": 9}, now=100.0)
+
+
+# Real processes.
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    made = ChaosCluster(tmp_path / "cluster")
+    try:
+        yield made
+    finally:
+        made.close()
+        print(made.logs_tail())
+
+
+class Writer(threading.Thread):
+    """Creates runs through one node, one after the other, until stopped; keeps every failure."""
+
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(name="prevote-writer", daemon=True)
+        self.url, self.key = url, key
+        self.written = 0
+        self.failures: list[str] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with Runstate(base_url=self.url, api_key=self.key, timeout_s=WRITE_TIMEOUT_S) as rs:
+            while not self._stop_event.is_set():
+                try:
+                    rs.scopes.create(name=f"w{self.written}")
+                    self.written += 1
+                except Exception as error:  # every failure is the finding
+                    self.failures.append(repr(error))
+                self._stop_event.wait(WRITE_PAUSE_S)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(WRITE_TIMEOUT_S * 2)
+        assert not self.is_alive()
+
+
+def rejoin_keeps_the_leader(
+    cluster: ChaosCluster,
+    leave: Callable[[int], None],
+    come_back: Callable[[int], None],
+    pick: Callable[[list[int]], int] = max,
+) -> None:
+    leader = cluster.up()
+    term = cluster.health()[cluster.ids[leader]]["term"]
+    follower = pick([index for index in range(NODES) if index != leader])
+    writer = Writer(cluster.urls[leader], cluster.admin_key)
+    writer.start()
+    try:
+        leave(follower)
+        # The writes go on without the follower (and the leader's election deadline is irrelevant:
+        # it leads); this is how long it is away, nothing is timed.
+        writer._stop_event.wait(AWAY_S)
+        written_while_away = writer.written
+        come_back(follower)
+        # Every node answers under one leader, every pair connected, for a stable stretch.
+        assert cluster.wait_healthy() == leader, json.dumps(cluster.health())
+    finally:
+        writer.stop()
+    cluster.wait_converged()  # the follower caught up with everything written while it was away
+    views = cluster.health()
+    seen = json.dumps(views)
+    assert {view["leader"] for view in views.values()} == {cluster.ids[leader]}, seen
+    assert {view["term"] for view in views.values()} == {term}, seen
+    assert views[cluster.ids[leader]]["role"] == "leader", seen
+    assert writer.failures == [], writer.failures
+    assert written_while_away > 0 and writer.written > written_while_away
+
+
+@pytest.mark.slow
+def test_a_partitioned_follower_heals_without_an_election(cluster: ChaosCluster) -> None:
+    rejoin_keeps_the_leader(cluster, cluster.partition, lambda _index: cluster.heal())
+
+
+@pytest.mark.slow
+def test_a_paused_follower_resumes_without_an_election(cluster: ChaosCluster) -> None:
+    rejoin_keeps_the_leader(cluster, cluster.pause, cluster.resume)
+
+
+@pytest.mark.slow
+def test_a_killed_follower_restarts_without_an_election(cluster: ChaosCluster) -> None:
+    rejoin_keeps_the_leader(cluster, cluster.kill, cluster.start)
+
+
+@pytest.mark.slow
+def test_a_restarted_follower_connects_late_without_an_election(cluster: ChaosCluster) -> None:
+    """kill -9, then a restart whose Raft connections come up only after several election
+    timeouts (here: behind a partition; in Docker: a peer's name not resolving yet)."""
+
+    def kill_and_cut(index: int) -> None:
+        cluster.kill(index)
+        cluster.partition(index)
+
+    def restart_then_heal(index: int) -> None:
+        cluster.start(index)
+        wait_answering(cluster, index)
+        threading.Event().wait(AWAY_S)  # the restarted node's election deadline passes, alone
+        cluster.heal()
+
+    rejoin_keeps_the_leader(cluster, kill_and_cut, restart_then_heal)
+
+
+def wait_answering(cluster: ChaosCluster, index: int) -> None:
+    """Until node `index` answers /v1/health at all (its Raft node is started by then)."""
+    gave_up = threading.Event()
+    timer = threading.Timer(START_TIMEOUT_S, gave_up.set)
+    timer.start()
+    try:
+        while not cluster.node_health(index)["answering"]:
+            assert not gave_up.wait(POLL_S), f"{cluster.ids[index]} never answered\n{cluster.logs_tail()}"
+    finally:
+        timer.cancel()
