@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.pickle import dumps as pysyncobj_dumps
+from pysyncobj.pickle import loads as pysyncobj_loads
 
 from chaos.cluster import NODES, POLL_S, START_TIMEOUT_S, ChaosCluster
 from runstate import Runstate
 from runstate.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
 from runstate.cluster.config import LogConfig
+from tests._cluster import Cluster
 
 # How long the follower stays away: several election timeouts (0.3-0.6 s) and past pysyncobj's
 # connection timeout (1 s), so the other nodes drop it too.
@@ -116,6 +119,21 @@ def test_a_won_round_expires_and_a_leader_message_cancels_it() -> None:
     assert not pre_vote.on_message(raft, "b", {"type": "append_entries", "term": 5}, now=100.55)
     pre_vote.before_tick(raft, now=100.6)
     assert raft.deadline > 100.6
+
+
+def test_a_node_ahead_of_a_live_leader_in_term_elects_without_a_pre_vote() -> None:
+    """A node whose term passed the leader's (its election reached nobody) drops the leader's
+    heartbeats and is refused every pre-vote by peers that hear from it: stuck for good. Once it
+    has heard such a lower-term leader, its due election goes ahead, so the leader adopts its term
+    and the cluster elects again with it."""
+    raft, pre_vote = FakeRaft(term=9, log=(10, 5)), PreVote(SILENCE_S)
+    assert not pre_vote.on_message(raft, "b", {"type": "append_entries", "term": 8}, now=100.0)
+    pre_vote.before_tick(raft, now=100.1)
+    assert raft.deadline == 0 and raft.sent == []  # pysyncobj's election starts in this tick
+    assert pre_vote.counters.rounds_skipped_behind_leader == 1
+    # Once that leader is silent (stepped down), due elections need pre-votes again.
+    pre_vote.before_tick(raft, now=100.0 + SILENCE_S + 0.01)
+    assert raft.deadline > 100.0 and {message["term"] for _, message in raft.sent} == {10}
 
 
 def test_a_single_node_wins_its_own_round() -> None:
@@ -275,3 +293,28 @@ def wait_answering(cluster: ChaosCluster, index: int) -> None:
             assert not gave_up.wait(POLL_S), f"{cluster.ids[index]} never answered\n{cluster.logs_tail()}"
     finally:
         timer.cancel()
+
+
+def test_a_follower_ahead_of_the_leader_in_term_rejoins(make_cluster: Callable[..., Cluster]) -> None:
+    """A follower whose stored term passed the leader's (an election of its that reached nobody,
+    before a kill) drops the leader's heartbeats, and its peers, hearing the leader, refuse its
+    pre-votes: without help it stays out for good (seen in a 20-minute chaos run). It must rejoin
+    (at the cost of one election) and catch up."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    follower = next(index for index in range(cluster.size) if index != leader)
+    cluster.kill(follower)
+    health = cluster.health(leader)
+    assert health is not None
+    ahead = int(health["term"]) + 5
+    meta_path = cluster.data_dir(follower) / "raft.journal.meta"
+    meta = pysyncobj_loads(meta_path.read_bytes())
+    meta.update(currentTerm=ahead, votedForNodeId=None)
+    meta_path.write_bytes(pysyncobj_dumps(meta))
+    api = cluster.api(leader)
+    for _ in range(20):  # the follower falls behind in the log as well
+        api.ok("POST", "/v1/scopes", {})
+    cluster.start(follower)  # healthy under one leader, or it times out
+    cluster.wait_same_digest()
+    terms = {int((cluster.health(index) or {}).get("term", 0)) for index in range(cluster.size)}
+    assert len(terms) == 1 and terms.pop() > ahead

@@ -81,6 +81,7 @@ class PreVoteCounters:
     granted: int = 0  # pre-votes this node gave
     refused_leader_alive: int = 0  # refused: this node leads, or heard from a leader within silence_s
     refused_log_behind: int = 0  # refused: the asker's log is behind ours
+    rounds_skipped_behind_leader: int = 0  # elections let through: a leader lives at a lower term
 
 
 class PreVote:
@@ -93,6 +94,8 @@ class PreVote:
         self.counters = PreVoteCounters()
         self._round: _Round | None = None
         self._leader_heard_at = _NEVER
+        # When a leader's append_entries at a term BELOW ours last arrived (pysyncobj drops it).
+        self._lower_leader_heard_at = _NEVER
 
     def __repr__(self) -> str:
         c = self.counters
@@ -106,6 +109,15 @@ class PreVote:
     def before_tick(self, raft: RaftView, now: float | None = None) -> None:
         now = raft_clock() if now is None else now
         if not raft.election_due(now) or raft.transfer_in_progress():
+            return
+        if now - self._lower_leader_heard_at < self.silence_s:
+            # A leader lives at a term below ours: we are ahead in term (an election of ours that
+            # reached nobody, before a kill or a partition) and drop its messages, and the peers
+            # that hear from it refuse every pre-vote, so we would never rejoin. A real election
+            # (plain pysyncobj, as etcd's node answers such a leader) makes it adopt our term and
+            # lets the cluster elect again at once: one election, never a node stuck outside.
+            self._round = None
+            self.counters.rounds_skipped_behind_leader += 1
             return
         round_ = self._round
         if round_ is not None and round_.won_at is not None and round_.term == raft.current_term() + 1:
@@ -161,6 +173,8 @@ class PreVote:
                 # pysyncobj accepts it: a live leader (it resets its election deadline likewise).
                 self._leader_heard_at = now
                 self._round = None
+            elif isinstance(term, int):
+                self._lower_leader_heard_at = now
             return False
         if kind == PRE_VOTE_REQUEST:
             if node in raft.peers():
