@@ -385,7 +385,7 @@ class CoreMachine(RuleBasedStateMachine):
 
         result, taken = self.execute("task.receive", args, model)
         if taken is not None:
-            assert result == {"task_ids": taken}
+            assert result["task_ids"] == taken and [given["task_id"] for given in result["deliveries"]] == taken
             for task_id in taken:
                 delivery_id = self.h.state.tasks[task_id].delivery_id
                 assert delivery_id is not None and delivery_id not in self.deliveries

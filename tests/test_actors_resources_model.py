@@ -605,7 +605,7 @@ class ResourcesMachine(RuleBasedStateMachine):
         result, delivered = self.execute("task.receive", args, model)
         if delivered is None:
             return
-        assert result == {"task_ids": delivered}
+        assert result["task_ids"] == delivered and [given["task_id"] for given in result["deliveries"]] == delivered
         for task_id in delivered:
             task = self.tasks[task_id]
             assert task.delivery is not None

@@ -138,11 +138,11 @@ def test_receive_hands_out_fifo_at_most_max(h: Harness, run_id: str) -> None:
     ids = [h.submit(run_id, key) for key in "abcde"]
     h.effects.clear()
     first = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=2, lease_ms=LEASE_MS, holder="w1")
-    assert first == {"task_ids": ids[:2]}
+    assert first["task_ids"] == ids[:2]
     second = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=10, lease_ms=LEASE_MS, holder="w2")
-    assert second == {"task_ids": ids[2:]}
+    assert second["task_ids"] == ids[2:]
     assert h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=LEASE_MS, holder="w3") == {
-        "task_ids": []
+        "task_ids": [], "deliveries": []
     }
     for index, task_id in enumerate(ids):
         task = h.task(task_id)
@@ -533,3 +533,24 @@ def test_key_only_names_the_task_by_its_key_alone(h: Harness, run_id: str) -> No
     assert again == {"task_id": first, "created": False}
     assert h.task(first).input == {"at": 1}
     assert h.err("task.submit", **h.submit_args(run_id, "acme", {"at": 3})) == errors.KEY_CONFLICT
+
+
+def test_a_receive_answers_its_deliveries_as_its_own_step_left_them(h: Harness, run_id: str) -> None:
+    """The node renders a receive's answer after the command, from the state as it is then: the
+    delivery may have ended meanwhile (the run cancelled, its lease lapsed and the task handed to
+    another worker). The answer must still name this receive's delivery, never None or another's."""
+    from runstate.node.api.deliveries import _given_view
+
+    task_id = h.submit(run_id, "a")
+    result = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=1_000, holder="w1")
+    (given,) = result["deliveries"]
+    assert given == {"task_id": task_id, "delivery_id": h.task(task_id).delivery_id, "attempt": 1,
+                     "lease_expires_ms": h.task(task_id).lease_expires_ms}
+    h.advance(1_001)
+    h.tick()  # the lease lapsed: the task is back, and another worker takes it
+    h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=1_000, holder="w2")
+    view = _given_view(h.state, given)
+    assert (view["id"], view["attempt"], view["taskId"]) == (given["delivery_id"], 1, task_id)
+    assert view["id"] != h.task(task_id).delivery_id and view["holds"] == {"slots": [], "reservationId": None}
+    h.cancel(run_id)  # the delivery of the second worker ends too: still named, never None
+    assert _given_view(h.state, given)["id"] == given["delivery_id"]

@@ -163,6 +163,7 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     assert 1 <= count_max <= limits.receive_batch_max
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     delivered: list[str] = []
+    deliveries: list[dict[str, Any]] = []
     unserved: list[str] = []  # jobs this receive could not serve, in order: they stay in front
     passed: set[tuple[str, str]] = set()  # the resources those jobs need
     scanned = 0
@@ -189,8 +190,12 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         task.holder = holder
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
         delivered.append(task.id)
+        # As this step left them: a later command (a lapse, the run's stop) may end the delivery
+        # before the caller reads the state, and the next delivery of the task is someone else's.
+        deliveries.append({"task_id": task.id, "delivery_id": delivery_id, "attempt": task.attempt,
+                           "lease_expires_ms": task.lease_expires_ms})
     queue.ready.extendleft(reversed(unserved))
-    return {"task_ids": delivered}
+    return {"task_ids": delivered, "deliveries": deliveries}
 
 
 def _require_delivery(ctx: Context, delivery_id: Any) -> Task:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from runstate.actors import limits, runs
 from runstate.actors.context import queue_key
+from runstate.actors.state import State
 from runstate.node.api import _request as req
 from runstate.node.api._poll import body_wait_ms, client_gone
 from runstate.node.api.errors import ApiError
@@ -65,14 +66,14 @@ async def receive(request: web.Request) -> web.Response:
             if first or _worth_receiving(request, run_id, mailbox):
                 result = await node.propose(caller, "task.receive", args)
             else:
-                result = {"task_ids": []}
+                result = {"task_ids": [], "deliveries": []}
             first = False
-            if result["task_ids"]:
+            if result["deliveries"]:
                 if client_gone(request):
-                    await _give_back(request, caller, result["task_ids"])
+                    await _give_back(request, caller, [given["delivery_id"] for given in result["deliveries"]])
                     return web.json_response({"deliveries": []})
                 with node.read() as state:
-                    deliveries = [delivery_view(state.tasks[task_id]) for task_id in result["task_ids"]]
+                    deliveries = [_given_view(state, given) for given in result["deliveries"]]
                 return web.json_response({"deliveries": deliveries})
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
@@ -80,12 +81,28 @@ async def receive(request: web.Request) -> web.Response:
             await waiter.wait(remaining_s)
 
 
-async def _give_back(request: web.Request, caller: Caller, task_ids: list[str]) -> None:
+def _given_view(state: State, given: dict[str, Any]) -> dict[str, Any]:
+    """A delivery as the receive handed it out. The id, attempt and lease come from the receive's
+    own step, never from the state read afterwards: another command may have ended the delivery
+    meanwhile (its holds are then returned: none are shown), and a later delivery of the same task
+    belongs to someone else."""
+    task = state.tasks.get(given["task_id"])
+    current = task is not None and task.delivery_id == given["delivery_id"]
+    view = delivery_view(task) if task is not None else {"taskId": given["task_id"]}
+    view.update(
+        id=given["delivery_id"],
+        attempt=given["attempt"],
+        leaseExpiresAt=iso(given["lease_expires_ms"]),
+    )
+    if not current:
+        view["holds"] = {"slots": [], "reservationId": None}
+    return view
+
+
+async def _give_back(request: web.Request, caller: Caller, delivery_ids: list[str]) -> None:
     """The client left while its receive was committed: release what it got at once rather than
     leave the tasks stranded until their leases lapse."""
     node = node_of(request)
-    with node.read() as state:
-        delivery_ids = [state.tasks[task_id].delivery_id for task_id in task_ids]
     for delivery_id in delivery_ids:
         try:
             await node.propose(caller, "delivery.release", {"delivery_id": delivery_id})
