@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 CAN_FORK = hasattr(os, "fork") and sys.platform.startswith("linux")
 _PR_SET_PDEATHSIG = 1
 _WRITING_SUFFIX = ".writing"
+# Descriptors closed in the child where /proc/self/fd cannot be listed (the usual soft limit).
+_DESCRIPTORS_WITHOUT_PROC_MAX = 1024
 # The child's CPU priority below the node's: a dump may take longer, a heartbeat may not.
 _CHILD_NICENESS = 10
 
@@ -157,7 +159,7 @@ def _close_inherited_descriptors() -> None:
     try:
         descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
-        descriptors = list(range(3, 1024))
+        descriptors = list(range(3, _DESCRIPTORS_WITHOUT_PROC_MAX))
     for descriptor in descriptors:
         if descriptor > 2:
             with contextlib.suppress(OSError):

@@ -86,9 +86,8 @@ _EPOCH_MAX = 2**53
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
-    awaited = req.query_integer(request, "epoch", minimum=0, maximum=_EPOCH_MAX, default=0) or None
-    if "epoch" in request.query and awaited is None:
-        raise ApiError("VALIDATION", f"epoch must be from 1 to {_EPOCH_MAX}")
+    # Absent: 0, then the epoch current at the first look.
+    awaited = req.query_integer(request, "epoch", minimum=1, maximum=_EPOCH_MAX, default=0) or None
 
     def look() -> dict[str, Any]:
         nonlocal awaited
