@@ -161,7 +161,7 @@ def start_node(fsync: str, data_dir: Path, *, auth: bool = False) -> tuple[subpr
     if auth:
         os.environ["RUNSTATE_BOOTSTRAP_KEY"] = os.environ["RUNSTATE_API_KEY"] = "rsk_" + secrets.token_urlsafe(32)
     node = subprocess.Popen(
-        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(port), "--data-dir", str(data_dir),
+        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", str(port), "--data-dir", str(data_dir),
          "--fsync", fsync, *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

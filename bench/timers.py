@@ -21,8 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.throughput import percentile, start_node, wait_healthy
 from runstate import AsyncRunstate
+
+from bench.throughput import percentile, start_node, wait_healthy
 
 SPREAD_S = 3.0
 WAIT_TIMEOUT_MS = 120_000

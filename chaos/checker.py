@@ -668,7 +668,7 @@ class GroupMember:
 
 def group_decision(condition: str, threshold: int | None, closed: bool, members: Iterable[GroupMember]) -> tuple[str, str] | None:
     """The (outcome, reason) a group's members decide, or None while undecided: the rule of
-    docs/http-api.md "Task groups" (and runstate/actors/groups.py), restated from the spec."""
+    docs/http-api.md "Task groups" (and runstate_server/actors/groups.py), restated from the spec."""
     accepted = rejected = unfinished = unjudged_successes = 0
     for member in members:
         if member.verdict == "ACCEPTED":

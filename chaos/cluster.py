@@ -10,7 +10,7 @@ traffic crosses one TCP proxy per pair, so a partition needs no root.
     cluster.close()                     # also run at exit: nothing is left running
 
 Nodes are indexes 0, 1, 2 (ids n1, n2, n3). Node i logs to ROOT/n<i+1>.log and keeps its data in
-ROOT/n<i+1>. Only the installed package is used (`python -m runstate.node.cli node`).
+ROOT/n<i+1>. Only the installed package is used (`python -m runstate_server.node.cli node`).
 
 How the pairs are routed (pysyncobj 0.3.17, transport.py `_shouldConnect`): of two nodes, the one
 whose own address is *greater* than the address it has for the other dials, once, and says who it
@@ -64,7 +64,7 @@ PROBE_TIMEOUT_S = 1.0  # one HTTP probe of one node
 POLL_S = 0.05
 # Health must hold this long to count: a node that has just reconnected (after a partition or a
 # SIGSTOP) tries an election within a tick or two if its election deadline passed meanwhile
-# (pysyncobj only campaigns while connected to someone). Pre-vote (runstate/cluster/_prevote.py)
+# (pysyncobj only campaigns while connected to someone). Pre-vote (runstate_server/cluster/_prevote.py)
 # keeps it from deposing a healthy leader; a leader that really lost its majority is still being
 # replaced in that window. Above raft_timeout_s_min (0.3 s) plus a few 50 ms ticks.
 HEALTHY_STABLE_S = 0.5
@@ -197,7 +197,7 @@ class ChaosCluster:
 
     def command(self, index: int) -> list[str]:
         command = [
-            sys.executable, "-m", "runstate.node.cli", "node",
+            sys.executable, "-m", "runstate_server.node.cli", "node",
             "--node-id", self.ids[index],
             "--api", f"{HOST}:{self.api_ports[index]}",
             "--raft", self.rafts[index],

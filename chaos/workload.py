@@ -62,8 +62,9 @@ from typing import Any
 from urllib.parse import quote
 
 import runstate
-from chaos.history import History
 from runstate.sdk.errors import RunstateError, UnavailableError
+
+from chaos.history import History
 
 log = logging.getLogger("chaos.workload")
 

@@ -149,7 +149,7 @@ class Cluster:
 
     def command(self, index: int) -> list[str]:
         command = [
-            sys.executable, "-m", "runstate.node.cli", "node",
+            sys.executable, "-m", "runstate_server.node.cli", "node",
             "--node-id", self.ids[index],
             "--api", f"127.0.0.1:{self.api_ports[index]}",
             "--raft", self.rafts[index],

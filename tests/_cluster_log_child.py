@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runstate.cluster import LogConfig, ReplicatedLog
+from runstate_server.cluster import LogConfig, ReplicatedLog
 
 
 def free_port() -> int:

@@ -37,7 +37,7 @@ class DevNode:
     def start(self) -> DevNode:
         assert self.process is None or self.process.poll() is not None, "already running"
         storage = ["--data-dir", str(self.data_dir)] if self.data_dir else ["--in-memory"]
-        command = [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(self.port), *storage, *self.extra_args]
+        command = [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", str(self.port), *storage, *self.extra_args]
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy())
         log_file.close()

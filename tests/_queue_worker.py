@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import _queue_jobs  # noqa: F401  (defines the queue)
-
 import runstate
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Rules of spaces and API keys (runstate.actors.access) and the key check of every command
-(runstate.actors.dispatch), then the same rules against a small model (hypothesis stateful)."""
+"""Rules of spaces and API keys (runstate_server.actors.access) and the key check of every command
+(runstate_server.actors.dispatch), then the same rules against a small model (hypothesis stateful)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from runstate.actors import access, dispatch, errors, limits
-from runstate.actors.state import ApiKey, Space, from_snapshot, to_snapshot
+from runstate_server.actors import access, dispatch, errors, limits
+from runstate_server.actors.state import ApiKey, Space, from_snapshot, to_snapshot
 from tests.test_actors_harness import Harness, pack, round_trip, snapshot_bytes, unpack
 
 OPS = "ops"

@@ -1,10 +1,10 @@
-"""Rules of barriers (runstate.actors.barriers) and durable timers (runstate.actors.timers)."""
+"""Rules of barriers (runstate_server.actors.barriers) and durable timers (runstate_server.actors.timers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from runstate.actors import barriers, errors, timers
+from runstate_server.actors import barriers, errors, timers
 from tests.test_actors_harness import RETENTION_MS, Harness, round_trip, snapshot_bytes
 
 

@@ -1,4 +1,4 @@
-"""Rules of claims (runstate.actors.claims) and of the space's default run."""
+"""Rules of claims (runstate_server.actors.claims) and of the space's default run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import errors
-from runstate.actors.state import Claim, ClaimState
+from runstate_server.actors import errors
+from runstate_server.actors.state import Claim, ClaimState
 from tests.test_actors_harness import RETENTION_MS, Harness, round_trip, snapshot_bytes
 
 LEASE_MS = 10_000

@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runstate.actors.state import ClaimState
+from runstate_server.actors.state import ClaimState
 from tests.test_actors_harness import Harness, round_trip
 
 KEYS = ("a", "b", "c")

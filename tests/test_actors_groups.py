@@ -1,4 +1,4 @@
-"""Rules of task groups (runstate.actors.groups): the spec's table, closing, verdicts, finalizing."""
+"""Rules of task groups (runstate_server.actors.groups): the spec's table, closing, verdicts, finalizing."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import errors, limits
-from runstate.actors.groups import Group
-from runstate.actors.state import RunState, TaskState
+from runstate_server.actors import errors, limits
+from runstate_server.actors.groups import Group
+from runstate_server.actors.state import RunState, TaskState
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, round_trip, snapshot_bytes
 
 

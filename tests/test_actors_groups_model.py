@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from runstate.actors.state import RunState
+from runstate_server.actors.state import RunState
 from tests.test_actors_harness import MAILBOX, Harness, round_trip
 
 KEYS = tuple(f"k{i}" for i in range(6))

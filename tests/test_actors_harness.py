@@ -14,8 +14,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from runstate.actors import dispatch
-from runstate.actors.state import Run, State, Task, from_snapshot, to_snapshot
+from runstate_server.actors import dispatch
+from runstate_server.actors.state import Run, State, Task, from_snapshot, to_snapshot
 
 SPACE = "space-1"
 MAILBOX = "work"

@@ -1,5 +1,5 @@
 """Worker identity in the core: the holder a client declares is kept with every verdict, and who
-finished a task or a claim is known from the lease that did (runstate.actors.groups, tasks, claims),
+finished a task or a claim is known from the lease that did (runstate_server.actors.groups, tasks, claims),
 through snapshots too."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import claims, errors, tasks
-from runstate.actors.groups import Group
-from runstate.actors.state import ClaimState, TaskState, from_snapshot, to_snapshot
+from runstate_server.actors import claims, errors, tasks
+from runstate_server.actors.groups import Group
+from runstate_server.actors.state import ClaimState, TaskState, from_snapshot, to_snapshot
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, unpack
 
 LEASE_MS = 10_000

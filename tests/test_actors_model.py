@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from runstate.actors import runs as core_runs
-from runstate.actors.state import TaskState
+from runstate_server.actors import runs as core_runs
+from runstate_server.actors.state import TaskState
 from tests.test_actors_harness import Harness, heap_is_valid, pack, round_trip, snapshot_bytes, unpack
 
 RETENTION_MS = 20_000

@@ -1,5 +1,5 @@
-"""Rules of pools, rate limits and spend budgets (runstate.actors.resources), held directly under a
-run or by the deliveries of jobs that need them (runstate.actors.tasks)."""
+"""Rules of pools, rate limits and spend budgets (runstate_server.actors.resources), held directly under a
+run or by the deliveries of jobs that need them (runstate_server.actors.tasks)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import errors, limits, resources
-from runstate.actors.state import TaskState, from_snapshot, to_snapshot
+from runstate_server.actors import errors, limits, resources
+from runstate_server.actors.state import TaskState, from_snapshot, to_snapshot
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000

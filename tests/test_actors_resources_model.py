@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from runstate.actors import resources
-from runstate.actors.state import TaskState
+from runstate_server.actors import resources
+from runstate_server.actors.state import TaskState
 from tests.test_actors_harness import Harness, heap_is_valid, pack, round_trip, snapshot_bytes, unpack
 
 RETENTION_MS = 10**9  # runs are never removed here (test_actors_model covers retention)

@@ -1,11 +1,11 @@
-"""Rules of mailboxes, runs, time and the dispatcher (runstate.actors.runs, dispatch)."""
+"""Rules of mailboxes, runs, time and the dispatcher (runstate_server.actors.runs, dispatch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from runstate.actors import errors, limits, runs, tasks
-from runstate.actors.state import RunState, TaskState
+from runstate_server.actors import errors, limits, runs, tasks
+from runstate_server.actors.state import RunState, TaskState
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, snapshot_bytes
 
 

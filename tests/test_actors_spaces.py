@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import access, dispatch, errors
+from runstate_server.actors import access, dispatch, errors
 from tests.test_actors_access import ALL, KeyedHarness
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, snapshot_bytes, unpack
 

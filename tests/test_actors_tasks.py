@@ -1,4 +1,4 @@
-"""Rules of tasks and deliveries (runstate.actors.tasks): submit, receive, leases, retries, and what
+"""Rules of tasks and deliveries (runstate_server.actors.tasks): submit, receive, leases, retries, and what
 cancel, deadlines and retention do to them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from runstate.actors import errors, limits, tasks
-from runstate.actors.state import TaskState
+from runstate_server.actors import errors, limits, tasks
+from runstate_server.actors.state import TaskState
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, snapshot_bytes
 
 LEASE_MS = 10_000
@@ -539,7 +539,7 @@ def test_a_receive_answers_its_deliveries_as_its_own_step_left_them(h: Harness, 
     """The node renders a receive's answer after the command, from the state as it is then: the
     delivery may have ended meanwhile (the run cancelled, its lease lapsed and the task handed to
     another worker). The answer must still name this receive's delivery, never None or another's."""
-    from runstate.node.api.deliveries import _given_view
+    from runstate_server.node.api.deliveries import _given_view
 
     task_id = h.submit(run_id, "a")
     result = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=1_000, holder="w1")

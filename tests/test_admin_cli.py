@@ -21,7 +21,7 @@ def runstate(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """The `runstate` command with `args`, without the caller's RUNSTATE_* settings (plus `env`)."""
     environment = {name: value for name, value in os.environ.items() if name not in CLIENT_ENV}
     return subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", *args],
+        [sys.executable, "-m", "runstate_server.node.cli", *args],
         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env={**environment, **(env or {})},
     )
 
@@ -169,8 +169,8 @@ def test_usage_errors_exit_2() -> None:
     usage_error("keys")
     usage_error("spaces", "delete")
     usage_error("whoami", "--bogus")
-    assert usage_error("whoami", "--url", "ftp://example.com").startswith("runstate: base_url 'ftp://example.com'")
-    assert usage_error("keys", "list", "--space", "", "--url", "http://127.0.0.1:1").startswith("runstate: space")
+    assert usage_error("whoami", "--url", "ftp://example.com").startswith("runstate: --url 'ftp://example.com'")
+    assert usage_error("keys", "list", "--space", "", "--url", "http://127.0.0.1:1").startswith("runstate: --space")
 
 
 def test_help_lists_the_permissions() -> None:

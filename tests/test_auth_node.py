@@ -52,7 +52,7 @@ def test_a_node_without_auth_needs_no_key_and_says_so(dev_node: DevNode) -> None
 @pytest.mark.parametrize("key", ["short", "has a space in it and is long enough 0123456789"])
 def test_a_malformed_bootstrap_key_is_refused_before_starting(tmp_path: Path, key: str) -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "dev", "--auth", "--port", "0", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--auth", "--port", "0", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, "RUNSTATE_BOOTSTRAP_KEY": key},
     )
     assert finished.returncode == 2, finished.stderr

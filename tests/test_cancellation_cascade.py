@@ -17,11 +17,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate
-from runstate.actors import errors, resources
-from runstate.actors.state import RunState
+
+from runstate_server.actors import errors, resources
+from runstate_server.actors.state import RunState
 from tests._nodes import DevNode
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness
 

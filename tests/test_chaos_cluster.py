@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runstate import Runstate, UnavailableError
 
 from chaos.cluster import NODES, ChaosCluster
 from chaos.faults import REGISTRY, Injector, PlannedFault, Schedule, parse_kinds
-from runstate import Runstate, UnavailableError
 
 pytestmark = pytest.mark.slow
 

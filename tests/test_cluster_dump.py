@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runstate.cluster import LogConfig
-from runstate.cluster.log import DUMP_FILE_NAME
-from runstate.cluster.snapshot import decode_dump
+from runstate_server.cluster import LogConfig
+from runstate_server.cluster.log import DUMP_FILE_NAME
+from runstate_server.cluster.snapshot import decode_dump
 from tests._cluster_log_child import RecordingMachine
 from tests.test_cluster_log import applied_ids, eventually, running_log
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pysyncobj.journal import FileJournal
 
-from runstate.cluster._journal import DurableJournal
+from runstate_server.cluster._journal import DurableJournal
 
 
 def entries(count: int, term: int = 1) -> list[tuple[bytes, int, int]]:

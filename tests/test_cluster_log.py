@@ -14,10 +14,10 @@ import pytest
 from pysyncobj.journal import FileJournal
 from pysyncobj.pickle import loads as pysyncobj_loads
 
-from runstate.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
-from runstate.cluster.codec import decode_batch
-from runstate.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
-from runstate.cluster.snapshot import Dump, encode_dump
+from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.cluster.codec import decode_batch
+from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
+from runstate_server.cluster.snapshot import Dump, encode_dump
 from tests._cluster_log_child import RecordingMachine, free_port
 
 READY_TIMEOUT_S = 15.0

@@ -14,6 +14,7 @@ from typing import Any
 
 from runstate import AsyncRunstate
 from runstate.sdk.errors import LeaseLostError, UnavailableError
+
 from tests._cluster import Cluster
 
 PRODUCERS = 4

@@ -1,4 +1,4 @@
-"""Pre-vote (runstate/cluster/_prevote.py). Its rules on a fake pysyncobj node first; then on real
+"""Pre-vote (runstate_server/cluster/_prevote.py). Its rules on a fake pysyncobj node first; then on real
 processes: a follower cut off by a partition, frozen by SIGSTOP, or killed with kill -9 and
 restarted, for several election timeouts, rejoins without deposing the healthy leader: every node
 names the same leader at the same term afterwards, and no write to the leader failed meanwhile.
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from pysyncobj.pickle import dumps as pysyncobj_dumps
 from pysyncobj.pickle import loads as pysyncobj_loads
+from runstate import Runstate
 
 from chaos.cluster import NODES, POLL_S, START_TIMEOUT_S, ChaosCluster
-from runstate import Runstate
-from runstate.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
-from runstate.cluster.config import LogConfig
+from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
+from runstate_server.cluster.config import LogConfig
 from tests._cluster import Cluster
 
 # How long the follower stays away: several election timeouts (0.3-0.6 s) and past pysyncobj's

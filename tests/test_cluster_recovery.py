@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 
 from runstate import Runstate
-from runstate.cluster.log import DUMP_FILE_NAME
+
+from runstate_server.cluster.log import DUMP_FILE_NAME
 from tests._cluster import Cluster
 
 WRITERS = 3

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runstate.cluster.log import DUMP_FILE_NAME
-from runstate.cluster.snapshot import decode_dump
+from runstate_server.cluster.log import DUMP_FILE_NAME
+from runstate_server.cluster.snapshot import decode_dump
 from tests._cluster_log_child import free_port
 
 CHILD = Path(__file__).with_name("_cluster_log_child.py")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate import AsyncRunstate
+
 from tests._cluster import Cluster
 from tests._http import call
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from runstate.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
-from runstate.cluster.snapshot import Dump, DumpFormatError, decode_dump, encode_dump, write_file
+from runstate_server.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
+from runstate_server.cluster.snapshot import Dump, DumpFormatError, decode_dump, encode_dump, write_file
 
 DUMP = Dump(
     state={"v": 1, "runs": {"r1": {"status": "RUNNING", "tasks": [1, 2, 3]}}, "blob": b"\x00\xff"},

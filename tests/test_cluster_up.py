@@ -10,7 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from runstate.node.local_cluster import RAFT_PORT_OFFSET
+from runstate_server.node.local_cluster import RAFT_PORT_OFFSET
 from tests._cluster import free_port_block
 
 UP_TIMEOUT_S = 60.0
@@ -20,7 +20,7 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
     # The command takes base_port .. base_port+2 for the APIs and base_port+100 .. for Raft.
     base_port = free_port_block([*range(3), *(RAFT_PORT_OFFSET + index for index in range(3))])
     process = subprocess.Popen(
-        [sys.executable, "-m", "runstate.node.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
+        [sys.executable, "-m", "runstate_server.node.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
          "--data-dir", str(tmp_path / "cluster"), "--fsync", "never"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -62,7 +62,7 @@ def test_cluster_up_refuses_a_taken_port_before_starting_anything(tmp_path: Path
         taken.bind(("127.0.0.1", base_port + RAFT_PORT_OFFSET + 1))
         taken.listen()
         finished = subprocess.run(
-            [sys.executable, "-m", "runstate.node.cli", "cluster", "up", "--base-port", str(base_port),
+            [sys.executable, "-m", "runstate_server.node.cli", "cluster", "up", "--base-port", str(base_port),
              "--data-dir", str(tmp_path / "cluster")],
             capture_output=True, text=True, timeout=UP_TIMEOUT_S,
         )

@@ -192,7 +192,7 @@ def test_every_node_has_a_healthcheck_on_its_health_endpoint() -> None:
 
 def test_every_flag_in_the_commands_is_one_runstate_node_accepts() -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "node", "--help"],
+        [sys.executable, "-m", "runstate_server.node.cli", "node", "--help"],
         cwd=ROOT, capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stdout + finished.stderr

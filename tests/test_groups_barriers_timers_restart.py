@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from runstate import AsyncRunstate
+
 from tests._nodes import DevNode
 
 WAIT_MS = 10_000

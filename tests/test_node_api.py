@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from runstate.node.api.app import ROUTES
-from runstate.node.api.openapi import openapi_path
+from runstate_server.node.api.app import ROUTES
+from runstate_server.node.api.openapi import openapi_path
 from tests._http import Api
 from tests._nodes import DevNode
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runstate.node import cli
-from runstate.node.config import ConfigError, Peer
+from runstate_server.node import cli
+from runstate_server.node.config import ConfigError, Peer
 
 SECRET = "s" * 32
 CLI_TIMEOUT_S = 60
@@ -75,7 +75,7 @@ def test_bad_settings_are_refused_by_name(argv: list[str], message: str, monkeyp
 def test_a_cluster_node_refuses_to_start_without_a_secret(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin"}
     finished = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "node", "--node-id", "n1", "--api", "127.0.0.1:0",
+        [sys.executable, "-m", "runstate_server.node.cli", "node", "--node-id", "n1", "--api", "127.0.0.1:0",
          "--raft", "127.0.0.1:1", "--peer", "n2,127.0.0.1:2,http://127.0.0.1:3", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env,
     )
@@ -84,7 +84,7 @@ def test_a_cluster_node_refuses_to_start_without_a_secret(tmp_path: Path) -> Non
     short = tmp_path / "short"
     short.write_text("tooshort")
     finished = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "node", "--node-id", "n1", "--api", "127.0.0.1:0",
+        [sys.executable, "-m", "runstate_server.node.cli", "node", "--node-id", "n1", "--api", "127.0.0.1:0",
          "--raft", "127.0.0.1:1", "--peer", "n2,127.0.0.1:2,http://127.0.0.1:3", "--secret-file", str(short)],
         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env,
     )

@@ -71,7 +71,7 @@ def test_dev_prints_where_it_listens_and_stops_cleanly_on_ctrl_c(node_factory: A
 
 def test_dev_refuses_a_non_loopback_address(tmp_path: Path) -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "dev", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
     )
     assert finished.returncode == 2
@@ -209,13 +209,13 @@ def test_a_second_node_on_the_same_data_dir_or_port_is_refused(node_factory: Any
     node: DevNode = node_factory().start()
     assert node.data_dir is not None
     same_dir = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", "0", "--data-dir", str(node.data_dir)],
+        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", "0", "--data-dir", str(node.data_dir)],
         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
     )
     assert same_dir.returncode == 1
     assert "another runstate node is using the data dir" in same_dir.stderr
     same_port = subprocess.run(
-        [sys.executable, "-m", "runstate.node.cli", "dev", "--port", str(node.port), "--data-dir", str(tmp_path / "x")],
+        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", str(node.port), "--data-dir", str(tmp_path / "x")],
         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
     )
     assert same_port.returncode == 1

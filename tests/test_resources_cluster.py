@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-
 from runstate import AsyncRunstate, WaitTimeoutError
+
 from tests._cluster import Cluster
 
 LEASE_MS = 30_000

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate import Runstate, ScopeCancelledError
+
 from tests._nodes import DevNode
 from tests._once_procs import children, sdk_env
 

@@ -12,7 +12,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-
 from runstate import (
     AsyncRunstate,
     ConfigError,
@@ -24,6 +23,7 @@ from runstate import (
     ValidationError,
 )
 from runstate.sdk import PERMISSIONS, Identity, KeyInfo, NewKey, SpaceInfo
+
 from tests._nodes import DevNode, read_bootstrap_key
 
 OPERATOR_SPACE = "default"
@@ -257,6 +257,6 @@ def test_keys_minted_without_auth_are_enforced_after_a_restart_with_auth(node_fa
 
 
 def test_the_sdk_knows_the_servers_permissions() -> None:
-    from runstate.actors import access
+    from runstate_server.actors import access
 
     assert PERMISSIONS == access.PERMISSIONS

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate, Runstate
+
 from tests._cluster import Cluster
 from tests._http import Api
 from tests._nodes import DevNode

@@ -7,9 +7,9 @@ import uuid
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate, Runstate
+
 from tests._nodes import DevNode
 
 

@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 import pytest
-
 from runstate import AsyncRunstate
 from runstate.sdk import _consume
 

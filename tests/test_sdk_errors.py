@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
 import runstate
 from runstate.sdk.errors import error_from_response
 

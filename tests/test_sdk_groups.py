@@ -9,9 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate, Runstate
+
 from tests._nodes import DevNode
 from tests._once_procs import children, sdk_env
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runstate import AsyncRunstate
+
 from tests._cluster import Cluster
 
 RESULT_TIMEOUT_MS = 30_000

@@ -12,13 +12,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from aiohttp import web
-
 import runstate
+from aiohttp import web
 from runstate import AsyncRunstate
 from runstate.sdk import _http
 from runstate.sdk._http import BASE_URL_DEFAULT, default_holder, parse_base_urls
 from runstate.sdk._time import format_deadline, parse_time
+
 from tests._nodes import free_port
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate, Runstate
 from runstate.sdk import _consume
+
 from tests._nodes import free_port
 
 pytestmark = pytest.mark.slow

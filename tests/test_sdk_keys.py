@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate.sdk._time import parse_duration_ms
 from runstate.sdk.errors import ConfigError

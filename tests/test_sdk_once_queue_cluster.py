@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import runstate
+
 from tests._cluster import Cluster, cluster_factory
 from tests._http import Api
 from tests._once_procs import sdk_env

@@ -15,10 +15,10 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-
 import runstate
 from runstate.sdk import claims as claims_module
 from runstate.sdk.errors import ScopeCancelledError
+
 from tests._http import Api
 from tests._nodes import DevNode
 from tests._once_procs import HERE, WAIT_S, children, lines, read_line, sdk_env

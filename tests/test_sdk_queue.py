@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate.sdk import queue as queue_module
 from runstate.sdk.errors import ConfigError, ScopeCancelledError, TaskFailedError
+
 from tests._http import Api, configured_run
 from tests._nodes import DevNode
 

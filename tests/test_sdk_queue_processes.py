@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 import runstate
+
 from tests._cluster import Cluster
 from tests._http import Api
 from tests._nodes import DevNode

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import runstate
 from runstate.sdk import queue as queue_module
+
 from tests._http import Api, configured_run
 from tests._nodes import DevNode
 from tests._once_procs import WAIT_S, children, lines, output, read_line, sdk_env, wait_until

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate, Runstate
 from runstate.sdk import queue as queue_module
@@ -27,6 +26,7 @@ from runstate.sdk.errors import (
     WaitTimeoutError,
 )
 from runstate.sdk.resources import Spending, needs_body
+
 from tests._nodes import DevNode
 from tests.test_sdk_queue import Worker
 

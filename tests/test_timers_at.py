@@ -10,9 +10,9 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-
 import runstate
 from runstate import AsyncRunstate
+
 from tests._nodes import DevNode
 
 WAIT_MS = 10_000

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runstate import AsyncRunstate
+
 from tests._http import Api
 from tests._nodes import DevNode
 

@@ -1,0 +1,2 @@
+"""The runstate server: the deterministic core (actors), the replicated log (cluster) and the
+process (node). Imports nothing of the SDK."""

@@ -1,0 +1,207 @@
+"""The dispatcher: apply one command to the state, deterministically.
+
+A command is `{"type": str, "v": 1, "space": str, "id": str, "args": dict, "key": str | None}`; the
+leader chose its id, and the batch it travels in carries `now_ms` and the leader's `epoch`. `key`
+is the id of the API key the request was made with (absent on a node without auth, and on the
+leader's own commands). `apply` never reads a clock, a random source or the environment, so every
+replica computes the same result and the same state from the same log.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from runstate_server.actors import (
+    access,
+    barriers,
+    claims,
+    errors,
+    groups,
+    limits,
+    resources,
+    runs,
+    tasks,
+    timers,
+)
+from runstate_server.actors.context import Context, Effect
+from runstate_server.actors.errors import Rejected
+from runstate_server.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
+
+COMMAND_VERSION = 1
+
+Handler = Callable[[Context, dict[str, Any]], Any]
+
+HANDLERS: dict[str, Handler] = {
+    "mailbox.ensure": tasks.ensure_mailbox,
+    "run.create": runs.create,
+    "run.cancel": runs.cancel,
+    "run.complete": runs.complete,
+    "task.submit": tasks.submit,
+    "task.receive": tasks.receive,
+    "delivery.renew": tasks.renew,
+    "delivery.complete": tasks.complete,
+    "delivery.retry": tasks.retry,
+    "delivery.reject": tasks.reject,
+    "delivery.release": tasks.release,
+    "run.default": runs.default_run,
+    "claim.acquire": claims.acquire,
+    "claim.renew": claims.renew,
+    "claim.complete": claims.complete,
+    "claim.fail": claims.fail,
+    "claim.release": claims.release,
+    **groups.HANDLERS,
+    **barriers.HANDLERS,
+    **timers.HANDLERS,
+    **resources.HANDLERS,
+    **access.HANDLERS,
+}
+
+# Time-driven transitions of the later rule modules: due kind -> handler(ctx, entity id, due_ms).
+DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
+    **groups.DUE_HANDLERS,
+    **barriers.DUE_HANDLERS,
+    **timers.DUE_HANDLERS,
+    **resources.DUE_HANDLERS,
+}
+
+# Commands that are not about one space: driven by the leader itself.
+SYSTEM_SPACE = ""
+
+
+class Core:
+    """The state machine the replicated log drives (see runstate_server.cluster.log.StateMachine)."""
+
+    def __init__(self, state: State | None = None) -> None:
+        self.state = state or State()
+
+    @property
+    def clock_ms(self) -> int:
+        return self.state.clock_ms
+
+    def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Effect]]:
+        return apply(self.state, command, now_ms, epoch)
+
+    def snapshot(self) -> dict[str, Any]:
+        return to_snapshot(self.state)
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.state = from_snapshot(snapshot)
+
+
+def apply(state: State, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Effect]]:
+    """Apply `command`; return (result, effects). A rejected command returns
+    `{"error": {"code", "message"}}` and leaves the state unchanged."""
+    now_ms = max(now_ms, state.clock_ms)  # time never goes backwards, whatever the leader's clock
+    state.clock_ms = now_ms
+    earliest_before = state.next_due_ms()
+    effects: list[Effect] = []
+    try:
+        result = _apply(state, command, now_ms, epoch, effects)
+    except Rejected as rejected:
+        return rejected.as_result(), []
+    earliest_after = state.next_due_ms()
+    if earliest_after is not None and (earliest_before is None or earliest_after < earliest_before):
+        effects.append(("arm", earliest_after))
+    return result, effects
+
+
+def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effects: list[Effect]) -> Any:
+    if command.get("v") != COMMAND_VERSION:
+        raise Rejected(errors.VALIDATION, f"unsupported command version {command.get('v')!r}")
+    space_id = command.get("space")
+    key_id = command.get("key")
+    if key_id is not None:
+        # Before everything, the read barrier included: a command after a revoke in the log is
+        # refused, whichever node checked its key before proposing it.
+        access.require_command_key(state, key_id, space_id)
+    kind = command.get("type")
+    args = command.get("args") or {}
+    if kind == "tick":
+        return _tick(state, args, now_ms, epoch, effects)
+    if kind == "leader.start":
+        return _leader_start(state, now_ms, epoch)
+    if kind == "access.bootstrap":
+        if space_id != SYSTEM_SPACE:
+            raise Rejected(errors.VALIDATION, "access.bootstrap is a command of the leader, not of a space")
+        return access.bootstrap(state, args, now_ms)
+    if kind == "barrier":
+        return {}  # committed, so its proposer still led: reads after it are linearizable
+    handler = HANDLERS.get(kind)  # type: ignore[arg-type]
+    if handler is None:
+        raise Rejected(errors.VALIDATION, f"unknown command type {kind!r}")
+    if not isinstance(space_id, str) or not space_id:
+        raise Rejected(errors.VALIDATION, "a command needs a space")
+    space = state.spaces.get(space_id)
+    is_new_space = space is None
+    if space is None:
+        # A space also comes into being when something is first created in it (a keyless node
+        # has no space.create to call first); a command that creates nothing leaves no empty
+        # space behind.
+        if len(state.spaces) >= limits.spaces_max:
+            raise Rejected(errors.LIMIT_EXCEEDED, f"at most {limits.spaces_max} spaces")
+        space = Space(id=space_id, created_ms=now_ms)
+    ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects, key_id)
+    result = handler(ctx, args)
+    if is_new_space and (space.mailboxes or space.run_count or space.key_count or space.resource_counts):
+        state.spaces[space_id] = space
+    return result
+
+
+def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:
+    """A new leader's first command. From now on ticks of older epochs are refused, and, as etcd
+    does on a leader change, every live lease is extended to its full length from now: a worker
+    that could not reach anyone during the election keeps its task."""
+    if epoch > state.epoch:
+        state.epoch = epoch
+        tasks.extend_leases(state, now_ms)
+        claims.extend_leases(state, now_ms)
+        resources.extend_leases(state, now_ms)
+    return {"epoch": state.epoch}
+
+
+def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: list[Effect]) -> Any:
+    """Run every time-driven transition that is due, at most `tick_entries_max` of them."""
+    if epoch < state.epoch:
+        raise Rejected(errors.STALE_EPOCH, f"tick from epoch {epoch}, the state is at epoch {state.epoch}")
+    retention_ms = args["retention_ms"]
+    processed = 0
+    while state.due and state.due[0][0] <= now_ms and processed < limits.tick_entries_max:
+        due_ms, _seq, kind, entity_id = heapq.heappop(state.due)
+        processed += 1
+        ctx = Context(state, _entity_space(state, kind, entity_id), now_ms, epoch, "", effects)
+        if kind == DueKind.LEASE:
+            tasks.on_lease_due(ctx, entity_id, due_ms)
+        elif kind == DueKind.READY:
+            tasks.on_ready_due(ctx, entity_id, due_ms)
+        elif kind == DueKind.DEADLINE:
+            runs.on_deadline(ctx, entity_id, retention_ms)
+        elif kind == DueKind.RETENTION:
+            runs.on_retention(ctx, entity_id)
+        elif kind == DueKind.CLAIM_LEASE:
+            claims.on_lease_due(ctx, entity_id, due_ms)
+        elif kind in DUE_HANDLERS:
+            DUE_HANDLERS[kind](ctx, entity_id, due_ms)
+        else:
+            raise AssertionError(f"unknown due kind {kind!r}")
+    return {"processed": processed}
+
+
+_NO_SPACE = Space(id=SYSTEM_SPACE)
+
+
+def _entity_space(state: State, kind: str, entity_id: str) -> Space:
+    if kind in (DueKind.LEASE, DueKind.READY):
+        entity: Any = state.tasks.get(entity_id.split(".", 1)[0])
+    elif kind == DueKind.CLAIM_LEASE:
+        entity = state.claims.get(entity_id.split(".", 1)[0])
+    elif kind == DueKind.GROUP_DEADLINE:
+        entity = state.groups.get(entity_id)
+    elif kind == DueKind.TIMER:
+        entity = state.timers.get(entity_id)
+    elif kind in resources.DUE_TABLES:
+        entity = getattr(state, resources.DUE_TABLES[kind]).get(entity_id)
+    else:
+        entity = state.runs.get(entity_id)
+    return state.spaces[entity.space] if entity is not None else _NO_SPACE

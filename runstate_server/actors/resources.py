@@ -1,0 +1,786 @@
+"""Every rule of a resource: pools of slots, rate limits and spend budgets.
+
+Pool: `size` slots of one space and name. A slot is held under a lease: a direct one (pool.acquire
+under a run; renewed and released by its holder, returned when it lapses) or a job's (taken by the
+receive that delivers the job and held under the delivery's lease). A size below the slots in use
+grants nothing new until enough return.
+
+Rate limit: `units` per `interval_ms`, a sliding window over command time: a take of k units at
+time t is allowed iff the units taken in (t - interval_ms, t] plus k <= units, so no window of the
+interval ever holds more than `units`. Taken units are spent; they never come back. A limit
+remembers its takes of the longest interval allowed, so a longer interval counts the takes of its
+window, and at most limits.limit_takes_max of them: beyond that it forgets what its window no
+longer counts, then counts the rest in coarser steps of time (stricter, never looser).
+
+Budget: a total in micro-units. A reservation takes its amount from `total - spent - reserved`;
+settling charges the actual spend, beyond the reservation only up to what the budget still has
+(`charged = min(spent, amount + remaining)`), and returns the rest. A lapsed, released or
+cancelled reservation returns whole. A total below spent + reserved grants nothing new.
+
+Jobs: a task's `needs` names slots, a limit and a budget. `task.receive` hands out a job only when
+all of them can be taken now, and takes them in the step that leases the job (`take_needs`); each
+end of the delivery (complete, retry, reject, release, lapse, its run's stop) gives them back once
+(`end_holds`). Its queue serves jobs in order: tasks.receive skips a job that needs a resource of
+an earlier job of the same queue it could not serve.
+
+Ids: a resource is "<space>/<name>". A direct slot lease is "slt_<command id>", a direct
+reservation "rsv_<command id>"; a job's holds are named after its delivery ("slt_<delivery
+id>.<n>", "rsv_<delivery id>"). A hold is removed when it ends (nothing of it is kept until its run
+is removed, so a long-lived run may acquire without end), so an id that is not held, ended or never
+issued, answers released False to release and LEASE_LOST to renew and settle; a live hold of
+another space is NOT_FOUND. A direct lease is valid while `now_ms < lease_expires_ms`, as for
+deliveries; stopping its run refuses renewals but keeps it until it is released, settled or lapses.
+
+Waking: whatever returns something of a resource, or changes its config, wakes
+("resource", space, kind, name) and the queues a receive found blocked on it; a due entry does so
+when a rate limit's window opens for a take or a job that waits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runstate_server.actors import errors, limits, runs
+from runstate_server.actors.context import Context, queue_key, resource_key
+from runstate_server.actors.errors import Rejected
+from runstate_server.actors.state import DueKind, State, Task, TaskState, register_table
+
+POOL = "pool"
+LIMIT = "limit"
+BUDGET = "budget"
+KINDS = (POOL, LIMIT, BUDGET)
+
+MICROS = 1_000_000  # micro-units per unit of a budget's currency
+
+
+@dataclass(slots=True)
+class Pool:
+    id: str  # "<space>/<name>"
+    space: str
+    name: str
+    size: int
+    created_ms: int
+    holds: list[str] = field(default_factory=list)  # ids of the slot leases held, oldest first
+    waiting: int = 0  # QUEUED jobs that name it
+    blocked: list[list[str]] = field(default_factory=list)  # [run id, mailbox]: queues to wake
+
+
+@dataclass(slots=True)
+class RateLimit:
+    id: str
+    space: str
+    name: str
+    units: int
+    interval_ms: int
+    created_ms: int
+    # [ms, units], oldest first, one per ms: the takes of the last limit_interval_ms_max (so that
+    # a longer interval counts the takes of its window), at most limit_takes_max (see _record_take).
+    takes: list[list[int]] = field(default_factory=list)
+    wake_ms: int | None = None  # the armed LIMIT_WINDOW entry: when the window opens for a waiter
+    waiting: int = 0
+    blocked: list[list[str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Budget:
+    id: str
+    space: str
+    name: str
+    total_micros: int
+    created_ms: int
+    spent_micros: int = 0
+    reserved_micros: int = 0  # the sum of its reservations' amounts
+    holds: list[str] = field(default_factory=list)  # ids of its reservations, oldest first
+    waiting: int = 0
+    blocked: list[list[str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Hold:
+    """A slot lease (amount 1) or a budget reservation (amount in micros)."""
+
+    id: str
+    space: str
+    resource_id: str
+    run_id: str
+    holder: str | None
+    task_id: str | None  # the job whose delivery holds it; None for a direct hold
+    amount: int
+    # A direct hold's lease. A job's hold has none of its own (0, 0): it lasts as long as the
+    # delivery's lease (see hold_expires_ms) and ends with the delivery.
+    lease_ms: int
+    lease_expires_ms: int
+    created_ms: int
+
+
+register_table("pools", Pool)
+register_table("rate_limits", RateLimit)
+register_table("budgets", Budget)
+register_table("slot_leases", Hold)
+register_table("reservations", Hold)
+
+_TABLES = {POOL: "pools", LIMIT: "rate_limits", BUDGET: "budgets"}
+_HOLD_TABLES = {POOL: "slot_leases", BUDGET: "reservations"}
+_HOLD_PREFIXES = {POOL: "slt_", BUDGET: "rsv_"}
+_HOLD_DUE = {POOL: DueKind.SLOT_LEASE, BUDGET: DueKind.RESERVATION}
+_HOLD_NAMES = {POOL: "slot lease", BUDGET: "reservation"}
+
+
+def resource_id(space_id: str, name: str) -> str:
+    return f"{space_id}/{name}"
+
+
+def to_micros(amount: float) -> int:
+    """A decimal amount of the API and SDK in micro-units: 25 x 0.40 is exactly 10.00."""
+    return round(amount * MICROS)
+
+
+def from_micros(micros: int) -> float:
+    return micros / MICROS
+
+
+def _table(state: State, kind: str) -> dict[str, Any]:
+    table: dict[str, Any] = getattr(state, _TABLES[kind])
+    return table
+
+
+def _hold_table(state: State, kind: str) -> dict[str, Hold]:
+    table: dict[str, Hold] = getattr(state, _HOLD_TABLES[kind])
+    return table
+
+
+def find(state: State, kind: str, space_id: str, name: str) -> Any:
+    """The resource of `kind` named `name` in the space, or None."""
+    return _table(state, kind).get(resource_id(space_id, name))
+
+
+def _require_resource(ctx: Context, kind: str, name: Any) -> Any:
+    resource = find(ctx.state, kind, ctx.space.id, name) if isinstance(name, str) else None
+    if resource is None:
+        raise Rejected(errors.NOT_FOUND, f"{kind} {name!r} not found; create it first")
+    return resource
+
+
+def _is_name(name: Any) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= limits.name_chars_max
+
+
+def _require_name(name: Any) -> str:
+    if not _is_name(name):
+        raise Rejected(errors.VALIDATION, f"a resource name must be 1 to {limits.name_chars_max} characters")
+    assert isinstance(name, str)
+    return name
+
+
+def _require_int(value: Any, what: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise Rejected(errors.VALIDATION, f"{what} must be an integer from {low} to {high}")
+    return value
+
+
+def require_spent(value: Any) -> int | None:
+    """A delivery's or a settle's `spent_micros`: None (not given) or 0 to budget_total_micros_max."""
+    if value is None:
+        return None
+    return _require_int(value, "spent_micros", 0, limits.budget_total_micros_max)
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def _ensure(
+    ctx: Context, kind: str, name: str, config: dict[str, int], make: Callable[[str], Any]
+) -> dict[str, Any]:
+    """Create the resource with `config` (field -> value), or change its config; a change wakes
+    its waiters. The answer is the config and whether it was created."""
+    resource = _table(ctx.state, kind).get(resource_id(ctx.space.id, name))
+    created = resource is None
+    if resource is None:
+        count = ctx.space.resource_counts.get(kind, 0)
+        if count >= limits.resources_per_space_max:
+            raise Rejected(
+                errors.LIMIT_EXCEEDED, f"a space holds at most {limits.resources_per_space_max} of kind {kind}"
+            )
+        resource = make(resource_id(ctx.space.id, name))
+        _table(ctx.state, kind)[resource.id] = resource
+        ctx.space.resource_counts[kind] = count + 1
+    elif any(getattr(resource, field_name) != value for field_name, value in config.items()):
+        for field_name, value in config.items():
+            setattr(resource, field_name, value)
+        _wake(ctx, kind, resource)
+    return {"name": name, **config, "created": created}
+
+
+def ensure_pool(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Create the pool, or resize it (a size below the slots in use grants nothing new)."""
+    name = _require_name(args.get("name"))
+    size = _require_int(args.get("size"), "size", 1, limits.pool_size_max)
+    return _ensure(ctx, POOL, name, {"size": size}, lambda pool_id: Pool(pool_id, ctx.space.id, name, size, ctx.now_ms))
+
+
+def ensure_limit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Create the rate limit, or change it (from now on; the takes it remembers count)."""
+    name = _require_name(args.get("name"))
+    units = _require_int(args.get("units"), "units", 1, limits.limit_units_max)
+    interval_ms = _require_int(
+        args.get("interval_ms"), "interval_ms", limits.limit_interval_ms_min, limits.limit_interval_ms_max
+    )
+    return _ensure(
+        ctx, LIMIT, name, {"units": units, "interval_ms": interval_ms},
+        lambda limit_id: RateLimit(limit_id, ctx.space.id, name, units, interval_ms, ctx.now_ms),
+    )
+
+
+def ensure_budget(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Create the budget, or change its total (below spent + reserved: nothing new is granted)."""
+    name = _require_name(args.get("name"))
+    total = _require_int(args.get("total_micros"), "total_micros", 0, limits.budget_total_micros_max)
+    return _ensure(
+        ctx, BUDGET, name, {"total_micros": total},
+        lambda budget_id: Budget(budget_id, ctx.space.id, name, total, ctx.now_ms),
+    )
+
+
+# -- holds: slot leases and reservations ---------------------------------------------------------
+
+
+def _remaining_micros(budget: Budget) -> int:
+    return budget.total_micros - budget.spent_micros - budget.reserved_micros
+
+
+def _has_room(kind: str, resource: Any, amount: int) -> bool:
+    if kind == POOL:
+        return len(resource.holds) + amount <= resource.size
+    return len(resource.holds) < limits.reservations_per_budget_max and amount <= _remaining_micros(resource)
+
+
+def _hold(
+    ctx: Context, kind: str, resource: Any, hold_id: str, run_id: str, holder: Any, task_id: str | None,
+    amount: int, lease_ms: int,
+) -> Hold:
+    assert holder is None or isinstance(holder, str), holder  # the API checked it (holder_of)
+    table = _hold_table(ctx.state, kind)
+    assert hold_id not in table, "leader generated a duplicate hold id"
+    expires_ms = ctx.now_ms + lease_ms if task_id is None else 0
+    hold = Hold(hold_id, ctx.space.id, resource.id, run_id, holder, task_id, amount, lease_ms, expires_ms, ctx.now_ms)
+    table[hold_id] = hold
+    resource.holds.append(hold_id)
+    if kind == BUDGET:
+        resource.reserved_micros += amount
+    return hold
+
+
+def _end_hold(ctx: Context, kind: str, hold: Hold, spent_micros: int) -> tuple[int, int]:
+    """End `hold`: a slot returns; a reservation charges what was spent (see the module doc) and
+    returns the rest. Returns (charged, returned) micros."""
+    del _hold_table(ctx.state, kind)[hold.id]
+    resource = _table(ctx.state, kind)[hold.resource_id]
+    resource.holds.remove(hold.id)
+    charged = returned = 0
+    if kind == BUDGET:
+        charged = min(spent_micros, hold.amount + max(_remaining_micros(resource), 0))
+        returned = hold.amount - min(charged, hold.amount)
+        resource.reserved_micros -= hold.amount
+        resource.spent_micros += charged
+    _wake(ctx, kind, resource)
+    return charged, returned
+
+
+def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field: str) -> dict[str, Any]:
+    resource = _require_resource(ctx, kind, args.get("name"))
+    run = runs.require_run(ctx, args.get("run_id"))
+    lease_ms = args["lease_ms"]
+    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
+    if kind == BUDGET and amount > resource.total_micros:
+        raise Rejected(
+            errors.VALIDATION, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
+        )
+    runs.require_active(ctx, run)
+    if not _has_room(kind, resource, amount):
+        return {"granted": False}
+    hold = _hold(
+        ctx, kind, resource, _HOLD_PREFIXES[kind] + ctx.command_id, run.id, args.get("holder"), None, amount, lease_ms
+    )
+    ctx.state.arm(hold.lease_expires_ms, _HOLD_DUE[kind], hold.id)
+    return {"granted": True, id_field: hold.id, "lease_expires_ms": hold.lease_expires_ms}
+
+
+def _find_direct(ctx: Context, kind: str, hold_id: Any) -> Hold | None:
+    """The direct hold `hold_id` of the command's space; None if it is not held (ended, or never
+    issued). NOT_FOUND for a hold of another space; CONFLICT for a job's hold, which ends with
+    its delivery."""
+    hold = _hold_table(ctx.state, kind).get(hold_id) if isinstance(hold_id, str) else None
+    if hold is None:
+        return None
+    if hold.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"{_HOLD_NAMES[kind]} {hold_id!r} not found")
+    if hold.task_id is not None:
+        raise Rejected(
+            errors.CONFLICT, f"{_HOLD_NAMES[kind]} {hold_id} belongs to a delivery of task {hold.task_id}: it ends with it"
+        )
+    return hold
+
+
+def _require_held(ctx: Context, kind: str, hold_id: Any) -> Hold:
+    hold = _find_direct(ctx, kind, hold_id)
+    if hold is None:
+        raise Rejected(errors.LEASE_LOST, f"{_HOLD_NAMES[kind]} {hold_id!r} is not held: it ended or lapsed")
+    return hold
+
+
+def _require_live(ctx: Context, kind: str, hold: Hold) -> None:
+    if ctx.now_ms >= hold.lease_expires_ms:
+        raise Rejected(errors.LEASE_LOST, f"{_HOLD_NAMES[kind]} {hold.id} lapsed")
+
+
+def _renew(ctx: Context, kind: str, args: dict[str, Any], id_field: str) -> dict[str, Any]:
+    lease_ms = args["lease_ms"]
+    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
+    hold = _require_held(ctx, kind, args.get(id_field))
+    run = ctx.state.runs.get(hold.run_id)
+    if run is None:  # removed by retention: stopped long ago
+        raise Rejected(errors.SCOPE_CANCELLED, f"run {hold.run_id} is stopped")
+    runs.require_active(ctx, run)
+    _require_live(ctx, kind, hold)
+    # The due entry of the old expiry finds the lease extended and re-arms itself.
+    hold.lease_ms = lease_ms
+    hold.lease_expires_ms = max(hold.lease_expires_ms, ctx.now_ms + lease_ms)
+    return {"lease_expires_ms": hold.lease_expires_ms}
+
+
+def _release(ctx: Context, kind: str, hold_id: Any) -> dict[str, Any]:
+    """Allowed after the run stopped. False when the hold had lapsed already (its tick not yet
+    run: it is returned now) or is not held at all."""
+    hold = _find_direct(ctx, kind, hold_id)
+    if hold is None:
+        return {"released": False}
+    live = ctx.now_ms < hold.lease_expires_ms
+    _end_hold(ctx, kind, hold, 0)
+    return {"released": live}
+
+
+def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """A slot of pool `name` under run `run_id`, or granted False when none is free now."""
+    return _grant(ctx, POOL, args, 1, "lease_id")
+
+
+def renew_slot(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _renew(ctx, POOL, args, "lease_id")
+
+
+def release_slot(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _release(ctx, POOL, args.get("lease_id"))
+
+
+def reserve(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Reserve `amount_micros` of budget `name` under run `run_id`, or granted False when the
+    budget does not have it now."""
+    amount = _require_int(args.get("amount_micros"), "amount_micros", 1, limits.budget_total_micros_max)
+    return _grant(ctx, BUDGET, args, amount, "reservation_id")
+
+
+def renew_reservation(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _renew(ctx, BUDGET, args, "reservation_id")
+
+
+def release_reservation(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _release(ctx, BUDGET, args.get("reservation_id"))
+
+
+def settle(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Charge what was spent of a reservation and return the rest; allowed after the run stopped,
+    LEASE_LOST once the reservation lapsed."""
+    spent = require_spent(args.get("spent_micros"))
+    if spent is None:
+        raise Rejected(errors.VALIDATION, "settle needs spent_micros")
+    hold = _require_held(ctx, BUDGET, args.get("reservation_id"))
+    _require_live(ctx, BUDGET, hold)
+    charged, returned = _end_hold(ctx, BUDGET, hold, spent)
+    return {"charged_micros": charged, "returned_micros": returned}
+
+
+def hold_expires_ms(state: State, hold: Hold) -> int:
+    """When the hold lapses: its own lease, or its delivery's."""
+    return hold.lease_expires_ms if hold.task_id is None else state.tasks[hold.task_id].lease_expires_ms
+
+
+def extend_leases(state: State, now_ms: int) -> None:
+    """Every direct hold's lease runs its full length from now (see tasks.extend_leases; a job's
+    holds follow its delivery's lease)."""
+    for kind in _HOLD_TABLES:
+        for hold in _hold_table(state, kind).values():
+            if hold.task_id is None:
+                hold.lease_expires_ms = max(hold.lease_expires_ms, now_ms + hold.lease_ms)
+
+
+# -- rate limits ---------------------------------------------------------------------------------
+
+
+def _in_window(limit: RateLimit, now_ms: int) -> list[list[int]]:
+    return [entry for entry in limit.takes if entry[0] > now_ms - limit.interval_ms]
+
+
+def _available_ms(limit: RateLimit, units: int, now_ms: int) -> int | None:
+    """The earliest time from now at which `units` can be taken if nobody else takes; None if
+    never (more than the limit's units)."""
+    if units > limit.units:
+        return None
+    window = _in_window(limit, now_ms)
+    excess = sum(taken for _, taken in window) + units - limit.units
+    if excess <= 0:
+        return now_ms
+    for at_ms, taken in window:  # oldest first: each take leaves the window interval_ms after it
+        excess -= taken
+        if excess <= 0:
+            return at_ms + limit.interval_ms
+    raise AssertionError("units <= limit.units, so the window empties enough")
+
+
+def _record_take(limit: RateLimit, now_ms: int, units: int) -> None:
+    takes = limit.takes
+    if takes and takes[-1][0] >= now_ms:
+        takes[-1][1] += units  # the same ms (or a coarsened entry ending later: see below)
+    else:
+        takes.append([now_ms, units])
+    _forget(limit, now_ms - limits.limit_interval_ms_max)  # no interval reaches back further
+    if len(takes) > limits.limit_takes_max:
+        _forget(limit, now_ms - limit.interval_ms)  # what the current window no longer counts
+    if len(takes) > limits.limit_takes_max:
+        # More takes in the window than the limit remembers (its units are more than that): count
+        # them in coarser steps of time, each as if taken at the end of its step. A take is then
+        # counted later than it was made, by less than one step: stricter, never looser. Steps are
+        # powers of two, so coarsening again never moves a take by more than the largest step.
+        step_ms = 2
+        while len({-(-at_ms // step_ms) for at_ms, _ in takes}) > limits.limit_takes_max // 2:
+            step_ms *= 2
+        coarse: dict[int, int] = {}
+        for at_ms, taken in takes:
+            end_ms = -(-at_ms // step_ms) * step_ms
+            coarse[end_ms] = coarse.get(end_ms, 0) + taken
+        takes[:] = [[at_ms, taken] for at_ms, taken in coarse.items()]
+
+
+def _forget(limit: RateLimit, horizon_ms: int) -> None:
+    """Forget the takes at or before `horizon_ms`."""
+    forgotten = 0
+    while forgotten < len(limit.takes) and limit.takes[forgotten][0] <= horizon_ms:
+        forgotten += 1
+    del limit.takes[:forgotten]
+
+
+def _arm_window(ctx: Context, limit: RateLimit, at_ms: int) -> None:
+    if limit.wake_ms is None or at_ms < limit.wake_ms:
+        limit.wake_ms = at_ms
+        ctx.state.arm(at_ms, DueKind.LIMIT_WINDOW, limit.id)
+
+
+def take(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Take `units` of rate limit `name` under run `run_id` now, or answer when they will be free
+    (and wake the limit's waiters then)."""
+    units = _require_int(args.get("units", 1), "units", 1, limits.limit_units_max)
+    limit = _require_resource(ctx, LIMIT, args.get("name"))
+    run = runs.require_run(ctx, args.get("run_id"))
+    if units > limit.units:
+        raise Rejected(errors.VALIDATION, f"limit {limit.name!r} allows {limit.units} units per window, not {units}")
+    runs.require_active(ctx, run)
+    available_ms = _available_ms(limit, units, ctx.now_ms)
+    assert available_ms is not None
+    if available_ms <= ctx.now_ms:
+        _record_take(limit, ctx.now_ms, units)
+        return {"taken": True, "available_ms": ctx.now_ms}
+    _arm_window(ctx, limit, available_ms)
+    return {"taken": False, "available_ms": available_ms}
+
+
+def on_window_due(ctx: Context, limit_id: str, due_ms: int) -> None:
+    limit = ctx.state.rate_limits.get(limit_id)
+    if limit is None or limit.wake_ms != due_ms:
+        return  # an earlier wake replaced it
+    limit.wake_ms = None
+    _wake(ctx, LIMIT, limit)
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+def needs_problem(needs: Any) -> str | None:
+    """What is wrong with the shape of a job's needs, or None: `None`, or {"slots": [pool names],
+    "limit": [name, units] | None, "budget": [name, reserve micros] | None} (keys may be left
+    out). The node checks it before proposing; the core checks it again with require_needs."""
+    if needs is None:
+        return None
+    if not isinstance(needs, dict) or not set(needs) <= {"slots", "limit", "budget"}:
+        return 'needs must be an object of "slots", "limit" and "budget"'
+    slots = needs.get("slots") or []
+    if not isinstance(slots, (list, tuple)) or len(slots) > limits.needs_slots_max or not all(map(_is_name, slots)):
+        return f"slots must name at most {limits.needs_slots_max} pools"
+    for key, what, high in (("limit", "units", limits.limit_units_max),
+                            ("budget", "reserve_micros", limits.budget_total_micros_max)):
+        pair = needs.get(key)
+        if pair is not None and not (
+            isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_name(pair[0])
+            and type(pair[1]) is int and 1 <= pair[1] <= high
+        ):
+            return f"{key} must be [name, {what}] with {what} from 1 to {high}"
+    return None
+
+
+def require_needs(ctx: Context, needs: Any) -> dict[str, Any] | None:
+    """The needs of a job submitted now, normalized (None when it names nothing). VALIDATION for a
+    bad shape or a job that could never run (more than the resource has), NOT_FOUND for a
+    resource that does not exist."""
+    problem = needs_problem(needs)
+    if problem is not None:
+        raise Rejected(errors.VALIDATION, problem)
+    if needs is None:
+        return None
+    slots = list(needs.get("slots") or [])
+    limit_pair, budget_pair = needs.get("limit"), needs.get("budget")
+    for name, count in Counter(slots).items():
+        pool = _require_resource(ctx, POOL, name)
+        if count > pool.size:
+            raise Rejected(errors.VALIDATION, f"a job needs {count} slots of pool {name!r}, which has {pool.size}")
+    if limit_pair is not None:
+        limit = _require_resource(ctx, LIMIT, limit_pair[0])
+        if limit_pair[1] > limit.units:
+            raise Rejected(
+                errors.VALIDATION, f"limit {limit.name!r} allows {limit.units} units per window, not {limit_pair[1]}"
+            )
+    if budget_pair is not None:
+        budget = _require_resource(ctx, BUDGET, budget_pair[0])
+        if budget_pair[1] > budget.total_micros:
+            raise Rejected(
+                errors.VALIDATION, f"reserve {budget_pair[1]} is more than budget {budget.name!r} holds ({budget.total_micros})"
+            )
+    if not slots and limit_pair is None and budget_pair is None:
+        return None
+    return {
+        "slots": slots,
+        "limit": None if limit_pair is None else list(limit_pair),
+        "budget": None if budget_pair is None else list(budget_pair),
+    }
+
+
+def needed(needs: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    """The resources a job's needs name, as (kind, name)."""
+    found = {(POOL, name) for name in needs["slots"]}
+    if needs["limit"] is not None:
+        found.add((LIMIT, needs["limit"][0]))
+    if needs["budget"] is not None:
+        found.add((BUDGET, needs["budget"][0]))
+    return frozenset(found)
+
+
+def count_waiting(state: State, task: Task, delta: int) -> None:
+    """`task`, which has needs, enters (+1) or leaves (-1) the QUEUED state."""
+    assert task.needs is not None
+    for kind, name in needed(task.needs):
+        find(state, kind, task.space, name).waiting += delta
+
+
+def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
+    """The resources that cannot give the job what it needs now, as (kind, resource, when a rate
+    limit's window opens for it, else None)."""
+    space = ctx.space.id
+    short: list[tuple[str, Any, int | None]] = []
+    for name, count in Counter(needs["slots"]).items():
+        pool = find(ctx.state, POOL, space, name)
+        if not _has_room(POOL, pool, count):
+            short.append((POOL, pool, None))
+    if needs["limit"] is not None:
+        name, units = needs["limit"]
+        limit = find(ctx.state, LIMIT, space, name)
+        available_ms = _available_ms(limit, units, ctx.now_ms)
+        if available_ms != ctx.now_ms:
+            short.append((LIMIT, limit, available_ms))
+    if needs["budget"] is not None:
+        name, amount = needs["budget"]
+        budget = find(ctx.state, BUDGET, space, name)
+        if not _has_room(BUDGET, budget, amount):
+            short.append((BUDGET, budget, None))
+    return short
+
+
+def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
+    """Take everything the job needs for the delivery `delivery_id` (a job's task is QUEUED and
+    holds nothing), or nothing: then remember its queue on each resource that falls short, so
+    that resource wakes it, and return False."""
+    needs = task.needs
+    assert needs is not None and not task.slot_leases and task.reservation_id is None
+    short = _shortfalls(ctx, needs)
+    if short:
+        for _kind, resource, available_ms in short:
+            blocked = [task.run_id, task.mailbox]
+            if blocked not in resource.blocked and len(resource.blocked) < limits.blocked_queues_max:
+                resource.blocked.append(blocked)
+            if available_ms is not None:
+                _arm_window(ctx, resource, available_ms)
+        return False
+    space = ctx.space.id
+    task.slot_leases = [
+        _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery_id}.{index}", task.run_id, holder,
+              task.id, 1, 0).id
+        for index, name in enumerate(needs["slots"])
+    ]
+    if needs["limit"] is not None:
+        name, units = needs["limit"]
+        _record_take(find(ctx.state, LIMIT, space, name), ctx.now_ms, units)
+    if needs["budget"] is not None:
+        name, amount = needs["budget"]
+        budget = find(ctx.state, BUDGET, space, name)
+        task.reservation_id = _hold(ctx, BUDGET, budget, f"rsv_{delivery_id}", task.run_id, holder, task.id, amount, 0).id
+    return True
+
+
+def end_holds(ctx: Context, task: Task, spent_micros: int | None) -> None:
+    """The delivery of `task` ends: its slots return, and its reservation is settled with
+    `spent_micros` (None: all of it counts as spent; 0: it returns whole)."""
+    for lease_id in task.slot_leases:
+        _end_hold(ctx, POOL, ctx.state.slot_leases[lease_id], 0)
+    if task.reservation_id is not None:
+        reservation = ctx.state.reservations[task.reservation_id]
+        _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_micros is None else spent_micros)
+    task.slot_leases = []
+    task.reservation_id = None
+
+
+def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
+    """Its run's stop ends `task`: a running job's holds return whole, a queued one waits no more."""
+    if task.needs is None:
+        return
+    if task.state == TaskState.RUNNING:
+        end_holds(ctx, task, 0)
+    elif task.state == TaskState.QUEUED:
+        count_waiting(ctx.state, task, -1)
+
+
+def _wake(ctx: Context, kind: str, resource: Any) -> None:
+    ctx.wake(resource_key(resource.space, kind, resource.name))
+    for run_id, mailbox in resource.blocked:
+        ctx.wake(queue_key(run_id, mailbox))
+    resource.blocked = []
+
+
+# -- views (for the node, under its read lock) ---------------------------------------------------
+
+
+def pool_view(state: State, space_id: str, name: str) -> dict[str, Any] | None:
+    pool = find(state, POOL, space_id, name)
+    if pool is None:
+        return None
+    return {
+        "name": pool.name,
+        "size": pool.size,
+        "inUse": len(pool.holds),
+        "waiting": pool.waiting,
+        "holders": [
+            {
+                "leaseId": hold.id,
+                "holder": hold.holder,
+                "scopeId": hold.run_id,
+                "taskId": hold.task_id,
+                "leaseExpiresAt": hold_expires_ms(state, hold),
+            }
+            for hold in (state.slot_leases[hold_id] for hold_id in pool.holds)
+        ],
+    }
+
+
+def limit_view(state: State, space_id: str, name: str, now_ms: int) -> dict[str, Any] | None:
+    limit = find(state, LIMIT, space_id, name)
+    if limit is None:
+        return None
+    taken = sum(units for _, units in _in_window(limit, now_ms))
+    return {
+        "name": limit.name,
+        "units": limit.units,
+        "intervalMs": limit.interval_ms,
+        "available": max(limit.units - taken, 0),
+        "takenInWindow": taken,
+        "waiting": limit.waiting,
+    }
+
+
+def budget_view(state: State, space_id: str, name: str) -> dict[str, Any] | None:
+    budget = find(state, BUDGET, space_id, name)
+    if budget is None:
+        return None
+    return {
+        "name": budget.name,
+        "total": from_micros(budget.total_micros),
+        "spent": from_micros(budget.spent_micros),
+        "reserved": from_micros(budget.reserved_micros),
+        "remaining": from_micros(max(_remaining_micros(budget), 0)),
+        "waiting": budget.waiting,
+        "reservations": [
+            {
+                "reservationId": hold.id,
+                "amount": from_micros(hold.amount),
+                "holder": hold.holder,
+                "scopeId": hold.run_id,
+                "taskId": hold.task_id,
+                "leaseExpiresAt": hold_expires_ms(state, hold),
+            }
+            for hold in (state.reservations[hold_id] for hold_id in budget.holds)
+        ],
+    }
+
+
+def needs_view(needs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A task's needs as the API shows them (decimals), or None."""
+    if needs is None:
+        return None
+    limit, budget = needs["limit"], needs["budget"]
+    return {
+        "slots": list(needs["slots"]),
+        "limit": None if limit is None else {"name": limit[0], "units": limit[1]},
+        "budget": None if budget is None else {"name": budget[0], "reserve": from_micros(budget[1])},
+    }
+
+
+def holds_view(task: Task) -> dict[str, Any]:
+    """What the task's current delivery holds."""
+    return {"slots": list(task.slot_leases), "reservationId": task.reservation_id}
+
+
+runs.TASK_STOP_HOOKS.append(_on_task_stopping)
+
+HANDLERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
+    "pool.ensure": ensure_pool,
+    "pool.acquire": acquire,
+    "pool.renew": renew_slot,
+    "pool.release": release_slot,
+    "limit.ensure": ensure_limit,
+    "limit.take": take,
+    "budget.ensure": ensure_budget,
+    "budget.reserve": reserve,
+    "budget.renew": renew_reservation,
+    "budget.release": release_reservation,
+    "budget.settle": settle,
+}
+
+
+def _on_hold_due(kind: str) -> Callable[[Context, str, int], None]:
+    def on_due(ctx: Context, hold_id: str, due_ms: int) -> None:
+        hold = _hold_table(ctx.state, kind).get(hold_id)
+        if hold is None:
+            return  # ended already
+        assert hold.task_id is None  # a job's hold arms nothing: it ends with its delivery
+        if hold.lease_expires_ms > due_ms:
+            ctx.state.arm(hold.lease_expires_ms, _HOLD_DUE[kind], hold_id)  # renewed: look again then
+            return
+        _end_hold(ctx, kind, hold, 0)
+
+    return on_due
+
+
+DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
+    DueKind.SLOT_LEASE: _on_hold_due(POOL),
+    DueKind.RESERVATION: _on_hold_due(BUDGET),
+    DueKind.LIMIT_WINDOW: on_window_due,
+}
+# The table each due kind's entity lives in (dispatch finds the space of a due entry with it).
+DUE_TABLES = {DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits"}

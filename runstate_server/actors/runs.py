@@ -1,0 +1,212 @@
+"""Every rule of a run: create, child, cancel, complete, deadline, retention, effective state.
+
+A run is the unit a swarm is stopped by. Cancelling or completing a run, or its deadline passing,
+stops it and every run below it in the same step: their unfinished tasks end CANCELLED (EXPIRED
+for a deadline), new work is refused, recorded results stay readable until retention removes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runstate_server.actors import errors, limits
+from runstate_server.actors.context import Context, claim_key, queue_key, task_key
+from runstate_server.actors.errors import Rejected
+from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState
+
+# What other kinds of work do when a run stops or is removed, registered by their rule modules
+# (groups, barriers, timers), called in this same step for the run and every run below it.
+# on stop: hook(ctx, run, task_state) with task_state CANCELLED or EXPIRED (a deadline);
+# on removal (retention): hook(state, run).
+RUN_STOP_HOOKS: list[Callable[[Context, Run, str], None]] = []
+RUN_REMOVE_HOOKS: list[Callable[[State, Run], None]] = []
+# What other rules do for each unfinished task a stop ends (resources: a running job's holds
+# return): hook(ctx, task, task_state), called before the task's state changes.
+TASK_STOP_HOOKS: list[Callable[[Context, Task, str], None]] = []
+
+
+def require_run(ctx: Context, run_id: Any) -> Run:
+    run = ctx.state.runs.get(run_id) if isinstance(run_id, str) else None
+    if run is None or run.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"run {run_id!r} not found")
+    return run
+
+
+def inactive_reason(state: State, run: Run, now_ms: int) -> tuple[str, str] | None:
+    """Why `run` refuses new work, as (code, message); None when it and every run above it are
+    active. The nearest stopped run decides the code."""
+    current: Run | None = run
+    while current is not None:
+        if current.stored_state != RunState.ACTIVE:
+            which = "run" if current is run else "parent run"
+            return (
+                errors.SCOPE_CANCELLED,
+                f"{which} {current.id} is {current.stored_state.lower()}",
+            )
+        if current.deadline_ms is not None and now_ms >= current.deadline_ms:
+            which = "run" if current is run else "parent run"
+            return (errors.DEADLINE_EXCEEDED, f"{which} {current.id} is past its deadline")
+        current = state.runs.get(current.parent_id) if current.parent_id else None
+    return None
+
+
+def require_active(ctx: Context, run: Run) -> None:
+    reason = inactive_reason(ctx.state, run, ctx.now_ms)
+    if reason is not None:
+        raise Rejected(*reason)
+
+
+def require_deadline(ctx: Context, deadline_ms: Any) -> None:
+    """A deadline (None, or ms since the epoch) must lie in the future, at most a year ahead."""
+    if deadline_ms is None:
+        return
+    if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
+        raise Rejected(errors.VALIDATION, "deadline must be in the future")
+    if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
+        raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+
+
+def effective(state: State, run: Run, now_ms: int) -> str:
+    return "ACTIVE" if inactive_reason(state, run, now_ms) is None else "INACTIVE"
+
+
+def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    name = args.get("name")
+    deadline_ms = args.get("deadline_ms")
+    child_limit = args.get("child_limit", limits.child_limit_default)
+    parent_id = args.get("parent_id")
+    if type(child_limit) is not int or not 0 <= child_limit <= limits.child_limit_max:
+        raise Rejected(errors.VALIDATION, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
+    require_deadline(ctx, deadline_ms)
+    parent: Run | None = None
+    depth = 0
+    if parent_id is not None:
+        parent = require_run(ctx, parent_id)
+        require_active(ctx, parent)
+        if len(parent.children) >= parent.child_limit:
+            raise Rejected(
+                errors.LIMIT_EXCEEDED, f"run {parent.id} already has its limit of {parent.child_limit} child runs"
+            )
+        depth = parent.depth + 1
+        if depth > limits.run_depth_max:
+            raise Rejected(errors.LIMIT_EXCEEDED, f"runs nest at most {limits.run_depth_max} deep")
+    if ctx.space.run_count >= limits.runs_per_space_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a space holds at most {limits.runs_per_space_max} runs")
+
+    run = Run(
+        id="run_" + ctx.command_id,
+        space=ctx.space.id,
+        name=name,
+        parent_id=parent.id if parent else None,
+        depth=depth,
+        deadline_ms=deadline_ms,
+        child_limit=child_limit,
+        created_ms=ctx.now_ms,
+    )
+    assert run.id not in ctx.state.runs, "leader generated a duplicate run id"
+    ctx.state.runs[run.id] = run
+    ctx.space.run_count += 1
+    if parent is not None:
+        parent.children.append(run.id)
+    if deadline_ms is not None:
+        ctx.state.arm(deadline_ms, DueKind.DEADLINE, run.id)
+    return {"run_id": run.id}
+
+
+def default_run(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The space's default run: the current one while it is active, else a fresh one in its place
+    (in this same step, so every process asking after a stop gets the same new run)."""
+    current = ctx.state.runs.get(ctx.space.default_run_id or "")
+    if current is not None and inactive_reason(ctx.state, current, ctx.now_ms) is None:
+        return {"run_id": current.id, "created": False}
+    created = create(ctx, {"name": "default"})
+    ctx.space.default_run_id = created["run_id"]
+    return {"run_id": created["run_id"], "created": True}
+
+
+def cancel(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _close(ctx, args, RunState.CANCELLED, reason=args.get("reason"))
+
+
+def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return _close(ctx, args, RunState.COMPLETED, reason=None)
+
+
+def _close(ctx: Context, args: dict[str, Any], final_state: str, *, reason: str | None) -> dict[str, Any]:
+    """Cancel or complete: idempotent for the same final state, a conflict for the other one."""
+    run = require_run(ctx, args.get("run_id"))
+    if run.stored_state not in (RunState.ACTIVE, final_state):
+        verb = "cancelled" if final_state == RunState.CANCELLED else "completed"
+        raise Rejected(
+            errors.CONFLICT, f"run {run.id} is {run.stored_state.lower()}; it cannot be {verb} as well"
+        )
+    if run.stored_state == RunState.ACTIVE:
+        run.stored_state = final_state
+        run.reason = reason
+        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
+    return {"run_id": run.id}
+
+
+def on_deadline(ctx: Context, run_id: str, retention_ms: int) -> None:
+    run = ctx.state.runs.get(run_id)
+    if run is None or run.stored_state != RunState.ACTIVE:
+        return  # already stopped (or removed): its tasks are final already
+    _stop(ctx, run, TaskState.EXPIRED, retention_ms)
+
+
+def on_retention(ctx: Context, run_id: str) -> None:
+    run = ctx.state.runs.get(run_id)
+    if run is None:
+        return  # removed with an ancestor already
+    state = ctx.state
+    parent = state.runs.get(run.parent_id) if run.parent_id else None
+    if parent is not None:
+        parent.children.remove(run.id)
+    for member in subtree(state, run):
+        space = state.spaces[member.space]
+        for queue in member.queues.values():
+            for task_id in queue.by_key.values():
+                del state.tasks[task_id]
+        for claim_id in member.claims.values():
+            del state.claims[claim_id]
+        for remove_hook in RUN_REMOVE_HOOKS:
+            remove_hook(state, member)
+        space.task_count -= member.task_count
+        space.run_count -= 1
+        del state.runs[member.id]
+
+
+def subtree(state: State, run: Run) -> list[Run]:
+    """`run` and every run below it, parents before children."""
+    found = [run]
+    index = 0
+    while index < len(found):
+        found.extend(state.runs[child_id] for child_id in found[index].children)
+        index += 1
+    return found
+
+
+def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
+    """Stop `run` and everything below it in this one step."""
+    now_ms = ctx.now_ms
+    for member in subtree(ctx.state, run):
+        for mailbox, queue in member.queues.items():
+            for task_id in queue.by_key.values():
+                task = ctx.state.tasks[task_id]
+                if task.state in TaskState.TERMINAL:
+                    continue
+                for task_stop_hook in TASK_STOP_HOOKS:
+                    task_stop_hook(ctx, task, task_state)
+                task.state = task_state
+                task.finished_ms = now_ms
+                ctx.wake(task_key(task.id))
+            queue.ready.clear()
+            ctx.wake(queue_key(member.id, mailbox))
+        for key in member.claims:
+            ctx.wake(claim_key(member.id, key))  # waiting callers try again and learn the run stopped
+        for stop_hook in RUN_STOP_HOOKS:
+            stop_hook(ctx, member, task_state)
+    if run.finished_ms is None:
+        run.finished_ms = now_ms
+        ctx.state.arm(now_ms + retention_ms, DueKind.RETENTION, run.id)

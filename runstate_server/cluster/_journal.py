@@ -1,0 +1,233 @@
+"""Durability for pysyncobj's file journal, which never fsyncs on its own.
+
+`DurableJournal` stands in for the FileJournal that SyncObj created (installed before the first
+tick) and adds three things:
+- every appended entry is msync'ed before `add` returns, so an entry is on disk before its
+  index can be counted towards a commit (leader) or acknowledged to the leader (follower);
+- compaction (`deleteEntriesTo`) writes the kept entries to a new file and renames it over the
+  journal, instead of pysyncobj's in-place rewrite, where a crash halfway loses the tail; before
+  it, the directory is fsynced so the dump's rename is durable before the journal forgets entries;
+- the `.meta` file (term, vote, commit index) is fsynced before its rename.
+With `fsync=False` only the crash-safe compaction remains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from pysyncobj.journal import FileJournal, Journal, MetaStorer
+from pysyncobj.pickle import dumps as pysyncobj_dumps
+from pysyncobj.pickle import loads as pysyncobj_loads
+
+from runstate_server.cluster.snapshot import fsync_directory
+
+logger = logging.getLogger(__name__)
+
+COMPACTION_SUFFIX = ".compact"
+_TRUNCATION_WARNING = "truncating already-applied log entries"
+
+
+class _AppliedTruncationFilter(logging.Filter):
+    """pysyncobj logs CRITICAL "truncating already-applied log entries ... state machine may have
+    diverged" before every overlapping append it handles by delete-and-re-append. With
+    DurableJournal nothing applied is deleted (applied entries are committed, and committed ones
+    are never hidden), so the line is noise: it is dropped and counted."""
+
+    dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_TRUNCATION_WARNING):
+            _AppliedTruncationFilter.dropped += 1
+            return False
+        return True
+
+
+logging.getLogger("pysyncobj.syncobj").addFilter(_AppliedTruncationFilter())
+
+
+def _get_meta_closing_the_file(self: MetaStorer) -> dict[str, Any]:
+    """pysyncobj 0.3.17's MetaStorer.getMeta with its file closed (the original leaks the handle,
+    a ResourceWarning on every restart). Same behaviour otherwise: no file or a bad one reads as {}."""
+    try:
+        with open(self.getPath(), "rb") as file:
+            meta = pysyncobj_loads(file.read())
+    except Exception:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+# Patched on the class because FileJournal.__init__ builds its MetaStorer itself; pinned version.
+MetaStorer.getMeta = _get_meta_closing_the_file
+
+
+class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
+    def storeMeta(self, meta: dict[str, Any]) -> None:
+        path = self.getPath()
+        with open(path + ".tmp", "wb") as file:
+            # pysyncobj's own fields (term, voted-for address, commit index), in its own format.
+            file.write(pysyncobj_dumps(meta))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(path + ".tmp", path)
+        fsync_directory(os.path.dirname(path) or ".")
+
+
+def _open(path: str, *, fsync: bool) -> FileJournal:
+    journal = FileJournal(path)
+    if fsync:
+        journal._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
+    return journal
+
+
+def remove_leftovers(path: str) -> None:
+    """A compaction killed before its rename leaves its new file behind; the old journal is intact."""
+    for leftover in (path + COMPACTION_SUFFIX, path + COMPACTION_SUFFIX + ".meta"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+
+
+class DurableJournal(Journal):  # type: ignore[misc]
+    def __init__(self, inner: FileJournal, path: str, *, fsync: bool) -> None:
+        self._path = path
+        self._directory = os.path.dirname(path) or "."
+        self._fsync = fsync
+        if fsync:
+            inner._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
+            inner.flush()  # the no-op entry SyncObj may have just added
+        self._inner = inner
+        self.compactions = 0
+        # Positions at and after this one are deleted for pysyncobj but still on disk (None: none
+        # are). pysyncobj deletes a follower's whole suffix on every append that overlaps it and
+        # re-appends what the leader resends, even when the entries match; Raft truncates only on
+        # a conflict. Dropping acknowledged, maybe committed entries that way would lose them if
+        # this follower and the leader then failed. So a delete only hides the suffix; an add at
+        # a hidden position that equals what is there re-shows it without a write, and the first
+        # add that differs (a real conflict) truncates the disk there.
+        self._visible: int | None = None
+        self.skipped_rewrites = 0
+
+    # Writes.
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        position = idx - self._inner[0][1] if len(self._inner) else 0
+        if position < len(self):
+            # A committed entry pysyncobj meant to delete and re-append (deleteEntriesFrom kept
+            # it): the leader's copy must be the same, as Raft guarantees for committed entries.
+            assert tuple(self[position]) == (command, idx, term), f"committed entry {idx} conflicts with {term}"
+            self.skipped_rewrites += 1
+            return
+        if self._visible is not None:
+            assert position == self._visible, f"entry {idx} is not next ({position} != {self._visible})"
+            if tuple(self._inner[position]) == (command, idx, term):
+                self._visible = position + 1 if position + 1 < len(self._inner) else None
+                self.skipped_rewrites += 1
+                return
+            self._inner.deleteEntriesFrom(position)  # a conflict: the disk is truncated here
+            self._visible = None
+        assert position == len(self._inner), f"entry {idx} leaves a gap after {len(self._inner)} entries"
+        self._inner.add(command, idx, term)
+        if self._fsync:
+            self._inner.flush()
+
+    def clear(self) -> None:
+        self._visible = None
+        self._inner.clear()
+        if self._fsync:
+            self._inner.flush()
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        """pysyncobj's follower calls this on every append that overlaps its log, before re-adding
+        the leader's entries, and also when they match (Raft truncates only on a conflict). Hide
+        the suffix instead of deleting it (see the class notes), and never hide a committed entry:
+        a committed entry cannot conflict, and a node whose log, as pysyncobj sees it, ended below
+        its commit index could win an election without entries a majority committed."""
+        if not 0 <= entryFrom < len(self):
+            return
+        keep = max(entryFrom, self._committed_count())
+        if keep < len(self):
+            self._visible = keep
+
+    def _committed_count(self) -> int:
+        """How many entries, from the first, this node knows to be committed."""
+        if not len(self._inner):
+            return 0
+        return max(0, min(len(self), self.getRaftCommitIndex() - self._inner[0][1] + 1))
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        """Keep the entries from position `entryTo` on, through a new file and a rename (hidden
+        ones included: they stay hidden at their shifted position)."""
+        assert self._visible is None or entryTo <= self._visible
+        kept = [self._inner[position] for position in range(entryTo, len(self._inner))]
+        if self._fsync:
+            # pysyncobj renamed the new dump over the old one in the previous tick: make that
+            # durable before the journal stops holding the entries the dump replaces.
+            fsync_directory(self._directory)
+        self._inner.onOneSecondTimer()  # the new FileJournal re-reads .meta: store pending changes
+        new_path = self._path + COMPACTION_SUFFIX
+        remove_leftovers(self._path)
+        new_journal = FileJournal(new_path)  # reads (absent) new_path.meta, never writes it
+        for entry in kept:
+            new_journal.add(*entry)
+        new_journal._destroy()  # msync + close
+        self._inner._destroy()
+        os.replace(new_path, self._path)
+        if self._fsync:
+            fsync_directory(self._directory)
+        self._inner = _open(self._path, fsync=self._fsync)
+        assert len(self._inner) == len(kept)
+        if self._visible is not None:
+            self._visible -= entryTo
+        self.compactions += 1
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._inner.setRaftCommitIndex(raftCommitIndex)
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        self._inner.setCurrentTerm(term, votedForNodeId)
+
+    def onOneSecondTimer(self) -> None:
+        self._inner.onOneSecondTimer()
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def _destroy(self) -> None:
+        self._inner.onOneSecondTimer()  # store a pending commit index before closing
+        self._inner._destroy()
+
+    # Reads.
+
+    def __getitem__(self, item: Any) -> Any:
+        visible = self._visible
+        if visible is None:
+            return self._inner[item]
+        if isinstance(item, slice):
+            start, stop, step = item.indices(visible)
+            return [self._inner[position] for position in range(start, stop, step)]
+        position = item + visible if item < 0 else item
+        if not 0 <= position < visible:
+            raise IndexError("journal index out of range")
+        return self._inner[position]
+
+    def __len__(self) -> int:
+        return len(self._inner) if self._visible is None else self._visible
+
+    def getRaftCommitIndex(self) -> int:
+        return int(self._inner.getRaftCommitIndex())
+
+    def getCurrentTerm(self) -> int:
+        return int(self._inner.getCurrentTerm())
+
+    def getVotedForNodeId(self) -> Any:
+        return self._inner.getVotedForNodeId()
+
+    def position_of(self, entry: tuple[bytes, int, int]) -> int | None:
+        """Where `entry` sits in the journal, by its index; None if absent or different."""
+        if len(self) == 0:
+            return None
+        position = entry[1] - self[0][1]
+        if 0 <= position < len(self) and tuple(self[position]) == tuple(entry):
+            return position
+        return None

@@ -1,0 +1,156 @@
+"""The thin pysyncobj subclass: one @replicated method taking one bytes batch, nothing else.
+
+Everything it needs arrives as `bridge` (the ReplicatedLog), set BEFORE SyncObj.__init__ so that
+pysyncobj counts it among its own properties and never serializes it; so does `pre_vote`
+(_prevote.py), which this class wires into pysyncobj's tick and message handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from runstate_server.cluster._prevote import PreVote
+
+
+class Bridge(Protocol):
+    def apply_batch(self, batch: bytes) -> list[Any]: ...
+
+
+_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
+
+
+class RaftNode(SyncObj):  # type: ignore[misc]
+    def __init__(
+        self,
+        bridge: Bridge,
+        self_address: str,
+        peer_addresses: Sequence[str],
+        conf: SyncObjConf,
+        pre_vote: PreVote | None = None,
+    ):
+        self._bridge = bridge
+        self.pre_vote = pre_vote
+        try:
+            # autoTick=False: binds the port here, synchronously.
+            super().__init__(self_address, list(peer_addresses), conf)
+        except BaseException:
+            self.destroy_transport()
+            self.close_pipe()
+            raise
+
+    @replicated
+    def apply_batch(self, batch: bytes) -> list[Any]:
+        return self._bridge.apply_batch(batch)
+
+    def _checkCommandsToApply(self) -> None:
+        # pysyncobj forwards a queued command to the leader when this node is not the leader; ours
+        # must never be forwarded (the node layer forwards over HTTP and knows the outcome), so a
+        # command queued just before this node lost leadership fails with NOT_LEADER instead.
+        if not self._isLeader():
+            self._reject_queued_commands()
+        super()._checkCommandsToApply()
+
+    # Pre-vote (_prevote.py). pysyncobj starts an election inside _onTick, and its transport calls
+    # the handler it was given in SyncObj.__init__, `self.__onMessageReceived`, which resolves to
+    # the name-mangled attribute below: defining it here puts pre-vote in front of pysyncobj's own.
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self.pre_vote is not None and self._SyncObj__transport.ready and not self._SyncObj__needLoadDumpFile:
+            self.pre_vote.before_tick(self)
+        super()._onTick(timeToWait)
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
+            return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    # _prevote.RaftView: what pre-vote reads and changes in pysyncobj (tick thread only).
+
+    def current_term(self) -> int:
+        return int(self._SyncObj__raftCurrentTerm)
+
+    def last_log(self) -> tuple[int, int]:
+        last = self._SyncObj__raftLog[-1]
+        return int(last[1]), int(last[2])
+
+    def peers(self) -> set[Any]:
+        return self._SyncObj__otherNodes  # type: ignore[no-any-return]
+
+    def election_due(self, now: float) -> bool:
+        # SyncObj._onTick's own condition for starting an election (its selfNode is never None here).
+        return (
+            self._SyncObj__raftState != _LEADER
+            and self._SyncObj__raftElectionDeadline < now
+            and bool(self._SyncObj__connectedToAnyone())
+        )
+
+    def transfer_in_progress(self) -> bool:
+        return bool(self._SyncObj__transferInProgress)
+
+    def postpone_election(self, now: float) -> None:
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+
+    def allow_election_now(self) -> None:
+        self._SyncObj__raftElectionDeadline = 0
+
+    def send(self, node: Any, message: dict[str, Any]) -> None:
+        self._SyncObj__transport.send(node, message)
+
+    def _reject_queued_commands(self) -> None:
+        commands = self._SyncObj__commandsQueue
+        while True:
+            try:
+                _, callback = commands.get_nowait()
+            except queue.Empty:
+                return
+            self._SyncObj__callErrCallback(FAIL_REASON.NOT_LEADER, callback)
+
+    # pysyncobj internals we read (single ints/objects: safe to read from another thread). Plain
+    # methods, not properties: SyncObj.__init__ getattr()s every name in dir(self).
+
+    def raft_state(self) -> int:
+        return int(self._SyncObj__raftState)
+
+    def noop_index(self) -> int | None:
+        """Index of the no-op entry this node appended when it last became leader."""
+        return self._SyncObj__noopIDx  # type: ignore[no-any-return]
+
+    def leader_commit_index(self) -> int | None:
+        return self._SyncObj__leaderCommitIndex  # type: ignore[no-any-return]
+
+    def get_journal(self) -> Any:
+        return self._SyncObj__raftLog
+
+    def set_journal(self, journal: Any) -> None:
+        self._SyncObj__raftLog = journal
+
+    def destroy_transport(self) -> None:
+        transport = getattr(self, "_SyncObj__transport", None)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.destroy()
+
+    def close_pipe(self) -> None:
+        """Close the notifier's pipe, which pysyncobj's destroy leaves open."""
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is None:
+            return
+        for name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+            fd = getattr(notifier, name, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(notifier, name, None)
+
+    def wake(self) -> None:
+        """Wake the tick thread's poll (used by stop)."""
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is not None:
+            with contextlib.suppress(OSError, TypeError):
+                notifier.notify()

@@ -1,0 +1,130 @@
+"""Every knob and bound of the replicated log, named once. Why each value: see DESIGN.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj import SyncObjConf
+
+from runstate_server.actors import limits
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# Group commit: at most this many batches are proposed and not yet committed; the commands that
+# arrive meanwhile accumulate into the next batch.
+MAX_BATCHES_IN_FLIGHT = 2
+# Commands in one batch (one Raft entry).
+BATCH_COMMANDS_MAX = limits.batch_commands_max
+# Encoded size of one command and of one batch; a batch closes early when the next command would
+# push it over BATCH_BYTES_MAX (one command always fits: COMMAND_BYTES_MAX < BATCH_BYTES_MAX).
+COMMAND_BYTES_MAX = 1 * MIB
+BATCH_BYTES_MAX = 4 * MIB
+# Commands accepted by propose() and not yet put in a batch; beyond it propose() raises LogUnavailable.
+PENDING_COMMANDS_MAX = 10 * BATCH_COMMANDS_MAX
+PROPOSE_TIMEOUT_S_DEFAULT = 5.0
+
+# Fixed by the design of this package, not tunable (see DESIGN.md "Configuration"):
+# entries are sent as soon as they are appended, and the pipe notifier wakes our tick thread.
+APPEND_ENTRIES_USE_BATCH = False
+# Fail fast when there is no leader; the node layer retries or answers 503.
+COMMANDS_WAIT_LEADER = False
+# Membership is static until the cluster issue designs joins and removals.
+DYNAMIC_MEMBERSHIP_CHANGE = False
+# An entry larger than pysyncobj's append_entries batch is sent in chunks by a code path that
+# miscounts the last chunk (it compares the pickled entry's offset with the raw command length);
+# keeping the per-message budget above the largest batch means an entry is never chunked.
+APPEND_ENTRIES_BYTES_MAX = 2 * BATCH_BYTES_MAX
+
+# In-memory mode never compacts (pysyncobj's in-memory compaction pickles the SyncObj's attributes
+# and would ship a state without ours to a lagging follower).
+_NEVER_ENTRIES = 2**62
+_NEVER_S = 1e12
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Raft timing and log compaction. The defaults suit a LAN or one machine."""
+
+    # Election timeout, drawn at random in [min, max]; pysyncobj requires min > 3 * append period.
+    raft_timeout_s_min: float = 0.3
+    raft_timeout_s_max: float = 0.6
+    # Raft pre-vote (_prevote.py): a node campaigns (term + 1) only after a majority said it would
+    # vote for it; a node says so only if it has not heard from a leader for raft_timeout_s_min.
+    # Keeps a rejoining node from deposing a healthy leader. Off: pysyncobj's plain elections.
+    pre_vote: bool = True
+    # Heartbeat period of the leader.
+    append_entries_period_s: float = 0.05
+    # A leader that has heard from no majority for this long steps down (pysyncobj default: 30 s).
+    leader_fallback_timeout_s: float = 1.0
+    # A connection silent this long is dead (>= raft_timeout_s_max); reconnect attempts period.
+    connection_timeout_s: float = 1.0
+    connection_retry_s: float = 0.5
+    # How long the tick thread waits for socket events when nothing of ours is pending.
+    tick_period_s: float = 0.05
+    # Compact (dump the state, truncate the journal) after this many entries or this long.
+    log_compaction_entries_min: int = 5_000
+    log_compaction_time_s_min: float = 600.0
+    # Address the Raft port binds; None binds self_address's host (pysyncobj alone would bind 0.0.0.0).
+    bind_address: str | None = None
+    # Raft entries (batches) queued in pysyncobj before its thread appends them.
+    raft_queue_entries_max: int = 1_000
+    # How long pysyncobj trusts a resolved peer address (its defaults, 600 s and 30 s, keep dialling
+    # a restarted container's old IP for minutes).
+    dns_cache_s: float = 2.0
+    dns_fail_cache_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        assert self.raft_timeout_s_min > 3 * self.append_entries_period_s, "pysyncobj needs min > 3 * period"
+        assert self.raft_timeout_s_max > self.raft_timeout_s_min
+        assert self.connection_timeout_s >= self.raft_timeout_s_max
+        assert self.leader_fallback_timeout_s > self.append_entries_period_s
+        assert self.log_compaction_entries_min >= 2
+        assert self.tick_period_s > 0
+
+    def syncobj_conf(
+        self,
+        *,
+        self_address: str,
+        password: str,
+        journal_file: str | None,
+        dump_file: str | None,
+        serializer: Any,
+        deserializer: Any,
+        serialize_checker: Any,
+        on_state_changed: Any,
+    ) -> SyncObjConf:
+        assert password, "the Raft port must always be authenticated"
+        assert (journal_file is None) == (dump_file is None), "a journal without a dump loses state"
+        in_memory = journal_file is None
+        conf = SyncObjConf(
+            password=password,
+            autoTick=False,
+            appendEntriesUseBatch=APPEND_ENTRIES_USE_BATCH,
+            appendEntriesBatchSizeBytes=APPEND_ENTRIES_BYTES_MAX,
+            commandsWaitLeader=COMMANDS_WAIT_LEADER,
+            dynamicMembershipChange=DYNAMIC_MEMBERSHIP_CHANGE,
+            commandsQueueSize=self.raft_queue_entries_max,
+            raftMinTimeout=self.raft_timeout_s_min,
+            raftMaxTimeout=self.raft_timeout_s_max,
+            appendEntriesPeriod=self.append_entries_period_s,
+            leaderFallbackTimeout=self.leader_fallback_timeout_s,
+            connectionTimeout=self.connection_timeout_s,
+            connectionRetryTime=self.connection_retry_s,
+            bindAddress=self.bind_address or self_address,
+            dnsCacheTime=self.dns_cache_s,
+            dnsFailCacheTime=self.dns_fail_cache_s,
+            # Fail at once when the port is taken (unlimited retries would spin in the constructor).
+            maxBindRetries=1,
+            journalFile=journal_file,
+            fullDumpFile=dump_file,
+            serializer=None if in_memory else serializer,
+            deserializer=None if in_memory else deserializer,
+            serializeChecker=None if in_memory else serialize_checker,
+            logCompactionMinEntries=_NEVER_ENTRIES if in_memory else self.log_compaction_entries_min,
+            logCompactionMinTime=_NEVER_S if in_memory else self.log_compaction_time_s_min,
+            onStateChanged=on_state_changed,
+        )
+        conf.validate()
+        return conf

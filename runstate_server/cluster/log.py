@@ -1,0 +1,549 @@
+"""ReplicatedLog: commands in, results out, every replica applies the same batches in the same order.
+
+Threads: the asyncio event loop (propose, flush, futures, callbacks) and one daemon tick thread
+that owns pysyncobj (network, journal, commit, apply, snapshots). They meet at three points only:
+pysyncobj's thread-safe command queue (loop -> tick thread), `loop.call_soon_threadsafe`
+(tick thread -> loop) and `self.lock` (held while the state machine changes, taken by readers).
+See DESIGN.md for the why of each choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pysyncobj import FAIL_REASON
+
+from runstate_server.cluster import _dumper, _journal
+from runstate_server.cluster._prevote import PreVote
+from runstate_server.cluster._raft import RaftNode
+from runstate_server.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
+from runstate_server.cluster.config import (
+    BATCH_BYTES_MAX,
+    BATCH_COMMANDS_MAX,
+    COMMAND_BYTES_MAX,
+    MAX_BATCHES_IN_FLIGHT,
+    PENDING_COMMANDS_MAX,
+    PROPOSE_TIMEOUT_S_DEFAULT,
+    LogConfig,
+)
+from runstate_server.cluster.errors import LogUnavailable, NotLeader
+from runstate_server.cluster.snapshot import (
+    Dump,
+    decode_dump,
+    encode_dump,
+    fsync_directory,
+    fsync_file,
+)
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_FILE_NAME = "raft.journal"
+DUMP_FILE_NAME = "raft.dump"
+
+# pysyncobj's _RAFT_STATE values.
+_ROLES = {0: "follower", 1: "candidate", 2: "leader"}
+_LEADER = 2
+
+# stop(): the longest to wait for the tick thread to close the port and the files.
+STOP_TIMEOUT_S = 10.0
+# How often wait_ready looks at the Raft state (startup only).
+_READY_POLL_S = 0.01
+
+
+class StateMachine(Protocol):
+    """The deterministic core (runstate_server.actors)."""
+
+    @property
+    def clock_ms(self) -> int: ...  # the last now_ms applied (never goes backwards)
+
+    def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Any]]: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, snapshot: dict[str, Any]) -> None: ...
+
+
+def internal_error(message: str) -> dict[str, Any]:
+    return {"error": {"code": "INTERNAL", "message": message}}
+
+
+class _LogHalted(Exception):
+    """Raised in the tick thread to stop applying: the log cannot continue safely."""
+
+
+@dataclass(eq=False)
+class _Proposal:
+    command: bytes
+    future: asyncio.Future[Any]
+
+
+@dataclass(eq=False)
+class _InFlightBatch:
+    proposals: list[_Proposal]
+    unresolved: int
+    released: bool = False
+
+
+@dataclass
+class _Counters:
+    commands_proposed: int = 0
+    batches_proposed: int = 0
+    batches_applied: int = 0
+    commands_failed_internal: int = 0
+
+
+class ReplicatedLog:
+    def __init__(
+        self,
+        state_machine: StateMachine,
+        *,
+        self_address: str,
+        peer_addresses: Sequence[str] = (),
+        data_dir: Path | None,
+        password: str,
+        fsync: bool = True,
+        on_applied: Callable[[list[Any]], None] | None = None,
+        on_role_change: Callable[[], None] | None = None,
+        config: LogConfig | None = None,
+    ) -> None:
+        if not password:
+            raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
+        self.lock = threading.Lock()
+        self.self_address = self_address
+        self.peer_addresses = tuple(address for address in peer_addresses if address != self_address)
+        self.data_dir = data_dir
+        self.counters = _Counters()
+        self._state_machine = state_machine
+        self._password = password
+        self._fsync = fsync
+        self._on_applied = on_applied
+        self._on_role_change = on_role_change
+        self._config = config or LogConfig()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._raft: RaftNode | None = None
+        self._journal: _journal.DurableJournal | None = None
+        self._dumper: _dumper.Dumper | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._stopped = False
+        self._halt_reason: str | None = None
+        # Loop-thread state.
+        self._pending: collections.deque[_Proposal] = collections.deque()
+        self._flush_scheduled = False
+        self._batches_in_flight = 0
+        self._in_flight: set[_InFlightBatch] = set()
+        self._last_now_ms = 0
+        # Batches of this node queued in pysyncobj and not yet called back (both threads).
+        self._uncommitted_lock = threading.Lock()
+        self._uncommitted = 0
+
+    def __repr__(self) -> str:
+        c = self.counters
+        return (
+            f"<ReplicatedLog {self.self_address} {self.role} term={self.term} "
+            f"applied={self.applied_index} commit={self.commit_index} pending={len(self._pending)} "
+            f"in_flight={self._batches_in_flight} commands={c.commands_proposed} batches={c.batches_proposed}>"
+        )
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        """Bind the Raft port, open (and restore from) the dump and journal, start ticking."""
+        assert self._raft is None, "start() is called once"
+        self._loop = asyncio.get_running_loop()
+        journal_file = dump_file = None
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            journal_file = str(self.data_dir / JOURNAL_FILE_NAME)
+            dump_file = str(self.data_dir / DUMP_FILE_NAME)
+            _journal.remove_leftovers(journal_file)
+            _dumper.remove_leftovers(dump_file)
+            self._dumper = _dumper.Dumper(dump_file, fsync=self._fsync)
+        conf = self._config.syncobj_conf(
+            self_address=self.self_address,
+            password=self._password,
+            journal_file=journal_file,
+            dump_file=dump_file,
+            serializer=self._write_dump,
+            deserializer=self._read_dump,
+            serialize_checker=self._check_dump,
+            on_state_changed=self._on_state_changed,
+        )
+        try:
+            # Reads the whole journal and binds the port: not on the loop.
+            pre_vote = PreVote(silence_s=self._config.raft_timeout_s_min) if self._config.pre_vote else None
+            raft = await asyncio.to_thread(RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote)
+        except Exception as error:
+            raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
+        if journal_file is not None:
+            self._journal = _journal.DurableJournal(raft.get_journal(), journal_file, fsync=self._fsync)
+            raft.set_journal(self._journal)
+        self._raft = raft
+        self._thread = threading.Thread(target=self._run_ticks, name=f"raft-{self.self_address}", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop ticking, close the port and the files; pending proposals fail with LogUnavailable."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._fail_pending(LogUnavailable("the log is stopping"))
+        for in_flight in list(self._in_flight):
+            _fail(in_flight.proposals, LogUnavailable("the log stopped; the outcome is unknown"))
+        if self._raft is None:
+            return
+        self._stopping.set()
+        self._raft.wake()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S)
+            if self._thread.is_alive():
+                logger.error("the Raft thread of %s did not stop within %s s", self.self_address, STOP_TIMEOUT_S)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once a leader is known and this node has applied the log up to the leader's commit
+        index (a new leader: up to its own no-op, so everything committed before it is applied)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._is_ready():
+            self._check_running()
+            if time.monotonic() >= deadline:
+                raise LogUnavailable(f"not ready within {timeout_s} s ({self!r})")
+            await asyncio.sleep(_READY_POLL_S)
+
+    def _is_ready(self) -> bool:
+        raft = self._raft
+        if raft is None or self.leader_address is None or not raft.isReady():
+            return False
+        applied = raft.raftLastApplied
+        if raft.raft_state() == _LEADER:
+            noop_index = raft.noop_index()
+            return noop_index is not None and applied >= noop_index and applied >= raft.raftCommitIndex
+        leader_commit_index = raft.leader_commit_index()
+        return leader_commit_index is not None and applied >= leader_commit_index
+
+    # Raft state, read from the loop (stale by at most one tick).
+
+    @property
+    def is_leader(self) -> bool:
+        return self._raft is not None and self._raft.raft_state() == _LEADER
+
+    @property
+    def leader_address(self) -> str | None:
+        leader = self._raft._getLeader() if self._raft is not None else None
+        return None if leader is None else str(leader.address)
+
+    @property
+    def role(self) -> str:
+        return _ROLES[self._raft.raft_state()] if self._raft is not None else "follower"
+
+    @property
+    def term(self) -> int:
+        return int(self._raft.raftCurrentTerm) if self._raft is not None else 0
+
+    @property
+    def applied_index(self) -> int:
+        return int(self._raft.raftLastApplied) if self._raft is not None else 0
+
+    @property
+    def commit_index(self) -> int:
+        return int(self._raft.raftCommitIndex) if self._raft is not None else 0
+
+    # Proposing (loop thread).
+
+    async def propose(self, command: dict[str, Any], timeout_s: float = PROPOSE_TIMEOUT_S_DEFAULT) -> Any:
+        """Replicate `command` and return its result from the state machine.
+
+        Raises NotLeader at once on a follower; LogUnavailable when the queue is full, there is no
+        leader, or no commit within `timeout_s` (then the outcome is unknown); TypeError/ValueError
+        when the command is not msgpack-able or larger than COMMAND_BYTES_MAX.
+        """
+        self._check_running()
+        if not self.is_leader:
+            raise NotLeader(self.leader_address)
+        encoded = encode_command(command)
+        if len(encoded) > COMMAND_BYTES_MAX:
+            raise ValueError(f"command of {len(encoded)} bytes exceeds {COMMAND_BYTES_MAX}")
+        if len(self._pending) >= PENDING_COMMANDS_MAX:
+            raise LogUnavailable(f"{PENDING_COMMANDS_MAX} commands already wait for a batch")
+        assert self._loop is not None
+        proposal = _Proposal(encoded, self._loop.create_future())
+        self._pending.append(proposal)
+        self.counters.commands_proposed += 1
+        self._schedule_flush()
+        try:
+            return await asyncio.wait_for(proposal.future, timeout_s)
+        except asyncio.TimeoutError:
+            raise LogUnavailable(f"not committed within {timeout_s} s; the outcome is unknown") from None
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
+            assert self._loop is not None
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Turn the pending commands into batches while a slot is free (once per loop turn)."""
+        self._flush_scheduled = False
+        while self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
+            proposals = self._take_batch()
+            if not proposals:
+                return
+            if not self.is_leader or self._halt_reason is not None or self._stopped:
+                error: Exception = NotLeader(self.leader_address)
+                if self._halt_reason is not None or self._stopped:
+                    error = LogUnavailable(self._halt_reason or "the log is stopping")
+                _fail(proposals, error)
+                self._fail_pending(error)
+                return
+            self._submit(proposals)
+
+    def _take_batch(self) -> list[_Proposal]:
+        proposals: list[_Proposal] = []
+        batch_bytes = 0
+        while self._pending and len(proposals) < BATCH_COMMANDS_MAX:
+            proposal = self._pending[0]
+            if proposal.future.done():  # timed out or cancelled before it was sent: never proposed
+                self._pending.popleft()
+                continue
+            if proposals and batch_bytes + len(proposal.command) > BATCH_BYTES_MAX:
+                break
+            self._pending.popleft()
+            proposals.append(proposal)
+            batch_bytes += len(proposal.command)
+        return proposals
+
+    def _submit(self, proposals: list[_Proposal]) -> None:
+        raft = self._raft
+        assert raft is not None
+        # The leader stamps time once per batch; it never goes backwards, across leaders too
+        # (clock_ms is replicated state).
+        now_ms = max(int(time.time() * 1000), self._state_machine.clock_ms, self._last_now_ms)
+        assert now_ms >= self._last_now_ms
+        self._last_now_ms = now_ms
+        batch = encode_batch(now_ms, raft.raftCurrentTerm, [proposal.command for proposal in proposals])
+        in_flight = _InFlightBatch(proposals, unresolved=len(proposals))
+        self._batches_in_flight += 1
+        self._in_flight.add(in_flight)
+        assert self._batches_in_flight <= MAX_BATCHES_IN_FLIGHT
+        self.counters.batches_proposed += 1
+        for proposal in proposals:
+            proposal.future.add_done_callback(functools.partial(self._on_proposal_done, in_flight))
+        with self._uncommitted_lock:
+            self._uncommitted += 1
+        raft.apply_batch(batch, callback=functools.partial(self._on_batch_done_in_tick_thread, in_flight))
+
+    def _on_batch_done_in_tick_thread(self, in_flight: _InFlightBatch, results: Any, reason: int) -> None:
+        with self._uncommitted_lock:
+            self._uncommitted -= 1
+        self._call_on_loop(self._on_batch_done, in_flight, results, reason)
+
+    def _on_batch_done(self, in_flight: _InFlightBatch, results: Any, reason: int) -> None:
+        if reason == FAIL_REASON.SUCCESS:
+            assert isinstance(results, list) and len(results) == len(in_flight.proposals)
+            for proposal, result in zip(in_flight.proposals, results, strict=True):
+                if not proposal.future.done():  # a timed-out proposal ignores its late result
+                    proposal.future.set_result(result)
+        else:
+            _fail(in_flight.proposals, self._error_for(reason))
+        self._release(in_flight)
+
+    def _on_proposal_done(self, in_flight: _InFlightBatch, _future: asyncio.Future[Any]) -> None:
+        # Once every command of a batch has its answer or gave up waiting, its slot is free even if
+        # pysyncobj never calls back (an entry stranded by a lost leadership).
+        in_flight.unresolved -= 1
+        if in_flight.unresolved == 0:
+            self._release(in_flight)
+
+    def _release(self, in_flight: _InFlightBatch) -> None:
+        if in_flight.released:
+            return
+        in_flight.released = True
+        self._in_flight.discard(in_flight)
+        self._batches_in_flight -= 1
+        assert self._batches_in_flight >= 0
+        self._schedule_flush()
+
+    def _error_for(self, reason: int) -> Exception:
+        if reason in (FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
+            # Never appended, or overwritten by a new leader: not applied, safe to forward.
+            return NotLeader(self.leader_address)
+        if reason == FAIL_REASON.QUEUE_FULL:
+            return LogUnavailable("the Raft queue is full")
+        if reason == FAIL_REASON.MISSING_LEADER:
+            return LogUnavailable("no Raft leader")
+        return LogUnavailable(f"Raft failure {reason}; the outcome is unknown")
+
+    def _fail_pending(self, error: Exception) -> None:
+        proposals = list(self._pending)
+        self._pending.clear()
+        _fail(proposals, error)
+
+    def _check_running(self) -> None:
+        if self._raft is None:
+            raise LogUnavailable("the log is not started")
+        if self._stopped:
+            raise LogUnavailable("the log is stopped")
+        if self._halt_reason is not None:
+            raise LogUnavailable(f"the log halted: {self._halt_reason}")
+
+    def _on_role_changed(self) -> None:
+        if not self.is_leader:
+            self._fail_pending(NotLeader(self.leader_address))
+        if self._on_role_change is not None:
+            self._on_role_change()
+
+    # The tick thread.
+
+    def _run_ticks(self) -> None:
+        raft = self._raft
+        assert raft is not None
+        single_node = not self.peer_addresses
+        try:
+            while not self._stopping.is_set() and self._halt_reason is None:
+                # One node: an entry appended in tick T commits at the start of tick T+1, and nothing
+                # wakes the poll in between, so tick again at once while one of ours is uncommitted.
+                spin = single_node and self._uncommitted > 0 and raft.raft_state() == _LEADER
+                try:
+                    raft.doTick(0.0 if spin else self._config.tick_period_s)
+                except _LogHalted:
+                    break
+                except Exception:
+                    if self._halt_reason is not None:
+                        break
+                    logger.exception("Raft tick failed on %s", self.self_address)
+                    time.sleep(self._config.tick_period_s)
+        finally:
+            if self._dumper is not None:
+                self._dumper.abort()
+            try:
+                raft.destroy()  # transport, then journal (msync + close)
+            except Exception:
+                logger.exception("closing the Raft node %s failed", self.self_address)
+            raft.close_pipe()
+            if self._halt_reason is not None:
+                self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
+
+    def apply_batch(self, data: bytes) -> list[Any]:
+        """The @replicated method's body, in the tick thread, on every replica."""
+        if self._halt_reason is not None:
+            raise _LogHalted(self._halt_reason)
+        try:
+            batch = decode_batch(data)
+        except BatchFormatError as error:
+            # Skipping the entry would diverge from replicas that can read it: stop instead.
+            self._halt(f"cannot decode a committed batch: {error}")
+            raise _LogHalted(str(error)) from error
+        results: list[Any] = []
+        effects: list[Any] = []
+        with self.lock:
+            for command in batch.commands:
+                try:
+                    result, command_effects = self._state_machine.apply(command, batch.now_ms, batch.epoch)
+                except Exception as error:
+                    # A bug in the core. pysyncobj would retry the entry forever if we raised: answer
+                    # INTERNAL for this command and go on with the next.
+                    logger.exception(
+                        "apply failed for command %r",
+                        command.get("type") if isinstance(command, dict) else command,
+                    )
+                    self.counters.commands_failed_internal += 1
+                    result, command_effects = internal_error(f"{type(error).__name__}: {error}"), []
+                results.append(result)
+                effects.extend(command_effects)
+        self.counters.batches_applied += 1
+        if self._on_applied is not None:
+            self._call_on_loop(self._on_applied, effects)
+        return results
+
+    def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        if (old_state == _LEADER) != (new_state == _LEADER):
+            self._call_on_loop(self._on_role_changed)
+
+    def _call_on_loop(self, callback: Callable[..., Any], *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the process is shutting down
+            pass
+
+    def _halt(self, reason: str) -> None:
+        logger.critical("replicated log %s halts: %s", self.self_address, reason)
+        self._halt_reason = reason
+
+    # Snapshots (tick thread). pysyncobj calls _write_dump right after applying, then _check_dump
+    # every tick until it reports the outcome; the dump is written by a forked child (_dumper.py).
+
+    def _write_dump(self, file_name: str, data: tuple[Any, Any, Any]) -> None:
+        last, previous, cluster = data
+        dumper = self._dumper
+        assert dumper is not None, "dumps are written only with a data dir"
+        dump_last, dump_previous = _entry(last), _entry(previous)
+        addresses = [str(node.id) for node in cluster]
+        state_machine = self._state_machine
+
+        def encode() -> bytes:
+            # In the forked child: the state after exactly `last` (apply runs in the tick thread).
+            return encode_dump(Dump(state_machine.snapshot(), dump_last, dump_previous, addresses))
+
+        # pysyncobj renames file_name over the dump when this returns; the child's file goes into
+        # place only when it is complete (_check_dump), so nothing may be at file_name.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file_name)
+        dumper.start(encode)
+
+    def _check_dump(self) -> int:
+        assert self._dumper is not None
+        return self._dumper.check()
+
+    def _read_dump(self, file_name: str) -> tuple[Any, Any, list[str]]:
+        if self._dumper is not None:
+            self._dumper.abort()  # a dump installed from the leader replaces the one being written
+        try:
+            with open(file_name, "rb") as file:
+                dump = decode_dump(file.read())
+            if self._fsync:  # a dump installed from the leader was renamed into place unsynced
+                fsync_file(file_name)
+                fsync_directory(os.path.dirname(file_name) or ".")
+            self._finish_interrupted_compaction(dump)
+            with self.lock:
+                self._state_machine.restore(dump.state)
+            return (dump.last, dump.previous, dump.cluster)
+        except Exception as error:
+            # pysyncobj would log this and replay the journal over an empty state: stop instead.
+            self._halt(f"cannot load the Raft dump {file_name}: {error!r}")
+            raise
+
+    def _finish_interrupted_compaction(self, dump: Dump) -> None:
+        # pysyncobj keeps the journal only if it starts with the dump's two entries, else it clears
+        # it down to them. A crash between writing a dump and trimming the journal leaves a journal
+        # that starts earlier and holds committed entries past the dump: trim it here so they stay.
+        journal = self._journal
+        if journal is None:
+            return
+        position = journal.position_of(dump.previous)
+        if position is not None and position > 0 and journal.position_of(dump.last) == position + 1:
+            journal.deleteEntriesTo(position)
+
+
+def _entry(entry: Any) -> tuple[bytes, int, int]:
+    command, index, term = entry
+    return (bytes(command), int(index), int(term))
+
+
+def _fail(proposals: list[_Proposal], error: Exception) -> None:
+    for proposal in proposals:
+        if not proposal.future.done():
+            proposal.future.set_exception(copy.copy(error))  # one instance per waiter (tracebacks)

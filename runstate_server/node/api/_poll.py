@@ -1,0 +1,53 @@
+"""The long poll every waiting route shares: confirm leadership, then look, and wait for a wake of
+the entity's key until what the client waits for happened or its `waitMs` ran out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.node.api import _request as req
+from runstate_server.node.api.routes import caller_of
+from runstate_server.node.config import LONG_POLL_MS_MAX
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+WAIT_MS_QUERY = {"waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}}
+
+
+async def long_poll(
+    request: web.Request,
+    node: Node,
+    key: Hashable,
+    look: Callable[[], dict[str, Any]],
+    happened: Callable[[dict[str, Any]], bool],
+) -> dict[str, Any]:
+    """The view `look()` returns once `happened(view)`, or after the request's `waitMs` (0 to
+    LONG_POLL_MS_MAX, default 0) with what it is then. `look` reads the state (and may raise an
+    ApiError, e.g. NOT_FOUND). The waiter is registered before each look, so no wake is missed."""
+    wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    deadline = time.monotonic() + wait_ms / 1000
+    await node.confirm_leadership(caller_of(request))
+    while True:
+        with node.waiters.register(key) as waiter:
+            view = look()
+            remaining_s = deadline - time.monotonic()
+            if happened(view) or remaining_s <= 0:
+                return view
+            await waiter.wait(remaining_s)
+
+
+def body_wait_ms(body: dict[str, Any]) -> int:
+    """The `waitMs` of a long poll's body: 0 to LONG_POLL_MS_MAX, default 0."""
+    wait_ms = req.integer(body, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
+    assert wait_ms is not None
+    return wait_ms
+
+
+def client_gone(request: web.Request) -> bool:
+    """The client closed its connection: nobody is left to hand a grant to."""
+    return request.transport is None or request.transport.is_closing()

@@ -1,0 +1,173 @@
+"""Reading and validating request input. Every failure is a 400 VALIDATION naming the field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from aiohttp import web
+
+from runstate_server.actors import limits, resources
+from runstate_server.node.api.errors import ApiError
+
+_MISSING = object()
+
+
+async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
+    """The request's JSON object, read to its end (a body left half-read would make aiohttp drop
+    the keep-alive connection under the client's next request)."""
+    try:
+        raw = await request.read()  # bounded by the app's client_max_size = body_bytes_max
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError("VALIDATION", f"request body over {limits.body_bytes_max} bytes") from None
+    if not raw.strip():
+        if required:
+            raise ApiError("VALIDATION", "a JSON object body is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ApiError("VALIDATION", f"body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError("VALIDATION", "body must be a JSON object")
+    return body
+
+
+def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = False) -> str | None:
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise ApiError("VALIDATION", f"{field} is required")
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
+        raise ApiError("VALIDATION", f"{field} must be a string of 1 to {max_chars} characters")
+    return value
+
+
+def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, default: int | None = None) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ApiError("VALIDATION", f"{field} must be an integer from {minimum} to {maximum}")
+    return value
+
+
+def flag(body: dict[str, Any], field: str) -> bool:
+    value = body.get(field, False)
+    if not isinstance(value, bool):
+        raise ApiError("VALIDATION", f"{field} must be true or false")
+    return value
+
+
+def query_integer(request: web.Request, field: str, *, minimum: int, maximum: int, default: int) -> int:
+    raw = request.query.get(field)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError("VALIDATION", f"{field} must be an integer") from None
+    if not minimum <= value <= maximum:
+        raise ApiError("VALIDATION", f"{field} must be from {minimum} to {maximum}")
+    return value
+
+
+def timestamp_ms(body: dict[str, Any], field: str) -> int | None:
+    """An ISO 8601 time (a naive one is taken as UTC) as milliseconds since the epoch."""
+    value = body.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError("VALIDATION", f"{field} must be an ISO 8601 string")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ApiError("VALIDATION", f"{field} is not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys: equal values give equal bytes (the basis of input hashes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def payload(body: dict[str, Any], field: str, *, code: str, required: bool = True) -> tuple[Any, bytes]:
+    """A JSON value of at most `payload_bytes_max`, with its canonical encoding."""
+    value = body.get(field, _MISSING)
+    if value is _MISSING:
+        if required:
+            raise ApiError("VALIDATION", f"{field} is required")
+        value = None
+    try:
+        encoded = canonical_json(value)
+    except ValueError as error:
+        raise ApiError("VALIDATION", f"{field} is not a JSON value: {error}") from None
+    if len(encoded) > limits.payload_bytes_max:
+        raise ApiError(code, f"{field} is {len(encoded)} bytes, over the {limits.payload_bytes_max}-byte limit")
+    return value, encoded
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def lease_ms(body: dict[str, Any]) -> int:
+    """The `leaseMs` of a receive, acquire or renew (default 30 s)."""
+    value = integer(
+        body, "leaseMs", minimum=limits.lease_ms_min, maximum=limits.lease_ms_max, default=limits.lease_ms_default
+    )
+    assert value is not None
+    return value
+
+
+def error_text(body: dict[str, Any]) -> str | None:
+    """The `error` a worker reports, cut to `error_message_chars_max`."""
+    error = body.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        raise ApiError("VALIDATION", "error must be a string")
+    return error[: limits.error_message_chars_max]
+
+
+def task_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a task to submit (to a mailbox or a group): its input, the input's hash, its
+    key (the hash when none is given), attempts and keyOnly, as the core's submit takes them."""
+    task_input, encoded = payload(body, "input", code="VALIDATION")
+    input_hash = sha256_hex(encoded)
+    return {
+        "key": text(body, "key", max_chars=limits.key_chars_max) or input_hash,
+        "input": task_input,
+        "input_hash": input_hash,
+        "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default),
+        "key_only": flag(body, "keyOnly"),
+    }
+
+
+# The largest amount of any field (a budget's total, a reserve, a spend), in the API's decimals.
+AMOUNT_MAX = limits.budget_total_micros_max // resources.MICROS
+AMOUNT_MIN_POSITIVE = 1 / resources.MICROS  # a reserve takes at least one micro-unit
+
+
+def amount_micros(
+    body: dict[str, Any], field: str, *, required: bool = False, positive: bool = False
+) -> int | None:
+    """A decimal amount (a finite JSON number from 0, or one micro-unit if `positive`, to
+    AMOUNT_MAX) as integer micro-units, `round(x * 1_000_000)`: 25 x 0.40 is exactly 10.00."""
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise ApiError("VALIDATION", f"{field} is required")
+        return None
+    # NaN and the infinities (json.loads reads NaN and Infinity) fail the comparison too.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= AMOUNT_MAX:
+        raise ApiError("VALIDATION", f"{field} must be a number from 0 to {AMOUNT_MAX}")
+    micros = resources.to_micros(value)
+    if positive and micros < 1:
+        raise ApiError("VALIDATION", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
+    return micros

@@ -1,0 +1,168 @@
+"""Spaces and API keys: who am I, create and list spaces, create, list and revoke keys.
+
+A key's secret is made here (on the leader), returned once by the create call, and only its
+SHA-256 goes into the log. An admin key of the operator space (the one bootstrap created) manages
+every space; an admin key of another space manages its own space's keys only.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from runstate_server.actors import access, limits
+from runstate_server.node.api import _request as req
+from runstate_server.node.api.auth import key_hash
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import (
+    ADMIN,
+    ANY_KEY,
+    SPACE_ID,
+    STRING,
+    Caller,
+    caller_of,
+    node_of,
+    route,
+)
+from runstate_server.node.api.views import iso
+
+KEY_SECRET_PREFIX = "rsk_"
+KEY_SECRET_BYTES = 32  # 256 random bits
+ID_HEX_CHARS = 20
+_PERMISSIONS_SCHEMA = {"type": "array", "items": {"type": "string", "enum": list(access.PERMISSIONS)}}
+
+
+def new_key_secret() -> str:
+    return KEY_SECRET_PREFIX + secrets.token_urlsafe(KEY_SECRET_BYTES)
+
+
+def new_key_id() -> str:
+    return "key_" + secrets.token_hex(ID_HEX_CHARS // 2)
+
+
+def key_view(view: dict[str, Any]) -> dict[str, Any]:
+    """The core's key view with ISO times."""
+    return {**view, "createdAt": iso(view["createdAt"]), "revokedAt": iso(view["revokedAt"])}
+
+
+def space_view(view: dict[str, Any]) -> dict[str, Any]:
+    return {**view, "createdAt": iso(view["createdAt"])}
+
+
+@route(
+    "GET", "/v1/whoami", "The calling key: its id, space and permissions (works with any valid key)",
+    errors=("UNAUTHENTICATED",), permission=ANY_KEY,
+)
+async def whoami(request: web.Request) -> web.Response:
+    caller = caller_of(request)
+    return web.json_response({
+        "auth": node_of(request).config.auth,
+        "keyId": caller.key_id,
+        "space": caller.space,
+        "permissions": [permission for permission in access.PERMISSIONS if permission in caller.permissions],
+        "operator": caller.operator,
+    })
+
+
+def _require_operator(caller: Caller, what: str) -> None:
+    if not caller.operator:
+        raise ApiError("FORBIDDEN", f"{what} needs an admin key of the operator space")
+
+
+@route(
+    "POST", "/v1/spaces", "Create a space (an operator admin key)",
+    body={"id": STRING, "name": STRING}, ok=201, errors=("VALIDATION", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
+    permission=ADMIN,
+)
+async def create_space(request: web.Request) -> web.Response:
+    caller = caller_of(request)
+    _require_operator(caller, "creating a space")
+    body = await req.json_body(request, required=False)
+    space_id = req.text(body, "id", max_chars=limits.name_chars_max)
+    if space_id is not None and not SPACE_ID.match(space_id):
+        raise ApiError("VALIDATION", "id must be 1 to 128 letters, digits, '_', '.' or '-'")
+    args = {
+        "space_id": space_id or "spc_" + secrets.token_hex(ID_HEX_CHARS // 2),
+        "name": req.text(body, "name", max_chars=limits.name_chars_max),
+    }
+    result = await node_of(request).propose(caller, "space.create", args)
+    return web.json_response(space_view(result), status=201)
+
+
+@route("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN)
+async def list_spaces(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        views = access.list_spaces(state, None if caller.operator else [caller.space])
+    return web.json_response({"spaces": [space_view(view) for view in views]})
+
+
+def _target_space(caller: Caller, space_id: str | None) -> str:
+    if space_id is None or space_id == caller.space:
+        return caller.space
+    if not SPACE_ID.match(space_id):
+        raise ApiError("VALIDATION", "space must be 1 to 128 letters, digits, '_', '.' or '-'")
+    _require_operator(caller, "managing another space's keys")
+    return space_id
+
+
+def _permissions(body: dict[str, Any]) -> list[str]:
+    permissions = body.get("permissions")
+    if (
+        not isinstance(permissions, list)
+        or not permissions
+        or not all(isinstance(permission, str) and permission in access.PERMISSIONS for permission in permissions)
+    ):
+        raise ApiError("VALIDATION", f"permissions must be a non-empty list of {', '.join(access.PERMISSIONS)}")
+    return [permission for permission in access.PERMISSIONS if permission in permissions]
+
+
+@route(
+    "POST", "/v1/keys", "Create an API key; its secret is in this answer only",
+    body={"space": STRING, "name": STRING, "permissions": _PERMISSIONS_SCHEMA}, ok=201,
+    errors=("VALIDATION", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN,
+)
+async def create_key(request: web.Request) -> web.Response:
+    caller = caller_of(request)
+    body = await req.json_body(request)
+    space_id = _target_space(caller, req.text(body, "space", max_chars=limits.name_chars_max))
+    permissions = _permissions(body)
+    secret = new_key_secret()
+    args = {
+        "space_id": space_id,
+        "key_id": new_key_id(),
+        "key_hash": key_hash(secret),
+        "name": req.text(body, "name", max_chars=limits.name_chars_max),
+        "permissions": permissions,
+    }
+    result = await node_of(request).propose(caller, "key.create", args)
+    return web.json_response({**key_view(result), "key": secret}, status=201)
+
+
+@route(
+    "GET", "/v1/keys", "The keys of a space (no secrets)",
+    query={"space": STRING}, errors=("VALIDATION", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN,
+)
+async def list_keys(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    space_id = _target_space(caller, request.query.get("space"))
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        if space_id not in state.spaces and space_id != caller.space:
+            raise ApiError("NOT_FOUND", f"space {space_id!r} not found")
+        views = access.list_keys(state, space_id)
+    return web.json_response({"keys": [key_view(view) for view in views]})
+
+
+@route(
+    "POST", "/v1/keys/{id}/revoke", "Revoke an API key, at once on every node",
+    errors=("NOT_FOUND",), permission=ADMIN,
+)
+async def revoke_key(request: web.Request) -> web.Response:
+    caller = caller_of(request)
+    await req.json_body(request, required=False)
+    result = await node_of(request).propose(caller, "key.revoke", {"key_id": request.match_info["id"]})
+    return web.json_response(key_view(result))

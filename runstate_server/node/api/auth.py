@@ -1,0 +1,107 @@
+"""Who is calling, checked in one place every request passes.
+
+Every route declares the permission it needs (routes.py). This middleware turns the request's
+`Authorization: Bearer <key>` and `X-Runstate-Space` headers into a `Caller`, or answers 401
+UNAUTHENTICATED (no key, unknown or revoked key) or 403 FORBIDDEN (a key of another space than the
+header names, or without the route's permission). Ids of another space are NOT_FOUND further
+down, in the handlers and again in the core, so ids leak nothing.
+
+The key is checked where the request is served (this middleware runs after route_to_leader): a
+follower forwards a request to the leader unchecked (its copy of the keys may lag a create or a
+revoke), and the leader checks it against its state. Every command then carries the key id, and
+the core refuses it if an earlier log entry revoked the key, so a revoke holds in log order for
+writes and for reads (which confirm leadership with a no-op that carries the key). Node-local
+routes (the cluster view) are checked against the local copy.
+
+Without auth (`runstate dev` without --auth, loopback only) there is no key: the caller has every
+permission in the space the header names, or the default space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from aiohttp import web
+
+from runstate_server.actors import access
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import (
+    ANY_KEY,
+    CALLER_KEY,
+    NODE_KEY,
+    PUBLIC,
+    ROUTES,
+    SPACE_HEADER,
+    SPACE_ID,
+    Caller,
+    Handler,
+    Route,
+)
+
+BEARER_PREFIX = "bearer "
+API_KEY_CHARS_MAX = 512  # longer Authorization values are refused before they are hashed
+ALL_PERMISSIONS = frozenset(access.PERMISSIONS)
+
+_ROUTES_BY_HANDLER: dict[Handler, Route] = {}
+
+
+def route_of(request: web.Request) -> Route | None:
+    """The table entry of the matched route; None when nothing matched (aiohttp's 404 and 405)."""
+    if not _ROUTES_BY_HANDLER:
+        _ROUTES_BY_HANDLER.update({route.handler: route for route in ROUTES})
+    if request.match_info.http_exception is not None:
+        return None
+    route = _ROUTES_BY_HANDLER.get(request.match_info.handler)
+    # Fail closed: a handler outside the table would otherwise be served without a check.
+    assert route is not None, f"{request.method} {request.path} matched a handler outside the route table"
+    return route
+
+
+def key_hash(secret: str) -> str:
+    """What the state keeps of a key: its SHA-256 (a 256-bit random secret needs no slow hash)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    route = route_of(request)
+    if route is not None and route.permission != PUBLIC:
+        request[CALLER_KEY] = _caller(request, route)
+    return await handler(request)
+
+
+def _caller(request: web.Request, route: Route) -> Caller:
+    node = request.app[NODE_KEY]
+    header_space = request.headers.get(SPACE_HEADER)
+    if header_space is not None and not SPACE_ID.match(header_space):
+        raise ApiError("VALIDATION", f"{SPACE_HEADER} must be 1 to 128 letters, digits, '_', '.' or '-'")
+    if not node.config.auth:
+        return Caller(header_space or node.config.default_space, None, ALL_PERMISSIONS, operator=True)
+    secret = _bearer(request)
+    with node.read() as state:
+        if state.operator_space is None:
+            # A fresh cluster's leader is still committing the first admin key: no key can be
+            # valid yet, and saying so (401) would be wrong a moment later.
+            raise ApiError("UNAVAILABLE", "the first admin key is still being created; retry")
+        key = access.authenticate(state, key_hash(secret))
+        if key is None:
+            raise ApiError("UNAUTHENTICATED", "the API key is not valid (unknown or revoked)")
+        operator = access.is_operator_admin(state, key)
+    if header_space is not None and header_space != key.space:
+        raise ApiError("FORBIDDEN", f"this API key belongs to another space than {header_space!r}")
+    if route.permission != ANY_KEY and route.permission not in key.permissions:
+        raise ApiError(
+            "FORBIDDEN",
+            f"this call needs the {route.permission} permission; the key has {', '.join(key.permissions)}",
+        )
+    return Caller(key.space, key.id, frozenset(key.permissions), operator)
+
+
+def _bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    if not header.lower().startswith(BEARER_PREFIX):
+        raise ApiError("UNAUTHENTICATED", "send an API key: Authorization: Bearer <key>")
+    secret = header[len(BEARER_PREFIX):].strip()
+    if not secret or len(secret) > API_KEY_CHARS_MAX:
+        raise ApiError("UNAUTHENTICATED", "the API key is not valid (unknown or revoked)")
+    return secret

@@ -1,0 +1,122 @@
+"""Barriers: create, arrive, wait for the release, start the next epoch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.actors import barriers, limits
+from runstate_server.actors.barriers import Barrier
+from runstate_server.node.api import _request as req
+from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import READ, RESOURCE_CONFIG, STRING, WRITE, caller_of, node_of, route
+from runstate_server.node.api.views import in_space, iso
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+
+
+def barrier_view(barrier: Barrier) -> dict[str, Any]:
+    return {
+        "id": barrier.id,
+        "scopeId": barrier.run_id,
+        "target": barrier.target,
+        "arrivals": len(barrier.arrivals),
+        "epoch": barrier.epoch,
+        "state": barrier.state,
+        "releasedAt": iso(barrier.released_ms),
+        "createdAt": iso(barrier.created_ms),
+    }
+
+
+def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, Any]:
+    with node.read() as state:
+        return {**barrier_view(in_space(state.barriers, space, barrier_id, "barrier")), **extra}
+
+
+@route(
+    "POST", "/v1/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
+    body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+)
+async def create_barrier(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    body = await req.json_body(request)
+    target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
+    if target is None:
+        raise ApiError("VALIDATION", "target is required")
+    result = await node.propose(caller, "barrier.create", {"run_id": request.match_info["id"], "target": target})
+    return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
+
+
+@route("GET", "/v1/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ)
+async def barrier_status(request: web.Request) -> web.Response:
+    node = node_of(request)
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
+
+
+@route(
+    "POST", "/v1/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
+    body={"key": STRING},
+    errors=("VALIDATION", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE,
+)
+async def arrive(request: web.Request) -> web.Response:
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
+    body = await req.json_body(request)
+    key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
+    result = await node.propose(caller, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
+    return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
+
+
+# Epochs a waiter may name (a barrier starts at 1 and gains one per nextEpoch).
+_EPOCH_MAX = 2**53
+
+
+@route(
+    "GET", "/v1/barriers/{id}/wait",
+    "Long poll: answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
+    "epoch has begun since (then `currentEpoch` says which), or BARRIER_CANCELLED, or after waitMs",
+    query={**WAIT_MS_QUERY, "epoch": {"type": "integer", "minimum": 1, "maximum": _EPOCH_MAX}},
+    errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"), permission=READ,
+)
+async def wait(request: web.Request) -> web.Response:
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
+    # Absent: 0, then the epoch current at the first look.
+    awaited = req.query_integer(request, "epoch", minimum=1, maximum=_EPOCH_MAX, default=0) or None
+
+    def look() -> dict[str, Any]:
+        nonlocal awaited
+        view = _render(node, caller.space, barrier_id)
+        if awaited is None:
+            awaited = view["epoch"]  # the epoch current when the wait began
+        if view["epoch"] > awaited:
+            # nextEpoch needs a release: the awaited epoch was released, though it is over now (a
+            # waiter woken late must not wait for the next round, which may need its own arrival).
+            return {**view, "epoch": awaited, "state": barriers.RELEASED, "arrivals": view["target"],
+                    "releasedAt": None, "currentEpoch": view["epoch"]}
+        if view["epoch"] < awaited:
+            raise ApiError("VALIDATION", f"barrier {barrier_id} is in epoch {view['epoch']}; epoch {awaited} has not begun")
+        if view["state"] == barriers.CANCELLED:
+            raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
+        return view
+
+    view = await long_poll(
+        request, node, barriers.barrier_key(barrier_id), look, lambda view: view["state"] == barriers.RELEASED
+    )
+    return web.json_response(view)
+
+
+@route(
+    "POST", "/v1/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
+    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG,
+)
+async def next_epoch(request: web.Request) -> web.Response:
+    node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    await node.propose(caller, "barrier.next_epoch", {"barrier_id": barrier_id})
+    return web.json_response(_render(node, caller.space, barrier_id))

@@ -1,0 +1,207 @@
+"""Task groups: create, submit and join members, close, verdicts, status and the decision's long poll."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.actors import groups, limits
+from runstate_server.actors.groups import Group, GroupState
+from runstate_server.actors.state import State
+from runstate_server.node.api import _request as req
+from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import (
+    ANY_JSON,
+    INTEGER,
+    ISO_TIME,
+    READ,
+    STRING,
+    WRITE,
+    caller_of,
+    holder_of,
+    node_of,
+    route,
+)
+from runstate_server.node.api.views import iso
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_MEMBERS = {"type": "integer", "minimum": 1, "maximum": limits.group_members_max}
+_TASK_ID = {"taskId": STRING}
+_VERDICT = {**_TASK_ID, "holder": STRING}  # holder: who gives the verdict (else the X-Runstate-Holder header)
+
+
+def group_view(state: State, group: Group) -> dict[str, Any]:
+    return {
+        "id": group.id,
+        "scopeId": group.run_id,
+        "parentScopeId": group.parent_id,
+        "mailbox": group.mailbox,
+        "condition": group.condition,
+        "threshold": group.threshold,
+        "expectedMembers": group.expected_members,
+        "state": group.state,
+        "outcome": group.outcome,
+        "outcomeReason": group.outcome_reason,
+        "deadline": iso(group.deadline_ms),
+        "createdAt": iso(group.created_ms),
+        "finalizedAt": iso(group.finalized_ms),
+        "members": [
+            {
+                "taskId": task_id,
+                "key": state.tasks[task_id].key,
+                "state": state.tasks[task_id].state,
+                "verdict": group.verdicts.get(task_id),
+                "late": task_id in group.late,
+                "verdictBy": group.verdict_by.get(task_id),
+            }
+            for task_id in group.members
+        ],
+    }
+
+
+def _render(node: Node, space: str, group_id: str) -> dict[str, Any]:
+    with node.read() as state:
+        group = state.groups.get(group_id)
+        if group is None or group.space != space:
+            raise ApiError("NOT_FOUND", f"group {group_id!r} not found")
+        return group_view(state, group)
+
+
+def _decision(result: dict[str, Any]) -> dict[str, Any]:
+    return {"state": result["state"], "outcome": result["outcome"], "outcomeReason": result["outcome_reason"]}
+
+
+def _task_id(body: dict[str, Any]) -> str:
+    task_id = req.text(body, "taskId", max_chars=limits.name_chars_max, required=True)
+    assert task_id is not None
+    return task_id
+
+
+@route(
+    "POST", "/v1/scopes/{id}/groups",
+    "Create a task group with a run of its own (under parentScopeId when given)",
+    body={"mailbox": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
+          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
+    ok=201, errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+)
+async def create_group(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    body = await req.json_body(request)
+    members_max = limits.group_members_max
+    args = {
+        "run_id": request.match_info["id"],
+        "mailbox": req.text(body, "mailbox", max_chars=limits.name_chars_max, required=True),
+        "condition": req.text(body, "condition", max_chars=limits.name_chars_max, required=True),
+        "threshold": req.integer(body, "threshold", minimum=1, maximum=members_max),
+        "expected_members": req.integer(body, "expectedMembers", minimum=1, maximum=members_max),
+        "deadline_ms": req.timestamp_ms(body, "deadline"),
+        "parent_id": req.text(body, "parentScopeId", max_chars=limits.name_chars_max),
+        "retention_ms": node.config.retention_ms,
+    }
+    result = await node.propose(caller, "group.create", args)
+    return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
+
+
+@route("GET", "/v1/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ)
+async def group_status(request: web.Request) -> web.Response:
+    node = node_of(request)
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
+
+
+@route(
+    "GET", "/v1/groups/{id}/wait",
+    "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
+    query=WAIT_MS_QUERY,
+    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
+)
+async def wait(request: web.Request) -> web.Response:
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    view = await long_poll(
+        request, node, groups.group_key(group_id), lambda: _render(node, caller.space, group_id),
+        lambda view: view["state"] == GroupState.FINALIZED,
+    )
+    return web.json_response(view)
+
+
+@route(
+    "POST", "/v1/groups/{id}/tasks",
+    "Submit a member task to the group's run (idempotent per key; without a key the key is the input's hash)",
+    body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+)
+async def submit_member(request: web.Request) -> web.Response:
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    body = await req.json_body(request)
+    args = {"group_id": group_id, **req.task_fields(body)}
+    result = await node.propose(caller, "group.submit", args)
+    with node.read() as state:
+        task = state.tasks[result["task_id"]]
+        # groupState as the submit left it, not as a later call may have changed it since.
+        answer = {"id": task.id, "key": task.key, "created": result["created"], "state": task.state,
+                  "groupState": result["group_state"]}
+    return web.json_response(answer, status=201 if result["created"] else 200)
+
+
+@route(
+    "POST", "/v1/groups/{id}/join", "Add an existing task of the group's run as a member",
+    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
+    permission=WRITE,
+)
+async def join(request: web.Request) -> web.Response:
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    body = await req.json_body(request)
+    result = await node.propose(caller, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
+    return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
+
+
+@route(
+    "POST", "/v1/groups/{id}/close",
+    "Close the group to new members and decide at once what the full member list decides (idempotent)",
+    errors=("NOT_FOUND",), permission=WRITE,
+)
+async def close(request: web.Request) -> web.Response:
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    result = await node.propose(caller, "group.close", {"group_id": group_id})
+    return web.json_response(_decision(result))
+
+
+async def _judge(request: web.Request, kind: str) -> web.Response:
+    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    body = await req.json_body(request)
+    args = {"group_id": group_id, "task_id": _task_id(body), "holder": holder_of(request, body)}
+    result = await node.propose(caller, kind, args)
+    with node.read() as state:
+        group = state.groups.get(group_id)  # None only if its retention ended meanwhile
+        verdict_by = group.verdict_by.get(result["task_id"]) if group is not None else None
+    return web.json_response({
+        "taskId": result["task_id"],
+        "verdict": result["verdict"],
+        "verdictBy": verdict_by,
+        "late": result["late"],
+        "groupState": result["state"],
+        "outcome": result["outcome"],
+        "outcomeReason": result["outcome_reason"],
+    })
+
+
+@route(
+    "POST", "/v1/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
+    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+)
+async def accept(request: web.Request) -> web.Response:
+    return await _judge(request, "group.accept")
+
+
+@route(
+    "POST", "/v1/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
+    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+)
+async def reject(request: web.Request) -> web.Response:
+    return await _judge(request, "group.reject")

@@ -1,0 +1,35 @@
+"""GET /v1/health: is this node up, what is its role, who leads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.node.api.routes import PUBLIC, node_of, route
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+
+def health_view(node: Node) -> dict[str, Any]:
+    """"ok" once a leader is known and, on a node that requires keys, the first admin key exists
+    (until then every keyed call would be refused: the bootstrap is still being committed)."""
+    raft = node.log
+    with node.read() as state:
+        bootstrapped = not node.config.auth or state.operator_space is not None
+    return {
+        "status": "ok" if raft.leader_address is not None and bootstrapped else "unavailable",
+        "nodeId": node.config.node_id,
+        "role": raft.role,
+        "leader": raft.leader_address,
+        "term": raft.term,
+        "appliedIndex": raft.applied_index,
+        "commitIndex": raft.commit_index,
+    }
+
+
+@route("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",), permission=PUBLIC)
+async def health(request: web.Request) -> web.Response:
+    view = health_view(node_of(request))
+    return web.json_response(view, status=200 if view["status"] == "ok" else 503)

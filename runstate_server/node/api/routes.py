@@ -1,0 +1,110 @@
+"""The route table: each handler declares its method, path and contract once; the app registers
+routes from this table and the OpenAPI document is generated from it, so the two cannot drift."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.actors import limits
+from runstate_server.node.api.errors import ApiError
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+NODE_KEY: web.AppKey[Node] = web.AppKey("node")
+
+SPACE_HEADER = "X-Runstate-Space"
+HOLDER_HEADER = "X-Runstate-Holder"
+SPACE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+# What a route needs from the caller's API key (runstate_server.actors.access.PERMISSIONS), or:
+PUBLIC = "public"  # nothing: no key is read (health, the OpenAPI document)
+ANY_KEY = "any"  # a valid key, whatever its permissions (whoami, the cluster view)
+ADMIN = "admin"  # manage the space's keys (an operator admin: every space)
+RESOURCE_CONFIG = "resource_config"  # create or change mailboxes, barriers, timers, pools, limits, budgets
+WRITE = "coordination_write"  # submit, receive, complete, claim, accept, arrive, cancel, ...
+READ = "coordination_read"  # status, result, wait
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a request, as the auth middleware established it. Without auth (`runstate dev`
+    without --auth) there is no key and every permission."""
+
+    space: str
+    key_id: str | None
+    permissions: frozenset[str]
+    operator: bool  # an admin key of the operator space: manages every space
+
+
+CALLER_KEY: web.RequestKey[Caller] = web.RequestKey("caller", Caller)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    permission: str  # PUBLIC, ANY_KEY or one of the key permissions
+    body: dict[str, Any] | None = None  # JSON schema properties of the request body
+    query: dict[str, Any] = field(default_factory=dict)  # query parameters: schema
+    ok: int = 200
+    errors: tuple[str, ...] = ()
+
+
+ROUTES: list[Route] = []
+
+
+def route(
+    method: str,
+    path: str,
+    summary: str,
+    *,
+    permission: str,
+    body: dict[str, Any] | None = None,
+    query: dict[str, Any] | None = None,
+    ok: int = 200,
+    errors: tuple[str, ...] = (),
+) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        ROUTES.append(Route(method, path, handler, summary, permission, body, query or {}, ok, errors))
+        return handler
+
+    return register
+
+
+def node_of(request: web.Request) -> Node:
+    return request.app[NODE_KEY]
+
+
+def caller_of(request: web.Request) -> Caller:
+    """The caller the auth middleware recorded (every non-public route has one)."""
+    return request[CALLER_KEY]
+
+
+def space_of(request: web.Request) -> str:
+    return request[CALLER_KEY].space
+
+
+def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    holder = body.get("holder") or request.headers.get(HOLDER_HEADER)
+    if holder is None:
+        return None
+    if not isinstance(holder, str) or len(holder) > limits.name_chars_max:
+        raise ApiError("VALIDATION", f"holder must be a string of at most {limits.name_chars_max} characters")
+    return holder
+
+
+# Reusable schema fragments for the OpenAPI document.
+STRING = {"type": "string"}
+INTEGER = {"type": "integer"}
+ANY_JSON: dict[str, Any] = {}
+ISO_TIME = {"type": "string", "format": "date-time"}

@@ -1,0 +1,99 @@
+"""Durable timers: create, wait for the firing (and acknowledge it), cancel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from runstate_server.actors import timers
+from runstate_server.actors.timers import Timer
+from runstate_server.node.api import _request as req
+from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import ISO_TIME, READ, RESOURCE_CONFIG, WRITE, caller_of, node_of, route
+from runstate_server.node.api.views import in_space, iso
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+AFTER_SECONDS_MAX = 365 * 24 * 3600
+
+
+def timer_view(timer: Timer) -> dict[str, Any]:
+    return {
+        "id": timer.id,
+        "scopeId": timer.run_id,
+        "state": timer.state,
+        "fireAt": iso(timer.fire_at_ms),
+        "firedAt": iso(timer.fired_ms),
+        "createdAt": iso(timer.created_ms),
+    }
+
+
+def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
+    with node.read() as state:
+        return timer_view(in_space(state.timers, space, timer_id, "timer"))
+
+
+@route(
+    "POST", "/v1/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
+    body={"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}, ok=201,
+    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+)
+async def create_timer(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    body = await req.json_body(request)
+    after = body.get("afterSeconds")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= AFTER_SECONDS_MAX):
+        raise ApiError("VALIDATION", f"afterSeconds must be a number from 0 to {AFTER_SECONDS_MAX}")
+    args = {
+        "run_id": request.match_info["id"],
+        "fire_at_ms": req.timestamp_ms(body, "at"),
+        "after_ms": None if after is None else round(after * 1000),
+    }
+    result = await node.propose(caller, "timer.create", args)
+    return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
+
+
+@route("GET", "/v1/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ)
+async def timer_status(request: web.Request) -> web.Response:
+    node = node_of(request)
+    await node.confirm_leadership(caller_of(request))
+    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
+
+
+@route(
+    "POST", "/v1/timers/{id}/wait",
+    "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
+    query=WAIT_MS_QUERY,
+    errors=("NOT_FOUND", "VALIDATION", "CONFLICT"), permission=READ,
+)
+async def wait(request: web.Request) -> web.Response:
+    node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+
+    def look() -> dict[str, Any]:
+        view = _render(node, caller.space, timer_id)
+        if view["state"] == timers.CANCELLED:
+            raise ApiError("CONFLICT", f"timer {timer_id} was cancelled")
+        return view
+
+    fired = (timers.FIRED, timers.ACKNOWLEDGED)
+    view = await long_poll(request, node, timers.timer_key(timer_id), look, lambda view: view["state"] in fired)
+    if view["state"] not in fired:
+        return web.json_response({**view, "done": False})
+    await node.propose(caller, "timer.acknowledge", {"timer_id": timer_id})
+    return web.json_response({**_render(node, caller.space, timer_id), "done": True})
+
+
+@route(
+    "POST", "/v1/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
+    errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
+)
+async def cancel(request: web.Request) -> web.Response:
+    node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
+    await req.json_body(request, required=False)
+    await node.propose(caller, "timer.cancel", {"timer_id": timer_id})
+    return web.json_response(_render(node, caller.space, timer_id))

@@ -1,0 +1,279 @@
+"""The `runstate` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from runstate_server._version import __version__
+from runstate_server.actors import limits
+from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from runstate_server.node.config import (
+    BOOTSTRAP_KEY_ENV,
+    BOOTSTRAP_KEY_FILE_NAME,
+    CLUSTER_NODES_MAX,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_SPACE,
+    SECRET_CHARS_MIN,
+    SECRET_ENV,
+    ConfigError,
+    NodeConfig,
+    load_toml,
+    parse_peer,
+    read_bootstrap_key,
+    read_secret,
+    split_address,
+)
+
+log = logging.getLogger("runstate")
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+COMPACTION_ENTRIES_MIN = 10
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def duration_ms(text: str) -> int:
+    """'500ms', '30s', '15m', '12h', '7d' as milliseconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30s, 15m, 12h or 7d")
+    return int(match.group(1)) * _UNIT_MS[match.group(2)]
+
+
+def compaction_entries(text: str) -> int:
+    value = int(text)
+    if value < COMPACTION_ENTRIES_MIN:
+        raise argparse.ArgumentTypeError(f"must be at least {COMPACTION_ENTRIES_MIN}")
+    return value
+
+
+def _add_storage_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--fsync, --retention, --compact-after, --log-level: shared by dev and node. Without
+    defaults (node), an absent flag leaves the config file's value or the built-in default."""
+    parser.add_argument(
+        "--fsync", choices=("always", "never"), default="always" if defaults else None,
+        help="always (default): every write reaches the disk before it is acknowledged; never: faster, "
+        "but the last writes can be lost on power loss",
+    )
+    parser.add_argument(
+        "--retention", type=duration_ms, default=duration_ms("7d") if defaults else None,
+        help="how long a finished run stays readable before it is removed (default 7d)",
+    )
+    parser.add_argument(
+        "--compact-after", type=compaction_entries, default=5_000 if defaults else None, metavar="ENTRIES",
+        help="snapshot the state and truncate the journal after this many log entries (default 5000)",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+
+
+def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap-key-file",
+        help=f"file holding the first admin key's secret (or set {BOOTSTRAP_KEY_ENV}); without either, the "
+        f"first start writes a generated one to DATA_DIR/{BOOTSTRAP_KEY_FILE_NAME}",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
+    parser.add_argument("--version", action="version", version=f"runstate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    dev = commands.add_parser(
+        "dev",
+        help="run a single-node development server",
+        description="Run one runstate node: a one-node Raft group with its journal in the data dir.",
+    )
+    dev.add_argument("--host", default=DEFAULT_HOST, help=f"API address to bind (default {DEFAULT_HOST})")
+    dev.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API port (default {DEFAULT_PORT})")
+    dev.add_argument("--data-dir", type=Path, default=Path(".runstate"), help="where the journal and snapshot live (default ./.runstate)")
+    dev.add_argument("--in-memory", action="store_true", help="keep nothing on disk; everything is lost on exit")
+    dev.add_argument("--raft-port", type=int, default=0, help="Raft port on 127.0.0.1 (default: a free port)")
+    dev.add_argument(
+        "--auth", action="store_true",
+        help="require API keys as a cluster does; the first start creates an admin key (see --bootstrap-key-file)",
+    )
+    _add_bootstrap_flag(dev)
+    _add_storage_flags(dev, defaults=True)
+
+    node = commands.add_parser(
+        "node",
+        help="run one node of a cluster",
+        description="Run one cluster node. Settings come from flags, or from a TOML file (--config) with "
+        "the same names in snake_case and [[peers]] tables (id, raft, api_url); flags win.",
+    )
+    node.add_argument("--config", type=Path, help="a TOML file with the settings below")
+    node.add_argument("--node-id", help="this node's id, e.g. n1")
+    node.add_argument("--api", help="HOST:PORT the HTTP API binds, e.g. 0.0.0.0:8080")
+    node.add_argument("--advertise-url", help="how peers and clients reach this API (default http://HOST:PORT of --api)")
+    node.add_argument("--raft", help="this node's Raft address as the peers know it, HOST:PORT")
+    node.add_argument("--raft-bind", help="what the Raft port binds, HOST:PORT (default: the --raft address)")
+    node.add_argument(
+        "--peer", action="append", default=None, metavar="ID,RAFT_HOST:PORT,API_URL",
+        help="another node of the cluster; once per peer",
+    )
+    node.add_argument("--data-dir", type=Path, help="where the journal and snapshot live (default ./.runstate)")
+    node.add_argument(
+        "--secret-file", help=f"file holding the cluster secret (or set {SECRET_ENV}); required, at least "
+        f"{SECRET_CHARS_MIN} characters",
+    )
+    _add_bootstrap_flag(node)
+    _add_storage_flags(node, defaults=False)
+
+    cluster = commands.add_parser("cluster", help="a local cluster for trying runstate out and for tests")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = cluster_commands.add_parser(
+        "up",
+        help="start a local cluster in the foreground",
+        description="Start N cluster nodes on 127.0.0.1 in the foreground: APIs on BASE_PORT, BASE_PORT+1, "
+        "...; Raft on BASE_PORT+100, ...; data and logs in DATA_DIR/<node id>; the cluster secret in "
+        "DATA_DIR/cluster.secret. Ctrl-C stops them all.",
+    )
+    up.add_argument("--nodes", type=int, default=3, help=f"how many nodes, 1 to {CLUSTER_NODES_MAX} (default 3)")
+    up.add_argument("--base-port", type=int, default=DEFAULT_PORT, help=f"the first API port (default {DEFAULT_PORT})")
+    up.add_argument("--data-dir", type=Path, default=Path("cluster"), help="where the nodes keep their data (default ./cluster)")
+    up.add_argument("--fsync", choices=("always", "never"), default="always")
+    up.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    add_admin_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ADMIN_COMMANDS:
+        return run_admin_command(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "dev":
+            return _dev(args)
+        if args.command == "node":
+            config = node_config(args)
+            return asyncio.run(_serve(config, banner=f"runstate cluster node {config.node_id}"))
+        if args.command == "cluster":
+            from runstate_server.node.local_cluster import cluster_up
+
+            return cluster_up(args.nodes, args.base_port, args.data_dir, fsync=args.fsync, log_level=args.log_level)
+    except ConfigError as error:
+        print(f"runstate: {error}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _dev(args: argparse.Namespace) -> int:
+    if args.host not in LOOPBACK_HOSTS and not args.auth:
+        print(
+            f"runstate dev serves without authentication, so it binds only loopback addresses, not {args.host} "
+            "(add --auth to require API keys)",
+            file=sys.stderr,
+        )
+        return 2
+    config = NodeConfig(
+        host=args.host,
+        port=args.port,
+        data_dir=None if args.in_memory else args.data_dir,
+        raft_address=f"{DEFAULT_HOST}:{args.raft_port}" if args.raft_port else None,
+        fsync=args.fsync == "always",
+        retention_ms=args.retention,
+        compaction_entries=args.compact_after,
+        auth=args.auth,
+        bootstrap_key=read_bootstrap_key(args.bootstrap_key_file) if args.auth else None,
+    )
+    return asyncio.run(_serve(config, banner="runstate dev node"))
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    """A cluster node's settings: flags over the TOML file over the defaults."""
+    file: dict[str, Any] = load_toml(args.config) if args.config else {}
+
+    def setting(flag: Any, key: str) -> Any:
+        return flag if flag is not None else file.get(key)
+
+    node_id = setting(args.node_id, "node_id")
+    api = setting(args.api, "api")
+    raft = setting(args.raft, "raft")
+    for value, what in ((node_id, "--node-id (node_id)"), (api, "--api (api)"), (raft, "--raft (raft)")):
+        if not value:
+            raise ConfigError(f"a cluster node needs {what}")
+    host, port = split_address(api, "--api")
+    split_address(raft, "--raft")
+    raft_bind = setting(args.raft_bind, "raft_bind")
+    if raft_bind:
+        split_address(raft_bind, "--raft-bind")
+    if args.peer is not None:
+        peers = tuple(parse_peer(text) for text in args.peer)
+    else:
+        peers = tuple(
+            parse_peer(f"{entry.get('id', '')},{entry.get('raft', '')},{entry.get('api_url', '')}")
+            for entry in file.get("peers", [])
+        )
+    if not peers:
+        raise ConfigError("a cluster node needs its peers: --peer ID,RAFT_HOST:PORT,API_URL for each other node")
+    if len(peers) + 1 > CLUSTER_NODES_MAX:
+        raise ConfigError(f"a cluster has at most {CLUSTER_NODES_MAX} nodes")
+    ids = [node_id, *(peer.id for peer in peers)]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"node ids must differ: {', '.join(ids)}")
+    fsync = setting(args.fsync, "fsync") or "always"
+    if fsync not in ("always", "never"):
+        raise ConfigError(f"fsync must be always or never, not {fsync!r}")
+    retention = setting(args.retention, "retention")
+    compact_after = setting(args.compact_after, "compact_after")
+    data_dir = setting(args.data_dir, "data_dir")
+    return NodeConfig(
+        node_id=node_id,
+        host=host,
+        port=port,
+        advertise_url=setting(args.advertise_url, "advertise_url"),
+        data_dir=Path(data_dir) if data_dir else Path(".runstate"),
+        raft_address=raft,
+        raft_bind=raft_bind,
+        peers=peers,
+        secret=read_secret(setting(args.secret_file, "secret_file")),
+        auth=True,  # a cluster node always requires keys
+        bootstrap_key=read_bootstrap_key(setting(args.bootstrap_key_file, "bootstrap_key_file")),
+        fsync=fsync == "always",
+        retention_ms=duration_ms(retention) if isinstance(retention, str) else (retention or limits.retention_ms_default),
+        compaction_entries=int(compact_after) if compact_after else 5_000,
+    )
+
+
+async def _serve(config: NodeConfig, *, banner: str) -> int:
+    from runstate_server.node.server import Node, NodeStartError
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    node: Node | None = None
+    try:
+        node = Node(config)
+        await node.start()
+    except (NodeStartError, OSError) as error:
+        print(f"runstate: {error}", file=sys.stderr)
+        if node is not None:
+            await node.stop()
+        return 1
+    storage = "in memory" if config.data_dir is None else f"data in {config.data_dir}, fsync {'always' if config.fsync else 'never'}"
+    print(f"{banner} listening on {node.url} ({storage})", flush=True)
+    print("Point clients at it with:", flush=True)
+    print(f"  export RUNSTATE_BASE_URL={','.join([config.api_url, *(peer.api_url for peer in config.peers)])}", flush=True)
+    print(f"  export RUNSTATE_SPACE_ID={DEFAULT_SPACE}", flush=True)
+    if config.auth:
+        print(node.bootstrap_message or "  export RUNSTATE_API_KEY=<an API key of the space>", flush=True)
+    print("Stop it with Ctrl-C.", flush=True)
+    await stop.wait()
+    print("runstate: stopping", flush=True)
+    await node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""A node's settings: from `runstate dev` flags, or for a cluster node from flags and a TOML file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runstate_server.actors import limits
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_SPACE = "default"
+PROPOSE_TIMEOUT_S = 10.0  # a write whose outcome is not known by then answers UNAVAILABLE
+LONG_POLL_MS_MAX = 30_000  # the longest a result/receive long poll is held; the SDK re-issues
+READY_TIMEOUT_S = 30.0  # start-up: the longest to wait for the log to be replayed and a leader
+SECRET_ENV = "RUNSTATE_CLUSTER_SECRET"
+SECRET_CHARS_MIN = 16
+BOOTSTRAP_KEY_ENV = "RUNSTATE_BOOTSTRAP_KEY"
+BOOTSTRAP_KEY_CHARS_MIN = 32
+BOOTSTRAP_KEY_CHARS_MAX = 256
+BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
+CLUSTER_NODES_MAX = 7
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another node of the cluster: its id, its Raft address and its API's URL."""
+
+    id: str
+    raft_address: str
+    api_url: str
+
+
+@dataclass(slots=True)
+class NodeConfig:
+    node_id: str = "dev"
+    host: str = DEFAULT_HOST  # where the API binds
+    port: int = DEFAULT_PORT
+    advertise_url: str | None = None  # how peers and clients reach the API (default http://host:port)
+    data_dir: Path | None = Path(".runstate")  # None: in memory, nothing on disk
+    raft_address: str | None = None  # host:port as the peers know it; None: 127.0.0.1 and a free port
+    raft_bind: str | None = None  # what the Raft port binds, when not raft_address (e.g. 0.0.0.0:9000)
+    peers: tuple[Peer, ...] = ()
+    secret: str = ""  # the cluster secret (Raft password); "" on a dev node: a random one
+    fsync: bool = True
+    retention_ms: int = limits.retention_ms_default
+    default_space: str = DEFAULT_SPACE  # without auth: the space of calls naming none; with: the operator space
+    auth: bool = False  # require API keys (always on a cluster node; `runstate dev --auth`)
+    bootstrap_key: str | None = None  # the first admin key's secret; None: generate one into the data dir
+    # Snapshot the state and truncate the journal after this many log entries (a batch is one).
+    compaction_entries: int = 5_000
+
+    @property
+    def api_url(self) -> str:
+        return (self.advertise_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+def split_address(text: str, what: str) -> tuple[str, int]:
+    """'host:port' (or '[v6]:port') as (host, port); ConfigError naming `what` otherwise."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+def parse_peer(text: str) -> Peer:
+    """'ID,RAFT_HOST:PORT,API_URL' as a Peer."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 3 or not all(parts):
+        raise ConfigError(f"a peer is ID,RAFT_HOST:PORT,API_URL, not {text!r}")
+    peer_id, raft, api_url = parts
+    split_address(raft, f"peer {peer_id}'s Raft address")
+    if not api_url.startswith(("http://", "https://")):
+        raise ConfigError(f"peer {peer_id}'s API URL must start with http:// or https://, not {api_url!r}")
+    return Peer(peer_id, raft, api_url.rstrip("/"))
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except OSError as error:
+        raise ConfigError(f"cannot read the config file {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"the config file {path} is not valid TOML: {error}") from None
+
+
+def read_secret(secret_file: str | None) -> str:
+    """The cluster secret, from a file or the environment; ConfigError if missing or short."""
+    if secret_file:
+        try:
+            secret = Path(secret_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read the secret file {secret_file}: {error.strerror}") from None
+    else:
+        secret = os.environ.get(SECRET_ENV, "").strip()
+    if not secret:
+        raise ConfigError(
+            f"a cluster node needs the cluster secret: --secret-file FILE or {SECRET_ENV} "
+            "(without it anyone who reaches the Raft port could feed it data)"
+        )
+    if len(secret) < SECRET_CHARS_MIN:
+        raise ConfigError(f"the cluster secret must be at least {SECRET_CHARS_MIN} characters")
+    return secret
+
+
+def read_bootstrap_key(key_file: str | None) -> str | None:
+    """The first admin key, from a file or RUNSTATE_BOOTSTRAP_KEY; None when neither is set."""
+    if key_file:
+        try:
+            key = Path(key_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read the bootstrap key file {key_file}: {error.strerror}") from None
+    else:
+        key = os.environ.get(BOOTSTRAP_KEY_ENV, "").strip()
+        if not key:
+            return None
+    if not BOOTSTRAP_KEY_CHARS_MIN <= len(key) <= BOOTSTRAP_KEY_CHARS_MAX or not key.isprintable() or " " in key:
+        raise ConfigError(
+            f"the bootstrap key must be {BOOTSTRAP_KEY_CHARS_MIN} to {BOOTSTRAP_KEY_CHARS_MAX} printable characters "
+            "without spaces (e.g. python -c 'import secrets; print(\"rsk_\" + secrets.token_urlsafe(32))')"
+        )
+    return key

@@ -1,0 +1,148 @@
+"""`runstate cluster up`: N cluster nodes on 127.0.0.1, in the foreground, for trying it out.
+
+Each node is its own `runstate node` process (the same command a deployment runs), with its data
+and its log in DATA_DIR/<id>. The cluster secret and the first admin key are generated once into
+DATA_DIR/cluster.secret and DATA_DIR/bootstrap.key (mode 0600) and reused, so the same command
+restarts the same cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from runstate_server.node.api.access import new_key_secret
+from runstate_server.node.config import (
+    BOOTSTRAP_KEY_FILE_NAME,
+    CLUSTER_NODES_MAX,
+    DEFAULT_HOST,
+    DEFAULT_SPACE,
+    ConfigError,
+)
+from runstate_server.node.server import NodeStartError, check_port_free
+
+RAFT_PORT_OFFSET = 100  # node i: API on base_port + i, Raft on base_port + 100 + i
+HEALTHY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+WATCH_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 1.0  # one health probe while the nodes start
+SECRET_FILE_NAME = "cluster.secret"
+
+
+def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_level: str) -> int:
+    if not 1 <= nodes <= CLUSTER_NODES_MAX:
+        raise ConfigError(f"--nodes must be from 1 to {CLUSTER_NODES_MAX}")
+    if not 1024 <= base_port <= 65535 - RAFT_PORT_OFFSET - nodes:
+        raise ConfigError(f"--base-port must leave room for {nodes} API and Raft ports below 65536")
+    for port in [base_port + index for index in range(nodes)] + [base_port + RAFT_PORT_OFFSET + index for index in range(nodes)]:
+        try:
+            check_port_free(DEFAULT_HOST, port)
+        except NodeStartError as error:
+            raise ConfigError(f"{error}; choose another --base-port (it takes {nodes} API ports from it "
+                              f"and {nodes} Raft ports from it + {RAFT_PORT_OFFSET})") from None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    secret_file = _secret_file(data_dir, SECRET_FILE_NAME, secrets.token_hex(32))
+    key_file = _secret_file(data_dir, BOOTSTRAP_KEY_FILE_NAME, new_key_secret())
+    ids = [f"n{index + 1}" for index in range(nodes)]
+    api_urls = [f"http://{DEFAULT_HOST}:{base_port + index}" for index in range(nodes)]
+    rafts = [f"{DEFAULT_HOST}:{base_port + RAFT_PORT_OFFSET + index}" for index in range(nodes)]
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for index, node_id in enumerate(ids):
+            command = [
+                sys.executable, "-m", "runstate_server.node.cli", "node",
+                "--node-id", node_id,
+                "--api", f"{DEFAULT_HOST}:{base_port + index}",
+                "--raft", rafts[index],
+                "--data-dir", str(data_dir / node_id),
+                "--secret-file", str(secret_file),
+                "--bootstrap-key-file", str(key_file),
+                "--fsync", fsync,
+                "--log-level", log_level,
+            ]
+            for other in range(nodes):
+                if other != index:
+                    command += ["--peer", f"{ids[other]},{rafts[other]},{api_urls[other]}"]
+            with open(data_dir / f"{node_id}.log", "ab") as log_file:
+                processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        if not _wait_healthy(api_urls, processes, lambda: stopping):
+            return 1
+        print(f"runstate cluster of {nodes} nodes is up (data and logs in {data_dir})", flush=True)
+        print("Point clients at it with:", flush=True)
+        print(f"  export RUNSTATE_BASE_URL={','.join(api_urls)}", flush=True)
+        print(f"  export RUNSTATE_SPACE_ID={DEFAULT_SPACE}", flush=True)
+        print(f"  export RUNSTATE_API_KEY=$(cat {key_file})", flush=True)
+        print(f'See the nodes with: curl -H "Authorization: Bearer $RUNSTATE_API_KEY" {api_urls[0]}/v1/cluster', flush=True)
+        print("Stop them all with Ctrl-C.", flush=True)
+        reported: set[str] = set()
+        while not stopping:
+            for node_id, process in processes.items():
+                if process.poll() is not None and node_id not in reported:
+                    reported.add(node_id)
+                    print(f"runstate: node {node_id} exited with {process.returncode}; see {data_dir / node_id}.log", flush=True)
+            time.sleep(WATCH_INTERVAL_S)
+        print("runstate: stopping the cluster", flush=True)
+        return 0
+    finally:
+        _stop_all(processes)
+
+
+def _secret_file(data_dir: Path, name: str, secret: str) -> Path:
+    """DATA_DIR/name holding `secret` (mode 0600), unless an earlier run wrote it: then that one."""
+    path = data_dir / name
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secret)
+    return path
+
+
+def _wait_healthy(urls: list[str], processes: dict[str, subprocess.Popen[bytes]], stopping: object) -> bool:
+    deadline = time.monotonic() + HEALTHY_TIMEOUT_S
+    pending = set(urls)
+    while pending:
+        for node_id, process in processes.items():
+            if process.poll() is not None:
+                print(f"runstate: node {node_id} exited with {process.returncode} while starting", file=sys.stderr)
+                return False
+        if time.monotonic() > deadline or (callable(stopping) and stopping()):
+            print(f"runstate: no healthy answer from {', '.join(sorted(pending))}", file=sys.stderr)
+            return False
+        for url in list(pending):
+            try:
+                with urllib.request.urlopen(f"{url}/v1/health", timeout=PROBE_TIMEOUT_S) as response:
+                    if json.load(response).get("status") == "ok":
+                        pending.discard(url)
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+        time.sleep(0.1)
+    return True
+
+
+def _stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
+    for process in processes.values():
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes.values():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

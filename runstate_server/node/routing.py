@@ -1,0 +1,128 @@
+"""One place decides whether a request is served here or forwarded to the leader.
+
+Any node accepts every call. The leader serves it; a follower forwards it whole (method, path,
+query, body, the client's headers) to the leader's API and relays the answer, so clients never
+need to know who leads. Node-local routes (health, cluster view, OpenAPI) are always served where
+they arrive. A forwarded request is never forwarded again: a node that receives one and does not
+lead answers UNAVAILABLE, and the client retries (safely: writes carry keys or delivery ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+from runstate_server.node.api.errors import ApiError
+from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+log = logging.getLogger(__name__)
+
+LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json"})
+FORWARDED_HEADER = "X-Runstate-Forwarded-By"
+# On a forwarded answer: the leader's API URL, so a client can go there directly next time.
+LEADER_HEADER = "X-Runstate-Leader"
+# During an election a request waits this long for a leader before it answers UNAVAILABLE.
+LEADER_WAIT_S = 3.0
+LEADER_POLL_S = 0.02
+# While a call is forwarded, how often to check that its leader still leads.
+LEADER_CHECK_S = 0.1
+# A forwarded call may be a long poll: its own bound plus the time a write may take.
+FORWARD_TIMEOUT_S = LONG_POLL_MS_MAX / 1000 + PROPOSE_TIMEOUT_S + 5.0
+FORWARD_CONNECT_TIMEOUT_S = 1.0
+FORWARD_CONNECTIONS_MAX = 256
+# Headers that describe one hop, not the request.
+_HOP_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer"}
+)
+
+
+class Router:
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def serves_here(self, request: web.Request) -> bool:
+        return request.path in LOCAL_PATHS or self._node.log.is_leader
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        if FORWARDED_HEADER in request.headers:
+            raise ApiError("UNAVAILABLE", "the node this call was forwarded to is not the leader any more; retry")
+        leader_address, leader_url = await self._leader()
+        if leader_url is None:  # this node became the leader meanwhile
+            return None  # type: ignore[return-value]
+        body = await request.read()
+        headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
+        headers[FORWARDED_HEADER] = self._node.config.node_id
+        relay = asyncio.ensure_future(
+            self._relay(request.method, leader_url + request.path_qs, body, headers, leader_url)
+        )
+        try:
+            # A leader that stops answering (paused, partitioned) is replaced within about a second;
+            # the call sent to it is then given up instead of waiting out its whole timeout.
+            while True:
+                done, _ = await asyncio.wait({relay}, timeout=LEADER_CHECK_S)
+                if done:
+                    return relay.result()
+                if self._node.log.leader_address != leader_address:
+                    raise ApiError(
+                        "UNAVAILABLE", f"the leader changed while the call was forwarded to {leader_url}; retry"
+                    )
+        finally:
+            relay.cancel()
+
+    async def _relay(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], leader_url: str
+    ) -> web.Response:
+        try:
+            async with self._client().request(method, url, data=body, headers=headers) as answer:
+                payload = await answer.read()
+                return web.Response(
+                    body=payload,
+                    status=answer.status,
+                    content_type=answer.content_type or "application/json",
+                    headers={LEADER_HEADER: leader_url},
+                )
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            raise ApiError(
+                "UNAVAILABLE", f"the leader at {url} did not answer ({type(error).__name__}); retry"
+            ) from None
+
+    async def _leader(self) -> tuple[str | None, str | None]:
+        """The leader's Raft address and API URL; (None, None) if this node leads now. Waits out
+        an election, bounded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT_S
+        while True:
+            raft = self._node.log
+            if raft.is_leader:
+                return None, None
+            leader = raft.leader_address
+            if leader is not None:
+                url = self._node.api_url_by_raft_address.get(leader)
+                if url is None:
+                    raise ApiError("UNAVAILABLE", f"the leader {leader} is not among this node's peers")
+                return leader, url
+            if loop.time() >= deadline:
+                raise ApiError("UNAVAILABLE", f"no leader elected within {LEADER_WAIT_S} s; retry")
+            await asyncio.sleep(LEADER_POLL_S)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S, sock_connect=FORWARD_CONNECT_TIMEOUT_S),
+                connector=aiohttp.TCPConnector(limit=FORWARD_CONNECTIONS_MAX),
+                auto_decompress=False,
+            )
+        return self._session

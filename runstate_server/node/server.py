@@ -1,0 +1,253 @@
+"""One runstate node: the core, the replicated log, the waiters, the ticker and the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import random
+import secrets
+import socket
+from collections.abc import Coroutine, Iterator
+from typing import IO, Any
+
+from aiohttp import web
+
+from runstate_server.actors import dispatch
+from runstate_server.actors.context import Effect
+from runstate_server.actors.state import State
+from runstate_server.cluster.config import LogConfig
+from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.node.api.errors import ApiError, raise_for_result
+from runstate_server.node.api.routes import Caller
+from runstate_server.node.bootstrap import bootstrap
+from runstate_server.node.config import (
+    DEFAULT_HOST,
+    PROPOSE_TIMEOUT_S,
+    READY_TIMEOUT_S,
+    NodeConfig,
+    split_address,
+)
+from runstate_server.node.routing import Router
+from runstate_server.node.ticker import Ticker
+from runstate_server.node.waiters import Waiters
+
+log = logging.getLogger(__name__)
+
+COMMAND_ID_BITS = 80  # run, task and delivery ids are derived from a command's id
+# Ids must be unique and unguessable enough, not secret keys: a PRNG seeded from the OS (one
+# syscall per process, not one per id) draws them.
+_ids = random.Random(secrets.randbits(256))
+
+
+def new_command_id() -> str:
+    return f"{_ids.getrandbits(COMMAND_ID_BITS):020x}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+LOCK_FILE_NAME = "LOCK"
+LISTEN_BACKLOG = 1024  # pending connections the API socket queues
+BOOTSTRAP_RETRY_S = 0.5  # a cluster leader retries creating the first admin key this often
+
+
+class NodeStartError(Exception):
+    """The node cannot start as configured (port taken, data dir in use, ...); the message says why."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before replaying the log (or starting nodes) if a port is taken."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise NodeStartError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.core = dispatch.Core()
+        self.waiters = Waiters()
+        self.ticker = Ticker(self)
+        raft_address = config.raft_address or f"{DEFAULT_HOST}:{free_port(DEFAULT_HOST)}"
+        raft_host, raft_port = split_address(raft_address, "the Raft address")
+        if raft_port == config.port and raft_host in (config.host, "0.0.0.0"):
+            raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
+        # Followers forward to the leader's API; pysyncobj names the leader by its Raft address.
+        self.api_url_by_raft_address = {peer.raft_address: peer.api_url for peer in config.peers}
+        self.api_url_by_raft_address[raft_address] = config.api_url
+        self.log = ReplicatedLog(
+            self.core,
+            self_address=raft_address,
+            peer_addresses=[peer.raft_address for peer in config.peers],
+            data_dir=config.data_dir,
+            password=config.secret or secrets.token_hex(16),
+            fsync=config.fsync,
+            on_applied=self._on_applied,
+            on_role_change=self._on_role_change,
+            config=LogConfig(log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind),
+        )
+        self.router = Router(self)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
+        self._lock_file: IO[bytes] | None = None
+        self.url = ""
+        self.bootstrap_message: str | None = None  # what `runstate dev --auth` tells the user
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from runstate_server.node.api.app import build_app  # the API imports Node for typing only
+
+        self._lock_data_dir()
+        check_port_free(self.config.host, self.config.port)
+        try:
+            await self.log.start()
+            if not self.config.peers:
+                # A single node elects itself at once; wait so the first request finds it ready.
+                # A cluster node serves at once instead (503 until a majority is up and elects).
+                await self.log.wait_ready(READY_TIMEOUT_S)
+        except LogUnavailable as error:
+            raise NodeStartError(f"the replicated log did not start: {error}") from None
+        if self.config.auth and not self.config.peers:
+            try:
+                self.bootstrap_message = await bootstrap(self)
+            except (ApiError, OSError) as error:
+                raise NodeStartError(f"cannot create the first admin key: {error}") from None
+        self._spawn(self.ticker.run(), "ticker")
+        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
+        await site.start()
+        self.url = f"http://{self.config.host}:{self.config.port}"
+
+    async def stop(self) -> None:
+        self.waiters.wake_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.router.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.log.stop()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the lock
+            self._lock_file = None
+
+    def _lock_data_dir(self) -> None:
+        """One node per data dir: two would interleave their journals. The lock dies with the
+        process, so a kill -9 leaves nothing to clean up."""
+        data_dir = self.config.data_dir
+        if data_dir is None:
+            return
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise NodeStartError(f"cannot create the data dir {data_dir}: {error.strerror}") from None
+        lock_file = open(data_dir / LOCK_FILE_NAME, "ab")  # noqa: SIM115 - held until stop()
+        try:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock_file.close()
+            raise NodeStartError(f"another runstate node is using the data dir {data_dir}") from None
+        self._lock_file = lock_file
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def propose(self, caller: Caller, kind: str, args: dict[str, Any]) -> Any:
+        """Commit one command for `caller` and return its result; a rejection raises ApiError. The
+        command carries the caller's key id, so the core refuses it if the key was revoked by an
+        earlier entry of the log, whichever node checked the key first."""
+        return await self._propose(caller.space, caller.key_id, kind, args)
+
+    async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
+        return await self._propose(dispatch.SYSTEM_SPACE, None, kind, args)
+
+    async def _propose(self, space: str, key_id: str | None, kind: str, args: dict[str, Any]) -> Any:
+        command = {
+            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args,
+        }
+        if key_id is not None:
+            command["key"] = key_id
+        try:
+            result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
+        except NotLeader as error:
+            raise ApiError("UNAVAILABLE", str(error)) from None
+        except LogUnavailable as error:
+            raise ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}") from None
+        return raise_for_result(result)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def confirm_leadership(self, caller: Caller) -> None:
+        """Before a read a client acts on: commit a no-op through the log. Once it is committed
+        this node was still the leader and has applied every write acknowledged before the read
+        began, so the read that follows is linearizable. (pysyncobj has no read index.) The no-op
+        carries the caller's key: a key revoked before the read is refused by it."""
+        await self.propose(caller, "barrier", {})
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[State]:
+        """The state, held still: no command is applied while the block runs. Keep it short."""
+        with self.log.lock:
+            yield self.core.state
+
+    def next_due_ms(self) -> int | None:
+        with self.log.lock:
+            return self.core.state.next_due_ms()
+
+    # -- effects, on the event loop --------------------------------------------------------------
+
+    def _on_applied(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if effect[0] == "wake":
+                self.waiters.wake(effect[1])
+            elif effect[0] == "arm":
+                self.ticker.arm()
+
+    def _on_role_change(self) -> None:
+        self.ticker.arm()
+        if self.log.is_leader:
+            self._spawn(self._announce_leadership(), "leader-start")
+        else:
+            # Long polls parked here would wait for effects that now happen elsewhere.
+            self.waiters.wake_all()
+
+    async def _announce_leadership(self) -> None:
+        try:
+            await self.propose_system("leader.start", {})
+        except ApiError as error:
+            log.warning("leader.start not applied: %s", error.message)
+        if self.config.auth and self.config.peers:
+            await self._bootstrap_while_leading()
+
+    async def _bootstrap_while_leading(self) -> None:
+        """A cluster's first leader creates the first admin key; retried while this node leads."""
+        while self.log.is_leader:
+            try:
+                message = await bootstrap(self)
+            except ApiError as error:
+                log.warning("bootstrap not applied (%s); retrying", error.message)
+                await asyncio.sleep(BOOTSTRAP_RETRY_S)
+                continue
+            except OSError as error:
+                log.error("cannot write the bootstrap key: %s", error)
+                return
+            if message is not None:
+                print(message, flush=True)
+            return
