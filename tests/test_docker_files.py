@@ -246,12 +246,12 @@ def test_dockerfile_runs_as_a_user_that_is_not_root() -> None:
 def test_dockerfile_installs_the_package_from_the_repository_source() -> None:
     copied = [rest.split()[:-1] for rest in arguments("COPY")]
     sources = {source.rstrip("/") for group in copied for source in group}
-    assert {"pyproject.toml", "README.md", "runstate"} <= sources, sources
+    assert {"pyproject.toml", "README.md", "runstate_server"} <= sources, sources
     pip_installs = [rest for rest in arguments("RUN") if re.search(r"pip install .*--no-cache-dir.* \.(\s|$)", rest)]
     assert pip_installs, "no `pip install --no-cache-dir .`"
     # The package source is copied after the dependency layer, so a code change reuses that layer.
     order = [rest for word, rest in INSTRUCTIONS if word in ("COPY", "RUN")]
-    assert order.index(next(r for r in order if r.startswith("runstate/"))) > order.index(
+    assert order.index(next(r for r in order if r.startswith("runstate_server/"))) > order.index(
         next(r for r in order if "-r /tmp/requirements.txt" in r)
     )
 

@@ -17,10 +17,10 @@ def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    finished = run_tool("ruff", "check", "runstate", "tests", "bench", "chaos")
+    finished = run_tool("ruff", "check", "runstate_server", "sdk/python", "tests", "bench", "chaos")
     assert finished.returncode == 0, finished.stdout + finished.stderr
 
 
 def test_mypy() -> None:
-    finished = run_tool("mypy", "runstate", "chaos")
+    finished = run_tool("mypy", "runstate_server", "sdk/python/runstate", "chaos")
     assert finished.returncode == 0, finished.stdout + finished.stderr
