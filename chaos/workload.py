@@ -9,7 +9,7 @@ faults are injected, recording each call in the history (chaos/history.py).
 
 Clients talk HTTP through a small client of their own (urllib, one request per recorded call, no
 retry hidden inside a call), so the history holds exactly what was sent and what came back: a 2xx
-is `ok`, a 4xx with an error code `fail` (a definite refusal, LEASE_LOST included), and a 503,
+is `ok`, a 4xx with an error code `fail` (a definite refusal, STALE_CLAIM included), and a 503,
 another 5xx, a timeout or a connection error `unknown`. A client retries an unknown call only as a
 new recorded call (keyed submits, completes and cancels, which the server deduplicates), and moves
 to the next node after one. The `runstate.once` callers use the SDK itself (its semantics are the
@@ -22,7 +22,7 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   a run and submit to it twice more (those submits must be refused with SCOPE_CANCELLED).
 - workers: receive with a short lease and complete with `{"by": worker, "delivery": id}`; some
   work long and renew, some crash (a `crash` line, the delivery abandoned), some stall past the
-  lease and then complete (a complete with `"stalled": true`, to be refused with LEASE_LOST,
+  lease and then complete (a complete with `"stalled": true`, to be refused with STALE_CLAIM,
   unless an election meanwhile let the new leader extend the live lease, as it does for every
   lease). Workers serve the producers' runs and the task groups' runs.
 - readers: read_task of known tasks.
@@ -756,7 +756,7 @@ class _OnceCaller(_Client):
             except UnavailableError as error:
                 handle.unknown(error.message, error.code)
             except RunstateError as error:
-                # A definite answer of the server (ONCE_FAILED, LEASE_LOST, a 4xx), else unknown.
+                # A definite answer of the server (ONCE_FAILED, STALE_CLAIM, a 4xx), else unknown.
                 if error.code == "ONCE_FAILED" or (error.status is not None and 400 <= error.status < 500):
                     handle.fail(error.code, error.message)
                 else:

@@ -26,15 +26,32 @@ def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes 
         return error.code, json.loads(payload or b"null")
 
 
+# Routes outside any space; every other `/v1/...` path a test names is sent under the space,
+# `/v1/spaces/{space}/...`.
+OPERATOR_PATHS = ("/v1/health", "/v1/cluster", "/v1/openapi.json", "/v1/whoami", "/v1/spaces", "/v1/keys")
+DEFAULT_SPACE = "default"  # a node's default space (NodeConfig.default_space)
+
+
 class Api:
+    """Calls in one space: `space`, else the key's space, else the default space."""
+
     def __init__(self, base_url: str, space: str | None = None, key: str | None = None) -> None:
         self.base_url = base_url
-        self.headers = {"X-Runstate-Space": space} if space else {}
+        self.headers: dict[str, str] = {}
         if key is not None:
             self.headers["Authorization"] = f"Bearer {key}"
+        self.space = space
+
+    def space_path(self, path: str) -> str:
+        if not path.startswith("/v1/") or path.startswith(OPERATOR_PATHS):
+            return path
+        if self.space is None:
+            status, identity = call(self.base_url, "GET", "/v1/whoami", headers=self.headers)
+            self.space = identity["space"] if status == 200 else DEFAULT_SPACE
+        return f"/v1/spaces/{self.space}/{path[len('/v1/'):]}"
 
     def __call__(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
-        return call(self.base_url, method, path, body, headers=self.headers, **kwargs)
+        return call(self.base_url, method, self.space_path(path), body, headers=self.headers, **kwargs)
 
     def ok(self, method: str, path: str, body: Any = None) -> Any:
         status, answer = self(method, path, body)

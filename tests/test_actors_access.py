@@ -146,7 +146,7 @@ def test_bootstrap_after_keys_of_keyless_days_counts_them() -> None:
 def test_bootstrap_is_a_command_of_the_leader_only() -> None:
     h = KeyedHarness()
     args = {"space_id": OPS, "key_id": "key_ops", "key_hash": hash_of("s"), "name": None}
-    assert h.err("access.bootstrap", space=OPS, **args) == errors.VALIDATION
+    assert h.err("access.bootstrap", space=OPS, **args) == errors.VALIDATION_FAILED
     assert h.state.operator_space is None
 
 
@@ -158,7 +158,7 @@ def test_bootstrap_is_a_command_of_the_leader_only() -> None:
 def test_bootstrap_validates_its_arguments(bad: dict[str, Any]) -> None:
     h = KeyedHarness()
     args = {"space_id": OPS, "key_id": "key_ops", "key_hash": hash_of("s"), "name": None, **bad}
-    assert h.err("access.bootstrap", space="", **args) == errors.VALIDATION
+    assert h.err("access.bootstrap", space="", **args) == errors.VALIDATION_FAILED
 
 
 def test_bootstrap_refuses_a_secret_minted_before(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +208,7 @@ def test_a_keyless_node_creates_spaces_and_its_own_space_too() -> None:
 
 @pytest.mark.parametrize("bad", [{"space_id": None}, {"space_id": "a/b"}, {"space_id": "é"}, {"name": 5}])
 def test_space_create_validates(h: KeyedHarness, bad: dict[str, Any]) -> None:
-    assert h.err("space.create", api_key="key_ops", **{"space_id": "ok", "name": None, **bad}) == errors.VALIDATION
+    assert h.err("space.create", api_key="key_ops", **{"space_id": "ok", "name": None, **bad}) == errors.VALIDATION_FAILED
 
 
 def test_spaces_are_bounded(h: KeyedHarness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,7 +238,7 @@ def test_key_create_answers_the_view_and_stores_only_the_hash(h: KeyedHarness) -
 )
 def test_key_create_needs_known_permissions(h: KeyedHarness, permissions: Any) -> None:
     args = {**h.key_args(OPS), "permissions": permissions}
-    assert h.err("key.create", api_key="key_ops", **args) == errors.VALIDATION
+    assert h.err("key.create", api_key="key_ops", **args) == errors.VALIDATION_FAILED
 
 
 def test_key_create_keeps_each_permission_once_in_order(h: KeyedHarness) -> None:
@@ -249,7 +249,7 @@ def test_key_create_keeps_each_permission_once_in_order(h: KeyedHarness) -> None
 def test_key_create_validates_name_id_and_hash(h: KeyedHarness) -> None:
     for bad in ({"name": "n" * (limits.name_chars_max + 1)}, {"key_id": "a b"}, {"key_hash": "00"}):
         args = {**h.key_args(OPS), **bad}
-        assert h.err("key.create", api_key="key_ops", **args) == errors.VALIDATION
+        assert h.err("key.create", api_key="key_ops", **args) == errors.VALIDATION_FAILED
 
 
 def test_key_create_refuses_a_taken_id_or_secret(h: KeyedHarness) -> None:
@@ -320,7 +320,7 @@ def test_a_keyless_node_mints_keys_in_a_new_space_which_then_exists() -> None:
     assert stored(h, minted).created_by is None
     assert h.err("key.create", **h.key_args("elsewhere")) == errors.NOT_FOUND
     # A refused key.create in a new space leaves no space behind.
-    assert h.err("key.create", space="fresh", **h.key_args("fresh", [])) == errors.VALIDATION
+    assert h.err("key.create", space="fresh", **h.key_args("fresh", [])) == errors.VALIDATION_FAILED
     assert "fresh" not in h.state.spaces
     # Without an operator space no key is an operator admin.
     assert not access.is_operator_admin(h.state, stored(h, minted))
@@ -590,7 +590,7 @@ class AccessMachine(RuleBasedStateMachine):
             if target != space and target not in self.spaces:
                 raise Rejection(errors.NOT_FOUND)
             if not permissions or "root" in permissions:
-                raise Rejection(errors.VALIDATION)
+                raise Rejection(errors.VALIDATION_FAILED)
             if any(k.hash == key_hash for k in self.keys.values()):
                 raise Rejection(errors.CONFLICT)
             ordered = [p for p in access.PERMISSIONS if p in permissions]

@@ -66,7 +66,7 @@ def test_stopping_the_run_cancels_waiting_barriers_and_keeps_released_ones(h: Ha
 
 def test_bad_barrier_commands_change_nothing(h: Harness, run_id: str) -> None:
     for target in (0, -1, True, "3", 10**9):
-        assert h.err("barrier.create", run_id=run_id, target=target) == errors.VALIDATION
+        assert h.err("barrier.create", run_id=run_id, target=target) == errors.VALIDATION_FAILED
     assert h.err("barrier.create", run_id="run_nope", target=1) == errors.NOT_FOUND
     assert h.err("barrier.arrive", barrier_id="bar_nope", key="a") == errors.NOT_FOUND
     barrier_id = new_barrier(h, run_id, 1)
@@ -123,10 +123,10 @@ def test_cancel_disarms_and_a_stopped_run_cancels_armed_timers(h: Harness, run_i
 
 
 def test_bad_timer_commands_change_nothing(h: Harness, run_id: str) -> None:
-    assert h.err("timer.create", run_id=run_id) == errors.VALIDATION
-    assert h.err("timer.create", run_id=run_id, after_ms=1, fire_at_ms=h.now_ms) == errors.VALIDATION
-    assert h.err("timer.create", run_id=run_id, after_ms=-1) == errors.VALIDATION
-    assert h.err("timer.create", run_id=run_id, after_ms=400 * 86_400_000) == errors.VALIDATION
+    assert h.err("timer.create", run_id=run_id) == errors.VALIDATION_FAILED
+    assert h.err("timer.create", run_id=run_id, after_ms=1, fire_at_ms=h.now_ms) == errors.VALIDATION_FAILED
+    assert h.err("timer.create", run_id=run_id, after_ms=-1) == errors.VALIDATION_FAILED
+    assert h.err("timer.create", run_id=run_id, after_ms=400 * 86_400_000) == errors.VALIDATION_FAILED
     assert h.err("timer.cancel", timer_id="tmr_nope") == errors.NOT_FOUND
 
 

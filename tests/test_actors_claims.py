@@ -91,7 +91,7 @@ def test_a_lapsed_lease_is_taken_over_and_the_late_holder_refused(h: Harness, ru
     new = acquire(h, run_id, holder="w2")
     assert (new["outcome"], claim(h, run_id).attempt) == ("GRANTED", 2)
     for kind, args in (("complete", {"result": "late"}), ("renew", {"lease_ms": LEASE_MS}), ("fail", {}), ("release", {})):
-        assert h.err("claim." + kind, lease_id=old, **args) == errors.LEASE_LOST
+        assert h.err("claim." + kind, lease_id=old, **args) == errors.STALE_CLAIM
     h.ok("claim.complete", lease_id=new["lease_id"], result="on time")
     assert claim(h, run_id).result == "on time"
 
@@ -101,7 +101,7 @@ def test_an_expired_lease_is_taken_over_even_before_its_tick(h: Harness, run_id:
     h.advance(LEASE_MS)
     assert acquire(h, run_id, holder="w2")["outcome"] == "GRANTED"
     assert claim(h, run_id).attempt == 2
-    assert h.err("claim.complete", lease_id=old, result="late") == errors.LEASE_LOST
+    assert h.err("claim.complete", lease_id=old, result="late") == errors.STALE_CLAIM
 
 
 def test_renew_keeps_the_lease_past_its_first_expiry(h: Harness, run_id: str) -> None:
@@ -149,8 +149,8 @@ def test_a_new_leader_extends_held_claim_leases(h: Harness, run_id: str) -> None
 
 def test_bad_claim_commands_change_nothing(h: Harness, run_id: str) -> None:
     assert h.err("claim.acquire", run_id="run_nope", key=KEY, lease_ms=LEASE_MS) == errors.NOT_FOUND
-    assert h.err("claim.acquire", run_id=run_id, key=KEY, lease_ms=LEASE_MS, attempts=0) == errors.VALIDATION
-    assert h.err("claim.acquire", run_id=run_id, key=KEY, lease_ms=LEASE_MS, attempts=True) == errors.VALIDATION
+    assert h.err("claim.acquire", run_id=run_id, key=KEY, lease_ms=LEASE_MS, attempts=0) == errors.VALIDATION_FAILED
+    assert h.err("claim.acquire", run_id=run_id, key=KEY, lease_ms=LEASE_MS, attempts=True) == errors.VALIDATION_FAILED
     assert h.err("claim.complete", lease_id="clm_nope.1.x", result=1) == errors.NOT_FOUND
     assert h.err("claim.complete", lease_id=7, result=1) == errors.NOT_FOUND
     other_space = h.apply("claim.acquire", space="elsewhere", run_id=run_id, key=KEY, lease_ms=LEASE_MS)

@@ -58,7 +58,7 @@ class ClaimsMachine(RuleBasedStateMachine):
     def require_lease(self, lease: str) -> ModelClaim:
         claim = self.claims[self.key_of_lease[lease]]
         if claim.lease != lease or claim.state != ClaimState.HELD or self.h.now_ms >= claim.expires:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
         return claim
 
     def fail_attempt(self, claim: ModelClaim, error: str) -> None:

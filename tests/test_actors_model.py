@@ -188,12 +188,12 @@ class CoreMachine(RuleBasedStateMachine):
         if task is None:
             raise Rejection("NOT_FOUND")
         if task.delivery != delivery_id:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
         return task
 
     def require_live_lease(self, task: ModelTask) -> None:
         if task.state != "RUNNING" or self.now >= task.lease_expires:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
 
     def handback(self, delivery_id: str) -> tuple[ModelTask, bool]:
         task = self.require_delivery(delivery_id)
@@ -254,7 +254,7 @@ class CoreMachine(RuleBasedStateMachine):
     def ensure(self, name: str, mode: str) -> None:
         def model() -> bool:
             if mode != "WORK":
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
             created = name not in self.mailboxes
             self.mailboxes.add(name)
             return created

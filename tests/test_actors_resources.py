@@ -102,7 +102,7 @@ def test_limit_and_budget_ensure(h: Harness) -> None:
     ],
 )
 def test_ensure_validates(h: Harness, kind: str, args: dict[str, Any]) -> None:
-    assert h.err(kind, **args) == errors.VALIDATION
+    assert h.err(kind, **args) == errors.VALIDATION_FAILED
 
 
 def test_resources_per_space_are_bounded_per_kind(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,10 +169,10 @@ def test_renew_extends_and_refuses_once_lapsed_or_released(h: Harness, run_id: s
     h.advance(5_000)
     assert h.ok("pool.renew", lease_id=lease_id, lease_ms=20_000) == {"lease_expires_ms": h.now_ms + 20_000}
     h.advance(20_000)  # lapsed, its tick not yet run
-    assert h.err("pool.renew", lease_id=lease_id, lease_ms=LEASE_MS) == errors.LEASE_LOST
+    assert h.err("pool.renew", lease_id=lease_id, lease_ms=LEASE_MS) == errors.STALE_CLAIM
     assert h.ok("pool.release", lease_id=lease_id) == {"released": False}  # it returns now
     assert pool_in_use(h) == 0 and h.woken() == [resource_key("pool", "browser")]
-    assert h.err("pool.renew", lease_id=lease_id, lease_ms=LEASE_MS) == errors.LEASE_LOST
+    assert h.err("pool.renew", lease_id=lease_id, lease_ms=LEASE_MS) == errors.STALE_CLAIM
 
 
 def test_a_lapsed_lease_returns_its_slot_at_the_tick(h: Harness, run_id: str) -> None:
@@ -298,8 +298,8 @@ def test_a_take_waits_for_a_window_wake(h: Harness, run_id: str) -> None:
 
 def test_take_validates_and_needs_an_active_run(h: Harness, run_id: str) -> None:
     limit(h, units=3)
-    assert h.err("limit.take", name="api", run_id=run_id, units=4) == errors.VALIDATION
-    assert h.err("limit.take", name="api", run_id=run_id, units=0) == errors.VALIDATION
+    assert h.err("limit.take", name="api", run_id=run_id, units=4) == errors.VALIDATION_FAILED
+    assert h.err("limit.take", name="api", run_id=run_id, units=0) == errors.VALIDATION_FAILED
     assert h.err("limit.take", name="nope", run_id=run_id, units=1) == errors.NOT_FOUND
     assert h.err("limit.take", name="api", run_id="run_nope", units=1) == errors.NOT_FOUND
     assert h.ok("limit.take", name="api", run_id=run_id)["taken"]  # one unit by default
@@ -382,9 +382,9 @@ def test_reserve_validates(h: Harness, run_id: str) -> None:
     budget(h, total=1.0)
     for amount in (0, -5, 1.5, None):
         assert h.err("budget.reserve", name="usd", run_id=run_id, amount_micros=amount, lease_ms=LEASE_MS) == (
-            errors.VALIDATION
+            errors.VALIDATION_FAILED
         )
-    assert reserve(h, run_id, 1.01)["error"]["code"] == errors.VALIDATION  # more than the total
+    assert reserve(h, run_id, 1.01)["error"]["code"] == errors.VALIDATION_FAILED  # more than the total
     assert reserve(h, run_id, 0.5, name="nope")["error"]["code"] == errors.NOT_FOUND
     h.cancel(run_id)
     assert reserve(h, run_id, 0.5)["error"]["code"] == errors.SCOPE_CANCELLED
@@ -398,7 +398,7 @@ def test_settle_charges_the_spend_and_returns_the_rest(h: Harness, run_id: str) 
     assert resource_key("budget", "usd") in h.woken()
     view = budget_view(h)
     assert (view["spent"], view["reserved"], view["remaining"]) == (0.12, 0.0, 0.88)
-    assert h.err("budget.settle", reservation_id=reservation_id, spent_micros=0) == errors.LEASE_LOST
+    assert h.err("budget.settle", reservation_id=reservation_id, spent_micros=0) == errors.STALE_CLAIM
 
 
 def test_settle_beyond_the_reservation_charges_only_what_the_budget_still_has(h: Harness, run_id: str) -> None:
@@ -437,8 +437,8 @@ def test_released_and_lapsed_reservations_return_whole(h: Harness, run_id: str) 
     h.advance(5_000)
     h.ok("budget.renew", reservation_id=lapsing, lease_ms=LEASE_MS)
     h.advance(LEASE_MS)
-    assert h.err("budget.settle", reservation_id=lapsing, spent_micros=1) == errors.LEASE_LOST
-    assert h.err("budget.renew", reservation_id=lapsing, lease_ms=LEASE_MS) == errors.LEASE_LOST
+    assert h.err("budget.settle", reservation_id=lapsing, spent_micros=1) == errors.STALE_CLAIM
+    assert h.err("budget.renew", reservation_id=lapsing, lease_ms=LEASE_MS) == errors.STALE_CLAIM
     h.tick()
     view = budget_view(h)
     assert (view["spent"], view["reserved"], view["reservations"]) == (0.0, 0.0, [])
@@ -457,7 +457,7 @@ def test_settle_validates_the_spend(h: Harness, run_id: str) -> None:
     budget(h)
     reservation_id = reserve(h, run_id, 1)["reservation_id"]
     for spent in (None, -1, 0.5, limits.budget_total_micros_max + 1):
-        assert h.err("budget.settle", reservation_id=reservation_id, spent_micros=spent) == errors.VALIDATION
+        assert h.err("budget.settle", reservation_id=reservation_id, spent_micros=spent) == errors.VALIDATION_FAILED
 
 
 def test_reservations_per_budget_are_bounded(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,16 +491,16 @@ def resourced(h: Harness) -> Harness:
         ({"slots": ["nope"]}, errors.NOT_FOUND),
         ({"limit": ["nope", 1]}, errors.NOT_FOUND),
         ({"budget": ["nope", 1]}, errors.NOT_FOUND),
-        ({"slots": ["gpu", "gpu"]}, errors.VALIDATION),  # the pool has one slot: it could never run
-        ({"limit": ["api", 4]}, errors.VALIDATION),
-        ({"budget": ["usd", 1_000_001]}, errors.VALIDATION),
-        ({"slots": "browser"}, errors.VALIDATION),
-        ({"slots": ["browser"] * (limits.needs_slots_max + 1)}, errors.VALIDATION),
-        ({"limit": ["api"]}, errors.VALIDATION),
-        ({"limit": ["api", 0]}, errors.VALIDATION),
-        ({"budget": ["usd", 0.5]}, errors.VALIDATION),
-        ({"other": 1}, errors.VALIDATION),
-        (["browser"], errors.VALIDATION),
+        ({"slots": ["gpu", "gpu"]}, errors.VALIDATION_FAILED),  # the pool has one slot: it could never run
+        ({"limit": ["api", 4]}, errors.VALIDATION_FAILED),
+        ({"budget": ["usd", 1_000_001]}, errors.VALIDATION_FAILED),
+        ({"slots": "browser"}, errors.VALIDATION_FAILED),
+        ({"slots": ["browser"] * (limits.needs_slots_max + 1)}, errors.VALIDATION_FAILED),
+        ({"limit": ["api"]}, errors.VALIDATION_FAILED),
+        ({"limit": ["api", 0]}, errors.VALIDATION_FAILED),
+        ({"budget": ["usd", 0.5]}, errors.VALIDATION_FAILED),
+        ({"other": 1}, errors.VALIDATION_FAILED),
+        (["browser"], errors.VALIDATION_FAILED),
     ],
 )
 def test_needs_are_validated_at_submit(resourced: Harness, run_id: str, needs: Any, code: str) -> None:
@@ -564,7 +564,7 @@ def test_complete_charges_the_reported_spend(resourced: Harness, run_id: str) ->
     assert budget_view(h)["spent"] == 0.12
     job(h, run_id, "b", budget=["usd", 400_000])
     (delivery,) = h.receive(run_id)
-    assert h.err("delivery.complete", delivery_id=delivery, spent_micros=-1) == errors.VALIDATION
+    assert h.err("delivery.complete", delivery_id=delivery, spent_micros=-1) == errors.VALIDATION_FAILED
     h.delivery("complete", delivery, spent_micros=2_000_000)  # more than reserved: up to what remains
     assert budget_view(h)["spent"] == 1.0
 

@@ -300,12 +300,12 @@ class ResourcesMachine(RuleBasedStateMachine):
         if task is None:
             raise Rejection("NOT_FOUND")
         if task.delivery != delivery:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
         return task
 
     def require_live_lease(self, task: MTask) -> None:
         if task.state != "RUNNING" or self.now >= task.lease_expires:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
 
     def handback(self, delivery: str) -> tuple[MTask, bool]:
         task = self.require_delivery(delivery)
@@ -318,7 +318,7 @@ class ResourcesMachine(RuleBasedStateMachine):
 
     def require_spent(self, spent: int | None) -> None:
         if spent is not None and spent < 0:
-            raise Rejection("VALIDATION")
+            raise Rejection("VALIDATION_FAILED")
 
     def require_direct(self, hold_id: str) -> MHold | None:
         hold = self.holds.get(hold_id)
@@ -329,7 +329,7 @@ class ResourcesMachine(RuleBasedStateMachine):
     def require_held(self, hold_id: str) -> MHold:
         hold = self.require_direct(hold_id)
         if hold is None:
-            raise Rejection("LEASE_LOST")
+            raise Rejection("STALE_CLAIM")
         return hold
 
     # -- running a command against both ----------------------------------------------------------
@@ -540,20 +540,20 @@ class ResourcesMachine(RuleBasedStateMachine):
             if pool not in self.sizes:
                 raise Rejection("NOT_FOUND")
             if count > self.sizes[pool]:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
         limit, budget = needs.get("limit"), needs.get("budget")
         if limit is not None:
             if limit[0] != LIMIT:
                 raise Rejection("NOT_FOUND")
             assert self.limit is not None
             if limit[1] > self.limit[0]:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
         if budget is not None:
             if budget[0] != BUDGET:
                 raise Rejection("NOT_FOUND")
             assert self.total is not None
             if budget[1] > self.total:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
         if not slots and limit is None and budget is None:
             return None
         return {"slots": slots, "limit": None if limit is None else list(limit),
@@ -739,7 +739,7 @@ class ResourcesMachine(RuleBasedStateMachine):
             self.require_run(run_id)
             assert self.total is not None
             if amount > self.total:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
             self.require_active(run_id)
             if amount > self.remaining():
                 return None
@@ -773,7 +773,7 @@ class ResourcesMachine(RuleBasedStateMachine):
             hold = self.require_held(hold_id)
             self.require_active(hold.run)
             if self.now >= hold.expires:
-                raise Rejection("LEASE_LOST")
+                raise Rejection("STALE_CLAIM")
             hold.lease_ms, hold.expires = lease_ms, max(hold.expires, self.now + lease_ms)
             return hold.expires
 
@@ -805,10 +805,10 @@ class ResourcesMachine(RuleBasedStateMachine):
 
         def model() -> tuple[int, int]:
             if spent is None or spent < 0:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
             hold = self.require_held(hold_id)
             if self.now >= hold.expires:
-                raise Rejection("LEASE_LOST")
+                raise Rejection("STALE_CLAIM")
             return self.charge(hold, spent)
 
         result, settled = self.execute("budget.settle", {"reservation_id": hold_id, "spent_micros": spent}, model)
@@ -824,7 +824,7 @@ class ResourcesMachine(RuleBasedStateMachine):
             self.require_run(run_id)
             assert self.limit is not None
             if units > self.limit[0]:
-                raise Rejection("VALIDATION")
+                raise Rejection("VALIDATION_FAILED")
             self.require_active(run_id)
             available = self.available_at(units)
             assert available is not None

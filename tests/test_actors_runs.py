@@ -33,9 +33,9 @@ def test_mailbox_ensure_is_idempotent() -> None:
 
 def test_mailbox_unknown_mode_is_validation() -> None:
     h = Harness()
-    assert h.err("mailbox.ensure", name="jobs", mode="BROADCAST") == errors.VALIDATION
+    assert h.err("mailbox.ensure", name="jobs", mode="BROADCAST") == errors.VALIDATION_FAILED
     h.ensure("jobs")
-    assert h.err("mailbox.ensure", name="jobs", mode="BROADCAST") == errors.VALIDATION
+    assert h.err("mailbox.ensure", name="jobs", mode="BROADCAST") == errors.VALIDATION_FAILED
 
 
 def test_mailbox_same_name_other_valid_mode_is_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +50,7 @@ def test_mailbox_same_name_other_valid_mode_is_conflict(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("name", ["", None, 7, "x" * (limits.name_chars_max + 1)])
 def test_mailbox_name_is_validated(name: object) -> None:
-    assert Harness().err("mailbox.ensure", name=name) == errors.VALIDATION
+    assert Harness().err("mailbox.ensure", name=name) == errors.VALIDATION_FAILED
 
 
 def test_mailbox_name_at_its_limit_is_fine() -> None:
@@ -66,7 +66,7 @@ def test_mailboxes_belong_to_their_space(h: Harness) -> None:
 def test_a_space_appears_only_when_something_is_created_in_it() -> None:
     h = Harness()
     assert h.err("run.cancel", space="ghost", run_id="run_x", retention_ms=1) == errors.NOT_FOUND
-    assert h.err("mailbox.ensure", space="ghost", name="") == errors.VALIDATION
+    assert h.err("mailbox.ensure", space="ghost", name="") == errors.VALIDATION_FAILED
     assert "ghost" not in h.state.spaces
     h.create_run(space="ghost")
     assert h.state.spaces["ghost"].run_count == 1
@@ -127,7 +127,7 @@ def test_child_limit_zero_allows_no_child(h: Harness) -> None:
 
 @pytest.mark.parametrize("child_limit", [-1, limits.child_limit_max + 1, "3", 2.5, None])
 def test_child_limit_is_validated(h: Harness, child_limit: object) -> None:
-    assert h.err("run.create", child_limit=child_limit) == errors.VALIDATION
+    assert h.err("run.create", child_limit=child_limit) == errors.VALIDATION_FAILED
 
 
 def test_depth_limit(h: Harness) -> None:
@@ -140,12 +140,12 @@ def test_depth_limit(h: Harness) -> None:
 
 @pytest.mark.parametrize("offset_ms", [-1, 0])
 def test_deadline_not_in_the_future_is_validation(h: Harness, offset_ms: int) -> None:
-    assert h.err("run.create", deadline_ms=h.now_ms + offset_ms) == errors.VALIDATION
+    assert h.err("run.create", deadline_ms=h.now_ms + offset_ms) == errors.VALIDATION_FAILED
 
 
 def test_deadline_at_most_a_year_ahead(h: Harness) -> None:
-    assert h.err("run.create", deadline_ms=h.now_ms + limits.deadline_ms_max + 1) == errors.VALIDATION
-    assert h.err("run.create", deadline_ms=str(h.now_ms + 1_000)) == errors.VALIDATION
+    assert h.err("run.create", deadline_ms=h.now_ms + limits.deadline_ms_max + 1) == errors.VALIDATION_FAILED
+    assert h.err("run.create", deadline_ms=str(h.now_ms + 1_000)) == errors.VALIDATION_FAILED
     h.create_run(deadline_ms=h.now_ms + limits.deadline_ms_max)
 
 
@@ -386,11 +386,11 @@ def test_leader_start_never_lowers_the_epoch(h: Harness) -> None:
 @pytest.mark.parametrize(
     ("command", "code"),
     [
-        ({"type": "run.create", "v": 2, "space": "s", "id": "1", "args": {}}, errors.VALIDATION),
-        ({"type": "run.create", "space": "s", "id": "1", "args": {}}, errors.VALIDATION),
-        ({"type": "run.explode", "v": 1, "space": "s", "id": "1", "args": {}}, errors.VALIDATION),
-        ({"type": "run.create", "v": 1, "space": "", "id": "1", "args": {}}, errors.VALIDATION),
-        ({"type": "run.create", "v": 1, "id": "1", "args": {}}, errors.VALIDATION),
+        ({"type": "run.create", "v": 2, "space": "s", "id": "1", "args": {}}, errors.VALIDATION_FAILED),
+        ({"type": "run.create", "space": "s", "id": "1", "args": {}}, errors.VALIDATION_FAILED),
+        ({"type": "run.explode", "v": 1, "space": "s", "id": "1", "args": {}}, errors.VALIDATION_FAILED),
+        ({"type": "run.create", "v": 1, "space": "", "id": "1", "args": {}}, errors.VALIDATION_FAILED),
+        ({"type": "run.create", "v": 1, "id": "1", "args": {}}, errors.VALIDATION_FAILED),
     ],
 )
 def test_malformed_commands_are_validation(h: Harness, command: dict[str, object], code: str) -> None:

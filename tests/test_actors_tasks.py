@@ -71,7 +71,7 @@ def test_submit_to_unknown_run_or_mailbox_is_not_found(h: Harness, run_id: str) 
 
 @pytest.mark.parametrize("attempts", [0, limits.attempts_max + 1, "3", None])
 def test_attempts_are_validated(h: Harness, run_id: str, attempts: object) -> None:
-    assert h.err("task.submit", **h.submit_args(run_id, "k", attempts=attempts)) == errors.VALIDATION
+    assert h.err("task.submit", **h.submit_args(run_id, "k", attempts=attempts)) == errors.VALIDATION_FAILED
 
 
 def test_tasks_per_run_limit(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,9 +210,9 @@ def test_late_complete_after_a_lapse_is_lease_lost_and_changes_nothing(h: Harnes
     (first,) = h.receive(run_id)
     h.advance(LEASE_MS)
     # Lapsed but not yet ticked: refused all the same.
-    assert h.err("delivery.complete", delivery_id=first, payload="late") == errors.LEASE_LOST
-    assert h.err("delivery.renew", delivery_id=first, lease_ms=LEASE_MS) == errors.LEASE_LOST
-    assert h.err("delivery.release", delivery_id=first) == errors.LEASE_LOST
+    assert h.err("delivery.complete", delivery_id=first, payload="late") == errors.STALE_CLAIM
+    assert h.err("delivery.renew", delivery_id=first, lease_ms=LEASE_MS) == errors.STALE_CLAIM
+    assert h.err("delivery.release", delivery_id=first) == errors.STALE_CLAIM
     h.tick()
     (second,) = h.receive(run_id)
     stale: list[tuple[str, dict[str, Any]]] = [
@@ -223,7 +223,7 @@ def test_late_complete_after_a_lapse_is_lease_lost_and_changes_nothing(h: Harnes
         ("release", {}),
     ]
     for kind, args in stale:
-        assert h.err("delivery." + kind, delivery_id=first, **args) == errors.LEASE_LOST
+        assert h.err("delivery." + kind, delivery_id=first, **args) == errors.STALE_CLAIM
     assert h.task(task_id).state == TaskState.RUNNING and h.task(task_id).delivery_id == second
     h.delivery("complete", second, payload="on time")
     assert h.task(task_id).outcome == "on time"
@@ -278,7 +278,7 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
     before = snapshot_bytes(h.state, without_clock=True)
     assert h.delivery("complete", delivery, payload="again") == {"task_id": task_id, "state": "SUCCEEDED"}
     assert snapshot_bytes(h.state, without_clock=True) == before
-    assert h.err("delivery.retry", delivery_id=delivery) == errors.LEASE_LOST
+    assert h.err("delivery.retry", delivery_id=delivery) == errors.STALE_CLAIM
 
 
 def test_retry_with_backoff_is_not_receivable_until_the_ready_tick(h: Harness, run_id: str) -> None:
@@ -397,11 +397,11 @@ def test_stopping_a_run_cancels_queued_and_running_tasks(h: Harness, stop: str) 
     assert h.err("delivery.renew", delivery_id=d_running, lease_ms=LEASE_MS) == errors.SCOPE_CANCELLED
     assert h.err("delivery.complete", delivery_id=d_running, payload=2) == errors.SCOPE_CANCELLED
     # ... but may hand it back: OK, with the final state, and the task does not change. The
-    # handback ends the delivery, so a second one is LEASE_LOST like after any handback.
+    # handback ends the delivery, so a second one is STALE_CLAIM like after any handback.
     assert h.delivery("retry", d_running, error="e") == {"task_id": running, "state": "CANCELLED"}
     task = h.task(running)
     assert (task.state, task.failures, task.outcome, task.error) == (TaskState.CANCELLED, 0, None, None)
-    assert h.err("delivery.release", delivery_id=d_running) == errors.LEASE_LOST
+    assert h.err("delivery.release", delivery_id=d_running) == errors.STALE_CLAIM
     h.advance(LEASE_MS)
     h.tick()  # its lease entry finds nothing to lapse
     assert h.task(running).state == TaskState.CANCELLED and h.task(running).failures == 0

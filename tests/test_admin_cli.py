@@ -95,7 +95,7 @@ def test_spaces_create_and_list(auth_node: tuple[DevNode, str]) -> None:
     assert row.split()[1:3] == ["CLI", "team"]
 
     assert space_id in refused("CONFLICT", "spaces", "create", "--id", space_id, *flags)
-    refused("VALIDATION", "spaces", "create", "--id", "no/slashes", *flags)
+    refused("VALIDATION_FAILED", "spaces", "create", "--id", "no/slashes", *flags)
 
 
 def test_keys_create_list_revoke(auth_node: tuple[DevNode, str]) -> None:
@@ -146,7 +146,7 @@ def test_keys_create_list_revoke(auth_node: tuple[DevNode, str]) -> None:
     refused("UNAUTHENTICATED", "whoami", "--url", node.url, "--api-key", worker["key"])
 
     refused("NOT_FOUND", "keys", "revoke", "key_00000000000000000000", *flags)
-    refused("VALIDATION", "keys", "create", "--permission", "superuser", *flags)
+    refused("VALIDATION_FAILED", "keys", "create", "--permission", "superuser", *flags)
 
 
 def test_refusals_exit_1(auth_node: tuple[DevNode, str]) -> None:

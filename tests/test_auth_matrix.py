@@ -25,7 +25,7 @@ SPACELESS = {
 
 
 # Slot leases and reservations are forgotten when they end, so an id of theirs that is not held
-# answers as an ended one (409 LEASE_LOST, or 200 released false) rather than 404; one of another
+# answers as an ended one (409 STALE_CLAIM, or 200 released false) rather than 404; one of another
 # space answers exactly the same.
 FORGOTTEN_WHEN_ENDED = ("slots", "reservations")
 

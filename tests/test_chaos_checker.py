@@ -103,7 +103,7 @@ class H:
     def complete(self, task: str, delivery: str, payload: Any, call: float, ret: float | None, *, status: str = "ok") -> H:
         args = {"delivery": delivery, "taskId": task, "result": payload}
         if status == "fail":
-            return self.fail("complete", args, call, ret or call, "LEASE_LOST")
+            return self.fail("complete", args, call, ret or call, "STALE_CLAIM")
         return self.op("complete", args, call, ret, {"state": "SUCCEEDED"}, status=status)
 
     def read_task(self, task: str, call: float, ret: float, state: str, outcome: Any = None) -> H:
@@ -244,7 +244,7 @@ def test_leases_a_release_acknowledged_or_unknown_before_the_second_receive_expl
         assert history.violations("leases") == [], status
     # A refused release ended nothing.
     history = H().receive("t1", "d1", 1, 2, 10_000)
-    history.fail("release", {"delivery": "d1", "taskId": "t1"}, 2.5, 3, "LEASE_LOST")
+    history.fail("release", {"delivery": "d1", "taskId": "t1"}, 2.5, 3, "STALE_CLAIM")
     history.receive("t1", "d2", 4, 5, 10_500, worker="w2")
     assert len(history.violations("leases")) == 1
 
@@ -262,7 +262,7 @@ def once_calls(*values: Any) -> H:
 def test_once_pass_for_one_value_and_unknown_callers() -> None:
     history = once_calls({"v": 1}, {"v": 1})
     history.unknown("once", {"key": "k", "name": "f"}, 3)
-    history.fail("once", {"key": "k", "name": "f"}, 3, 4, "LEASE_LOST")
+    history.fail("once", {"key": "k", "name": "f"}, 3, 4, "STALE_CLAIM")
     history.final("claim", "k", {"key": "k", "state": "DONE", "result": {"v": 1}})
     assert history.violations("once") == []
 

@@ -40,7 +40,7 @@ def test_an_operation_is_one_line_written_when_it_ends(tmp_path: Path) -> None:
         refused = history.record("worker-2", "complete", {"delivery": "d2"})
         lost = history.record("worker-3", "submit", {"key": "k"})
         assert acknowledged.ok({"state": "SUCCEEDED"})
-        assert refused.fail("LEASE_LOST", "the lease lapsed")
+        assert refused.fail("STALE_CLAIM", "the lease lapsed")
         assert lost.unknown("timed out", "TIMEOUT")
         assert not acknowledged.fail("CONFLICT", "too late")  # the first ending counts
         history.event("fault", {"kind": "kill", "node": "n1"})
@@ -51,7 +51,7 @@ def test_an_operation_is_one_line_written_when_it_ends(tmp_path: Path) -> None:
     ]
     assert operations[0]["result"] == {"state": "SUCCEEDED"} and operations[0]["error"] is None
     assert operations[0]["ret"] >= operations[0]["call"]
-    assert operations[1]["error"] == {"code": "LEASE_LOST", "message": "the lease lapsed"}
+    assert operations[1]["error"] == {"code": "STALE_CLAIM", "message": "the lease lapsed"}
     assert operations[2]["ret"] is None  # its effect may land at any later time
     assert operations[2]["error"]["code"] == "TIMEOUT"
     assert [event["event"] for event in events] == ["fault"] and events[0]["detail"]["node"] == "n1"
@@ -122,8 +122,8 @@ def test_read_history_skips_a_torn_last_line_and_refuses_a_bad_one(tmp_path: Pat
 
 def test_answers_are_ok_fail_or_unknown() -> None:
     assert classify(200, b'{"id": "t"}').outcome == "ok"
-    lost = classify(409, b'{"error": {"code": "LEASE_LOST", "message": "lapsed"}}')
-    assert (lost.outcome, lost.code, lost.message) == ("fail", "LEASE_LOST", "lapsed")
+    lost = classify(409, b'{"error": {"code": "STALE_CLAIM", "message": "lapsed"}}')
+    assert (lost.outcome, lost.code, lost.message) == ("fail", "STALE_CLAIM", "lapsed")
     assert (classify(404, b"").outcome, classify(404, b"").code) == ("fail", "HTTP_404")
     unavailable = classify(503, b'{"error": {"code": "UNAVAILABLE", "message": "no leader"}}')
     assert (unavailable.outcome, unavailable.code) == ("unknown", "UNAVAILABLE")
@@ -232,9 +232,9 @@ def test_ten_seconds_of_workload_make_a_well_formed_history(make_cluster: Callab
         # A starved machine (tests in parallel) can miss heartbeats: an election answers 503s.
         print(f"an election happened during the run: {len(unknown)} unknown outcomes")
     refusals = collections.Counter(o["error"]["code"] for o in operations if o["status"] == "fail")
-    assert set(refusals) <= {"SCOPE_CANCELLED", "LEASE_LOST", "BARRIER_RELEASED", "BARRIER_CANCELLED", "CONFLICT"}, refusals
+    assert set(refusals) <= {"SCOPE_CANCELLED", "STALE_CLAIM", "BARRIER_RELEASED", "BARRIER_CANCELLED", "CONFLICT"}, refusals
     stalled = [o for o in operations if o["op"] == "complete" and o["args"].get("stalled")]
-    assert stalled and all(o["error"]["code"] in ("LEASE_LOST", "SCOPE_CANCELLED") for o in stalled), stalled
+    assert stalled and all(o["error"]["code"] in ("STALE_CLAIM", "SCOPE_CANCELLED") for o in stalled), stalled
     cancelled_at = {o["args"]["run"]: o["ret"] for o in operations if o["op"] == "cancel_run" and o["status"] == "ok"}
     late_submits = [o for o in operations if o["op"] == "submit" and o["call"] > cancelled_at.get(o["args"]["run"], float("inf"))]
     assert late_submits and all(o["error"]["code"] == "SCOPE_CANCELLED" for o in late_submits), late_submits

@@ -44,7 +44,7 @@ class Ledger:
     delivered: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # task id -> deliveries
     completed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # task id -> acked deliveries
     completes: int = 0
-    refused: list[str] = field(default_factory=list)  # deliveries whose complete was refused LEASE_LOST
+    refused: list[str] = field(default_factory=list)  # deliveries whose complete was refused STALE_CLAIM
 
 
 async def producer(cluster: Cluster, index: int, run_id: str, ledger: Ledger, stop: asyncio.Event) -> None:
@@ -126,7 +126,7 @@ async def through_failover(cluster: Cluster, ledger: Ledger) -> dict[str, Any]:
                     late_answers.append(await delivery.complete(result={"payload": "late"}))
                 except LeaseLostError as error:
                     late_answers.append(error.code)
-            assert late_answers == ["LEASE_LOST"] * LATE_TASKS
+            assert late_answers == ["STALE_CLAIM"] * LATE_TASKS
 
             stop_producers.set()
             await asyncio.gather(*producers)

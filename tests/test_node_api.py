@@ -110,13 +110,12 @@ def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
 def test_oversized_input_and_result_are_refused(api: Api) -> None:
     run_id = new_run(api)
     big = "x" * (64 * 1024 + 1)
-    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": big}) == (400, "VALIDATION")
+    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": big}) == (400, "VALIDATION_FAILED")
     submit(api, run_id, {"n": 1})
     (delivery,) = receive(api, run_id)
-    assert api.error("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": big}}) == (
-        413,
-        "RESULT_TOO_LARGE",
-    )
+    status, answer = api("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": big}})
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+    assert "exceeds 65536 bytes" in answer["error"]["message"]
     assert task(api, delivery["taskId"])["state"] == "RUNNING"
 
 
@@ -126,7 +125,7 @@ def test_oversized_input_and_result_are_refused(api: Api) -> None:
 def test_mailbox_ensure_is_idempotent_and_checks_mode(api: Api) -> None:
     again = api.ok("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"})
     assert again == {"name": "work", "mode": "WORK", "created": False}
-    assert api.error("POST", "/v1/mailboxes", {"name": "other", "mode": "FANOUT"}) == (400, "VALIDATION")
+    assert api.error("POST", "/v1/mailboxes", {"name": "other", "mode": "FANOUT"}) == (400, "VALIDATION_FAILED")
     assert api.ok("GET", "/v1/mailboxes/work") == {"name": "work", "mode": "WORK"}
     assert api.error("GET", "/v1/mailboxes/other") == (404, "NOT_FOUND")
 
@@ -198,7 +197,7 @@ def test_deadline_expires_queued_work_and_refuses_new_work(api: Api) -> None:
     wait_until(lambda: task(api, queued)["state"] == "EXPIRED", "the deadline to expire the task")
     assert api.ok("GET", f"/v1/scopes/{run_id}")["effective"] == "INACTIVE"
     assert api.error("POST", f"/v1/scopes/{child}/mailboxes/work/tasks", {"input": 2}) == (409, "DEADLINE_EXCEEDED")
-    assert api.error("POST", "/v1/scopes", {"deadline": "2001-01-01T00:00:00Z"}) == (400, "VALIDATION")
+    assert api.error("POST", "/v1/scopes", {"deadline": "2001-01-01T00:00:00Z"}) == (400, "VALIDATION_FAILED")
 
 
 def test_unknown_ids_are_not_found(api: Api) -> None:
@@ -267,7 +266,7 @@ def test_result_long_poll_answers_not_done_after_wait(api: Api) -> None:
     task_id = submit(api, run_id, {"n": 1})["id"]
     answer = api.ok("GET", f"/v1/tasks/{task_id}/result?waitMs=200")
     assert (answer["done"], answer["state"]) == (False, "QUEUED")
-    assert api.error("GET", f"/v1/tasks/{task_id}/result?waitMs=999999") == (400, "VALIDATION")
+    assert api.error("GET", f"/v1/tasks/{task_id}/result?waitMs=999999") == (400, "VALIDATION_FAILED")
 
 
 def test_receive_long_poll_is_woken_by_a_submit(api: Api) -> None:
@@ -300,9 +299,9 @@ def test_lapsed_lease_is_taken_over_and_the_late_complete_refused(api: Api) -> N
     assert (new["taskId"], new["attempt"]) == (task_id, 2)
     assert api.error("POST", f"/v1/deliveries/{old['id']}/complete", {"result": {"payload": "late"}}) == (
         409,
-        "LEASE_LOST",
+        "STALE_CLAIM",
     )
-    assert api.error("POST", f"/v1/deliveries/{old['id']}/renew", {}) == (409, "LEASE_LOST")
+    assert api.error("POST", f"/v1/deliveries/{old['id']}/renew", {}) == (409, "STALE_CLAIM")
     assert task(api, task_id)["state"] == "RUNNING"
     api.ok("POST", f"/v1/deliveries/{new['id']}/complete", {"result": {"payload": "on time"}})
     assert task(api, task_id)["outcome"] == "on time"
@@ -344,7 +343,7 @@ def test_large_bodies_are_read_whole_and_oversized_ones_refused(api: Api) -> Non
     created = submit(api, run_id, near_limit)
     assert task(api, created["id"])["input"] == near_limit
     status, answer = api("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", raw=b"x" * (300 * 1024))
-    assert (status, answer["error"]["code"]) == (400, "VALIDATION")
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
 
 
 def test_batch_submit_answers_each_task_on_its_own(api: Api) -> None:
@@ -354,11 +353,11 @@ def test_batch_submit_answers_each_task_on_its_own(api: Api) -> None:
     first, conflict, third, invalid = answer["tasks"]
     assert (first["created"], first["state"], third["created"]) == (True, "QUEUED", True)
     assert conflict["error"]["code"] == "KEY_CONFLICT"
-    assert invalid["error"]["code"] == "VALIDATION"
+    assert invalid["error"]["code"] == "VALIDATION_FAILED"
     again = api.ok("POST", path, {"tasks": [{"input": 1, "key": "a"}]})["tasks"]
     assert (again[0]["id"], again[0]["created"]) == (first["id"], False)
-    assert api.error("POST", path, {"tasks": []}) == (400, "VALIDATION")
-    assert api.error("POST", path, {"tasks": [{"input": n} for n in range(101)]}) == (400, "VALIDATION")
+    assert api.error("POST", path, {"tasks": []}) == (400, "VALIDATION_FAILED")
+    assert api.error("POST", path, {"tasks": [{"input": n} for n in range(101)]}) == (400, "VALIDATION_FAILED")
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
     refused = api.ok("POST", path, {"tasks": [{"input": 9}]})["tasks"][0]
     assert refused["error"]["code"] == "SCOPE_CANCELLED"
@@ -382,7 +381,7 @@ def test_batch_results_wait_for_every_task(api: Api) -> None:
     ]
     unknown = api.ok("POST", "/v1/tasks/results", {"ids": ["tsk_nope"]})["results"][0]
     assert unknown["error"]["code"] == "NOT_FOUND"
-    assert api.error("POST", "/v1/tasks/results", {"ids": "x"}) == (400, "VALIDATION")
+    assert api.error("POST", "/v1/tasks/results", {"ids": "x"}) == (400, "VALIDATION_FAILED")
 
 
 def test_key_only_returns_the_existing_task_whatever_the_input(api: Api) -> None:
@@ -393,4 +392,4 @@ def test_key_only_returns_the_existing_task_whatever_the_input(api: Api) -> None
     assert task(api, first["id"])["input"] == {"company": "acme", "at": 1}
     path = f"/v1/scopes/{run_id}/mailboxes/work/tasks"
     assert api.error("POST", path, {"input": 3, "key": "acme"}) == (409, "KEY_CONFLICT")  # without keyOnly
-    assert api.error("POST", path, {"input": 3, "key": "x", "keyOnly": "yes"}) == (400, "VALIDATION")
+    assert api.error("POST", path, {"input": 3, "key": "x", "keyOnly": "yes"}) == (400, "VALIDATION_FAILED")

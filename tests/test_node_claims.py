@@ -77,16 +77,16 @@ def test_stale_holder_and_bad_input(api: Api) -> None:
             break
         pause.wait(0.05)
     assert taken["claim"]["attempt"] == 2
-    assert api.error("POST", f"/v1/claims/{old}/complete", {"result": "late"}) == (409, "LEASE_LOST")
-    assert api.error("POST", f"/v1/claims/{old}/release") == (409, "LEASE_LOST")
-    assert api.error("POST", claims_path(run_id), {}) == (400, "VALIDATION")
-    assert api.error("POST", claims_path(run_id), {"key": "k", "attempts": 0}) == (400, "VALIDATION")
+    assert api.error("POST", f"/v1/claims/{old}/complete", {"result": "late"}) == (409, "STALE_CLAIM")
+    assert api.error("POST", f"/v1/claims/{old}/release") == (409, "STALE_CLAIM")
+    assert api.error("POST", claims_path(run_id), {}) == (400, "VALIDATION_FAILED")
+    assert api.error("POST", claims_path(run_id), {"key": "k", "attempts": 0}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", claims_path("run_nope"), {"key": "k"}) == (404, "NOT_FOUND")
     assert api.error("GET", claims_path("run_nope", "k")) == (404, "NOT_FOUND")
     assert api.error("POST", "/v1/claims/clm_nope.1.x/complete", {"result": 1}) == (404, "NOT_FOUND")
     too_big = {"result": "x" * (64 * 1024 + 1)}
-    assert api.error("POST", f"/v1/claims/{taken['leaseId']}/complete", too_big) == (413, "RESULT_TOO_LARGE")
-    assert api.error("GET", claims_path(run_id, "k" * 513)) == (400, "VALIDATION")  # no claim has such a key
+    assert api.error("POST", f"/v1/claims/{taken['leaseId']}/complete", too_big) == (400, "VALIDATION_FAILED")
+    assert api.error("GET", claims_path(run_id, "k" * 513)) == (400, "VALIDATION_FAILED")  # no claim has such a key
     unknown = api.ok("GET", claims_path(run_id, "never-claimed"))
     assert (unknown["state"], unknown["attempt"]) == ("FREE", 0)
 

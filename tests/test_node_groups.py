@@ -178,12 +178,12 @@ def test_bad_requests(api: Api) -> None:
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
     path = f"/v1/scopes/{run_id}/groups"
     assert api.error("POST", path, {"mailbox": "missing", "condition": "FIRST_ACCEPTED"}) == (404, "NOT_FOUND")
-    assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "SOME"}) == (400, "VALIDATION")
-    assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "N_ACCEPTED"}) == (400, "VALIDATION")
+    assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "SOME"}) == (400, "VALIDATION_FAILED")
+    assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "N_ACCEPTED"}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "N_ACCEPTED", "threshold": 3,
-                                    "expectedMembers": 2}) == (400, "VALIDATION")
+                                    "expectedMembers": 2}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", path, {"mailbox": MAILBOX, "condition": "ALL_TERMINAL", "deadline": "soon"}) == (
-        400, "VALIDATION"
+        400, "VALIDATION_FAILED"
     )
     assert api.error("POST", "/v1/scopes/run_nope/groups", {"mailbox": MAILBOX, "condition": "ALL_TERMINAL"}) == (
         404, "NOT_FOUND"
@@ -191,5 +191,5 @@ def test_bad_requests(api: Api) -> None:
     assert api.error("GET", "/v1/groups/grp_nope") == (404, "NOT_FOUND")
     assert api.error("POST", "/v1/groups/grp_nope/close") == (404, "NOT_FOUND")
     _, group = new_group(api, condition="ALL_TERMINAL")
-    assert api.error("POST", f"/v1/groups/{group['id']}/accept", {}) == (400, "VALIDATION")
+    assert api.error("POST", f"/v1/groups/{group['id']}/accept", {}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", f"/v1/groups/{group['id']}/accept", {"taskId": "tsk_nope"}) == (404, "NOT_FOUND")

@@ -182,7 +182,7 @@ def test_a_stalled_workers_late_completion_is_refused(dev_node: DevNode) -> None
         (delivery,) = answer["deliveries"]
         assert (delivery["taskId"], delivery["attempt"]) == (task_id, 2)
         api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "taken over"}})
-        assert read_line(stalled, "refused") == "refused LEASE_LOST"
+        assert read_line(stalled, "refused") == "refused STALE_CLAIM"
         assert stalled.wait(PROCESS_TIMEOUT_S) == 0
     assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "taken over"
 

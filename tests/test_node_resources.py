@@ -69,8 +69,8 @@ def test_pool_ensure_resize_and_view(api: Api) -> None:
     assert api.ok("GET", "/v1/pools/browser") == {"name": "browser", "size": 3, "inUse": 0, "waiting": 0, "holders": []}
     assert api.error("GET", "/v1/pools/nothing") == (404, "NOT_FOUND")
     for bad in ({}, {"size": 0}, {"size": "2"}, {"size": True}, {"size": 10**9}):
-        assert api.error("PUT", "/v1/pools/browser", bad) == (400, "VALIDATION"), bad
-    assert api.error("PUT", "/v1/pools/" + "p" * 129, {"size": 1}) == (400, "VALIDATION")
+        assert api.error("PUT", "/v1/pools/browser", bad) == (400, "VALIDATION_FAILED"), bad
+    assert api.error("PUT", "/v1/pools/" + "p" * 129, {"size": 1}) == (400, "VALIDATION_FAILED")
 
 
 def test_limit_ensure_takes_per_or_interval_ms(api: Api) -> None:
@@ -89,7 +89,7 @@ def test_limit_ensure_takes_per_or_interval_ms(api: Api) -> None:
         {"units": 1, "per": "1000000h"},
     ):
         status, answer = api("PUT", "/v1/limits/search-api", bad)
-        assert (status, answer["error"]["code"]) == (400, "VALIDATION"), bad
+        assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED"), bad
 
 
 def test_budget_ensure_and_view_in_decimals(api: Api) -> None:
@@ -100,9 +100,9 @@ def test_budget_ensure_and_view_in_decimals(api: Api) -> None:
     assert api.ok("GET", "/v1/budgets/model-usd")["remaining"] == 12.5
     assert api.error("GET", "/v1/budgets/nothing") == (404, "NOT_FOUND")
     for bad in ({}, {"total": -1}, {"total": "10"}, {"total": True}, {"total": 1e300}):
-        assert api.error("PUT", "/v1/budgets/model-usd", bad) == (400, "VALIDATION"), bad
+        assert api.error("PUT", "/v1/budgets/model-usd", bad) == (400, "VALIDATION_FAILED"), bad
     for raw in (b'{"total": NaN}', b'{"total": Infinity}', b'{"total": -Infinity}'):
-        assert api.error("PUT", "/v1/budgets/model-usd", raw=raw) == (400, "VALIDATION"), raw
+        assert api.error("PUT", "/v1/budgets/model-usd", raw=raw) == (400, "VALIDATION_FAILED"), raw
 
 
 # -- slots -----------------------------------------------------------------------------------------
@@ -130,10 +130,10 @@ def test_acquire_renew_release_and_the_waiter_is_woken(api: Api) -> None:
     assert woken and woken[0]["granted"] and woken[0]["leaseId"] != held["leaseId"]
     assert [holder["holder"] for holder in api.ok("GET", "/v1/pools/browser")["holders"]] == ["worker-2"]
 
-    assert api.error("POST", f"/v1/slots/{held['leaseId']}/renew", {}) == (409, "LEASE_LOST")
-    assert api.error("POST", f"/v1/slots/{woken[0]['leaseId']}/renew", {"leaseMs": 1}) == (400, "VALIDATION")
+    assert api.error("POST", f"/v1/slots/{held['leaseId']}/renew", {}) == (409, "STALE_CLAIM")
+    assert api.error("POST", f"/v1/slots/{woken[0]['leaseId']}/renew", {"leaseMs": 1}) == (400, "VALIDATION_FAILED")
     # A hold is forgotten when it ends: an id never issued answers as one that ended.
-    assert api.error("POST", "/v1/slots/slt_nothing/renew", {}) == (409, "LEASE_LOST")
+    assert api.error("POST", "/v1/slots/slt_nothing/renew", {}) == (409, "STALE_CLAIM")
     assert api.ok("POST", "/v1/slots/slt_nothing/release") == {"released": False}
 
 
@@ -160,7 +160,7 @@ def test_a_lapsed_slot_returns_to_the_pool(api: Api) -> None:
     lapsing = api.ok("POST", acquire, {"leaseMs": 200})
     taken = api.ok("POST", acquire, {"waitMs": 10_000})  # woken when the first lease lapses
     assert taken["granted"]
-    assert api.error("POST", f"/v1/slots/{lapsing['leaseId']}/renew", {}) == (409, "LEASE_LOST")
+    assert api.error("POST", f"/v1/slots/{lapsing['leaseId']}/renew", {}) == (409, "STALE_CLAIM")
     assert api.ok("POST", f"/v1/slots/{lapsing['leaseId']}/release") == {"released": False}
 
 
@@ -184,7 +184,7 @@ def test_acquire_take_and_reserve_refusals(api: Api) -> None:
         (reserve, {}), (reserve, {"amount": -0.1}), (reserve, {"amount": 2}), (reserve, {"amount": "1"}),
         (reserve, {"amount": 0.1, "leaseMs": 10**9}),
     ):
-        assert api.error("POST", path, body) == (400, "VALIDATION"), (path, body)
+        assert api.error("POST", path, body) == (400, "VALIDATION_FAILED"), (path, body)
 
     held = api.ok("POST", acquire, {"leaseMs": 10_000})
     reserved = api.ok("POST", reserve, {"amount": 0.5, "leaseMs": 10_000})
@@ -248,8 +248,8 @@ def test_reserve_settle_release_and_the_cap_on_spending(api: Api) -> None:
     }
     thread.join(JOIN_TIMEOUT_S)
     assert woken and woken[0]["granted"]  # 0.5 fits once 0.3 returned
-    assert api.error("POST", f"/v1/reservations/{first['reservationId']}/settle", {"spent": 0.1}) == (409, "LEASE_LOST")
-    assert api.error("POST", f"/v1/reservations/{first['reservationId']}/renew", {}) == (409, "LEASE_LOST")
+    assert api.error("POST", f"/v1/reservations/{first['reservationId']}/settle", {"spent": 0.1}) == (409, "STALE_CLAIM")
+    assert api.error("POST", f"/v1/reservations/{first['reservationId']}/renew", {}) == (409, "STALE_CLAIM")
     assert api.ok("POST", f"/v1/reservations/{second['reservationId']}/release") == {"released": True}
     # Spending over the reservation is charged only up to what the budget still has: 0.5 + 0.4.
     assert api.ok("POST", f"/v1/reservations/{woken[0]['reservationId']}/settle", {"spent": 5}) == {
@@ -257,9 +257,9 @@ def test_reserve_settle_release_and_the_cap_on_spending(api: Api) -> None:
     }
     view = api.ok("GET", "/v1/budgets/model-usd")
     assert (view["spent"], view["reserved"], view["remaining"], view["reservations"]) == (1.0, 0.0, 0.0, [])
-    assert api.error("POST", "/v1/reservations/rsv_nothing/settle", {"spent": 1}) == (409, "LEASE_LOST")
+    assert api.error("POST", "/v1/reservations/rsv_nothing/settle", {"spent": 1}) == (409, "STALE_CLAIM")
     assert api.ok("POST", "/v1/reservations/rsv_nothing/release") == {"released": False}
-    assert api.error("POST", f"/v1/reservations/{second['reservationId']}/settle", {}) == (400, "VALIDATION")
+    assert api.error("POST", f"/v1/reservations/{second['reservationId']}/settle", {}) == (400, "VALIDATION_FAILED")
 
 
 def test_amounts_are_exact_in_millionths(api: Api) -> None:
@@ -331,7 +331,7 @@ def test_a_lapsed_reservation_returns_whole(api: Api) -> None:
     reserve = f"/v1/scopes/{run_id}/budgets/model-usd/reserve"
     lapsing = api.ok("POST", reserve, {"amount": 1, "leaseMs": 200})
     assert api.ok("POST", reserve, {"amount": 1, "waitMs": 10_000})["granted"]  # woken by the lapse
-    assert api.error("POST", f"/v1/reservations/{lapsing['reservationId']}/settle", {"spent": 1}) == (409, "LEASE_LOST")
+    assert api.error("POST", f"/v1/reservations/{lapsing['reservationId']}/settle", {"spent": 1}) == (409, "STALE_CLAIM")
     assert api.ok("GET", "/v1/budgets/model-usd")["spent"] == 0.0
 
 
@@ -376,7 +376,7 @@ def test_a_jobs_reservation_is_settled_with_what_it_spent(api: Api) -> None:
     assert (budget["reserved"], budget["remaining"]) == (1.0, 0.0)
     assert {r["taskId"] for r in budget["reservations"]} == {delivery["taskId"] for delivery in deliveries}
     a, b, c, d = (f"/v1/deliveries/{delivery['id']}" for delivery in deliveries)
-    assert api.error("POST", f"{a}/complete", {"spent": -1}) == (400, "VALIDATION")
+    assert api.error("POST", f"{a}/complete", {"spent": -1}) == (400, "VALIDATION_FAILED")
     api.ok("POST", f"{a}/complete", {"result": {"payload": 1}, "spent": 0.1})
     api.ok("POST", f"{b}/retry", {"spent": 0.05, "delayMs": 3_600_000})
     api.ok("POST", f"{c}/reject", {"error": "no", "spent": 0.0})
@@ -414,7 +414,7 @@ def test_submit_refuses_needs_that_could_never_be_met(api: Api) -> None:
         {"budget": {"name": "model-usd"}}, {"budget": {"name": "model-usd", "reserve": -1}},
         {"budget": ["model-usd", 0.1]},
     ):
-        assert api.error("POST", path, {"input": 1, **needs}) == (400, "VALIDATION"), needs
+        assert api.error("POST", path, {"input": 1, **needs}) == (400, "VALIDATION_FAILED"), needs
     status, answer = api("POST", path, {"input": 1, "limit": {"name": "search-api", "units": "1"}})
     assert status == 400 and "limit.units" in answer["error"]["message"]
     batch = api.ok("POST", f"{path}/batch", {"tasks": [
@@ -423,7 +423,7 @@ def test_submit_refuses_needs_that_could_never_be_met(api: Api) -> None:
         {"input": 3, "budget": {"name": "model-usd", "reserve": 2}},
     ]})["tasks"]
     assert batch[0]["created"] and [item.get("error", {}).get("code") for item in batch] == [
-        None, "NOT_FOUND", "VALIDATION",
+        None, "NOT_FOUND", "VALIDATION_FAILED",
     ]
     assert api.ok("GET", f"/v1/tasks/{batch[0]['id']}")["needs"] == {
         "slots": ["browser"], "limit": {"name": "search-api", "units": 1}, "budget": {"name": "model-usd", "reserve": 0.5},

@@ -106,7 +106,7 @@ def test_waiting_for_an_epoch_over_http(dev_node: DevNode) -> None:
     assert (view["state"], view["epoch"], view["currentEpoch"], view["releasedAt"]) == ("RELEASED", 1, 2, None)
     assert api.ok("GET", f"/v1/barriers/{barrier}/wait?epoch=2")["state"] == "WAITING"
     for bad in ("3", "0", "x", "-1"):
-        assert api.error("GET", f"/v1/barriers/{barrier}/wait?epoch={bad}") == (400, "VALIDATION")
+        assert api.error("GET", f"/v1/barriers/{barrier}/wait?epoch={bad}") == (400, "VALIDATION_FAILED")
 
 
 def test_cancelling_the_run_cancels_barriers_and_timers(dev_node: DevNode) -> None:

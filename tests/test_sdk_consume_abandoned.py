@@ -33,7 +33,7 @@ async def wait_until(predicate: Any, what: str) -> None:
 
 
 def pause(node: Any) -> None:
-    """SIGSTOP the node past the lease: the consumer's next renewal is refused (LEASE_LOST)."""
+    """SIGSTOP the node past the lease: the consumer's next renewal is refused (STALE_CLAIM)."""
     node.process.send_signal(signal.SIGSTOP)
     try:
         time.sleep(NODE_PAUSE_S)

@@ -9,20 +9,20 @@ import runstate
 from runstate.sdk.errors import error_from_response
 
 CASES = [
-    (400, "VALIDATION", runstate.ValidationError),
+    (400, "VALIDATION_FAILED", runstate.ValidationError),
     (401, "UNAUTHENTICATED", runstate.UnauthenticatedError),
     (403, "FORBIDDEN", runstate.ForbiddenError),
     (404, "NOT_FOUND", runstate.NotFoundError),
     (409, "CONFLICT", runstate.ConflictError),
     (409, "SCOPE_CANCELLED", runstate.ScopeCancelledError),
     (409, "DEADLINE_EXCEEDED", runstate.DeadlineExceededError),
-    (409, "LEASE_LOST", runstate.LeaseLostError),
+    (409, "STALE_CLAIM", runstate.LeaseLostError),
     (409, "KEY_CONFLICT", runstate.KeyConflictError),
     (409, "LIMIT_EXCEEDED", runstate.LimitExceededError),
     (409, "GROUP_CLOSED", runstate.ConflictError),
     (409, "BARRIER_CANCELLED", runstate.ConflictError),
     (409, "BARRIER_RELEASED", runstate.ConflictError),
-    (413, "RESULT_TOO_LARGE", runstate.ResultTooLargeError),
+    (400, "VALIDATION_FAILED", runstate.ValidationError),
     (503, "UNAVAILABLE", runstate.UnavailableError),
 ]
 
@@ -84,9 +84,9 @@ def test_missing_code_and_message() -> None:
 def test_config_error_is_local_validation() -> None:
     error = runstate.ConfigError("bad argument")
     assert isinstance(error, runstate.ValidationError)
-    assert error.code == "VALIDATION"
+    assert error.code == "VALIDATION_FAILED"
     assert error.status is None
-    assert str(error) == "VALIDATION: bad argument"
+    assert str(error) == "VALIDATION_FAILED: bad argument"
 
 
 def test_sdk_own_errors() -> None:
@@ -105,7 +105,7 @@ def test_sdk_own_errors() -> None:
 
 def test_errors_pickle_with_their_fields() -> None:
     for error in (
-        error_from_response(409, "LEASE_LOST", "gone"),
+        error_from_response(409, "STALE_CLAIM", "gone"),
         runstate.ResultTimeoutError("tsk_1", 10),
         runstate.TaskFailedError("failed", attempts=3, task_id="tsk_2"),
     ):

@@ -122,7 +122,7 @@ def test_group_status_shows_who_worked_on_and_who_judged_each_member(dev_node: D
             api.headers.pop("X-Runstate-Holder")
             # A holder too long is refused like one on any lease.
             status, answer = api("POST", f"/v1/groups/{group.id}/reject", {"taskId": tickets[4].id, "holder": "x" * 129})
-            assert (status, answer["error"]["code"]) == (400, "VALIDATION")
+            assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
 
             decision = await group.wait(timeout_ms=10_000)
             members: list[dict[str, Any]] = decision["members"]

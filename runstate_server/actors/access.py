@@ -197,7 +197,7 @@ def _caller(ctx: Context) -> ApiKey | None:
 def _require_space_id(space_id: Any) -> str:
     if not isinstance(space_id, str) or not _SPACE_ID.fullmatch(space_id):
         raise Rejected(
-            errors.VALIDATION,
+            errors.VALIDATION_FAILED,
             f"a space id is 1 to {limits.space_id_chars_max} letters, digits, '_', '.' or '-'",
         )
     return space_id
@@ -205,18 +205,18 @@ def _require_space_id(space_id: Any) -> str:
 
 def _require_name(name: Any) -> str | None:
     if name is not None and not (isinstance(name, str) and len(name) <= limits.name_chars_max):
-        raise Rejected(errors.VALIDATION, f"a name is at most {limits.name_chars_max} characters")
+        raise Rejected(errors.VALIDATION_FAILED, f"a name is at most {limits.name_chars_max} characters")
     return name
 
 
 def _require_permissions(permissions: Any) -> list[str]:
     """The permissions, in PERMISSIONS order and each once."""
     if not isinstance(permissions, (list, tuple)) or not permissions:
-        raise Rejected(errors.VALIDATION, f"give at least one permission of {', '.join(PERMISSIONS)}")
+        raise Rejected(errors.VALIDATION_FAILED, f"give at least one permission of {', '.join(PERMISSIONS)}")
     for permission in permissions:
         if permission not in PERMISSIONS:
             raise Rejected(
-                errors.VALIDATION, f"unknown permission {permission!r}; the permissions are {', '.join(PERMISSIONS)}"
+                errors.VALIDATION_FAILED, f"unknown permission {permission!r}; the permissions are {', '.join(PERMISSIONS)}"
             )
     return [permission for permission in PERMISSIONS if permission in permissions]
 
@@ -224,9 +224,9 @@ def _require_permissions(permissions: Any) -> list[str]:
 def _require_new_key(state: State, space: Space, key_id: Any, key_hash: Any) -> tuple[str, str]:
     """(key id, key hash), valid and not taken, for a new key of `space`."""
     if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
-        raise Rejected(errors.VALIDATION, f"a key id is 1 to {limits.name_chars_max} letters, digits, '_', '.' or '-'")
+        raise Rejected(errors.VALIDATION_FAILED, f"a key id is 1 to {limits.name_chars_max} letters, digits, '_', '.' or '-'")
     if not isinstance(key_hash, str) or not _KEY_HASH.fullmatch(key_hash):
-        raise Rejected(errors.VALIDATION, "a key hash is a SHA-256 digest: 64 lowercase hex digits")
+        raise Rejected(errors.VALIDATION_FAILED, "a key hash is a SHA-256 digest: 64 lowercase hex digits")
     if key_id in state.keys:
         raise Rejected(errors.CONFLICT, f"API key {key_id!r} exists already")
     if key_hash in state.key_ids_by_hash:

@@ -47,7 +47,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     run = runs.require_run(ctx, args.get("run_id"))
     target = args.get("target")
     if type(target) is not int or not 1 <= target <= limits.barrier_target_max:
-        raise Rejected(errors.VALIDATION, f"target must be an integer from 1 to {limits.barrier_target_max}")
+        raise Rejected(errors.VALIDATION_FAILED, f"target must be an integer from 1 to {limits.barrier_target_max}")
     runs.require_active(ctx, run)
     if len(run.barriers) >= limits.barriers_per_run_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.barriers_per_run_max} barriers")

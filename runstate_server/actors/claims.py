@@ -4,7 +4,7 @@ A claim is FREE until someone acquires it under a lease (HELD). The holder recor
 (DONE, final: every later acquire gets it), records a failure (FREE for the next caller, or FAILED
 once its attempts are used), or releases it (FREE, no attempt counted). A lease that lapses counts
 as a failed attempt. A lease id names its claim (`<claim id>.<lease number>.<nonce>`), so a stale
-holder is told LEASE_LOST. The lease is valid while `now_ms < lease_expires_ms`, as for deliveries.
+holder is told STALE_CLAIM. The lease is valid while `now_ms < lease_expires_ms`, as for deliveries.
 Stopping the run refuses new acquires, renewals and results; failures and releases stay allowed,
 recorded outcomes stay readable.
 """
@@ -50,7 +50,7 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 def _create(ctx: Context, run: Run, key: str, attempts: Any) -> Claim:
     if type(attempts) is not int or not 1 <= attempts <= limits.attempts_max:
-        raise Rejected(errors.VALIDATION, f"attempts must be an integer from 1 to {limits.attempts_max}")
+        raise Rejected(errors.VALIDATION_FAILED, f"attempts must be an integer from 1 to {limits.attempts_max}")
     if len(run.claims) >= limits.claims_per_run_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.claims_per_run_max} claims")
     claim = Claim(
@@ -68,13 +68,13 @@ def _answer(outcome: str, claim: Claim) -> dict[str, Any]:
 
 
 def _require_lease(ctx: Context, lease_id: Any) -> Claim:
-    """The claim the lease belongs to; LEASE_LOST if the lease is no longer its current one."""
+    """The claim the lease belongs to; STALE_CLAIM if the lease is no longer its current one."""
     claim_id = lease_id.split(".", 1)[0] if isinstance(lease_id, str) else None
     claim = ctx.state.claims.get(claim_id) if claim_id else None
     if claim is None or claim.space != ctx.space.id:
         raise Rejected(errors.NOT_FOUND, f"claim lease {lease_id!r} not found")
     if claim.lease_id != lease_id or claim.state != ClaimState.HELD or ctx.now_ms >= claim.lease_expires_ms:
-        raise Rejected(errors.LEASE_LOST, f"claim lease {lease_id} is no longer held: it lapsed or was taken over")
+        raise Rejected(errors.STALE_CLAIM, f"claim lease {lease_id} is no longer held: it lapsed or was taken over")
     return claim
 
 

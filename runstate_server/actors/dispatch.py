@@ -109,7 +109,7 @@ def apply(state: State, command: dict[str, Any], now_ms: int, epoch: int) -> tup
 
 def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effects: list[Effect]) -> Any:
     if command.get("v") != COMMAND_VERSION:
-        raise Rejected(errors.VALIDATION, f"unsupported command version {command.get('v')!r}")
+        raise Rejected(errors.VALIDATION_FAILED, f"unsupported command version {command.get('v')!r}")
     space_id = command.get("space")
     key_id = command.get("key")
     if key_id is not None:
@@ -124,15 +124,15 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         return _leader_start(state, now_ms, epoch)
     if kind == "access.bootstrap":
         if space_id != SYSTEM_SPACE:
-            raise Rejected(errors.VALIDATION, "access.bootstrap is a command of the leader, not of a space")
+            raise Rejected(errors.VALIDATION_FAILED, "access.bootstrap is a command of the leader, not of a space")
         return access.bootstrap(state, args, now_ms)
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
     handler = HANDLERS.get(kind)  # type: ignore[arg-type]
     if handler is None:
-        raise Rejected(errors.VALIDATION, f"unknown command type {kind!r}")
+        raise Rejected(errors.VALIDATION_FAILED, f"unknown command type {kind!r}")
     if not isinstance(space_id, str) or not space_id:
-        raise Rejected(errors.VALIDATION, "a command needs a space")
+        raise Rejected(errors.VALIDATION_FAILED, "a command needs a space")
     space = state.spaces.get(space_id)
     is_new_space = space is None
     if space is None:

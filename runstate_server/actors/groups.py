@@ -126,17 +126,17 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     mailbox = args.get("mailbox")
     members_max = limits.group_members_max
     if condition not in Condition.ALL:
-        raise Rejected(errors.VALIDATION, f"condition must be one of {', '.join(Condition.ALL)}, not {condition!r}")
+        raise Rejected(errors.VALIDATION_FAILED, f"condition must be one of {', '.join(Condition.ALL)}, not {condition!r}")
     if condition == Condition.N_ACCEPTED:
         if type(threshold) is not int or not 1 <= threshold <= members_max:
-            raise Rejected(errors.VALIDATION, f"N_ACCEPTED needs a threshold from 1 to {members_max}")
+            raise Rejected(errors.VALIDATION_FAILED, f"N_ACCEPTED needs a threshold from 1 to {members_max}")
     elif threshold is not None:
-        raise Rejected(errors.VALIDATION, "threshold applies only to the condition N_ACCEPTED")
+        raise Rejected(errors.VALIDATION_FAILED, "threshold applies only to the condition N_ACCEPTED")
     if expected is not None:
         if type(expected) is not int or not 1 <= expected <= members_max:
-            raise Rejected(errors.VALIDATION, f"expectedMembers must be an integer from 1 to {members_max}")
+            raise Rejected(errors.VALIDATION_FAILED, f"expectedMembers must be an integer from 1 to {members_max}")
         if threshold is not None and expected < threshold:
-            raise Rejected(errors.VALIDATION, f"expectedMembers ({expected}) is lower than threshold ({threshold})")
+            raise Rejected(errors.VALIDATION_FAILED, f"expectedMembers ({expected}) is lower than threshold ({threshold})")
     runs.require_deadline(ctx, deadline_ms)
     if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
         raise Rejected(errors.NOT_FOUND, f"mailbox {mailbox!r} not found; create it with mailboxes.ensure")

@@ -27,7 +27,7 @@ Ids: a resource is "<space>/<name>". A direct slot lease is "slt_<command id>", 
 reservation "rsv_<command id>"; a job's holds are named after its delivery ("slt_<delivery
 id>.<n>", "rsv_<delivery id>"). A hold is removed when it ends (nothing of it is kept until its run
 is removed, so a long-lived run may acquire without end), so an id that is not held, ended or never
-issued, answers released False to release and LEASE_LOST to renew and settle; a live hold of
+issued, answers released False to release and STALE_CLAIM to renew and settle; a live hold of
 another space is NOT_FOUND. A direct lease is valid while `now_ms < lease_expires_ms`, as for
 deliveries; stopping its run refuses renewals but keeps it until it is released, settled or lapses.
 
@@ -170,14 +170,14 @@ def _is_name(name: Any) -> bool:
 
 def _require_name(name: Any) -> str:
     if not _is_name(name):
-        raise Rejected(errors.VALIDATION, f"a resource name must be 1 to {limits.name_chars_max} characters")
+        raise Rejected(errors.VALIDATION_FAILED, f"a resource name must be 1 to {limits.name_chars_max} characters")
     assert isinstance(name, str)
     return name
 
 
 def _require_int(value: Any, what: str, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
-        raise Rejected(errors.VALIDATION, f"{what} must be an integer from {low} to {high}")
+        raise Rejected(errors.VALIDATION_FAILED, f"{what} must be an integer from {low} to {high}")
     return value
 
 
@@ -296,7 +296,7 @@ def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field:
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     if kind == BUDGET and amount > resource.total_micros:
         raise Rejected(
-            errors.VALIDATION, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
+            errors.VALIDATION_FAILED, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
         )
     runs.require_active(ctx, run)
     if not _has_room(kind, resource, amount):
@@ -327,13 +327,13 @@ def _find_direct(ctx: Context, kind: str, hold_id: Any) -> Hold | None:
 def _require_held(ctx: Context, kind: str, hold_id: Any) -> Hold:
     hold = _find_direct(ctx, kind, hold_id)
     if hold is None:
-        raise Rejected(errors.LEASE_LOST, f"{_HOLD_NAMES[kind]} {hold_id!r} is not held: it ended or lapsed")
+        raise Rejected(errors.STALE_CLAIM, f"{_HOLD_NAMES[kind]} {hold_id!r} is not held: it ended or lapsed")
     return hold
 
 
 def _require_live(ctx: Context, kind: str, hold: Hold) -> None:
     if ctx.now_ms >= hold.lease_expires_ms:
-        raise Rejected(errors.LEASE_LOST, f"{_HOLD_NAMES[kind]} {hold.id} lapsed")
+        raise Rejected(errors.STALE_CLAIM, f"{_HOLD_NAMES[kind]} {hold.id} lapsed")
 
 
 def _renew(ctx: Context, kind: str, args: dict[str, Any], id_field: str) -> dict[str, Any]:
@@ -392,10 +392,10 @@ def release_reservation(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 def settle(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Charge what was spent of a reservation and return the rest; allowed after the run stopped,
-    LEASE_LOST once the reservation lapsed."""
+    STALE_CLAIM once the reservation lapsed."""
     spent = require_spent(args.get("spent_micros"))
     if spent is None:
-        raise Rejected(errors.VALIDATION, "settle needs spent_micros")
+        raise Rejected(errors.VALIDATION_FAILED, "settle needs spent_micros")
     hold = _require_held(ctx, BUDGET, args.get("reservation_id"))
     _require_live(ctx, BUDGET, hold)
     charged, returned = _end_hold(ctx, BUDGET, hold, spent)
@@ -484,7 +484,7 @@ def take(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     limit = _require_resource(ctx, LIMIT, args.get("name"))
     run = runs.require_run(ctx, args.get("run_id"))
     if units > limit.units:
-        raise Rejected(errors.VALIDATION, f"limit {limit.name!r} allows {limit.units} units per window, not {units}")
+        raise Rejected(errors.VALIDATION_FAILED, f"limit {limit.name!r} allows {limit.units} units per window, not {units}")
     runs.require_active(ctx, run)
     available_ms = _available_ms(limit, units, ctx.now_ms)
     assert available_ms is not None
@@ -529,12 +529,12 @@ def needs_problem(needs: Any) -> str | None:
 
 
 def require_needs(ctx: Context, needs: Any) -> dict[str, Any] | None:
-    """The needs of a job submitted now, normalized (None when it names nothing). VALIDATION for a
+    """The needs of a job submitted now, normalized (None when it names nothing). VALIDATION_FAILED for a
     bad shape or a job that could never run (more than the resource has), NOT_FOUND for a
     resource that does not exist."""
     problem = needs_problem(needs)
     if problem is not None:
-        raise Rejected(errors.VALIDATION, problem)
+        raise Rejected(errors.VALIDATION_FAILED, problem)
     if needs is None:
         return None
     slots = list(needs.get("slots") or [])
@@ -542,18 +542,18 @@ def require_needs(ctx: Context, needs: Any) -> dict[str, Any] | None:
     for name, count in Counter(slots).items():
         pool = _require_resource(ctx, POOL, name)
         if count > pool.size:
-            raise Rejected(errors.VALIDATION, f"a job needs {count} slots of pool {name!r}, which has {pool.size}")
+            raise Rejected(errors.VALIDATION_FAILED, f"a job needs {count} slots of pool {name!r}, which has {pool.size}")
     if limit_pair is not None:
         limit = _require_resource(ctx, LIMIT, limit_pair[0])
         if limit_pair[1] > limit.units:
             raise Rejected(
-                errors.VALIDATION, f"limit {limit.name!r} allows {limit.units} units per window, not {limit_pair[1]}"
+                errors.VALIDATION_FAILED, f"limit {limit.name!r} allows {limit.units} units per window, not {limit_pair[1]}"
             )
     if budget_pair is not None:
         budget = _require_resource(ctx, BUDGET, budget_pair[0])
         if budget_pair[1] > budget.total_micros:
             raise Rejected(
-                errors.VALIDATION, f"reserve {budget_pair[1]} is more than budget {budget.name!r} holds ({budget.total_micros})"
+                errors.VALIDATION_FAILED, f"reserve {budget_pair[1]} is more than budget {budget.name!r} holds ({budget.total_micros})"
             )
     if not slots and limit_pair is None and budget_pair is None:
         return None

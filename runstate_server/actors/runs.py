@@ -62,9 +62,9 @@ def require_deadline(ctx: Context, deadline_ms: Any) -> None:
     if deadline_ms is None:
         return
     if type(deadline_ms) is not int or deadline_ms <= ctx.now_ms:
-        raise Rejected(errors.VALIDATION, "deadline must be in the future")
+        raise Rejected(errors.VALIDATION_FAILED, "deadline must be in the future")
     if deadline_ms - ctx.now_ms > limits.deadline_ms_max:
-        raise Rejected(errors.VALIDATION, "deadline is more than a year ahead")
+        raise Rejected(errors.VALIDATION_FAILED, "deadline is more than a year ahead")
 
 
 def effective(state: State, run: Run, now_ms: int) -> str:
@@ -77,7 +77,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     child_limit = args.get("child_limit", limits.child_limit_default)
     parent_id = args.get("parent_id")
     if type(child_limit) is not int or not 0 <= child_limit <= limits.child_limit_max:
-        raise Rejected(errors.VALIDATION, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
+        raise Rejected(errors.VALIDATION_FAILED, f"childLimit must be an integer from 0 to {limits.child_limit_max}")
     require_deadline(ctx, deadline_ms)
     parent: Run | None = None
     depth = 0

@@ -4,7 +4,7 @@ A task is identified by (run, mailbox, key). A delivery hands a QUEUED task to o
 lease; the lease is valid while `now_ms < lease_expires_ms`, and every rule below uses that one
 test, so a tick that has not yet run cannot make a lapsed lease valid again. A delivery id names
 its task (`<task id>.<delivery number>.<nonce>`), so an operation on a delivery that was taken
-over finds the task and answers LEASE_LOST rather than NOT_FOUND.
+over finds the task and answers STALE_CLAIM rather than NOT_FOUND.
 
 A task may need resources (resources.py): a receive hands it out only with all of them, taken in
 the same step, and every end of its delivery gives them back. A queue serves such jobs in order: a
@@ -36,9 +36,9 @@ TASK_FINISHED_HOOKS: list[Callable[[Context, Task], None]] = []
 def ensure_mailbox(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     name, mode = args.get("name"), args.get("mode", "WORK")
     if not (isinstance(name, str) and 0 < len(name) <= limits.name_chars_max):
-        raise Rejected(errors.VALIDATION, f"mailbox name must be 1 to {limits.name_chars_max} characters")
+        raise Rejected(errors.VALIDATION_FAILED, f"mailbox name must be 1 to {limits.name_chars_max} characters")
     if mode not in MAILBOX_MODES:
-        raise Rejected(errors.VALIDATION, f"mode must be one of {', '.join(MAILBOX_MODES)}, not {mode!r}")
+        raise Rejected(errors.VALIDATION_FAILED, f"mode must be one of {', '.join(MAILBOX_MODES)}, not {mode!r}")
     existing = ctx.space.mailboxes.get(name)
     if existing is not None:
         if existing.mode != mode:
@@ -69,7 +69,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     key, input_hash = args["key"], args["input_hash"]
     attempts = args.get("attempts", limits.attempts_default)
     if type(attempts) is not int or not 1 <= attempts <= limits.attempts_max:
-        raise Rejected(errors.VALIDATION, f"attempts must be an integer from 1 to {limits.attempts_max}")
+        raise Rejected(errors.VALIDATION_FAILED, f"attempts must be an integer from 1 to {limits.attempts_max}")
     # Checked for a resubmit too; the needs of the first submit stay.
     needs = resources.require_needs(ctx, args.get("needs"))
     queue = _require_queue(ctx, run, mailbox)
@@ -199,13 +199,13 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _require_delivery(ctx: Context, delivery_id: Any) -> Task:
-    """The task the delivery belongs to. LEASE_LOST if the delivery is no longer its current one."""
+    """The task the delivery belongs to. STALE_CLAIM if the delivery is no longer its current one."""
     task_id = delivery_id.split(".", 1)[0] if isinstance(delivery_id, str) else None
     task = ctx.state.tasks.get(task_id) if task_id else None
     if task is None or task.space != ctx.space.id:
         raise Rejected(errors.NOT_FOUND, f"delivery {delivery_id!r} not found")
     if task.delivery_id != delivery_id:
-        raise Rejected(errors.LEASE_LOST, f"delivery {delivery_id} is no longer held: its lease lapsed or ended")
+        raise Rejected(errors.STALE_CLAIM, f"delivery {delivery_id} is no longer held: its lease lapsed or ended")
     return task
 
 
@@ -220,7 +220,7 @@ def _completed_by(ctx: Context, delivery_id: Any) -> Task | None:
 
 def _require_live_lease(ctx: Context, task: Task) -> None:
     if task.state != TaskState.RUNNING or ctx.now_ms >= task.lease_expires_ms:
-        raise Rejected(errors.LEASE_LOST, f"the lease of delivery {task.delivery_id} lapsed")
+        raise Rejected(errors.STALE_CLAIM, f"the lease of delivery {task.delivery_id} lapsed")
 
 
 def _handback(ctx: Context, delivery_id: Any) -> tuple[Task, bool]:

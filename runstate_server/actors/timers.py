@@ -46,13 +46,13 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     fire_at_ms = args.get("fire_at_ms")
     after_ms = args.get("after_ms")
     if (fire_at_ms is None) == (after_ms is None):
-        raise Rejected(errors.VALIDATION, "give exactly one of at and afterSeconds")
+        raise Rejected(errors.VALIDATION_FAILED, "give exactly one of at and afterSeconds")
     if after_ms is not None:
         if type(after_ms) is not int or after_ms < 0:
-            raise Rejected(errors.VALIDATION, "afterSeconds must not be negative")
+            raise Rejected(errors.VALIDATION_FAILED, "afterSeconds must not be negative")
         fire_at_ms = ctx.now_ms + after_ms
     if type(fire_at_ms) is not int or fire_at_ms - ctx.now_ms > limits.timer_ms_max:
-        raise Rejected(errors.VALIDATION, "a timer fires at most a year ahead")
+        raise Rejected(errors.VALIDATION_FAILED, "a timer fires at most a year ahead")
     runs.require_active(ctx, run)
     if len(run.timers) >= limits.timers_per_run_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.timers_per_run_max} timers")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -37,10 +37,17 @@ LEADER_CHECK_S = 0.1
 FORWARD_TIMEOUT_S = LONG_POLL_MS_MAX / 1000 + PROPOSE_TIMEOUT_S + 5.0
 FORWARD_CONNECT_TIMEOUT_S = 1.0
 FORWARD_CONNECTIONS_MAX = 256
+# Headers of the leader's answer that the client must see.
+_RELAYED_HEADERS = (REQUEST_ID_HEADER, "Retry-After")
 # Headers that describe one hop, not the request.
 _HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer"}
 )
+
+
+def forwarded(request: web.Request) -> bool:
+    """The request came from a follower that forwarded it here."""
+    return FORWARDED_HEADER in request.headers
 
 
 class Router:
@@ -65,6 +72,7 @@ class Router:
         body = await request.read()
         headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
         headers[FORWARDED_HEADER] = self._node.config.node_id
+        headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]  # one id in both nodes' answers and logs
         relay = asyncio.ensure_future(
             self._relay(request.method, leader_url + request.path_qs, body, headers, leader_url)
         )
@@ -88,11 +96,12 @@ class Router:
         try:
             async with self._client().request(method, url, data=body, headers=headers) as answer:
                 payload = await answer.read()
+                relayed = {name: answer.headers[name] for name in _RELAYED_HEADERS if name in answer.headers}
                 return web.Response(
                     body=payload,
                     status=answer.status,
-                    content_type=answer.content_type or "application/json",
-                    headers={LEADER_HEADER: leader_url},
+                    content_type=None if answer.status == 204 else answer.content_type or "application/json",
+                    headers={**relayed, LEADER_HEADER: leader_url},
                 )
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise ApiError(

@@ -1,4 +1,4 @@
-"""Reading and validating request input. Every failure is a 400 VALIDATION naming the field."""
+"""Reading and validating request input. Every failure is a 400 VALIDATION_FAILED naming the field."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.routes import ROUTE_BY_HANDLER_KEY
 
 _MISSING = object()
 
@@ -21,28 +22,40 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
     try:
         raw = await request.read()  # bounded by the app's client_max_size = body_bytes_max
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError("VALIDATION", f"request body over {limits.body_bytes_max} bytes") from None
+        raise ApiError("VALIDATION_FAILED", f"request body over {limits.body_bytes_max} bytes") from None
     if not raw.strip():
         if required:
-            raise ApiError("VALIDATION", "a JSON object body is required")
+            raise ApiError("VALIDATION_FAILED", "a JSON object body is required")
         return {}
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
-        raise ApiError("VALIDATION", f"body is not valid JSON: {error}") from None
+        raise ApiError("VALIDATION_FAILED", f"body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
-        raise ApiError("VALIDATION", "body must be a JSON object")
+        raise ApiError("VALIDATION_FAILED", "body must be a JSON object")
+    _refuse_unknown_fields(request, body)
     return body
+
+
+def _refuse_unknown_fields(request: web.Request, body: dict[str, Any]) -> None:
+    """A field the route does not take is an error, never dropped: a misspelt `parentId` must not
+    silently create a root run."""
+    route = request.app[ROUTE_BY_HANDLER_KEY].get(request.match_info.handler)
+    known = (route.body or {}) if route is not None else {}
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        takes = f"this call takes {', '.join(sorted(known))}" if known else "this call takes no fields"
+        raise ApiError("VALIDATION_FAILED", f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; {takes}")
 
 
 def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = False) -> str | None:
     value = body.get(field)
     if value is None:
         if required:
-            raise ApiError("VALIDATION", f"{field} is required")
+            raise ApiError("VALIDATION_FAILED", f"{field} is required")
         return None
     if not isinstance(value, str) or not 0 < len(value) <= max_chars:
-        raise ApiError("VALIDATION", f"{field} must be a string of 1 to {max_chars} characters")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be a string of 1 to {max_chars} characters")
     return value
 
 
@@ -51,14 +64,14 @@ def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, def
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ApiError("VALIDATION", f"{field} must be an integer from {minimum} to {maximum}")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be an integer from {minimum} to {maximum}")
     return value
 
 
 def flag(body: dict[str, Any], field: str) -> bool:
     value = body.get(field, False)
     if not isinstance(value, bool):
-        raise ApiError("VALIDATION", f"{field} must be true or false")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be true or false")
     return value
 
 
@@ -69,9 +82,9 @@ def query_integer(request: web.Request, field: str, *, minimum: int, maximum: in
     try:
         value = int(raw)
     except ValueError:
-        raise ApiError("VALIDATION", f"{field} must be an integer") from None
+        raise ApiError("VALIDATION_FAILED", f"{field} must be an integer") from None
     if not minimum <= value <= maximum:
-        raise ApiError("VALIDATION", f"{field} must be from {minimum} to {maximum}")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be from {minimum} to {maximum}")
     return value
 
 
@@ -81,11 +94,11 @@ def timestamp_ms(body: dict[str, Any], field: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ApiError("VALIDATION", f"{field} must be an ISO 8601 string")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be an ISO 8601 string")
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ApiError("VALIDATION", f"{field} is not an ISO 8601 time: {value!r}") from None
+        raise ApiError("VALIDATION_FAILED", f"{field} is not an ISO 8601 time: {value!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return int(parsed.timestamp() * 1000)
@@ -101,14 +114,14 @@ def payload(body: dict[str, Any], field: str, *, code: str, required: bool = Tru
     value = body.get(field, _MISSING)
     if value is _MISSING:
         if required:
-            raise ApiError("VALIDATION", f"{field} is required")
+            raise ApiError("VALIDATION_FAILED", f"{field} is required")
         value = None
     try:
         encoded = canonical_json(value)
     except ValueError as error:
-        raise ApiError("VALIDATION", f"{field} is not a JSON value: {error}") from None
+        raise ApiError("VALIDATION_FAILED", f"{field} is not a JSON value: {error}") from None
     if len(encoded) > limits.payload_bytes_max:
-        raise ApiError(code, f"{field} is {len(encoded)} bytes, over the {limits.payload_bytes_max}-byte limit")
+        raise ApiError(code, f"{field} exceeds {limits.payload_bytes_max} bytes (it is {len(encoded)} bytes)")
     return value, encoded
 
 
@@ -131,14 +144,14 @@ def error_text(body: dict[str, Any]) -> str | None:
     if error is None:
         return None
     if not isinstance(error, str):
-        raise ApiError("VALIDATION", "error must be a string")
+        raise ApiError("VALIDATION_FAILED", "error must be a string")
     return error[: limits.error_message_chars_max]
 
 
 def task_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The fields of a task to submit (to a mailbox or a group): its input, the input's hash, its
     key (the hash when none is given), attempts and keyOnly, as the core's submit takes them."""
-    task_input, encoded = payload(body, "input", code="VALIDATION")
+    task_input, encoded = payload(body, "input", code="VALIDATION_FAILED")
     input_hash = sha256_hex(encoded)
     return {
         "key": text(body, "key", max_chars=limits.key_chars_max) or input_hash,
@@ -162,12 +175,12 @@ def amount_micros(
     value = body.get(field)
     if value is None:
         if required:
-            raise ApiError("VALIDATION", f"{field} is required")
+            raise ApiError("VALIDATION_FAILED", f"{field} is required")
         return None
     # NaN and the infinities (json.loads reads NaN and Infinity) fail the comparison too.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= AMOUNT_MAX:
-        raise ApiError("VALIDATION", f"{field} must be a number from 0 to {AMOUNT_MAX}")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be a number from 0 to {AMOUNT_MAX}")
     micros = resources.to_micros(value)
     if positive and micros < 1:
-        raise ApiError("VALIDATION", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
     return micros

@@ -22,11 +22,13 @@ from runstate_server.node.api.routes import (
     SPACE_ID,
     STRING,
     Caller,
+    RouteTable,
     caller_of,
     node_of,
-    route,
 )
 from runstate_server.node.api.views import iso
+
+routes = RouteTable()
 
 KEY_SECRET_PREFIX = "rsk_"
 KEY_SECRET_BYTES = 32  # 256 random bits
@@ -51,7 +53,7 @@ def space_view(view: dict[str, Any]) -> dict[str, Any]:
     return {**view, "createdAt": iso(view["createdAt"])}
 
 
-@route(
+@routes(
     "GET", "/v1/whoami", "The calling key: its id, space and permissions (works with any valid key)",
     errors=("UNAUTHENTICATED",), permission=ANY_KEY,
 )
@@ -71,9 +73,9 @@ def _require_operator(caller: Caller, what: str) -> None:
         raise ApiError("FORBIDDEN", f"{what} needs an admin key of the operator space")
 
 
-@route(
+@routes(
     "POST", "/v1/spaces", "Create a space (an operator admin key)",
-    body={"id": STRING, "name": STRING}, ok=201, errors=("VALIDATION", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
+    body={"id": STRING, "name": STRING}, ok=201, errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
     permission=ADMIN,
 )
 async def create_space(request: web.Request) -> web.Response:
@@ -82,7 +84,7 @@ async def create_space(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     space_id = req.text(body, "id", max_chars=limits.name_chars_max)
     if space_id is not None and not SPACE_ID.match(space_id):
-        raise ApiError("VALIDATION", "id must be 1 to 128 letters, digits, '_', '.' or '-'")
+        raise ApiError("VALIDATION_FAILED", "id must be 1 to 128 letters, digits, '_', '.' or '-'")
     args = {
         "space_id": space_id or "spc_" + secrets.token_hex(ID_HEX_CHARS // 2),
         "name": req.text(body, "name", max_chars=limits.name_chars_max),
@@ -91,7 +93,7 @@ async def create_space(request: web.Request) -> web.Response:
     return web.json_response(space_view(result), status=201)
 
 
-@route("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN)
+@routes("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN)
 async def list_spaces(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
@@ -104,7 +106,7 @@ def _target_space(caller: Caller, space_id: str | None) -> str:
     if space_id is None or space_id == caller.space:
         return caller.space
     if not SPACE_ID.match(space_id):
-        raise ApiError("VALIDATION", "space must be 1 to 128 letters, digits, '_', '.' or '-'")
+        raise ApiError("VALIDATION_FAILED", "space must be 1 to 128 letters, digits, '_', '.' or '-'")
     _require_operator(caller, "managing another space's keys")
     return space_id
 
@@ -116,14 +118,14 @@ def _permissions(body: dict[str, Any]) -> list[str]:
         or not permissions
         or not all(isinstance(permission, str) and permission in access.PERMISSIONS for permission in permissions)
     ):
-        raise ApiError("VALIDATION", f"permissions must be a non-empty list of {', '.join(access.PERMISSIONS)}")
+        raise ApiError("VALIDATION_FAILED", f"permissions must be a non-empty list of {', '.join(access.PERMISSIONS)}")
     return [permission for permission in access.PERMISSIONS if permission in permissions]
 
 
-@route(
+@routes(
     "POST", "/v1/keys", "Create an API key; its secret is in this answer only",
     body={"space": STRING, "name": STRING, "permissions": _PERMISSIONS_SCHEMA}, ok=201,
-    errors=("VALIDATION", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN,
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN,
 )
 async def create_key(request: web.Request) -> web.Response:
     caller = caller_of(request)
@@ -142,9 +144,9 @@ async def create_key(request: web.Request) -> web.Response:
     return web.json_response({**key_view(result), "key": secret}, status=201)
 
 
-@route(
+@routes(
     "GET", "/v1/keys", "The keys of a space (no secrets)",
-    query={"space": STRING}, errors=("VALIDATION", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN,
+    query={"space": STRING}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN,
 )
 async def list_keys(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -157,7 +159,7 @@ async def list_keys(request: web.Request) -> web.Response:
     return web.json_response({"keys": [key_view(view) for view in views]})
 
 
-@route(
+@routes(
     "POST", "/v1/keys/{id}/revoke", "Revoke an API key, at once on every node",
     errors=("NOT_FOUND",), permission=ADMIN,
 )

@@ -8,9 +8,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from runstate_server.actors import limits
-
-# Importing the route modules registers their routes in ROUTES.
-from runstate_server.node.api import (  # noqa: F401
+from runstate_server.node.api import (
     access,
     barriers,
     claims,
@@ -26,10 +24,28 @@ from runstate_server.node.api import (  # noqa: F401
     timers,
 )
 from runstate_server.node.api.auth import authenticate
-from runstate_server.node.api.errors import ApiError, error_response
-from runstate_server.node.api.routes import NODE_KEY, ROUTES, Handler
+from runstate_server.node.api.errors import (
+    REQUEST_ID_HEADER,
+    REQUEST_ID_KEY,
+    ApiError,
+    error_response,
+    new_request_id,
+)
+from runstate_server.node.api.routes import NODE_KEY, ROUTE_BY_HANDLER_KEY, ROUTES_KEY, Handler, Route
+from runstate_server.node.routing import forwarded
 
 __all__ = ["ROUTES", "build_app"]
+
+# Every route of the API, from the tables the modules export: the operator routes (outside any
+# space), then those of a space's objects (under SPACE_PREFIX).
+ROUTES: tuple[Route, ...] = tuple(
+    route
+    for module in (
+        health, cluster, openapi, access,
+        runs, mailboxes, tasks, deliveries, claims, groups, barriers, timers, resources,
+    )
+    for route in module.routes
+)
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -39,19 +55,27 @@ log = logging.getLogger(__name__)
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer carries a request id (X-Request-Id; in an error envelope, `requestId`). A
+    forwarded request keeps the id the first node gave it, so both nodes' logs name one id."""
+    request_id = request.headers.get(REQUEST_ID_HEADER) if forwarded(request) else None
+    request_id = request_id or new_request_id()
+    request[REQUEST_ID_KEY] = request_id
     try:
-        return await handler(request)
+        response = await handler(request)
     except ApiError as error:
-        return error.response()
+        return error.response(request_id)
     except web.HTTPException as error:
         if error.status == 404:
-            return error_response("NOT_FOUND", f"no route {request.method} {request.path}")
+            return error_response("NOT_FOUND", f"no route {request.method} {request.path}", request_id)
         if error.status == 405:
-            return error_response("METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path}")
+            return error_response("METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path}", request_id)
         raise
     except Exception:
-        log.exception("internal error in %s %s", request.method, request.path)
-        return error_response("INTERNAL", "internal server error; the node's log has the details")
+        log.exception("internal error in %s %s (request %s)", request.method, request.path, request_id)
+        return error_response("INTERNAL", "internal server error; the node's log has the details", request_id)
+    if not response.prepared:
+        response.headers.setdefault(REQUEST_ID_HEADER, request_id)
+    return response
 
 
 @web.middleware
@@ -68,6 +92,8 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
 def build_app(node: Node) -> web.Application:
     app = web.Application(middlewares=[errors_as_json, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
+    app[ROUTES_KEY] = ROUTES
+    app[ROUTE_BY_HANDLER_KEY] = {route.handler: route for route in ROUTES}
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     return app

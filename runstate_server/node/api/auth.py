@@ -1,9 +1,10 @@
 """Who is calling, checked in one place every request passes.
 
 Every route declares the permission it needs (routes.py). This middleware turns the request's
-`Authorization: Bearer <key>` and `X-Runstate-Space` headers into a `Caller`, or answers 401
+`Authorization: Bearer <key>` header and the space of the path (`/v1/spaces/{spaceId}/...`) into a
+`Caller`, or answers 401
 UNAUTHENTICATED (no key, unknown or revoked key) or 403 FORBIDDEN (a key of another space than the
-header names, or without the route's permission). Ids of another space are NOT_FOUND further
+path names, or without the route's permission). Ids of another space are NOT_FOUND further
 down, in the handlers and again in the core, so ids leak nothing.
 
 The key is checked where the request is served (this middleware runs after route_to_leader): a
@@ -14,7 +15,7 @@ writes and for reads (which confirm leadership with a no-op that carries the key
 routes (the cluster view) are checked against the local copy.
 
 Without auth (`runstate dev` without --auth, loopback only) there is no key: the caller has every
-permission in the space the header names, or the default space.
+permission in the space the path names, or the default space.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ from runstate_server.node.api.routes import (
     CALLER_KEY,
     NODE_KEY,
     PUBLIC,
-    ROUTES,
-    SPACE_HEADER,
+    ROUTE_BY_HANDLER_KEY,
     SPACE_ID,
     Caller,
     Handler,
@@ -42,16 +42,11 @@ BEARER_PREFIX = "bearer "
 API_KEY_CHARS_MAX = 512  # longer Authorization values are refused before they are hashed
 ALL_PERMISSIONS = frozenset(access.PERMISSIONS)
 
-_ROUTES_BY_HANDLER: dict[Handler, Route] = {}
-
-
 def route_of(request: web.Request) -> Route | None:
     """The table entry of the matched route; None when nothing matched (aiohttp's 404 and 405)."""
-    if not _ROUTES_BY_HANDLER:
-        _ROUTES_BY_HANDLER.update({route.handler: route for route in ROUTES})
     if request.match_info.http_exception is not None:
         return None
-    route = _ROUTES_BY_HANDLER.get(request.match_info.handler)
+    route = request.app[ROUTE_BY_HANDLER_KEY].get(request.match_info.handler)
     # Fail closed: a handler outside the table would otherwise be served without a check.
     assert route is not None, f"{request.method} {request.path} matched a handler outside the route table"
     return route
@@ -72,11 +67,11 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
 
 def _caller(request: web.Request, route: Route) -> Caller:
     node = request.app[NODE_KEY]
-    header_space = request.headers.get(SPACE_HEADER)
-    if header_space is not None and not SPACE_ID.match(header_space):
-        raise ApiError("VALIDATION", f"{SPACE_HEADER} must be 1 to 128 letters, digits, '_', '.' or '-'")
+    path_space = request.match_info.get("spaceId")
+    if path_space is not None and not SPACE_ID.match(path_space):
+        raise ApiError("VALIDATION_FAILED", "the space id in the path must be 1 to 128 letters, digits, '_', '.' or '-'")
     if not node.config.auth:
-        return Caller(header_space or node.config.default_space, None, ALL_PERMISSIONS, operator=True)
+        return Caller(path_space or node.config.default_space, None, ALL_PERMISSIONS, operator=True)
     secret = _bearer(request)
     with node.read() as state:
         if state.operator_space is None:
@@ -87,8 +82,8 @@ def _caller(request: web.Request, route: Route) -> Caller:
         if key is None:
             raise ApiError("UNAUTHENTICATED", "the API key is not valid (unknown or revoked)")
         operator = access.is_operator_admin(state, key)
-    if header_space is not None and header_space != key.space:
-        raise ApiError("FORBIDDEN", f"this API key belongs to another space than {header_space!r}")
+    if path_space is not None and path_space != key.space:
+        raise ApiError("FORBIDDEN", f"this API key belongs to another space than {path_space!r}")
     if route.permission != ANY_KEY and route.permission not in key.permissions:
         raise ApiError(
             "FORBIDDEN",

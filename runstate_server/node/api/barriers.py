@@ -11,8 +11,19 @@ from runstate_server.actors.barriers import Barrier
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import READ, RESOURCE_CONFIG, STRING, WRITE, caller_of, node_of, route
+from runstate_server.node.api.routes import (
+    READ,
+    RESOURCE_CONFIG,
+    SPACE_PREFIX,
+    STRING,
+    WRITE,
+    RouteTable,
+    caller_of,
+    node_of,
+)
 from runstate_server.node.api.views import in_space, iso
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -38,32 +49,32 @@ def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, 
         return {**barrier_view(in_space(state.barriers, space, barrier_id, "barrier")), **extra}
 
 
-@route(
-    "POST", "/v1/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
     body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def create_barrier(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
     if target is None:
-        raise ApiError("VALIDATION", "target is required")
+        raise ApiError("VALIDATION_FAILED", "target is required")
     result = await node.propose(caller, "barrier.create", {"run_id": request.match_info["id"], "target": target})
     return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
-@route("GET", "/v1/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ)
 async def barrier_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
     return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
-@route(
-    "POST", "/v1/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
+@routes(
+    "POST", SPACE_PREFIX + "/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
     body={"key": STRING},
-    errors=("VALIDATION", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE,
 )
 async def arrive(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -77,12 +88,12 @@ async def arrive(request: web.Request) -> web.Response:
 _EPOCH_MAX = 2**53
 
 
-@route(
-    "GET", "/v1/barriers/{id}/wait",
+@routes(
+    "GET", SPACE_PREFIX + "/barriers/{id}/wait",
     "Long poll: answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
     "epoch has begun since (then `currentEpoch` says which), or BARRIER_CANCELLED, or after waitMs",
     query={**WAIT_MS_QUERY, "epoch": {"type": "integer", "minimum": 1, "maximum": _EPOCH_MAX}},
-    errors=("NOT_FOUND", "VALIDATION", "BARRIER_CANCELLED"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED", "BARRIER_CANCELLED"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -100,7 +111,7 @@ async def wait(request: web.Request) -> web.Response:
             return {**view, "epoch": awaited, "state": barriers.RELEASED, "arrivals": view["target"],
                     "releasedAt": None, "currentEpoch": view["epoch"]}
         if view["epoch"] < awaited:
-            raise ApiError("VALIDATION", f"barrier {barrier_id} is in epoch {view['epoch']}; epoch {awaited} has not begun")
+            raise ApiError("VALIDATION_FAILED", f"barrier {barrier_id} is in epoch {view['epoch']}; epoch {awaited} has not begun")
         if view["state"] == barriers.CANCELLED:
             raise ApiError("BARRIER_CANCELLED", f"barrier {barrier_id} was cancelled with its run")
         return view
@@ -111,8 +122,8 @@ async def wait(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
-@route(
-    "POST", "/v1/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
+@routes(
+    "POST", SPACE_PREFIX + "/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
     errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def next_epoch(request: web.Request) -> web.Response:

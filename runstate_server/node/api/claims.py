@@ -16,21 +16,24 @@ from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     READ,
+    SPACE_PREFIX,
     STRING,
     WRITE,
+    RouteTable,
     caller_of,
     holder_of,
     node_of,
-    route,
 )
 from runstate_server.node.api.runs import render_run
 from runstate_server.node.api.views import iso
+
+routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
 
 
-@route("POST", "/v1/default-scope", "The space's default run (created, or replaced once it stopped)", permission=READ)
+@routes("POST", SPACE_PREFIX + "/default-scope", "The space's default run (created, or replaced once it stopped)", permission=READ)
 async def default_scope(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await req.json_body(request, required=False)
@@ -63,12 +66,12 @@ def _find(state: State, space: str, run_id: str, key: str) -> Claim | None:
     return state.claims.get(run.claims.get(key, ""))
 
 
-@route(
-    "POST", "/v1/scopes/{id}/claims",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/claims",
     "Acquire the claim on a key: GRANTED (with a lease), HELD by another, DONE (with the result) or FAILED",
     body={"key": STRING, "leaseMs": _LEASE_MS, "attempts": {"type": "integer", "minimum": 1,
                                                             "maximum": limits.attempts_max}, "holder": STRING},
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def acquire(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -98,17 +101,17 @@ async def acquire(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
-@route(
-    "GET", "/v1/scopes/{id}/claims/{key:.+}",
+@routes(
+    "GET", SPACE_PREFIX + "/scopes/{id}/claims/{key:.+}",
     "A claim; long poll: answers once it is not HELD (FREE, DONE or FAILED) or its run stopped, or after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
 )
 async def claim_status(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     run_id, key = request.match_info["id"], request.match_info["key"]
     if len(key) > limits.key_chars_max:
-        raise ApiError("VALIDATION", f"key must be at most {limits.key_chars_max} characters")
+        raise ApiError("VALIDATION_FAILED", f"key must be at most {limits.key_chars_max} characters")
 
     def look() -> dict[str, Any]:
         with node.read() as state:
@@ -134,9 +137,9 @@ async def _lease_command(request: web.Request, kind: str, args: dict[str, Any]) 
         return claim_view(claim, claim.key)
 
 
-@route(
-    "POST", "/v1/claims/{lease}/renew", "Extend a claim's lease", body={"leaseMs": _LEASE_MS},
-    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/claims/{lease}/renew", "Extend a claim's lease", body={"leaseMs": _LEASE_MS},
+    errors=("NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -144,28 +147,28 @@ async def renew(request: web.Request) -> web.Response:
     return web.json_response({"leaseExpiresAt": view["leaseExpiresAt"]})
 
 
-@route(
-    "POST", "/v1/claims/{lease}/complete", "Record the claim's result (DONE for everyone)",
-    body={"result": ANY_JSON}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/claims/{lease}/complete", "Record the claim's result (DONE for everyone)",
+    body={"result": ANY_JSON}, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
-    result, _ = req.payload(body, "result", code="RESULT_TOO_LARGE", required=False)
+    result, _ = req.payload(body, "result", code="VALIDATION_FAILED", required=False)
     return web.json_response(await _lease_command(request, "claim.complete", {"result": result}))
 
 
-@route(
-    "POST", "/v1/claims/{lease}/fail", "Record a failed attempt (FREE for the next caller, or FAILED)",
-    body={"error": STRING}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/claims/{lease}/fail", "Record a failed attempt (FREE for the next caller, or FAILED)",
+    body={"error": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
 )
 async def fail(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     return web.json_response(await _lease_command(request, "claim.fail", {"error": req.error_text(body)}))
 
 
-@route(
-    "POST", "/v1/claims/{lease}/release", "Give the claim back at once, no attempt counted",
-    errors=("NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/claims/{lease}/release", "Give the claim back at once, no attempt counted",
+    errors=("NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
 )
 async def release(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)

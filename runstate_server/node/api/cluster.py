@@ -12,12 +12,14 @@ from aiohttp import web
 
 from runstate_server.actors.state import to_snapshot
 from runstate_server.node.api.health import health_view
-from runstate_server.node.api.routes import ANY_KEY, node_of, route
+from runstate_server.node.api.routes import ANY_KEY, RouteTable, node_of
+
+routes = RouteTable()
 
 PEER_HEALTH_TIMEOUT_S = 0.5
 
 
-@route("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY)
+@routes("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY)
 async def cluster_view(request: web.Request) -> web.Response:
     node = node_of(request)
     own = {"id": node.config.node_id, "apiUrl": node.config.api_url, "reachable": True, **health_view(node)}
@@ -42,7 +44,7 @@ async def cluster_view(request: web.Request) -> web.Response:
     return web.json_response({"leader": leader_id, "nodes": [own, *peers]})
 
 
-@route(
+@routes(
     "GET", "/v1/cluster/digest",
     "This node's applied log index, a SHA-256 of its state there (replicas at one index agree), and one of "
     "the state without its clock (`dataDigest`: unchanged by reads and refused commands)", permission=ANY_KEY,

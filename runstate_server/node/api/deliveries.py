@@ -16,24 +16,27 @@ from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
+    SPACE_PREFIX,
     STRING,
     WRITE,
     Caller,
+    RouteTable,
     caller_of,
     holder_of,
     node_of,
-    route,
 )
 from runstate_server.node.api.views import delivery_view, iso
 from runstate_server.node.config import LONG_POLL_MS_MAX
+
+routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
 _SPENT = {"type": "number", "minimum": 0, "maximum": req.AMOUNT_MAX}  # of the job's budget reservation
 
 
-@route(
-    "POST", "/v1/scopes/{id}/mailboxes/{name}/receive",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/mailboxes/{name}/receive",
     "Receive up to max tasks under a lease, waiting up to waitMs for the first",
     body={
         "max": {"type": "integer", "minimum": 1, "maximum": limits.receive_batch_max},
@@ -41,7 +44,7 @@ _SPENT = {"type": "number", "minimum": 0, "maximum": req.AMOUNT_MAX}  # of the j
         "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX},
         "holder": STRING,
     },
-    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
 )
 async def receive(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -132,9 +135,9 @@ async def _delivery_command(request: web.Request, kind: str, args: dict[str, Any
     return result
 
 
-@route(
-    "POST", "/v1/deliveries/{id}/renew", "Extend a delivery's lease", body={"leaseMs": _LEASE_MS},
-    errors=("NOT_FOUND", "LEASE_LOST", *_INACTIVE), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/deliveries/{id}/renew", "Extend a delivery's lease", body={"leaseMs": _LEASE_MS},
+    errors=("NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -142,25 +145,25 @@ async def renew(request: web.Request) -> web.Response:
     return web.json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
 
 
-@route(
-    "POST", "/v1/deliveries/{id}/complete", "Complete a delivery: record its task's result",
+@routes(
+    "POST", SPACE_PREFIX + "/deliveries/{id}/complete", "Complete a delivery: record its task's result",
     body={"result": {"type": "object", "properties": {"payload": ANY_JSON}}, "spent": _SPENT},
-    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST", "RESULT_TOO_LARGE", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     result = body.get("result", {})
     if not isinstance(result, dict):
-        raise ApiError("VALIDATION", "result must be an object such as {\"payload\": ...}")
-    payload, _ = req.payload(result, "payload", code="RESULT_TOO_LARGE", required=False)
+        raise ApiError("VALIDATION_FAILED", "result must be an object such as {\"payload\": ...}")
+    payload, _ = req.payload(result, "payload", code="VALIDATION_FAILED", required=False)
     answer = await _delivery_command(request, "delivery.complete", _spent(body, {"payload": payload}))
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
-@route(
-    "POST", "/v1/deliveries/{id}/retry", "Give the task back for another attempt (after a backoff)",
+@routes(
+    "POST", SPACE_PREFIX + "/deliveries/{id}/retry", "Give the task back for another attempt (after a backoff)",
     body={"error": STRING, "delayMs": INTEGER, "spent": _SPENT},
-    errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
 )
 async def retry(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -172,9 +175,9 @@ async def retry(request: web.Request) -> web.Response:
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
-@route(
-    "POST", "/v1/deliveries/{id}/reject", "Fail the task now, without further attempts",
-    body={"error": STRING, "spent": _SPENT}, errors=("VALIDATION", "NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/deliveries/{id}/reject", "Fail the task now, without further attempts",
+    body={"error": STRING, "spent": _SPENT}, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -182,9 +185,9 @@ async def reject(request: web.Request) -> web.Response:
     return web.json_response({"taskId": answer["task_id"], "state": answer["state"]})
 
 
-@route(
-    "POST", "/v1/deliveries/{id}/release", "Put the task back at once, no attempt counted",
-    errors=("NOT_FOUND", "LEASE_LOST"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/deliveries/{id}/release", "Put the task back at once, no attempt counted",
+    errors=("NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
 )
 async def release(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)

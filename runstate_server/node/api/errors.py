@@ -1,54 +1,82 @@
-"""API errors: one exception, one JSON shape, one status per code."""
+"""API errors: one exception, one JSON shape (`{"error": {"code", "message", "requestId"}}`), one
+status per code, and `Retry-After` (seconds) on the answers that say "busy, try again"."""
 
 from __future__ import annotations
 
+import math
+import secrets
 from typing import Any
 
 from aiohttp import web
 
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
+
 # Every code a client can meet, with its HTTP status (README "Errors" lists them for users).
 STATUS_BY_CODE: dict[str, int] = {
-    "VALIDATION": 400,
+    "VALIDATION_FAILED": 400,
     "UNAUTHENTICATED": 401,
     "FORBIDDEN": 403,
     "NOT_FOUND": 404,
     "METHOD_NOT_ALLOWED": 405,
     "CONFLICT": 409,
+    "IDEMPOTENCY_CONFLICT": 409,
+    "CLAIM_HELD": 409,
+    "BACKLOG_FULL": 409,
     "SCOPE_CANCELLED": 409,
     "DEADLINE_EXCEEDED": 409,
-    "LEASE_LOST": 409,
+    "STALE_CLAIM": 409,
     "KEY_CONFLICT": 409,
     "LIMIT_EXCEEDED": 409,
     "STALE_EPOCH": 409,
     "GROUP_CLOSED": 409,
     "BARRIER_CANCELLED": 409,
     "BARRIER_RELEASED": 409,
-    "RESULT_TOO_LARGE": 413,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
 
 
+# Codes that mean "busy now, the same call may succeed later": answered with Retry-After.
+RETRY_AFTER_S_DEFAULT = 1.0
+RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "UNAVAILABLE"})
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
 class ApiError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = STATUS_BY_CODE.get(code, 500)
+        if retry_after_s is None and code in RETRYABLE_CODES:
+            retry_after_s = RETRY_AFTER_S_DEFAULT
+        self.retry_after_s = retry_after_s
 
-    def response(self) -> web.Response:
-        return error_response(self.code, self.message)
+    def response(self, request_id: str) -> web.Response:
+        return error_response(self.code, self.message, request_id, retry_after_s=self.retry_after_s)
 
 
-def error_response(code: str, message: str) -> web.Response:
+def error_response(code: str, message: str, request_id: str, *, retry_after_s: float | None = None) -> web.Response:
+    headers = {REQUEST_ID_HEADER: request_id}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))  # whole seconds, at least 1
     return web.json_response(
-        {"error": {"code": code, "message": message}}, status=STATUS_BY_CODE.get(code, 500)
+        {"error": {"code": code, "message": message, "requestId": request_id}},
+        status=STATUS_BY_CODE.get(code, 500),
+        headers=headers,
     )
 
 
 def raise_for_result(result: Any) -> Any:
-    """A core result, or the ApiError it carries."""
+    """A core result, or the ApiError it carries (a core error may name `retryAfterMs`)."""
     if isinstance(result, dict) and "error" in result:
         error = result["error"]
-        raise ApiError(error["code"], error["message"])
+        retry_after_ms = error.get("retryAfterMs")
+        raise ApiError(
+            error["code"], error["message"], retry_after_s=None if retry_after_ms is None else retry_after_ms / 1000
+        )
     return result

@@ -17,14 +17,17 @@ from runstate_server.node.api.routes import (
     INTEGER,
     ISO_TIME,
     READ,
+    SPACE_PREFIX,
     STRING,
     WRITE,
+    RouteTable,
     caller_of,
     holder_of,
     node_of,
-    route,
 )
 from runstate_server.node.api.views import iso
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -82,12 +85,12 @@ def _task_id(body: dict[str, Any]) -> str:
     return task_id
 
 
-@route(
-    "POST", "/v1/scopes/{id}/groups",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/groups",
     "Create a task group with a run of its own (under parentScopeId when given)",
     body={"mailbox": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
           "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
-    ok=201, errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_group(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -107,18 +110,18 @@ async def create_group(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
 
 
-@route("GET", "/v1/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ)
 async def group_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
     return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
-@route(
-    "GET", "/v1/groups/{id}/wait",
+@routes(
+    "GET", SPACE_PREFIX + "/groups/{id}/wait",
     "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -129,11 +132,11 @@ async def wait(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
-@route(
-    "POST", "/v1/groups/{id}/tasks",
+@routes(
+    "POST", SPACE_PREFIX + "/groups/{id}/tasks",
     "Submit a member task to the group's run (idempotent per key; without a key the key is the input's hash)",
     body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def submit_member(request: web.Request) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -148,9 +151,9 @@ async def submit_member(request: web.Request) -> web.Response:
     return web.json_response(answer, status=201 if result["created"] else 200)
 
 
-@route(
-    "POST", "/v1/groups/{id}/join", "Add an existing task of the group's run as a member",
-    body=_TASK_ID, errors=("VALIDATION", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
+@routes(
+    "POST", SPACE_PREFIX + "/groups/{id}/join", "Add an existing task of the group's run as a member",
+    body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE,
 )
 async def join(request: web.Request) -> web.Response:
@@ -160,8 +163,8 @@ async def join(request: web.Request) -> web.Response:
     return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
 
 
-@route(
-    "POST", "/v1/groups/{id}/close",
+@routes(
+    "POST", SPACE_PREFIX + "/groups/{id}/close",
     "Close the group to new members and decide at once what the full member list decides (idempotent)",
     errors=("NOT_FOUND",), permission=WRITE,
 )
@@ -191,17 +194,17 @@ async def _judge(request: web.Request, kind: str) -> web.Response:
     })
 
 
-@route(
-    "POST", "/v1/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
+    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def accept(request: web.Request) -> web.Response:
     return await _judge(request, "group.accept")
 
 
-@route(
-    "POST", "/v1/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
+    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def reject(request: web.Request) -> web.Response:
     return await _judge(request, "group.reject")

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from runstate_server.node.api.routes import PUBLIC, node_of, route
+from runstate_server.node.api.routes import PUBLIC, RouteTable, node_of
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -29,7 +31,7 @@ def health_view(node: Node) -> dict[str, Any]:
     }
 
 
-@route("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",), permission=PUBLIC)
+@routes("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",), permission=PUBLIC)
 async def health(request: web.Request) -> web.Response:
     view = health_view(node_of(request))
     return web.json_response(view, status=200 if view["status"] == "ok" else 503)

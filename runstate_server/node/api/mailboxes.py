@@ -7,13 +7,23 @@ from aiohttp import web
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import READ, RESOURCE_CONFIG, STRING, caller_of, node_of, route
+from runstate_server.node.api.routes import (
+    READ,
+    RESOURCE_CONFIG,
+    SPACE_PREFIX,
+    STRING,
+    RouteTable,
+    caller_of,
+    node_of,
+)
+
+routes = RouteTable()
 
 
-@route(
-    "POST", "/v1/mailboxes", "Create a mailbox if it does not exist (idempotent)",
+@routes(
+    "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox if it does not exist (idempotent)",
     body={"name": STRING, "mode": {"type": "string", "enum": ["WORK"]}},
-    errors=("VALIDATION", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
 )
 async def ensure_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -23,7 +33,7 @@ async def ensure_mailbox(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
-@route("GET", "/v1/mailboxes/{name}", "A mailbox", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/mailboxes/{name}", "A mailbox", errors=("NOT_FOUND",), permission=READ)
 async def get_mailbox(request: web.Request) -> web.Response:
     node, caller, name = node_of(request), caller_of(request), request.match_info["name"]
     await node.confirm_leadership(caller)

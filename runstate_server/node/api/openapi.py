@@ -9,7 +9,9 @@ from aiohttp import web
 
 from runstate_server._version import __version__
 from runstate_server.node.api.errors import STATUS_BY_CODE
-from runstate_server.node.api.routes import PUBLIC, ROUTES, SPACE_HEADER, route
+from runstate_server.node.api.routes import PUBLIC, ROUTES_KEY, Route, RouteTable
+
+routes = RouteTable()
 
 _PARAM = re.compile(r"{(\w+)(?::[^}]+)?}")
 
@@ -39,9 +41,9 @@ _ERROR = {
 }
 
 
-def document() -> dict[str, Any]:
+def document(routes: tuple[Route, ...]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for entry in ROUTES:
+    for entry in routes:
         parameters: list[dict[str, Any]] = [
             {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
             for name in _PARAM.findall(entry.path)
@@ -49,7 +51,6 @@ def document() -> dict[str, Any]:
         parameters += [
             {"name": name, "in": "query", "required": False, "schema": schema} for name, schema in entry.query.items()
         ]
-        parameters.append({"name": SPACE_HEADER, "in": "header", "required": False, "schema": {"type": "string"}})
         operation: dict[str, Any] = {
             "operationId": entry.handler.__name__,
             "summary": entry.summary,
@@ -81,6 +82,6 @@ def document() -> dict[str, Any]:
     }
 
 
-@route("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC)
+@routes("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC)
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.json_response(document())
+    return web.json_response(document(request.app[ROUTES_KEY]))

@@ -21,15 +21,18 @@ from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
+    SPACE_PREFIX,
     STRING,
     WRITE,
+    RouteTable,
     caller_of,
     holder_of,
     node_of,
-    route,
 )
 from runstate_server.node.api.views import iso
 from runstate_server.node.config import LONG_POLL_MS_MAX
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -95,46 +98,46 @@ async def _ensure(request: web.Request, kind: str, args: dict[str, Any]) -> web.
 def _name(request: web.Request) -> str:
     name = request.match_info["name"]
     if not 0 < len(name) <= limits.name_chars_max:
-        raise ApiError("VALIDATION", f"name must be 1 to {limits.name_chars_max} characters")
+        raise ApiError("VALIDATION_FAILED", f"name must be 1 to {limits.name_chars_max} characters")
     return name
 
 
 # -- configuration ---------------------------------------------------------------------------------
 
 
-@route(
-    "PUT", "/v1/pools/{name}", "Create a pool of size slots, or resize it (idempotent)",
+@routes(
+    "PUT", SPACE_PREFIX + "/pools/{name}", "Create a pool of size slots, or resize it (idempotent)",
     body={"size": {"type": "integer", "minimum": 1, "maximum": limits.pool_size_max}},
-    errors=("VALIDATION", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
 )
 async def ensure_pool(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     size = req.integer(body, "size", minimum=1, maximum=limits.pool_size_max)
     if size is None:
-        raise ApiError("VALIDATION", "size is required")
+        raise ApiError("VALIDATION_FAILED", "size is required")
     return await _ensure(request, POOL, {"size": size})
 
 
-@route("GET", "/v1/pools/{name}", "A pool: its size, holders and waiting jobs", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/pools/{name}", "A pool: its size, holders and waiting jobs", errors=("NOT_FOUND",), permission=READ)
 async def pool_status(request: web.Request) -> web.Response:
     return await _status(request, POOL)
 
 
-@route(
-    "PUT", "/v1/limits/{name}", "Create a rate limit of units per interval, or change it (idempotent)",
+@routes(
+    "PUT", SPACE_PREFIX + "/limits/{name}", "Create a rate limit of units per interval, or change it (idempotent)",
     body={
         "units": {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max},
         "per": {"type": "string", "pattern": _PER.pattern},
         "intervalMs": {"type": "integer", "minimum": limits.limit_interval_ms_min,
                        "maximum": limits.limit_interval_ms_max},
     },
-    errors=("VALIDATION", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
 )
 async def ensure_limit(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     units = req.integer(body, "units", minimum=1, maximum=limits.limit_units_max)
     if units is None:
-        raise ApiError("VALIDATION", "units is required")
+        raise ApiError("VALIDATION_FAILED", "units is required")
     return await _ensure(request, LIMIT, {"units": units, "interval_ms": _interval_ms(body)})
 
 
@@ -142,15 +145,15 @@ def _interval_ms(body: dict[str, Any]) -> int:
     """The interval of a rate limit: `per` ("1s", "500ms", "1m", "1h") or `intervalMs`, exactly one."""
     per, interval_ms = body.get("per"), body.get("intervalMs")
     if (per is None) == (interval_ms is None):
-        raise ApiError("VALIDATION", "give the interval as exactly one of per (\"1s\", \"500ms\", \"1m\") and intervalMs")
+        raise ApiError("VALIDATION_FAILED", "give the interval as exactly one of per (\"1s\", \"500ms\", \"1m\") and intervalMs")
     if per is not None:
         match = _PER.match(per) if isinstance(per, str) else None
         if match is None:
-            raise ApiError("VALIDATION", "per must be a count and a unit (ms, s, m or h), such as \"1s\" or \"500ms\"")
+            raise ApiError("VALIDATION_FAILED", "per must be a count and a unit (ms, s, m or h), such as \"1s\" or \"500ms\"")
         interval_ms = int(match.group(1)) * _UNIT_MS[match.group(2)]
         if not limits.limit_interval_ms_min <= interval_ms <= limits.limit_interval_ms_max:
             raise ApiError(
-                "VALIDATION",
+                "VALIDATION_FAILED",
                 f"per must be from {limits.limit_interval_ms_min} ms to {limits.limit_interval_ms_max} ms",
             )
         return int(interval_ms)
@@ -161,15 +164,15 @@ def _interval_ms(body: dict[str, Any]) -> int:
     return checked
 
 
-@route("GET", "/v1/limits/{name}", "A rate limit: its units, interval and what is available now",
+@routes("GET", SPACE_PREFIX + "/limits/{name}", "A rate limit: its units, interval and what is available now",
        errors=("NOT_FOUND",), permission=READ)
 async def limit_status(request: web.Request) -> web.Response:
     return await _status(request, LIMIT)
 
 
-@route(
-    "PUT", "/v1/budgets/{name}", "Create a spend budget of a total, or change the total (idempotent)",
-    body={"total": _AMOUNT}, errors=("VALIDATION", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+@routes(
+    "PUT", SPACE_PREFIX + "/budgets/{name}", "Create a spend budget of a total, or change the total (idempotent)",
+    body={"total": _AMOUNT}, errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
 )
 async def ensure_budget(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -177,7 +180,7 @@ async def ensure_budget(request: web.Request) -> web.Response:
     return await _ensure(request, BUDGET, {"total_micros": total})
 
 
-@route("GET", "/v1/budgets/{name}", "A budget: total, spent, reserved, remaining and its reservations",
+@routes("GET", SPACE_PREFIX + "/budgets/{name}", "A budget: total, spent, reserved, remaining and its reservations",
        errors=("NOT_FOUND",), permission=READ)
 async def budget_status(request: web.Request) -> web.Response:
     return await _status(request, BUDGET)
@@ -233,11 +236,11 @@ async def _give_back(request: web.Request, kind: str, result: dict[str, Any]) ->
         pass  # lapsed meanwhile: nothing left to give back
 
 
-@route(
-    "POST", "/v1/scopes/{id}/pools/{name}/acquire",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/pools/{name}/acquire",
     "Acquire a slot of the pool under a lease, waiting up to waitMs for one (granted=false after)",
     body={"leaseMs": _LEASE_MS, "waitMs": _WAIT_MS, "holder": STRING},
-    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
 )
 async def acquire_slot(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -255,11 +258,11 @@ async def acquire_slot(request: web.Request) -> web.Response:
     )
 
 
-@route(
-    "POST", "/v1/scopes/{id}/limits/{name}/take",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/limits/{name}/take",
     "Take units of the rate limit, waiting up to waitMs for them (taken=false after)",
     body={"units": {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}, "waitMs": _WAIT_MS},
-    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
 )
 async def take(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -277,11 +280,11 @@ async def take(request: web.Request) -> web.Response:
     return web.json_response({"taken": result["taken"], "availableAt": iso(result["available_ms"])})
 
 
-@route(
-    "POST", "/v1/scopes/{id}/budgets/{name}/reserve",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/budgets/{name}/reserve",
     "Reserve an amount of the budget under a lease, waiting up to waitMs for it (granted=false after)",
     body={"amount": _RESERVE, "leaseMs": _LEASE_MS, "waitMs": _WAIT_MS, "holder": STRING},
-    errors=("VALIDATION", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
 )
 async def reserve(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -311,7 +314,7 @@ async def reserve(request: web.Request) -> web.Response:
 
 async def _hold_command(request: web.Request, kind: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
     """`<kind>.<action>` on the direct slot lease or reservation the path names. A hold is removed
-    when it ends, so an id that is not held (ended, lapsed or never issued) answers LEASE_LOST, or
+    when it ends, so an id that is not held (ended, lapsed or never issued) answers STALE_CLAIM, or
     released false; a hold of another space answers exactly the same, so ids of other spaces
     cannot be told from ids that do not exist."""
     hold_id = request.match_info[_HOLD_PARAMETERS[kind]]
@@ -323,7 +326,7 @@ async def _hold_command(request: web.Request, kind: str, action: str, args: dict
             raise
         if action == "release":
             return {"released": False}
-        raise ApiError("LEASE_LOST", f"{_HOLD_NAMES[kind]} {hold_id!r} is not held: it ended or lapsed") from None
+        raise ApiError("STALE_CLAIM", f"{_HOLD_NAMES[kind]} {hold_id!r} is not held: it ended or lapsed") from None
     return result
 
 
@@ -339,37 +342,37 @@ async def _release(request: web.Request, kind: str) -> web.Response:
     return web.json_response({"released": result["released"]})
 
 
-_RENEW_ERRORS = ("VALIDATION", "LEASE_LOST", "CONFLICT", *_INACTIVE)  # CONFLICT: a job's hold, ended by its delivery
+_RENEW_ERRORS = ("VALIDATION_FAILED", "STALE_CLAIM", "CONFLICT", *_INACTIVE)  # CONFLICT: a job's hold, ended by its delivery
 
 
-@route(
-    "POST", "/v1/slots/{lease}/renew", "Extend a slot's lease", body={"leaseMs": _LEASE_MS},
+@routes(
+    "POST", SPACE_PREFIX + "/slots/{lease}/renew", "Extend a slot's lease", body={"leaseMs": _LEASE_MS},
     errors=_RENEW_ERRORS, permission=WRITE,
 )
 async def renew_slot(request: web.Request) -> web.Response:
     return await _renew(request, POOL)
 
 
-@route(
-    "POST", "/v1/slots/{lease}/release", "Give the slot back (released=false when it was not held: lapsed, ended)",
+@routes(
+    "POST", SPACE_PREFIX + "/slots/{lease}/release", "Give the slot back (released=false when it was not held: lapsed, ended)",
     errors=("CONFLICT",), permission=WRITE,
 )
 async def release_slot(request: web.Request) -> web.Response:
     return await _release(request, POOL)
 
 
-@route(
-    "POST", "/v1/reservations/{id}/renew", "Extend a reservation's lease", body={"leaseMs": _LEASE_MS},
+@routes(
+    "POST", SPACE_PREFIX + "/reservations/{id}/renew", "Extend a reservation's lease", body={"leaseMs": _LEASE_MS},
     errors=_RENEW_ERRORS, permission=WRITE,
 )
 async def renew_reservation(request: web.Request) -> web.Response:
     return await _renew(request, BUDGET)
 
 
-@route(
-    "POST", "/v1/reservations/{id}/settle",
+@routes(
+    "POST", SPACE_PREFIX + "/reservations/{id}/settle",
     "Charge what was spent (over the reservation only up to what the budget has) and return the rest",
-    body={"spent": _AMOUNT}, errors=("VALIDATION", "LEASE_LOST", "CONFLICT"), permission=WRITE,
+    body={"spent": _AMOUNT}, errors=("VALIDATION_FAILED", "STALE_CLAIM", "CONFLICT"), permission=WRITE,
 )
 async def settle(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -379,8 +382,8 @@ async def settle(request: web.Request) -> web.Response:
     return web.json_response({"charged": resources.from_micros(charged), "returned": resources.from_micros(returned)})
 
 
-@route(
-    "POST", "/v1/reservations/{id}/release",
+@routes(
+    "POST", SPACE_PREFIX + "/reservations/{id}/release",
     "Return the whole reservation, nothing spent (released=false when it was not held: lapsed, ended)",
     errors=("CONFLICT",), permission=WRITE,
 )

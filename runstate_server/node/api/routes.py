@@ -1,10 +1,11 @@
-"""The route table: each handler declares its method, path and contract once; the app registers
-routes from this table and the OpenAPI document is generated from it, so the two cannot drift."""
+"""Route tables: each handler declares its method, path and contract once, in the table of its
+module (`routes = RouteTable()`); app.py builds the application from the tables the modules
+export, and the OpenAPI document is generated from the same list, so the two cannot drift."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 
-SPACE_HEADER = "X-Runstate-Space"
 HOLDER_HEADER = "X-Runstate-Holder"
+# Every route of a space's objects is under this prefix; the space comes from the path.
+SPACE_PREFIX = "/v1/spaces/{spaceId}"
 SPACE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 # What a route needs from the caller's API key (runstate_server.actors.access.PERMISSIONS), or:
@@ -60,25 +62,38 @@ class Route:
     errors: tuple[str, ...] = ()
 
 
-ROUTES: list[Route] = []
+class RouteTable:
+    """The routes of one API module, in declaration order. `@routes(method, path, ...)` adds the
+    handler it decorates to this table only; nothing global changes when a module is imported."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        summary: str,
+        *,
+        permission: str,
+        body: dict[str, Any] | None = None,
+        query: dict[str, Any] | None = None,
+        ok: int = 200,
+        errors: tuple[str, ...] = (),
+    ) -> Callable[[Handler], Handler]:
+        def add(handler: Handler) -> Handler:
+            self.routes.append(Route(method, path, handler, summary, permission, body, query or {}, ok, errors))
+            return handler
+
+        return add
+
+    def __iter__(self) -> Iterator[Route]:
+        return iter(self.routes)
 
 
-def route(
-    method: str,
-    path: str,
-    summary: str,
-    *,
-    permission: str,
-    body: dict[str, Any] | None = None,
-    query: dict[str, Any] | None = None,
-    ok: int = 200,
-    errors: tuple[str, ...] = (),
-) -> Callable[[Handler], Handler]:
-    def register(handler: Handler) -> Handler:
-        ROUTES.append(Route(method, path, handler, summary, permission, body, query or {}, ok, errors))
-        return handler
-
-    return register
+# The application's routes (app.build_app) and the same by handler (auth.route_of).
+ROUTES_KEY: web.AppKey[tuple[Route, ...]] = web.AppKey("routes", tuple)
+ROUTE_BY_HANDLER_KEY: web.AppKey[dict[Handler, Route]] = web.AppKey("routes_by_handler", dict)
 
 
 def node_of(request: web.Request) -> Node:
@@ -99,7 +114,7 @@ def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:
     if holder is None:
         return None
     if not isinstance(holder, str) or len(holder) > limits.name_chars_max:
-        raise ApiError("VALIDATION", f"holder must be a string of at most {limits.name_chars_max} characters")
+        raise ApiError("VALIDATION_FAILED", f"holder must be a string of at most {limits.name_chars_max} characters")
     return holder
 
 

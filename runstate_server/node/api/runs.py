@@ -10,8 +10,20 @@ from aiohttp import web
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import INTEGER, ISO_TIME, READ, STRING, WRITE, caller_of, node_of, route
+from runstate_server.node.api.routes import (
+    INTEGER,
+    ISO_TIME,
+    READ,
+    SPACE_PREFIX,
+    STRING,
+    WRITE,
+    RouteTable,
+    caller_of,
+    node_of,
+)
 from runstate_server.node.api.views import run_view
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -50,10 +62,10 @@ async def _create(request: web.Request, body: dict[str, Any], parent_id: str | N
     return response
 
 
-@route(
-    "POST", "/v1/scopes", "Create a run (every call creates a new one)",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes", "Create a run (every call creates a new one)",
     body={**_RUN_BODY, "parentScopeId": STRING}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_run(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -61,16 +73,16 @@ async def create_run(request: web.Request) -> web.Response:
     return await _create(request, body, parent_id)
 
 
-@route(
-    "POST", "/v1/scopes/{id}/children", "Create a child run", body=_RUN_BODY, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/children", "Create a child run", body=_RUN_BODY, ok=201,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def create_child(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     return await _create(request, body, request.match_info["id"])
 
 
-@route("GET", "/v1/scopes/{id}", "A run's status", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/scopes/{id}", "A run's status", errors=("NOT_FOUND",), permission=READ)
 async def run_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
@@ -84,8 +96,8 @@ async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Re
     return render_run(node, caller.space, run_id)
 
 
-@route(
-    "POST", "/v1/scopes/{id}/cancel", "Cancel a run and everything below it",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/cancel", "Cancel a run and everything below it",
     body={"reason": STRING}, errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def cancel_run(request: web.Request) -> web.Response:
@@ -94,7 +106,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     return await _stop(request, "run.cancel", {"reason": reason})
 
 
-@route("POST", "/v1/scopes/{id}/complete", "Complete a run", errors=("NOT_FOUND", "CONFLICT"), permission=WRITE)
+@routes("POST", SPACE_PREFIX + "/scopes/{id}/complete", "Complete a run", errors=("NOT_FOUND", "CONFLICT"), permission=WRITE)
 async def complete_run(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     return await _stop(request, "run.complete", {})

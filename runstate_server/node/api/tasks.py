@@ -16,9 +16,21 @@ from runstate_server.actors.state import TaskState
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import ANY_JSON, INTEGER, READ, STRING, WRITE, caller_of, node_of, route
+from runstate_server.node.api.routes import (
+    ANY_JSON,
+    INTEGER,
+    READ,
+    SPACE_PREFIX,
+    STRING,
+    WRITE,
+    RouteTable,
+    caller_of,
+    node_of,
+)
 from runstate_server.node.api.views import result_view, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
+
+routes = RouteTable()
 
 _TASK_FIELDS = {
     "input": ANY_JSON, "key": STRING, "attempts": INTEGER, "keyOnly": {"type": "boolean"},
@@ -30,7 +42,7 @@ _TASK_FIELDS = {
     "budget": {"type": "object", "required": ["name", "reserve"], "properties": {
         "name": STRING, "reserve": {"type": "number", "exclusiveMinimum": 0, "maximum": req.AMOUNT_MAX}}},
 }
-_SUBMIT_ERRORS = ("VALIDATION", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_SUBMIT_ERRORS = ("VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 
 
 def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -56,27 +68,27 @@ def _needs(body: dict[str, Any]) -> dict[str, Any] | None:
         or not all(isinstance(name, str) and 0 < len(name) <= limits.name_chars_max for name in names)
     ):
         raise ApiError(
-            "VALIDATION",
+            "VALIDATION_FAILED",
             f"slots must be a pool name or a list of 1 to {limits.needs_slots_max} pool names",
         )
     needs: dict[str, Any] = {"slots": names, "limit": None, "budget": None}
     if limit is not None:
         if not isinstance(limit, dict):
-            raise ApiError("VALIDATION", "limit must be an object such as {\"name\": \"search-api\", \"units\": 1}")
+            raise ApiError("VALIDATION_FAILED", "limit must be an object such as {\"name\": \"search-api\", \"units\": 1}")
         with _field_of("limit"):
             name = req.text(limit, "name", max_chars=limits.name_chars_max, required=True)
             units = req.integer(limit, "units", minimum=1, maximum=limits.limit_units_max, default=1)
         needs["limit"] = [name, units]
     if budget is not None:
         if not isinstance(budget, dict):
-            raise ApiError("VALIDATION", "budget must be an object such as {\"name\": \"model-usd\", \"reserve\": 0.4}")
+            raise ApiError("VALIDATION_FAILED", "budget must be an object such as {\"name\": \"model-usd\", \"reserve\": 0.4}")
         with _field_of("budget"):
             name = req.text(budget, "name", max_chars=limits.name_chars_max, required=True)
             reserve = req.amount_micros(budget, "reserve", required=True, positive=True)
         needs["budget"] = [name, reserve]
     problem = resources.needs_problem(needs)  # the core's own check of the shape, before proposing
     if problem is not None:
-        raise ApiError("VALIDATION", problem)
+        raise ApiError("VALIDATION_FAILED", problem)
     return needs
 
 
@@ -94,8 +106,8 @@ def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any
     return {"id": task_id, "key": args["key"], "created": result["created"], "state": _state_of(request, task_id)}
 
 
-@route(
-    "POST", "/v1/scopes/{id}/mailboxes/{name}/tasks",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/mailboxes/{name}/tasks",
     "Submit a task (idempotent per key; without a key the key is the input's hash)",
     body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE,
 )
@@ -106,12 +118,12 @@ async def submit(request: web.Request) -> web.Response:
     return web.json_response(answer, status=201 if answer["created"] else 200)
 
 
-@route(
-    "POST", "/v1/scopes/{id}/mailboxes/{name}/tasks/batch",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/mailboxes/{name}/tasks/batch",
     f"Submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
     body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
                     "items": {"type": "object", "properties": _TASK_FIELDS}}},
-    errors=("VALIDATION",), permission=WRITE,
+    errors=("VALIDATION_FAILED",), permission=WRITE,
 )
 async def submit_batch(request: web.Request) -> web.Response:
     """Each task is validated and committed like a single submit (the log commits them together);
@@ -119,13 +131,13 @@ async def submit_batch(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
-        raise ApiError("VALIDATION", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
+        raise ApiError("VALIDATION_FAILED", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
     node, caller = node_of(request), caller_of(request)
 
     async def one(item: Any) -> dict[str, Any]:
         try:
             if not isinstance(item, dict):
-                raise ApiError("VALIDATION", "each task must be an object such as {\"input\": ...}")
+                raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
             args = _submit_args(request, item)
             return _submitted(request, args, await node.propose(caller, "task.submit", args))
         except ApiError as error:
@@ -140,7 +152,7 @@ def _state_of(request: web.Request, task_id: str) -> str | None:
         return task.state if task else None
 
 
-@route("GET", "/v1/tasks/{id}", "A task's status", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/tasks/{id}", "A task's status", errors=("NOT_FOUND",), permission=READ)
 async def task_status(request: web.Request) -> web.Response:
     node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
     await node.confirm_leadership(caller)
@@ -151,11 +163,11 @@ async def task_status(request: web.Request) -> web.Response:
         return web.json_response(task_view(task))
 
 
-@route(
-    "GET", "/v1/tasks/{id}/result",
+@routes(
+    "GET", SPACE_PREFIX + "/tasks/{id}/result",
     "A task's result: answers when the task is finished, or after waitMs with done=false",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
 )
 async def task_result(request: web.Request) -> web.Response:
     node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -171,12 +183,12 @@ async def task_result(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
-@route(
-    "POST", "/v1/tasks/results",
+@routes(
+    "POST", SPACE_PREFIX + "/tasks/results",
     "Results of many tasks: answers when all are finished, or after waitMs with what is known",
     body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
           "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
-    errors=("VALIDATION",), permission=READ,
+    errors=("VALIDATION_FAILED",), permission=READ,
 )
 async def task_results(request: web.Request) -> web.Response:
     """One result view per id, in order (`{"id", "error"}` for an unknown id)."""
@@ -187,7 +199,7 @@ async def task_results(request: web.Request) -> web.Response:
         or not 1 <= len(ids) <= limits.results_batch_max
         or not all(isinstance(task_id, str) for task_id in ids)
     ):
-        raise ApiError("VALIDATION", f"ids must be a list of 1 to {limits.results_batch_max} task ids")
+        raise ApiError("VALIDATION_FAILED", f"ids must be a list of 1 to {limits.results_batch_max} task ids")
     wait_ms = body_wait_ms(body)
     node, caller = node_of(request), caller_of(request)
     deadline = time.monotonic() + wait_ms / 1000

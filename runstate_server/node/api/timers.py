@@ -11,8 +11,19 @@ from runstate_server.actors.timers import Timer
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import ISO_TIME, READ, RESOURCE_CONFIG, WRITE, caller_of, node_of, route
+from runstate_server.node.api.routes import (
+    ISO_TIME,
+    READ,
+    RESOURCE_CONFIG,
+    SPACE_PREFIX,
+    WRITE,
+    RouteTable,
+    caller_of,
+    node_of,
+)
 from runstate_server.node.api.views import in_space, iso
+
+routes = RouteTable()
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -37,17 +48,17 @@ def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
         return timer_view(in_space(state.timers, space, timer_id, "timer"))
 
 
-@route(
-    "POST", "/v1/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
+@routes(
+    "POST", SPACE_PREFIX + "/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
     body={"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}, ok=201,
-    errors=("VALIDATION", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
 )
 async def create_timer(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     after = body.get("afterSeconds")
     if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= AFTER_SECONDS_MAX):
-        raise ApiError("VALIDATION", f"afterSeconds must be a number from 0 to {AFTER_SECONDS_MAX}")
+        raise ApiError("VALIDATION_FAILED", f"afterSeconds must be a number from 0 to {AFTER_SECONDS_MAX}")
     args = {
         "run_id": request.match_info["id"],
         "fire_at_ms": req.timestamp_ms(body, "at"),
@@ -57,18 +68,18 @@ async def create_timer(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
-@route("GET", "/v1/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ)
 async def timer_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
     return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
-@route(
-    "POST", "/v1/timers/{id}/wait",
+@routes(
+    "POST", SPACE_PREFIX + "/timers/{id}/wait",
     "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION", "CONFLICT"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=READ,
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -88,8 +99,8 @@ async def wait(request: web.Request) -> web.Response:
     return web.json_response({**_render(node, caller.space, timer_id), "done": True})
 
 
-@route(
-    "POST", "/v1/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
+@routes(
+    "POST", SPACE_PREFIX + "/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
     errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
 )
 async def cancel(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import yarl
@@ -54,8 +55,10 @@ POOL_CONNECTIONS_MAX = 100
 # How much of an unexpected (non-JSON) answer goes into an error message.
 ERROR_BODY_CHARS_MAX = 500
 
-HEADER_SPACE = "X-Runstate-Space"
 HEADER_HOLDER = "X-Runstate-Holder"
+# A path that does not start with this is relative to the client's space: `/scopes` is sent as
+# `/v1/spaces/{spaceId}/scopes`. Operator routes (`/v1/whoami`, `/v1/keys`, ...) are absolute.
+API_ROOT = "/v1/"
 
 
 class OutcomeUnknownError(UnavailableError):
@@ -152,14 +155,13 @@ class Transport:
         self.holder = holder
         self.timeout_s = timeout_s
         self._api_key = api_key
+        self._space_lock = asyncio.Lock()
         self._url_index = 0
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
     def headers(self) -> dict[str, str]:
         headers = {HEADER_HOLDER: self.holder, "Accept": "application/json"}
-        if self.space_id is not None:
-            headers[HEADER_SPACE] = self.space_id
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
@@ -190,10 +192,13 @@ class Transport:
     ) -> dict[str, Any]:
         """Send one call and return its JSON object.
 
+        A `path` outside API_ROOT is relative to the client's space (see `space`).
         Raises the mapped RunstateError for an error answer, OutcomeUnknownError when an unsafe
         call may have been applied without an answer, UnavailableError when no server answered
         within UNAVAILABLE_AFTER_S.
         """
+        if not path.startswith(API_ROOT):
+            path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
         data = encode_body(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else None
         timeout_s = self.timeout_s + (long_poll_ms / 1000 + LONG_POLL_MARGIN_S if long_poll_ms > 0 else 0)
@@ -247,6 +252,21 @@ class Transport:
                 self._url_index = (self._url_index + 1) % len(self.base_urls)
             await asyncio.sleep(min(backoff_s, give_up_at - now))
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+
+    async def space(self) -> str:
+        """The space this client works in: `space_id` if given, else the API key's space (asked
+        once, from `GET /v1/whoami`; without auth the node's default space)."""
+        if self.space_id is None:
+            async with self._space_lock:
+                if self.space_id is None:
+                    identity = await self.request("GET", "/v1/whoami", safe=True)
+                    space = identity.get("space")
+                    if not isinstance(space, str) or not space:
+                        raise RunstateError(
+                            "GET /v1/whoami did not name the key's space", code="INVALID_RESPONSE", status=None
+                        )
+                    self.space_id = space
+        return self.space_id
 
     def _follow_leader(self, leader_url: str | None) -> None:
         """A follower that forwarded this call named the leader: talk to it directly from now on

@@ -32,7 +32,7 @@ class Barriers:
         if isinstance(target, bool) or not isinstance(target, int) or target < 1:
             raise ConfigError(f"target must be a positive integer, got {target!r}")
         view = await self._transport.request(
-            "POST", f"/v1/scopes/{quote(self.scope_id, safe='')}/barriers", body={"target": target}, safe=False
+            "POST", f"/scopes/{quote(self.scope_id, safe='')}/barriers", body={"target": target}, safe=False
         )
         return Barrier(self._transport, view["id"], view)
 
@@ -51,7 +51,7 @@ class Barrier:
         self._transport = transport
         self.id = barrier_id
         self.view = view
-        self._path = f"/v1/barriers/{quote(barrier_id, safe='')}"
+        self._path = f"/barriers/{quote(barrier_id, safe='')}"
         # The epoch the last arrive() counted in, until a wait() saw its release.
         self._arrived_epoch: int | None = None
 

@@ -50,7 +50,7 @@ class Claims:
             body["leaseMs"] = lease_ms
         if attempts is not None:
             body["attempts"] = attempts
-        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/claims"
+        path = f"/scopes/{_segment(scope_id, 'scope id')}/claims"
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def wait(self, scope_id: str, key: str, wait_ms: int = CLAIM_WAIT_MS_MAX) -> dict[str, Any]:
@@ -58,7 +58,7 @@ class Claims:
         FAILED) or its run stopped (`scopeEffective` "INACTIVE"), or after `wait_ms` (at most
         30000) with it still HELD. An unknown key is a FREE view with attempt 0."""
         wait_ms = max(0, min(wait_ms, CLAIM_WAIT_MS_MAX))
-        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/claims/{_segment(key, 'claim key')}"
+        path = f"/scopes/{_segment(scope_id, 'scope id')}/claims/{_segment(key, 'claim key')}"
         return await self._transport.request(
             "GET", path, params={"waitMs": str(wait_ms)}, safe=True, long_poll_ms=wait_ms
         )
@@ -85,5 +85,5 @@ class Claims:
         return await self._post(lease_id, "release", {})
 
     async def _post(self, lease_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        path = f"/v1/claims/{_segment(lease_id, 'lease id')}/{action}"
+        path = f"/claims/{_segment(lease_id, 'lease id')}/{action}"
         return await self._transport.request("POST", path, body=body, safe=True)

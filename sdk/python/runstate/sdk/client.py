@@ -132,13 +132,13 @@ class Mailboxes:
         """
         _segment(name, "mailbox name")
         return await self._transport.request(
-            "POST", "/v1/mailboxes", body={"name": name, "mode": mode}, safe=True
+            "POST", "/mailboxes", body={"name": name, "mode": mode}, safe=True
         )
 
     async def get(self, name: str) -> dict[str, Any]:
         """Returns `{"name", "mode"}`; raises NotFoundError if there is no such queue."""
         return await self._transport.request(
-            "GET", f"/v1/mailboxes/{_segment(name, 'mailbox name')}", safe=True
+            "GET", f"/mailboxes/{_segment(name, 'mailbox name')}", safe=True
         )
 
 
@@ -167,7 +167,7 @@ class Scopes:
         if parent_scope_id is not None:
             _segment(parent_scope_id, "parent_scope_id")
             body["parentScopeId"] = parent_scope_id
-        view = await self._transport.request("POST", "/v1/scopes", body=body, safe=False)
+        view = await self._transport.request("POST", "/scopes", body=body, safe=False)
         return Scope(self._transport, _field(view, "id"), view)
 
     async def child(
@@ -178,7 +178,7 @@ class Scopes:
         child_limit: int | None = None,
     ) -> Scope:
         """Open a child run under `parent_id`, cancelled along with it. Errors as for `create`."""
-        path = f"/v1/scopes/{_segment(parent_id, 'parent_id')}/children"
+        path = f"/scopes/{_segment(parent_id, 'parent_id')}/children"
         view = await self._transport.request(
             "POST", path, body=_run_body(name, deadline, child_limit), safe=False
         )
@@ -188,7 +188,7 @@ class Scopes:
         """The run's view: `storedState` (ACTIVE, CANCELLED, COMPLETED), `effective` (ACTIVE or
         INACTIVE, counting ancestors and deadlines), `name`, `deadline`, ... NotFoundError if unknown.
         """
-        return await self._transport.request("GET", f"/v1/scopes/{_segment(scope_id, 'scope id')}", safe=True)
+        return await self._transport.request("GET", f"/scopes/{_segment(scope_id, 'scope id')}", safe=True)
 
     async def cancel(self, scope_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel the run and every run below it; returns the run's view.
@@ -196,7 +196,7 @@ class Scopes:
         Idempotent on a cancelled run; ConflictError on a completed one.
         """
         body: dict[str, Any] = {} if reason is None else {"reason": reason}
-        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/cancel"
+        path = f"/scopes/{_segment(scope_id, 'scope id')}/cancel"
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def complete(self, scope_id: str) -> dict[str, Any]:
@@ -204,7 +204,7 @@ class Scopes:
 
         Idempotent on a completed run; ConflictError on a cancelled one.
         """
-        path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/complete"
+        path = f"/scopes/{_segment(scope_id, 'scope id')}/complete"
         return await self._transport.request("POST", path, body={}, safe=True)
 
 
@@ -320,7 +320,7 @@ class Mailbox:
         self._transport = transport
         self.scope_id = scope_id
         self.name = name
-        self._path = f"/v1/scopes/{_segment(scope_id, 'scope id')}/mailboxes/{_segment(name, 'mailbox name')}"
+        self._path = f"/scopes/{_segment(scope_id, 'scope id')}/mailboxes/{_segment(name, 'mailbox name')}"
 
     def __repr__(self) -> str:
         return f"<Mailbox {self.name} in {self.scope_id}>"
@@ -462,7 +462,7 @@ class Ticket:
         state: str | None = None,
     ) -> None:
         self._transport = transport
-        self._path = f"/v1/tasks/{_segment(task_id, 'task id')}"
+        self._path = f"/tasks/{_segment(task_id, 'task id')}"
         self.id = task_id
         self.key = key
         self.created = created
@@ -524,7 +524,7 @@ class Delivery:
     def __init__(self, transport: Transport, view: dict[str, Any]) -> None:
         self._transport = transport
         self.id: str = _field(view, "id")
-        self._path = f"/v1/deliveries/{_segment(self.id, 'delivery id')}"
+        self._path = f"/deliveries/{_segment(self.id, 'delivery id')}"
         self.task_id: str = _field(view, "taskId")
         self.key: str | None = view.get("key")
         self.input: Any = view.get("input")
@@ -576,7 +576,7 @@ class Delivery:
         try:
             answer = await self._transport.request("POST", f"{self._path}/{action}", body=body, safe=True)
         except (ConflictError, NotFoundError):
-            # LEASE_LOST, SCOPE_CANCELLED, ...: this delivery is no longer ours to settle.
+            # STALE_CLAIM, SCOPE_CANCELLED, ...: this delivery is no longer ours to settle.
             self._settled = True
             raise
         self._settled = True
@@ -715,7 +715,7 @@ class AsyncRunstate:
     async def default_scope(self) -> Scope:
         """The space's default run (`POST /v1/default-scope`): created on first use, replaced by a
         fresh one in the same step once it is no longer active. Safe to repeat."""
-        view = await self._transport.request("POST", "/v1/default-scope", safe=True)
+        view = await self._transport.request("POST", "/default-scope", safe=True)
         return Scope(self._transport, _field(view, "id"), view)
 
     async def results(
@@ -739,7 +739,7 @@ class AsyncRunstate:
             chunk = pending[:RESULTS_BATCH_MAX]
             wait_ms = min(max(0, int((deadline - loop.time()) * 1000)), RESULT_POLL_SLICE_MS)
             answer = await self._transport.request(
-                "POST", "/v1/tasks/results", body={"ids": chunk, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
+                "POST", "/tasks/results", body={"ids": chunk, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
             )
             for view in _field(answer, "results"):
                 error = view.get("error")

@@ -1,6 +1,6 @@
 """The SDK's exceptions: one class per error code of the HTTP API, plus the SDK's own.
 
-Every exception is a `RunstateError` carrying `.code` (the API's error code, e.g. `LEASE_LOST`),
+Every exception is a `RunstateError` carrying `.code` (the API's error code, e.g. `STALE_CLAIM`),
 `.status` (the HTTP status, or None when the SDK raised it without an answer from the server) and
 `.message`. Every 409 is a `ConflictError`, so `except ConflictError` catches them all; the
 specific codes have their own subclasses. `error_from_response` is the one place that maps an
@@ -10,6 +10,7 @@ answer of the server to a class.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class _Unset(enum.Enum):
@@ -62,9 +63,9 @@ def _rebuild(
 
 
 class ValidationError(RunstateError):
-    """The server refused a request as malformed or over a bound (400 VALIDATION)."""
+    """The server refused a request as malformed or over a bound (400 VALIDATION_FAILED)."""
 
-    default_code = "VALIDATION"
+    default_code = "VALIDATION_FAILED"
     default_status: int | None = 400
 
 
@@ -123,9 +124,9 @@ class DeadlineExceededError(ConflictError):
 
 
 class LeaseLostError(ConflictError):
-    """The delivery's lease lapsed or was taken over by another worker (409 LEASE_LOST)."""
+    """The delivery's lease lapsed or was taken over by another worker (409 STALE_CLAIM)."""
 
-    default_code = "LEASE_LOST"
+    default_code = "STALE_CLAIM"
 
 
 class KeyConflictError(ConflictError):
@@ -141,7 +142,8 @@ class LimitExceededError(ConflictError):
 
 
 class ResultTooLargeError(RunstateError):
-    """A result is over the server's bound of 64 KB (413 RESULT_TOO_LARGE)."""
+    """A result is over the server's bound of 64 KB (400 VALIDATION_FAILED "... exceeds 65536
+    bytes"; `.code` is RESULT_TOO_LARGE when the SDK refused it before sending)."""
 
     default_code = "RESULT_TOO_LARGE"
     default_status = 413
@@ -204,22 +206,26 @@ class OnceFailedError(RunstateError):
 
 
 _CLASS_BY_CODE: dict[str, type[RunstateError]] = {
-    "VALIDATION": ValidationError,
+    "VALIDATION_FAILED": ValidationError,
     "UNAUTHENTICATED": UnauthenticatedError,
     "FORBIDDEN": ForbiddenError,
     "NOT_FOUND": NotFoundError,
     "CONFLICT": ConflictError,
     "SCOPE_CANCELLED": ScopeCancelledError,
     "DEADLINE_EXCEEDED": DeadlineExceededError,
-    "LEASE_LOST": LeaseLostError,
+    "STALE_CLAIM": LeaseLostError,
     "KEY_CONFLICT": KeyConflictError,
     "LIMIT_EXCEEDED": LimitExceededError,
     "GROUP_CLOSED": ConflictError,
     "BARRIER_CANCELLED": ConflictError,
     "BARRIER_RELEASED": ConflictError,
     "RESULT_TOO_LARGE": ResultTooLargeError,
+    "IDEMPOTENCY_CONFLICT": ConflictError,
     "UNAVAILABLE": UnavailableError,
 }
+
+# The server's VALIDATION_FAILED for a value over a size bound says "... exceeds N bytes".
+_TOO_LARGE = re.compile(r"exceeds \d+ bytes")
 
 _CLASS_BY_STATUS: dict[int, type[RunstateError]] = {
     400: ValidationError,
@@ -227,19 +233,17 @@ _CLASS_BY_STATUS: dict[int, type[RunstateError]] = {
     403: ForbiddenError,
     404: NotFoundError,
     409: ConflictError,
-    413: ResultTooLargeError,
     502: UnavailableError,
     503: UnavailableError,
     504: UnavailableError,
 }
 
 _CODE_BY_STATUS: dict[int, str] = {
-    400: "VALIDATION",
+    400: "VALIDATION_FAILED",
     401: "UNAUTHENTICATED",
     403: "FORBIDDEN",
     404: "NOT_FOUND",
     409: "CONFLICT",
-    413: "RESULT_TOO_LARGE",
     502: "UNAVAILABLE",
     503: "UNAVAILABLE",
     504: "UNAVAILABLE",
@@ -253,6 +257,8 @@ def error_from_response(status: int, code: str | None, message: str | None) -> R
     chosen by status.
     """
     cls = _CLASS_BY_CODE.get(code) if code else None
+    if code == "VALIDATION_FAILED" and message and _TOO_LARGE.search(message):
+        cls = ResultTooLargeError
     if cls is None:
         cls = _CLASS_BY_STATUS.get(status, RunstateError)
     if not code:
@@ -263,11 +269,10 @@ def error_from_response(status: int, code: str | None, message: str | None) -> R
 
 # The status each code comes with, for errors reported inside a 200 answer (batch calls).
 _STATUS_BY_CODE: dict[str, int] = {
-    "VALIDATION": 400,
+    "VALIDATION_FAILED": 400,
     "UNAUTHENTICATED": 401,
     "FORBIDDEN": 403,
     "NOT_FOUND": 404,
-    "RESULT_TOO_LARGE": 413,
     "UNAVAILABLE": 503,
     "INTERNAL": 500,
 }

@@ -95,7 +95,7 @@ class Groups:
         body.update({name: value for name, value in optional.items() if value is not None})
         # Not repeated blindly: a lost answer might hide a group that was created.
         view = await self._transport.request(
-            "POST", f"/v1/scopes/{_segment(self.scope_id, 'scope id')}/groups", body=body, safe=False
+            "POST", f"/scopes/{_segment(self.scope_id, 'scope id')}/groups", body=body, safe=False
         )
         return Group(self._transport, view["id"], view)
 
@@ -110,7 +110,7 @@ class Group:
     its `verdict` and `verdictBy`), ..."""
 
     def __init__(self, transport: Transport, group_id: str, view: dict[str, Any] | None = None) -> None:
-        self._path = f"/v1/groups/{_segment(group_id, 'group id')}"
+        self._path = f"/groups/{_segment(group_id, 'group id')}"
         self._transport = transport
         self.id = group_id
         self.view = view

@@ -165,7 +165,7 @@ class _Resources:
         self._transport = transport
 
     def _path(self, name: str) -> str:
-        return f"/v1/{self._route}/{_segment(name, f'{self._what} name')}"
+        return f"/{self._route}/{_segment(name, f'{self._what} name')}"
 
     async def _put(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._transport.request("PUT", self._path(name), body=body, safe=True)
@@ -244,7 +244,7 @@ class Held:
         self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any
     ) -> None:
         self._transport = transport
-        self._path = f"/v1/{self._route}/{_segment(held_id, f'{self._kind} id')}"
+        self._path = f"/{self._route}/{_segment(held_id, f'{self._kind} id')}"
         self.id = held_id
         self.name = name
         self.scope_id = scope_id
@@ -384,7 +384,7 @@ class _InScope:
     def __init__(self, transport: Transport, scope_id: str) -> None:
         self._transport = transport
         self.scope_id = scope_id
-        self._path = f"/v1/scopes/{_segment(scope_id, 'scope id')}"
+        self._path = f"/scopes/{_segment(scope_id, 'scope id')}"
 
 
 class ScopePools(_InScope):

@@ -43,7 +43,7 @@ class Timers:
                 raise ConfigError(f"after_seconds must be a non-negative number, got {after_seconds!r}")
             body["afterSeconds"] = after_seconds
         view = await self._transport.request(
-            "POST", f"/v1/scopes/{quote(self.scope_id, safe='')}/timers", body=body, safe=False
+            "POST", f"/scopes/{quote(self.scope_id, safe='')}/timers", body=body, safe=False
         )
         return Timer(self._transport, view["id"], view)
 
@@ -61,7 +61,7 @@ class Timer:
             raise ConfigError(f"timer id must be a non-empty string, got {timer_id!r}")
         self._transport = transport
         self.id = timer_id
-        self._path = f"/v1/timers/{quote(timer_id, safe='')}"
+        self._path = f"/timers/{quote(timer_id, safe='')}"
         self.view: dict[str, Any] | None = None
         self.fire_at: datetime | None = None
         self._see(view)
