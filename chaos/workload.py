@@ -240,14 +240,22 @@ def _unknown_of(error: BaseException) -> Answer:
     return Answer(UNKNOWN, None, {}, code, f"{type(reason).__name__}: {reason}")
 
 
-class HttpClient:
-    """One request per call, to the node the caller names, with the admin key; no retries."""
+# The workload runs in the space of the cluster's bootstrap admin key (the operator space).
+SPACE = "default"
+OPERATOR_PATHS = ("/v1/health", "/v1/cluster", "/v1/whoami", "/v1/spaces", "/v1/keys")
 
-    def __init__(self, base_urls: list[str], admin_key: str) -> None:
+
+class HttpClient:
+    """One request per call, to the node the caller names, with the admin key; no retries. Paths
+    are given as `/v1/<path>` and sent under the space (`/v1/spaces/{space}/<path>`), except the
+    operator routes."""
+
+    def __init__(self, base_urls: list[str], admin_key: str, space: str = SPACE) -> None:
         if not base_urls:
             raise ValueError("no base URL")
         self.base_urls = [url.rstrip("/") for url in base_urls]
         self.admin_key = admin_key
+        self.space = space
         # No proxy from the environment: the nodes are on this machine.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -258,6 +266,8 @@ class HttpClient:
         headers = {"Authorization": f"Bearer {self.admin_key}", "X-Runstate-Holder": holder, "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
+        if not path.startswith(OPERATOR_PATHS):
+            path = f"/v1/spaces/{self.space}/" + path.removeprefix("/v1/")
         url = self.base_urls[node % len(self.base_urls)] + path
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:

@@ -34,7 +34,7 @@ ids = st.one_of(
     st.sampled_from(["..", "%2e%2e", "%00", "run_", "tsk_", "a" * 5000, "\u202e", "🙂", "key:.+"]),
 )
 headers = st.dictionaries(
-    st.sampled_from(["Authorization", "X-Runstate-Space", "X-Runstate-Holder", "Content-Type"]),
+    st.sampled_from(["Authorization", "X-Runstate-Holder", "Content-Type", "Idempotency-Key"]),
     st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
     max_size=3,
 )

@@ -35,10 +35,12 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
     assert cluster.api(leader).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
     hop = {"X-Runstate-Forwarded-By": cluster.ids[leader], "Authorization": f"Bearer {cluster.admin_key}"}
-    status, body = call(cluster.urls[follower], "GET", f"/v1/scopes/{run_id}", headers=hop)
+    run_path = api.space_path(f"/v1/scopes/{run_id}")
+    status, body = call(cluster.urls[follower], "GET", run_path, headers=hop)
     assert (status, body["error"]["code"]) == (503, "UNAVAILABLE")
+    assert body["error"]["requestId"].startswith("req_")
     # The leader serves a forwarded call itself.
-    assert call(cluster.urls[leader], "GET", f"/v1/scopes/{run_id}", headers=hop)[0] == 200
+    assert call(cluster.urls[leader], "GET", run_path, headers=hop)[0] == 200
     view = api.ok("GET", "/v1/cluster")
     assert view["leader"] == cluster.ids[leader]
     assert sorted(node["id"] for node in view["nodes"]) == cluster.ids
@@ -92,11 +94,12 @@ def test_a_client_learns_the_leader_from_a_forwarded_answer(make_cluster: Callab
     with urllib.request.urlopen(f"{cluster.urls[follower]}/v1/openapi.json") as local:
         assert "X-Runstate-Leader" not in local.headers  # node-local: served where it arrives
     request = urllib.request.Request(
-        f"{cluster.urls[follower]}/v1/mailboxes", data=b'{"name": "work"}', method="POST",
+        cluster.urls[follower] + cluster.api(follower).space_path("/v1/mailboxes"), data=b'{"name": "work"}', method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {cluster.admin_key}"},
     )
     with urllib.request.urlopen(request) as forwarded:
         assert forwarded.headers["X-Runstate-Leader"] == cluster.urls[leader]
+        assert forwarded.headers["X-Request-Id"].startswith("req_")  # the leader's answer, relayed
 
     async def main() -> None:
         urls = [cluster.urls[follower], *(url for url in cluster.urls if url != cluster.urls[follower])]

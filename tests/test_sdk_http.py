@@ -58,7 +58,6 @@ def test_client_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rs.space_id == "space-1"
     assert rs.holder == "worker-7"
     headers = rs._transport.headers()
-    assert headers["X-Runstate-Space"] == "space-1"
     assert headers["Authorization"] == "Bearer secret"
     assert headers["X-Runstate-Holder"] == "worker-7"
     assert "secret" not in repr(rs)
@@ -69,7 +68,8 @@ def test_client_defaults_omit_headers() -> None:
     assert rs.holder == default_holder()
     assert rs.holder.endswith(f":{__import__('os').getpid()}")
     headers = rs._transport.headers()
-    assert "X-Runstate-Space" not in headers and "Authorization" not in headers
+    assert "Authorization" not in headers
+    assert rs.space_id is None  # learned from GET /v1/whoami on the first call
 
 
 @pytest.mark.parametrize("kwargs", [{"holder": ""}, {"timeout_s": 0}, {"base_url": "nope"}])
@@ -106,8 +106,7 @@ def test_deadline_rejects(bad: Any) -> None:
 def test_sdk_imports_no_server_package() -> None:
     code = (
         "import sys, runstate, runstate.sdk.sync, runstate.sdk.client\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[:2] in "
-        "(['runstate', 'actors'], ['runstate', 'cluster'], ['runstate', 'node']))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'runstate_server')\n"
         "assert not bad, bad\n"
         "assert 'pysyncobj' not in sys.modules and 'msgpack' not in sys.modules\n"
     )
@@ -139,11 +138,21 @@ def test_unavailable_blocking_client() -> None:
 Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+FAKE_SPACE = "fake-space"
+
+
+async def whoami(request: web.Request) -> web.Response:
+    return web.json_response({"space": FAKE_SPACE})
+
+
 @asynccontextmanager
 async def fake_server(routes: dict[tuple[str, str], Route]) -> AsyncIterator[str]:
+    """A server with `routes`: paths are given relative to a space (`/v1/mailboxes`) and served
+    under it (`/v1/spaces/{spaceId}/mailboxes`); `GET /v1/whoami` names FAKE_SPACE."""
     app = web.Application()
+    app.router.add_get("/v1/whoami", whoami)
     for (method, path), handler in routes.items():
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, "/v1/spaces/{spaceId}/" + path.removeprefix("/v1/"), handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -163,7 +172,7 @@ def test_headers_and_body_reach_the_server() -> None:
     seen: list[tuple[dict[str, str], Any]] = []
 
     async def ensure(request: web.Request) -> web.Response:
-        seen.append((dict(request.headers), await request.json()))
+        seen.append(({**request.headers, "space": request.match_info["spaceId"]}, await request.json()))
         return web.json_response({"name": "work", "mode": "WORK", "created": True})
 
     async def main() -> None:
@@ -173,7 +182,7 @@ def test_headers_and_body_reach_the_server() -> None:
 
     asyncio.run(main())
     headers, body = seen[0]
-    assert headers["X-Runstate-Space"] == "sp"
+    assert headers["space"] == "sp"  # the configured space, in the path
     assert headers["Authorization"] == "Bearer k"
     assert headers["X-Runstate-Holder"] == "h1"
     assert body == {"name": "work", "mode": "WORK"}

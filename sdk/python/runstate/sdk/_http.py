@@ -197,9 +197,9 @@ class Transport:
         call may have been applied without an answer, UnavailableError when no server answered
         within UNAVAILABLE_AFTER_S.
         """
+        data = encode_body(body) if body is not None else None  # ConfigError before any request
         if not path.startswith(API_ROOT):
             path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
-        data = encode_body(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else None
         timeout_s = self.timeout_s + (long_poll_ms / 1000 + LONG_POLL_MARGIN_S if long_poll_ms > 0 else 0)
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)

@@ -204,7 +204,7 @@ class Keys:
         self, permissions: Sequence[str], *, space: str | None = None, name: str | None = None
     ) -> NewKey:
         """Create a key with `permissions` (some of `PERMISSIONS`) in `space` (default: the
-        caller's space); returns a `NewKey` whose `.secret` is shown this once. The key works at
+        client's `space_id`, else the caller's space); returns a `NewKey` whose `.secret` is shown this once. The key works at
         once.
 
         Raises ForbiddenError without the admin permission, or for another space unless the
@@ -215,7 +215,8 @@ class Keys:
         UnavailableError.
         """
         body: dict[str, Any] = {"permissions": _permission_list(permissions)}
-        if _optional_text(space, "space") is not None:
+        space = _optional_text(space, "space") or self._transport.space_id
+        if space is not None:
             body["space"] = space
         if _optional_text(name, "name") is not None:
             body["name"] = name
@@ -223,12 +224,13 @@ class Keys:
         return _parse("new key", view, _new_key)
 
     async def list(self, space: str | None = None) -> list[KeyInfo]:
-        """The keys of `space` (default: the caller's), revoked ones included, without secrets.
+        """The keys of `space` (default: the client's `space_id`, else the caller's), revoked ones included, without secrets.
 
         Raises ForbiddenError without the admin permission, or for another space unless the
         caller is an admin of the operator space.
         """
-        params = None if _optional_text(space, "space") is None else {"space": str(space)}
+        space = _optional_text(space, "space") or self._transport.space_id
+        params = None if space is None else {"space": space}
         answer = await self._transport.request("GET", "/v1/keys", params=params, safe=True)
         return _parse("key list", answer, lambda view: [_key_info(item) for item in view["keys"]])
 
