@@ -65,14 +65,18 @@ class Harness:
         self.commands += 1
         return f"{self.commands:08x}{self.commands * 2654435761 % 2**32:08x}"
 
-    def apply(self, kind: str, *, space: str | None = None, epoch: int | None = None, **args: Any) -> Any:
-        command = {
+    def apply(
+        self, kind: str, *, space: str | None = None, epoch: int | None = None, idem: list[str] | None = None, **args: Any
+    ) -> Any:
+        command: dict[str, Any] = {
             "type": kind,
             "v": 1,
             "space": self.space if space is None else space,
             "id": self.next_id(),
             "args": args,
         }
+        if idem is not None:
+            command["idem"] = idem
         result, self.effects = self.core.apply(command, self.now_ms, self.epoch if epoch is None else epoch)
         return result
 

@@ -134,7 +134,7 @@ def test_acquire_grants_up_to_size_then_not_granted(h: Harness, run_id: str) -> 
     second = acquire(h, run_id)
     assert second["granted"] and second["lease_id"] != first["lease_id"]
     before = snapshot_bytes(h.state, without_clock=True)
-    assert acquire(h, run_id) == {"granted": False}
+    assert acquire(h, run_id) == {"granted": False, "unchanged": True}
     assert snapshot_bytes(h.state, without_clock=True) == before and h.effects == []
     view = resources.pool_view(h.state, h.space, "browser")
     assert view is not None
@@ -228,9 +228,9 @@ def test_a_size_below_the_slots_in_use_grants_nothing_until_enough_return(h: Har
     leases = [acquire(h, run_id)["lease_id"] for _ in range(3)]
     pool(h, size=1)
     h.ok("pool.release", lease_id=leases[0])
-    assert acquire(h, run_id) == {"granted": False}
+    assert acquire(h, run_id) == {"granted": False, "unchanged": True}
     h.ok("pool.release", lease_id=leases[1])
-    assert acquire(h, run_id) == {"granted": False}
+    assert acquire(h, run_id) == {"granted": False, "unchanged": True}
     h.ok("pool.release", lease_id=leases[2])
     assert acquire(h, run_id)["granted"]
 
@@ -272,20 +272,20 @@ def test_take_is_a_sliding_window_over_command_time(h: Harness, run_id: str) -> 
     assert take(h, run_id, 2) == {"taken": True, "available_ms": start}
     h.advance(400)
     assert take(h, run_id, 1) == {"taken": True, "available_ms": start + 400}
-    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + SECOND}
+    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + SECOND, "unchanged": True}
     h.advance(599)  # start + 999: the first take is still in (t - 1000, t]
     assert take(h, run_id, 1)["taken"] is False
     h.advance(1)
     assert take(h, run_id, 2) == {"taken": True, "available_ms": start + SECOND}
-    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 400 + SECOND}
-    assert take(h, run_id, 3) == {"taken": False, "available_ms": start + 2 * SECOND}
+    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 400 + SECOND, "unchanged": True}
+    assert take(h, run_id, 3) == {"taken": False, "available_ms": start + 2 * SECOND, "unchanged": True}
 
 
 def test_a_take_waits_for_a_window_wake(h: Harness, run_id: str) -> None:
     limit(h, units=1, interval_ms=SECOND)
     start = h.now_ms
     take(h, run_id)
-    assert take(h, run_id) == {"taken": False, "available_ms": start + SECOND}
+    assert take(h, run_id) == {"taken": False, "available_ms": start + SECOND, "unchanged": True}
     assert h.armed() == [start + SECOND] and h.state.rate_limits["space-1/api"].wake_ms == start + SECOND
     take(h, run_id)
     assert h.armed() == []  # armed already
@@ -313,7 +313,7 @@ def test_a_longer_interval_counts_the_takes_it_covers(h: Harness, run_id: str) -
     take(h, run_id, 2)
     h.advance(SECOND)
     limit(h, units=2, interval_ms=10 * SECOND)
-    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 10 * SECOND}
+    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 10 * SECOND, "unchanged": True}
     limit(h, units=2, interval_ms=SECOND)
     assert take(h, run_id, 2)["taken"]
 
@@ -356,7 +356,7 @@ def test_a_longer_interval_counts_the_takes_of_its_window(h: Harness, run_id: st
     h.advance(3 * SECOND)
     take(h, run_id, 1)  # the first take is out of a second's window, but remembered
     limit(h, units=3, interval_ms=10 * SECOND)
-    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 10 * SECOND}
+    assert take(h, run_id, 1) == {"taken": False, "available_ms": start + 10 * SECOND, "unchanged": True}
 
 
 # -- budgets -------------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ def test_reserve_takes_from_what_remains(h: Harness, run_id: str) -> None:
     first = reserve(h, run_id, 0.6)
     assert first["granted"] and first["reservation_id"].startswith("rsv_")
     assert first["lease_expires_ms"] == h.now_ms + LEASE_MS
-    assert reserve(h, run_id, 0.5) == {"granted": False}
+    assert reserve(h, run_id, 0.5) == {"granted": False, "unchanged": True}
     assert reserve(h, run_id, 0.4)["granted"]
     view = budget_view(h)
     assert (view["total"], view["spent"], view["reserved"], view["remaining"]) == (1.0, 0.0, 1.0, 0.0)
@@ -419,13 +419,13 @@ def test_a_lowered_total_grants_nothing_new_but_keeps_reservations(h: Harness, r
     budget(h, total=1.0)
     reservation_id = reserve(h, run_id, 0.8)["reservation_id"]
     budget(h, total=0.5)
-    assert reserve(h, run_id, 0.1) == {"granted": False}
+    assert reserve(h, run_id, 0.1) == {"granted": False, "unchanged": True}
     assert budget_view(h)["remaining"] == 0.0
     # The reservation still charges what was spent of it, however the total moved.
     assert h.ok("budget.settle", reservation_id=reservation_id, spent_micros=600_000) == {
         "charged_micros": 600_000, "returned_micros": 200_000,
     }
-    assert reserve(h, run_id, 0.1) == {"granted": False}  # spent 0.6 of 0.5
+    assert reserve(h, run_id, 0.1) == {"granted": False, "unchanged": True}  # spent 0.6 of 0.5
 
 
 def test_released_and_lapsed_reservations_return_whole(h: Harness, run_id: str) -> None:
@@ -465,7 +465,7 @@ def test_reservations_per_budget_are_bounded(h: Harness, run_id: str, monkeypatc
     budget(h)
     reserve(h, run_id, 1)
     reserve(h, run_id, 1)
-    assert reserve(h, run_id, 1) == {"granted": False}
+    assert reserve(h, run_id, 1) == {"granted": False, "unchanged": True}
 
 
 def test_micros_make_decimal_sums_exact() -> None:

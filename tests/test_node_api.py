@@ -103,7 +103,7 @@ def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
         status, answer = api("POST", path, raw=raw)
         assert status < 500, (path, status, answer)
         if status >= 400:
-            assert set(answer["error"]) == {"code", "message"}
+            assert set(answer["error"]) == {"code", "message", "requestId"}
     assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
 
 

@@ -1,6 +1,7 @@
 """The dispatcher: apply one command to the state, deterministically.
 
-A command is `{"type": str, "v": 1, "space": str, "id": str, "args": dict, "key": str | None}`; the
+A command is `{"type": str, "v": 1, "space": str, "id": str, "args": dict, "key": str | None,
+"idem": [key, fingerprint] | None}` (idem: see idempotency.py); the
 leader chose its id, and the batch it travels in carries `now_ms` and the leader's `epoch`. `key`
 is the id of the API key the request was made with (absent on a node without auth, and on the
 leader's own commands). `apply` never reads a clock, a random source or the environment, so every
@@ -19,6 +20,7 @@ from runstate_server.actors import (
     claims,
     errors,
     groups,
+    idempotency,
     limits,
     resources,
     runs,
@@ -142,10 +144,17 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         if len(state.spaces) >= limits.spaces_max:
             raise Rejected(errors.LIMIT_EXCEEDED, f"at most {limits.spaces_max} spaces")
         space = Space(id=space_id, created_ms=now_ms)
+    idem = command.get("idem")
+    if idem is not None:
+        replay = idempotency.replayed(state, space_id, idem, now_ms)
+        if replay is not None:
+            return replay["result"]
     ctx = Context(state, space, now_ms, epoch, str(command.get("id", "")), effects, key_id)
     result = handler(ctx, args)
     if is_new_space and (space.mailboxes or space.run_count or space.key_count or space.resource_counts):
         state.spaces[space_id] = space
+    if idem is not None and space_id in state.spaces:  # a command that made no space changed nothing
+        idempotency.record(state, space_id, idem, result, now_ms)
     return result
 
 

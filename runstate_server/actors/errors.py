@@ -13,6 +13,7 @@ VALIDATION_FAILED: Final = "VALIDATION_FAILED"
 UNAUTHENTICATED: Final = "UNAUTHENTICATED"  # the command's API key is unknown or revoked
 FORBIDDEN: Final = "FORBIDDEN"  # the key belongs to another space, or lacks a permission
 CONFLICT: Final = "CONFLICT"
+IDEMPOTENCY_CONFLICT: Final = "IDEMPOTENCY_CONFLICT"  # an idempotency key reused with another request
 SCOPE_CANCELLED: Final = "SCOPE_CANCELLED"
 DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"
 STALE_CLAIM: Final = "STALE_CLAIM"

@@ -86,3 +86,8 @@ reservations_per_budget_max = 10_000  # reservations held at once; more wait lik
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at
+
+# Idempotency keys (the `idempotency-key` header of a mutation): what a space remembers of them.
+idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first
+idempotency_key_ttl_ms = 3_600_000  # a key is remembered for an hour after its first use
+idempotency_key_chars_max = 255

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate_server.actors import errors, limits, runs
+from runstate_server.actors import errors, idempotency, limits, runs
 from runstate_server.actors.context import Context, queue_key, resource_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, State, Task, TaskState, register_table
@@ -300,7 +300,7 @@ def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field:
         )
     runs.require_active(ctx, run)
     if not _has_room(kind, resource, amount):
-        return {"granted": False}
+        return {"granted": False, idempotency.UNCHANGED: True}
     hold = _hold(
         ctx, kind, resource, _HOLD_PREFIXES[kind] + ctx.command_id, run.id, args.get("holder"), None, amount, lease_ms
     )
@@ -492,7 +492,7 @@ def take(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         _record_take(limit, ctx.now_ms, units)
         return {"taken": True, "available_ms": ctx.now_ms}
     _arm_window(ctx, limit, available_ms)
-    return {"taken": False, "available_ms": available_ms}
+    return {"taken": False, "available_ms": available_ms, idempotency.UNCHANGED: True}
 
 
 def on_window_due(ctx: Context, limit_id: str, due_ms: int) -> None:

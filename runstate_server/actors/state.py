@@ -205,6 +205,9 @@ class State:
     # from_snapshot, never written to a snapshot.
     key_ids_by_hash: dict[str, str] = field(default_factory=dict)
     operator_space: str | None = None  # the space bootstrap created: its admin keys manage every space
+    # Idempotency keys (idempotency.py): space -> key -> [first use ms, request fingerprint, result],
+    # oldest first.
+    idempotency: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -272,6 +275,10 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "due_seq": state.due_seq,
         "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
         "operator_space": state.operator_space,
+        # Rows in age order; a result is a value the state never changes, but copied all the same.
+        "idempotency": [
+            [space, key, *copy.deepcopy(entry)] for space, table in state.idempotency.items() for key, entry in table.items()
+        ],
     }
 
 
@@ -286,6 +293,8 @@ def from_snapshot(data: dict[str, Any]) -> State:
     # columns, no keys and no operator space, and loads with the defaults; so does one from before
     # resources (rows of 8 columns).
     state.operator_space = data.get("operator_space")
+    for space, key, first_ms, fingerprint, result in data.get("idempotency", []):
+        state.idempotency.setdefault(space, {})[key] = [first_ms, fingerprint, copy.deepcopy(result)]
     for row in data["spaces"]:
         space_id, mailboxes, run_count, task_count, default_run_id, *later = row
         later_defaults: list[Any] = [None, 0, 0, {}]  # name, created_ms, key_count, resource_counts

@@ -169,21 +169,29 @@ class Node:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    async def propose(self, caller: Caller, kind: str, args: dict[str, Any]) -> Any:
+    async def propose(
+        self, caller: Caller, kind: str, args: dict[str, Any], *, idempotency: tuple[str, str] | None = None
+    ) -> Any:
         """Commit one command for `caller` and return its result; a rejection raises ApiError. The
         command carries the caller's key id, so the core refuses it if the key was revoked by an
-        earlier entry of the log, whichever node checked the key first."""
-        return await self._propose(caller.space, caller.key_id, kind, args)
+        earlier entry of the log, whichever node checked the key first. With `idempotency` (the
+        request's idempotency key and fingerprint) a retry of the request gets the first result
+        instead of applying the command again (actors/idempotency.py)."""
+        return await self._propose(caller.space, caller.key_id, kind, args, idempotency)
 
     async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
         return await self._propose(dispatch.SYSTEM_SPACE, None, kind, args)
 
-    async def _propose(self, space: str, key_id: str | None, kind: str, args: dict[str, Any]) -> Any:
-        command = {
+    async def _propose(
+        self, space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None = None
+    ) -> Any:
+        command: dict[str, Any] = {
             "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args,
         }
         if key_id is not None:
             command["key"] = key_id
+        if idempotency is not None:
+            command["idem"] = list(idempotency)
         try:
             result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
         except NotLeader as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.node.api.errors import ApiError
-from runstate_server.node.api.routes import ROUTE_BY_HANDLER_KEY
+from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDLER_KEY
 
 _MISSING = object()
 
@@ -46,6 +47,41 @@ def _refuse_unknown_fields(request: web.Request, body: dict[str, Any]) -> None:
     if unknown:
         takes = f"this call takes {', '.join(sorted(known))}" if known else "this call takes no fields"
         raise ApiError("VALIDATION_FAILED", f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; {takes}")
+
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,%d}$" % limits.idempotency_key_chars_max)  # noqa: UP031
+
+
+async def idempotency(request: web.Request) -> tuple[str, str] | None:
+    """The request's idempotency key and the fingerprint of what it asks (method, path, query and
+    body, with `{}` and no body alike), for `node.propose(..., idempotency=)`; None without the
+    header. A malformed key is VALIDATION_FAILED."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise ApiError(
+            "VALIDATION_FAILED",
+            f"{IDEMPOTENCY_HEADER} must be 1 to {limits.idempotency_key_chars_max} printable ASCII characters",
+        )
+    raw = await request.read()
+    try:
+        body = canonical_json(json.loads(raw)) if raw.strip() else b"{}"
+    except (ValueError, UnicodeDecodeError):
+        body = raw
+    fingerprint = hashlib.sha256(f"{request.method} {request.path_qs}\n".encode() + body).hexdigest()
+    return key, fingerprint
+
+
+async def propose(request: web.Request, kind: str, args: dict[str, Any]) -> Any:
+    """Commit the command that carries out this request, for its caller, under the request's
+    idempotency key: a retry of the request (same key, same request) gets this command's first
+    result and applies nothing. Use it for the one command a request is about; render the answer
+    from the result it returns, so a replay renders the same answer."""
+    return await request.app[NODE_KEY].propose(
+        request[CALLER_KEY], kind, args, idempotency=await idempotency(request)
+    )
 
 
 def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = False) -> str | None:

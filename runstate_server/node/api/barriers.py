@@ -60,7 +60,7 @@ async def create_barrier(request: web.Request) -> web.Response:
     target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
     if target is None:
         raise ApiError("VALIDATION_FAILED", "target is required")
-    result = await node.propose(caller, "barrier.create", {"run_id": request.match_info["id"], "target": target})
+    result = await req.propose(request, "barrier.create", {"run_id": request.match_info["id"], "target": target})
     return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
@@ -80,7 +80,7 @@ async def arrive(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
     key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
-    result = await node.propose(caller, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
+    result = await req.propose(request, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
     return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
 
 
@@ -129,5 +129,5 @@ async def wait(request: web.Request) -> web.Response:
 async def next_epoch(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    await node.propose(caller, "barrier.next_epoch", {"barrier_id": barrier_id})
+    await req.propose(request, "barrier.next_epoch", {"barrier_id": barrier_id})
     return web.json_response(_render(node, caller.space, barrier_id))

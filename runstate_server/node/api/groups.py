@@ -106,7 +106,7 @@ async def create_group(request: web.Request) -> web.Response:
         "parent_id": req.text(body, "parentScopeId", max_chars=limits.name_chars_max),
         "retention_ms": node.config.retention_ms,
     }
-    result = await node.propose(caller, "group.create", args)
+    result = await req.propose(request, "group.create", args)
     return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
 
 
@@ -139,10 +139,10 @@ async def wait(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
 )
 async def submit_member(request: web.Request) -> web.Response:
-    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    node, group_id = node_of(request), request.match_info["id"]
     body = await req.json_body(request)
     args = {"group_id": group_id, **req.task_fields(body)}
-    result = await node.propose(caller, "group.submit", args)
+    result = await req.propose(request, "group.submit", args)
     with node.read() as state:
         task = state.tasks[result["task_id"]]
         # groupState as the submit left it, not as a later call may have changed it since.
@@ -157,9 +157,9 @@ async def submit_member(request: web.Request) -> web.Response:
     permission=WRITE,
 )
 async def join(request: web.Request) -> web.Response:
-    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    group_id = request.match_info["id"]
     body = await req.json_body(request)
-    result = await node.propose(caller, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
+    result = await req.propose(request, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
     return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
 
 
@@ -169,17 +169,17 @@ async def join(request: web.Request) -> web.Response:
     errors=("NOT_FOUND",), permission=WRITE,
 )
 async def close(request: web.Request) -> web.Response:
-    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    group_id = request.match_info["id"]
     await req.json_body(request, required=False)
-    result = await node.propose(caller, "group.close", {"group_id": group_id})
+    result = await req.propose(request, "group.close", {"group_id": group_id})
     return web.json_response(_decision(result))
 
 
 async def _judge(request: web.Request, kind: str) -> web.Response:
-    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
+    node, group_id = node_of(request), request.match_info["id"]
     body = await req.json_body(request)
     args = {"group_id": group_id, "task_id": _task_id(body), "holder": holder_of(request, body)}
-    result = await node.propose(caller, kind, args)
+    result = await req.propose(request, kind, args)
     with node.read() as state:
         group = state.groups.get(group_id)  # None only if its retention ended meanwhile
         verdict_by = group.verdict_by.get(result["task_id"]) if group is not None else None

@@ -91,7 +91,7 @@ async def _status(request: web.Request, kind: str) -> web.Response:
 async def _ensure(request: web.Request, kind: str, args: dict[str, Any]) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     args["name"] = _name(request)
-    result = await node.propose(caller, f"{kind}.ensure", args)
+    result = await req.propose(request, f"{kind}.ensure", args)
     return web.json_response({**_render(node, caller.space, kind, args["name"]), "created": result["created"]})
 
 
@@ -210,7 +210,7 @@ async def _until_granted(
         with node.waiters.register(key) as waiter:
             if client_gone(request):
                 return None
-            result: dict[str, Any] = await node.propose(caller, command, args)
+            result: dict[str, Any] = await req.propose(request, command, args)
             remaining_s = deadline - time.monotonic()
             if result[granted]:
                 if client_gone(request) and kind in _HOLD_ARGS:
@@ -320,7 +320,7 @@ async def _hold_command(request: web.Request, kind: str, action: str, args: dict
     hold_id = request.match_info[_HOLD_PARAMETERS[kind]]
     command = {_HOLD_ARGS[kind]: hold_id, **args}
     try:
-        result: dict[str, Any] = await node_of(request).propose(caller_of(request), f"{kind}.{action}", command)
+        result: dict[str, Any] = await req.propose(request, f"{kind}.{action}", command)
     except ApiError as error:
         if error.code != "NOT_FOUND":
             raise

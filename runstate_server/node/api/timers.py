@@ -64,7 +64,7 @@ async def create_timer(request: web.Request) -> web.Response:
         "fire_at_ms": req.timestamp_ms(body, "at"),
         "after_ms": None if after is None else round(after * 1000),
     }
-    result = await node.propose(caller, "timer.create", args)
+    result = await req.propose(request, "timer.create", args)
     return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
@@ -95,7 +95,7 @@ async def wait(request: web.Request) -> web.Response:
     view = await long_poll(request, node, timers.timer_key(timer_id), look, lambda view: view["state"] in fired)
     if view["state"] not in fired:
         return web.json_response({**view, "done": False})
-    await node.propose(caller, "timer.acknowledge", {"timer_id": timer_id})
+    await req.propose(request, "timer.acknowledge", {"timer_id": timer_id})
     return web.json_response({**_render(node, caller.space, timer_id), "done": True})
 
 
@@ -106,5 +106,5 @@ async def wait(request: web.Request) -> web.Response:
 async def cancel(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
-    await node.propose(caller, "timer.cancel", {"timer_id": timer_id})
+    await req.propose(request, "timer.cancel", {"timer_id": timer_id})
     return web.json_response(_render(node, caller.space, timer_id))

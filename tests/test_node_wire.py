@@ -1,0 +1,116 @@
+"""The wire every route shares, against a real node: request ids, the error envelope, unknown
+fields, and idempotency keys (a retried mutation is applied once and answered alike)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+
+from tests._http import Api
+from tests._nodes import DevNode
+
+
+@pytest.fixture
+def api(dev_node: DevNode) -> Api:
+    return Api(dev_node.url, space=f"wire-{uuid.uuid4().hex[:12]}")
+
+
+def send(api: Api, method: str, path: str, body: Any = None, *, key: str | None = None,
+         raw: bytes | None = None) -> tuple[int, dict[str, str], Any]:
+    """(status, headers, JSON answer) of one request, with an idempotency key if given."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    request = urllib.request.Request(api.base_url + api.space_path(path), data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, dict(error.headers), json.loads(error.read() or b"null")
+
+
+def new_run(api: Api) -> str:
+    return str(api.ok("POST", "/v1/scopes", {})["id"])
+
+
+def test_every_answer_has_a_request_id(api: Api) -> None:
+    status, headers, _ = send(api, "GET", "/v1/health")
+    assert status == 200 and headers["X-Request-Id"].startswith("req_")
+    status, headers, answer = send(api, "GET", "/v1/scopes/run_missing")
+    assert status == 404
+    assert answer["error"]["requestId"] == headers["X-Request-Id"]
+    assert set(answer["error"]) == {"code", "message", "requestId"}
+    # Each request gets its own.
+    assert send(api, "GET", "/v1/scopes/run_missing")[2]["error"]["requestId"] != answer["error"]["requestId"]
+
+
+def test_an_unknown_field_is_refused_and_changes_nothing(api: Api) -> None:
+    run_id = new_run(api)
+    status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/barriers", {"target": 2, "targets": 3})
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+    assert "targets" in answer["error"]["message"]
+    status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/complete", {"why": "done"})
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+
+
+def test_a_retried_mutation_is_applied_once_and_answered_alike(api: Api) -> None:
+    run_id = new_run(api)
+    path, body = f"/v1/scopes/{run_id}/barriers", {"target": 2}
+    first = send(api, "POST", path, body, key="barrier-1")
+    again = send(api, "POST", path, body, key="barrier-1")
+    assert first[0] == again[0] == 201
+    assert first[2] == again[2]
+    assert first[1]["X-Request-Id"] != again[1]["X-Request-Id"]  # the answer is replayed, not the request id
+    other = send(api, "POST", path, body, key="barrier-2")
+    assert other[2]["id"] != first[2]["id"]  # another key is another barrier
+    # A key is its space's: the same key elsewhere is unrelated.
+    elsewhere = Api(api.base_url, space=f"wire-{uuid.uuid4().hex[:12]}")
+    elsewhere_run = new_run(elsewhere)
+    assert send(elsewhere, "POST", f"/v1/scopes/{elsewhere_run}/barriers", body, key="barrier-1")[2]["id"] != first[2]["id"]
+
+
+def test_a_key_reused_for_another_request_is_a_conflict(api: Api) -> None:
+    run_id = new_run(api)
+    path = f"/v1/scopes/{run_id}/barriers"
+    assert send(api, "POST", path, {"target": 2}, key="k")[0] == 201
+    status, _, answer = send(api, "POST", path, {"target": 3}, key="k")
+    assert (status, answer["error"]["code"]) == (409, "IDEMPOTENCY_CONFLICT")
+    status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/timers", {"afterSeconds": 60}, key="k")
+    assert (status, answer["error"]["code"]) == (409, "IDEMPOTENCY_CONFLICT")
+
+
+def test_no_body_and_an_empty_object_are_the_same_request(api: Api) -> None:
+    run_id = new_run(api)
+    timer_id = api.ok("POST", f"/v1/scopes/{run_id}/timers", {"afterSeconds": 60})["id"]
+    first = send(api, "POST", f"/v1/timers/{timer_id}/cancel", key="cancel-1")
+    again = send(api, "POST", f"/v1/timers/{timer_id}/cancel", {}, key="cancel-1")
+    assert first[0] == again[0] == 200 and first[2] == again[2]
+
+
+def test_a_refused_request_is_not_remembered(api: Api) -> None:
+    run_id = new_run(api)
+    path = f"/v1/scopes/{run_id}/barriers"
+    assert send(api, "POST", path, {"target": 0}, key="k")[0] == 400
+    assert send(api, "POST", path, {"target": 2}, key="k")[0] == 201  # the fixed request goes through
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "tab\there", "é"])
+def test_a_malformed_key_is_refused(api: Api, key: str) -> None:
+    run_id = new_run(api)
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    request = urllib.request.Request(
+        api.base_url + api.space_path(f"/v1/scopes/{run_id}/barriers"), data=b'{"target": 2}', method="POST",
+        headers={name: value.encode().decode("latin-1") for name, value in headers.items()},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    with refused.value as error:
+        assert (error.code, json.loads(error.read())["error"]["code"]) == (400, "VALIDATION_FAILED")
