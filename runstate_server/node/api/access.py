@@ -20,13 +20,19 @@ from runstate_server.node.api.routes import (
     ADMIN,
     ANY_KEY,
     SPACE_ID,
-    STRING,
     Caller,
     RouteTable,
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import BOOLEAN, STRING, STRING_OR_NULL, TIME, TIME_OR_NULL, array, obj
 from runstate_server.node.api.views import iso
+
+SPACE = obj({"id": STRING, "name": STRING_OR_NULL, "createdAt": TIME})
+KEY = obj({
+    "id": STRING, "space": STRING, "name": STRING_OR_NULL, "permissions": array(STRING), "createdAt": TIME,
+    "revokedAt": TIME_OR_NULL, "createdBy": STRING_OR_NULL,
+})
 
 routes = RouteTable()
 
@@ -55,7 +61,7 @@ def space_view(view: dict[str, Any]) -> dict[str, Any]:
 
 @routes(
     "GET", "/v1/whoami", "The calling key: its id, space and permissions (works with any valid key)",
-    errors=("UNAUTHENTICATED",), permission=ANY_KEY,
+    errors=("UNAUTHENTICATED",), permission=ANY_KEY, answer=obj({"auth": BOOLEAN, "keyId": STRING_OR_NULL, "space": STRING, "permissions": array(STRING), "operator": BOOLEAN}),
 )
 async def whoami(request: web.Request) -> web.Response:
     caller = caller_of(request)
@@ -76,7 +82,7 @@ def _require_operator(caller: Caller, what: str) -> None:
 @routes(
     "POST", "/v1/spaces", "Create a space (an operator admin key)",
     body={"id": STRING, "name": STRING}, ok=201, errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
-    permission=ADMIN,
+    permission=ADMIN, answer=SPACE,
 )
 async def create_space(request: web.Request) -> web.Response:
     caller = caller_of(request)
@@ -93,7 +99,7 @@ async def create_space(request: web.Request) -> web.Response:
     return web.json_response(space_view(result), status=201)
 
 
-@routes("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN)
+@routes("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN, answer=obj({"spaces": array(SPACE)}),)
 async def list_spaces(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
@@ -125,7 +131,7 @@ def _permissions(body: dict[str, Any]) -> list[str]:
 @routes(
     "POST", "/v1/keys", "Create an API key; its secret is in this answer only",
     body={"space": STRING, "name": STRING, "permissions": _PERMISSIONS_SCHEMA}, ok=201,
-    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN,
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN, answer=obj({**KEY["properties"], "key": STRING}),
 )
 async def create_key(request: web.Request) -> web.Response:
     caller = caller_of(request)
@@ -146,7 +152,7 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes(
     "GET", "/v1/keys", "The keys of a space (no secrets)",
-    query={"space": STRING}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN,
+    query={"space": STRING}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN, answer=obj({"keys": array(KEY)}),
 )
 async def list_keys(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -161,7 +167,7 @@ async def list_keys(request: web.Request) -> web.Response:
 
 @routes(
     "POST", "/v1/keys/{id}/revoke", "Revoke an API key, at once on every node",
-    errors=("NOT_FOUND",), permission=ADMIN,
+    errors=("NOT_FOUND",), permission=ADMIN, answer=KEY,
 )
 async def revoke_key(request: web.Request) -> web.Response:
     caller = caller_of(request)

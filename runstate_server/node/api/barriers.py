@@ -15,13 +15,18 @@ from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
     SPACE_PREFIX,
-    STRING,
     WRITE,
     RouteTable,
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, TIME, TIME_OR_NULL, enum, obj
 from runstate_server.node.api.views import in_space, iso
+
+BARRIER = obj({
+    "id": STRING, "scopeId": STRING, "target": INTEGER, "arrivals": INTEGER, "epoch": INTEGER,
+    "state": enum("WAITING", "RELEASED", "CANCELLED"), "releasedAt": TIME_OR_NULL, "createdAt": TIME,
+})
 
 routes = RouteTable()
 
@@ -52,7 +57,7 @@ def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, 
 @routes(
     "POST", SPACE_PREFIX + "/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
     body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
 )
 async def create_barrier(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -64,7 +69,7 @@ async def create_barrier(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
-@routes("GET", SPACE_PREFIX + "/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ, answer=BARRIER,)
 async def barrier_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
@@ -74,7 +79,7 @@ async def barrier_status(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
     body={"key": STRING},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE, answer=obj({**BARRIER["properties"], "arrived": BOOLEAN}),
 )
 async def arrive(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -93,7 +98,7 @@ _EPOCH_MAX = 2**53
     "Long poll: answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
     "epoch has begun since (then `currentEpoch` says which), or BARRIER_CANCELLED, or after waitMs",
     query={**WAIT_MS_QUERY, "epoch": {"type": "integer", "minimum": 1, "maximum": _EPOCH_MAX}},
-    errors=("NOT_FOUND", "VALIDATION_FAILED", "BARRIER_CANCELLED"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED", "BARRIER_CANCELLED"), permission=READ, answer=obj(BARRIER["properties"], optional={"currentEpoch": INTEGER}),
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -124,7 +129,7 @@ async def wait(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
-    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG,
+    errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
 )
 async def next_epoch(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]

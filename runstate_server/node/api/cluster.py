@@ -13,13 +13,14 @@ from aiohttp import web
 from runstate_server.actors.state import to_snapshot
 from runstate_server.node.api.health import health_view
 from runstate_server.node.api.routes import ANY_KEY, RouteTable, node_of
+from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, STRING_OR_NULL, array, obj
 
 routes = RouteTable()
 
 PEER_HEALTH_TIMEOUT_S = 0.5
 
 
-@routes("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY)
+@routes("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY, answer=obj({"leader": STRING_OR_NULL, "nodes": array(obj({"id": STRING, "apiUrl": STRING, "reachable": BOOLEAN}))}),)
 async def cluster_view(request: web.Request) -> web.Response:
     node = node_of(request)
     own = {"id": node.config.node_id, "apiUrl": node.config.api_url, "reachable": True, **health_view(node)}
@@ -47,7 +48,7 @@ async def cluster_view(request: web.Request) -> web.Response:
 @routes(
     "GET", "/v1/cluster/digest",
     "This node's applied log index, a SHA-256 of its state there (replicas at one index agree), and one of "
-    "the state without its clock (`dataDigest`: unchanged by reads and refused commands)", permission=ANY_KEY,
+    "the state without its clock (`dataDigest`: unchanged by reads and refused commands)", permission=ANY_KEY, answer=obj({"nodeId": STRING, "appliedIndex": INTEGER, "digest": STRING, "dataDigest": STRING}),
 )
 async def state_digest(request: web.Request) -> web.Response:
     node = node_of(request)

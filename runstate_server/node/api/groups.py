@@ -18,14 +18,41 @@ from runstate_server.node.api.routes import (
     ISO_TIME,
     READ,
     SPACE_PREFIX,
-    STRING,
     WRITE,
     RouteTable,
     caller_of,
     holder_of,
     node_of,
 )
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    INTEGER_OR_NULL,
+    STRING,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    array,
+    enum,
+    nullable,
+    obj,
+)
 from runstate_server.node.api.views import iso
+
+GROUP_STATE = enum("OPEN", "SEALED", "FINALIZED")
+DECISION = obj({"state": GROUP_STATE, "outcome": nullable(enum("SUCCESS", "FAILURE")), "outcomeReason": STRING_OR_NULL})
+GROUP = obj({
+    **DECISION["properties"], "id": STRING, "scopeId": STRING, "parentScopeId": STRING_OR_NULL, "mailbox": STRING,
+    "condition": STRING, "threshold": INTEGER_OR_NULL, "expectedMembers": INTEGER_OR_NULL, "deadline": TIME_OR_NULL,
+    "createdAt": TIME, "finalizedAt": TIME_OR_NULL,
+    "members": array(obj({
+        "taskId": STRING, "key": STRING, "state": STRING, "verdict": nullable(enum("ACCEPTED", "REJECTED")),
+        "late": BOOLEAN, "verdictBy": STRING_OR_NULL,
+    })),
+})
+VERDICT = obj({
+    "taskId": STRING, "verdict": STRING, "verdictBy": STRING_OR_NULL, "late": BOOLEAN, "groupState": GROUP_STATE,
+    "outcome": nullable(enum("SUCCESS", "FAILURE")), "outcomeReason": STRING_OR_NULL,
+})
 
 routes = RouteTable()
 
@@ -90,7 +117,7 @@ def _task_id(body: dict[str, Any]) -> str:
     "Create a task group with a run of its own (under parentScopeId when given)",
     body={"mailbox": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
           "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
-    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=GROUP,
 )
 async def create_group(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -110,7 +137,7 @@ async def create_group(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
 
 
-@routes("GET", SPACE_PREFIX + "/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ, answer=GROUP,)
 async def group_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
@@ -121,7 +148,7 @@ async def group_status(request: web.Request) -> web.Response:
     "GET", SPACE_PREFIX + "/groups/{id}/wait",
     "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=GROUP,
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -136,7 +163,7 @@ async def wait(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/groups/{id}/tasks",
     "Submit a member task to the group's run (idempotent per key; without a key the key is the input's hash)",
     body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=obj({"id": STRING, "key": STRING, "created": BOOLEAN, "state": STRING, "groupState": GROUP_STATE}),
 )
 async def submit_member(request: web.Request) -> web.Response:
     node, group_id = node_of(request), request.match_info["id"]
@@ -154,7 +181,7 @@ async def submit_member(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/groups/{id}/join", "Add an existing task of the group's run as a member",
     body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
-    permission=WRITE,
+    permission=WRITE, answer=obj({"taskId": STRING, "joined": BOOLEAN, "groupState": GROUP_STATE}),
 )
 async def join(request: web.Request) -> web.Response:
     group_id = request.match_info["id"]
@@ -166,7 +193,7 @@ async def join(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/groups/{id}/close",
     "Close the group to new members and decide at once what the full member list decides (idempotent)",
-    errors=("NOT_FOUND",), permission=WRITE,
+    errors=("NOT_FOUND",), permission=WRITE, answer=DECISION,
 )
 async def close(request: web.Request) -> web.Response:
     group_id = request.match_info["id"]
@@ -196,7 +223,7 @@ async def _judge(request: web.Request, kind: str) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=VERDICT,
 )
 async def accept(request: web.Request) -> web.Response:
     return await _judge(request, "group.accept")
@@ -204,7 +231,7 @@ async def accept(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE,
+    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=VERDICT,
 )
 async def reject(request: web.Request) -> web.Response:
     return await _judge(request, "group.reject")

@@ -8,8 +8,11 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server._version import __version__
+from runstate_server.actors import limits
+from runstate_server.node.api._request import IDEMPOTENCY_HEADER
 from runstate_server.node.api.errors import STATUS_BY_CODE
-from runstate_server.node.api.routes import PUBLIC, ROUTES_KEY, Route, RouteTable
+from runstate_server.node.api.routes import PUBLIC, ROUTES_KEY, SPACE_ID, Route, RouteTable
+from runstate_server.node.api.schemas import ERROR, STRING, obj
 
 routes = RouteTable()
 
@@ -21,23 +24,14 @@ def openapi_path(path: str) -> str:
     return _PARAM.sub(lambda match: "{" + match.group(1) + "}", path)
 
 
-_ERROR = {
-    "description": "error",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-                        "required": ["code", "message"],
-                    }
-                },
-                "required": ["error"],
-            }
-        }
-    },
+_ERROR = {"description": "error", "content": {"application/json": {"schema": ERROR}}}
+
+
+_PATH_SCHEMAS = {"spaceId": {"type": "string", "pattern": SPACE_ID.pattern}}
+_IDEMPOTENCY_KEY = {
+    "name": IDEMPOTENCY_HEADER, "in": "header", "required": False,
+    "description": "a retry with the same key and request is answered with the first answer, applied once",
+    "schema": {"type": "string", "pattern": f"^[\\x21-\\x7e]{{1,{limits.idempotency_key_chars_max}}}$"},
 }
 
 
@@ -45,22 +39,28 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for entry in routes:
         parameters: list[dict[str, Any]] = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True, "schema": _PATH_SCHEMAS.get(name, {"type": "string"})}
             for name in _PARAM.findall(entry.path)
         ]
         parameters += [
             {"name": name, "in": "query", "required": False, "schema": schema} for name, schema in entry.query.items()
         ]
+        if entry.method != "GET":
+            parameters.append(_IDEMPOTENCY_KEY)
         operation: dict[str, Any] = {
             "operationId": entry.handler.__name__,
             "summary": entry.summary,
             "parameters": parameters,
-            "responses": {str(entry.ok): {"description": "success", "content": {"application/json": {}}}},
+            "responses": {str(entry.ok): _success(entry)},
         }
+        if entry.empty:
+            operation["responses"]["204"] = {"description": "nothing now"}
         if entry.body is not None:
             operation["requestBody"] = {
                 "required": False,
-                "content": {"application/json": {"schema": {"type": "object", "properties": entry.body}}},
+                "content": {"application/json": {"schema": {
+                    "type": "object", "properties": entry.body, "additionalProperties": False,
+                }}},
             }
         # Which key the route needs: none (public), any valid one, or one with this permission.
         operation["x-runstate-permission"] = entry.permission
@@ -69,7 +69,12 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
         else:
             for code in ("UNAUTHENTICATED", "FORBIDDEN"):
                 operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
-        for code in entry.errors:
+        # Every route may meet a malformed space id in its path, and a node without a leader.
+        # A mutation may meet a reused idempotency key (409), or a malformed one (400).
+        shared = [*(["VALIDATION_FAILED"] if "{spaceId}" in entry.path else []), "UNAVAILABLE"]
+        if entry.method != "GET":
+            shared += ["VALIDATION_FAILED", "IDEMPOTENCY_CONFLICT"]
+        for code in (*entry.errors, *shared):
             operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
         paths.setdefault(openapi_path(entry.path), {})[entry.method.lower()] = operation
     return {
@@ -82,6 +87,12 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
     }
 
 
-@routes("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC)
+def _success(entry: Route) -> dict[str, Any]:
+    if entry.answer is None:
+        return {"description": "success, no body"}
+    return {"description": "success", "content": {"application/json": {"schema": entry.answer}}}
+
+
+@routes("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC, answer=obj({"openapi": STRING, "paths": {"type": "object"}}),)
 async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(document(request.app[ROUTES_KEY]))

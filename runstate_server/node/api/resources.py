@@ -29,8 +29,33 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    INTEGER,
+    NUMBER,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    array,
+    obj,
+)
+from runstate_server.node.api.schemas import STRING as _STRING
 from runstate_server.node.api.views import iso
 from runstate_server.node.config import LONG_POLL_MS_MAX
+
+_HOLDER = {"holder": STRING_OR_NULL, "scopeId": _STRING, "taskId": STRING_OR_NULL, "leaseExpiresAt": TIME}
+POOL_VIEW = obj({
+    "name": _STRING, "size": INTEGER, "inUse": INTEGER, "waiting": INTEGER,
+    "holders": array(obj({"leaseId": _STRING, **_HOLDER})),
+})
+LIMIT_VIEW = obj({
+    "name": _STRING, "units": INTEGER, "intervalMs": INTEGER, "available": INTEGER, "takenInWindow": INTEGER,
+    "waiting": INTEGER,
+})
+BUDGET_VIEW = obj({
+    "name": _STRING, "total": NUMBER, "spent": NUMBER, "reserved": NUMBER, "remaining": NUMBER, "waiting": INTEGER,
+    "reservations": array(obj({"reservationId": _STRING, "amount": NUMBER, **_HOLDER})),
+})
 
 routes = RouteTable()
 
@@ -108,7 +133,7 @@ def _name(request: web.Request) -> str:
 @routes(
     "PUT", SPACE_PREFIX + "/pools/{name}", "Create a pool of size slots, or resize it (idempotent)",
     body={"size": {"type": "integer", "minimum": 1, "maximum": limits.pool_size_max}},
-    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=obj({**POOL_VIEW["properties"], "created": BOOLEAN}),
 )
 async def ensure_pool(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -118,7 +143,7 @@ async def ensure_pool(request: web.Request) -> web.Response:
     return await _ensure(request, POOL, {"size": size})
 
 
-@routes("GET", SPACE_PREFIX + "/pools/{name}", "A pool: its size, holders and waiting jobs", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/pools/{name}", "A pool: its size, holders and waiting jobs", errors=("NOT_FOUND",), permission=READ, answer=POOL_VIEW,)
 async def pool_status(request: web.Request) -> web.Response:
     return await _status(request, POOL)
 
@@ -131,7 +156,7 @@ async def pool_status(request: web.Request) -> web.Response:
         "intervalMs": {"type": "integer", "minimum": limits.limit_interval_ms_min,
                        "maximum": limits.limit_interval_ms_max},
     },
-    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=obj({**LIMIT_VIEW["properties"], "created": BOOLEAN}),
 )
 async def ensure_limit(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -165,14 +190,15 @@ def _interval_ms(body: dict[str, Any]) -> int:
 
 
 @routes("GET", SPACE_PREFIX + "/limits/{name}", "A rate limit: its units, interval and what is available now",
-       errors=("NOT_FOUND",), permission=READ)
+       errors=("NOT_FOUND",), permission=READ, answer=LIMIT_VIEW,
+)
 async def limit_status(request: web.Request) -> web.Response:
     return await _status(request, LIMIT)
 
 
 @routes(
     "PUT", SPACE_PREFIX + "/budgets/{name}", "Create a spend budget of a total, or change the total (idempotent)",
-    body={"total": _AMOUNT}, errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    body={"total": _AMOUNT}, errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=obj({**BUDGET_VIEW["properties"], "created": BOOLEAN}),
 )
 async def ensure_budget(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -181,7 +207,8 @@ async def ensure_budget(request: web.Request) -> web.Response:
 
 
 @routes("GET", SPACE_PREFIX + "/budgets/{name}", "A budget: total, spent, reserved, remaining and its reservations",
-       errors=("NOT_FOUND",), permission=READ)
+       errors=("NOT_FOUND",), permission=READ, answer=BUDGET_VIEW,
+)
 async def budget_status(request: web.Request) -> web.Response:
     return await _status(request, BUDGET)
 
@@ -240,7 +267,7 @@ async def _give_back(request: web.Request, kind: str, result: dict[str, Any]) ->
     "POST", SPACE_PREFIX + "/scopes/{id}/pools/{name}/acquire",
     "Acquire a slot of the pool under a lease, waiting up to waitMs for one (granted=false after)",
     body={"leaseMs": _LEASE_MS, "waitMs": _WAIT_MS, "holder": STRING},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE, answer=obj({"granted": BOOLEAN, "leaseId": STRING_OR_NULL, "leaseExpiresAt": TIME_OR_NULL}),
 )
 async def acquire_slot(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -262,7 +289,7 @@ async def acquire_slot(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/scopes/{id}/limits/{name}/take",
     "Take units of the rate limit, waiting up to waitMs for them (taken=false after)",
     body={"units": {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}, "waitMs": _WAIT_MS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE, answer=obj({"taken": BOOLEAN, "availableAt": TIME_OR_NULL}),
 )
 async def take(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -284,7 +311,7 @@ async def take(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/scopes/{id}/budgets/{name}/reserve",
     "Reserve an amount of the budget under a lease, waiting up to waitMs for it (granted=false after)",
     body={"amount": _RESERVE, "leaseMs": _LEASE_MS, "waitMs": _WAIT_MS, "holder": STRING},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE, answer=obj({"granted": BOOLEAN, "reservationId": STRING_OR_NULL, "amount": NUMBER, "leaseExpiresAt": TIME_OR_NULL}),
 )
 async def reserve(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -347,7 +374,7 @@ _RENEW_ERRORS = ("VALIDATION_FAILED", "STALE_CLAIM", "CONFLICT", *_INACTIVE)  # 
 
 @routes(
     "POST", SPACE_PREFIX + "/slots/{lease}/renew", "Extend a slot's lease", body={"leaseMs": _LEASE_MS},
-    errors=_RENEW_ERRORS, permission=WRITE,
+    errors=_RENEW_ERRORS, permission=WRITE, answer=obj({"leaseExpiresAt": TIME}),
 )
 async def renew_slot(request: web.Request) -> web.Response:
     return await _renew(request, POOL)
@@ -355,7 +382,7 @@ async def renew_slot(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/slots/{lease}/release", "Give the slot back (released=false when it was not held: lapsed, ended)",
-    errors=("CONFLICT",), permission=WRITE,
+    errors=("CONFLICT",), permission=WRITE, answer=obj({"released": BOOLEAN}),
 )
 async def release_slot(request: web.Request) -> web.Response:
     return await _release(request, POOL)
@@ -363,7 +390,7 @@ async def release_slot(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/reservations/{id}/renew", "Extend a reservation's lease", body={"leaseMs": _LEASE_MS},
-    errors=_RENEW_ERRORS, permission=WRITE,
+    errors=_RENEW_ERRORS, permission=WRITE, answer=obj({"leaseExpiresAt": TIME}),
 )
 async def renew_reservation(request: web.Request) -> web.Response:
     return await _renew(request, BUDGET)
@@ -372,7 +399,7 @@ async def renew_reservation(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/reservations/{id}/settle",
     "Charge what was spent (over the reservation only up to what the budget has) and return the rest",
-    body={"spent": _AMOUNT}, errors=("VALIDATION_FAILED", "STALE_CLAIM", "CONFLICT"), permission=WRITE,
+    body={"spent": _AMOUNT}, errors=("VALIDATION_FAILED", "STALE_CLAIM", "CONFLICT"), permission=WRITE, answer=obj({"charged": NUMBER, "returned": NUMBER}),
 )
 async def settle(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -385,7 +412,7 @@ async def settle(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/reservations/{id}/release",
     "Return the whole reservation, nothing spent (released=false when it was not held: lapsed, ended)",
-    errors=("CONFLICT",), permission=WRITE,
+    errors=("CONFLICT",), permission=WRITE, answer=obj({"released": BOOLEAN}),
 )
 async def release_reservation(request: web.Request) -> web.Response:
     return await _release(request, BUDGET)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.node.api.errors import ApiError
+from runstate_server.node.api.schemas import ANY_JSON, INTEGER, STRING, TIME  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -60,6 +61,10 @@ class Route:
     query: dict[str, Any] = field(default_factory=dict)  # query parameters: schema
     ok: int = 200
     errors: tuple[str, ...] = ()
+    # The JSON schema of the success answer (schemas.py); None: the route answers no body (204).
+    answer: dict[str, Any] | None = None
+    # The route may also answer 204 No Content ("nothing now", e.g. a receive that found nothing).
+    empty: bool = False
 
 
 class RouteTable:
@@ -80,9 +85,13 @@ class RouteTable:
         query: dict[str, Any] | None = None,
         ok: int = 200,
         errors: tuple[str, ...] = (),
+        answer: dict[str, Any] | None = None,
+        empty: bool = False,
     ) -> Callable[[Handler], Handler]:
         def add(handler: Handler) -> Handler:
-            self.routes.append(Route(method, path, handler, summary, permission, body, query or {}, ok, errors))
+            self.routes.append(
+                Route(method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty)
+            )
             return handler
 
         return add
@@ -118,8 +127,5 @@ def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:
     return holder
 
 
-# Reusable schema fragments for the OpenAPI document.
-STRING = {"type": "string"}
-INTEGER = {"type": "integer"}
-ANY_JSON: dict[str, Any] = {}
-ISO_TIME = {"type": "string", "format": "date-time"}
+# Schema fragments of request fields, as the route modules have named them (schemas.py has all).
+ISO_TIME = TIME

@@ -21,7 +21,10 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import BOOLEAN, STRING, TIME, TIME_OR_NULL, obj
 from runstate_server.node.api.views import in_space, iso
+
+TIMER = obj({"id": STRING, "scopeId": STRING, "state": STRING, "fireAt": TIME, "firedAt": TIME_OR_NULL, "createdAt": TIME})
 
 routes = RouteTable()
 
@@ -51,7 +54,7 @@ def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
     body={"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=TIMER,
 )
 async def create_timer(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -68,7 +71,7 @@ async def create_timer(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
-@routes("GET", SPACE_PREFIX + "/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ, answer=TIMER,)
 async def timer_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
@@ -79,7 +82,7 @@ async def timer_status(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/timers/{id}/wait",
     "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=READ,
+    errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=READ, answer=obj({**TIMER["properties"], "done": BOOLEAN}),
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -101,7 +104,7 @@ async def wait(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/timers/{id}/cancel", "Disarm a timer that has not fired (idempotent)",
-    errors=("NOT_FOUND", "CONFLICT"), permission=WRITE,
+    errors=("NOT_FOUND", "CONFLICT"), permission=WRITE, answer=TIMER,
 )
 async def cancel(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
