@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import pickle
 
 import pytest
@@ -60,7 +61,7 @@ def test_specific_conflicts_are_conflicts(cls: type[runstate.RunstateError]) -> 
         (403, runstate.ForbiddenError),
         (404, runstate.NotFoundError),
         (409, runstate.ConflictError),
-        (413, runstate.ResultTooLargeError),
+        (413, runstate.RunstateError),
         (503, runstate.UnavailableError),
         (500, runstate.RunstateError),
         (418, runstate.RunstateError),
@@ -124,4 +125,4 @@ def test_every_error_class_is_exported() -> None:
     ).split():
         assert name in runstate.__all__
         assert issubclass(getattr(runstate, name), runstate.RunstateError)
-    assert runstate.__version__ == "0.1.0"
+    assert runstate.__version__ == importlib.metadata.version("runstate-sdk")

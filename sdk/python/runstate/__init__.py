@@ -43,7 +43,7 @@ from runstate.sdk.once import once
 from runstate.sdk.queue import Job, Queue, queue, serve, serve_async
 from runstate.sdk.sync import Runstate
 
-__version__ = "0.1.0"
+__version__ = "0.4.0.dev0"  # after the published 0.3.0: this SDK speaks the same protocol
 
 __all__ = [
     "AsyncRunstate",

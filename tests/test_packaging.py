@@ -1,0 +1,60 @@
+"""The server and the SDK are two distributions: the server's wheel holds `runstate_server` only
+(console script `runstate`), the SDK's holds `runstate` only, so either SDK, ours or the published
+one, installs beside the server in one environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PIP_TIMEOUT_S = 600
+
+pytestmark = pytest.mark.slow
+
+
+def pip(python: Path | str, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True, timeout=PIP_TIMEOUT_S)
+
+
+def top_level(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {name.split("/", 1)[0] for name in archive.namelist() if not name.split("/", 1)[0].endswith(".dist-info")}
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wheels")
+    pip(sys.executable, "wheel", "--no-deps", "-w", str(out), str(ROOT), str(ROOT / "sdk" / "python"))
+    (server,) = out.glob("runstate_server-*.whl")
+    (sdk,) = out.glob("runstate_sdk-*.whl")
+    return {"server": server, "sdk": sdk}
+
+
+def test_each_wheel_holds_one_package(wheels: dict[str, Path]) -> None:
+    assert top_level(wheels["server"]) == {"runstate_server"}
+    assert top_level(wheels["sdk"]) == {"runstate"}
+
+
+def test_the_published_sdk_installs_beside_the_server(wheels: dict[str, Path], tmp_path: Path) -> None:
+    venv.create(tmp_path / "env", with_pip=True)
+    python = tmp_path / "env" / "bin" / "python"
+    pip(python, "install", str(wheels["server"]), "runstate-sdk==0.3.0")
+    version = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "runstate"), "--version"], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert version.stdout.startswith("runstate ")
+    found = subprocess.run(
+        [str(python), "-I", "-c", "import importlib.metadata as m, runstate; print(m.version('runstate-sdk'), runstate.__file__)"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()
+    assert found[0] == "0.3.0" and "site-packages" in found[1]
+    # And the server does not need the SDK: its admin commands run without ours.
+    usage = subprocess.run([str(tmp_path / "env" / "bin" / "runstate"), "keys", "list", "--url", "ftp://x"],
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "--url" in usage.stderr
