@@ -24,3 +24,39 @@ def test_ruff() -> None:
 def test_mypy() -> None:
     finished = run_tool("mypy", "runstate_server", "sdk/python/runstate", "chaos")
     assert finished.returncode == 0, finished.stdout + finished.stderr
+
+
+# The layers, lowest first: a module of a layer imports nothing of a layer above it. The node's
+# process (Node, routing, ticker, ...) sits below its HTTP API; cli.py, the entry point that wires
+# them together, is the one exception.
+LAYERS = (
+    ("runstate_server/actors", ("runstate_server.cluster", "runstate_server.node")),
+    ("runstate_server/cluster", ("runstate_server.node",)),
+    ("runstate_server/node", ("runstate_server.node.api",)),
+)
+LAYER_EXCEPTIONS = {"runstate_server/node/cli.py"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    broken = []
+    for folder, above in LAYERS:
+        for path in sorted((ROOT / folder).glob("*.py")):  # the folder itself, not its subpackages
+            relative = str(path.relative_to(ROOT))
+            if relative in LAYER_EXCEPTIONS:
+                continue
+            for module in imported_modules(path):
+                if module.startswith(above):
+                    broken.append(f"{relative} imports {module}")
+    assert not broken, broken

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runstate_server.cluster.snapshot import fsync_directory
-from runstate_server.node.api.access import new_key_id, new_key_secret
-from runstate_server.node.api.auth import key_hash
 from runstate_server.node.config import BOOTSTRAP_KEY_ENV, BOOTSTRAP_KEY_FILE_NAME, NodeConfig
+from runstate_server.node.keys import key_hash, new_key_id, new_key_secret
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node

@@ -14,6 +14,7 @@ from typing import Any
 from runstate_server._version import __version__
 from runstate_server.actors import limits
 from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from runstate_server.node.api.app import build_app
 from runstate_server.node.config import (
     BOOTSTRAP_KEY_ENV,
     BOOTSTRAP_KEY_FILE_NAME,
@@ -254,7 +255,7 @@ async def _serve(config: NodeConfig, *, banner: str) -> int:
         loop.add_signal_handler(signum, stop.set)
     node: Node | None = None
     try:
-        node = Node(config)
+        node = Node(config, build_app)
         await node.start()
     except (NodeStartError, OSError) as error:
         print(f"runstate: {error}", file=sys.stderr)

@@ -19,7 +19,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from runstate_server.node.api.access import new_key_secret
 from runstate_server.node.config import (
     BOOTSTRAP_KEY_FILE_NAME,
     CLUSTER_NODES_MAX,
@@ -27,6 +26,7 @@ from runstate_server.node.config import (
     DEFAULT_SPACE,
     ConfigError,
 )
+from runstate_server.node.keys import new_key_secret
 from runstate_server.node.server import NodeStartError, check_port_free
 
 RAFT_PORT_OFFSET = 100  # node i: API on base_port + i, Raft on base_port + 100 + i

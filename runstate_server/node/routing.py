@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from runstate_server.node.api.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
+from runstate_server.node.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node

@@ -9,7 +9,7 @@ import logging
 import random
 import secrets
 import socket
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import IO, Any
 
 from aiohttp import web
@@ -19,9 +19,8 @@ from runstate_server.actors.context import Effect
 from runstate_server.actors.state import State
 from runstate_server.cluster.config import LogConfig
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
-from runstate_server.node.api.errors import ApiError, raise_for_result
-from runstate_server.node.api.routes import Caller
 from runstate_server.node.bootstrap import bootstrap
+from runstate_server.node.caller import Caller
 from runstate_server.node.config import (
     DEFAULT_HOST,
     PROPOSE_TIMEOUT_S,
@@ -29,6 +28,7 @@ from runstate_server.node.config import (
     NodeConfig,
     split_address,
 )
+from runstate_server.node.errors import ApiError, raise_for_result
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
 from runstate_server.node.waiters import Waiters
@@ -71,8 +71,11 @@ def check_port_free(host: str, port: int) -> None:
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, build_app: Callable[[Node], web.Application]) -> None:
+        """`build_app` makes the HTTP application that serves this node (node/api/app.py; the
+        process's entry point passes it, so this layer imports nothing of the API above it)."""
         self.config = config
+        self._build_app = build_app
         self.core = dispatch.Core()
         self.waiters = Waiters()
         self.ticker = Ticker(self)
@@ -104,8 +107,6 @@ class Node:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from runstate_server.node.api.app import build_app  # the API imports Node for typing only
-
         self._lock_data_dir()
         check_port_free(self.config.host, self.config.port)
         try:
@@ -122,7 +123,7 @@ class Node:
             except (ApiError, OSError) as error:
                 raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self._build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
         await site.start()

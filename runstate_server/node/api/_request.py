@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import limits, resources
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDLER_KEY
+from runstate_server.node.errors import ApiError
 
 _MISSING = object()
 

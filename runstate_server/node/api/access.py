@@ -14,8 +14,6 @@ from aiohttp import web
 
 from runstate_server.actors import access, limits
 from runstate_server.node.api import _request as req
-from runstate_server.node.api.auth import key_hash
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ADMIN,
     ANY_KEY,
@@ -27,6 +25,8 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import BOOLEAN, STRING, STRING_OR_NULL, TIME, TIME_OR_NULL, array, obj
 from runstate_server.node.api.views import iso
+from runstate_server.node.errors import ApiError
+from runstate_server.node.keys import key_hash, new_key_id, new_key_secret
 
 SPACE = obj({"id": STRING, "name": STRING_OR_NULL, "createdAt": TIME})
 KEY = obj({
@@ -36,18 +36,8 @@ KEY = obj({
 
 routes = RouteTable()
 
-KEY_SECRET_PREFIX = "rsk_"
-KEY_SECRET_BYTES = 32  # 256 random bits
 ID_HEX_CHARS = 20
 _PERMISSIONS_SCHEMA = {"type": "array", "items": {"type": "string", "enum": list(access.PERMISSIONS)}}
-
-
-def new_key_secret() -> str:
-    return KEY_SECRET_PREFIX + secrets.token_urlsafe(KEY_SECRET_BYTES)
-
-
-def new_key_id() -> str:
-    return "key_" + secrets.token_hex(ID_HEX_CHARS // 2)
 
 
 def key_view(view: dict[str, Any]) -> dict[str, Any]:

@@ -24,14 +24,14 @@ from runstate_server.node.api import (
     timers,
 )
 from runstate_server.node.api.auth import authenticate
-from runstate_server.node.api.errors import (
+from runstate_server.node.api.routes import NODE_KEY, ROUTE_BY_HANDLER_KEY, ROUTES_KEY, Handler, Route
+from runstate_server.node.errors import (
     REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
     ApiError,
     error_response,
     new_request_id,
 )
-from runstate_server.node.api.routes import NODE_KEY, ROUTE_BY_HANDLER_KEY, ROUTES_KEY, Handler, Route
 from runstate_server.node.routing import forwarded
 
 __all__ = ["ROUTES", "build_app"]

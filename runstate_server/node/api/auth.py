@@ -20,12 +20,9 @@ permission in the space the path names, or the default space.
 
 from __future__ import annotations
 
-import hashlib
-
 from aiohttp import web
 
 from runstate_server.actors import access
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_KEY,
     CALLER_KEY,
@@ -37,6 +34,8 @@ from runstate_server.node.api.routes import (
     Handler,
     Route,
 )
+from runstate_server.node.errors import ApiError
+from runstate_server.node.keys import key_hash
 
 BEARER_PREFIX = "bearer "
 API_KEY_CHARS_MAX = 512  # longer Authorization values are refused before they are hashed
@@ -50,11 +49,6 @@ def route_of(request: web.Request) -> Route | None:
     # Fail closed: a handler outside the table would otherwise be served without a check.
     assert route is not None, f"{request.method} {request.path} matched a handler outside the route table"
     return route
-
-
-def key_hash(secret: str) -> str:
-    """What the state keeps of a key: its SHA-256 (a 256-bit random secret needs no slow hash)."""
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @web.middleware

@@ -10,7 +10,6 @@ from runstate_server.actors import barriers, limits
 from runstate_server.actors.barriers import Barrier
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -22,6 +21,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, TIME, TIME_OR_NULL, enum, obj
 from runstate_server.node.api.views import in_space, iso
+from runstate_server.node.errors import ApiError
 
 BARRIER = obj({
     "id": STRING, "scopeId": STRING, "target": INTEGER, "arrivals": INTEGER, "epoch": INTEGER,

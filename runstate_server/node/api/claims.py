@@ -12,7 +12,6 @@ from runstate_server.actors.context import claim_key
 from runstate_server.actors.state import Claim, ClaimState, State
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     READ,
@@ -26,6 +25,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.runs import render_run
 from runstate_server.node.api.views import iso
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

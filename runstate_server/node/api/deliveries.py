@@ -12,7 +12,6 @@ from runstate_server.actors.context import queue_key
 from runstate_server.actors.state import State
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import body_wait_ms, client_gone
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
@@ -27,6 +26,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.views import delivery_view, iso
 from runstate_server.node.config import LONG_POLL_MS_MAX
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

@@ -11,7 +11,6 @@ from runstate_server.actors.groups import Group, GroupState
 from runstate_server.actors.state import State
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
@@ -37,6 +36,7 @@ from runstate_server.node.api.schemas import (
     obj,
 )
 from runstate_server.node.api.views import iso
+from runstate_server.node.errors import ApiError
 
 GROUP_STATE = enum("OPEN", "SEALED", "FINALIZED")
 DECISION = obj({"state": GROUP_STATE, "outcome": nullable(enum("SUCCESS", "FAILURE")), "outcomeReason": STRING_OR_NULL})

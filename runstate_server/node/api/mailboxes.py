@@ -6,7 +6,6 @@ from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -16,6 +15,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

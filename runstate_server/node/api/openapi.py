@@ -10,9 +10,9 @@ from aiohttp import web
 from runstate_server._version import __version__
 from runstate_server.actors import limits
 from runstate_server.node.api._request import IDEMPOTENCY_HEADER
-from runstate_server.node.api.errors import STATUS_BY_CODE
 from runstate_server.node.api.routes import PUBLIC, ROUTES_KEY, SPACE_ID, Route, RouteTable
 from runstate_server.node.api.schemas import ERROR, STRING, obj
+from runstate_server.node.errors import STATUS_BY_CODE
 
 routes = RouteTable()
 

@@ -17,7 +17,6 @@ from runstate_server.actors.resources import BUDGET, LIMIT, POOL
 from runstate_server.actors.state import State
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import body_wait_ms, client_gone
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -42,6 +41,7 @@ from runstate_server.node.api.schemas import (
 from runstate_server.node.api.schemas import STRING as _STRING
 from runstate_server.node.api.views import iso
 from runstate_server.node.config import LONG_POLL_MS_MAX
+from runstate_server.node.errors import ApiError
 
 _HOLDER = {"holder": STRING_OR_NULL, "scopeId": _STRING, "taskId": STRING_OR_NULL, "leaseExpiresAt": TIME}
 POOL_VIEW = obj({

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from runstate_server.actors import limits
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.schemas import ANY_JSON, INTEGER, STRING, TIME  # noqa: F401 - re-exported
+from runstate_server.node.caller import Caller
+from runstate_server.node.errors import ApiError
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -34,17 +35,6 @@ ADMIN = "admin"  # manage the space's keys (an operator admin: every space)
 RESOURCE_CONFIG = "resource_config"  # create or change mailboxes, barriers, timers, pools, limits, budgets
 WRITE = "coordination_write"  # submit, receive, complete, claim, accept, arrive, cancel, ...
 READ = "coordination_read"  # status, result, wait
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who makes a request, as the auth middleware established it. Without auth (`runstate dev`
-    without --auth) there is no key and every permission."""
-
-    space: str
-    key_id: str | None
-    permissions: frozenset[str]
-    operator: bool  # an admin key of the operator space: manages every space
 
 
 CALLER_KEY: web.RequestKey[Caller] = web.RequestKey("caller", Caller)

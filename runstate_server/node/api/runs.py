@@ -9,7 +9,6 @@ from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     INTEGER,
     ISO_TIME,
@@ -22,6 +21,7 @@ from runstate_server.node.api.routes import (
     node_of,
 )
 from runstate_server.node.api.views import run_view
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

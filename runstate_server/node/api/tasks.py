@@ -15,7 +15,6 @@ from runstate_server.actors.context import task_key
 from runstate_server.actors.state import TaskState
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
@@ -29,6 +28,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.views import result_view, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

@@ -10,7 +10,6 @@ from runstate_server.actors import timers
 from runstate_server.actors.timers import Timer
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.errors import ApiError
 from runstate_server.node.api.routes import (
     ISO_TIME,
     READ,
@@ -23,6 +22,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import BOOLEAN, STRING, TIME, TIME_OR_NULL, obj
 from runstate_server.node.api.views import in_space, iso
+from runstate_server.node.errors import ApiError
 
 TIMER = obj({"id": STRING, "scopeId": STRING, "state": STRING, "fireAt": TIME, "firedAt": TIME_OR_NULL, "createdAt": TIME})
 

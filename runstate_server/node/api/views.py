@@ -7,7 +7,7 @@ from typing import Any
 
 from runstate_server.actors import resources, runs, tasks
 from runstate_server.actors.state import Run, State, Task, TaskState
-from runstate_server.node.api.errors import ApiError
+from runstate_server.node.errors import ApiError
 
 
 def in_space(table: dict[str, Any], space: str, entity_id: str, what: str) -> Any:
