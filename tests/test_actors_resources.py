@@ -677,7 +677,7 @@ def test_a_job_blocked_by_a_rate_limit_is_woken_when_the_window_opens(resourced:
     h.tick()
     assert {resource_key("limit", "api"), ("queue", run_id, MAILBOX)} <= set(h.woken())
     assert len(h.receive(run_id)) == 1
-    assert take(h, run_id, 2) == {"taken": False, "available_ms": start + 2 * SECOND}  # the job's take counts
+    assert take(h, run_id, 2) == {"taken": False, "available_ms": start + 2 * SECOND, "unchanged": True}  # the job's take counts
 
 
 def test_a_budget_blocked_job_waits_for_a_reservation_to_return(resourced: Harness, run_id: str) -> None:

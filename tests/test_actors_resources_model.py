@@ -753,7 +753,7 @@ class ResourcesMachine(RuleBasedStateMachine):
         if "error" in result:
             return
         if granted is None:
-            assert result == {"granted": False}
+            assert result == {"granted": False, "unchanged": True}  # nothing taken: not kept for a retry
             return
         assert result == {"granted": True, id_field: granted.id, "lease_expires_ms": granted.expires}
         self.holds[granted.id] = granted
@@ -836,7 +836,8 @@ class ResourcesMachine(RuleBasedStateMachine):
         result, expected = self.execute("limit.take", {"name": LIMIT, "run_id": run_id, "units": units}, model)
         if expected is not None:
             event(f"take -> taken {expected[0]}")
-            assert result == {"taken": expected[0], "available_ms": expected[1]}
+            unchanged = {} if expected[0] else {"unchanged": True}
+            assert result == {"taken": expected[0], "available_ms": expected[1], **unchanged}
 
     # -- rules: time, leaders, restarts ----------------------------------------------------------
 
