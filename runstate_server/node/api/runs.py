@@ -55,7 +55,7 @@ async def create_run(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/runs/{name}",
     "The active root run of this name, else a new one (a fresh run once the last one stopped)",
-    body={"deadline": ISO_TIME}, errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=WRITE,
+    body={"deadline": ISO_TIME}, errors=("VALIDATION_FAILED", "LIMIT_EXCEEDED"), permission=READ,
 )
 async def named_run(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)

@@ -22,6 +22,7 @@ from runstate.sdk._http import (
     OutcomeUnknownError,
     Transport,
     default_holder,
+    encode_body,
     parse_base_urls,
     resolve_optional,
 )
@@ -406,7 +407,9 @@ class Mailbox:
         the queue or a named resource does not exist, ValidationError for an input over 64 KB or a
         need no job could ever get (more units than the limit, more than the budget's total).
         """
-        body = {**await self._where(), **_task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))}
+        task = _task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))
+        encode_body(task)  # ConfigError for an input JSON cannot carry, before any request
+        body = {**await self._where(), **task}
         # Safe to repeat: the server deduplicates by key.
         answer = await self._transport.request("POST", "/tasks", body=body, safe=True)
         return Ticket(
@@ -435,11 +438,14 @@ class Mailbox:
         if keys is not None and len(keys) != len(inputs):
             raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
         needs = needs_body(slots, limit, budget)
-        where = await self._where() if inputs else {}
-        items = [
-            {**where, **_task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)}
+        bodies = [
+            _task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)
             for index, task_input in enumerate(inputs)
         ]
+        for body in bodies:
+            encode_body(body)  # ConfigError before any request
+        where = await self._where() if inputs else {}
+        items = [{**where, **body} for body in bodies]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
         for start in range(0, len(items), SUBMIT_BATCH_MAX):
@@ -477,35 +483,24 @@ class Mailbox:
     ) -> list[Delivery]:
         """One recv (or, with `include_descendants`, one admit: tasks of the runs below this one
         too) of up to `max` deliveries."""
-        where = await self._where()
-        if include_descendants:
-            return await self._admit(where, max=max, lease_ms=lease_ms, wait_ms=wait_ms)
-        body = {
-            "scopeId": where["scopeId"],
+        lease = {
             "holder": self._transport.holder,
             "holderSession": self._transport.session_id,
             "max": _require_int(max, "max", 1, RECEIVE_BATCH_MAX),
             "leaseSeconds": lease_seconds(lease_ms),
             "waitMs": _require_int(wait_ms, "wait_ms", 0, RECEIVE_WAIT_MS_MAX),
         }
+        where = await self._where()
+        if include_descendants:
+            body = {**where, **lease, "includeDescendants": True}
+            answer = await self._transport.request("POST", "/tasks/admit", body=body, safe=False, long_poll_ms=wait_ms)
+            return [Delivery(self._transport, _as_message(admitted)) for admitted in answer.get("tasks", [])]
+        body = {"scopeId": where["scopeId"], **lease}
         answer = await self._transport.request(
             "POST", f"/mailboxes/{where['mailboxId']}/recv", body=body, safe=False, long_poll_ms=wait_ms
         )
         # 204 (nothing to hand out) arrives as {}.
         return [Delivery(self._transport, given) for given in answer.get("messages", [])]
-
-    async def _admit(self, where: dict[str, str], *, max: int, lease_ms: int, wait_ms: int) -> list[Delivery]:
-        body = {
-            **where,
-            "holder": self._transport.holder,
-            "holderSession": self._transport.session_id,
-            "includeDescendants": True,
-            "max": _require_int(max, "max", 1, RECEIVE_BATCH_MAX),
-            "leaseSeconds": lease_seconds(lease_ms),
-            "waitMs": _require_int(wait_ms, "wait_ms", 0, RECEIVE_WAIT_MS_MAX),
-        }
-        answer = await self._transport.request("POST", "/tasks/admit", body=body, safe=False, long_poll_ms=wait_ms)
-        return [Delivery(self._transport, _as_message(admitted)) for admitted in answer.get("tasks", [])]
 
     async def consume(
         self,
