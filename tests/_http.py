@@ -159,3 +159,25 @@ def settle_error(api: Api, delivery: dict[str, Any], how: str, body: dict[str, A
     status, answer = settle(api, delivery, how, body)
     assert status >= 400, (status, answer)
     return status, answer["error"]["code"]
+
+
+def task_request(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> tuple[int, Any]:
+    """POST /v1/tasks with a task body in the shape of a mailbox's tasks ({"input", "key"?, ...});
+    the answer has `id` = taskId."""
+    body = dict(body)
+    if "key" in body:
+        body["taskKey"] = body.pop("key")
+    status, answer = api("POST", "/v1/tasks", {"scopeId": run_id, "mailboxId": mailbox_id(api, mailbox), **body})
+    return status, answer
+
+
+def task_ok(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> dict[str, Any]:
+    status, answer = task_request(api, run_id, body, mailbox)
+    assert 200 <= status < 300, (status, answer)
+    return dict(answer)
+
+
+def task_error(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> tuple[int, str]:
+    status, answer = task_request(api, run_id, body, mailbox)
+    assert status >= 400, (status, answer)
+    return status, answer["error"]["code"]
