@@ -9,7 +9,7 @@ event loop means nothing is bound to a loop that `asyncio.run` closes; the daemo
 keeps the interpreter alive, and an atexit hook closes the session. A forked child builds its own.
 
 Which run: `configure(scope_id=...)`, else RUNSTATE_SCOPE_ID, else the space's default run
-(`POST /v1/default-scope`), asked once and cached. When a call answers SCOPE_CANCELLED,
+(the run named `default`, `PUT /runs/default`), asked once and cached. When a call answers SCOPE_CANCELLED,
 DEADLINE_EXCEEDED or NOT_FOUND for the cached default run, the SDK asks for the default run again
 (the server has replaced it by then) and retries the call once, so after a stop the next call of
 every process lands in the same fresh run.
