@@ -384,6 +384,8 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     for member in members:
         if len(deliveries) >= count_max:
             break
+        if member is not run and runs.inactive_reason(ctx.state, member, ctx.now_ms) is not None:
+            continue  # a run below that stopped (or whose deadline passed before its tick)
         queue = member.queues.get(mailbox.name)
         if queue is None and member is run:
             # Attached even when empty: stopping the run wakes the queues it has, and with them
