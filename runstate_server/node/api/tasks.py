@@ -279,9 +279,17 @@ async def admit(request: web.Request) -> web.StreamResponse:
     return web.json_response(_admitted(given[0]))
 
 
-def _result_view(state: State, task: Task) -> dict[str, Any]:
-    view = _view(state, task)
-    return {key: view[key] for key in ("id", "state", "done", "outcome", "outcomeReason", "error", "attempt")}
+def _result_view(task: Task) -> dict[str, Any]:
+    """What a result wait shows of a task (the fields of the task view it needs)."""
+    return {
+        "id": task.id,
+        "state": task.state,
+        "done": task.state in TaskState.TERMINAL,
+        "outcome": task.outcome,
+        "outcomeReason": task.outcome_reason,
+        "error": task.error if task.state != TaskState.SUCCEEDED else None,
+        "attempt": task.attempt,
+    }
 
 
 @routes(
@@ -314,7 +322,7 @@ async def task_results(request: web.Request) -> web.Response:
                 if task is None or task.space != caller.space:
                     views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
                     continue
-                views.append(_result_view(state, task))
+                views.append(_result_view(task))
                 if pending is None and task.state not in TaskState.TERMINAL:
                     pending = task_id
         remaining_s = deadline - time.monotonic()
