@@ -358,13 +358,15 @@ class Mailbox:
         input: Any,
         key: str | None = None,
         attempts: int | None = None,
+        key_only: bool = False,
         slots: SlotsLike = None,
         limit: LimitLike = None,
         budget: BudgetLike = None,
     ) -> Ticket:
+        """Submit a task (see `client.Mailbox.submit`)."""
         ticket = _call(
-            self._portal, self._inner.submit, input, key=key, attempts=attempts, slots=slots, limit=limit,
-            budget=budget,
+            self._portal, self._inner.submit, input, key=key, attempts=attempts, key_only=key_only, slots=slots,
+            limit=limit, budget=budget,
         )
         return Ticket(ticket, self._portal)
 
