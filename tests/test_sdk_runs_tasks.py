@@ -169,3 +169,19 @@ def test_the_blocking_methods_take_the_async_ones_parameters(async_cls: type, sy
         async_params = list(inspect.signature(getattr(async_cls, name)).parameters)
         sync_params = list(inspect.signature(getattr(sync_cls, name)).parameters)
         assert sync_params == async_params, name
+
+
+def test_the_module_api_uses_the_configured_named_run(dev_node: DevNode) -> None:
+    from runstate.sdk import _runtime
+
+    space_id, name = space(), f"nightly-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(runstate.ConfigError):
+        runstate.configure(base_url=dev_node.url, space_id=space_id, run="")
+    runstate.configure(base_url=dev_node.url, space_id=space_id, run=name)
+    try:
+        scope_id, is_default = _runtime.runtime().submit(_runtime.runtime().scope_id()).result(30)
+        with Runstate(base_url=dev_node.url, space_id=space_id) as rs:
+            assert (scope_id, is_default) == (rs.scopes.named(name).id, True)
+            assert rs.default_scope().id != scope_id
+    finally:
+        runstate.close()
