@@ -392,13 +392,19 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             # the consumers long-polling this one.
             queue = member.queues[mailbox.name] = Queue()
         if queue is not None and queue.ready:
-            _deliver_from(ctx, queue, count_max, lease_ms, holder, args.get("holder_session"), deliveries)
+            _deliver_from(ctx, queue, count_max, lease_ms, holder, args, deliveries)
     return {"task_ids": [given["task_id"] for given in deliveries], "deliveries": deliveries}
 
 
 def _deliver_from(
-    ctx: Context, queue: Queue, count_max: int, lease_ms: int, holder: Any, session: Any, deliveries: list[dict[str, Any]]
+    ctx: Context, queue: Queue, count_max: int, lease_ms: int, holder: Any, args: dict[str, Any],
+    deliveries: list[dict[str, Any]],
 ) -> None:
+    # The token: the task, the delivery's number, the leader's command id and the node's `nonce`
+    # (from a cryptographic source: the command ids come from a fast generator whose outputs the
+    # ids of runs and tasks show).
+    secret = ctx.command_id + str(args.get("nonce") or "")
+    session = args.get("holder_session")
     unserved: list[str] = []  # jobs this receive could not serve, in order: they stay in front
     passed: set[tuple[str, str]] = set()  # the resources those jobs need
     scanned = 0
@@ -407,7 +413,7 @@ def _deliver_from(
         task = ctx.state.tasks[queue.ready.popleft()]
         if task.state != TaskState.QUEUED or task.ready_at_ms:
             continue  # stale entry: cancelled, or already handed out
-        delivery_id = f"{task.id}.{task.delivery_count + 1}.{ctx.command_id}"
+        delivery_id = f"{task.id}.{task.delivery_count + 1}.{secret}"
         if task.needs is not None:
             needed = resources.needed(task.needs)
             # An earlier job waits for one of its resources (it must not be passed), or they

@@ -3,6 +3,7 @@ complete and nack of a delivery, each fenced by its token."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -29,6 +30,9 @@ from runstate_server.node.config import LONG_POLL_MS_MAX
 
 routes = RouteTable()
 
+# Random bytes of a delivery token besides the leader's command id (docs/http-api.md).
+TOKEN_NONCE_BYTES = 12
+
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _SPENT = {"type": "number", "minimum": 0, "maximum": req.AMOUNT_MAX}  # of the job's budget reservation
 # What recv and admit take besides their own fields.
@@ -49,6 +53,7 @@ def receive_args(body: dict[str, Any], mailbox_id: str, *, include_descendants: 
         "holder_session": req.text(body, "holderSession", max_chars=limits.name_chars_max),
         "include_descendants": include_descendants,
         "tasks_only": tasks_only,
+        "nonce": secrets.token_hex(TOKEN_NONCE_BYTES),
     }
 
 
