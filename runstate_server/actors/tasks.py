@@ -1,10 +1,17 @@
-"""Every rule of a work queue: mailboxes, tasks, and deliveries under leases.
+"""Every rule of a work queue: mailboxes (WORK, INBOX, backlogLimit, declarations), tasks and
+messages (a message is a task: keyless, or keyed by its workKey), their own cancel, deadline and
+subscribers, and deliveries under leases.
 
 A task is identified by (run, mailbox, key). A delivery hands a QUEUED task to one worker under a
 lease; the lease is valid while `now_ms < lease_expires_ms`, and every rule below uses that one
-test, so a tick that has not yet run cannot make a lapsed lease valid again. A delivery id names
-its task (`<task id>.<delivery number>.<nonce>`), so an operation on a delivery that was taken
-over finds the task and answers STALE_CLAIM rather than NOT_FOUND.
+test, so a tick that has not yet run cannot make a lapsed lease valid again. A delivery's id is
+its fencing token (`<task id>.<delivery number>.<command id><nonce>`): it names its task, so an
+operation with a token that was taken over finds the task and answers STALE_CLAIM rather than
+NOT_FOUND, and the API checks it against the message id of the path.
+
+A mailbox with a backlogLimit counts its unfinished tasks (`Mailbox.unfinished`): +1 when one is
+created, -1 whenever one becomes terminal (its delivery finished it, its own cancel or deadline,
+or its run's stop through runs.TASK_STOP_HOOKS).
 
 A task may need resources (resources.py): a receive hands it out only with all of them, taken in
 the same step, and every end of its delivery gives them back. A queue serves such jobs in order: a
