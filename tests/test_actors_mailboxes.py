@@ -264,3 +264,21 @@ def test_the_backlog_count_is_the_number_of_unfinished_tasks(ops: list[str]) -> 
             h.tick()
         assert h.state.spaces[h.space].mailboxes["box"].unfinished == unfinished(h, "box"), op
     assert round_trip(h.state).spaces[h.space].mailboxes["box"].unfinished == unfinished(h, "box")
+
+
+def test_the_outcome_reason_names_how_a_task_failed(h: Harness, run_id: str) -> None:
+    box = mailbox(h)
+    lapsed = submit(h, run_id, box, "lapsed", attempts=1)["task_id"]
+    retried = submit(h, run_id, box, "retried", attempts=1)["task_id"]
+    rejected = submit(h, run_id, box, "rejected", attempts=3)["task_id"]
+    given = {g["task_id"]: g["token"] for g in receive(h, run_id, box, max=3, holder="w9")}
+    h.delivery("retry", given[retried], error="ValueError: x")
+    h.delivery("reject", given[rejected])
+    h.advance(LEASE_MS)
+    h.tick()
+    assert [(h.task(t).state, h.task(t).outcome_reason) for t in (lapsed, retried, rejected)] == [
+        (TaskState.FAILED, "lease_expired"),
+        (TaskState.FAILED, "handler_error: ValueError: x"),
+        (TaskState.FAILED, "rejected: rejected by the worker"),
+    ]
+    assert h.task(lapsed).error == "lease expired (holder w9)"

@@ -530,7 +530,8 @@ def retry(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     task, live = _handback(ctx, args)
     if live:
         resources.end_holds(ctx, task, spent_micros)
-        _fail_attempt(ctx, task, args.get("error") or "retried by the worker", args.get("delay_ms"), HANDLER_ERROR)
+        error = args.get("error") or "retried by the worker"
+        _fail_attempt(ctx, task, error, args.get("delay_ms"), HANDLER_ERROR + error)
     return _settled(task)
 
 
@@ -561,13 +562,13 @@ def backoff_ms(failures: int) -> int:
     return min(limits.retry_backoff_ms_base * 2 ** min(failures - 1, 30), limits.retry_backoff_ms_max)
 
 
-def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None, reason_prefix: str) -> None:
-    """One attempt failed: FAILED when the attempts are used (outcomeReason `reason_prefix` +
-    error), else QUEUED again (after a delay). The caller ended the delivery's holds."""
+def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None, reason: str) -> None:
+    """One attempt failed: FAILED with outcomeReason `reason` when the attempts are used, else
+    QUEUED again (after a delay). The caller ended the delivery's holds."""
     task.failures += 1
     task.error = error
     if task.failures >= task.attempts:
-        _finish(ctx, task, TaskState.FAILED, error=error, reason=reason_prefix + error)
+        _finish(ctx, task, TaskState.FAILED, error=error, reason=reason)
         return
     task.delivery_id = None
     if delay_ms is None:
@@ -599,7 +600,7 @@ def on_lease_due(ctx: Context, delivery_id: str, due_ms: int) -> None:
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, delivery_id)  # renewed: look again then
         return
     resources.end_holds(ctx, task, 0)  # a lapse spends nothing: the reservation returns whole
-    _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0, LEASE_EXPIRED + ": ")
+    _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0, LEASE_EXPIRED)
 
 
 def on_ready_due(ctx: Context, task_id: str, due_ms: int) -> None:
