@@ -628,6 +628,9 @@ class Ticket:
 class Delivery:
     """One task handed to this worker under a lease.
 
+    `id` is the delivery's fencing token (another delivery of the same task has another one; a
+    call with a token that is no longer the task's current delivery raises LeaseLostError),
+    `task_id` the task (the wire's message id), `key` its key.
     `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
     `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
     True once complete/retry/reject/release was accepted, or the server said the lease is gone.
@@ -721,7 +724,7 @@ class Delivery:
         self, error: str | None = None, delay_ms: int | None = None, spent: float | None = None
     ) -> dict[str, Any]:
         """Put the task back for another attempt after `delay_ms` (default: the server's backoff);
-        `spent` as for `complete`.
+        `spent` as for `complete`. Sent as `nack {retry: true}`.
 
         Returns `{"taskId", "state"}` (FAILED when the attempts are used up). Allowed after the run
         stopped. Raises LeaseLostError if the lease is gone.
@@ -742,7 +745,8 @@ class Delivery:
         return await self._settle("nack", self._with_spent(body, spent))
 
     async def release(self) -> dict[str, Any]:
-        """Hand the task back at once, no attempt counted. Returns `{"taskId", "state"}`.
+        """Hand the task back at once, no attempt counted (`nack {retry: true, countAttempt: false}`).
+        Returns `{"taskId", "state"}`.
 
         Raises LeaseLostError if the lease is gone.
         """
