@@ -174,7 +174,7 @@ async def list_messages(request: web.Request) -> web.Response:
 )
 async def recv(request: web.Request) -> web.StreamResponse:
     body = await req.json_body(request)
-    args = receive_args(body, request.match_info["id"], include_descendants=False, tasks_only=False)
+    args = receive_args(request, body, request.match_info["id"], include_descendants=False, tasks_only=False)
     given = await receive(request, body, args)
     if not given:
         return web.Response(status=204)

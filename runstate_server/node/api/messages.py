@@ -23,6 +23,7 @@ from runstate_server.node.api.routes import (
     Caller,
     RouteTable,
     caller_of,
+    holder_of,
     node_of,
 )
 from runstate_server.node.api.views import iso, needs_view
@@ -43,13 +44,16 @@ RECEIVE_BODY: dict[str, Any] = {
 }
 
 
-def receive_args(body: dict[str, Any], mailbox_id: str, *, include_descendants: bool, tasks_only: bool) -> dict[str, Any]:
+def receive_args(
+    request: web.Request, body: dict[str, Any], mailbox_id: str, *, include_descendants: bool, tasks_only: bool
+) -> dict[str, Any]:
+    """The core's receive of a recv or an admit (the holder: the body's, else X-Runstate-Holder)."""
     return {
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
         "mailbox_id": mailbox_id,
         "max": req.integer(body, "max", minimum=1, maximum=limits.receive_batch_max, default=1),
         "lease_ms": req.lease_seconds_ms(body),
-        "holder": req.text(body, "holder", max_chars=limits.name_chars_max),
+        "holder": holder_of(request, body),
         "holder_session": req.text(body, "holderSession", max_chars=limits.name_chars_max),
         "include_descendants": include_descendants,
         "tasks_only": tasks_only,

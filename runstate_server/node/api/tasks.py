@@ -270,7 +270,7 @@ async def admit(request: web.Request) -> web.StreamResponse:
     body = await req.json_body(request)
     mailbox_id = req.text(body, "mailboxId", max_chars=limits.name_chars_max, required=True)
     assert mailbox_id is not None
-    args = receive_args(body, mailbox_id, include_descendants=req.flag(body, "includeDescendants"), tasks_only=True)
+    args = receive_args(request, body, mailbox_id, include_descendants=req.flag(body, "includeDescendants"), tasks_only=True)
     given = await receive(request, body, args)
     if not given:
         return web.Response(status=204)
