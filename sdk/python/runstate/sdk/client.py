@@ -183,7 +183,8 @@ class Mailboxes:
 
     async def get(self, name: str) -> dict[str, Any]:
         """Returns `{"id", "name", "mode", ...}`; raises NotFoundError if there is no such queue."""
-        view = await _find_mailbox(self._transport, _segment(name, "mailbox name") and name)
+        _segment(name, "mailbox name")
+        view = await _find_mailbox(self._transport, name)
         if view is None:
             raise NotFoundError(f"mailbox {name!r} not found", code="NOT_FOUND", status=404)
         return view
