@@ -352,6 +352,7 @@ class _Shared:
         self.tasks = _Tracked()
         self.recent_tasks: collections.deque[str] = collections.deque(maxlen=RECENT_TASKS_MAX)
         self.queues: dict[tuple[str, str], _Queue] = {}
+        self.mailbox_id = ""  # the id of MAILBOX, set up before any client starts
         self.groups = _Tracked()  # id -> _Group
         self.barriers = _Tracked()  # id -> _Barrier
         self.timers = _Tracked()  # id -> _Timer
@@ -424,6 +425,7 @@ class _Client:
         self.shared = shared
         self.rng = random.Random(f"{seed}:{name}")
         self.stopping = stopping
+        self.session = f"{self.rng.getrandbits(64):016x}"  # its holderSession on the leases it takes
 
     def loop(self) -> None:
         raise NotImplementedError
@@ -550,10 +552,10 @@ class _Producer(_Client):
     def submit(self, run_id: str) -> Answer:
         self.submitted += 1
         key, task_input = f"{self.name}-{self.submitted}", {"n": self.submitted}
+        body = {"scopeId": run_id, "mailboxId": self.shared.mailbox_id, "input": task_input, "taskKey": key}
         answer = self.call_until_known(
             "submit", {"run": run_id, "mailbox": MAILBOX, "key": key, "input": task_input},
-            "POST", f"/v1/scopes/{_segment(run_id)}/mailboxes/{MAILBOX}/tasks", {"input": task_input, "key": key},
-            shape=_submit_shape,
+            "POST", "/v1/tasks", body, shape=_submit_shape,
         )
         if answer.ok and answer.result is not None:
             self.shared.add_task(str(answer.result["taskId"]))
@@ -573,7 +575,7 @@ class _Producer(_Client):
 
 
 def _submit_shape(body: dict[str, Any]) -> dict[str, Any]:
-    return {"taskId": body["id"], "created": bool(body["created"])}
+    return {"taskId": body["taskId"], "created": bool(body["created"])}
 
 
 class _Worker(_Client):
@@ -598,10 +600,13 @@ class _Worker(_Client):
 
     def receive(self, queue: _Queue, wait_ms: int, count: int) -> list[dict[str, Any]]:
         lease_ms = self.shared.config.lease_ms
+        body = {
+            "scopeId": queue.run, "holder": self.name, "holderSession": self.session, "max": count,
+            "leaseSeconds": lease_ms / 1000, "waitMs": wait_ms,
+        }
         answer = self.call(
             "receive", {"run": queue.run, "mailbox": queue.mailbox, "worker": self.name, "leaseMs": lease_ms},
-            "POST", f"/v1/scopes/{_segment(queue.run)}/mailboxes/{_segment(queue.mailbox)}/receive",
-            {"max": count, "leaseMs": lease_ms, "waitMs": wait_ms, "holder": self.name},
+            "POST", f"/v1/mailboxes/{_segment(self.shared.mailbox_id)}/recv", body,
             shape=lambda body: _receive_shape(body, lease_ms), wait_ms=wait_ms,
         )
         if answer.outcome == FAIL and answer.code in RUN_STOPPED_CODES:
@@ -657,7 +662,8 @@ class _Worker(_Client):
                 return False
             answer = self.call(
                 "renew", {"delivery": delivery["id"], "taskId": delivery["taskId"]},
-                "POST", f"/v1/deliveries/{_segment(delivery['id'])}/renew", {"leaseMs": self.shared.config.lease_ms},
+                "POST", f"/v1/messages/{_segment(delivery['taskId'])}/renew",
+                {"token": delivery["id"], "leaseSeconds": self.shared.config.lease_ms / 1000},
                 shape=lambda body: {"leaseExpiresAt": epoch_ms(body["leaseExpiresAt"])},
             )
             if answer.outcome == FAIL:
@@ -675,8 +681,8 @@ class _Worker(_Client):
         if stalled:
             args["stalled"] = True
         answer = self.call_until_known(
-            "complete", args, "POST", f"/v1/deliveries/{_segment(delivery['id'])}/complete",
-            {"result": {"payload": payload}}, shape=lambda body: {"state": body.get("state")},
+            "complete", args, "POST", f"/v1/messages/{_segment(delivery['taskId'])}/complete",
+            {"token": delivery["id"], "result": {"payload": payload}}, shape=lambda body: {"state": body.get("state")},
         )
         if answer.ok:
             self.shared.count_pending(queue, -1)
@@ -706,17 +712,19 @@ class _Worker(_Client):
 
 
 def _receive_shape(body: dict[str, Any], lease_ms: int) -> dict[str, Any]:
+    """The deliveries of a recv (a 204 arrives as {}): each named by its token, the history's
+    delivery id."""
     return {
         "deliveries": [
             {
-                "id": delivery["id"],
-                "taskId": delivery["taskId"],
-                "input": delivery["input"],
-                "attempt": delivery["attempt"],
-                "leaseExpiresAt": epoch_ms(delivery["leaseExpiresAt"]),
+                "id": given["token"],
+                "taskId": given["message"]["id"],
+                "input": given["message"]["payload"],
+                "attempt": given["message"]["attempt"],
+                "leaseExpiresAt": epoch_ms(given["leaseExpiresAt"]),
                 "leaseMs": lease_ms,
             }
-            for delivery in body["deliveries"]
+            for given in body.get("messages", [])
         ]
     }
 
@@ -1084,7 +1092,15 @@ class Workload:
                 node, "POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"}, holder="setup", timeout_s=REQUEST_TIMEOUT_S
             )
             if answer.ok:
+                self.shared.mailbox_id = str(answer.body["id"])
                 break
+            if answer.code == "CONFLICT":  # made by an earlier attempt whose answer was lost
+                listed = self.http.call(
+                    node, "GET", f"/v1/mailboxes?name={MAILBOX}", holder="setup", timeout_s=REQUEST_TIMEOUT_S
+                )
+                if listed.ok and listed.body.get("mailboxes"):
+                    self.shared.mailbox_id = str(listed.body["mailboxes"][0]["id"])
+                    break
             if answer.outcome == FAIL or time.monotonic() >= deadline:
                 raise RuntimeError(f"cannot create the mailbox {MAILBOX!r}: {answer.code}: {answer.message}")
             node += 1

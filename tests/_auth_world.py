@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, recv
 from tests._nodes import DevNode, start_auth_node
 
 PERMISSIONS = ("admin", "resource_config", "coordination_write", "coordination_read")
@@ -51,12 +51,12 @@ def auth_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 def build_world(node: DevNode, secret: str) -> World:
     admin = Api(node.url, key=secret)
-    admin.ok("POST", "/v1/mailboxes", {"name": "work"})
-    admin.ok("POST", "/v1/mailboxes", {"name": "a-only"})  # a name no other space has
+    work = admin.ok("POST", "/v1/mailboxes", {"name": "work"})["id"]
+    a_only = admin.ok("POST", "/v1/mailboxes", {"name": "a-only"})["id"]  # a name no other space has
     run = admin.ok("POST", "/v1/scopes", {})["id"]
-    admin.ok("POST", f"/v1/scopes/{run}/children", {})
-    task = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/tasks", {"input": 1, "key": "t1"})["id"]
-    (delivery,) = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/receive", {"leaseMs": 600_000})["deliveries"]
+    admin.ok("POST", "/v1/scopes", {"parentId": run})
+    task = admin.ok("POST", "/v1/tasks", {"scopeId": run, "mailboxId": work, "input": 1, "taskKey": "t1"})["id"]
+    (delivery,) = recv(admin, run, leaseMs=600_000)
     claim = admin.ok("POST", f"/v1/scopes/{run}/claims", {"key": "c1", "leaseMs": 600_000})
     group = admin.ok("POST", f"/v1/scopes/{run}/groups", {"mailbox": "work", "condition": "ALL_TERMINAL"})["id"]
     member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
@@ -81,9 +81,9 @@ def build_world(node: DevNode, secret: str) -> World:
         for permission in PERMISSIONS
     }
     ids = {
-        "scopes": run, "tasks": task, "deliveries": delivery["id"], "claims": claim["leaseId"], "groups": group,
-        "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": "a-only", "claim-key": "c1",
-        "slots": slot, "reservations": reservation,
+        "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["leaseId"], "groups": group,
+        "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
+        "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -91,14 +91,21 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/groups/{id}/reject"): {"taskId": member},
         ("POST", "/v1/groups/{id}/tasks"): {"input": 3},
         ("POST", "/v1/barriers/{id}/arrive"): {"key": "a"},
-        ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks"): {"input": 4},
-        ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks/batch"): {"tasks": [{"input": 5}]},
+        ("POST", "/v1/tasks"): {"scopeId": run, "mailboxId": work, "input": 4},
+        ("POST", "/v1/tasks/batch"): {"tasks": [{"scopeId": run, "mailboxId": work, "input": 5}]},
+        ("POST", "/v1/tasks/admit"): {"scopeId": run, "mailboxId": work},
+        ("POST", "/v1/tasks/{id}/join"): {"subscriberId": "s", "scopeId": run},
+        ("POST", "/v1/tasks/{id}/detach"): {"subscriberId": "s"},
+        ("POST", "/v1/mailboxes/{id}/messages"): {"scopeId": run, "payload": 6},
+        ("POST", "/v1/mailboxes/{id}/recv"): {"scopeId": run},
+        ("POST", "/v1/messages/{id}/renew"): {"token": delivery["token"]},
+        ("POST", "/v1/messages/{id}/nack"): {"token": delivery["token"], "retry": True},
         ("POST", "/v1/scopes/{id}/claims"): {"key": "c2"},
         ("POST", "/v1/scopes/{id}/barriers"): {"target": 1},
         ("POST", "/v1/scopes/{id}/timers"): {"afterSeconds": 60},
         ("POST", "/v1/scopes/{id}/groups"): {"mailbox": "work", "condition": "ALL_TERMINAL"},
         ("POST", "/v1/claims/{lease}/complete"): {"result": 1},
-        ("POST", "/v1/deliveries/{id}/complete"): {"result": {"payload": 1}},
+        ("POST", "/v1/messages/{id}/complete"): {"token": delivery["token"], "result": {"payload": 1}},
         ("POST", "/v1/mailboxes"): {"name": "more"},
         ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
         ("POST", "/v1/tasks/results"): {"ids": [task]},
@@ -128,7 +135,7 @@ def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = 
         if name == "key":
             return values["claim-key"]
         if name == "name":
-            return values["mailboxes"]  # the pool, limit and budget of the world have its name
+            return values["names"]  # the mailbox, pool, limit, budget and named run of the world have its name
         if name == "lease":
             return values["slots" if family == "slots" else "claims"]
         return values[family]

@@ -75,3 +75,109 @@ def configured_run(base_url: str) -> Iterator[str]:
         yield scope_id
     finally:
         runstate.close()
+
+
+# -- queues on the wire: mailboxes by id, tasks, recv, and the calls on a delivery ---------------
+# A delivery is returned as {"id": token, "token", "taskId", "input", "attempt", "needs", "holds",
+# "leaseExpiresAt"}; `settle` sends its token to /v1/messages/{taskId}/...
+
+
+def mailbox_id(api: Api, name: str = "work", mode: str | None = None) -> str:
+    """The id of the mailbox `name`, created (in `mode`) when missing."""
+    status, answer = api("POST", "/v1/mailboxes", {"name": name, **({"mode": mode} if mode else {})})
+    if status == 201:
+        return str(answer["id"])
+    assert (status, answer["error"]["code"]) == (409, "CONFLICT"), (status, answer)
+    (found,) = api.ok("GET", f"/v1/mailboxes?name={name}")["mailboxes"]
+    return str(found["id"])
+
+
+def task_body(run_id: str, mailbox: str, task_input: Any, key: str | None = None, **extra: Any) -> dict[str, Any]:
+    body = {"scopeId": run_id, "mailboxId": mailbox, "input": task_input, **extra}
+    if key is not None:
+        body["taskKey"] = key
+    return body
+
+
+def submit_task(api: Api, run_id: str, task_input: Any, key: str | None = None, mailbox: str = "work",
+                **extra: Any) -> dict[str, Any]:
+    """POST /v1/tasks to the mailbox named `mailbox`; the answer, with `id` = its taskId."""
+    answer = dict(api.ok("POST", "/v1/tasks", task_body(run_id, mailbox_id(api, mailbox), task_input, key, **extra)))
+    assert answer["id"] == answer["taskId"]
+    return answer
+
+
+def as_delivery(given: dict[str, Any]) -> dict[str, Any]:
+    message = given["message"]
+    return {"id": given["token"], "token": given["token"], "taskId": message["id"], "input": message["payload"],
+            "attempt": message["attempt"], "needs": message.get("needs"), "holds": message.get("holds"),
+            "leaseExpiresAt": given.get("leaseExpiresAt"), "scopeId": message["scopeId"]}
+
+
+def recv_path(api: Api, mailbox: str = "work") -> str:
+    return f"/v1/mailboxes/{mailbox_id(api, mailbox)}/recv"
+
+
+def recv(api: Api, run_id: str, mailbox: str = "work", **body: Any) -> list[dict[str, Any]]:
+    """Up to `max` deliveries (default 1) of one recv; `leaseMs` is turned into leaseSeconds."""
+    wire: dict[str, Any] = {"scopeId": run_id, "holder": "tests", "holderSession": "s1", "max": body.pop("max", 1)}
+    if "leaseMs" in body:
+        wire["leaseSeconds"] = body.pop("leaseMs") / 1000
+    status, answer = api("POST", recv_path(api, mailbox), {**wire, **body})
+    if status == 204:
+        return []
+    assert status == 200, (status, answer)
+    return [as_delivery(given) for given in answer["messages"]]
+
+
+def delivery_request(delivery: dict[str, Any], how: str, body: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The path and body of complete, renew, retry, reject or release of a delivery."""
+    body = dict(body or {})
+    if how == "renew" and "leaseMs" in body:
+        body["leaseSeconds"] = body.pop("leaseMs") / 1000
+    action = how
+    if how in ("retry", "reject", "release"):
+        action = "nack"
+        body["retry"] = how != "reject"
+        if how == "release":
+            body["countAttempt"] = False
+    return f"/v1/messages/{delivery['taskId']}/{action}", {"token": delivery["token"], **body}
+
+
+def settle(api: Api, delivery: dict[str, Any], how: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    path, wire = delivery_request(delivery, how, body)
+    return api("POST", path, wire)
+
+
+def settle_ok(api: Api, delivery: dict[str, Any], how: str, body: dict[str, Any] | None = None) -> Any:
+    status, answer = settle(api, delivery, how, body)
+    assert 200 <= status < 300, (status, answer)
+    return answer
+
+
+def settle_error(api: Api, delivery: dict[str, Any], how: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+    status, answer = settle(api, delivery, how, body)
+    assert status >= 400, (status, answer)
+    return status, answer["error"]["code"]
+
+
+def task_request(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> tuple[int, Any]:
+    """POST /v1/tasks with a task body in the shape of a mailbox's tasks ({"input", "key"?, ...});
+    the answer has `id` = taskId."""
+    body = dict(body)
+    if "key" in body:
+        body["taskKey"] = body.pop("key")
+    status, answer = api("POST", "/v1/tasks", {"scopeId": run_id, "mailboxId": mailbox_id(api, mailbox), **body})
+    return status, answer
+
+
+def task_ok(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> dict[str, Any]:
+    status, answer = task_request(api, run_id, body, mailbox)
+    assert 200 <= status < 300, (status, answer)
+    return dict(answer)
+
+
+def task_error(api: Api, run_id: str, body: dict[str, Any], mailbox: str = "work") -> tuple[int, str]:
+    status, answer = task_request(api, run_id, body, mailbox)
+    assert status >= 400, (status, answer)
+    return status, answer["error"]["code"]

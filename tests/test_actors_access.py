@@ -443,6 +443,7 @@ def test_a_snapshot_from_before_keys_still_loads() -> None:
     state = from_snapshot(old)
     assert state.spaces["default"] == Space(
         id="default", mailboxes=h.state.spaces["default"].mailboxes, run_count=1,
+        mailbox_names=h.state.spaces["default"].mailbox_names,
     )
     assert (state.keys, state.key_ids_by_hash, state.operator_space) == ({}, {}, None)
     twin = KeyedHarness(space="default")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import errors, limits, resources
-from runstate_server.actors.state import TaskState, from_snapshot, to_snapshot
+from runstate_server.actors.state import _TASK_FIELDS, TaskState, from_snapshot, to_snapshot
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000
@@ -797,7 +797,7 @@ def test_a_snapshot_from_before_resources_loads(h: Harness, run_id: str) -> None
     job(twin, run_id, "c", slots=["browser"])
     assert len(twin.receive(run_id, max=5)) == 2
     with pytest.raises(ValueError, match="task row"):
-        from_snapshot({**old, "tasks": [row[:-1] for row in old["tasks"]]})
+        from_snapshot({**old, "tasks": [row[: _TASK_FIELDS.index("needs") - 1] for row in old["tasks"]]})
 
 
 def test_restored_core_answers_like_the_original(resourced: Harness, run_id: str) -> None:

@@ -171,6 +171,12 @@ CASES: dict[str, list[Case]] = {
     "delivery.retry": [Case(lambda f, o: {"delivery_id": f.held_delivery, "error": "e", "delay_ms": None})],
     "delivery.reject": [Case(lambda f, o: {"delivery_id": f.held_delivery, "error": "e"})],
     "delivery.release": [Case(lambda f, o: {"delivery_id": f.held_delivery})],
+    "task.cancel": [Case(lambda f, o: {"task_id": f.queued_task})],
+    "task.join": [
+        Case(lambda f, o: {"task_id": f.queued_task, "run_id": o.run, "subscriber": "s"}),
+        Case(lambda f, o: {"task_id": o.queued_task, "run_id": f.run, "subscriber": "s"}),
+    ],
+    "task.detach": [Case(lambda f, o: {"task_id": f.queued_task, "subscriber": "s"})],
     "claim.acquire": [
         Case(lambda f, o, key=key: {"run_id": f.run, "key": key, "lease_ms": LEASE_MS, "holder": "x"})
         for key in ("held", "done", "fresh")
@@ -231,8 +237,12 @@ CASES: dict[str, list[Case]] = {
 
 # Handlers that name no entity of a space by id: they act on the command's own space only.
 # (space.create names a new space; who may create one is tested in test_actors_access.)
-# (pool.ensure, limit.ensure, budget.ensure name a resource of the command's own space.)
-NO_FOREIGN_ID = {"mailbox.ensure", "run.default", "space.create", "pool.ensure", "limit.ensure", "budget.ensure"}
+# (pool.ensure, limit.ensure, budget.ensure name a resource of the command's own space; so do the
+# mailbox commands and run.named.)
+NO_FOREIGN_ID = {
+    "mailbox.ensure", "mailbox.create", "mailbox.declare", "run.named", "space.create", "pool.ensure", "limit.ensure",
+    "budget.ensure",
+}
 
 
 def test_every_handler_has_a_case() -> None:

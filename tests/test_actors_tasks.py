@@ -20,13 +20,13 @@ LEASE_MS = 10_000
 def test_submit_creates_a_queued_task(h: Harness, run_id: str) -> None:
     result = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}, attempts=3))
     task = h.task(result["task_id"])
-    assert result == {"task_id": task.id, "created": True}
+    assert {"task_id": task.id, "created": True}.items() <= result.items()
     assert task.id.startswith("tsk_")
     assert (task.run_id, task.mailbox, task.key, task.input) == (run_id, MAILBOX, "k", {"n": 1})
     assert (task.state, task.attempt, task.attempts, task.failures) == (TaskState.QUEUED, 0, 3, 0)
     assert task.attempts == 3 and task.created_ms == h.now_ms
     assert h.run(run_id).task_count == 1 and h.state.spaces[h.space].task_count == 1
-    assert h.woken() == [("queue", run_id, MAILBOX)]
+    assert h.woken() == [("queue", run_id, MAILBOX), ("mailbox", h.space, MAILBOX)]
 
 
 def test_submit_defaults_to_the_default_attempts(h: Harness, run_id: str) -> None:
@@ -36,7 +36,7 @@ def test_submit_defaults_to_the_default_attempts(h: Harness, run_id: str) -> Non
 def test_submit_is_idempotent_per_key_with_the_same_input(h: Harness, run_id: str) -> None:
     first = h.submit(run_id, "k", {"n": 1})
     again = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}))
-    assert again == {"task_id": first, "created": False}
+    assert {"task_id": first, "created": False}.items() <= again.items()
     assert h.effects == []
     assert h.run(run_id).task_count == 1 and len(h.state.tasks) == 1
     assert list(h.run(run_id).queues[MAILBOX].ready) == [first]  # not queued twice
@@ -69,7 +69,7 @@ def test_submit_to_unknown_run_or_mailbox_is_not_found(h: Harness, run_id: str) 
     assert h.err("task.submit", **h.submit_args(elsewhere, "k")) == errors.NOT_FOUND
 
 
-@pytest.mark.parametrize("attempts", [0, limits.attempts_max + 1, "3", None])
+@pytest.mark.parametrize("attempts", [0, limits.attempts_max + 1, "3"])
 def test_attempts_are_validated(h: Harness, run_id: str, attempts: object) -> None:
     assert h.err("task.submit", **h.submit_args(run_id, "k", attempts=attempts)) == errors.VALIDATION_FAILED
 
@@ -121,8 +121,8 @@ def test_resubmitting_an_existing_key_after_cancel_returns_the_existing_task(h: 
     h.delivery("complete", delivery, payload="result")
     h.cancel(run_id)
     before = snapshot_bytes(h.state)
-    assert h.ok("task.submit", **h.submit_args(run_id, "queued")) == {"task_id": queued, "created": False}
-    assert h.ok("task.submit", **h.submit_args(run_id, "done")) == {"task_id": done, "created": False}
+    assert {"task_id": queued, "created": False}.items() <= h.ok("task.submit", **h.submit_args(run_id, "queued")).items()
+    assert {"task_id": done, "created": False}.items() <= h.ok("task.submit", **h.submit_args(run_id, "done")).items()
     assert snapshot_bytes(h.state) == before
     assert h.task(queued).state == TaskState.CANCELLED
     assert h.task(done).state == TaskState.SUCCEEDED and h.task(done).outcome == "result"
@@ -265,7 +265,7 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
     task_id = h.submit(run_id, "k")
     (delivery,) = h.receive(run_id)
     h.advance(5)
-    assert h.delivery("complete", delivery, payload={"ok": True}) == {"task_id": task_id, "state": "SUCCEEDED"}
+    assert {"task_id": task_id, "state": "SUCCEEDED"}.items() <= h.delivery("complete", delivery, payload={"ok": True}).items()
     task = h.task(task_id)
     assert (task.state, task.outcome, task.finished_ms, task.delivery_id) == (
         TaskState.SUCCEEDED,
@@ -276,7 +276,7 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
     assert ("task", task_id) in h.woken()
     # The same complete again (a retry after a lost answer) gets the same answer and changes nothing.
     before = snapshot_bytes(h.state, without_clock=True)
-    assert h.delivery("complete", delivery, payload="again") == {"task_id": task_id, "state": "SUCCEEDED"}
+    assert {"task_id": task_id, "state": "SUCCEEDED"}.items() <= h.delivery("complete", delivery, payload="again").items()
     assert snapshot_bytes(h.state, without_clock=True) == before
     assert h.err("delivery.retry", delivery_id=delivery) == errors.STALE_CLAIM
 
@@ -284,7 +284,7 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
 def test_retry_with_backoff_is_not_receivable_until_the_ready_tick(h: Harness, run_id: str) -> None:
     task_id = h.submit(run_id, "k")
     (delivery,) = h.receive(run_id)
-    assert h.delivery("retry", delivery, error="flaky", delay_ms=5_000) == {"task_id": task_id, "state": "QUEUED"}
+    assert {"task_id": task_id, "state": "QUEUED"}.items() <= h.delivery("retry", delivery, error="flaky", delay_ms=5_000).items()
     task = h.task(task_id)
     assert (task.failures, task.error, task.ready_at_ms) == (1, "flaky", h.now_ms + 5_000)
     assert h.armed() == [h.now_ms + 5_000]
@@ -323,7 +323,7 @@ def test_retry_with_zero_delay_is_ready_at_once(h: Harness, run_id: str) -> None
 def test_reject_fails_the_task_now(h: Harness, run_id: str) -> None:
     task_id = h.submit(run_id, "k", attempts=5)
     (delivery,) = h.receive(run_id)
-    assert h.delivery("reject", delivery, error="bad input") == {"task_id": task_id, "state": "FAILED"}
+    assert {"task_id": task_id, "state": "FAILED"}.items() <= h.delivery("reject", delivery, error="bad input").items()
     task = h.task(task_id)
     assert (task.state, task.error, task.failures, task.outcome) == (TaskState.FAILED, "bad input", 1, None)
     assert ("task", task_id) in h.woken()
@@ -334,7 +334,7 @@ def test_release_puts_the_task_back_without_counting_an_attempt(h: Harness, run_
     first_id = h.submit(run_id, "first")
     second_id = h.submit(run_id, "second")
     (delivery,) = h.receive(run_id)
-    assert h.delivery("release", delivery) == {"task_id": first_id, "state": "QUEUED"}
+    assert {"task_id": first_id, "state": "QUEUED"}.items() <= h.delivery("release", delivery).items()
     assert h.task(first_id).failures == 0 and h.task(first_id).delivery_id is None
     assert ("queue", run_id, MAILBOX) in h.woken()
     assert h.receive(run_id, max=2) == [h.task(second_id).delivery_id, h.task(first_id).delivery_id]
@@ -352,7 +352,7 @@ def test_after_attempts_failures_the_task_fails_with_the_last_error(h: Harness, 
     (delivery,) = h.receive(run_id)
     assert h.task(task_id).attempt == 3
     h.effects.clear()
-    assert h.delivery("retry", delivery, error="three", delay_ms=0) == {"task_id": task_id, "state": "FAILED"}
+    assert {"task_id": task_id, "state": "FAILED"}.items() <= h.delivery("retry", delivery, error="three", delay_ms=0).items()
     task = h.task(task_id)
     assert (task.state, task.error, task.failures, task.delivery_id) == (TaskState.FAILED, "three", 3, None)
     assert ("task", task_id) in h.woken()
@@ -398,7 +398,7 @@ def test_stopping_a_run_cancels_queued_and_running_tasks(h: Harness, stop: str) 
     assert h.err("delivery.complete", delivery_id=d_running, payload=2) == errors.SCOPE_CANCELLED
     # ... but may hand it back: OK, with the final state, and the task does not change. The
     # handback ends the delivery, so a second one is STALE_CLAIM like after any handback.
-    assert h.delivery("retry", d_running, error="e") == {"task_id": running, "state": "CANCELLED"}
+    assert {"task_id": running, "state": "CANCELLED"}.items() <= h.delivery("retry", d_running, error="e").items()
     task = h.task(running)
     assert (task.state, task.failures, task.outcome, task.error) == (TaskState.CANCELLED, 0, None, None)
     assert h.err("delivery.release", delivery_id=d_running) == errors.STALE_CLAIM
@@ -412,7 +412,7 @@ def test_each_handback_is_allowed_after_cancel(h: Harness, run_id: str, kind: st
     task_id = h.submit(run_id, "k")
     (delivery,) = h.receive(run_id)
     h.cancel(run_id)
-    assert h.delivery(kind, delivery) == {"task_id": task_id, "state": "CANCELLED"}
+    assert {"task_id": task_id, "state": "CANCELLED"}.items() <= h.delivery(kind, delivery).items()
     assert h.task(task_id).failures == 0 and h.task(task_id).error is None
 
 
@@ -437,7 +437,7 @@ def test_deadline_expires_the_tasks_and_refuses_new_work(h: Harness) -> None:
         assert h.task(task_id).state == TaskState.EXPIRED
         assert ("task", task_id) in h.woken()
     assert h.task(done).state == TaskState.SUCCEEDED
-    assert h.delivery("retry", d_running) == {"task_id": running, "state": "EXPIRED"}
+    assert {"task_id": running, "state": "EXPIRED"}.items() <= h.delivery("retry", d_running).items()
     assert h.err("task.submit", **h.submit_args(run_id, "new")) == errors.DEADLINE_EXCEEDED
 
 
@@ -446,7 +446,7 @@ def test_a_handback_between_the_deadline_and_its_tick_is_still_accepted(h: Harne
     task_id = h.submit(run_id, "k")
     (delivery,) = h.receive(run_id, lease_ms=60_000)
     h.advance(5_000)
-    assert h.delivery("release", delivery) == {"task_id": task_id, "state": "QUEUED"}
+    assert {"task_id": task_id, "state": "QUEUED"}.items() <= h.delivery("release", delivery).items()
     h.tick()
     assert h.task(task_id).state == TaskState.EXPIRED
 
@@ -471,7 +471,7 @@ def test_retention_removes_the_tasks_and_their_deliveries(h: Harness, run_id: st
 def test_receive_arms_the_ticker_only_when_the_earliest_due_time_moves_earlier(h: Harness, run_id: str) -> None:
     for key in "abc":
         h.submit(run_id, key)
-    assert h.effects == [("wake", ("queue", run_id, MAILBOX))]
+    assert h.effects == [("wake", ("queue", run_id, MAILBOX)), ("wake", ("mailbox", h.space, MAILBOX))]
     h.receive(run_id, lease_ms=10_000)
     assert h.effects == [("arm", h.now_ms + 10_000)]
     h.receive(run_id, lease_ms=20_000)
@@ -488,7 +488,7 @@ def test_effects_of_finishing_and_readying(h: Harness, run_id: str) -> None:
     h.delivery("complete", da)
     assert h.effects == [("wake", ("task", a))]
     h.delivery("release", db)
-    assert h.effects == [("wake", ("queue", run_id, MAILBOX))]
+    assert h.effects == [("wake", ("queue", run_id, MAILBOX)), ("wake", ("mailbox", h.space, MAILBOX))]
     (db,) = h.receive(run_id)
     h.delivery("reject", db)
     assert h.effects == [("wake", ("task", b))]
@@ -530,27 +530,27 @@ def test_a_barrier_changes_nothing(h: Harness, run_id: str) -> None:
 def test_key_only_names_the_task_by_its_key_alone(h: Harness, run_id: str) -> None:
     first = h.submit(run_id, "acme", {"at": 1}, key_only=True)
     again = h.ok("task.submit", **h.submit_args(run_id, "acme", {"at": 2}, key_only=True))
-    assert again == {"task_id": first, "created": False}
+    assert {"task_id": first, "created": False}.items() <= again.items()
     assert h.task(first).input == {"at": 1}
     assert h.err("task.submit", **h.submit_args(run_id, "acme", {"at": 3})) == errors.KEY_CONFLICT
 
 
 def test_a_receive_answers_its_deliveries_as_its_own_step_left_them(h: Harness, run_id: str) -> None:
-    """The node renders a receive's answer after the command, from the state as it is then: the
-    delivery may have ended meanwhile (the run cancelled, its lease lapsed and the task handed to
-    another worker). The answer must still name this receive's delivery, never None or another's."""
-    from runstate_server.node.api.deliveries import _given_view
+    """The node renders a receive's answer from the command's result, never from the state read
+    afterwards: the delivery may have ended meanwhile (its lease lapsed and the task went to
+    another worker), and the answer must still name this receive's delivery."""
+    from runstate_server.node.api.messages import message_of
 
     task_id = h.submit(run_id, "a")
     result = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=1_000, holder="w1")
     (given,) = result["deliveries"]
-    assert given == {"task_id": task_id, "delivery_id": h.task(task_id).delivery_id, "attempt": 1,
-                     "lease_expires_ms": h.task(task_id).lease_expires_ms}
+    token = h.task(task_id).delivery_id
+    assert (given["task_id"], given["token"], given["attempt"]) == (task_id, token, 1)
+    assert given["lease_expires_ms"] == h.task(task_id).lease_expires_ms
     h.advance(1_001)
     h.tick()  # the lease lapsed: the task is back, and another worker takes it
     h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=1_000, holder="w2")
-    view = _given_view(h.state, given)
-    assert (view["id"], view["attempt"], view["taskId"]) == (given["delivery_id"], 1, task_id)
-    assert view["id"] != h.task(task_id).delivery_id and view["holds"] == {"slots": [], "reservationId": None}
-    h.cancel(run_id)  # the delivery of the second worker ends too: still named, never None
-    assert _given_view(h.state, given)["id"] == given["delivery_id"]
+    view = message_of(given)
+    assert (view["token"], view["message"]["attempt"], view["message"]["id"]) == (token, 1, task_id)
+    assert view["token"] != h.task(task_id).delivery_id
+

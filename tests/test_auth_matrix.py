@@ -17,7 +17,7 @@ from tests._http import Api
 # its own space, legitimately (and changes its own space's state), so the cross-space case skips them.
 SPACELESS = {
     ("GET", "/v1/whoami"), ("POST", "/v1/spaces"), ("GET", "/v1/spaces"), ("POST", "/v1/keys"),
-    ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("POST", "/v1/default-scope"), ("POST", "/v1/mailboxes"),
+    ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("PUT", "/v1/runs/default"), ("POST", "/v1/mailboxes"),
     ("POST", "/v1/tasks/results"), ("PUT", "/v1/pools/{name}"), ("PUT", "/v1/limits/{name}"),
     ("PUT", "/v1/budgets/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),

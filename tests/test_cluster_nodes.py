@@ -16,6 +16,7 @@ from runstate import AsyncRunstate
 from runstate.sdk.errors import LeaseLostError, UnavailableError
 
 from tests._cluster import Cluster
+from tests._http import recv, settle, settle_ok, task_ok
 
 PRODUCERS = 4
 WORKERS = 3
@@ -190,7 +191,7 @@ def test_leader_killed_under_load_loses_nothing_and_records_one_result_per_task(
     api = cluster.api(outcome["old_leader"])
     for key in random.sample(sorted(ledger.submitted), 20):
         task_id = ledger.submitted[key]
-        assert api.ok("GET", f"/v1/tasks/{task_id}")["key"] == key
+        assert api.ok("GET", f"/v1/tasks/{task_id}")["taskKey"] == key
 
 
 def sleep_until(moment: float) -> None:
@@ -203,14 +204,12 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
     cluster = make_cluster().start()
     old = cluster.leader_index()
     api_old = cluster.api(old)
-    api_old.ok("POST", "/v1/mailboxes", {"name": "work"})
     run_id = api_old.ok("POST", "/v1/scopes", {})["id"]
-    queue = f"/v1/scopes/{run_id}/mailboxes/work"
-    read_task = api_old.ok("POST", f"{queue}/tasks", {"input": "read", "key": "read"})["id"]
-    (read_delivery,) = api_old.ok("POST", f"{queue}/receive", {"leaseMs": 60_000})["deliveries"]
-    held_task = api_old.ok("POST", f"{queue}/tasks", {"input": "held", "key": "held"})["id"]
+    read_task = task_ok(api_old, run_id, {"input": "read", "key": "read"})["id"]
+    (read_delivery,) = recv(api_old, run_id, leaseMs=60_000)
+    held_task = task_ok(api_old, run_id, {"input": "held", "key": "held"})["id"]
     received_at = time.monotonic()
-    (held,) = api_old.ok("POST", f"{queue}/receive", {"leaseMs": 2_000})["deliveries"]
+    (held,) = recv(api_old, run_id, leaseMs=2_000)
     assert (read_delivery["taskId"], held["taskId"]) == (read_task, held_task)
 
     cluster.pause(old)
@@ -222,13 +221,13 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
 
     def renew() -> None:
         while not stop_renewing.wait(0.3):
-            renewals.append(api_new("POST", f"/v1/deliveries/{held['id']}/renew", {"leaseMs": 2_000}))
+            renewals.append(settle(api_new, held, "renew", {"leaseMs": 2_000}))
 
     renewer = threading.Thread(target=renew)
     renewer.start()
     try:
         # The read task is completed on the new leader while the old one is frozen.
-        done = api_new.ok("POST", f"/v1/deliveries/{read_delivery['id']}/complete", {"result": {"payload": "new"}})
+        done = settle_ok(api_new, read_delivery, "complete", {"result": {"payload": "new"}})
         assert done["state"] == "SUCCEEDED"
         # Stay frozen until the lease of `held`, as the old leader's state has it, is long overdue.
         sleep_until(received_at + 3.0)
@@ -239,7 +238,7 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
             reads.append(api_old("GET", path))
 
         readers = [threading.Thread(target=read, args=(path,)) for path in
-                   [f"/v1/tasks/{read_task}", f"/v1/tasks/{read_task}/result"] * 3]
+                   [f"/v1/tasks/{read_task}", f"/v1/tasks/{read_task}?waitMs=0"] * 3]
         for thread in readers:
             thread.start()
         time.sleep(0.2)
@@ -262,7 +261,7 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
     assert renewals and all(status == 200 for status, _ in renewals), renewals
     view = api_old.ok("GET", f"/v1/tasks/{held_task}")
     assert (view["state"], view["attempt"]) == ("RUNNING", 1), view
-    api_old.ok("POST", f"/v1/deliveries/{held['id']}/complete", {"result": {"payload": "held"}})
+    settle_ok(api_old, held, "complete", {"result": {"payload": "held"}})
     assert api_new.ok("GET", f"/v1/tasks/{held_task}")["outcome"] == "held"
     cluster.wait_same_digest()
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from runstate import Runstate
 
 from runstate_server.cluster.log import DUMP_FILE_NAME
 from tests._cluster import Cluster
+from tests._http import recv, settle_ok, task_ok
 
 WRITERS = 3
 ACKS_BEFORE_KILL = 150
@@ -24,25 +26,23 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
         run_id = rs.scopes.create().id
     submitted: list[tuple[str, int]] = []  # (task id, n) of acknowledged submits
     completed: list[tuple[str, int]] = []  # (task id, n) of acknowledged completes
-    held: list[tuple[str, str]] = []  # (task id, delivery id) received, never completed
+    held: list[tuple[str, dict[str, Any]]] = []  # (task id, delivery) received, never completed
     stop = threading.Event()
 
     def writer(index: int) -> None:
         """Submit, receive, complete through its own node (forwarded to the leader when a follower);
         every fourth delivery is held instead of completed."""
         api = cluster.api(index)
-        queue = f"/v1/scopes/{run_id}/mailboxes/work"
         n = index
         while not stop.is_set():
             try:
-                task_id = api.ok("POST", f"{queue}/tasks", {"input": n, "key": f"k{n}"})["id"]
+                task_id = task_ok(api, run_id, {"input": n, "key": f"k{n}"})["id"]
                 submitted.append((task_id, n))
-                (delivery,) = api.ok("POST", f"{queue}/receive", {"leaseMs": 60_000})["deliveries"]
+                (delivery,) = recv(api, run_id, leaseMs=60_000)
                 if n % 4 == 0:
-                    held.append((delivery["taskId"], delivery["id"]))
+                    held.append((delivery["taskId"], delivery))
                 else:
-                    path = f"/v1/deliveries/{delivery['id']}/complete"
-                    api.ok("POST", path, {"result": {"payload": delivery["input"]}})
+                    settle_ok(api, delivery, "complete", {"result": {"payload": delivery["input"]}})
                     completed.append((delivery["taskId"], delivery["input"]))
             except (OSError, AssertionError, ValueError):
                 return  # the nodes died under us: what was not acknowledged may be lost
@@ -66,14 +66,14 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
     api = cluster.api(cluster.leader_index())
     for task_id, n in submitted:
         view = api.ok("GET", f"/v1/tasks/{task_id}")
-        assert (view["key"], view["input"]) == (f"k{n}", n)
+        assert (view["taskKey"], view["input"]) == (f"k{n}", n)
     for task_id, n in completed:
         view = api.ok("GET", f"/v1/tasks/{task_id}")
         assert (view["state"], view["outcome"]) == ("SUCCEEDED", n), view
     # Held leases survived too (the new leader extended them): their holders can complete.
-    for task_id, delivery_id in held:
+    for task_id, delivery in held:
         assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "RUNNING"
-        api.ok("POST", f"/v1/deliveries/{delivery_id}/complete", {"result": {"payload": "after restart"}})
+        settle_ok(api, delivery, "complete", {"result": {"payload": "after restart"}})
     cluster.wait_same_digest()
 
 
@@ -98,4 +98,4 @@ def test_a_wiped_node_rejoins_from_a_snapshot(make_cluster: Callable[..., Cluste
     assert (cluster.data_dir(wiped) / DUMP_FILE_NAME).exists()  # it stored the snapshot it received
     api = cluster.api(wiped)
     for ticket in before + after:
-        assert api.ok("GET", f"/v1/tasks/{ticket.id}")["key"] == ticket.key
+        assert api.ok("GET", f"/v1/tasks/{ticket.id}")["taskKey"] == ticket.key

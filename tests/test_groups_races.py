@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from chaos.checker import GroupMember, group_decision
-from tests._http import Api
+from tests._http import Api, recv, settle
 from tests._nodes import DevNode
 
 MAILBOX = "reviews"
@@ -144,7 +144,7 @@ class GroupRaces(RuleBasedStateMachine):
         self.api.ok("POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"})
         self.parent = self.api.ok("POST", "/v1/scopes", {})["id"]
         self.task_ids: dict[str, str] = {}  # member key -> task id
-        self.held: dict[str, str] = {}  # member key -> delivery id not settled yet
+        self.held: dict[str, dict[str, Any]] = {}  # member key -> the delivery not settled yet
         self.decided: tuple[str | None, str | None] | None = None
         self.pool = ThreadPoolExecutor(BURST_MAX)
 
@@ -190,14 +190,11 @@ class GroupRaces(RuleBasedStateMachine):
         same draws to give the same steps.)"""
         if not self.model.queue:
             return
-        status, answer = self.api("POST", f"/v1/scopes/{self.run_id}/mailboxes/{MAILBOX}/receive",
-                                  {"max": 1, "leaseMs": LEASE_MS})
-        assert status == 200, answer
-        (delivery,) = answer["deliveries"]
+        (delivery,) = recv(self.api, self.run_id, MAILBOX, leaseMs=LEASE_MS)
         key = self.model.queue.pop(0)
         assert delivery["taskId"] == self.task_ids[key], "members are delivered in submit order"
         self.model.members[key]["state"] = "RUNNING"
-        self.held[key] = delivery["id"]
+        self.held[key] = delivery
         if how != "hold":
             self.burst_of([(how, key)])
 
@@ -230,9 +227,9 @@ class GroupRaces(RuleBasedStateMachine):
         if kind == "close":
             return self.api("POST", f"/v1/groups/{self.group}/close")
         if kind == "complete":
-            return self.api("POST", f"/v1/deliveries/{self.held[key]}/complete", {"result": {"payload": key}})
+            return settle(self.api, self.held[key], "complete", {"result": {"payload": key}})
         if kind == "fail":
-            return self.api("POST", f"/v1/deliveries/{self.held[key]}/reject", {"error": "bad draft"})
+            return settle(self.api, self.held[key], "reject", {"error": "bad draft"})
         assert kind == "cancel_parent"
         return self.api("POST", f"/v1/scopes/{self.parent}/cancel")
 

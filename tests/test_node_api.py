@@ -13,7 +13,17 @@ import pytest
 
 from runstate_server.node.api.app import ROUTES
 from runstate_server.node.api.openapi import openapi_path
-from tests._http import Api
+from tests._http import (
+    Api,
+    mailbox_id,
+    recv,
+    recv_path,
+    settle,
+    settle_error,
+    settle_ok,
+    submit_task,
+    task_body,
+)
 from tests._nodes import DevNode
 
 POLL_TIMEOUT_S = 20.0
@@ -27,6 +37,21 @@ def api(dev_node: DevNode) -> Api:
     return client
 
 
+def tasks_of(api: Api, run_id: str, task_input: Any, **extra: Any) -> tuple[int, Any]:
+    """POST /v1/tasks to the mailbox work of the run, as it answers."""
+    return api("POST", "/v1/tasks", task_body(run_id, mailbox_id(api), task_input, **extra))
+
+
+def submit_error(api: Api, run_id: str, task_input: Any, **extra: Any) -> tuple[int, str]:
+    status, answer = tasks_of(api, run_id, task_input, **extra)
+    assert status >= 400, (status, answer)
+    return status, answer["error"]["code"]
+
+
+def child_of(api: Api, run_id: str, **body: Any) -> tuple[int, Any]:
+    return api("POST", "/v1/scopes", {"parentId": run_id, **body})
+
+
 def new_run(api: Api, **body: Any) -> str:
     status, run = api("POST", "/v1/scopes", body)
     assert status == 201, run
@@ -34,14 +59,11 @@ def new_run(api: Api, **body: Any) -> str:
 
 
 def submit(api: Api, run_id: str, task_input: Any, key: str | None = None, **extra: Any) -> dict[str, Any]:
-    body = {"input": task_input, **extra}
-    if key is not None:
-        body["key"] = key
-    return dict(api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", body))
+    return submit_task(api, run_id, task_input, key, **extra)
 
 
 def receive(api: Api, run_id: str, **body: Any) -> list[dict[str, Any]]:
-    return list(api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", body)["deliveries"])
+    return recv(api, run_id, **body)
 
 
 def wait_until(predicate: Any, what: str) -> None:
@@ -86,21 +108,24 @@ def test_unknown_route_and_method_are_json_errors(api: Api) -> None:
 @pytest.mark.parametrize(
     "raw",
     [b"not json", b"[1, 2]", b'"text"', b"{", b"\xff\xfe", b'{"name": 5}', b'{"childLimit": -1}',
-     b'{"deadline": "yesterday"}', b'{"parentScopeId": 7}'],
+     b'{"deadline": "yesterday"}', b'{"parentId": 7}', b'{"parentScopeId": "run_x"}'],
 )
 def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
     run_id = new_run(api)
     paths = [
         "/v1/mailboxes",
         "/v1/scopes",
-        f"/v1/scopes/{run_id}/children",
-        f"/v1/scopes/{run_id}/mailboxes/work/tasks",
-        f"/v1/scopes/{run_id}/mailboxes/work/receive",
-        "/v1/deliveries/tsk_x.1.y/complete",
-        "/v1/deliveries/tsk_x.1.y/retry",
+        "/v1/runs/r",
+        "/v1/tasks",
+        "/v1/tasks/admit",
+        recv_path(api),
+        f"/v1/mailboxes/{mailbox_id(api)}/messages",
+        "/v1/messages/tsk_x/complete",
+        "/v1/messages/tsk_x/nack",
+        "/v1/tasks/tsk_x/join",
     ]
     for path in paths:
-        status, answer = api("POST", path, raw=raw)
+        status, answer = api("PUT" if path.startswith("/v1/runs/") else "POST", path, raw=raw)
         assert status < 500, (path, status, answer)
         if status >= 400:
             assert set(answer["error"]) == {"code", "message", "requestId"}
@@ -110,10 +135,10 @@ def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
 def test_oversized_input_and_result_are_refused(api: Api) -> None:
     run_id = new_run(api)
     big = "x" * (64 * 1024 + 1)
-    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": big}) == (400, "VALIDATION_FAILED")
+    assert submit_error(api, run_id, big) == (400, "VALIDATION_FAILED")
     submit(api, run_id, {"n": 1})
     (delivery,) = receive(api, run_id)
-    status, answer = api("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": big}})
+    status, answer = settle(api, delivery, "complete", {"result": {"payload": big}})
     assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
     assert "exceeds 65536 bytes" in answer["error"]["message"]
     assert task(api, delivery["taskId"])["state"] == "RUNNING"
@@ -122,12 +147,17 @@ def test_oversized_input_and_result_are_refused(api: Api) -> None:
 # -- mailboxes -----------------------------------------------------------------------------------
 
 
-def test_mailbox_ensure_is_idempotent_and_checks_mode(api: Api) -> None:
-    again = api.ok("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"})
-    assert again == {"name": "work", "mode": "WORK", "created": False}
+def test_mailbox_create_conflicts_on_a_taken_name_and_lists(api: Api) -> None:
+    assert api.error("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"}) == (409, "CONFLICT")
+    assert api.error("POST", "/v1/mailboxes", {"name": "work", "mode": "INBOX"}) == (409, "CONFLICT")
     assert api.error("POST", "/v1/mailboxes", {"name": "other", "mode": "FANOUT"}) == (400, "VALIDATION_FAILED")
-    assert api.ok("GET", "/v1/mailboxes/work") == {"name": "work", "mode": "WORK"}
-    assert api.error("GET", "/v1/mailboxes/other") == (404, "NOT_FOUND")
+    inbox = api.ok("POST", "/v1/mailboxes", {"name": "notes", "mode": "INBOX", "backlogLimit": 5})
+    assert inbox["id"].startswith("mbx_") and (inbox["mode"], inbox["backlogLimit"]) == ("INBOX", 5)
+    listed = {view["name"]: view for view in api.ok("GET", "/v1/mailboxes")["mailboxes"]}
+    assert set(listed) == {"work", "notes"} and listed["notes"] == inbox
+    assert api.ok("GET", f"/v1/mailboxes/{inbox['id']}") == inbox
+    assert api.ok("GET", "/v1/mailboxes?name=notes")["mailboxes"] == [inbox]
+    assert api.error("GET", "/v1/mailboxes/mbx_nope") == (404, "NOT_FOUND")
 
 
 # -- runs ----------------------------------------------------------------------------------------
@@ -143,13 +173,15 @@ def test_two_creates_make_two_runs_with_names(api: Api) -> None:
 
 def test_cancel_stops_the_run_and_everything_below(api: Api) -> None:
     run_id = new_run(api)
-    shard = api.ok("POST", f"/v1/scopes/{run_id}/children", {"name": "shard"})["id"]
+    status, child = child_of(api, run_id, name="shard")
+    assert (status, child["parentId"]) == (201, run_id)
+    shard = child["id"]
     queued = submit(api, shard, {"n": 1})["id"]
     running = submit(api, shard, {"n": 2})["id"]
     done = submit(api, shard, {"n": 3})["id"]
     deliveries = {d["taskId"]: d for d in receive(api, shard, max=3)}
-    api.ok("POST", f"/v1/deliveries/{deliveries[done]['id']}/complete", {"result": {"payload": "ok"}})
-    api.ok("POST", f"/v1/deliveries/{deliveries[queued]['id']}/release")
+    settle_ok(api, deliveries[done], "complete", {"result": {"payload": "ok"}})
+    settle_ok(api, deliveries[queued], "release")
 
     cancelled = api.ok("POST", f"/v1/scopes/{run_id}/cancel", {"reason": "enough"})
     assert (cancelled["storedState"], cancelled["effective"]) == ("CANCELLED", "INACTIVE")
@@ -158,18 +190,18 @@ def test_cancel_stops_the_run_and_everything_below(api: Api) -> None:
 
     # New work is refused for the run and every run below it.
     for target in (run_id, shard):
-        assert api.error("POST", f"/v1/scopes/{target}/mailboxes/work/tasks", {"input": 9}) == (409, "SCOPE_CANCELLED")
-        assert api.error("POST", f"/v1/scopes/{target}/mailboxes/work/receive", {}) == (409, "SCOPE_CANCELLED")
-        assert api.error("POST", f"/v1/scopes/{target}/children", {}) == (409, "SCOPE_CANCELLED")
+        assert submit_error(api, target, 9) == (409, "SCOPE_CANCELLED")
+        assert api.error("POST", recv_path(api), {"scopeId": target}) == (409, "SCOPE_CANCELLED")
+        assert api.error("POST", "/v1/scopes", {"parentId": target}) == (409, "SCOPE_CANCELLED")
     # Unfinished tasks are cancelled; the recorded result stays readable.
     assert task(api, queued)["state"] == "CANCELLED"
-    assert task(api, running)["state"] == "CANCELLED"
+    assert (task(api, running)["state"], task(api, running)["outcomeReason"]) == ("CANCELLED", "scope_cancelled")
     assert (task(api, done)["state"], task(api, done)["outcome"]) == ("SUCCEEDED", "ok")
     # Renew and complete are refused; retry, reject and release still answer.
-    held = deliveries[running]["id"]
-    assert api.error("POST", f"/v1/deliveries/{held}/renew", {}) == (409, "SCOPE_CANCELLED")
-    assert api.error("POST", f"/v1/deliveries/{held}/complete", {"result": {"payload": 1}}) == (409, "SCOPE_CANCELLED")
-    assert api.ok("POST", f"/v1/deliveries/{held}/release")["state"] == "CANCELLED"
+    held = deliveries[running]
+    assert settle_error(api, held, "renew", {}) == (409, "SCOPE_CANCELLED")
+    assert settle_error(api, held, "complete", {"result": {"payload": 1}}) == (409, "SCOPE_CANCELLED")
+    assert settle_ok(api, held, "release")["state"] == "CANCELLED"
     # Cancel is idempotent; a cancelled run cannot be completed.
     assert api.ok("POST", f"/v1/scopes/{run_id}/cancel")["storedState"] == "CANCELLED"
     assert api.error("POST", f"/v1/scopes/{run_id}/complete") == (409, "CONFLICT")
@@ -181,22 +213,23 @@ def test_cancelling_a_completed_run_is_a_conflict(api: Api) -> None:
     assert api.ok("POST", f"/v1/scopes/{run_id}/complete")["storedState"] == "COMPLETED"
     assert task(api, queued)["state"] == "CANCELLED"
     assert api.error("POST", f"/v1/scopes/{run_id}/cancel") == (409, "CONFLICT")
-    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": 2}) == (409, "SCOPE_CANCELLED")
+    assert submit_error(api, run_id, 2) == (409, "SCOPE_CANCELLED")
 
 
 def test_child_limit(api: Api) -> None:
     run_id = new_run(api, childLimit=1)
-    api.ok("POST", f"/v1/scopes/{run_id}/children", {})
-    assert api.error("POST", f"/v1/scopes/{run_id}/children", {}) == (409, "LIMIT_EXCEEDED")
+    assert child_of(api, run_id)[0] == 201
+    status, answer = child_of(api, run_id)
+    assert (status, answer["error"]["code"]) == (409, "LIMIT_EXCEEDED")
 
 
 def test_deadline_expires_queued_work_and_refuses_new_work(api: Api) -> None:
     run_id = new_run(api, deadline=in_seconds(1.0))
-    child = api.ok("POST", f"/v1/scopes/{run_id}/children", {})["id"]
+    child = child_of(api, run_id)[1]["id"]
     queued = submit(api, child, {"n": 1})["id"]
     wait_until(lambda: task(api, queued)["state"] == "EXPIRED", "the deadline to expire the task")
     assert api.ok("GET", f"/v1/scopes/{run_id}")["effective"] == "INACTIVE"
-    assert api.error("POST", f"/v1/scopes/{child}/mailboxes/work/tasks", {"input": 2}) == (409, "DEADLINE_EXCEEDED")
+    assert submit_error(api, child, 2) == (409, "DEADLINE_EXCEEDED")
     assert api.error("POST", "/v1/scopes", {"deadline": "2001-01-01T00:00:00Z"}) == (400, "VALIDATION_FAILED")
 
 
@@ -204,9 +237,11 @@ def test_unknown_ids_are_not_found(api: Api) -> None:
     assert api.error("GET", "/v1/scopes/run_nope") == (404, "NOT_FOUND")
     assert api.error("POST", "/v1/scopes/run_nope/cancel") == (404, "NOT_FOUND")
     assert api.error("GET", "/v1/tasks/tsk_nope") == (404, "NOT_FOUND")
-    assert api.error("POST", "/v1/deliveries/tsk_nope.1.x/complete", {"result": {}}) == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/messages/tsk_nope/complete", {"token": "t", "result": {}}) == (404, "NOT_FOUND")
     run_id = new_run(api)
-    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/absent/tasks", {"input": 1}) == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/tasks", task_body(run_id, "mbx_absent", 1)) == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/tasks", task_body("run_nope", mailbox_id(api), 1)) == (404, "NOT_FOUND")
+    assert api.error("POST", "/v1/scopes", {"parentId": "run_nope"}) == (404, "NOT_FOUND")
 
 
 def test_spaces_do_not_see_each_other(api: Api, dev_node: DevNode) -> None:
@@ -227,10 +262,7 @@ def test_submit_is_idempotent_per_key(api: Api) -> None:
     first = submit(api, run_id, {"n": 1}, key="k")
     again = submit(api, run_id, {"n": 1}, key="k")
     assert (first["created"], again["created"], again["id"]) == (True, False, first["id"])
-    assert api.error("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 2}, "key": "k"}) == (
-        409,
-        "KEY_CONFLICT",
-    )
+    assert submit_error(api, run_id, {"n": 2}, taskKey="k") == (409, "KEY_CONFLICT")
     # Without a key the input is the key: equal inputs (in any key order) are one task.
     a = submit(api, run_id, {"x": 1, "y": 2})
     b = submit(api, run_id, {"y": 2, "x": 1})
@@ -243,30 +275,30 @@ def test_full_task_lifecycle_and_result_long_poll(api: Api) -> None:
     run_id = new_run(api)
     task_id = submit(api, run_id, {"n": 21})["id"]
     answers: list[Any] = []
-    waiter = threading.Thread(target=lambda: answers.append(api.ok("GET", f"/v1/tasks/{task_id}/result?waitMs=20000")))
+    waiter = threading.Thread(target=lambda: answers.append(api.ok("GET", f"/v1/tasks/{task_id}?waitMs=20000")))
     waiter.start()
     (delivery,) = receive(api, run_id, max=10, leaseMs=10_000)
     assert (delivery["taskId"], delivery["attempt"], delivery["input"]) == (task_id, 1, {"n": 21})
     assert task(api, task_id)["state"] == "RUNNING"
-    api.ok("POST", f"/v1/deliveries/{delivery['id']}/renew", {"leaseMs": 20_000})
-    done = api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": {"doubled": 42}}})
-    assert done == {"taskId": task_id, "state": "SUCCEEDED"}
+    settle_ok(api, delivery, "renew", {"leaseMs": 20_000})
+    done = settle_ok(api, delivery, "complete", {"result": {"payload": {"doubled": 42}}})
+    assert done == {"taskId": task_id, "state": "SUCCEEDED", "attempt": 1, "outcomeReason": None}
     waiter.join(POLL_TIMEOUT_S)
     assert answers and answers[0]["done"] is True
     assert (answers[0]["state"], answers[0]["outcome"]) == ("SUCCEEDED", {"doubled": 42})
     # The same complete again (a client retrying after a lost answer) is answered the same way and
     # records nothing more: one recorded result per task.
-    again = api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": 0}})
-    assert again == {"taskId": task_id, "state": "SUCCEEDED"}
+    again = settle_ok(api, delivery, "complete", {"result": {"payload": 0}})
+    assert again == {"taskId": task_id, "state": "SUCCEEDED", "attempt": 1, "outcomeReason": None}
     assert task(api, task_id)["outcome"] == {"doubled": 42}
 
 
 def test_result_long_poll_answers_not_done_after_wait(api: Api) -> None:
     run_id = new_run(api)
     task_id = submit(api, run_id, {"n": 1})["id"]
-    answer = api.ok("GET", f"/v1/tasks/{task_id}/result?waitMs=200")
+    answer = api.ok("GET", f"/v1/tasks/{task_id}?waitMs=200")
     assert (answer["done"], answer["state"]) == (False, "QUEUED")
-    assert api.error("GET", f"/v1/tasks/{task_id}/result?waitMs=999999") == (400, "VALIDATION_FAILED")
+    assert api.error("GET", f"/v1/tasks/{task_id}?waitMs=999999") == (400, "VALIDATION_FAILED")
 
 
 def test_receive_long_poll_is_woken_by_a_submit(api: Api) -> None:
@@ -297,13 +329,13 @@ def test_lapsed_lease_is_taken_over_and_the_late_complete_refused(api: Api) -> N
     wait_until(lambda: bool(taken.extend(receive(api, run_id)) or taken), "the lease to lapse")
     (new,) = taken
     assert (new["taskId"], new["attempt"]) == (task_id, 2)
-    assert api.error("POST", f"/v1/deliveries/{old['id']}/complete", {"result": {"payload": "late"}}) == (
+    assert settle_error(api, old, "complete", {"result": {"payload": "late"}}) == (
         409,
         "STALE_CLAIM",
     )
-    assert api.error("POST", f"/v1/deliveries/{old['id']}/renew", {}) == (409, "STALE_CLAIM")
+    assert settle_error(api, old, "renew", {}) == (409, "STALE_CLAIM")
     assert task(api, task_id)["state"] == "RUNNING"
-    api.ok("POST", f"/v1/deliveries/{new['id']}/complete", {"result": {"payload": "on time"}})
+    settle_ok(api, new, "complete", {"result": {"payload": "on time"}})
     assert task(api, task_id)["outcome"] == "on time"
 
 
@@ -311,28 +343,30 @@ def test_retry_reject_release_and_attempts(api: Api) -> None:
     run_id = new_run(api)
     task_id = submit(api, run_id, {"n": 1}, attempts=2)["id"]
     (first,) = receive(api, run_id)
-    assert api.ok("POST", f"/v1/deliveries/{first['id']}/release")["state"] == "QUEUED"
+    assert settle_ok(api, first, "release")["state"] == "QUEUED"
     (second,) = receive(api, run_id)
     assert second["attempt"] == 1  # a release counts no attempt
-    assert api.ok("POST", f"/v1/deliveries/{second['id']}/retry", {"error": "flaky", "delayMs": 0})["state"] == "QUEUED"
+    assert settle_ok(api, second, "retry", {"error": "flaky", "delayMs": 0})["state"] == "QUEUED"
     (third,) = receive(api, run_id)
     assert third["attempt"] == 2
-    failed = api.ok("POST", f"/v1/deliveries/{third['id']}/retry", {"error": "still flaky"})
-    assert failed["state"] == "FAILED"  # out of attempts
+    failed = settle_ok(api, third, "retry", {"error": "still flaky"})
+    assert (failed["state"], failed["outcomeReason"]) == ("FAILED", "handler_error: still flaky")  # out of attempts
     assert (task(api, task_id)["error"], task(api, task_id)["state"]) == ("still flaky", "FAILED")
+    assert task(api, task_id)["outcomeReason"] == "handler_error: still flaky"
 
     other = submit(api, run_id, {"n": 2})["id"]
     (delivery,) = receive(api, run_id)
-    assert api.ok("POST", f"/v1/deliveries/{delivery['id']}/reject", {"error": "bad input"})["state"] == "FAILED"
-    result = api.ok("GET", f"/v1/tasks/{other}/result")
+    assert settle_ok(api, delivery, "reject", {"error": "bad input"})["state"] == "FAILED"
+    result = api.ok("GET", f"/v1/tasks/{other}")
     assert (result["done"], result["state"], result["error"]) == (True, "FAILED", "bad input")
+    assert result["outcomeReason"] == "rejected: bad input"
 
 
 def test_retry_backoff_holds_the_task_back(api: Api) -> None:
     run_id = new_run(api)
     task_id = submit(api, run_id, {"n": 1})["id"]
     (first,) = receive(api, run_id)
-    api.ok("POST", f"/v1/deliveries/{first['id']}/retry", {"delayMs": 60_000})
+    settle_ok(api, first, "retry", {"delayMs": 60_000})
     assert receive(api, run_id) == []
     assert task(api, task_id)["state"] == "QUEUED"
 
@@ -342,24 +376,31 @@ def test_large_bodies_are_read_whole_and_oversized_ones_refused(api: Api) -> Non
     near_limit = {"blob": "y" * (60 * 1024)}  # arrives in many TCP segments
     created = submit(api, run_id, near_limit)
     assert task(api, created["id"])["input"] == near_limit
-    status, answer = api("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", raw=b"x" * (300 * 1024))
+    status, answer = api("POST", "/v1/tasks", raw=b"x" * (300 * 1024))
     assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
 
 
 def test_batch_submit_answers_each_task_on_its_own(api: Api) -> None:
     run_id = new_run(api)
-    path = f"/v1/scopes/{run_id}/mailboxes/work/tasks/batch"
-    answer = api.ok("POST", path, {"tasks": [{"input": 1, "key": "a"}, {"input": 2, "key": "a"}, {"input": 3}, 7]})
+    path = "/v1/tasks/batch"
+    work = mailbox_id(api)
+
+    def item(task_input: Any, key: str | None = None) -> dict[str, Any]:
+        return task_body(run_id, work, task_input, key)
+
+    answer = api.ok("POST", path, {"tasks": [item(1, "a"), item(2, "a"), item(3), 7]})
     first, conflict, third, invalid = answer["tasks"]
     assert (first["created"], first["state"], third["created"]) == (True, "QUEUED", True)
     assert conflict["error"]["code"] == "KEY_CONFLICT"
     assert invalid["error"]["code"] == "VALIDATION_FAILED"
-    again = api.ok("POST", path, {"tasks": [{"input": 1, "key": "a"}]})["tasks"]
+    again = api.ok("POST", path, {"tasks": [item(1, "a")]})["tasks"]
     assert (again[0]["id"], again[0]["created"]) == (first["id"], False)
     assert api.error("POST", path, {"tasks": []}) == (400, "VALIDATION_FAILED")
-    assert api.error("POST", path, {"tasks": [{"input": n} for n in range(101)]}) == (400, "VALIDATION_FAILED")
+    assert api.error("POST", path, {"tasks": [item(n) for n in range(101)]}) == (400, "VALIDATION_FAILED")
+    misspelt = api.ok("POST", path, {"tasks": [{**item(1), "mailbox": "work"}]})["tasks"][0]
+    assert misspelt["error"]["code"] == "VALIDATION_FAILED"
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
-    refused = api.ok("POST", path, {"tasks": [{"input": 9}]})["tasks"][0]
+    refused = api.ok("POST", path, {"tasks": [item(9)]})["tasks"][0]
     assert refused["error"]["code"] == "SCOPE_CANCELLED"
 
 
@@ -374,7 +415,7 @@ def test_batch_results_wait_for_every_task(api: Api) -> None:
     )
     waiter.start()
     for delivery in receive(api, run_id, max=3):
-        api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": delivery["input"]["n"]}})
+        settle_ok(api, delivery, "complete", {"result": {"payload": delivery["input"]["n"]}})
     waiter.join(POLL_TIMEOUT_S)
     assert [(view["state"], view["outcome"]) for view in answers[0]["results"]] == [
         ("SUCCEEDED", 0), ("SUCCEEDED", 1), ("SUCCEEDED", 2)
@@ -390,6 +431,5 @@ def test_key_only_returns_the_existing_task_whatever_the_input(api: Api) -> None
     again = submit(api, run_id, {"company": "acme", "at": 2}, key="acme", keyOnly=True)
     assert (again["id"], again["created"]) == (first["id"], False)
     assert task(api, first["id"])["input"] == {"company": "acme", "at": 1}
-    path = f"/v1/scopes/{run_id}/mailboxes/work/tasks"
-    assert api.error("POST", path, {"input": 3, "key": "acme"}) == (409, "KEY_CONFLICT")  # without keyOnly
-    assert api.error("POST", path, {"input": 3, "key": "x", "keyOnly": "yes"}) == (400, "VALIDATION_FAILED")
+    assert submit_error(api, run_id, 3, taskKey="acme") == (409, "KEY_CONFLICT")  # without keyOnly
+    assert submit_error(api, run_id, 3, taskKey="x", keyOnly="yes") == (400, "VALIDATION_FAILED")

@@ -26,11 +26,11 @@ def claims_path(run_id: str, key: str | None = None) -> str:
 
 
 def test_default_scope_is_stable_until_it_stops(api: Api) -> None:
-    first = api.ok("POST", "/v1/default-scope")
+    first = api.ok("PUT", "/v1/runs/default")
     assert (first["name"], first["storedState"]) == ("default", "ACTIVE")
-    assert api.ok("POST", "/v1/default-scope")["id"] == first["id"]
+    assert api.ok("PUT", "/v1/runs/default")["id"] == first["id"]
     api.ok("POST", f"/v1/scopes/{first['id']}/cancel")
-    fresh = api.ok("POST", "/v1/default-scope")
+    fresh = api.ok("PUT", "/v1/runs/default")
     assert fresh["id"] != first["id"] and fresh["effective"] == "ACTIVE"
 
 

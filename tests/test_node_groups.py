@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, recv, recv_path, settle_error, settle_ok, task_ok
 from tests._nodes import DevNode
 
 MAILBOX = "reviews"
@@ -39,12 +39,11 @@ def submit(api: Api, group: dict[str, Any], *keys: str) -> list[str]:
 def work(api: Api, group: dict[str, Any], count: int, how: str = "complete") -> list[str]:
     """A worker on the group's run takes `count` members and settles them with `how`; returns
     their task ids."""
-    path = f"/v1/scopes/{group['scopeId']}/mailboxes/{MAILBOX}/receive"
-    deliveries = api.ok("POST", path, {"max": count, "leaseMs": 60_000})["deliveries"]
+    deliveries = recv(api, group["scopeId"], MAILBOX, max=count, leaseMs=60_000)
     assert len(deliveries) == count
     for delivery in deliveries:
         body = {"result": {"payload": delivery["input"]}} if how == "complete" else {}
-        api.ok("POST", f"/v1/deliveries/{delivery['id']}/{how}", body)
+        settle_ok(api, delivery, how, body)
     return [delivery["taskId"] for delivery in deliveries]
 
 
@@ -60,8 +59,7 @@ def test_twelve_drafts_threshold_five_finalize_once_and_cancel_the_rest(api: Api
     assert api.ok("POST", f"/v1/groups/{group['id']}/close") == {"state": "SEALED", "outcome": None,
                                                                   "outcomeReason": None}
     succeeded = work(api, group, 8)
-    receive_path = f"/v1/scopes/{group['scopeId']}/mailboxes/{MAILBOX}/receive"
-    (held,) = api.ok("POST", receive_path, {"max": 1, "leaseMs": 60_000})["deliveries"]
+    (held,) = recv(api, group["scopeId"], MAILBOX, leaseMs=60_000)
 
     woken: list[Any] = []
     waiter = threading.Thread(
@@ -85,8 +83,8 @@ def test_twelve_drafts_threshold_five_finalize_once_and_cancel_the_rest(api: Api
     assert sorted(states[t] for t in task_ids if t not in succeeded) == ["CANCELLED"] * 4
     assert sum(m["verdict"] == "ACCEPTED" and not m["late"] for m in status["members"]) == 5
     # The group's run is cancelled: no more work for anyone.
-    assert api.error("POST", receive_path, {"max": 1}) == (409, "SCOPE_CANCELLED")
-    assert api.error("POST", f"/v1/deliveries/{held['id']}/complete", {}) == (409, "SCOPE_CANCELLED")
+    assert api.error("POST", recv_path(api, MAILBOX), {"scopeId": group["scopeId"]}) == (409, "SCOPE_CANCELLED")
+    assert settle_error(api, held, "complete", {}) == (409, "SCOPE_CANCELLED")
     assert api.error("POST", f"/v1/groups/{group['id']}/tasks", {"input": 1}) == (409, "GROUP_CLOSED")
     assert api.ok("GET", f"/v1/scopes/{group['scopeId']}")["storedState"] == "CANCELLED"
     assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"  # the parent goes on
@@ -149,10 +147,10 @@ def test_late_verdicts_are_recorded_and_change_nothing(api: Api) -> None:
 
 def test_join_adds_a_task_of_the_group_run(api: Api) -> None:
     run_id, group = new_group(api, condition="ALL_TERMINAL")
-    direct = api.ok("POST", f"/v1/scopes/{group['scopeId']}/mailboxes/{MAILBOX}/tasks", {"input": 1})["id"]
+    direct = task_ok(api, group["scopeId"], {"input": 1}, MAILBOX)["id"]
     joined = api.ok("POST", f"/v1/groups/{group['id']}/join", {"taskId": direct})
     assert joined == {"taskId": direct, "joined": True, "groupState": "OPEN"}
-    elsewhere = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/{MAILBOX}/tasks", {"input": 2})["id"]
+    elsewhere = task_ok(api, run_id, {"input": 2}, MAILBOX)["id"]
     assert api.error("POST", f"/v1/groups/{group['id']}/join", {"taskId": elsewhere}) == (409, "CONFLICT")
     (task_id,) = work(api, group, 1)
     verdict(api, group, "accept", task_id)

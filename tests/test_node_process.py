@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, mailbox_id, recv, settle_ok, task_ok
 from tests._nodes import DevNode
 
 HERE = Path(__file__).parent
@@ -23,7 +23,7 @@ PROCESS_TIMEOUT_S = 60.0
 
 
 def run_with_work_queue(api: Api) -> str:
-    api.ok("POST", "/v1/mailboxes", {"name": "work"})
+    mailbox_id(api)  # created if missing
     return str(api.ok("POST", "/v1/scopes", {})["id"])
 
 
@@ -95,11 +95,11 @@ def test_kill_9_loses_no_acknowledged_write(node_factory: Any, flags: tuple[str,
         n = offset
         while not stop.is_set():
             try:
-                task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": n, "key": f"k{n}"})["id"]
+                task_id = task_ok(api, run_id, {"input": n, "key": f"k{n}"})["id"]
                 submitted.append((task_id, n))
                 # Four writers share the queue: the delivery may be another writer's task.
-                (delivery,) = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {})["deliveries"]
-                api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": delivery["input"]}})
+                (delivery,) = recv(api, run_id)
+                settle_ok(api, delivery, "complete", {"result": {"payload": delivery["input"]}})
             except (OSError, AssertionError, ValueError):
                 return  # the node died under us: whatever was not acknowledged may be lost
             completed.append((delivery["taskId"], delivery["input"]))
@@ -124,14 +124,14 @@ def test_kill_9_loses_no_acknowledged_write(node_factory: Any, flags: tuple[str,
         view = api.ok("GET", f"/v1/tasks/{task_id}")
         assert (view["state"], view["outcome"]) == ("SUCCEEDED", n)
     # The restarted node goes on working in the same run.
-    assert api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": "after"})["created"] is True
+    assert task_ok(api, run_id, {"input": "after"})["created"] is True
 
 
 def test_restart_keeps_state_after_ctrl_c(node_factory: Any) -> None:
     node: DevNode = node_factory().start()
     api = Api(node.url)
     run_id = run_with_work_queue(api)
-    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": 1})["id"]
+    task_id = task_ok(api, run_id, {"input": 1})["id"]
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
     assert node.interrupt() == 0
     node.start()
@@ -161,27 +161,27 @@ def test_quickstart_producer_and_worker_run_unchanged(dev_node: DevNode, tmp_pat
 def test_worker_killed_mid_task_is_taken_over_with_attempt_2(dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run_id = run_with_work_queue(api)
-    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 1}})["id"]
+    task_id = task_ok(api, run_id, {"input": {"n": 1}})["id"]
     with spawn("_blocked_worker.py", run_id, "1000", env=client_env(dev_node)) as doomed:
         assert read_line(doomed, "started") == f"started {task_id} 1"
         doomed.send_signal(signal.SIGKILL)
-    answer = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {"waitMs": 20_000})
+    answer = {"deliveries": recv(api, run_id, waitMs=20_000)}
     (delivery,) = answer["deliveries"]
     assert (delivery["taskId"], delivery["attempt"]) == (task_id, 2)
-    api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "second"}})
+    settle_ok(api, delivery, "complete", {"result": {"payload": "second"}})
     assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "second"
 
 
 def test_a_stalled_workers_late_completion_is_refused(dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run_id = run_with_work_queue(api)
-    task_id = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": {"n": 1}})["id"]
+    task_id = task_ok(api, run_id, {"input": {"n": 1}})["id"]
     with spawn("_stalled_worker.py", run_id, "500", "3", env=client_env(dev_node)) as stalled:
         assert read_line(stalled, "received").endswith(" 1")
-        answer = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {"waitMs": 20_000})
+        answer = {"deliveries": recv(api, run_id, waitMs=20_000)}
         (delivery,) = answer["deliveries"]
         assert (delivery["taskId"], delivery["attempt"]) == (task_id, 2)
-        api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "taken over"}})
+        settle_ok(api, delivery, "complete", {"result": {"payload": "taken over"}})
         assert read_line(stalled, "refused") == "refused STALE_CLAIM"
         assert stalled.wait(PROCESS_TIMEOUT_S) == 0
     assert api.ok("GET", f"/v1/tasks/{task_id}")["outcome"] == "taken over"
@@ -191,8 +191,8 @@ def test_finished_runs_are_removed_after_retention(node_factory: Any) -> None:
     node: DevNode = node_factory("--retention", "1s").start()
     api = Api(node.url)
     run_id = run_with_work_queue(api)
-    child = api.ok("POST", f"/v1/scopes/{run_id}/children", {})["id"]
-    task_id = api.ok("POST", f"/v1/scopes/{child}/mailboxes/work/tasks", {"input": 1})["id"]
+    child = api.ok("POST", "/v1/scopes", {"parentId": run_id})["id"]
+    task_id = task_ok(api, child, {"input": 1})["id"]
     survivor = run_with_work_queue(api)
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
     assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "CANCELLED"  # readable until retention ends

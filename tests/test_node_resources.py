@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, mailbox_id, recv, settle_error, settle_ok, task_ok
 from tests._nodes import DevNode
 
 JOIN_TIMEOUT_S = 20.0
@@ -47,14 +47,12 @@ def timed(call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def submit(api: Api, run_id: str, key: str, **needs: Any) -> dict[str, Any]:
-    answer: dict[str, Any] = api.ok("POST", f"/v1/scopes/{run_id}/mailboxes/work/tasks", {"input": key, "key": key, **needs})
+    answer: dict[str, Any] = task_ok(api, run_id, {"input": key, "key": key, **needs})
     return answer
 
 
 def receive(api: Api, run_id: str, **body: Any) -> list[dict[str, Any]]:
-    deliveries: list[dict[str, Any]] = api.ok(
-        "POST", f"/v1/scopes/{run_id}/mailboxes/work/receive", {"max": 10, "leaseMs": 60_000, **body}
-    )["deliveries"]
+    deliveries: list[dict[str, Any]] = recv(api, run_id, **{"max": 10, "leaseMs": 60_000, **body})
     return deliveries
 
 
@@ -299,7 +297,7 @@ def test_a_job_waits_for_its_slot_and_gets_it_when_the_first_completes(api: Api)
     assert receive(api, run_id, waitMs=WAIT_MS) == []
 
     thread, woken = in_background(lambda: receive(api, run_id, waitMs=20_000))
-    api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"result": {"payload": "done"}})
+    settle_ok(api, delivery, "complete", {"result": {"payload": "done"}})
     thread.join(JOIN_TIMEOUT_S)
     assert woken and [delivery["taskId"] for delivery in woken[0]] == [second["id"]]
     assert api.ok("GET", "/v1/pools/browser")["waiting"] == 0
@@ -321,7 +319,7 @@ def test_a_jobs_holds_end_with_its_delivery_only(api: Api) -> None:
     assert again["taskId"] == delivery["taskId"] and again["holds"]["slots"] != [lease]
     budget = api.ok("GET", "/v1/budgets/model-usd")
     assert (budget["spent"], budget["reserved"]) == (0.0, 0.5)
-    assert api.ok("POST", f"/v1/deliveries/{again['id']}/release")["state"] == "QUEUED"
+    assert settle_ok(api, again, "release")["state"] == "QUEUED"
     assert (api.ok("GET", "/v1/pools/browser")["inUse"], api.ok("GET", "/v1/budgets/model-usd")["reserved"]) == (0, 0.0)
 
 
@@ -345,7 +343,7 @@ def test_a_stopped_run_returns_its_jobs_slots(api: Api) -> None:
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
     (taken,) = receive(api, other_run, waitMs=10_000)
     assert taken["holds"]["slots"] and api.ok("GET", "/v1/pools/browser")["holders"][0]["scopeId"] == other_run
-    assert api.ok("POST", f"/v1/deliveries/{delivery['id']}/release")["state"] == "CANCELLED"
+    assert settle_ok(api, delivery, "release")["state"] == "CANCELLED"
 
 
 def test_a_job_of_a_rate_limit_is_served_when_units_are_free(api: Api) -> None:
@@ -356,7 +354,7 @@ def test_a_job_of_a_rate_limit_is_served_when_units_are_free(api: Api) -> None:
     assert api.ok("GET", f"/v1/tasks/{first['id']}")["needs"]["limit"] == {"name": "search-api", "units": 1}
     (delivery,) = receive(api, run_id)
     assert delivery["taskId"] == first["id"]
-    api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {})
+    settle_ok(api, delivery, "complete", {})
     assert receive(api, run_id) == []  # taken units are spent, not returned
     view = api.ok("GET", "/v1/limits/search-api")
     assert (view["available"], view["waiting"]) == (0, 1)
@@ -375,12 +373,12 @@ def test_a_jobs_reservation_is_settled_with_what_it_spent(api: Api) -> None:
     budget = api.ok("GET", "/v1/budgets/model-usd")
     assert (budget["reserved"], budget["remaining"]) == (1.0, 0.0)
     assert {r["taskId"] for r in budget["reservations"]} == {delivery["taskId"] for delivery in deliveries}
-    a, b, c, d = (f"/v1/deliveries/{delivery['id']}" for delivery in deliveries)
-    assert api.error("POST", f"{a}/complete", {"spent": -1}) == (400, "VALIDATION_FAILED")
-    api.ok("POST", f"{a}/complete", {"result": {"payload": 1}, "spent": 0.1})
-    api.ok("POST", f"{b}/retry", {"spent": 0.05, "delayMs": 3_600_000})
-    api.ok("POST", f"{c}/reject", {"error": "no", "spent": 0.0})
-    api.ok("POST", f"{d}/complete", {})  # no spent: the whole reservation counts as spent
+    a, b, c, d = deliveries
+    assert settle_error(api, a, "complete", {"spent": -1}) == (400, "VALIDATION_FAILED")
+    settle_ok(api, a, "complete", {"result": {"payload": 1}, "spent": 0.1})
+    settle_ok(api, b, "retry", {"spent": 0.05, "delayMs": 3_600_000})
+    settle_ok(api, c, "reject", {"error": "no", "spent": 0.0})
+    settle_ok(api, d, "complete", {})  # no spent: the whole reservation counts as spent
     budget = api.ok("GET", "/v1/budgets/model-usd")
     assert (budget["spent"], budget["reserved"], budget["remaining"]) == (
         pytest.approx(0.4), 0.0, pytest.approx(0.6),
@@ -392,7 +390,7 @@ def test_spending_over_the_reservation_is_capped_by_what_remains(api: Api) -> No
     api.ok("PUT", "/v1/budgets/model-usd", {"total": 1})
     submit(api, run_id, "a", budget={"name": "model-usd", "reserve": 0.4})
     (delivery,) = receive(api, run_id)
-    api.ok("POST", f"/v1/deliveries/{delivery['id']}/complete", {"spent": 7.5})
+    settle_ok(api, delivery, "complete", {"spent": 7.5})
     budget = api.ok("GET", "/v1/budgets/model-usd")
     assert (budget["spent"], budget["remaining"]) == (1.0, 0.0)
 
@@ -402,10 +400,15 @@ def test_submit_refuses_needs_that_could_never_be_met(api: Api) -> None:
     api.ok("PUT", "/v1/pools/browser", {"size": 1})
     api.ok("PUT", "/v1/limits/search-api", {"units": 2, "per": "1s"})
     api.ok("PUT", "/v1/budgets/model-usd", {"total": 1})
-    path = f"/v1/scopes/{run_id}/mailboxes/work/tasks"
+    work = mailbox_id(api)
+    path = "/v1/tasks"
+
+    def body(task_input: Any, **needs: Any) -> dict[str, Any]:
+        return {"scopeId": run_id, "mailboxId": work, "input": task_input, **needs}
+
     for needs in ({"slots": "nothing"}, {"slots": ["browser", "nothing"]}, {"limit": {"name": "nothing"}},
                   {"budget": {"name": "nothing", "reserve": 0.1}}):
-        assert api.error("POST", path, {"input": 1, **needs}) == (404, "NOT_FOUND"), needs
+        assert api.error("POST", path, body(1, **needs)) == (404, "NOT_FOUND"), needs
     for needs in (
         {"limit": {"name": "search-api", "units": 3}}, {"budget": {"name": "model-usd", "reserve": 1.5}},
         {"slots": 5}, {"slots": []}, {"slots": ["browser"] * 17}, {"slots": [""]},
@@ -414,13 +417,13 @@ def test_submit_refuses_needs_that_could_never_be_met(api: Api) -> None:
         {"budget": {"name": "model-usd"}}, {"budget": {"name": "model-usd", "reserve": -1}},
         {"budget": ["model-usd", 0.1]},
     ):
-        assert api.error("POST", path, {"input": 1, **needs}) == (400, "VALIDATION_FAILED"), needs
-    status, answer = api("POST", path, {"input": 1, "limit": {"name": "search-api", "units": "1"}})
+        assert api.error("POST", path, body(1, **needs)) == (400, "VALIDATION_FAILED"), needs
+    status, answer = api("POST", path, body(1, limit={"name": "search-api", "units": "1"}))
     assert status == 400 and "limit.units" in answer["error"]["message"]
     batch = api.ok("POST", f"{path}/batch", {"tasks": [
-        {"input": 1, "slots": "browser", "limit": {"name": "search-api"}, "budget": {"name": "model-usd", "reserve": 0.5}},
-        {"input": 2, "slots": "nothing"},
-        {"input": 3, "budget": {"name": "model-usd", "reserve": 2}},
+        body(1, slots="browser", limit={"name": "search-api"}, budget={"name": "model-usd", "reserve": 0.5}),
+        body(2, slots="nothing"),
+        body(3, budget={"name": "model-usd", "reserve": 2}),
     ]})["tasks"]
     assert batch[0]["created"] and [item.get("error", {}).get("code") for item in batch] == [
         None, "NOT_FOUND", "VALIDATION_FAILED",

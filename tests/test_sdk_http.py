@@ -152,7 +152,9 @@ async def fake_server(routes: dict[tuple[str, str], Route]) -> AsyncIterator[str
     app = web.Application()
     app.router.add_get("/v1/whoami", whoami)
     for (method, path), handler in routes.items():
-        app.router.add_route(method, "/v1/spaces/{spaceId}/" + path.removeprefix("/v1/"), handler)
+        if not path.startswith("/v1/spaces/"):
+            path = "/v1/spaces/{spaceId}/" + path.removeprefix("/v1/")
+        app.router.add_route(method, path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -172,17 +174,17 @@ def test_headers_and_body_reach_the_server() -> None:
     seen: list[tuple[dict[str, str], Any]] = []
 
     async def ensure(request: web.Request) -> web.Response:
-        seen.append(({**request.headers, "space": request.match_info["spaceId"]}, await request.json()))
-        return web.json_response({"name": "work", "mode": "WORK", "created": True})
+        seen.append((dict(request.headers), await request.json()))
+        return web.json_response({"id": "mbx_1", "name": "work", "mode": "WORK"}, status=201)
 
     async def main() -> None:
-        async with fake_server({("POST", "/v1/mailboxes"): ensure}) as url:
+        async with fake_server({("POST", "/v1/spaces/sp/mailboxes"): ensure}) as url:
             async with AsyncRunstate(base_url=url, space_id="sp", api_key="k", holder="h1") as rs:
-                assert await rs.mailboxes.ensure("work") == {"name": "work", "mode": "WORK", "created": True}
+                created = await rs.mailboxes.ensure("work")
+                assert created == {"id": "mbx_1", "name": "work", "mode": "WORK", "created": True}
 
     asyncio.run(main())
     headers, body = seen[0]
-    assert headers["space"] == "sp"  # the configured space, in the path
     assert headers["Authorization"] == "Bearer k"
     assert headers["X-Runstate-Holder"] == "h1"
     assert body == {"name": "work", "mode": "WORK"}
@@ -197,9 +199,9 @@ def test_error_answers_are_mapped() -> None:
 
     async def main() -> None:
         async with fake_server(
-            {("GET", "/v1/scopes/{id}"): scope, ("GET", "/v1/mailboxes/{name}"): plain}
+            {("GET", "/v1/spaces/sp/scopes/{id}"): scope, ("GET", "/v1/spaces/sp/mailboxes"): plain}
         ) as url:
-            async with AsyncRunstate(base_url=url) as rs:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
                 with pytest.raises(runstate.NotFoundError, match="no run run_x"):
                     await rs.scopes.status("run_x")
                 with pytest.raises(runstate.ConflictError, match="not json"):
@@ -217,13 +219,13 @@ def test_failover_on_503_and_dead_node_for_safe_calls() -> None:
 
     async def ok(request: web.Request) -> web.Response:
         calls.append("ok")
-        return web.json_response({"name": "work", "mode": "WORK"})
+        return web.json_response({"mailboxes": [{"id": "mbx_1", "name": "work", "mode": "WORK"}]})
 
     async def main() -> None:
-        async with fake_server({("GET", "/v1/mailboxes/{name}"): unavailable}) as down:
-            async with fake_server({("GET", "/v1/mailboxes/{name}"): ok}) as up:
+        async with fake_server({("GET", "/v1/spaces/sp/mailboxes"): unavailable}) as down:
+            async with fake_server({("GET", "/v1/spaces/sp/mailboxes"): ok}) as up:
                 dead = f"http://127.0.0.1:{free_port()}"
-                async with AsyncRunstate(base_url=[dead, down, up]) as rs:
+                async with AsyncRunstate(base_url=[dead, down, up], space_id="sp") as rs:
                     assert (await rs.mailboxes.get("work"))["mode"] == "WORK"
                     # The client stays on the server that answered.
                     assert (await rs.mailboxes.get("work"))["mode"] == "WORK"
@@ -240,8 +242,8 @@ def test_unsafe_call_is_not_repeated_after_a_503(monkeypatch: pytest.MonkeyPatch
         return error(503, "UNAVAILABLE", "outcome unknown")
 
     async def main() -> None:
-        async with fake_server({("POST", "/v1/scopes"): create}) as url:
-            async with AsyncRunstate(base_url=url) as rs:
+        async with fake_server({("POST", "/v1/spaces/sp/scopes"): create}) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
                 with pytest.raises(runstate.UnavailableError):
                     await rs.scopes.create()
 
@@ -256,15 +258,23 @@ def test_receive_with_a_lost_answer_returns_nothing(monkeypatch: pytest.MonkeyPa
     async def receive(request: web.Request) -> web.Response:
         calls.append(await request.json())
         await asyncio.sleep(5)  # longer than waitMs + margin: the client gives up
-        return web.json_response({"deliveries": []})
+        return web.Response(status=204)
+
+    async def mailboxes(request: web.Request) -> web.Response:
+        return web.json_response({"mailboxes": [{"id": "mbx_1", "name": "work", "mode": "WORK"}]})
 
     async def main() -> None:
-        async with fake_server({("POST", "/v1/scopes/{id}/mailboxes/{name}/receive"): receive}) as url:
-            async with AsyncRunstate(base_url=url, timeout_s=0.2) as rs:
+        routes = {("POST", "/v1/spaces/sp/mailboxes/{id}/recv"): receive, ("GET", "/v1/spaces/sp/mailboxes"): mailboxes}
+        async with fake_server(routes) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp", holder="h1", timeout_s=0.2) as rs:
                 assert await rs.scope("run_1").mailbox("work").receive(max=3, lease_ms=500, wait_ms=100) == []
 
     asyncio.run(main())
-    assert calls == [{"max": 3, "leaseMs": 500, "waitMs": 100}]
+    ((body),) = calls
+    assert {key: body[key] for key in ("scopeId", "holder", "max", "leaseSeconds", "waitMs")} == {
+        "scopeId": "run_1", "holder": "h1", "max": 3, "leaseSeconds": 0.5, "waitMs": 100,
+    }
+    assert isinstance(body["holderSession"], str) and body["holderSession"]
 
 
 def test_result_polls_in_slices_until_done() -> None:
@@ -284,8 +294,8 @@ def test_result_polls_in_slices_until_done() -> None:
         )
 
     async def main() -> None:
-        async with fake_server({("GET", "/v1/tasks/{id}/result"): result}) as url:
-            async with AsyncRunstate(base_url=url) as rs:
+        async with fake_server({("GET", "/v1/spaces/sp/tasks/{id}"): result}) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
                 outcome = await rs.scope("run_1").task("tsk_1").result(timeout_ms=100_000)
                 assert (outcome["state"], outcome["outcome"]) == ("SUCCEEDED", 1)
 
@@ -301,8 +311,8 @@ def test_result_timeout() -> None:
         )
 
     async def main() -> None:
-        async with fake_server({("GET", "/v1/tasks/{id}/result"): result}) as url:
-            async with AsyncRunstate(base_url=url) as rs:
+        async with fake_server({("GET", "/v1/spaces/sp/tasks/{id}"): result}) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
                 with pytest.raises(runstate.ResultTimeoutError) as caught:
                     await rs.scope("run_1").task("tsk_9").result(timeout_ms=300)
                 assert caught.value.task_id == "tsk_9" and caught.value.state == "RUNNING"
@@ -312,7 +322,7 @@ def test_result_timeout() -> None:
 
 def test_local_misuse_raises_config_error_before_any_request() -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=f"http://127.0.0.1:{free_port()}") as rs:
+        async with AsyncRunstate(base_url=f"http://127.0.0.1:{free_port()}", space_id="sp") as rs:
             mailbox = rs.scope("run_1").mailbox("work")
             with pytest.raises(runstate.ConfigError):
                 await mailbox.submit({"x": float("nan")})

@@ -304,11 +304,11 @@ def test_default_run_is_replaced_after_a_stop(dev_node: DevNode, monkeypatch: py
 
         first = probe()
         assert probe() == first
-        default_id = api.ok("POST", "/v1/default-scope")["id"]
+        default_id = api.ok("PUT", "/v1/runs/default")["id"]
         api.ok("POST", f"/v1/scopes/{default_id}/cancel", {"reason": "test"})
         # The cached default run is stopped: the next call starts a fresh run and runs again.
         assert probe() == first + 1
-        assert api.ok("POST", "/v1/default-scope")["id"] != default_id
+        assert api.ok("PUT", "/v1/runs/default")["id"] != default_id
     finally:
         runstate.close()
 

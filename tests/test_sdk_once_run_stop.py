@@ -155,11 +155,11 @@ def test_after_a_stop_every_process_moves_to_the_same_fresh_default_run(dev_node
             return [json.loads(line.removeprefix("result ")) for line in printed]
 
         first = call_all()
-        old_run = api.ok("POST", "/v1/default-scope")["id"]
+        old_run = api.ok("PUT", "/v1/runs/default")["id"]
         assert first[0] == first[1] and first[0]["run"] == old_run
         api.ok("POST", f"/v1/scopes/{old_run}/cancel", {"reason": "start over"})
         second = call_all()
-        fresh_run = api.ok("POST", "/v1/default-scope")["id"]
+        fresh_run = api.ok("PUT", "/v1/runs/default")["id"]
         assert fresh_run != old_run
         assert second[0] == second[1] and second[0]["run"] == fresh_run
         for process in callers:
@@ -207,13 +207,13 @@ def test_in_the_default_run_a_waiter_moves_to_the_fresh_run_when_it_stops(
         holder = threading.Thread(target=call, args=("holder",))
         holder.start()
         assert started.wait(WAIT_TIMEOUT_S)
-        old_run = api.ok("POST", "/v1/default-scope")["id"]
+        old_run = api.ok("PUT", "/v1/runs/default")["id"]
         waiter = threading.Thread(target=call, args=("waiter",))
         waiter.start()
         assert waiting.wait(WAIT_TIMEOUT_S)
         api.ok("POST", f"/v1/scopes/{old_run}/cancel", {})
         waiter.join(WAIT_TIMEOUT_S)
-        fresh_run = api.ok("POST", "/v1/default-scope")["id"]
+        fresh_run = api.ok("PUT", "/v1/runs/default")["id"]
         assert fresh_run != old_run
         assert outcomes.get("waiter") == {"name": "acme", "run": fresh_run, "attempt": 1}, outcomes
         # The old run's claim was still held when the waiter moved on.

@@ -81,7 +81,7 @@ def test_cluster_producer_and_two_workers_one_killed(make_cluster: Callable[...,
     effects = tmp_path / "effects"
 
     def stop_run() -> None:
-        run_id = api.ok("POST", "/v1/default-scope")["id"]
+        run_id = api.ok("PUT", "/v1/runs/default")["id"]
         api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
 
     kill_a_worker(

@@ -10,7 +10,8 @@ from runstate_server.actors.state import Space, State
 
 # Effects are plain tuples, handed to the node on the event loop after the batch is applied:
 #   ("wake", key)   wake long-poll waiters parked on key, e.g. ("task", task_id) or
-#                   ("queue", run_id, mailbox) or ("claim", run_id, key) or
+#                   ("queue", run_id, mailbox) (with it ("mailbox", space, mailbox)) or
+#                   ("claim", run_id, key) or
 #                   ("resource", space, kind, name)
 #   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
 Effect = tuple[Any, ...]
@@ -22,6 +23,11 @@ def task_key(task_id: str) -> tuple[str, str]:
 
 def queue_key(run_id: str, mailbox: str) -> tuple[str, str, str]:
     return ("queue", run_id, mailbox)
+
+
+def mailbox_key(space: str, mailbox: str) -> tuple[str, str, str]:
+    """Woken with every queue of the mailbox in any run (an admit with includeDescendants)."""
+    return ("mailbox", space, mailbox)
 
 
 def claim_key(run_id: str, key: str) -> tuple[str, str, str]:
@@ -46,6 +52,8 @@ class Context:
 
     def wake(self, key: tuple[str, ...]) -> None:
         self.effects.append(("wake", key))
+        if key[0] == "queue":
+            self.effects.append(("wake", mailbox_key(self.space.id, key[2])))
 
 
 def require_in_space(ctx: Context, table: dict[str, Any], entity_id: Any, what: str) -> Any:

@@ -36,18 +36,23 @@ COMMAND_VERSION = 1
 Handler = Callable[[Context, dict[str, Any]], Any]
 
 HANDLERS: dict[str, Handler] = {
-    "mailbox.ensure": tasks.ensure_mailbox,
+    "mailbox.create": tasks.create_mailbox,
+    "mailbox.declare": tasks.declare_mailbox,
     "run.create": runs.create,
+    "run.named": runs.named,
     "run.cancel": runs.cancel,
     "run.complete": runs.complete,
     "task.submit": tasks.submit,
     "task.receive": tasks.receive,
+    "task.cancel": tasks.cancel,
+    "task.join": tasks.join,
+    "task.detach": tasks.detach,
     "delivery.renew": tasks.renew,
     "delivery.complete": tasks.complete,
     "delivery.retry": tasks.retry,
     "delivery.reject": tasks.reject,
     "delivery.release": tasks.release,
-    "run.default": runs.default_run,
+    "mailbox.ensure": tasks.ensure_mailbox,
     "claim.acquire": claims.acquire,
     "claim.renew": claims.renew,
     "claim.complete": claims.complete,
@@ -184,6 +189,8 @@ def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: 
             tasks.on_lease_due(ctx, entity_id, due_ms)
         elif kind == DueKind.READY:
             tasks.on_ready_due(ctx, entity_id, due_ms)
+        elif kind == DueKind.TASK_DEADLINE:
+            tasks.on_deadline_due(ctx, entity_id, due_ms)
         elif kind == DueKind.DEADLINE:
             runs.on_deadline(ctx, entity_id, retention_ms)
         elif kind == DueKind.RETENTION:
@@ -201,7 +208,7 @@ _NO_SPACE = Space(id=SYSTEM_SPACE)
 
 
 def _entity_space(state: State, kind: str, entity_id: str) -> Space:
-    if kind in (DueKind.LEASE, DueKind.READY):
+    if kind in (DueKind.LEASE, DueKind.READY, DueKind.TASK_DEADLINE):
         entity: Any = state.tasks.get(entity_id.split(".", 1)[0])
     elif kind == DueKind.CLAIM_LEASE:
         entity = state.claims.get(entity_id.split(".", 1)[0])

@@ -20,6 +20,10 @@ name_chars_max = 128
 key_chars_max = 512
 error_message_chars_max = 2 * KIB
 
+# Named root runs (PUT /runs/{name}): a name's length; names a space remembers.
+run_name_chars_max = 256
+run_names_per_space_max = 10_000
+
 # Spaces, mailboxes, runs, tasks.
 spaces_max = 1_000
 space_id_chars_max = 128
@@ -86,6 +90,11 @@ reservations_per_budget_max = 10_000  # reservations held at once; more wait lik
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at
+admit_runs_max = 1_000  # runs one admit with includeDescendants looks into
+backlog_limit_max = 1_000_000  # a mailbox's backlogLimit
+subscribers_per_task_max = 100  # join/detach: subscribers of one task
+wait_ms_max = 3_600_000  # the largest waitMs a request may name (the node holds it at most LONG_POLL_MS_MAX)
+messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
 
 # Idempotency keys (the `idempotency-key` header of a mutation): what a space remembers of them.
 idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first

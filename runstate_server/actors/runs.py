@@ -26,6 +26,10 @@ RUN_REMOVE_HOOKS: list[Callable[[State, Run], None]] = []
 TASK_STOP_HOOKS: list[Callable[[Context, Task, str], None]] = []
 
 
+# The outcomeReason of a task its run's stop ended, by the state it ends in.
+STOP_REASONS = {TaskState.CANCELLED: "scope_cancelled", TaskState.EXPIRED: "scope_deadline_exceeded"}
+
+
 def require_run(ctx: Context, run_id: Any) -> Run:
     run = ctx.state.runs.get(run_id) if isinstance(run_id, str) else None
     if run is None or run.space != ctx.space.id:
@@ -111,18 +115,42 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         parent.children.append(run.id)
     if deadline_ms is not None:
         ctx.state.arm(deadline_ms, DueKind.DEADLINE, run.id)
-    return {"run_id": run.id}
+    return {"run_id": run.id, "run": describe(ctx.state, run, ctx.now_ms)}
 
 
-def default_run(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    """The space's default run: the current one while it is active, else a fresh one in its place
-    (in this same step, so every process asking after a stop gets the same new run)."""
-    current = ctx.state.runs.get(ctx.space.default_run_id or "")
+def named(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The named root run `name` (`PUT /runs/{name}`): the latest run of that name while it is
+    active, else a fresh one that takes the name over, decided in this one step, so every process
+    asking after a stop gets the same new run. `deadline_ms` applies only to a run created here.
+    The default run of once and queue is the run named "default"."""
+    name = args.get("name")
+    if not (isinstance(name, str) and 0 < len(name) <= limits.run_name_chars_max):
+        raise Rejected(errors.VALIDATION_FAILED, f"a run name is 1 to {limits.run_name_chars_max} characters")
+    current = ctx.state.runs.get(ctx.space.run_names.get(name, ""))
     if current is not None and inactive_reason(ctx.state, current, ctx.now_ms) is None:
-        return {"run_id": current.id, "created": False}
-    created = create(ctx, {"name": "default"})
-    ctx.space.default_run_id = created["run_id"]
-    return {"run_id": created["run_id"], "created": True}
+        return {"run_id": current.id, "run": describe(ctx.state, current, ctx.now_ms), "created": False}
+    if name not in ctx.space.run_names and len(ctx.space.run_names) >= limits.run_names_per_space_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a space holds at most {limits.run_names_per_space_max} run names")
+    created = create(ctx, {"name": name, "deadline_ms": args.get("deadline_ms")})
+    ctx.space.run_names[name] = created["run_id"]
+    return {**created, "created": True}
+
+
+def describe(state: State, run: Run, now_ms: int) -> dict[str, Any]:
+    """What the API shows of a run, as plain data (the node renders it)."""
+    return {
+        "id": run.id,
+        "name": run.name,
+        "parent_id": run.parent_id,
+        "stored_state": run.stored_state,
+        "effective": effective(state, run, now_ms),
+        "deadline_ms": run.deadline_ms,
+        "child_limit": run.child_limit,
+        "children": len(run.children),
+        "created_ms": run.created_ms,
+        "finished_ms": run.finished_ms,
+        "reason": run.reason,
+    }
 
 
 def cancel(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +173,7 @@ def _close(ctx: Context, args: dict[str, Any], final_state: str, *, reason: str 
         run.stored_state = final_state
         run.reason = reason
         _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
-    return {"run_id": run.id}
+    return {"run_id": run.id, "run": describe(ctx.state, run, ctx.now_ms)}
 
 
 def on_deadline(ctx: Context, run_id: str, retention_ms: int) -> None:
@@ -174,6 +202,8 @@ def on_retention(ctx: Context, run_id: str) -> None:
             remove_hook(state, member)
         space.task_count -= member.task_count
         space.run_count -= 1
+        if member.name is not None and space.run_names.get(member.name) == member.id:
+            del space.run_names[member.name]  # the name's next PUT creates a fresh run anyway
         del state.runs[member.id]
 
 
@@ -199,6 +229,7 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
                 for task_stop_hook in TASK_STOP_HOOKS:
                     task_stop_hook(ctx, task, task_state)
                 task.state = task_state
+                task.outcome_reason = STOP_REASONS[task_state]
                 task.finished_ms = now_ms
                 ctx.wake(task_key(task.id))
             queue.ready.clear()

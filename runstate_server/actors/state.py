@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,12 +57,18 @@ class DueKind:
     SLOT_LEASE = "slot_lease"  # a direct slot lease may have lapsed
     RESERVATION = "reservation"  # a direct budget reservation may have lapsed
     LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
+    TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
 
 
 @dataclass(slots=True)
 class Mailbox:
     name: str
-    mode: str
+    mode: str  # WORK (tasks and messages) or INBOX (messages only)
+    id: str = ""
+    backlog_limit: int | None = None  # unfinished tasks it holds at most (None: no bound)
+    max_attempts: int | None = None  # attempts of a task submitted without its own (None: not declared)
+    requirements: dict[str, Any] | None = None  # as declared: {"pools", "quotas", "budgets"}
+    unfinished: int = 0  # its unfinished tasks, counted while it has a backlog_limit
 
 
 @dataclass(slots=True)
@@ -70,11 +77,14 @@ class Space:
     mailboxes: dict[str, Mailbox] = field(default_factory=dict)
     run_count: int = 0
     task_count: int = 0
-    default_run_id: str | None = None  # the run `once`/`queue` use when none is given
+    # Named root runs: name -> the id of the latest run of that name (the default run is "default").
+    run_names: dict[str, str] = field(default_factory=dict)
     name: str | None = None
     created_ms: int = 0  # 0 for a space of a snapshot older than spaces with names
     key_count: int = 0  # its API keys, revoked ones included
     resource_counts: dict[str, int] = field(default_factory=dict)  # pools, limits, budgets: kind -> count
+    # Derived from `mailboxes` (id -> name); rebuilt by from_snapshot, never written to a snapshot.
+    mailbox_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -154,6 +164,10 @@ class Task:
     # What the current delivery holds of them: slot lease ids, and the reservation id.
     slot_leases: list[str] = field(default_factory=list)
     reservation_id: str | None = None
+    deadline_ms: int | None = None  # the task's own deadline: EXPIRED when it passes unfinished
+    outcome_reason: str | None = None  # why it ended (scope_cancelled, handler_error: ..., ...)
+    subscribers: list[str] = field(default_factory=list)  # who joined it (join/detach)
+    holder_session: str | None = None  # the session of the current or last delivery's holder
 
 
 @dataclass(slots=True)
@@ -229,10 +243,11 @@ _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms", "finished_by", "needs", "slot_leases", "reservation_id",
+    "deadline_ms", "outcome_reason", "subscribers", "holder_session",
 )
 # Task fields appended after the first snapshots: an older row stops before them (their defaults).
 _TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
-_TASK_COPIED = frozenset({"slot_leases"})  # changed in place by later commands: copied by snapshots
+_TASK_COPIED = frozenset({"slot_leases", "subscribers"})  # changed in place by later commands: copied by snapshots
 
 
 _CLAIM_FIELDS = (
@@ -256,7 +271,12 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "epoch": state.epoch,
         "spaces": [
             [
-                s.id, [[m.name, m.mode] for m in s.mailboxes.values()], s.run_count, s.task_count, s.default_run_id,
+                s.id,
+                [
+                    [m.name, m.mode, m.id, m.backlog_limit, m.max_attempts, copy.deepcopy(m.requirements), m.unfinished]
+                    for m in s.mailboxes.values()
+                ],
+                s.run_count, s.task_count, dict(s.run_names),
                 s.name, s.created_ms, s.key_count, dict(s.resource_counts),
             ]
             for s in state.spaces.values()
@@ -296,20 +316,22 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for space, key, first_ms, fingerprint, result in data.get("idempotency", []):
         state.idempotency.setdefault(space, {})[key] = [first_ms, fingerprint, copy.deepcopy(result)]
     for row in data["spaces"]:
-        space_id, mailboxes, run_count, task_count, default_run_id, *later = row
+        space_id, mailboxes, run_count, task_count, run_names, *later = row
         later_defaults: list[Any] = [None, 0, 0, {}]  # name, created_ms, key_count, resource_counts
         space_name, created_ms, key_count, resource_counts = list(later) + later_defaults[len(later):]
         state.spaces[space_id] = Space(
             id=space_id,
-            mailboxes={name: Mailbox(name, mode) for name, mode in mailboxes},
+            mailboxes={mailbox[0]: _mailbox_of(space_id, mailbox) for mailbox in mailboxes},
             run_count=run_count,
             task_count=task_count,
-            default_run_id=default_run_id,
+            # Before named runs the column held the default run's id (or None).
+            run_names=dict(run_names) if isinstance(run_names, dict) else {} if run_names is None else {"default": run_names},
             name=space_name,
             created_ms=created_ms,
             key_count=key_count,
             resource_counts=dict(resource_counts),
         )
+        state.spaces[space_id].mailbox_names = {m.id: m.name for m in state.spaces[space_id].mailboxes.values()}
     for row in data.get("keys", []):
         key = ApiKey(**dict(zip(_KEY_FIELDS, row, strict=True)))
         key.permissions = list(key.permissions)
@@ -327,6 +349,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
             raise ValueError(f"a task row has {len(row)} fields, Task has {len(_TASK_FIELDS)}")
         task = Task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
         task.slot_leases = list(task.slot_leases)
+        task.subscribers = list(task.subscribers)
         state.tasks[task.id] = task
     for row in data["claims"]:
         claim = Claim(**dict(zip(_CLAIM_FIELDS, row, strict=True)))
@@ -342,6 +365,17 @@ def from_snapshot(data: dict[str, Any]) -> State:
             entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
     return state
+
+
+def _mailbox_of(space_id: str, row: list[Any]) -> Mailbox:
+    """A mailbox row; one of a snapshot from before mailbox ids ([name, mode]) gets an id derived
+    from its space and name, the same on every replica."""
+    name, mode, *later = row
+    if not later:
+        digest = hashlib.sha256(f"{space_id}/{name}".encode()).hexdigest()[:20]
+        return Mailbox(name=name, mode=mode, id="mbx_" + digest)
+    mailbox_id, backlog_limit, max_attempts, requirements, unfinished = later
+    return Mailbox(name, mode, mailbox_id, backlog_limit, max_attempts, copy.deepcopy(requirements), unfinished)
 
 
 # The entity classes of the later rule modules, by State table; registered by those modules

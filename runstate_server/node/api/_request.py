@@ -174,6 +174,24 @@ def lease_ms(body: dict[str, Any]) -> int:
     return value
 
 
+LEASE_SECONDS_MIN = limits.lease_ms_min / 1000
+LEASE_SECONDS_MAX = limits.lease_ms_max // 1000
+LEASE_SECONDS = {"type": "number", "minimum": LEASE_SECONDS_MIN, "maximum": LEASE_SECONDS_MAX}
+
+
+def lease_seconds_ms(body: dict[str, Any], *, required: bool = False) -> int:
+    """The `leaseSeconds` of a recv, admit or renew (a number of seconds, fractions allowed, from
+    LEASE_SECONDS_MIN to LEASE_SECONDS_MAX; default 30) as milliseconds."""
+    value = body.get("leaseSeconds")
+    if value is None:
+        if required:
+            raise ApiError("VALIDATION_FAILED", "leaseSeconds is required")
+        return limits.lease_ms_default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not LEASE_SECONDS_MIN <= value <= LEASE_SECONDS_MAX:
+        raise ApiError("VALIDATION_FAILED", f"leaseSeconds must be a number from {LEASE_SECONDS_MIN} to {LEASE_SECONDS_MAX}")
+    return max(limits.lease_ms_min, min(limits.lease_ms_max, round(value * 1000)))
+
+
 def error_text(body: dict[str, Any]) -> str | None:
     """The `error` a worker reports, cut to `error_message_chars_max`."""
     error = body.get("error")
@@ -186,14 +204,16 @@ def error_text(body: dict[str, Any]) -> str | None:
 
 def task_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The fields of a task to submit (to a mailbox or a group): its input, the input's hash, its
-    key (the hash when none is given), attempts and keyOnly, as the core's submit takes them."""
+    key (`taskKey`, or `key` for a group member; the hash when none is given), attempts (None: the
+    mailbox's maxAttempts, else the default) and keyOnly, as the core's submit takes them."""
     task_input, encoded = payload(body, "input", code="VALIDATION_FAILED")
     input_hash = sha256_hex(encoded)
+    key = text(body, "taskKey", max_chars=limits.key_chars_max) or text(body, "key", max_chars=limits.key_chars_max)
     return {
-        "key": text(body, "key", max_chars=limits.key_chars_max) or input_hash,
+        "key": key or input_hash,
         "input": task_input,
         "input_hash": input_hash,
-        "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max, default=limits.attempts_default),
+        "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max),
         "key_only": flag(body, "keyOnly"),
     }
 

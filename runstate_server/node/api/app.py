@@ -13,10 +13,10 @@ from runstate_server.node.api import (
     barriers,
     claims,
     cluster,
-    deliveries,
     groups,
     health,
     mailboxes,
+    messages,
     openapi,
     resources,
     runs,
@@ -42,7 +42,7 @@ ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
         health, cluster, openapi, access,
-        runs, mailboxes, tasks, deliveries, claims, groups, barriers, timers, resources,
+        runs, mailboxes, messages, tasks, claims, groups, barriers, timers, resources,
     )
     for route in module.routes
 )

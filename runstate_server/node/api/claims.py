@@ -1,4 +1,4 @@
-"""Claims (once per run and key) and the space's default run."""
+"""Claims (once per run and key). The space's default run is the named run `default` (runs.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
-from runstate_server.node.api.runs import render_run
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -31,14 +30,6 @@ routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _LEASE_MS = {"type": "integer", "minimum": limits.lease_ms_min, "maximum": limits.lease_ms_max}
-
-
-@routes("POST", SPACE_PREFIX + "/default-scope", "The space's default run (created, or replaced once it stopped)", permission=READ)
-async def default_scope(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    await req.json_body(request, required=False)
-    result = await node.propose(caller, "run.default", {})
-    return render_run(node, caller.space, result["run_id"])
 
 
 def claim_view(claim: Claim | None, key: str) -> dict[str, Any]:

@@ -1,45 +1,183 @@
-"""Mailboxes (work queues) of a space."""
+"""Mailboxes of a space (list, create, declare by name, view) and their messages (send, list,
+recv)."""
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 from aiohttp import web
 
-from runstate_server.actors import limits
+from runstate_server.actors import limits, tasks
+from runstate_server.actors.state import State, TaskState
 from runstate_server.node.api import _request as req
+from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
 from runstate_server.node.api.routes import (
+    ANY_JSON,
+    INTEGER,
+    ISO_TIME,
     READ,
     RESOURCE_CONFIG,
     SPACE_PREFIX,
     STRING,
+    WRITE,
     RouteTable,
     caller_of,
     node_of,
 )
+from runstate_server.node.api.views import iso, mailbox_view
 from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 
+_INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_MODE = {"type": "string", "enum": list(tasks.MAILBOX_MODES)}
+_NAMED = {"type": "object", "properties": {"name": STRING, "units": INTEGER}}
+REQUIREMENTS = {"type": "object", "properties": {
+    "pools": {"type": "array", "items": _NAMED},
+    "quotas": {"type": "array", "items": _NAMED},
+    "budgets": {"type": "array", "items": {"type": "object", "properties": {"name": STRING, "reserveMinor": STRING}}},
+}}
+# A message's state as the message list shows it: a completed one is ACKED.
+_MESSAGE_STATES = {TaskState.QUEUED: "QUEUED", TaskState.RUNNING: "LEASED", TaskState.SUCCEEDED: "ACKED"}
+
+
+def _mailboxes(state: State, space: str) -> list[dict[str, Any]]:
+    found = state.spaces.get(space)
+    return [mailbox_view(tasks.describe_mailbox(m)) for m in found.mailboxes.values()] if found else []
+
 
 @routes(
-    "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox if it does not exist (idempotent)",
-    body={"name": STRING, "mode": {"type": "string", "enum": ["WORK"]}},
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    "GET", SPACE_PREFIX + "/mailboxes", "The space's mailboxes (at most 1000); ?name= picks one by name",
+    query={"name": STRING}, permission=READ,
 )
-async def ensure_mailbox(request: web.Request) -> web.Response:
-    body = await req.json_body(request)
-    name = req.text(body, "name", max_chars=limits.name_chars_max, required=True)
-    mode = req.text(body, "mode", max_chars=limits.name_chars_max) or "WORK"
-    result = await node_of(request).propose(caller_of(request), "mailbox.ensure", {"name": name, "mode": mode})
-    return web.json_response(result)
-
-
-@routes("GET", SPACE_PREFIX + "/mailboxes/{name}", "A mailbox", errors=("NOT_FOUND",), permission=READ)
-async def get_mailbox(request: web.Request) -> web.Response:
-    node, caller, name = node_of(request), caller_of(request), request.match_info["name"]
+async def list_mailboxes(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    name = request.query.get("name")
     await node.confirm_leadership(caller)
     with node.read() as state:
-        found = state.spaces.get(caller.space)
-        mailbox = found.mailboxes.get(name) if found else None
-        if mailbox is None:
-            raise ApiError("NOT_FOUND", f"mailbox {name!r} not found")
-        return web.json_response({"name": mailbox.name, "mode": mailbox.mode})
+        views = _mailboxes(state, caller.space)
+    return web.json_response({"mailboxes": [view for view in views if name is None or view["name"] == name]})
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox (CONFLICT if the name exists)",
+    body={"name": STRING, "mode": _MODE, "backlogLimit": INTEGER}, ok=201,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+)
+async def create_mailbox(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    args = {
+        "name": req.text(body, "name", max_chars=limits.name_chars_max, required=True),
+        "mode": req.text(body, "mode", max_chars=limits.name_chars_max),
+        "backlog_limit": req.integer(body, "backlogLimit", minimum=1, maximum=limits.backlog_limit_max),
+    }
+    result = await node_of(request).propose(caller_of(request), "mailbox.create", args)
+    return web.json_response(mailbox_view(result["mailbox"]), status=201)
+
+
+@routes(
+    "PUT", SPACE_PREFIX + "/mailboxes/by-name/{name}",
+    "Declare a WORK mailbox (created when missing; a declared setting that differs is CONFLICT)",
+    body={"maxAttempts": INTEGER, "requirements": REQUIREMENTS},
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE,
+)
+async def declare_mailbox(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    requirements = body.get("requirements")
+    if requirements is not None and not isinstance(requirements, dict):
+        raise ApiError("VALIDATION_FAILED", "requirements must be an object of pools, quotas and budgets")
+    args = {
+        "name": request.match_info["name"],
+        "max_attempts": req.integer(body, "maxAttempts", minimum=1, maximum=limits.attempts_max),
+        "requirements": requirements,
+    }
+    result = await node_of(request).propose(caller_of(request), "mailbox.declare", args)
+    return web.json_response(mailbox_view(result["mailbox"]), status=201 if result["created"] else 200)
+
+
+def _mailbox_named(state: State, space: str, mailbox_id: str) -> str:
+    found = state.spaces.get(space)
+    name = found.mailbox_names.get(mailbox_id) if found is not None else None
+    if name is None:
+        raise ApiError("NOT_FOUND", f"mailbox {mailbox_id!r} not found")
+    return name
+
+
+@routes("GET", SPACE_PREFIX + "/mailboxes/{id}", "A mailbox", errors=("NOT_FOUND",), permission=READ)
+async def get_mailbox(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        name = _mailbox_named(state, caller.space, request.match_info["id"])
+        return web.json_response(mailbox_view(tasks.describe_mailbox(state.spaces[caller.space].mailboxes[name])))
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/mailboxes/{id}/messages",
+    "Send a message (keyless, or keyed by workKey: the same workKey in the run is the same message)",
+    body={"scopeId": STRING, "payload": ANY_JSON, "workKey": STRING, "deadline": ISO_TIME}, ok=201,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", *_INACTIVE),
+    permission=WRITE,
+)
+async def send(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    payload, encoded = req.payload(body, "payload", code="VALIDATION_FAILED")
+    args = {
+        "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
+        "mailbox_id": request.match_info["id"],
+        "message": True,
+        "key": req.text(body, "workKey", max_chars=limits.key_chars_max),
+        "input": payload,
+        "input_hash": req.sha256_hex(encoded),
+        "deadline_ms": req.timestamp_ms(body, "deadline"),
+    }
+    result = await node_of(request).propose(caller_of(request), "task.submit", args)
+    answer = {"id": result["task_id"], "taskId": result["task_id"], "state": result["state"], "created": result["created"]}
+    return web.json_response(answer, status=201 if result["created"] else 200)
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/mailboxes/{id}/messages",
+    f"The mailbox's messages and tasks, the newest {limits.messages_list_max}, oldest first",
+    errors=("NOT_FOUND",), permission=READ,
+)
+async def list_messages(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        name = _mailbox_named(state, caller.space, request.match_info["id"])
+        # Tasks are kept in creation order; a bounded look at the newest of this mailbox.
+        found = (
+            task for task in reversed(state.tasks.values()) if task.space == caller.space and task.mailbox == name
+        )
+        views = [
+            {
+                "id": task.id,
+                "scopeId": task.run_id,
+                "state": _MESSAGE_STATES.get(task.state, task.state),
+                "attempt": task.attempt,
+                "workKey": task.key,
+                "payload": task.input,
+                "createdAt": iso(task.created_ms),
+            }
+            for task in itertools.islice(found, limits.messages_list_max)
+        ]
+    return web.json_response({"messages": views[::-1]})
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/mailboxes/{id}/recv",
+    "Take the oldest message under a lease, waiting up to waitMs; 204 when there is none",
+    body=RECEIVE_BODY, ok=200,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+)
+async def recv(request: web.Request) -> web.StreamResponse:
+    body = await req.json_body(request)
+    args = receive_args(request, body, request.match_info["id"], include_descendants=False, tasks_only=False)
+    given = await receive(request, body, args)
+    if not given:
+        return web.Response(status=204)
+    if "max" in body:  # the batch extension
+        return web.json_response({"messages": [message_of(one) for one in given]})
+    return web.json_response(message_of(given[0]))

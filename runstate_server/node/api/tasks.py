@@ -1,4 +1,5 @@
-"""Tasks: submit, status, and the result long poll."""
+"""Tasks: submit (one, or a batch), status with a long poll, cancel, join and detach, admit, and
+the batch result wait."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
-from runstate_server.actors.state import TaskState
+from runstate_server.actors.state import State, Task, TaskState
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
+from runstate_server.node.api.mailboxes import REQUIREMENTS
+from runstate_server.node.api.messages import RECEIVE_BODY, holds_of, receive, receive_args
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
+    ISO_TIME,
     READ,
     SPACE_PREFIX,
     STRING,
@@ -26,14 +30,17 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.views import result_view, task_view
+from runstate_server.node.api.views import in_space, iso, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 
 _TASK_FIELDS = {
-    "input": ANY_JSON, "key": STRING, "attempts": INTEGER, "keyOnly": {"type": "boolean"},
+    "scopeId": STRING, "mailboxId": STRING, "taskKey": STRING, "input": ANY_JSON, "deadline": ISO_TIME,
+    "subscriberId": STRING, "requirements": REQUIREMENTS, "workLimit": STRING,
+    # Extensions: attempts of this task, the key alone names it, and today's resource needs.
+    "attempts": INTEGER, "keyOnly": {"type": "boolean"},
     # What each delivery of the job takes with its lease (the resources must exist).
     "slots": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1,
                                  "maxItems": limits.needs_slots_max}]},
@@ -42,12 +49,31 @@ _TASK_FIELDS = {
     "budget": {"type": "object", "required": ["name", "reserve"], "properties": {
         "name": STRING, "reserve": {"type": "number", "exclusiveMinimum": 0, "maximum": req.AMOUNT_MAX}}},
 }
-_SUBMIT_ERRORS = ("VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
+_SUBMIT_ERRORS = (
+    "VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED",
+)
+_SUBSCRIBER = {"subscriberId": STRING}
 
 
-def _submit_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    args = {"run_id": request.match_info["id"], "mailbox": request.match_info["name"], **req.task_fields(body)}
+def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
+    """The core's submit of one task of POST /tasks (or of a batch)."""
+    if body.get("workLimit") is not None:
+        raise ApiError("VALIDATION_FAILED", "workLimit is not supported yet: bound a queue with a mailbox's backlogLimit")
+    args = {
+        "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
+        "mailbox_id": req.text(body, "mailboxId", max_chars=limits.name_chars_max, required=True),
+        **req.task_fields(body),
+        "deadline_ms": req.timestamp_ms(body, "deadline"),
+        "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max),
+    }
     needs = _needs(body)
+    requirements = body.get("requirements")
+    if requirements is not None:
+        if needs is not None:
+            raise ApiError("VALIDATION_FAILED", "name a task's needs with requirements or with slots/limit/budget, not both")
+        if not isinstance(requirements, dict):
+            raise ApiError("VALIDATION_FAILED", "requirements must be an object of pools, quotas and budgets")
+        args["requirements"] = requirements
     if needs is not None:
         args["needs"] = needs
     return args
@@ -101,26 +127,25 @@ def _field_of(outer: str) -> Iterator[None]:
         raise ApiError(error.code, f"{outer}.{error.message}") from None
 
 
-def _submitted(request: web.Request, args: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    task_id = result["task_id"]
-    return {"id": task_id, "key": args["key"], "created": result["created"], "state": _state_of(request, task_id)}
+def _submitted(result: dict[str, Any]) -> dict[str, Any]:
+    return {"taskId": result["task_id"], "id": result["task_id"], "taskKey": result["key"],
+            "created": result["created"], "state": result["state"]}
 
 
 @routes(
-    "POST", SPACE_PREFIX + "/scopes/{id}/mailboxes/{name}/tasks",
-    "Submit a task (idempotent per key; without a key the key is the input's hash)",
+    "POST", SPACE_PREFIX + "/tasks",
+    "Submit a task (the same taskKey in the same run and mailbox is the same task)",
     body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE,
 )
 async def submit(request: web.Request) -> web.Response:
-    args = _submit_args(request, await req.json_body(request))
+    args = _submit_args(await req.json_body(request))
     result = await node_of(request).propose(caller_of(request), "task.submit", args)
-    answer = _submitted(request, args, result)
-    return web.json_response(answer, status=201 if answer["created"] else 200)
+    return web.json_response(_submitted(result), status=201 if result["created"] else 200)
 
 
 @routes(
-    "POST", SPACE_PREFIX + "/scopes/{id}/mailboxes/{name}/tasks/batch",
-    f"Submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
+    "POST", SPACE_PREFIX + "/tasks/batch",
+    f"Extension: submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
     body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
                     "items": {"type": "object", "properties": _TASK_FIELDS}}},
     errors=("VALIDATION_FAILED",), permission=WRITE,
@@ -138,54 +163,138 @@ async def submit_batch(request: web.Request) -> web.Response:
         try:
             if not isinstance(item, dict):
                 raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
-            args = _submit_args(request, item)
-            return _submitted(request, args, await node.propose(caller, "task.submit", args))
+            unknown = sorted(set(item) - set(_TASK_FIELDS))
+            if unknown:
+                raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
+            return _submitted(await node.propose(caller, "task.submit", _submit_args(item)))
         except ApiError as error:
             return {"error": {"code": error.code, "message": error.message}}
 
     return web.json_response({"tasks": await asyncio.gather(*(one(item) for item in items))})
 
 
-def _state_of(request: web.Request, task_id: str) -> str | None:
-    with node_of(request).read() as state:
-        task = state.tasks.get(task_id)
-        return task.state if task else None
-
-
-@routes("GET", SPACE_PREFIX + "/tasks/{id}", "A task's status", errors=("NOT_FOUND",), permission=READ)
-async def task_status(request: web.Request) -> web.Response:
-    node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        task = state.tasks.get(task_id)
-        if task is None or task.space != caller.space:
-            raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
-        return web.json_response(task_view(task))
+def _view(state: State, task: Task) -> dict[str, Any]:
+    mailbox = state.spaces[task.space].mailboxes.get(task.mailbox)
+    return task_view(task, mailbox.id if mailbox is not None else None)
 
 
 @routes(
-    "GET", SPACE_PREFIX + "/tasks/{id}/result",
-    "A task's result: answers when the task is finished, or after waitMs with done=false",
-    query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
+    "GET", SPACE_PREFIX + "/tasks/{id}", "A task's view; with waitMs, answers once it is terminal or the wait ran out",
+    query=WAIT_MS_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
 )
-async def task_result(request: web.Request) -> web.Response:
+async def task_status(request: web.Request) -> web.Response:
     node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
 
     def look() -> dict[str, Any]:
         with node.read() as state:
-            task = state.tasks.get(task_id)
-            if task is None or task.space != caller.space:
-                raise ApiError("NOT_FOUND", f"task {task_id!r} not found")
-            return result_view(task)
+            return _view(state, in_space(state.tasks, caller.space, task_id, "task"))
 
     view = await long_poll(request, node, task_key(task_id), look, lambda view: bool(view["done"]))
     return web.json_response(view)
 
 
+def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
+    answer = {"taskId": result["task_id"], "state": result["state"]}
+    if "outcome_reason" in result:
+        answer["outcomeReason"] = result["outcome_reason"]
+    if "subscribers" in result:
+        answer["subscribers"] = result["subscribers"]
+    return answer
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/tasks/{id}/cancel", "Cancel an unfinished task (a finished one stays as it is)",
+    body={"reason": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
+)
+async def cancel(request: web.Request) -> web.Response:
+    body = await req.json_body(request, required=False)
+    args = {"task_id": request.match_info["id"], "reason": req.text(body, "reason", max_chars=limits.error_message_chars_max)}
+    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.cancel", args)))
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/tasks/{id}/join",
+    f"Subscribe to a task (idempotent; at most {limits.subscribers_per_task_max} subscribers)",
+    body={**_SUBSCRIBER, "scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED"), permission=WRITE,
+)
+async def join(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    args = {
+        "task_id": request.match_info["id"],
+        "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
+        "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
+    }
+    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.join", args)))
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/tasks/{id}/detach", "Unsubscribe from a task (idempotent; the task goes on)",
+    body=_SUBSCRIBER, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
+)
+async def detach(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    args = {
+        "task_id": request.match_info["id"],
+        "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
+    }
+    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.detach", args)))
+
+
+def _admitted(given: dict[str, Any]) -> dict[str, Any]:
+    holds = holds_of(given)
+    return {
+        "taskId": given["task_id"],
+        "messageId": given["task_id"],
+        "token": given["token"],
+        "payload": given["input"],
+        "attempt": given["attempt"],
+        "attempts": given["attempts"],
+        "taskKey": given["key"],
+        "scopeId": given["run_id"],
+        "leaseExpiresAt": iso(given["lease_expires_ms"]),
+        "grants": holds["slots"],
+        "consumptions": [],
+        "reservations": [] if holds["reservationId"] is None else [holds["reservationId"]],
+        "needs": resources.needs_view(given["needs"]),
+        "holds": holds,
+    }
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/tasks/admit",
+    "Take the oldest task of the mailbox whose needs can all be taken now, with them, under a lease; 204 when none",
+    body={**RECEIVE_BODY, "mailboxId": STRING, "includeDescendants": {"type": "boolean"}},
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"), permission=WRITE,
+)
+async def admit(request: web.Request) -> web.StreamResponse:
+    body = await req.json_body(request)
+    mailbox_id = req.text(body, "mailboxId", max_chars=limits.name_chars_max, required=True)
+    assert mailbox_id is not None
+    args = receive_args(request, body, mailbox_id, include_descendants=req.flag(body, "includeDescendants"), tasks_only=True)
+    given = await receive(request, body, args)
+    if not given:
+        return web.Response(status=204)
+    if "max" in body:  # the batch extension
+        return web.json_response({"tasks": [_admitted(one) for one in given]})
+    return web.json_response(_admitted(given[0]))
+
+
+def _result_view(task: Task) -> dict[str, Any]:
+    """What a result wait shows of a task (the fields of the task view it needs)."""
+    return {
+        "id": task.id,
+        "state": task.state,
+        "done": task.state in TaskState.TERMINAL,
+        "outcome": task.outcome,
+        "outcomeReason": task.outcome_reason,
+        "error": task.error if task.state != TaskState.SUCCEEDED else None,
+        "attempt": task.attempt,
+    }
+
+
 @routes(
     "POST", SPACE_PREFIX + "/tasks/results",
-    "Results of many tasks: answers when all are finished, or after waitMs with what is known",
+    "Extension: results of many tasks; answers when all are terminal, or after waitMs with what is known",
     body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
           "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
     errors=("VALIDATION_FAILED",), permission=READ,
@@ -213,7 +322,7 @@ async def task_results(request: web.Request) -> web.Response:
                 if task is None or task.space != caller.space:
                     views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
                     continue
-                views.append(result_view(task))
+                views.append(_result_view(task))
                 if pending is None and task.state not in TaskState.TERMINAL:
                     pending = task_id
         remaining_s = deadline - time.monotonic()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from runstate_server.actors import resources, runs, tasks
-from runstate_server.actors.state import Run, State, Task, TaskState
+from runstate_server.actors import tasks
+from runstate_server.actors.resources import needs_view
+from runstate_server.actors.state import Task, TaskState
 from runstate_server.node.errors import ApiError
 
 
@@ -26,65 +27,58 @@ def iso(ms: int | None) -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def run_view(state: State, run: Run, now_ms: int) -> dict[str, Any]:
+def run_view(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as runs.describe gives it."""
     return {
-        "id": run.id,
-        "name": run.name,
-        "parentId": run.parent_id,
-        "storedState": run.stored_state,
-        "effective": runs.effective(state, run, now_ms),
-        "deadline": iso(run.deadline_ms),
-        "childLimit": run.child_limit,
-        "children": len(run.children),
-        "createdAt": iso(run.created_ms),
-        "finishedAt": iso(run.finished_ms),
-        "reason": run.reason,
+        "id": run["id"],
+        "name": run["name"],
+        "parentId": run["parent_id"],
+        "storedState": run["stored_state"],
+        "effective": run["effective"],
+        "deadline": iso(run["deadline_ms"]),
+        "childLimit": run["child_limit"],
+        "children": run["children"],
+        "createdAt": iso(run["created_ms"]),
+        "finishedAt": iso(run["finished_ms"]),
+        "reason": run["reason"],
     }
 
 
-def task_view(task: Task) -> dict[str, Any]:
+def task_view(task: Task, mailbox_id: str | None) -> dict[str, Any]:
+    """A task (or message) as GET /tasks/{id} shows it; `done` once it is terminal."""
     return {
         "id": task.id,
         "scopeId": task.run_id,
+        "mailboxId": mailbox_id,
         "mailbox": task.mailbox,
-        "key": task.key,
+        "taskKey": task.key,
         "state": task.state,
+        "done": task.state in TaskState.TERMINAL,
         "attempt": task.attempt,
         "attempts": task.attempts,
         "input": task.input,
         "outcome": task.outcome,
+        "outcomeReason": task.outcome_reason,
         "error": task.error if task.state != TaskState.SUCCEEDED else None,
         "holder": task.holder if task.state == TaskState.RUNNING else None,
+        "holderSession": task.holder_session if task.state == TaskState.RUNNING else None,
         "leaseExpiresAt": iso(task.lease_expires_ms) if task.state == TaskState.RUNNING else None,
+        "deadline": iso(task.deadline_ms),
+        "subscribers": list(task.subscribers),
         "createdAt": iso(task.created_ms),
         "finishedAt": iso(task.finished_ms),
         "finishedBy": tasks.finisher(task),
-        "needs": resources.needs_view(task.needs),
+        "needs": needs_view(task.needs),
     }
 
 
-def result_view(task: Task) -> dict[str, Any]:
-    done = task.state in TaskState.TERMINAL
+def mailbox_view(mailbox: dict[str, Any]) -> dict[str, Any]:
+    """A mailbox as tasks.describe_mailbox gives it."""
     return {
-        "id": task.id,
-        "state": task.state,
-        "done": done,
-        "outcome": task.outcome,
-        "error": task.error if task.state in (TaskState.FAILED, TaskState.CANCELLED, TaskState.EXPIRED) else None,
-        "attempt": task.attempt,
-    }
-
-
-def delivery_view(task: Task) -> dict[str, Any]:
-    return {
-        "id": task.delivery_id,
-        "taskId": task.id,
-        "key": task.key,
-        "input": task.input,
-        "attempt": task.attempt,
-        "attempts": task.attempts,
-        "leaseExpiresAt": iso(task.lease_expires_ms),
-        "needs": resources.needs_view(task.needs),
-        # What this delivery took with its lease; it returns when the delivery ends.
-        "holds": resources.holds_view(task),
+        "id": mailbox["id"],
+        "name": mailbox["name"],
+        "mode": mailbox["mode"],
+        "backlogLimit": mailbox["backlog_limit"],
+        "maxAttempts": mailbox["max_attempts"],
+        "requirements": mailbox["requirements"],
     }

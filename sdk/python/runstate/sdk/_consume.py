@@ -122,6 +122,7 @@ class Consumer:
         concurrency: int,
         lease_ms: int,
         stop: asyncio.Event | None,
+        include_descendants: bool = False,
     ) -> None:
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {handler!r}")
@@ -141,6 +142,7 @@ class Consumer:
         self._concurrency = concurrency
         self._lease_ms = lease_ms
         self._stop = stop
+        self._include_descendants = include_descendants
         self._executor: _DaemonThreads | None = None
         self._running: set[asyncio.Task[None]] = set()
         # Set when the user's stop is set or a renewal learns that the run stopped.
@@ -230,7 +232,10 @@ class Consumer:
         that race is released."""
         receiving = asyncio.ensure_future(
             self._mailbox._receive(
-                max=min(free, RECEIVE_BATCH_MAX), lease_ms=self._lease_ms, wait_ms=CONSUME_RECEIVE_WAIT_MS
+                max=min(free, RECEIVE_BATCH_MAX),
+                lease_ms=self._lease_ms,
+                wait_ms=CONSUME_RECEIVE_WAIT_MS,
+                include_descendants=self._include_descendants,
             )
         )
         try:

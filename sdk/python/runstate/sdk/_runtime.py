@@ -8,8 +8,9 @@ user's function always runs in the caller's thread or task. One session that out
 event loop means nothing is bound to a loop that `asyncio.run` closes; the daemon thread never
 keeps the interpreter alive, and an atexit hook closes the session. A forked child builds its own.
 
-Which run: `configure(scope_id=...)`, else RUNSTATE_SCOPE_ID, else the space's default run
-(`POST /v1/default-scope`), asked once and cached. When a call answers SCOPE_CANCELLED,
+Which run: `configure(scope_id=...)`, else RUNSTATE_SCOPE_ID, else the active run named
+`configure(run=...)`, RUNSTATE_RUN or `default` (the space's default run; `PUT /runs/{name}`),
+asked once and cached. When a call answers SCOPE_CANCELLED,
 DEADLINE_EXCEEDED or NOT_FOUND for the cached default run, the SDK asks for the default run again
 (the server has replaced it by then) and retries the call once, so after a stop the next call of
 every process lands in the same fresh run.
@@ -26,12 +27,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from runstate.sdk.client import AsyncRunstate
+from runstate.sdk.client import DEFAULT_RUN_NAME, AsyncRunstate
 from runstate.sdk.errors import ConfigError, DeadlineExceededError, NotFoundError, ScopeCancelledError
 
 T = TypeVar("T")
 
 SCOPE_ID_ENV = "RUNSTATE_SCOPE_ID"
+RUN_ENV = "RUNSTATE_RUN"
+RUN_NAME_CHARS_MAX = 256  # the server's bound of a run name
 # Closing: how long the session gets to close, and the loop thread to end.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -43,6 +46,7 @@ class Settings:
     api_key: str | None = None
     scope_id: str | None = None
     holder: str | None = None
+    run: str | None = None
 
 
 class Runtime:
@@ -61,6 +65,9 @@ class Runtime:
         self._claim_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
         explicit = settings.scope_id if settings.scope_id is not None else os.environ.get(SCOPE_ID_ENV)
         self.explicit_scope_id = explicit.strip() if explicit and explicit.strip() else None
+        named = settings.run if settings.run is not None else os.environ.get(RUN_ENV)
+        # The named run used when no run id is given: RUNSTATE_RUN, else the space's default run.
+        self.run_name = named.strip() if named and named.strip() else DEFAULT_RUN_NAME
         self.pid = os.getpid()
         self._default_scope_id: str | None = None
         self._default_lock: asyncio.Lock | None = None
@@ -126,7 +133,7 @@ class Runtime:
                 self._default_lock = asyncio.Lock()
             async with self._default_lock:
                 if self._default_scope_id is None:
-                    self._default_scope_id = (await self.client.default_scope()).id
+                    self._default_scope_id = (await self.client.scopes.named(self.run_name)).id
         return self._default_scope_id, True
 
     async def in_run(self, operation: Callable[[str], Awaitable[T]]) -> T:
@@ -235,17 +242,23 @@ def configure(
     api_key: str | None = None,
     scope_id: str | None = None,
     holder: str | None = None,
+    run: str | None = None,
 ) -> None:
     """Set what `once`, `queue` and `serve` connect to, instead of (or over) the environment.
 
     `base_url` (a comma-separated list or a list of nodes), `space_id` and `api_key` fall back to
     RUNSTATE_BASE_URL, RUNSTATE_SPACE_ID and RUNSTATE_API_KEY; `scope_id` selects the run (else
-    RUNSTATE_SCOPE_ID, else the space's default run); `holder` names this process on leases
+    RUNSTATE_SCOPE_ID, else the active run named `run`, RUNSTATE_RUN or `default`: the space's
+    default run, replaced by a fresh one of the same name once it stopped); `holder` names this process on leases
     (default `<hostname>:<pid>`). Closes the current process-wide client; the next call opens a new
     one. Raises ConfigError for a malformed setting.
     """
     global _settings
-    settings = Settings(base_url=base_url, space_id=space_id, api_key=api_key, scope_id=scope_id, holder=holder)
+    if run is not None and (not isinstance(run, str) or not 0 < len(run.strip()) <= RUN_NAME_CHARS_MAX):
+        raise ConfigError(f"run must be a name of 1 to {RUN_NAME_CHARS_MAX} characters, got {run!r}")
+    settings = Settings(
+        base_url=base_url, space_id=space_id, api_key=api_key, scope_id=scope_id, holder=holder, run=run
+    )
     # Validate now, not at the first call.
     AsyncRunstate(base_url=base_url, space_id=space_id, api_key=api_key, holder=holder)
     with _lock:

@@ -22,6 +22,7 @@ from runstate.sdk._http import (
     OutcomeUnknownError,
     Transport,
     default_holder,
+    encode_body,
     parse_base_urls,
     resolve_optional,
 )
@@ -58,6 +59,9 @@ from runstate.sdk.resources import (
     spent_value,
 )
 from runstate.sdk.timers import Timers
+
+# The run once and queue use when none is configured.
+DEFAULT_RUN_NAME = "default"
 
 # Task results.
 RESULT_TIMEOUT_MS_DEFAULT = 60_000
@@ -96,6 +100,12 @@ def _require_int(value: int, what: str, minimum: int, maximum: int | None = None
     return value
 
 
+def lease_seconds(lease_ms: int) -> float:
+    """A lease of `lease_ms` as the wire's `leaseSeconds` (fractions allowed; the server takes
+    0.1 to 3600 s). ConfigError for a lease that is not a positive integer."""
+    return _require_int(lease_ms, "lease_ms", 1) / 1000
+
+
 def _field(answer: dict[str, Any], name: str) -> Any:
     if name not in answer:
         raise RunstateError(
@@ -118,28 +128,66 @@ def _run_body(name: str | None, deadline: DeadlineLike, child_limit: int | None)
     return body
 
 
+async def _find_mailbox(transport: Transport, name: str) -> dict[str, Any] | None:
+    """The mailbox `name` of the space (`GET /mailboxes?name=`), or None."""
+    answer = await transport.request("GET", "/mailboxes", params={"name": name}, safe=True)
+    for view in _field(answer, "mailboxes"):
+        if view.get("name") == name:
+            transport.mailbox_ids[name] = view["id"]
+            return dict(view)
+    return None
+
+
+async def mailbox_id(transport: Transport, name: str) -> str:
+    """The id of the mailbox `name`, asked once per client; NotFoundError if there is none."""
+    found = transport.mailbox_ids.get(name)
+    if found is None:
+        view = await _find_mailbox(transport, name)
+        if view is None:
+            raise NotFoundError(f"mailbox {name!r} not found; create it with mailboxes.ensure", code="NOT_FOUND", status=404)
+        found = view["id"]
+    return found
+
+
 class Mailboxes:
     """Work queues of the space: `rs.mailboxes`."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
 
-    async def ensure(self, name: str, mode: str = "WORK") -> dict[str, Any]:
-        """Create the work queue `name` if it does not exist; safe to call every time.
+    async def ensure(self, name: str, mode: str = "WORK", backlog_limit: int | None = None) -> dict[str, Any]:
+        """Create the mailbox `name` if it does not exist; safe to call every time.
 
-        Returns `{"name", "mode", "created": bool}`. Raises ConflictError if it exists with another
-        mode, ValidationError for an unknown mode.
+        `mode` is WORK (tasks and messages) or INBOX (messages only); `backlog_limit` bounds its
+        unfinished tasks (a submit beyond it raises BacklogFullError), set when it is created.
+        Returns `{"id", "name", "mode", "created": bool, ...}`. Raises ConflictError if it exists
+        with another mode, ValidationError for an unknown mode.
         """
         _segment(name, "mailbox name")
-        return await self._transport.request(
-            "POST", "/mailboxes", body={"name": name, "mode": mode}, safe=True
-        )
+        body: dict[str, Any] = {"name": name, "mode": mode}
+        if backlog_limit is not None:
+            body["backlogLimit"] = _require_int(backlog_limit, "backlog_limit", 1)
+        try:
+            view = await self._transport.request("POST", "/mailboxes", body=body, safe=True)
+        except ConflictError:
+            existing = await _find_mailbox(self._transport, name)
+            if existing is None:
+                raise
+            if str(existing.get("mode", "")).upper() != mode.upper():
+                raise ConflictError(
+                    f"mailbox {name!r} exists with mode {existing.get('mode')}, not {mode}", code="CONFLICT", status=409
+                ) from None
+            return {**existing, "created": False}
+        self._transport.mailbox_ids[name] = _field(view, "id")
+        return {**view, "created": True}
 
     async def get(self, name: str) -> dict[str, Any]:
-        """Returns `{"name", "mode"}`; raises NotFoundError if there is no such queue."""
-        return await self._transport.request(
-            "GET", f"/mailboxes/{_segment(name, 'mailbox name')}", safe=True
-        )
+        """Returns `{"id", "name", "mode", ...}`; raises NotFoundError if there is no such queue."""
+        _segment(name, "mailbox name")
+        view = await _find_mailbox(self._transport, name)
+        if view is None:
+            raise NotFoundError(f"mailbox {name!r} not found", code="NOT_FOUND", status=404)
+        return view
 
 
 class Scopes:
@@ -166,7 +214,7 @@ class Scopes:
         body = _run_body(name, deadline, child_limit)
         if parent_scope_id is not None:
             _segment(parent_scope_id, "parent_scope_id")
-            body["parentScopeId"] = parent_scope_id
+            body["parentId"] = parent_scope_id
         view = await self._transport.request("POST", "/scopes", body=body, safe=False)
         return Scope(self._transport, _field(view, "id"), view)
 
@@ -178,10 +226,17 @@ class Scopes:
         child_limit: int | None = None,
     ) -> Scope:
         """Open a child run under `parent_id`, cancelled along with it. Errors as for `create`."""
-        path = f"/scopes/{_segment(parent_id, 'parent_id')}/children"
-        view = await self._transport.request(
-            "POST", path, body=_run_body(name, deadline, child_limit), safe=False
-        )
+        return await self.create(name=name, deadline=deadline, child_limit=child_limit, parent_scope_id=parent_id)
+
+    async def named(self, name: str, deadline: DeadlineLike = None) -> Scope:
+        """The active root run called `name` (`PUT /runs/{name}`), created when there is none: once
+        it stopped, the next call of any process gets the same fresh run. `deadline` applies only
+        to a run this call creates. Safe to repeat."""
+        body: dict[str, Any] = {}
+        formatted = format_deadline(deadline)
+        if formatted is not None:
+            body["deadline"] = formatted
+        view = await self._transport.request("PUT", f"/runs/{_segment(name, 'run name')}", body=body, safe=True)
         return Scope(self._transport, _field(view, "id"), view)
 
     async def status(self, scope_id: str) -> dict[str, Any]:
@@ -307,7 +362,7 @@ def _task_body(
     if key is not None:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
-        body["key"] = key
+        body["taskKey"] = key
     if attempts is not None:
         body["attempts"] = _require_int(attempts, "attempts", 1)
     return body
@@ -317,10 +372,15 @@ class Mailbox:
     """A work queue within one run: submit tasks, receive or consume deliveries."""
 
     def __init__(self, transport: Transport, scope_id: str, name: str) -> None:
+        _segment(scope_id, "scope id")
+        _segment(name, "mailbox name")
         self._transport = transport
         self.scope_id = scope_id
         self.name = name
-        self._path = f"/scopes/{_segment(scope_id, 'scope id')}/mailboxes/{_segment(name, 'mailbox name')}"
+
+    async def _where(self) -> dict[str, str]:
+        """The run and mailbox fields of a task submit, a batch item, a receive."""
+        return {"scopeId": self.scope_id, "mailboxId": await mailbox_id(self._transport, self.name)}
 
     def __repr__(self) -> str:
         return f"<Mailbox {self.name} in {self.scope_id}>"
@@ -348,13 +408,15 @@ class Mailbox:
         the queue or a named resource does not exist, ValidationError for an input over 64 KB or a
         need no job could ever get (more units than the limit, more than the budget's total).
         """
-        body = _task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))
+        task = _task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))
+        encode_body(task)  # ConfigError for an input JSON cannot carry, before any request
+        body = {**await self._where(), **task}
         # Safe to repeat: the server deduplicates by key.
-        answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
+        answer = await self._transport.request("POST", "/tasks", body=body, safe=True)
         return Ticket(
             self._transport,
-            _field(answer, "id"),
-            key=answer.get("key", key),
+            _field(answer, "taskId"),
+            key=answer.get("taskKey", key),
             created=answer.get("created"),
             state=answer.get("state"),
         )
@@ -377,22 +439,26 @@ class Mailbox:
         if keys is not None and len(keys) != len(inputs):
             raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
         needs = needs_body(slots, limit, budget)
-        items = [
+        bodies = [
             _task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)
             for index, task_input in enumerate(inputs)
         ]
+        for body in bodies:
+            encode_body(body)  # ConfigError before any request
+        where = await self._where() if inputs else {}
+        items = [{**where, **body} for body in bodies]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
         for start in range(0, len(items), SUBMIT_BATCH_MAX):
             chunk = items[start : start + SUBMIT_BATCH_MAX]
-            answer = await self._transport.request("POST", f"{self._path}/tasks/batch", body={"tasks": chunk}, safe=True)
+            answer = await self._transport.request("POST", "/tasks/batch", body={"tasks": chunk}, safe=True)
             for view in _field(answer, "tasks"):
                 error = view.get("error")
                 if error is not None:
                     first_error = first_error or error_from_item(error)
                     continue
                 tickets.append(
-                    Ticket(self._transport, _field(view, "id"), key=view.get("key"), created=view.get("created"),
+                    Ticket(self._transport, _field(view, "taskId"), key=view.get("taskKey"), created=view.get("created"),
                            state=view.get("state"))
                 )
         if first_error is not None:
@@ -413,16 +479,29 @@ class Mailbox:
         except OutcomeUnknownError:
             return []
 
-    async def _receive(self, *, max: int, lease_ms: int, wait_ms: int) -> list[Delivery]:
-        body = {
+    async def _receive(
+        self, *, max: int, lease_ms: int, wait_ms: int, include_descendants: bool = False
+    ) -> list[Delivery]:
+        """One recv (or, with `include_descendants`, one admit: tasks of the runs below this one
+        too) of up to `max` deliveries."""
+        lease = {
+            "holder": self._transport.holder,
+            "holderSession": self._transport.session_id,
             "max": _require_int(max, "max", 1, RECEIVE_BATCH_MAX),
-            "leaseMs": _require_int(lease_ms, "lease_ms", 1),
+            "leaseSeconds": lease_seconds(lease_ms),
             "waitMs": _require_int(wait_ms, "wait_ms", 0, RECEIVE_WAIT_MS_MAX),
         }
+        where = await self._where()
+        if include_descendants:
+            body = {**where, **lease, "includeDescendants": True}
+            answer = await self._transport.request("POST", "/tasks/admit", body=body, safe=False, long_poll_ms=wait_ms)
+            return [Delivery(self._transport, _as_message(admitted)) for admitted in answer.get("tasks", [])]
+        body = {"scopeId": where["scopeId"], **lease}
         answer = await self._transport.request(
-            "POST", f"{self._path}/receive", body=body, safe=False, long_poll_ms=wait_ms
+            "POST", f"/mailboxes/{where['mailboxId']}/recv", body=body, safe=False, long_poll_ms=wait_ms
         )
-        return [Delivery(self._transport, view) for view in _field(answer, "deliveries")]
+        # 204 (nothing to hand out) arrives as {}.
+        return [Delivery(self._transport, given) for given in answer.get("messages", [])]
 
     async def consume(
         self,
@@ -430,8 +509,11 @@ class Mailbox:
         concurrency: int = 1,
         lease_ms: int = LEASE_MS_DEFAULT,
         stop: asyncio.Event | None = None,
+        include_descendants: bool = False,
     ) -> None:
-        """Run `handler(data, delivery)` for each task of this queue, up to `concurrency` at once.
+        """Run `handler(data, delivery)` for each task of this queue, up to `concurrency` at once;
+        with `include_descendants`, also the tasks of this queue in the runs below this one (a
+        task group's run, say), taken by `POST /tasks/admit`.
 
         The handler may be async or a plain function (run in a thread). While it runs, its lease is
         renewed every `lease_ms / 3`. When it returns without settling the delivery itself, the
@@ -446,7 +528,23 @@ class Mailbox:
         raises UnavailableError if no server answers at the start or for a long time, and any
         other error of a receive (NotFoundError for an unknown run or queue, ...).
         """
-        await Consumer(self, handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop).run()
+        await Consumer(
+            self, handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop, include_descendants=include_descendants
+        ).run()
+
+
+def _as_message(admitted: dict[str, Any]) -> dict[str, Any]:
+    """An admitted task as a recv's delivery (`{message, token, leaseExpiresAt}`)."""
+    message = {
+        "id": _field(admitted, "taskId"),
+        "payload": admitted.get("payload"),
+        "attempt": admitted.get("attempt"),
+        "attempts": admitted.get("attempts"),
+        "workKey": admitted.get("taskKey"),
+        "needs": admitted.get("needs"),
+        "holds": admitted.get("holds"),
+    }
+    return {"message": message, "token": _field(admitted, "token"), "leaseExpiresAt": admitted.get("leaseExpiresAt")}
 
 
 class Ticket:
@@ -472,7 +570,8 @@ class Ticket:
         return f"<Ticket {self.id} key={self.key!r} created={self.created!r}>"
 
     async def status(self) -> dict[str, Any]:
-        """The task's view: `state`, `attempt`, `attempts`, `input`, `outcome`, `error`, ...
+        """The task's view: `state`, `attempt`, `attempts`, `input`, `outcome`, `outcomeReason`,
+        `error`, ...
 
         NotFoundError if unknown.
         """
@@ -481,8 +580,8 @@ class Ticket:
         return view
 
     async def result(self, timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
-        """Wait until the task has a recorded outcome and return `{"id", "state", "done", "outcome",
-        "error"}`.
+        """Wait until the task has a recorded outcome and return its view (`{"id", "state", "done",
+        "outcome", "outcomeReason", "error", ...}`).
 
         `state` is SUCCEEDED (`outcome` holds the payload), FAILED (`error` holds the last error),
         CANCELLED or EXPIRED: all are returned, not raised. Raises ResultTimeoutError if the task is
@@ -495,11 +594,7 @@ class Ticket:
             started = loop.time()
             wait_ms = min(max(0, int((deadline - started) * 1000)), RESULT_POLL_SLICE_MS)
             answer = await self._transport.request(
-                "GET",
-                f"{self._path}/result",
-                params={"waitMs": str(wait_ms)},
-                safe=True,
-                long_poll_ms=wait_ms,
+                "GET", self._path, params={"waitMs": str(wait_ms)}, safe=True, long_poll_ms=wait_ms
             )
             self.state = answer.get("state", self.state)
             if answer.get("done") or self.state in TASK_STATES_DONE:
@@ -511,9 +606,32 @@ class Ticket:
                 await asyncio.sleep(min(RESULT_POLL_PAUSE_S_MIN, deadline - now))
 
 
+    async def cancel(self, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the task if it is unfinished (a running delivery's token turns stale); a finished
+        task stays as it is. Returns `{"taskId", "state", "outcomeReason"}`; NotFoundError if unknown."""
+        body = {} if reason is None else {"reason": reason}
+        answer = await self._transport.request("POST", f"{self._path}/cancel", body=body, safe=True)
+        self.state = answer.get("state", self.state)
+        return answer
+
+    async def join(self, subscriber_id: str, scope_id: str) -> dict[str, Any]:
+        """Subscribe `subscriber_id` (from the run `scope_id`) to the task; idempotent. Returns
+        `{"taskId", "state", "subscribers"}`; LimitExceededError beyond 100 subscribers."""
+        body = {"subscriberId": subscriber_id, "scopeId": scope_id}
+        return await self._transport.request("POST", f"{self._path}/join", body=body, safe=True)
+
+    async def detach(self, subscriber_id: str) -> dict[str, Any]:
+        """Unsubscribe `subscriber_id`; idempotent. The task goes on without subscribers."""
+        body = {"subscriberId": subscriber_id}
+        return await self._transport.request("POST", f"{self._path}/detach", body=body, safe=True)
+
+
 class Delivery:
     """One task handed to this worker under a lease.
 
+    `id` is the delivery's fencing token (another delivery of the same task has another one; a
+    call with a token that is no longer the task's current delivery raises LeaseLostError),
+    `task_id` the task (the wire's message id), `key` its key.
     `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
     `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
     True once complete/retry/reject/release was accepted, or the server said the lease is gone.
@@ -521,18 +639,21 @@ class Delivery:
     delivery took for it (`{"slots": [lease ids], "reservationId"}`, or None).
     """
 
-    def __init__(self, transport: Transport, view: dict[str, Any]) -> None:
+    def __init__(self, transport: Transport, given: dict[str, Any]) -> None:
         self._transport = transport
-        self.id: str = _field(view, "id")
-        self._path = f"/deliveries/{_segment(self.id, 'delivery id')}"
-        self.task_id: str = _field(view, "taskId")
-        self.key: str | None = view.get("key")
-        self.input: Any = view.get("input")
-        self.attempt: int = view.get("attempt", 0)
-        self.attempts: int | None = view.get("attempts")
-        self.lease_expires_at: datetime | None = self._parse_lease(view.get("leaseExpiresAt"))
-        self.needs: dict[str, Any] | None = view.get("needs")
-        self.holds: dict[str, Any] | None = view.get("holds")
+        message = _field(given, "message")
+        # The delivery's token: it fences every call on this delivery (a later delivery of the
+        # same task has another one), and names the delivery.
+        self.id: str = _field(given, "token")
+        self.task_id: str = _field(message, "id")
+        self._path = f"/messages/{_segment(self.task_id, 'message id')}"
+        self.key: str | None = message.get("workKey")
+        self.input: Any = message.get("payload")
+        self.attempt: int = message.get("attempt", 0)
+        self.attempts: int | None = message.get("attempts")
+        self.lease_expires_at: datetime | None = self._parse_lease(given.get("leaseExpiresAt"))
+        self.needs: dict[str, Any] | None = message.get("needs")
+        self.holds: dict[str, Any] | None = message.get("holds")
         self._spending = Spending()
         self._settled = False
         # Set by consume() when the lease is lost, the run stopped, or the handler is being
@@ -573,6 +694,7 @@ class Delivery:
             return None
 
     async def _settle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        body = {"token": self.id, **body}
         try:
             answer = await self._transport.request("POST", f"{self._path}/{action}", body=body, safe=True)
         except (ConflictError, NotFoundError):
@@ -603,32 +725,33 @@ class Delivery:
         self, error: str | None = None, delay_ms: int | None = None, spent: float | None = None
     ) -> dict[str, Any]:
         """Put the task back for another attempt after `delay_ms` (default: the server's backoff);
-        `spent` as for `complete`.
+        `spent` as for `complete`. Sent as `nack {retry: true}`.
 
         Returns `{"taskId", "state"}` (FAILED when the attempts are used up). Allowed after the run
         stopped. Raises LeaseLostError if the lease is gone.
         """
-        body: dict[str, Any] = {}
+        body: dict[str, Any] = {"retry": True}
         if error is not None:
             body["error"] = str(error)
         if delay_ms is not None:
             body["delayMs"] = _require_int(delay_ms, "delay_ms", 0)
-        return await self._settle("retry", self._with_spent(body, spent))
+        return await self._settle("nack", self._with_spent(body, spent))
 
     async def reject(self, error: str | None = None, spent: float | None = None) -> dict[str, Any]:
         """Fail the task now, without further attempts. Returns `{"taskId", "state": "FAILED"}`.
 
         Raises LeaseLostError if the lease is gone.
         """
-        body = {} if error is None else {"error": str(error)}
-        return await self._settle("reject", self._with_spent(body, spent))
+        body: dict[str, Any] = {"retry": False} if error is None else {"retry": False, "error": str(error)}
+        return await self._settle("nack", self._with_spent(body, spent))
 
     async def release(self) -> dict[str, Any]:
-        """Hand the task back at once, no attempt counted. Returns `{"taskId", "state"}`.
+        """Hand the task back at once, no attempt counted (`nack {retry: true, countAttempt: false}`).
+        Returns `{"taskId", "state"}`.
 
         Raises LeaseLostError if the lease is gone.
         """
-        return await self._settle("release", {})
+        return await self._settle("nack", {"retry": True, "countAttempt": False})
 
     async def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
         """Extend the lease by `lease_ms` (default: the server's) from now; returns
@@ -637,9 +760,9 @@ class Delivery:
         Raises LeaseLostError if the lease lapsed or was taken over, ScopeCancelledError /
         DeadlineExceededError if the run stopped.
         """
-        body: dict[str, Any] = {}
+        body: dict[str, Any] = {"token": self.id}
         if lease_ms is not None:
-            body["leaseMs"] = _require_int(lease_ms, "lease_ms", 1)
+            body["leaseSeconds"] = lease_seconds(lease_ms)
         answer = await self._transport.request("POST", f"{self._path}/renew", body=body, safe=True)
         expires = self._parse_lease(answer.get("leaseExpiresAt"))
         if expires is not None:
@@ -713,10 +836,9 @@ class AsyncRunstate:
         return await fetch_identity(self._transport)
 
     async def default_scope(self) -> Scope:
-        """The space's default run (`POST /v1/default-scope`): created on first use, replaced by a
-        fresh one in the same step once it is no longer active. Safe to repeat."""
-        view = await self._transport.request("POST", "/default-scope", safe=True)
-        return Scope(self._transport, _field(view, "id"), view)
+        """The space's default run, the run named `default` (see `Scopes.named`): created on first
+        use, replaced by a fresh one in the same step once it is no longer active. Safe to repeat."""
+        return await self.scopes.named(DEFAULT_RUN_NAME)
 
     async def results(
         self, tasks: Sequence[Ticket | str], timeout_ms: int = RESULT_TIMEOUT_MS_DEFAULT

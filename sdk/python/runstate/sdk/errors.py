@@ -135,6 +135,12 @@ class KeyConflictError(ConflictError):
     default_code = "KEY_CONFLICT"
 
 
+class BacklogFullError(ConflictError):
+    """The mailbox holds its backlogLimit of unfinished tasks (409 BACKLOG_FULL); retry later."""
+
+    default_code = "BACKLOG_FULL"
+
+
 class LimitExceededError(ConflictError):
     """A count bound of the state (children, tasks, runs) is reached (409 LIMIT_EXCEEDED)."""
 
@@ -216,6 +222,7 @@ _CLASS_BY_CODE: dict[str, type[RunstateError]] = {
     "STALE_CLAIM": LeaseLostError,
     "KEY_CONFLICT": KeyConflictError,
     "LIMIT_EXCEEDED": LimitExceededError,
+    "BACKLOG_FULL": BacklogFullError,
     "GROUP_CLOSED": ConflictError,
     "BARRIER_CANCELLED": ConflictError,
     "BARRIER_RELEASED": ConflictError,

@@ -21,6 +21,13 @@ from runstate.sdk._time import format_deadline
 from runstate.sdk._waiting import wait_until
 from runstate.sdk.errors import ConfigError
 
+
+def _member_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A task body as a group member's: the group's route names the key `key`."""
+    if "taskKey" in body:
+        body["key"] = body.pop("taskKey")
+    return body
+
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
@@ -135,7 +142,7 @@ class Group:
         from runstate.sdk.client import Ticket, _task_body
 
         answer = await self._transport.request(
-            "POST", f"{self._path}/tasks", body=_task_body(input, key, attempts), safe=True
+            "POST", f"{self._path}/tasks", body=_member_body(_task_body(input, key, attempts)), safe=True
         )
         return Ticket(self._transport, answer["id"], key=answer.get("key", key), created=answer.get("created"),
                       state=answer.get("state"))

@@ -304,6 +304,7 @@ async def _serve(rt: Runtime, queues: list[Queue], stop: asyncio.Event, handler_
                 concurrency=item.concurrency,
                 lease_ms=item.lease_ms,
                 stop=stop,
+                include_descendants=True,
             ),
             name=f"runstate-serve-{item.name}",
         )

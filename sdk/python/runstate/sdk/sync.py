@@ -66,13 +66,13 @@ class Mailboxes:
         self._inner = inner
         self._portal = portal
 
-    def ensure(self, name: str, mode: str = "WORK") -> dict[str, Any]:
-        """Create the queue if missing; returns `{"name", "mode", "created"}`. ConflictError for
-        another mode."""
-        return _call(self._portal, self._inner.ensure, name, mode=mode)
+    def ensure(self, name: str, mode: str = "WORK", backlog_limit: int | None = None) -> dict[str, Any]:
+        """Create the queue if missing; returns `{"id", "name", "mode", "created", ...}`.
+        ConflictError for another mode."""
+        return _call(self._portal, self._inner.ensure, name, mode=mode, backlog_limit=backlog_limit)
 
     def get(self, name: str) -> dict[str, Any]:
-        """Returns `{"name", "mode"}`; NotFoundError if missing."""
+        """Returns `{"id", "name", "mode", ...}`; NotFoundError if missing."""
         return _call(self._portal, self._inner.get, name)
 
 
@@ -113,6 +113,10 @@ class Scopes:
             self._portal, self._inner.child, parent_id, name=name, deadline=deadline, child_limit=child_limit
         )
         return Scope(scope, self._portal)
+
+    def named(self, name: str, deadline: DeadlineLike = None) -> Scope:
+        """The active root run called `name`, created when there is none; returns its `Scope`."""
+        return Scope(_call(self._portal, self._inner.named, name, deadline=deadline), self._portal)
 
     def status(self, scope_id: str) -> dict[str, Any]:
         """The run's view (`storedState`, `effective`, ...)."""
@@ -239,6 +243,18 @@ class Ticket:
         """Block until the task has an outcome; ResultTimeoutError after `timeout_ms`."""
         return _call(self._portal, self._inner.result, timeout_ms)
 
+    def cancel(self, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the task if it is unfinished; returns `{"taskId", "state", "outcomeReason"}`."""
+        return _call(self._portal, self._inner.cancel, reason)
+
+    def join(self, subscriber_id: str, scope_id: str) -> dict[str, Any]:
+        """Subscribe `subscriber_id` to the task (idempotent)."""
+        return _call(self._portal, self._inner.join, subscriber_id, scope_id)
+
+    def detach(self, subscriber_id: str) -> dict[str, Any]:
+        """Unsubscribe `subscriber_id` (idempotent); the task goes on."""
+        return _call(self._portal, self._inner.detach, subscriber_id)
+
 
 class Delivery:
     """A task held under a lease (see `client.Delivery`). Usable from any thread but the portal's."""
@@ -342,13 +358,15 @@ class Mailbox:
         input: Any,
         key: str | None = None,
         attempts: int | None = None,
+        key_only: bool = False,
         slots: SlotsLike = None,
         limit: LimitLike = None,
         budget: BudgetLike = None,
     ) -> Ticket:
+        """Submit a task (see `client.Mailbox.submit`)."""
         ticket = _call(
-            self._portal, self._inner.submit, input, key=key, attempts=attempts, slots=slots, limit=limit,
-            budget=budget,
+            self._portal, self._inner.submit, input, key=key, attempts=attempts, key_only=key_only, slots=slots,
+            limit=limit, budget=budget,
         )
         return Ticket(ticket, self._portal)
 
@@ -378,6 +396,7 @@ class Mailbox:
         concurrency: int = 1,
         lease_ms: int = LEASE_MS_DEFAULT,
         stop: threading.Event | None = None,
+        include_descendants: bool = False,
     ) -> None:
         """Blocking `consume`: `handler(data, delivery)` is a plain function, run in worker threads
         (up to `concurrency` at once), given a blocking `Delivery`. Returns when the run stops or
@@ -395,7 +414,8 @@ class Mailbox:
             poller = asyncio.create_task(self._poll_stop(stop, stop_async)) if stop is not None else None
             try:
                 await self._inner.consume(
-                    run_handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop_async
+                    run_handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop_async,
+                    include_descendants=include_descendants,
                 )
             finally:
                 if poller is not None:
