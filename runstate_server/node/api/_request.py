@@ -220,3 +220,20 @@ def amount_micros(
     if positive and micros < 1:
         raise ApiError("VALIDATION_FAILED", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
     return micros
+
+
+LEASE_SECONDS_MIN = -(-limits.lease_ms_min // 1000)  # whole seconds: 1
+LEASE_SECONDS_MAX = limits.lease_ms_max // 1000
+LEASE_SECONDS = {"type": "integer", "minimum": LEASE_SECONDS_MIN, "maximum": LEASE_SECONDS_MAX}
+
+
+def lease_seconds_ms(body: dict[str, Any], *, default_ms: int | None = limits.lease_ms_default) -> int | None:
+    """The `leaseSeconds` of an acquire or renew (whole seconds, 1 to 3600) in milliseconds;
+    `default_ms` when it is absent."""
+    seconds = integer(body, "leaseSeconds", minimum=LEASE_SECONDS_MIN, maximum=LEASE_SECONDS_MAX)
+    return default_ms if seconds is None else seconds * 1000
+
+
+def holder_session(body: dict[str, Any]) -> str | None:
+    """The `holderSession` next to `holder`: one live client instance of that holder."""
+    return text(body, "holderSession", max_chars=limits.name_chars_max)

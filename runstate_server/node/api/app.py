@@ -17,6 +17,7 @@ from runstate_server.node.api import (
     groups,
     health,
     mailboxes,
+    once,
     openapi,
     resources,
     runs,
@@ -42,7 +43,7 @@ ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
         health, cluster, openapi, access,
-        runs, mailboxes, tasks, deliveries, claims, groups, barriers, timers, resources,
+        runs, mailboxes, tasks, deliveries, once, claims, groups, barriers, timers, resources,
     )
     for route in module.routes
 )
