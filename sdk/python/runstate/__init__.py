@@ -20,6 +20,7 @@ from runstate.sdk._runtime import close, configure
 from runstate.sdk.client import AsyncRunstate
 from runstate.sdk.context import Context, context, current_context
 from runstate.sdk.errors import (
+    ClaimHeldError,
     ConfigError,
     ConflictError,
     DeadlineExceededError,
@@ -47,6 +48,7 @@ __version__ = "0.4.0.dev0"  # after the published 0.3.0: this SDK speaks the sam
 
 __all__ = [
     "AsyncRunstate",
+    "ClaimHeldError",
     "ConfigError",
     "ConflictError",
     "Context",

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -153,6 +154,9 @@ class Transport:
         self.base_urls = base_urls
         self.space_id = space_id
         self.holder = holder
+        # This client instance among the holder's (a restarted worker has a new one): sent as
+        # `holderSession` next to `holder` on every call that creates a lease.
+        self.holder_session = secrets.token_hex(8)
         self.timeout_s = timeout_s
         self._api_key = api_key
         self._space_lock = asyncio.Lock()

@@ -29,6 +29,7 @@ from runstate.sdk._time import format_deadline, parse_time
 from runstate.sdk.admin import Identity, Keys, Spaces, fetch_identity
 from runstate.sdk.barriers import Barriers
 from runstate.sdk.claims import Claims
+from runstate.sdk.once_calls import OnceCalls
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -677,6 +678,7 @@ class AsyncRunstate:
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
         self.claims = Claims(self._transport)
+        self.once = OnceCalls(self._transport)
         self.pools = Pools(self._transport)
         self.limits = Limits(self._transport)
         self.budgets = Budgets(self._transport)
@@ -774,6 +776,7 @@ __all__ = [
     "Handler",
     "Mailbox",
     "Mailboxes",
+    "OnceCalls",
     "Reservation",
     "Scope",
     "Scopes",
