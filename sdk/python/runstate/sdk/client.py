@@ -29,7 +29,6 @@ from runstate.sdk._time import format_deadline, parse_time
 from runstate.sdk.admin import Identity, Keys, Spaces, fetch_identity
 from runstate.sdk.barriers import Barriers
 from runstate.sdk.claims import Claims
-from runstate.sdk.once_calls import OnceCalls
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -39,6 +38,7 @@ from runstate.sdk.errors import (
     error_from_item,
 )
 from runstate.sdk.groups import Groups
+from runstate.sdk.once_calls import OnceCalls
 from runstate.sdk.resources import (
     SLOT_LEASE_MS_DEFAULT,
     WAIT_TIMEOUT_MS_DEFAULT,
