@@ -57,7 +57,8 @@ def build_world(node: DevNode, secret: str) -> World:
     admin.ok("POST", f"/v1/scopes/{run}/children", {})
     task = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/tasks", {"input": 1, "key": "t1"})["id"]
     (delivery,) = admin.ok("POST", f"/v1/scopes/{run}/mailboxes/work/receive", {"leaseMs": 600_000})["deliveries"]
-    claim = admin.ok("POST", f"/v1/scopes/{run}/claims", {"key": "c1", "leaseMs": 600_000})
+    once_token = admin.ok("POST", "/v1/once/acquire", {"scopeId": run, "key": "c1", "leaseSeconds": 600})["token"]
+    claim = admin.ok("POST", "/v1/claims", {"scopeId": run, "key": "c1", "leaseSeconds": 600})
     group = admin.ok("POST", f"/v1/scopes/{run}/groups", {"mailbox": "work", "condition": "ALL_TERMINAL"})["id"]
     member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
     barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
@@ -81,7 +82,7 @@ def build_world(node: DevNode, secret: str) -> World:
         for permission in PERMISSIONS
     }
     ids = {
-        "scopes": run, "tasks": task, "deliveries": delivery["id"], "claims": claim["leaseId"], "groups": group,
+        "scopes": run, "tasks": task, "deliveries": delivery["id"], "claims": claim["token"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": "a-only", "claim-key": "c1",
         "slots": slot, "reservations": reservation,
     }
@@ -93,11 +94,17 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/barriers/{id}/arrive"): {"key": "a"},
         ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks"): {"input": 4},
         ("POST", "/v1/scopes/{id}/mailboxes/{name}/tasks/batch"): {"tasks": [{"input": 5}]},
-        ("POST", "/v1/scopes/{id}/claims"): {"key": "c2"},
+        ("POST", "/v1/once/acquire"): {"scopeId": run, "key": "c2"},
+        ("GET", "/v1/once"): {"scopeId": run, "key": "c1"},  # GET bodies are sent as the query
+        **{("POST", f"/v1/once/{action}"): {"scopeId": run, "key": "c1", "token": once_token}
+           for action in ("renew", "complete", "fail", "release")},
+        ("POST", "/v1/claims"): {"scopeId": run, "key": "c2"},
+        ("GET", "/v1/claims/{key}"): {"scopeId": run},
+        ("POST", "/v1/claims/{key}/renew"): {"token": claim["token"]},
+        ("POST", "/v1/claims/{key}/release"): {"token": claim["token"]},
         ("POST", "/v1/scopes/{id}/barriers"): {"target": 1},
         ("POST", "/v1/scopes/{id}/timers"): {"afterSeconds": 60},
         ("POST", "/v1/scopes/{id}/groups"): {"mailbox": "work", "condition": "ALL_TERMINAL"},
-        ("POST", "/v1/claims/{lease}/complete"): {"result": 1},
         ("POST", "/v1/deliveries/{id}/complete"): {"result": {"payload": 1}},
         ("POST", "/v1/mailboxes"): {"name": "more"},
         ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
