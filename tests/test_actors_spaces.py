@@ -2,7 +2,7 @@
 is refused as if the entity did not exist (NOT_FOUND), and changes nothing.
 
 Two spaces get the same entities (mailbox, run, child run, queued task, held and completed
-deliveries, held and completed claims, a group with a member, barriers, timers, an admin key,
+deliveries, held and completed once entries, a held claim, a group with a member, barriers, timers, an admin key,
 a pool, a rate limit and a budget with a slot lease, a reservation and a job holding both, and a
 pool of its own name).
 Each case names entities of space A in a command of space B, with no key (a node without auth)
