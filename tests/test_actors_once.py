@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import errors
-from runstate_server.actors.state import Once, OnceState
-from tests.test_actors_harness import RETENTION_MS, Harness, round_trip, snapshot_bytes
+from runstate_server.actors.state import Once, OnceState, from_snapshot, to_snapshot
+from tests.test_actors_harness import RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000
 KEY = "research:0123456789abcdef0123456789abcdef"
@@ -199,6 +199,21 @@ def test_entries_survive_a_snapshot(h: Harness, run_id: str) -> None:
     assert restored.runs[run_id].once == h.run(run_id).once
     h.core.state = restored
     h.ok("once.complete", **on(run_id, granted), result="after restore")
+
+
+def test_a_snapshot_from_before_once_and_claims_were_split_still_loads(h: Harness, run_id: str) -> None:
+    """Such a snapshot keeps the once entries under "claims" (without holder_session), and its
+    run rows end before the claims index."""
+    granted = acquire(h, run_id)
+    snapshot = unpack(pack(to_snapshot(h.state)))
+    assert snapshot["claims"] == []
+    snapshot["claims"] = [row[:-1] for row in snapshot.pop("once")]
+    snapshot["runs"] = [row[:-2] + row[-1:] for row in snapshot["runs"]]
+    restored = from_snapshot(snapshot)
+    assert restored.claims == {} and restored.runs[run_id].claims == {}
+    assert restored.once[h.run(run_id).once[KEY]].token == granted["token"]
+    h.core.state = restored
+    h.ok("once.complete", **on(run_id, granted), result="after an old snapshot")
 
 
 def test_the_default_run_is_replaced_once_it_stopped(h: Harness) -> None:
