@@ -44,6 +44,7 @@ def test_the_first_caller_is_granted_the_others_see_it_held(h: Harness, run_id: 
     assert (held.state, held.attempt, held.holder, held.holder_session, held.token) == (
         OnceState.HELD, 1, "w1", "s1", first["token"]
     )
+    assert held.token is not None
     assert held.token.startswith(held.id + ".1.") and len(held.token.split(".")[2]) == 16  # the command's id
     assert acquire(h, run_id, holder="w2")["state"] == "HELD"
     assert entry(h, run_id).holder == "w1"
