@@ -14,7 +14,6 @@ from aiohttp import web
 
 from runstate_server.actors import claims, limits
 from runstate_server.node.api import _request as req
-from runstate_server.node.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     READ,
@@ -27,6 +26,7 @@ from runstate_server.node.api.routes import (
     node_of,
 )
 from runstate_server.node.api.views import iso
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 

@@ -16,7 +16,6 @@ from runstate_server.actors.context import once_key
 from runstate_server.actors.state import Once, OnceState
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.errors import ApiError
 from runstate_server.node.api.routes import (
     ANY_JSON,
     READ,
@@ -30,6 +29,7 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.runs import render_run
 from runstate_server.node.api.views import iso
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 
