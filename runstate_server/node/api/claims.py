@@ -25,6 +25,7 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
+from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING_OR_NULL, TIME, TIME_OR_NULL, obj
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -32,6 +33,16 @@ routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _KEY_PATH = SPACE_PREFIX + "/claims/{key:.+}"
+# A claim command's answer (_render); a release's has `"token": null, "released": true`.
+_ANSWER = obj(
+    {"key": STRING, "scopeId": STRING, "generation": INTEGER, "token": STRING_OR_NULL, "holder": STRING_OR_NULL,
+     "holderSession": STRING_OR_NULL, "leaseExpiresAt": TIME},
+    optional={"released": BOOLEAN},
+)
+_VIEW = obj({
+    "key": STRING, "scopeId": STRING, "generation": INTEGER, "held": BOOLEAN, "holder": STRING_OR_NULL,
+    "holderSession": STRING_OR_NULL, "leaseExpiresAt": TIME_OR_NULL, "observation": ANY_JSON,
+})
 
 
 def _render(result: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +70,7 @@ def _path_key(request: web.Request) -> str:
     "is live",
     body={"key": STRING, "scopeId": STRING, "holder": STRING, "holderSession": STRING,
           "leaseSeconds": req.LEASE_SECONDS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "CLAIM_HELD", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "CLAIM_HELD", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def acquire(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -77,7 +88,7 @@ async def acquire(request: web.Request) -> web.Response:
 @routes(
     "POST", _KEY_PATH + "/renew", "Extend the claim's lease from now (by leaseSeconds, else its last length)",
     body={"token": STRING, "leaseSeconds": req.LEASE_SECONDS},
-    errors=("VALIDATION_FAILED", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -93,7 +104,7 @@ async def renew(request: web.Request) -> web.Response:
 @routes(
     "POST", _KEY_PATH + "/release", "Give the claim back (free at once), leaving an optional observation",
     body={"token": STRING, "observation": ANY_JSON},
-    errors=("VALIDATION_FAILED", "STALE_CLAIM"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -113,7 +124,7 @@ async def release(request: web.Request) -> web.Response:
 @routes(
     "GET", _KEY_PATH, "The claim on (scopeId, key): its generation, whether it is held and by whom, the last "
     "release's observation",
-    query={"scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=READ,
+    query={"scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=READ, answer=_VIEW,
 )
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)

@@ -28,6 +28,7 @@ from runstate_server.node.api.routes import (
     node_of,
 )
 from runstate_server.node.api.runs import render_run
+from runstate_server.node.api.schemas import INTEGER, STRING_OR_NULL, TIME, TIME_OR_NULL, enum, obj
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -37,6 +38,19 @@ _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _MAX_ATTEMPTS = {"type": "integer", "minimum": 1, "maximum": limits.attempts_max}
 _ENTRY = {"scopeId": STRING, "key": STRING}  # which once entry a call is about
 _LEASE = {**_ENTRY, "token": STRING}  # ... and the lease it presents
+_STATE = enum(OnceState.OPEN, OnceState.HELD, OnceState.DONE, OnceState.FAILED)
+_EFFECTIVE = enum("ACTIVE", "INACTIVE")
+# What a once command answers (_render); `token` and `leaseExpiresAt` while the caller holds it.
+_ANSWER = obj(
+    {"state": enum(once.GRANTED, *_STATE["enum"]), "attempts": INTEGER, "scopeEffective": _EFFECTIVE},
+    optional={"result": ANY_JSON, "lastError": STRING, "token": STRING, "leaseExpiresAt": TIME},
+)
+# What GET /once shows (once_view).
+_VIEW = obj(
+    {"key": STRING, "state": _STATE, "attempts": INTEGER, "holder": STRING_OR_NULL, "leaseExpiresAt": TIME_OR_NULL,
+     "finishedBy": STRING_OR_NULL, "scopeEffective": _EFFECTIVE},
+    optional={"result": ANY_JSON, "lastError": STRING},
+)
 
 
 @routes("POST", SPACE_PREFIX + "/default-scope", "The space's default run (created, or replaced once it stopped)", permission=READ)
@@ -79,7 +93,7 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     "result) or FAILED (with lastError)",
     body={**_ENTRY, "holder": STRING, "holderSession": STRING, "leaseSeconds": req.LEASE_SECONDS,
           "maxAttempts": _MAX_ATTEMPTS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def acquire(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -122,7 +136,7 @@ _WAIT_QUERY = {"scopeId": STRING, "key": STRING, **WAIT_MS_QUERY}
     "GET", SPACE_PREFIX + "/once",
     "A once entry (OPEN, HELD, DONE or FAILED); long poll: answers once it is not HELD or its run stopped, or "
     "after waitMs",
-    query=_WAIT_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
+    query=_WAIT_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=_VIEW,
 )
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -149,7 +163,7 @@ async def get(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/once/renew", "Extend this caller's once lease",
     body={**_LEASE, "leaseSeconds": req.LEASE_SECONDS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -161,7 +175,7 @@ async def renew(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/once/complete", "Record the result (DONE for every caller)",
     body={**_LEASE, "result": ANY_JSON},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def complete(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -175,7 +189,7 @@ async def complete(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/once/fail",
     "Record a failed attempt: FAILED when it used the last of maxAttempts (default 3), else OPEN for the next caller",
     body={**_LEASE, "error": STRING, "maxAttempts": _MAX_ATTEMPTS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def fail(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -192,7 +206,7 @@ async def fail(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/once/release", "Give the once entry back at once (OPEN), no attempt counted",
-    body=_LEASE, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
+    body=_LEASE, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
