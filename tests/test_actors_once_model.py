@@ -100,14 +100,14 @@ class OnceMachine(RuleBasedStateMachine):
                 raise Rejection("SCOPE_CANCELLED")
             if entry is None:
                 entry = self.entries[key] = ModelOnce()
-            if max_attempts is not None:
-                entry.max_attempts = max_attempts
             if entry.state == OnceState.HELD:
                 if self.h.now_ms < entry.expires:
                     return "HELD"
                 self.fail_attempt(entry, f"lease expired (holder {entry.holder})")
                 if entry.state == OnceState.FAILED:
                     return OnceState.FAILED
+            if max_attempts is not None:
+                entry.max_attempts = max_attempts
             entry.state, entry.attempt, entry.holder = OnceState.HELD, entry.failures + 1, holder
             entry.lease_ms, entry.expires = lease_ms, self.h.now_ms + lease_ms
             return "GRANTED"

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, call
 from tests._nodes import DevNode
 
 KEY = "locks/report 2024/ü?#%"  # every kind of character, `/` included, travels encoded in the path
@@ -152,3 +152,16 @@ def test_the_generation_survives_a_restart(node_factory: Any) -> None:
     node.start()
     assert api.ok("GET", path("k") + f"?scopeId={run_id}")["generation"] == 3
     assert api.ok("POST", "/v1/claims", body(run_id, key="k"))["generation"] == 4
+
+
+def test_a_retried_acquire_is_answered_with_its_first_grant(api: Api) -> None:
+    """The same request under the same Idempotency-Key (a client's retry after a lost answer) gets
+    the first grant again, not CLAIM_HELD against itself; a new request is refused as usual."""
+    run_id = new_run(api)
+    headers = {**api.headers, "Idempotency-Key": uuid.uuid4().hex}
+    route = api.space_path("/v1/claims")
+    status, first = call(api.base_url, "POST", route, body(run_id, key="k"), headers=headers)
+    assert status == 200
+    assert call(api.base_url, "POST", route, body(run_id, key="k"), headers=headers) == (200, first)
+    assert api.error("POST", "/v1/claims", body(run_id, key="k")) == (409, "CLAIM_HELD")
+    assert api.ok("GET", path("k") + f"?scopeId={run_id}")["generation"] == 1

@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, call
 from tests._nodes import DevNode
 
 KEY = "research:0123456789abcdef0123456789abcdef/with slash & more"
@@ -162,3 +162,18 @@ def test_a_cancelled_run_refuses_new_work_and_keeps_results(api: Api) -> None:
         409, "SCOPE_CANCELLED"
     )
     assert api.ok("POST", "/v1/once/release", lease(run_id, held, key="held"))["state"] == "OPEN"
+
+
+def test_a_retried_acquire_that_found_it_held_looks_again(api: Api) -> None:
+    """An acquire answered HELD changed nothing: its retry (same Idempotency-Key) is not answered
+    from a record but looks again, and finds the result recorded meanwhile."""
+    run_id = new_run(api)
+    granted = acquire(api, run_id, key="k")
+    headers = {**api.headers, "Idempotency-Key": uuid.uuid4().hex}
+    request = {"scopeId": run_id, "key": "k", "holder": "w2", "leaseSeconds": LEASE_S}
+    route = api.space_path("/v1/once/acquire")
+    status, held = call(api.base_url, "POST", route, request, headers=headers)
+    assert (status, held["state"]) == (200, "HELD")
+    api.ok("POST", "/v1/once/complete", lease(run_id, granted, key="k", result=7))
+    status, again = call(api.base_url, "POST", route, request, headers=headers)
+    assert (status, again["state"], again["result"]) == (200, "DONE", 7)

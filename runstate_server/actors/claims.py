@@ -8,8 +8,8 @@ generation (fencing). A token that is not the current grant's, or whose lease la
 STALE_CLAIM on renew and release and changes nothing.
 
 Decisions: a claim is not re-entrant. An acquire while the lease is live is CLAIM_HELD, whoever
-asks, the holder's own session included (a retried acquire is answered from the idempotency
-record, not by this rule); the error names when the lease runs out (`retryAfterMs`). A released
+asks, the holder's own session included (a retried request is answered from the idempotency
+record, actors/idempotency.py, before this rule runs); the error names when the lease runs out (`retryAfterMs`). A released
 or lapsed claim keeps its generation (the entity stays until its run is removed). Stopping the
 run refuses acquires and renewals (SCOPE_CANCELLED / DEADLINE_EXCEEDED); releases stay allowed.
 """

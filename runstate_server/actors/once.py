@@ -6,9 +6,10 @@ failure (OPEN for the next caller, or FAILED once its attempts are used), or rel
 attempt counted). A lease that lapses counts as a failed attempt.
 
 The attempt limit is decided when an attempt fails: a failure names `max_attempts` and the entry
-is FAILED when its failures reach it. The latest limit given is remembered (an acquire may name
-one too), so a lapse, which names none, is checked against it; before any limit is known a lapse
-never makes the entry FAILED.
+is FAILED when its failures reach it. The latest limit given is remembered (a granted acquire may
+name one too), so a lapse, which names none, is checked against it; before any limit is known a
+lapse never makes the entry FAILED. An acquire that changes nothing (HELD, or an outcome already
+recorded) is marked UNCHANGED, so a retry of it looks again rather than replaying the answer.
 
 Every lease has an opaque token (`<once id>.<lease number>.<command id>`: the command id is the
 leader's random choice, so a token cannot be guessed), presented on renew, complete, fail and
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runstate_server.actors import errors, limits, runs
+from runstate_server.actors import errors, idempotency, limits, runs
 from runstate_server.actors.context import Context, once_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Once, OnceState, Run, State
@@ -37,18 +38,18 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     max_attempts = _max_attempts(args.get("max_attempts"), required=False)
     entry = ctx.state.once.get(run.once.get(key, ""))
     if entry is not None and entry.state in FINAL:
-        return _answer(ctx, entry.state, entry)
+        return {**_answer(ctx, entry.state, entry), idempotency.UNCHANGED: True}
     runs.require_active(ctx, run)
     if entry is None:
         entry = _create(ctx, run, key)
-    if max_attempts is not None:
-        entry.max_attempts = max_attempts
     if entry.state == OnceState.HELD:
         if ctx.now_ms < entry.lease_expires_ms:
-            return _answer(ctx, OnceState.HELD, entry)
+            return {**_answer(ctx, OnceState.HELD, entry), idempotency.UNCHANGED: True}
         _fail_attempt(ctx, entry, _lapse_message(entry), entry.max_attempts)  # lapsed, its tick not yet run
         if entry.state == OnceState.FAILED:
             return _answer(ctx, OnceState.FAILED, entry)
+    if max_attempts is not None:
+        entry.max_attempts = max_attempts  # the limit this holder's lapse is checked against
     entry.lease_count += 1
     entry.attempt = entry.failures + 1
     entry.token = f"{entry.id}.{entry.lease_count}.{ctx.command_id}"

@@ -73,7 +73,6 @@ def _path_key(request: web.Request) -> str:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CLAIM_HELD", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def acquire(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     args = {
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
@@ -82,7 +81,7 @@ async def acquire(request: web.Request) -> web.Response:
         "holder": holder_of(request, body),
         "holder_session": req.holder_session(body),
     }
-    return web.json_response(_render(await node.propose(caller, "claim.acquire", args)))
+    return web.json_response(_render(await req.propose(request, "claim.acquire", args)))
 
 
 @routes(
@@ -91,14 +90,13 @@ async def acquire(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     args = {
         "key": _path_key(request),
         "token": req.text(body, "token", max_chars=limits.name_chars_max, required=True),
         "lease_ms": req.lease_seconds_ms(body, default_ms=None),
     }
-    return web.json_response(_render(await node.propose(caller, "claim.renew", args)))
+    return web.json_response(_render(await req.propose(request, "claim.renew", args)))
 
 
 @routes(
@@ -107,7 +105,6 @@ async def renew(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     observation, encoded = req.payload(body, "observation", code="VALIDATION_FAILED", required=False)
     if len(encoded) > limits.observation_bytes_max:
@@ -117,7 +114,7 @@ async def release(request: web.Request) -> web.Response:
         "token": req.text(body, "token", max_chars=limits.name_chars_max, required=True),
         "observation": observation,
     }
-    result = await node.propose(caller, "claim.release", args)
+    result = await req.propose(request, "claim.release", args)
     return web.json_response({**_render(result), "released": True})
 
 

@@ -96,7 +96,6 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def acquire(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     args = {
         **_entry_args(body),
@@ -105,7 +104,7 @@ async def acquire(request: web.Request) -> web.Response:
         "holder_session": req.holder_session(body),
         "max_attempts": req.integer(body, "maxAttempts", minimum=1, maximum=limits.attempts_max),
     }
-    return web.json_response(_render(await node.propose(caller, "once.acquire", args)))
+    return web.json_response(_render(await req.propose(request, "once.acquire", args)))
 
 
 def once_view(entry: Once | None, key: str) -> dict[str, Any]:
@@ -166,10 +165,9 @@ async def get(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     args = {**_lease_args(body), "lease_ms": req.lease_seconds_ms(body)}
-    return web.json_response(_render(await node.propose(caller, "once.renew", args)))
+    return web.json_response(_render(await req.propose(request, "once.renew", args)))
 
 
 @routes(
@@ -178,11 +176,10 @@ async def renew(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def complete(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     result, _ = req.payload(body, "result", code="VALIDATION_FAILED", required=False)
     args = {**_lease_args(body), "result": result}
-    return web.json_response(_render(await node.propose(caller, "once.complete", args)))
+    return web.json_response(_render(await req.propose(request, "once.complete", args)))
 
 
 @routes(
@@ -192,7 +189,6 @@ async def complete(request: web.Request) -> web.Response:
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def fail(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
     args = {
         **_lease_args(body),
@@ -201,7 +197,7 @@ async def fail(request: web.Request) -> web.Response:
             body, "maxAttempts", minimum=1, maximum=limits.attempts_max, default=limits.once_attempts_default
         ),
     }
-    return web.json_response(_render(await node.propose(caller, "once.fail", args)))
+    return web.json_response(_render(await req.propose(request, "once.fail", args)))
 
 
 @routes(
@@ -209,6 +205,5 @@ async def fail(request: web.Request) -> web.Response:
     body=_LEASE, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
     body = await req.json_body(request)
-    return web.json_response(_render(await node.propose(caller, "once.release", _lease_args(body))))
+    return web.json_response(_render(await req.propose(request, "once.release", _lease_args(body))))
