@@ -9,9 +9,10 @@ STALE_CLAIM on renew and release and changes nothing.
 
 Decisions: a claim is not re-entrant. An acquire while the lease is live is CLAIM_HELD, whoever
 asks, the holder's own session included (a retried request is answered from the idempotency
-record, actors/idempotency.py, before this rule runs); the error names when the lease runs out (`retryAfterMs`). A released
-or lapsed claim keeps its generation (the entity stays until its run is removed). Stopping the
-run refuses acquires and renewals (SCOPE_CANCELLED / DEADLINE_EXCEEDED); releases stay allowed.
+record, actors/idempotency.py, before this rule runs); the error names when the lease runs out
+(`retryAfterMs`). A released or lapsed claim keeps its generation (the entity stays until its run
+is removed). Stopping the run refuses acquires and renewals (SCOPE_CANCELLED /
+DEADLINE_EXCEEDED); releases stay allowed.
 """
 
 from __future__ import annotations
