@@ -593,7 +593,7 @@ def check_once(history: History) -> list[Violation]:
     """A once key has one result, the same for every caller.
 
     Proves, per (run, name, key): every acknowledged call got the same value; no caller got
-    ONCE_FAILED (the key failed for good) while another got a value; and the final claim view, if
+    ONCE_FAILED (the key failed for good) while another got a value; and the final once view, if
     any, is DONE with that value. Unknown calls and other refusals (a caller whose lease was taken
     over) say nothing about the key's result.
     """
@@ -601,7 +601,7 @@ def check_once(history: History) -> list[Violation]:
     calls: dict[tuple[Any, Any, Any], list[Op]] = defaultdict(list)
     for op in history.by_kind["once"]:
         calls[(op.args.get("run"), op.args.get("name"), op.args.get("key"))].append(op)
-    claims = history.finals.get("claim", {})
+    entries = history.finals.get("once", {})
     for (run, _, key), ops in calls.items():
         label = str(key)
         values: dict[str, list[Op]] = defaultdict(list)
@@ -627,7 +627,7 @@ def check_once(history: History) -> list[Violation]:
                     _ops(failed[:1], next(iter(values.values()))[:1]),
                 )
             )
-        view = _claim_view(claims, run, key)
+        view = _once_view(entries, run, key)
         if view is None or not values:
             continue
         if view.get("state") != "DONE" or canonical(view.get("result")) not in values:
@@ -635,7 +635,7 @@ def check_once(history: History) -> list[Violation]:
                 Violation(
                     CHECK_ONCE,
                     label,
-                    f"callers got {_short(json.loads(next(iter(values))))} but the final claim is "
+                    f"callers got {_short(json.loads(next(iter(values))))} but the final once entry is "
                     f"{view.get('state')} {_short(view.get('result'))}",
                     _ops(next(iter(values.values()))[:1]),
                 )
@@ -643,11 +643,11 @@ def check_once(history: History) -> list[Violation]:
     return violations
 
 
-def _claim_view(claims: Mapping[str, Any], run: Any, key: Any) -> Mapping[str, Any] | None:
-    for claim_id, view in claims.items():
+def _once_view(entries: Mapping[str, Any], run: Any, key: Any) -> Mapping[str, Any] | None:
+    for entry_id, view in entries.items():
         if not isinstance(view, dict) or _is_error(view):
             continue
-        if claim_id != key and view.get("key") != key:
+        if entry_id != key and view.get("key") != key:
             continue
         view_run = view.get("scopeId", view.get("run"))
         if run is None or view_run is None or view_run == run:

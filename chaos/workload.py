@@ -53,6 +53,7 @@ import random
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -1218,7 +1219,8 @@ class Workload:
             yield "timer", timer_id, f"/v1/timers/{_segment(timer_id)}", {}
         if once_run is not None:
             for key in once_keys:
-                yield "claim", key, f"/v1/scopes/{_segment(once_run)}/claims/{_segment(key)}", {"scopeId": once_run}
+                query = urllib.parse.urlencode({"scopeId": once_run, "key": key})
+                yield "once", key, f"/v1/once?{query}", {"scopeId": once_run}
 
     def _read_final(self, path: str, node: int, deadline: float) -> tuple[Answer | None, int]:
         """The first definite answer to the read (ok, or a refusal such as NOT_FOUND: an

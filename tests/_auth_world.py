@@ -57,7 +57,8 @@ def build_world(node: DevNode, secret: str) -> World:
     admin.ok("POST", "/v1/scopes", {"parentId": run})
     task = admin.ok("POST", "/v1/tasks", {"scopeId": run, "mailboxId": work, "input": 1, "taskKey": "t1"})["id"]
     (delivery,) = recv(admin, run, leaseMs=600_000)
-    claim = admin.ok("POST", f"/v1/scopes/{run}/claims", {"key": "c1", "leaseMs": 600_000})
+    once_token = admin.ok("POST", "/v1/once/acquire", {"scopeId": run, "key": "c1", "leaseSeconds": 600})["token"]
+    claim = admin.ok("POST", "/v1/claims", {"scopeId": run, "key": "c1", "leaseSeconds": 600})
     group = admin.ok("POST", f"/v1/scopes/{run}/groups", {"mailbox": "work", "condition": "ALL_TERMINAL"})["id"]
     member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
     barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
@@ -81,7 +82,7 @@ def build_world(node: DevNode, secret: str) -> World:
         for permission in PERMISSIONS
     }
     ids = {
-        "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["leaseId"], "groups": group,
+        "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
     }
@@ -100,12 +101,18 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/mailboxes/{id}/recv"): {"scopeId": run},
         ("POST", "/v1/messages/{id}/renew"): {"token": delivery["token"]},
         ("POST", "/v1/messages/{id}/nack"): {"token": delivery["token"], "retry": True},
-        ("POST", "/v1/scopes/{id}/claims"): {"key": "c2"},
         ("POST", "/v1/scopes/{id}/barriers"): {"target": 1},
         ("POST", "/v1/scopes/{id}/timers"): {"afterSeconds": 60},
         ("POST", "/v1/scopes/{id}/groups"): {"mailbox": "work", "condition": "ALL_TERMINAL"},
-        ("POST", "/v1/claims/{lease}/complete"): {"result": 1},
         ("POST", "/v1/messages/{id}/complete"): {"token": delivery["token"], "result": {"payload": 1}},
+        ("POST", "/v1/once/acquire"): {"scopeId": run, "key": "c2"},
+        ("GET", "/v1/once"): {"scopeId": run, "key": "c1"},  # GET bodies are sent as the query
+        **{("POST", f"/v1/once/{action}"): {"scopeId": run, "key": "c1", "token": once_token}
+           for action in ("renew", "complete", "fail", "release")},
+        ("POST", "/v1/claims"): {"scopeId": run, "key": "c2"},
+        ("GET", "/v1/claims/{key}"): {"scopeId": run},
+        ("POST", "/v1/claims/{key}/renew"): {"token": claim["token"]},
+        ("POST", "/v1/claims/{key}/release"): {"token": claim["token"]},
         ("POST", "/v1/mailboxes"): {"name": "more"},
         ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
         ("POST", "/v1/tasks/results"): {"ids": [task]},

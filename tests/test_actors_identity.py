@@ -1,5 +1,6 @@
 """Worker identity in the core: the holder a client declares is kept with every verdict, and who
-finished a task or a claim is known from the lease that did (runstate_server.actors.groups, tasks, claims),
+finished a task or a once entry is known from the lease that did (runstate_server.actors.groups, tasks,
+once),
 through snapshots too."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from runstate_server.actors import claims, errors, tasks
+from runstate_server.actors import errors, once, tasks
 from runstate_server.actors.groups import Group
-from runstate_server.actors.state import ClaimState, TaskState, from_snapshot, to_snapshot
+from runstate_server.actors.state import OnceState, TaskState, from_snapshot, to_snapshot
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, unpack
 
 LEASE_MS = 10_000
@@ -137,33 +138,33 @@ def test_a_task_its_run_stopped_or_an_anonymous_worker_finished_has_no_finisher(
     assert [tasks.finisher(h.task(task_id)) for task_id in (anonymous, running, queued)] == [None, None, None]
 
 
-# -- who finished a claim ------------------------------------------------------------------------
+# -- who finished a once entry -------------------------------------------------------------------
 
 
-def acquire(h: Harness, run_id: str, key: str, holder: str, **args: Any) -> str:
-    answer = h.ok("claim.acquire", run_id=run_id, key=key, lease_ms=LEASE_MS, holder=holder, **args)
-    assert answer["outcome"] == "GRANTED", answer
-    return str(answer["lease_id"])
+def acquire(h: Harness, run_id: str, key: str, holder: str, **args: Any) -> dict[str, Any]:
+    answer = h.ok("once.acquire", run_id=run_id, key=key, lease_ms=LEASE_MS, holder=holder, **args)
+    assert answer["state"] == "GRANTED", answer
+    return {"run_id": run_id, "key": key, "token": answer["token"]}
 
 
-def claim_of(h: Harness, run_id: str, key: str) -> Any:
-    return h.state.claims[h.run(run_id).claims[key]]
+def entry_of(h: Harness, run_id: str, key: str) -> Any:
+    return h.state.once[h.run(run_id).once[key]]
 
 
-def test_a_claim_is_finished_by_the_holder_of_the_lease_that_made_it_final(h: Harness, run_id: str) -> None:
+def test_an_entry_is_finished_by_the_holder_of_the_lease_that_made_it_final(h: Harness, run_id: str) -> None:
     lease = acquire(h, run_id, "done", "c1")
-    assert claims.finisher(claim_of(h, run_id, "done")) is None  # HELD
-    h.ok("claim.release", lease_id=lease)
-    assert claims.finisher(claim_of(h, run_id, "done")) is None  # FREE
-    h.ok("claim.complete", lease_id=acquire(h, run_id, "done", "c2"), result=42)
-    h.ok("claim.fail", lease_id=acquire(h, run_id, "failed", "c1", attempts=2), error="first")
-    h.ok("claim.fail", lease_id=acquire(h, run_id, "failed", "c3"), error="second")
-    acquire(h, run_id, "lapsed", "c4", attempts=1)
+    assert once.finisher(entry_of(h, run_id, "done")) is None  # HELD
+    h.ok("once.release", **lease)
+    assert once.finisher(entry_of(h, run_id, "done")) is None  # OPEN
+    h.ok("once.complete", **acquire(h, run_id, "done", "c2"), result=42)
+    h.ok("once.fail", **acquire(h, run_id, "failed", "c1"), error="first", max_attempts=2)
+    h.ok("once.fail", **acquire(h, run_id, "failed", "c3"), error="second", max_attempts=2)
+    acquire(h, run_id, "lapsed", "c4", max_attempts=1)
     h.advance(LEASE_MS)
     h.tick()
-    found = {key: claim_of(h, run_id, key) for key in ("done", "failed", "lapsed")}
-    assert [claim.state for claim in found.values()] == [ClaimState.DONE, ClaimState.FAILED, ClaimState.FAILED]
-    assert {key: claims.finisher(claim) for key, claim in found.items()} == {"done": "c2", "failed": "c3", "lapsed": "c4"}
+    found = {key: entry_of(h, run_id, key) for key in ("done", "failed", "lapsed")}
+    assert [entry.state for entry in found.values()] == [OnceState.DONE, OnceState.FAILED, OnceState.FAILED]
+    assert {key: once.finisher(entry) for key, entry in found.items()} == {"done": "c2", "failed": "c3", "lapsed": "c4"}
 
 
 # -- snapshots -----------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def identity_harness() -> tuple[Harness, Members, str]:
     g = Members(h, run_id, "FIRST_ACCEPTED", "a", "b", "c")
     g.verdict("accept", "a", "reviewer-1")
     g.verdict("reject", "b", "reviewer-2")  # late
-    h.ok("claim.complete", lease_id=acquire(h, run_id, "k", "c1"), result="r")
+    h.ok("once.complete", **acquire(h, run_id, "k", "c1"), result="r")
     return h, g, run_id
 
 
@@ -187,8 +188,8 @@ def test_snapshot_round_trip_keeps_who_did_what() -> None:
     group = restored.groups[g.id]
     assert group.verdict_by == {g.tasks["a"]: "reviewer-1", g.tasks["b"]: "reviewer-2"}
     assert [tasks.finisher(restored.tasks[task_id]) for task_id in g.tasks.values()] == ["w-a", "w-b", "w-c"]
-    claim = restored.claims[restored.runs[run_id].claims["k"]]
-    assert claims.finisher(claim) == "c1"
+    entry = restored.once[restored.runs[run_id].once["k"]]
+    assert once.finisher(entry) == "c1"
 
 
 def test_a_snapshot_row_from_before_verdict_holders_still_loads() -> None:

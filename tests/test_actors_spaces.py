@@ -2,7 +2,7 @@
 is refused as if the entity did not exist (NOT_FOUND), and changes nothing.
 
 Two spaces get the same entities (mailbox, run, child run, queued task, held and completed
-deliveries, held and completed claims, a group with a member, barriers, timers, an admin key,
+deliveries, held and completed once entries, a held claim, a group with a member, barriers, timers, an admin key,
 a pool, a rate limit and a budget with a slot lease, a reservation and a job holding both, and a
 pool of its own name).
 Each case names entities of space A in a command of space B, with no key (a node without auth)
@@ -36,8 +36,9 @@ class Entities:
     queued_task: str
     held_delivery: str
     done_delivery: str  # the delivery that completed its task
-    held_lease: str  # the lease of the claim "held"
-    done_lease: str  # the lease that completed the claim "done"
+    held_lease: dict[str, Any]  # the lease of the once entry "held" (run_id, key, token)
+    done_lease: dict[str, Any]  # the lease that completed the once entry "done"
+    claim_lease: dict[str, Any]  # the live lease of the claim "lock" (key, token)
     group: str
     group_run: str
     member: str  # a SUCCEEDED member of the group, without a verdict
@@ -64,12 +65,14 @@ def build(h: KeyedHarness, space: str) -> Entities:
     (held_delivery,) = h.receive(run)
     queued_task = h.submit(run, "queued")
 
-    def acquire(key: str) -> str:
-        return str(h.ok("claim.acquire", run_id=run, key=key, lease_ms=LEASE_MS, holder="w")["lease_id"])
+    def acquire(key: str) -> dict[str, Any]:
+        token = h.ok("once.acquire", run_id=run, key=key, lease_ms=LEASE_MS, holder="w")["token"]
+        return {"run_id": run, "key": key, "token": token}
 
     held_lease = acquire("held")
     done_lease = acquire("done")
-    h.ok("claim.complete", lease_id=done_lease, result=1)
+    h.ok("once.complete", **done_lease, result=1)
+    claim_lease = {"key": "lock", "token": h.ok("claim.acquire", run_id=run, key="lock", lease_ms=LEASE_MS)["token"]}
 
     group = h.ok("group.create", run_id=run, mailbox=MAILBOX, condition="ALL_TERMINAL", retention_ms=RETENTION_MS)
     member = h.ok("group.submit", group_id=group["group_id"], key="m1", input=1, input_hash="h1")["task_id"]
@@ -101,7 +104,7 @@ def build(h: KeyedHarness, space: str) -> Entities:
     (job,) = h.ok("task.receive", run_id=run, mailbox="jobs", max=1, lease_ms=LEASE_MS, holder="w")["task_ids"]
     assert h.state.tasks[job].reservation_id is not None
     return Entities(
-        space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease,
+        space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease, claim_lease,
         group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
         slot_lease, reservation, own_pool,
     )
@@ -177,17 +180,24 @@ CASES: dict[str, list[Case]] = {
         Case(lambda f, o: {"task_id": o.queued_task, "run_id": f.run, "subscriber": "s"}),
     ],
     "task.detach": [Case(lambda f, o: {"task_id": f.queued_task, "subscriber": "s"})],
-    "claim.acquire": [
+    "once.acquire": [
         Case(lambda f, o, key=key: {"run_id": f.run, "key": key, "lease_ms": LEASE_MS, "holder": "x"})
         for key in ("held", "done", "fresh")
     ],
-    "claim.renew": [Case(lambda f, o: {"lease_id": f.held_lease, "lease_ms": LEASE_MS})],
-    "claim.complete": [
-        Case(lambda f, o: {"lease_id": f.held_lease, "result": 2}),
-        Case(lambda f, o: {"lease_id": f.done_lease, "result": 1}),  # a repeated complete
+    "once.renew": [Case(lambda f, o: {**f.held_lease, "lease_ms": LEASE_MS})],
+    "once.complete": [
+        Case(lambda f, o: {**f.held_lease, "result": 2}),
+        Case(lambda f, o: {**f.done_lease, "result": 1}),  # a repeated complete
     ],
-    "claim.fail": [Case(lambda f, o: {"lease_id": f.held_lease, "error": "e"})],
-    "claim.release": [Case(lambda f, o: {"lease_id": f.held_lease})],
+    "once.fail": [Case(lambda f, o: {**f.held_lease, "error": "e"})],
+    "once.release": [Case(lambda f, o: {**f.held_lease})],
+    "claim.acquire": [
+        Case(lambda f, o, key=key: {"run_id": f.run, "key": key, "lease_ms": LEASE_MS, "holder": "x"})
+        for key in ("lock", "fresh")
+    ],
+    # A token names its claim, not the space: one of another space is stale here, never found.
+    "claim.renew": [Case(lambda f, o: {**f.claim_lease, "lease_ms": LEASE_MS}, code=errors.STALE_CLAIM)],
+    "claim.release": [Case(lambda f, o: {**f.claim_lease}, code=errors.STALE_CLAIM)],
     "group.create": [
         Case(lambda f, o: {"run_id": f.run, "mailbox": MAILBOX, "condition": "ALL_TERMINAL",
                            "retention_ms": RETENTION_MS}),
@@ -283,7 +293,7 @@ def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities
     h = harness(world)
     state = h.state
     for table in (
-        state.runs, state.tasks, state.claims, state.groups, state.barriers, state.timers, state.pools,
+        state.runs, state.tasks, state.once, state.claims, state.groups, state.barriers, state.timers, state.pools,
         state.rate_limits, state.budgets, state.slot_leases, state.reservations,
     ):
         assert {entity.space for entity in table.values()} == {A, B}
@@ -292,6 +302,7 @@ def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities
         assert hold.task_id is None or state.tasks[hold.task_id].space == hold.space
     for run in state.runs.values():
         assert all(state.runs[child].space == run.space for child in run.children)
+        assert all(state.once[entry].space == run.space for entry in run.once.values())
         assert all(state.claims[claim].space == run.space for claim in run.claims.values())
     for task in state.tasks.values():
         assert state.runs[task.run_id].space == task.space

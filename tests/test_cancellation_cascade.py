@@ -53,7 +53,9 @@ class Tree:
         # A job that holds a slot while it runs, in the shard.
         self.job = h.ok("task.submit", **{**h.submit_args(self.shard, "job"), "needs": {"slots": ["browser"]}})["task_id"]
         (self.job_delivery,) = h.receive(self.shard, lease_ms=LEASE_MS)
-        self.claim_lease = h.ok("claim.acquire", run_id=leaf, key="c", lease_ms=LEASE_MS, holder="w")["lease_id"]
+        token = h.ok("once.acquire", run_id=leaf, key="c", lease_ms=LEASE_MS, holder="w")["token"]
+        self.once_lease = {"run_id": leaf, "key": "c", "token": token}
+        self.claim_lease = {"key": "m", "token": h.ok("claim.acquire", run_id=leaf, key="m", lease_ms=LEASE_MS)["token"]}
         group = h.ok(
             "group.create", run_id=leaf, parent_id=leaf, mailbox=MAILBOX, condition="ALL_TERMINAL",
             retention_ms=RETENTION_MS,
@@ -130,6 +132,7 @@ def test_after_the_stop_new_work_on_every_run_of_the_tree_is_refused_and_changes
         new_work: dict[str, dict[str, Any]] = {
             "task.submit": h.submit_args(run_id, "new"),
             "task.receive": {"run_id": run_id, "mailbox": MAILBOX, "max": 1, "lease_ms": LEASE_MS, "holder": "w"},
+            "once.acquire": {"run_id": run_id, "key": "new", "lease_ms": LEASE_MS, "holder": "w"},
             "claim.acquire": {"run_id": run_id, "key": "new", "lease_ms": LEASE_MS, "holder": "w"},
             "run.create": {"parent_id": run_id},
             "group.create": {"run_id": run_id, "mailbox": MAILBOX, "condition": "FIRST_ACCEPTED",
@@ -150,8 +153,9 @@ def test_after_the_stop_new_work_on_every_run_of_the_tree_is_refused_and_changes
     # Renewals and completes are refused, so holders learn the run stopped.
     assert h.err("delivery.renew", delivery_id=tree.held_delivery, lease_ms=LEASE_MS) == cancelled
     assert h.err("delivery.complete", delivery_id=tree.held_delivery, payload=1) == cancelled
-    assert h.err("claim.renew", lease_id=tree.claim_lease, lease_ms=LEASE_MS) == cancelled
-    assert h.err("claim.complete", lease_id=tree.claim_lease, result=1) == cancelled
+    assert h.err("once.renew", **tree.once_lease, lease_ms=LEASE_MS) == cancelled
+    assert h.err("once.complete", **tree.once_lease, result=1) == cancelled
+    assert h.err("claim.renew", **tree.claim_lease, lease_ms=LEASE_MS) == cancelled
     assert h.err("pool.renew", lease_id=tree.slot, lease_ms=LEASE_MS) == cancelled
     assert h.err("budget.renew", reservation_id=tree.reservation, lease_ms=LEASE_MS) == cancelled
     # Handing back stays allowed, and changes no finished state.
@@ -159,7 +163,8 @@ def test_after_the_stop_new_work_on_every_run_of_the_tree_is_refused_and_changes
     h.delivery("retry", tree.retry_delivery)
     h.delivery("reject", tree.reject_delivery)
     assert {h.task(t).state for t in (tree.running, tree.to_retry, tree.to_reject)} == {STOPS[stop][1]}
-    h.ok("claim.release", lease_id=tree.claim_lease)
+    h.ok("once.release", **tree.once_lease)
+    h.ok("claim.release", **tree.claim_lease)
     assert h.ok("pool.release", lease_id=tree.slot) == {"released": True}
     h.ok("budget.settle", reservation_id=tree.reservation, spent_micros=0)
     assert tree.pool_in_use() == 0

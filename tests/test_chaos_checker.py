@@ -263,7 +263,7 @@ def test_once_pass_for_one_value_and_unknown_callers() -> None:
     history = once_calls({"v": 1}, {"v": 1})
     history.unknown("once", {"key": "k", "name": "f"}, 3)
     history.fail("once", {"key": "k", "name": "f"}, 3, 4, "STALE_CLAIM")
-    history.final("claim", "k", {"key": "k", "state": "DONE", "result": {"v": 1}})
+    history.final("once", "k", {"key": "k", "state": "DONE", "result": {"v": 1}})
     assert history.violations("once") == []
 
 
@@ -271,11 +271,11 @@ def test_once_two_values() -> None:
     assert "2 different results" in messages(once_calls({"v": 1}, {"v": 2}).violations("once"))
 
 
-def test_once_a_value_and_once_failed_and_a_final_claim_that_differs() -> None:
+def test_once_a_value_and_once_failed_and_a_final_entry_that_differs() -> None:
     history = once_calls({"v": 1}).fail("once", {"key": "k", "name": "f"}, 3, 4, "ONCE_FAILED")
     assert "ONCE_FAILED" in messages(history.violations("once"))
-    history = once_calls({"v": 1}).final("claim", "k", {"key": "k", "state": "DONE", "result": {"v": 2}})
-    assert "final claim" in messages(history.violations("once"))
+    history = once_calls({"v": 1}).final("once", "k", {"key": "k", "state": "DONE", "result": {"v": 2}})
+    assert "final once entry" in messages(history.violations("once"))
 
 
 # -- 4. groups -----------------------------------------------------------------------------------

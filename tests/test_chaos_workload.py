@@ -250,12 +250,12 @@ def test_ten_seconds_of_workload_make_a_well_formed_history(make_cluster: Callab
     assert _ok_results(operations, "group_create", "groupId") <= final_ids["group"]
     assert _ok_results(operations, "barrier_create", "barrierId") <= final_ids["barrier"]
     assert _ok_results(operations, "timer_create", "timerId") <= final_ids["timer"]
-    assert {o["args"]["key"] for o in operations if o["op"] == "once"} <= final_ids["claim"]
+    assert {o["args"]["key"] for o in operations if o["op"] == "once"} <= final_ids["once"]
     unfinished = [line for line in finals if line["final"] == "task" and line["view"]["state"] not in FINISHED]
     assert unfinished == [], unfinished
 
     # Every caller of a once key got the one recorded result.
-    recorded = {line["id"]: line["view"]["result"] for line in finals if line["final"] == "claim"}
+    recorded = {line["id"]: line["view"]["result"] for line in finals if line["final"] == "once"}
     for o in operations:
         if o["op"] == "once" and o["status"] == "ok":
             assert o["result"]["value"] == recorded[o["args"]["key"]], o

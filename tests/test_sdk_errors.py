@@ -18,6 +18,7 @@ CASES = [
     (409, "SCOPE_CANCELLED", runstate.ScopeCancelledError),
     (409, "DEADLINE_EXCEEDED", runstate.DeadlineExceededError),
     (409, "STALE_CLAIM", runstate.LeaseLostError),
+    (409, "CLAIM_HELD", runstate.ClaimHeldError),
     (409, "KEY_CONFLICT", runstate.KeyConflictError),
     (409, "LIMIT_EXCEEDED", runstate.LimitExceededError),
     (409, "GROUP_CLOSED", runstate.ConflictError),

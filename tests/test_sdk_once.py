@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import runstate
-from runstate.sdk import claims as claims_module
+from runstate.sdk import once_calls as once_module
 from runstate.sdk.errors import ConfigError, LeaseLostError, OnceFailedError, ResultTooLargeError
 
 from tests._http import Api, configured_run
@@ -216,16 +216,16 @@ def test_context_outside_a_call() -> None:
 
 @pytest.fixture
 def stop_renewing(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Once set, this process's claim renewals never answer (as if the runner were frozen)."""
+    """Once set, this process's once renewals never answer (as if the runner were frozen)."""
     stop = threading.Event()
-    real_renew = claims_module.Claims.renew
+    real_renew = once_module.OnceCalls.renew
 
-    async def renew(self: claims_module.Claims, lease_id: str, lease_ms: int | None = None) -> dict[str, Any]:
+    async def renew(self: once_module.OnceCalls, scope_id: str, key: str, token: str, lease_seconds: int) -> dict[str, Any]:
         if stop.is_set():
             await asyncio.Event().wait()  # never answers; cancelled when the call ends
-        return await real_renew(self, lease_id, lease_ms)
+        return await real_renew(self, scope_id, key, token, lease_seconds)
 
-    monkeypatch.setattr(claims_module.Claims, "renew", renew)
+    monkeypatch.setattr(once_module.OnceCalls, "renew", renew)
     return stop
 
 

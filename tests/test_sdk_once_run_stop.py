@@ -1,4 +1,4 @@
-"""`once` when its run stops: callers waiting on a claim that is still HELD learn it at once (not
+"""`once` when its run stops: callers waiting on an entry that is still HELD learn it at once (not
 when the holder's lease lapses), and after the space's default run is stopped the next call of
 every long-lived process lands in the same fresh run and runs the function there once."""
 
@@ -12,11 +12,11 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import urlencode
 
 import pytest
 import runstate
-from runstate.sdk import claims as claims_module
+from runstate.sdk import once_calls as once_module
 from runstate.sdk.errors import ScopeCancelledError
 
 from tests._http import Api
@@ -24,53 +24,57 @@ from tests._nodes import DevNode
 from tests._once_procs import HERE, WAIT_S, children, lines, read_line, sdk_env
 
 # Long enough that the holder's lease cannot lapse before the checks below; short enough that, were
-# the stop not noticed, the waiter's answer would come from the lapse (the claim then FREE).
+# the stop not noticed, the waiter's answer would come from the lapse (the entry then OPEN).
 LEASE_MS = 9_000
 WAIT_TIMEOUT_S = 60.0
 
 
-def claim_path(run_id: str, key: str) -> str:
-    return f"/v1/scopes/{run_id}/claims/{quote(key, safe='')}"
+def once_path(run_id: str, key: str, wait_ms: int = 0) -> str:
+    return "/v1/once?" + urlencode({"scopeId": run_id, "key": key, "waitMs": wait_ms})
 
 
-def test_a_claim_wait_answers_when_its_run_stops(dev_node: DevNode) -> None:
+def acquire(api: Api, run_id: str, key: str, lease_ms: int = 30_000) -> Any:
+    return api.ok("POST", "/v1/once/acquire", {"scopeId": run_id, "key": key, "leaseSeconds": lease_ms // 1000})
+
+
+def test_a_once_wait_answers_when_its_run_stops(dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
     key = f"stop-probe:{uuid.uuid4().hex}"
-    granted = api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": key, "leaseMs": LEASE_MS * 2, "holder": "h"})
-    assert granted["outcome"] == "GRANTED"
-    active = api.ok("GET", claim_path(run_id, key))
+    granted = acquire(api, run_id, key, LEASE_MS * 2)
+    assert granted["state"] == "GRANTED"
+    active = api.ok("GET", once_path(run_id, key))
     assert (active["state"], active["scopeEffective"]) == ("HELD", "ACTIVE")
     answers: list[Any] = []
-    waiter = threading.Thread(target=lambda: answers.append(api.ok("GET", claim_path(run_id, key) + "?waitMs=30000")))
+    waiter = threading.Thread(target=lambda: answers.append(api.ok("GET", once_path(run_id, key, 30_000))))
     waiter.start()
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     waiter.join(WAIT_TIMEOUT_S)
     # Still HELD (the lease has not lapsed): the wait answered because the run stopped.
     assert (answers[0]["state"], answers[0]["scopeEffective"]) == ("HELD", "INACTIVE"), answers
-    status, code = api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": key})
+    status, code = api.error("POST", "/v1/once/acquire", {"scopeId": run_id, "key": key})
     assert (status, code) == (409, "SCOPE_CANCELLED")
 
 
-def test_a_finished_run_and_a_run_past_its_deadline_refuse_claims_and_keep_results(dev_node: DevNode) -> None:
-    """Completing a run, or its deadline passing, stops it as cancelling does: new claims are
-    refused, recorded results stay readable, and a wait on a claim still HELD answers."""
+def test_a_finished_run_and_a_run_past_its_deadline_refuse_once_and_keep_results(dev_node: DevNode) -> None:
+    """Completing a run, or its deadline passing, stops it as cancelling does: new entries are
+    refused, recorded results stay readable, and a wait on an entry still HELD answers."""
     api = Api(dev_node.url)
     for stop, code in (("complete", "SCOPE_CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")):
         deadline = datetime.now(timezone.utc) + timedelta(seconds=2)
         run_id = api.ok("POST", "/v1/scopes", {"deadline": deadline.isoformat()} if stop == "deadline" else {})["id"]
-        lease = api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "done"})["leaseId"]
-        api.ok("POST", f"/v1/claims/{lease}/complete", {"result": {"kept": stop}})
-        api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "held", "leaseMs": LEASE_MS * 2})
+        token = acquire(api, run_id, "done")["token"]
+        api.ok("POST", "/v1/once/complete", {"scopeId": run_id, "key": "done", "token": token, "result": {"kept": stop}})
+        acquire(api, run_id, "held", LEASE_MS * 2)
         if stop == "complete":
             api.ok("POST", f"/v1/scopes/{run_id}/complete")
         # Answers at once after a complete; past the deadline, once the server stops the run.
-        woken = api.ok("GET", claim_path(run_id, "held") + "?waitMs=30000")
+        woken = api.ok("GET", once_path(run_id, "held", 30_000))
         assert (woken["state"], woken["scopeEffective"]) == ("HELD", "INACTIVE"), (stop, woken)
-        assert api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": "new"}) == (409, code)
-        assert api.error("POST", f"/v1/scopes/{run_id}/claims", {"key": "held"}) == (409, code)
-        done = api.ok("POST", f"/v1/scopes/{run_id}/claims", {"key": "done"})
-        assert (done["outcome"], done["claim"]["result"], done["scopeEffective"]) == ("DONE", {"kept": stop}, "INACTIVE")
+        assert api.error("POST", "/v1/once/acquire", {"scopeId": run_id, "key": "new"}) == (409, code)
+        assert api.error("POST", "/v1/once/acquire", {"scopeId": run_id, "key": "held"}) == (409, code)
+        done = acquire(api, run_id, "done")
+        assert (done["state"], done["result"], done["scopeEffective"]) == ("DONE", {"kept": stop}, "INACTIVE")
 
 
 @pytest.fixture
@@ -88,13 +92,13 @@ def test_waiting_callers_learn_at_once_that_the_run_stopped(
 ) -> None:
     api = Api(dev_node.url)
     started, waiting = threading.Event(), threading.Event()
-    real_wait = claims_module.Claims.wait
+    real_wait = once_module.OnceCalls.wait
 
-    async def wait(self: claims_module.Claims, scope_id: str, key: str, wait_ms: int = 30_000) -> dict[str, Any]:
-        waiting.set()  # the waiter's acquire answered HELD: it waits on the claim now
+    async def wait(self: once_module.OnceCalls, scope_id: str, key: str, wait_ms: int = 30_000) -> dict[str, Any]:
+        waiting.set()  # the waiter's acquire answered HELD: it waits on the entry now
         return await real_wait(self, scope_id, key, wait_ms)
 
-    monkeypatch.setattr(claims_module.Claims, "wait", wait)
+    monkeypatch.setattr(once_module.OnceCalls, "wait", wait)
     signals: list[bool] = []
 
     @runstate.once(name="stop-probe", lease=f"{LEASE_MS}ms")
@@ -121,8 +125,8 @@ def test_waiting_callers_learn_at_once_that_the_run_stopped(
     api.ok("POST", f"/v1/scopes/{explicit_run}/cancel", {})
     waiter.join(WAIT_TIMEOUT_S)
     assert isinstance(outcomes.get("waiter"), ScopeCancelledError), outcomes
-    # It learned while the holder still held the claim, not from the lease lapsing.
-    assert api.ok("GET", claim_path(explicit_run, work.once_key("acme")))["state"] == "HELD"
+    # It learned while the holder still held the entry, not from the lease lapsing.
+    assert api.ok("GET", once_path(explicit_run, work.once_key("acme")))["state"] == "HELD"
     holder.join(WAIT_TIMEOUT_S)
     assert signals == [True]
     assert isinstance(outcomes.get("holder"), ScopeCancelledError), outcomes
@@ -179,13 +183,13 @@ def test_in_the_default_run_a_waiter_moves_to_the_fresh_run_when_it_stops(
     api = Api(dev_node.url, space=space)
     runstate.configure(base_url=dev_node.url, space_id=space)
     started, waiting = threading.Event(), threading.Event()
-    real_wait = claims_module.Claims.wait
+    real_wait = once_module.OnceCalls.wait
 
-    async def wait(self: claims_module.Claims, scope_id: str, key: str, wait_ms: int = 30_000) -> dict[str, Any]:
+    async def wait(self: once_module.OnceCalls, scope_id: str, key: str, wait_ms: int = 30_000) -> dict[str, Any]:
         waiting.set()
         return await real_wait(self, scope_id, key, wait_ms)
 
-    monkeypatch.setattr(claims_module.Claims, "wait", wait)
+    monkeypatch.setattr(once_module.OnceCalls, "wait", wait)
 
     @runstate.once(name="default-stop-probe", lease=f"{LEASE_MS}ms")
     def work(name: str) -> dict[str, Any]:
@@ -216,8 +220,8 @@ def test_in_the_default_run_a_waiter_moves_to_the_fresh_run_when_it_stops(
         fresh_run = api.ok("PUT", "/v1/runs/default")["id"]
         assert fresh_run != old_run
         assert outcomes.get("waiter") == {"name": "acme", "run": fresh_run, "attempt": 1}, outcomes
-        # The old run's claim was still held when the waiter moved on.
-        assert api.ok("GET", claim_path(old_run, work.once_key("acme")))["state"] == "HELD"
+        # The old run's entry was still held when the waiter moved on.
+        assert api.ok("GET", once_path(old_run, work.once_key("acme")))["state"] == "HELD"
         holder.join(WAIT_TIMEOUT_S)
         assert isinstance(outcomes.get("holder"), ScopeCancelledError), outcomes
     finally:

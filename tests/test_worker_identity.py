@@ -31,7 +31,7 @@ async def two_workers(url: str, space_id: str) -> AsyncIterator[tuple[AsyncRunst
         yield a, b
 
 
-def test_statuses_show_who_holds_and_who_finished_tasks_and_claims(dev_node: DevNode) -> None:
+def test_statuses_show_who_holds_and_who_finished_tasks_once_entries_and_claims(dev_node: DevNode) -> None:
     space_id = space()
 
     async def main() -> None:
@@ -43,15 +43,19 @@ def test_statuses_show_who_holds_and_who_finished_tasks_and_claims(dev_node: Dev
             (delivery_a,) = await a.scope(run.id).mailbox("work").receive(lease_ms=LEASE_MS)
             (delivery_b,) = await b.scope(run.id).mailbox("work").receive(lease_ms=LEASE_MS)
             assert (delivery_a.task_id, delivery_b.task_id) == (first.id, second.id)
-            granted_a = await a.claims.acquire(run.id, "report", lease_ms=LEASE_MS)
-            granted_b = await b.claims.acquire(run.id, "index", lease_ms=LEASE_MS, attempts=1)
+            granted_a = await a.once.acquire(run.id, "report", lease_seconds=LEASE_MS // 1000)
+            granted_b = await b.once.acquire(run.id, "index", lease_seconds=LEASE_MS // 1000)
+            lock = await b.claims.acquire(run.id, "lock", lease_seconds=LEASE_MS // 1000)
+            assert (lock["holder"], lock["holderSession"]) == ("worker-b", b._transport.holder_session)
+            shown = await a.claims.get(run.id, "lock")
+            assert (shown["held"], shown["holder"]) == (True, "worker-b")
 
             # While running: the holder of each lease, nobody finished anything yet.
             running = [await first.status(), await second.status()]
             assert [(t["state"], t["holder"], t["finishedBy"]) for t in running] == [
                 ("RUNNING", "worker-a", None), ("RUNNING", "worker-b", None)
             ]
-            held = [await a.claims.wait(run.id, key, wait_ms=0) for key in ("report", "index")]
+            held = [await a.once.wait(run.id, key, wait_ms=0) for key in ("report", "index")]
             assert [(c["state"], c["holder"], c["finishedBy"]) for c in held] == [
                 ("HELD", "worker-a", None), ("HELD", "worker-b", None)
             ]
@@ -60,20 +64,20 @@ def test_statuses_show_who_holds_and_who_finished_tasks_and_claims(dev_node: Dev
 
             await delivery_a.complete({"payload": "done"})
             await delivery_b.reject(error="bad input")
-            await a.claims.complete(granted_a["leaseId"], {"pages": 3})
-            await b.claims.fail(granted_b["leaseId"], error="no index")
+            await a.once.complete(run.id, "report", granted_a["token"], {"pages": 3})
+            await b.once.fail(run.id, "index", granted_b["token"], error="no index", max_attempts=1)
 
             # Afterwards: no current holder, and who finished each.
             finished = [await first.status(), await second.status()]
             assert [(t["state"], t["holder"], t["finishedBy"]) for t in finished] == [
                 ("SUCCEEDED", None, "worker-a"), ("FAILED", None, "worker-b")
             ]
-            final = [await a.claims.wait(run.id, key, wait_ms=0) for key in ("report", "index")]
+            final = [await a.once.wait(run.id, key, wait_ms=0) for key in ("report", "index")]
             assert [(c["state"], c["holder"], c["finishedBy"]) for c in final] == [
                 ("DONE", None, "worker-a"), ("FAILED", None, "worker-b")
             ]
-            unknown = await a.claims.wait(run.id, "never-acquired", wait_ms=0)
-            assert (unknown["state"], unknown["finishedBy"]) == ("FREE", None)
+            unknown = await a.once.wait(run.id, "never-acquired", wait_ms=0)
+            assert (unknown["state"], unknown["finishedBy"]) == ("OPEN", None)
 
     asyncio.run(main())
 

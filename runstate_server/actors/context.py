@@ -11,7 +11,7 @@ from runstate_server.actors.state import Space, State
 # Effects are plain tuples, handed to the node on the event loop after the batch is applied:
 #   ("wake", key)   wake long-poll waiters parked on key, e.g. ("task", task_id) or
 #                   ("queue", run_id, mailbox) (with it ("mailbox", space, mailbox)) or
-#                   ("claim", run_id, key) or
+#                   ("once", run_id, key) or
 #                   ("resource", space, kind, name)
 #   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
 Effect = tuple[Any, ...]
@@ -30,8 +30,8 @@ def mailbox_key(space: str, mailbox: str) -> tuple[str, str, str]:
     return ("mailbox", space, mailbox)
 
 
-def claim_key(run_id: str, key: str) -> tuple[str, str, str]:
-    return ("claim", run_id, key)
+def once_key(run_id: str, key: str) -> tuple[str, str, str]:
+    return ("once", run_id, key)
 
 
 def resource_key(space: str, kind: str, name: str) -> tuple[str, str, str, str]:

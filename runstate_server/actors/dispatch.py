@@ -22,6 +22,7 @@ from runstate_server.actors import (
     groups,
     idempotency,
     limits,
+    once,
     resources,
     runs,
     tasks,
@@ -53,11 +54,12 @@ HANDLERS: dict[str, Handler] = {
     "delivery.reject": tasks.reject,
     "delivery.release": tasks.release,
     "mailbox.ensure": tasks.ensure_mailbox,
-    "claim.acquire": claims.acquire,
-    "claim.renew": claims.renew,
-    "claim.complete": claims.complete,
-    "claim.fail": claims.fail,
-    "claim.release": claims.release,
+    "once.acquire": once.acquire,
+    "once.renew": once.renew,
+    "once.complete": once.complete,
+    "once.fail": once.fail,
+    "once.release": once.release,
+    **claims.HANDLERS,
     **groups.HANDLERS,
     **barriers.HANDLERS,
     **timers.HANDLERS,
@@ -67,6 +69,7 @@ HANDLERS: dict[str, Handler] = {
 
 # Time-driven transitions of the later rule modules: due kind -> handler(ctx, entity id, due_ms).
 DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
+    **claims.DUE_HANDLERS,
     **groups.DUE_HANDLERS,
     **barriers.DUE_HANDLERS,
     **timers.DUE_HANDLERS,
@@ -170,6 +173,7 @@ def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:
     if epoch > state.epoch:
         state.epoch = epoch
         tasks.extend_leases(state, now_ms)
+        once.extend_leases(state, now_ms)
         claims.extend_leases(state, now_ms)
         resources.extend_leases(state, now_ms)
     return {"epoch": state.epoch}
@@ -195,8 +199,8 @@ def _tick(state: State, args: dict[str, Any], now_ms: int, epoch: int, effects: 
             runs.on_deadline(ctx, entity_id, retention_ms)
         elif kind == DueKind.RETENTION:
             runs.on_retention(ctx, entity_id)
-        elif kind == DueKind.CLAIM_LEASE:
-            claims.on_lease_due(ctx, entity_id, due_ms)
+        elif kind == DueKind.ONCE_LEASE:
+            once.on_lease_due(ctx, entity_id, due_ms)
         elif kind in DUE_HANDLERS:
             DUE_HANDLERS[kind](ctx, entity_id, due_ms)
         else:
@@ -210,6 +214,8 @@ _NO_SPACE = Space(id=SYSTEM_SPACE)
 def _entity_space(state: State, kind: str, entity_id: str) -> Space:
     if kind in (DueKind.LEASE, DueKind.READY, DueKind.TASK_DEADLINE):
         entity: Any = state.tasks.get(entity_id.split(".", 1)[0])
+    elif kind == DueKind.ONCE_LEASE:
+        entity = state.once.get(entity_id.split(".", 1)[0])
     elif kind == DueKind.CLAIM_LEASE:
         entity = state.claims.get(entity_id.split(".", 1)[0])
     elif kind == DueKind.GROUP_DEADLINE:

@@ -17,6 +17,7 @@ IDEMPOTENCY_CONFLICT: Final = "IDEMPOTENCY_CONFLICT"  # an idempotency key reuse
 SCOPE_CANCELLED: Final = "SCOPE_CANCELLED"
 DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"
 STALE_CLAIM: Final = "STALE_CLAIM"
+CLAIM_HELD: Final = "CLAIM_HELD"  # a claim's lease is live: retryable (retryAfterMs: until it runs out)
 KEY_CONFLICT: Final = "KEY_CONFLICT"
 BACKLOG_FULL: Final = "BACKLOG_FULL"  # a mailbox holds its backlogLimit of unfinished tasks
 LIMIT_EXCEEDED: Final = "LIMIT_EXCEEDED"

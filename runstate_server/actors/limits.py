@@ -38,9 +38,12 @@ tasks_per_space_max = 1_000_000
 # API keys: per space, revoked ones included (a key is never removed, so its id stays taken).
 keys_per_space_max = 1_000
 
-# Claims (once): per run; attempts of a claim.
+# Once: keys per run; the attempt limit of a failure that names none.
+once_per_run_max = 100_000
+once_attempts_default = 3
+# Claims (fenced mutex leases): keys per run; a release's observation, as compact JSON bytes.
 claims_per_run_max = 100_000
-claim_attempts_default = 3
+observation_bytes_max = 4 * KIB
 
 # Barriers and timers: per run; a barrier's target; how far ahead a timer may be set.
 barriers_per_run_max = 10_000

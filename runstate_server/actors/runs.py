@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from runstate_server.actors import errors, limits
-from runstate_server.actors.context import Context, claim_key, queue_key, task_key
+from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState
 
 # What other kinds of work do when a run stops or is removed, registered by their rule modules
-# (groups, barriers, timers), called in this same step for the run and every run below it.
+# (once, claims, groups, barriers, timers), called in this same step for the run and every run below it.
 # on stop: hook(ctx, run, task_state) with task_state CANCELLED or EXPIRED (a deadline);
 # on removal (retention): hook(state, run).
 RUN_STOP_HOOKS: list[Callable[[Context, Run, str], None]] = []
@@ -196,8 +196,6 @@ def on_retention(ctx: Context, run_id: str) -> None:
         for queue in member.queues.values():
             for task_id in queue.by_key.values():
                 del state.tasks[task_id]
-        for claim_id in member.claims.values():
-            del state.claims[claim_id]
         for remove_hook in RUN_REMOVE_HOOKS:
             remove_hook(state, member)
         space.task_count -= member.task_count
@@ -234,8 +232,6 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
                 ctx.wake(task_key(task.id))
             queue.ready.clear()
             ctx.wake(queue_key(member.id, mailbox))
-        for key in member.claims:
-            ctx.wake(claim_key(member.id, key))  # waiting callers try again and learn the run stopped
         for stop_hook in RUN_STOP_HOOKS:
             stop_hook(ctx, member, task_state)
     if run.finished_ms is None:

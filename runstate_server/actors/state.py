@@ -36,8 +36,8 @@ class TaskState:
     TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, EXPIRED})
 
 
-class ClaimState:
-    FREE = "FREE"  # nobody holds it: new, released, or its last attempt failed or lapsed
+class OnceState:
+    OPEN = "OPEN"  # nobody holds it: new, released, or its last attempt failed or lapsed
     HELD = "HELD"  # a holder works on it under a lease
     DONE = "DONE"  # a result is recorded; final
     FAILED = "FAILED"  # its attempts are used; final until the run ends
@@ -51,7 +51,10 @@ class DueKind:
     READY = "ready"  # a retry backoff ends
     DEADLINE = "deadline"  # a run's deadline passes
     RETENTION = "retention"  # a finished run's retention ends: remove it
-    CLAIM_LEASE = "claim_lease"  # a claim's lease may have lapsed
+    # A once lease may have lapsed. (The value predates the split of once and claims: kept, so the
+    # entries of older snapshots still reach once.)
+    ONCE_LEASE = "claim_lease"
+    CLAIM_LEASE = "mutex_claim_lease"  # a claim's lease may have lapsed
     GROUP_DEADLINE = "group_deadline"  # a task group's deadline passes
     TIMER = "timer"  # a durable timer fires
     SLOT_LEASE = "slot_lease"  # a direct slot lease may have lapsed
@@ -128,10 +131,11 @@ class Run:
     children: list[str] = field(default_factory=list)
     queues: dict[str, Queue] = field(default_factory=dict)
     task_count: int = 0
-    claims: dict[str, str] = field(default_factory=dict)  # key -> claim id
+    once: dict[str, str] = field(default_factory=dict)  # key -> once id
     group_id: str | None = None  # the task group this run belongs to (a group owns its own run)
     barriers: list[str] = field(default_factory=list)  # barrier ids created in this run
     timers: list[str] = field(default_factory=list)  # timer ids created in this run
+    claims: dict[str, str] = field(default_factory=dict)  # key -> claim id (claims.py)
 
 
 @dataclass(slots=True)
@@ -171,17 +175,21 @@ class Task:
 
 
 @dataclass(slots=True)
-class Claim:
+class Once:
+    """The work of one (run, key) that runs once (once.py)."""
+
     id: str
     space: str
     run_id: str
     key: str
-    attempts: int
+    # The attempt limit: None until a holder names one (a failure's maxAttempts, or an acquire's);
+    # the latest one given applies, to that failure and to later lapses.
+    max_attempts: int | None
     created_ms: int
-    state: str = ClaimState.FREE
+    state: str = OnceState.OPEN
     failures: int = 0  # failed or lapsed attempts so far
     attempt: int = 0  # the number of the current or last lease; 0 before the first
-    lease_id: str | None = None
+    token: str | None = None  # the current lease's token (None while not HELD)
     lease_count: int = 0
     lease_ms: int = 0
     lease_expires_ms: int = 0
@@ -189,7 +197,8 @@ class Claim:
     result: Any = None
     error: str | None = None
     finished_ms: int | None = None
-    finished_by: str | None = None  # the lease that recorded the result
+    finished_by: str | None = None  # the token of the lease that recorded the result
+    holder_session: str | None = None
 
 
 @dataclass(slots=True)
@@ -199,9 +208,10 @@ class State:
     spaces: dict[str, Space] = field(default_factory=dict)
     runs: dict[str, Run] = field(default_factory=dict)
     tasks: dict[str, Task] = field(default_factory=dict)
-    claims: dict[str, Claim] = field(default_factory=dict)
-    # Entities of groups.py, barriers.py and timers.py: id -> entity. Each is a dataclass whose
-    # fields are plain values, lists and dicts of plain values (copied deeply by snapshots).
+    once: dict[str, Once] = field(default_factory=dict)
+    # Entities of claims.py, groups.py, barriers.py and timers.py: id -> entity. Each is a dataclass
+    # whose fields are plain values, lists and dicts of plain values (copied deeply by snapshots).
+    claims: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, Any] = field(default_factory=dict)
     barriers: dict[str, Any] = field(default_factory=dict)
     timers: dict[str, Any] = field(default_factory=dict)
@@ -236,9 +246,11 @@ class State:
 
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
-    "stored_state", "finished_ms", "reason", "children", "task_count", "claims", "group_id", "barriers",
-    "timers",
+    "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
+    "timers", "claims",
 )
+# Run fields appended after the first snapshots: an older row stops before them (their defaults).
+_RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
 _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
@@ -250,10 +262,12 @@ _TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
 _TASK_COPIED = frozenset({"slot_leases", "subscribers"})  # changed in place by later commands: copied by snapshots
 
 
-_CLAIM_FIELDS = (
-    "id", "space", "run_id", "key", "attempts", "created_ms", "state", "failures", "attempt", "lease_id",
+_ONCE_FIELDS = (
+    "id", "space", "run_id", "key", "max_attempts", "created_ms", "state", "failures", "attempt", "token",
     "lease_count", "lease_ms", "lease_expires_ms", "holder", "result", "error", "finished_ms", "finished_by",
+    "holder_session",
 )
+_ONCE_FIELDS_REQUIRED = _ONCE_FIELDS.index("holder_session")
 _KEY_FIELDS = ("id", "space", "name", "permissions", "hash", "created_ms", "revoked_ms", "created_by")
 
 
@@ -286,7 +300,7 @@ def to_snapshot(state: State) -> dict[str, Any]:
             [_copied(getattr(t, f)) if f in _TASK_COPIED else getattr(t, f) for f in _TASK_FIELDS]
             for t in state.tasks.values()
         ],
-        "claims": [[getattr(c, f) for f in _CLAIM_FIELDS] for c in state.claims.values()],
+        "once": [[getattr(o, f) for f in _ONCE_FIELDS] for o in state.once.values()],
         **{
             table: [[copy.deepcopy(getattr(entity, f)) for f in _fields(cls)] for entity in getattr(state, table).values()]
             for table, cls in ENTITY_TABLES.items()
@@ -339,8 +353,11 @@ def from_snapshot(data: dict[str, Any]) -> State:
         state.key_ids_by_hash[key.hash] = key.id
     for row in data["runs"]:
         *values, queues = row
-        run = Run(**dict(zip(_RUN_FIELDS, values, strict=True)))
+        if not _RUN_FIELDS_REQUIRED <= len(values) <= len(_RUN_FIELDS):
+            raise ValueError(f"a run row has {len(values)} fields, Run has {len(_RUN_FIELDS)}")
+        run = Run(**dict(zip(_RUN_FIELDS[: len(values)], values, strict=True)))
         run.children = list(run.children)
+        run.once = dict(run.once)
         run.claims = dict(run.claims)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
@@ -351,10 +368,17 @@ def from_snapshot(data: dict[str, Any]) -> State:
         task.slot_leases = list(task.slot_leases)
         task.subscribers = list(task.subscribers)
         state.tasks[task.id] = task
-    for row in data["claims"]:
-        claim = Claim(**dict(zip(_CLAIM_FIELDS, row, strict=True)))
-        state.claims[claim.id] = claim
+    # A snapshot from before once and claims were split keeps the once entries under "claims"
+    # (with `attempts` where max_attempts is) and has no claims.
+    legacy = "once" not in data
+    for row in data["claims" if legacy else "once"]:
+        if not _ONCE_FIELDS_REQUIRED <= len(row) <= len(_ONCE_FIELDS):
+            raise ValueError(f"a once row has {len(row)} fields, Once has {len(_ONCE_FIELDS)}")
+        entry = Once(**dict(zip(_ONCE_FIELDS[: len(row)], row, strict=True)))
+        state.once[entry.id] = entry
     for table, cls in ENTITY_TABLES.items():
+        if legacy and table == "claims":
+            continue
         entities = getattr(state, table)
         names = _fields(cls)
         for row in data.get(table, []):
@@ -385,7 +409,7 @@ ENTITY_TABLES: dict[str, type] = {}
 
 def register_table(table: str, cls: type) -> None:
     assert table in (
-        "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations"
+        "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations"
     ), table
     ENTITY_TABLES[table] = cls
 

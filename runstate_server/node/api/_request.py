@@ -180,13 +180,21 @@ LEASE_SECONDS = {"type": "number", "minimum": LEASE_SECONDS_MIN, "maximum": LEAS
 
 
 def lease_seconds_ms(body: dict[str, Any], *, required: bool = False) -> int:
-    """The `leaseSeconds` of a recv, admit or renew (a number of seconds, fractions allowed, from
+    """The `leaseSeconds` of a lease's grant or renew (a number of seconds, fractions allowed, from
     LEASE_SECONDS_MIN to LEASE_SECONDS_MAX; default 30) as milliseconds."""
-    value = body.get("leaseSeconds")
+    value = optional_lease_seconds_ms(body)
     if value is None:
         if required:
             raise ApiError("VALIDATION_FAILED", "leaseSeconds is required")
         return limits.lease_ms_default
+    return value
+
+
+def optional_lease_seconds_ms(body: dict[str, Any]) -> int | None:
+    """The `leaseSeconds` of the body as milliseconds, or None when it names none."""
+    value = body.get("leaseSeconds")
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not LEASE_SECONDS_MIN <= value <= LEASE_SECONDS_MAX:
         raise ApiError("VALIDATION_FAILED", f"leaseSeconds must be a number from {LEASE_SECONDS_MIN} to {LEASE_SECONDS_MAX}")
     return max(limits.lease_ms_min, min(limits.lease_ms_max, round(value * 1000)))
@@ -240,3 +248,8 @@ def amount_micros(
     if positive and micros < 1:
         raise ApiError("VALIDATION_FAILED", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
     return micros
+
+
+def holder_session(body: dict[str, Any]) -> str | None:
+    """The `holderSession` next to `holder`: one live client instance of that holder."""
+    return text(body, "holderSession", max_chars=limits.name_chars_max)

@@ -17,6 +17,7 @@ from runstate_server.node.api import (
     health,
     mailboxes,
     messages,
+    once,
     openapi,
     resources,
     runs,
@@ -42,7 +43,7 @@ ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
         health, cluster, openapi, access,
-        runs, mailboxes, messages, tasks, claims, groups, barriers, timers, resources,
+        runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources,
     )
     for route in module.routes
 )

@@ -21,6 +21,7 @@ from runstate.sdk.client import AsyncRunstate
 from runstate.sdk.context import Context, context, current_context
 from runstate.sdk.errors import (
     BacklogFullError,
+    ClaimHeldError,
     ConfigError,
     ConflictError,
     DeadlineExceededError,
@@ -49,6 +50,7 @@ __version__ = "0.4.0.dev0"  # after the published 0.3.0: this SDK speaks the sam
 __all__ = [
     "AsyncRunstate",
     "BacklogFullError",
+    "ClaimHeldError",
     "ConfigError",
     "ConflictError",
     "Context",

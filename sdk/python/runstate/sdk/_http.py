@@ -155,8 +155,8 @@ class Transport:
         self.space_id = space_id
         self.holder = holder
         # This client instance among the holder's (a restarted worker has a new one): sent as
-        # holderSession on every call that takes a lease.
-        self.session_id = secrets.token_hex(8)
+        # `holderSession` next to `holder` on every call that creates a lease.
+        self.holder_session = secrets.token_hex(8)
         # Mailbox names this client resolved to ids (a mailbox is never renamed or removed).
         self.mailbox_ids: dict[str, str] = {}
         self.timeout_s = timeout_s

@@ -57,12 +57,12 @@ class Runtime:
         self.client = AsyncRunstate(
             base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
         )
-        # Long polls (waiting for a claim or a job) get a connection pool of their own, so however
+        # Long polls (waiting for a once entry or a job) get a connection pool of their own, so however
         # many callers wait, renewals and results of running work always find a connection.
         self.waits = AsyncRunstate(
             base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
         )
-        self._claim_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
+        self._once_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
         explicit = settings.scope_id if settings.scope_id is not None else os.environ.get(SCOPE_ID_ENV)
         self.explicit_scope_id = explicit.strip() if explicit and explicit.strip() else None
         named = settings.run if settings.run is not None else os.environ.get(RUN_ENV)
@@ -152,7 +152,7 @@ class Runtime:
     async def check_default_active(self, scope_id: str, effective: str | None = None) -> None:
         """If `scope_id` is the cached default run and it is no longer active, raise
         ScopeCancelledError (so `in_run` moves to the fresh default run). For answers that are
-        given whether or not the run is active: an acquire of a claim already DONE or FAILED, which
+        given whether or not the run is active: an acquire of a once entry already DONE or FAILED, which
         says `effective` (asked with a read when it is not given). On the loop."""
         if self.explicit_scope_id is not None or self._default_scope_id != scope_id:
             return
@@ -166,15 +166,15 @@ class Runtime:
         if self._default_scope_id == scope_id:
             self._default_scope_id = None
 
-    async def wait_claim(self, scope_id: str, key: str) -> dict[str, Any]:
-        """The claim's view once it is not HELD (or after one long poll). Callers of this process
-        waiting for the same claim share one long poll. On the loop."""
+    async def wait_once(self, scope_id: str, key: str) -> dict[str, Any]:
+        """The once entry's view once it is not HELD (or after one long poll). Callers of this process
+        waiting for the same entry share one long poll. On the loop."""
         shared_key = (scope_id, key)
-        task = self._claim_waits.get(shared_key)
+        task = self._once_waits.get(shared_key)
         if task is None:
-            task = asyncio.create_task(self.waits.claims.wait(scope_id, key))
-            self._claim_waits[shared_key] = task
-            task.add_done_callback(lambda done: self._claim_waits.pop(shared_key, None))
+            task = asyncio.create_task(self.waits.once.wait(scope_id, key))
+            self._once_waits[shared_key] = task
+            task.add_done_callback(lambda done: self._once_waits.pop(shared_key, None))
         # Shielded: one caller giving up does not cancel the others' wait.
         return await asyncio.shield(task)
 

@@ -39,6 +39,7 @@ from runstate.sdk.errors import (
     error_from_item,
 )
 from runstate.sdk.groups import Groups
+from runstate.sdk.once_calls import OnceCalls
 from runstate.sdk.resources import (
     SLOT_LEASE_MS_DEFAULT,
     WAIT_TIMEOUT_MS_DEFAULT,
@@ -486,7 +487,7 @@ class Mailbox:
         too) of up to `max` deliveries."""
         lease = {
             "holder": self._transport.holder,
-            "holderSession": self._transport.session_id,
+            "holderSession": self._transport.holder_session,
             "max": _require_int(max, "max", 1, RECEIVE_BATCH_MAX),
             "leaseSeconds": lease_seconds(lease_ms),
             "waitMs": _require_int(wait_ms, "wait_ms", 0, RECEIVE_WAIT_MS_MAX),
@@ -800,6 +801,7 @@ class AsyncRunstate:
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
         self.claims = Claims(self._transport)
+        self.once = OnceCalls(self._transport)
         self.pools = Pools(self._transport)
         self.limits = Limits(self._transport)
         self.budgets = Budgets(self._transport)
@@ -896,6 +898,7 @@ __all__ = [
     "Handler",
     "Mailbox",
     "Mailboxes",
+    "OnceCalls",
     "Reservation",
     "Scope",
     "Scopes",

@@ -129,6 +129,12 @@ class LeaseLostError(ConflictError):
     default_code = "STALE_CLAIM"
 
 
+class ClaimHeldError(ConflictError):
+    """Another holder's lease on the claim is live (409 CLAIM_HELD); try again later."""
+
+    default_code = "CLAIM_HELD"
+
+
 class KeyConflictError(ConflictError):
     """The task key is already used with a different input (409 KEY_CONFLICT)."""
 
@@ -220,6 +226,7 @@ _CLASS_BY_CODE: dict[str, type[RunstateError]] = {
     "SCOPE_CANCELLED": ScopeCancelledError,
     "DEADLINE_EXCEEDED": DeadlineExceededError,
     "STALE_CLAIM": LeaseLostError,
+    "CLAIM_HELD": ClaimHeldError,
     "KEY_CONFLICT": KeyConflictError,
     "LIMIT_EXCEEDED": LimitExceededError,
     "BACKLOG_FULL": BacklogFullError,

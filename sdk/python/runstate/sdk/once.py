@@ -7,7 +7,7 @@
     async def research(company, http): ...
 
 A call computes its key (see `runstate.sdk.keys`: the bound arguments, or `key(...)`, hashed) and
-acquires the claim of that key in the run (docs/http-api.md, "Claims"):
+acquires the once entry of that key in the run (docs/http-api.md, "Once"):
 
 - DONE: the recorded result comes back at once.
 - HELD by another caller: wait (long poll) until it is not, then look again.
@@ -27,6 +27,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,13 +99,14 @@ class _Done:
 @dataclass(frozen=True)
 class _Grant:
     scope_id: str
-    lease_id: str
+    key: str
+    token: str
     attempt: int
 
 
-def _failed(key: str, claim: dict[str, Any]) -> OnceFailedError:
-    attempts = int(claim.get("attempt") or claim.get("attempts") or 0)
-    error = claim.get("error") or "no error message recorded"
+def _failed(key: str, view: dict[str, Any]) -> OnceFailedError:
+    attempts = int(view.get("attempts") or 0)
+    error = view.get("lastError") or "no error message recorded"
     return OnceFailedError(f"{key} failed after {attempts} attempts: {error}", attempts=attempts, key=key)
 
 
@@ -119,6 +121,8 @@ class _OnceSpec:
         self.key_function = key
         self.attempts = attempts
         self.lease_ms = lease_ms
+        # Sent in whole seconds, as the published clients do: the lease is rounded up, to at least one.
+        self.lease_seconds = max(1, math.ceil(lease_ms / 1000))
         self.signature = inspect.signature(fn)
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -127,38 +131,38 @@ class _OnceSpec:
     # The steps below run on the runtime's loop.
 
     async def acquire(self, rt: Runtime, key: str) -> _Grant | _Done:
-        """Until this caller holds the claim or it has a result; OnceFailedError when out of attempts."""
+        """Until this caller holds the entry or it has a result; OnceFailedError when out of attempts."""
 
         async def in_run(scope_id: str) -> _Grant | _Done:
-            claims = rt.client.claims
+            calls = rt.client.once
             while True:
-                answer = await claims.acquire(scope_id, key, lease_ms=self.lease_ms, attempts=self.attempts)
-                outcome, claim = answer.get("outcome"), answer.get("claim") or {}
-                if outcome == "GRANTED":
-                    return _Grant(scope_id, str(answer["leaseId"]), int(claim.get("attempt") or 1))
-                if outcome in ("DONE", "FAILED"):
+                view = await calls.acquire(scope_id, key, lease_seconds=self.lease_seconds, max_attempts=self.attempts)
+                state = view.get("state")
+                if state == "GRANTED":
+                    return _Grant(scope_id, key, str(view["token"]), int(view.get("attempts") or 0) + 1)
+                if state in ("DONE", "FAILED"):
                     # A stopped run still answers its recorded outcomes; the default run's are
                     # not this call's once the run stopped: then it is the fresh run's turn.
-                    await rt.check_default_active(scope_id, answer.get("scopeEffective"))
+                    await rt.check_default_active(scope_id, view.get("scopeEffective"))
                 while True:
-                    state = claim.get("state", outcome)
+                    state = view.get("state")
                     if state == "DONE":
-                        return _Done(claim.get("result"))
+                        return _Done(view.get("result"))
                     if state == "FAILED":
-                        raise _failed(key, claim)
-                    if state != "HELD" or claim.get("scopeEffective", "ACTIVE") != "ACTIVE":
-                        break  # FREE: acquire again; the run stopped: acquire says how
-                    claim = await rt.wait_claim(scope_id, key)
+                        raise _failed(key, view)
+                    if state != "HELD" or view.get("scopeEffective", "ACTIVE") != "ACTIVE":
+                        break  # OPEN: acquire again; the run stopped: acquire says how
+                    view = await rt.wait_once(scope_id, key)
 
         return await rt.in_run(in_run)
 
     async def renew(self, rt: Runtime, grant: _Grant, signal: threading.Event) -> None:
         """Renew the lease every third of it until cancelled; set `signal` once a renewal is refused."""
-        interval_s = max(self.lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
+        interval_s = max(self.lease_seconds / 3, RENEW_INTERVAL_S_MIN)
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await rt.client.claims.renew(grant.lease_id, self.lease_ms)
+                await rt.client.once.renew(grant.scope_id, grant.key, grant.token, self.lease_seconds)
             except (LeaseLostError, NotFoundError, ScopeCancelledError, DeadlineExceededError) as exc:
                 logger.warning("once %s: renewing the lease was refused: %s", self.name, exc)
                 signal.set()
@@ -174,7 +178,7 @@ class _OnceSpec:
             await self.fail(rt, grant, exc)
             raise
         try:
-            await rt.client.claims.complete(grant.lease_id, result)
+            await rt.client.once.complete(grant.scope_id, grant.key, grant.token, result)
         except LeaseLostError as exc:
             signal.set()
             raise LeaseLostError(
@@ -185,15 +189,15 @@ class _OnceSpec:
 
     async def fail(self, rt: Runtime, grant: _Grant, exc: BaseException) -> None:
         try:
-            await rt.client.claims.fail(grant.lease_id, describe(exc))
+            await rt.client.once.fail(grant.scope_id, grant.key, grant.token, describe(exc), self.attempts)
         except RunstateError as error:
             logger.warning("once %s: recording the failure was refused: %s", self.name, error)
 
     async def release(self, rt: Runtime, grant: _Grant) -> None:
         try:
-            await rt.client.claims.release(grant.lease_id)
+            await rt.client.once.release(grant.scope_id, grant.key, grant.token)
         except RunstateError as error:
-            logger.info("once %s: releasing the claim failed: %s", self.name, error)
+            logger.info("once %s: releasing the entry failed: %s", self.name, error)
 
 
 def _call_sync(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -237,7 +241,7 @@ async def _call_async(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, 
         await rt.arun(spec.fail(rt, grant, exc))
         raise
     except BaseException:
-        # Cancelled: hand the claim back without counting an attempt (not awaited: we are cancelled).
+        # Cancelled: hand the entry back without counting an attempt (not awaited: we are cancelled).
         renewer.cancel()
         rt.submit(spec.release(rt, grant))
         raise
