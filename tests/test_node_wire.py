@@ -114,3 +114,11 @@ def test_a_malformed_key_is_refused(api: Api, key: str) -> None:
         urllib.request.urlopen(request, timeout=30)
     with refused.value as error:
         assert (error.code, json.loads(error.read())["error"]["code"]) == (400, "VALIDATION_FAILED")
+
+
+def test_every_route_declares_its_answer_and_its_errors_have_a_status() -> None:
+    from runstate_server.node.api.app import ROUTES
+    from runstate_server.node.errors import STATUS_BY_CODE
+
+    assert [f"{route.method} {route.path}" for route in ROUTES if route.answer is None] == []
+    assert [code for route in ROUTES for code in route.errors if code not in STATUS_BY_CODE] == []

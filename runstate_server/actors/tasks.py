@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, limits, resources, runs
+from runstate_server.actors import errors, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -400,7 +400,10 @@ def receive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             queue = member.queues[mailbox.name] = Queue()
         if queue is not None and queue.ready:
             _deliver_from(ctx, queue, count_max, lease_ms, holder, args, deliveries)
-    return {"task_ids": [given["task_id"] for given in deliveries], "deliveries": deliveries}
+    answer: dict[str, Any] = {"task_ids": [given["task_id"] for given in deliveries], "deliveries": deliveries}
+    if not deliveries:
+        answer[idempotency.UNCHANGED] = True  # nothing handed out: a retry of the receive looks again
+    return answer
 
 
 def _deliver_from(

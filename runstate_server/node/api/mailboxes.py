@@ -10,6 +10,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, tasks
 from runstate_server.actors.state import State, TaskState
+from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
 from runstate_server.node.api.routes import (
@@ -49,7 +50,7 @@ def _mailboxes(state: State, space: str) -> list[dict[str, Any]]:
 
 @routes(
     "GET", SPACE_PREFIX + "/mailboxes", "The space's mailboxes (at most 1000); ?name= picks one by name",
-    query={"name": STRING}, permission=READ,
+    query={"name": STRING}, permission=READ, answer=A.MAILBOXES,
 )
 async def list_mailboxes(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -63,7 +64,7 @@ async def list_mailboxes(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox (CONFLICT if the name exists)",
     body={"name": STRING, "mode": _MODE, "backlogLimit": INTEGER}, ok=201,
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=A.MAILBOX,
 )
 async def create_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -72,7 +73,7 @@ async def create_mailbox(request: web.Request) -> web.Response:
         "mode": req.text(body, "mode", max_chars=limits.name_chars_max),
         "backlog_limit": req.integer(body, "backlogLimit", minimum=1, maximum=limits.backlog_limit_max),
     }
-    result = await node_of(request).propose(caller_of(request), "mailbox.create", args)
+    result = await req.propose(request, "mailbox.create", args)
     return web.json_response(mailbox_view(result["mailbox"]), status=201)
 
 
@@ -80,7 +81,7 @@ async def create_mailbox(request: web.Request) -> web.Response:
     "PUT", SPACE_PREFIX + "/mailboxes/by-name/{name}",
     "Declare a WORK mailbox (created when missing; a declared setting that differs is CONFLICT)",
     body={"maxAttempts": INTEGER, "requirements": REQUIREMENTS},
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.MAILBOX, ok=201,
 )
 async def declare_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -92,7 +93,7 @@ async def declare_mailbox(request: web.Request) -> web.Response:
         "max_attempts": req.integer(body, "maxAttempts", minimum=1, maximum=limits.attempts_max),
         "requirements": requirements,
     }
-    result = await node_of(request).propose(caller_of(request), "mailbox.declare", args)
+    result = await req.propose(request, "mailbox.declare", args)
     return web.json_response(mailbox_view(result["mailbox"]), status=201 if result["created"] else 200)
 
 
@@ -104,7 +105,7 @@ def _mailbox_named(state: State, space: str, mailbox_id: str) -> str:
     return name
 
 
-@routes("GET", SPACE_PREFIX + "/mailboxes/{id}", "A mailbox", errors=("NOT_FOUND",), permission=READ)
+@routes("GET", SPACE_PREFIX + "/mailboxes/{id}", "A mailbox", errors=("NOT_FOUND",), permission=READ, answer=A.MAILBOX,)
 async def get_mailbox(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
@@ -118,7 +119,7 @@ async def get_mailbox(request: web.Request) -> web.Response:
     "Send a message (keyless, or keyed by workKey: the same workKey in the run is the same message)",
     body={"scopeId": STRING, "payload": ANY_JSON, "workKey": STRING, "deadline": ISO_TIME}, ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", *_INACTIVE),
-    permission=WRITE,
+    permission=WRITE, answer=A.SENT,
 )
 async def send(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -132,7 +133,7 @@ async def send(request: web.Request) -> web.Response:
         "input_hash": req.sha256_hex(encoded),
         "deadline_ms": req.timestamp_ms(body, "deadline"),
     }
-    result = await node_of(request).propose(caller_of(request), "task.submit", args)
+    result = await req.propose(request, "task.submit", args)
     answer = {"id": result["task_id"], "taskId": result["task_id"], "state": result["state"], "created": result["created"]}
     return web.json_response(answer, status=201 if result["created"] else 200)
 
@@ -140,7 +141,7 @@ async def send(request: web.Request) -> web.Response:
 @routes(
     "GET", SPACE_PREFIX + "/mailboxes/{id}/messages",
     f"The mailbox's messages and tasks, the newest {limits.messages_list_max}, oldest first",
-    errors=("NOT_FOUND",), permission=READ,
+    errors=("NOT_FOUND",), permission=READ, answer=A.MESSAGES,
 )
 async def list_messages(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -170,7 +171,7 @@ async def list_messages(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/mailboxes/{id}/recv",
     "Take the oldest message under a lease, waiting up to waitMs; 204 when there is none",
     body=RECEIVE_BODY, ok=200,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE, answer=A.RECEIVED_ONE_OR_MANY, empty=True,
 )
 async def recv(request: web.Request) -> web.StreamResponse:
     body = await req.json_body(request)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, runs
 from runstate_server.actors.context import mailbox_key, queue_key
+from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import client_gone
 from runstate_server.node.api.routes import (
@@ -83,7 +84,7 @@ async def receive(request: web.Request, body: dict[str, Any], args: dict[str, An
             # The first receive always goes through the log (it validates); later ones only when
             # there is something to hand out or the run stopped, so an idle poll writes nothing.
             if first or _worth_receiving(request, run_id, name or "", args["include_descendants"]):
-                result = await node.propose(caller, "task.receive", args)
+                result = await req.propose(request, "task.receive", args)
             else:
                 result = {"deliveries": []}
             first = False
@@ -150,7 +151,7 @@ def _spent(body: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
 async def _delivery_command(request: web.Request, kind: str, body: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     args["message_id"] = request.match_info["id"]
     args["delivery_id"] = req.text(body, "token", max_chars=limits.key_chars_max, required=True)
-    result: dict[str, Any] = await node_of(request).propose(caller_of(request), kind, args)
+    result: dict[str, Any] = await req.propose(request, kind, args)
     return result
 
 
@@ -162,7 +163,7 @@ def _settled_view(result: dict[str, Any]) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/renew", "Extend a delivery's lease",
     body={"token": STRING, "leaseSeconds": req.LEASE_SECONDS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.RENEWED,
 )
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -173,7 +174,7 @@ async def renew(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/complete", "Settle a delivery OK: result.payload becomes the task's outcome",
     body={"token": STRING, "result": {"type": "object", "properties": {"payload": ANY_JSON}}, "spent": _SPENT},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.SETTLED,
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -190,7 +191,7 @@ async def complete(request: web.Request) -> web.Response:
     "Settle a delivery not OK: retry (another attempt, FAILED once they are used) or reject (FAILED now)",
     body={"token": STRING, "retry": {"type": "boolean"}, "error": STRING, "delayMs": INTEGER,
           "countAttempt": {"type": "boolean"}, "spent": _SPENT},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=A.SETTLED,
 )
 async def nack(request: web.Request) -> web.Response:
     body = await req.json_body(request)

@@ -53,6 +53,8 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
             "parameters": parameters,
             "responses": {str(entry.ok): _success(entry)},
         }
+        if entry.ok == 201:  # created now; 200 when it existed already (a declare, a keyed submit, a replay)
+            operation["responses"]["200"] = _success(entry)
         if entry.empty:
             operation["responses"]["204"] = {"description": "nothing now"}
         if entry.body is not None:

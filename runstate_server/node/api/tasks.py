@@ -14,6 +14,7 @@ from aiohttp import web
 from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
 from runstate_server.actors.state import State, Task, TaskState
+from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
 from runstate_server.node.api.mailboxes import REQUIREMENTS
@@ -135,11 +136,11 @@ def _submitted(result: dict[str, Any]) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/tasks",
     "Submit a task (the same taskKey in the same run and mailbox is the same task)",
-    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE,
+    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE, answer=A.SUBMITTED,
 )
 async def submit(request: web.Request) -> web.Response:
     args = _submit_args(await req.json_body(request))
-    result = await node_of(request).propose(caller_of(request), "task.submit", args)
+    result = await req.propose(request, "task.submit", args)
     return web.json_response(_submitted(result), status=201 if result["created"] else 200)
 
 
@@ -148,7 +149,7 @@ async def submit(request: web.Request) -> web.Response:
     f"Extension: submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
     body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
                     "items": {"type": "object", "properties": _TASK_FIELDS}}},
-    errors=("VALIDATION_FAILED",), permission=WRITE,
+    errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SUBMITTED_MANY,
 )
 async def submit_batch(request: web.Request) -> web.Response:
     """Each task is validated and committed like a single submit (the log commits them together);
@@ -158,19 +159,24 @@ async def submit_batch(request: web.Request) -> web.Response:
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
         raise ApiError("VALIDATION_FAILED", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
     node, caller = node_of(request), caller_of(request)
+    batch_idempotency = await req.idempotency(request)
 
-    async def one(item: Any) -> dict[str, Any]:
+    async def one(index: int, item: Any) -> dict[str, Any]:
+        # Each task of a batch is its own command; a retried batch replays each one's first answer.
+        idempotency = None if batch_idempotency is None else (
+            f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
+        )
         try:
             if not isinstance(item, dict):
                 raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
             unknown = sorted(set(item) - set(_TASK_FIELDS))
             if unknown:
                 raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
-            return _submitted(await node.propose(caller, "task.submit", _submit_args(item)))
+            return _submitted(await node.propose(caller, "task.submit", _submit_args(item), idempotency=idempotency))
         except ApiError as error:
             return {"error": {"code": error.code, "message": error.message}}
 
-    return web.json_response({"tasks": await asyncio.gather(*(one(item) for item in items))})
+    return web.json_response({"tasks": await asyncio.gather(*(one(index, item) for index, item in enumerate(items)))})
 
 
 def _view(state: State, task: Task) -> dict[str, Any]:
@@ -180,7 +186,7 @@ def _view(state: State, task: Task) -> dict[str, Any]:
 
 @routes(
     "GET", SPACE_PREFIX + "/tasks/{id}", "A task's view; with waitMs, answers once it is terminal or the wait ran out",
-    query=WAIT_MS_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
+    query=WAIT_MS_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=A.TASK,
 )
 async def task_status(request: web.Request) -> web.Response:
     node, caller, task_id = node_of(request), caller_of(request), request.match_info["id"]
@@ -204,18 +210,18 @@ def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/cancel", "Cancel an unfinished task (a finished one stays as it is)",
-    body={"reason": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
+    body={"reason": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE, answer=A.TASK_CHANGED,
 )
 async def cancel(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     args = {"task_id": request.match_info["id"], "reason": req.text(body, "reason", max_chars=limits.error_message_chars_max)}
-    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.cancel", args)))
+    return web.json_response(_task_answer(await req.propose(request, "task.cancel", args)))
 
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/join",
     f"Subscribe to a task (idempotent; at most {limits.subscribers_per_task_max} subscribers)",
-    body={**_SUBSCRIBER, "scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED"), permission=WRITE,
+    body={**_SUBSCRIBER, "scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.TASK_CHANGED,
 )
 async def join(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -224,12 +230,12 @@ async def join(request: web.Request) -> web.Response:
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.join", args)))
+    return web.json_response(_task_answer(await req.propose(request, "task.join", args)))
 
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/detach", "Unsubscribe from a task (idempotent; the task goes on)",
-    body=_SUBSCRIBER, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
+    body=_SUBSCRIBER, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE, answer=A.TASK_CHANGED,
 )
 async def detach(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -237,7 +243,7 @@ async def detach(request: web.Request) -> web.Response:
         "task_id": request.match_info["id"],
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await node_of(request).propose(caller_of(request), "task.detach", args)))
+    return web.json_response(_task_answer(await req.propose(request, "task.detach", args)))
 
 
 def _admitted(given: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +270,7 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/tasks/admit",
     "Take the oldest task of the mailbox whose needs can all be taken now, with them, under a lease; 204 when none",
     body={**RECEIVE_BODY, "mailboxId": STRING, "includeDescendants": {"type": "boolean"}},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"), permission=WRITE,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"), permission=WRITE, answer=A.ADMITTED_ONE_OR_MANY, empty=True,
 )
 async def admit(request: web.Request) -> web.StreamResponse:
     body = await req.json_body(request)
@@ -297,7 +303,7 @@ def _result_view(task: Task) -> dict[str, Any]:
     "Extension: results of many tasks; answers when all are terminal, or after waitMs with what is known",
     body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
           "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
-    errors=("VALIDATION_FAILED",), permission=READ,
+    errors=("VALIDATION_FAILED",), permission=READ, answer=A.RESULTS,
 )
 async def task_results(request: web.Request) -> web.Response:
     """One result view per id, in order (`{"id", "error"}` for an unknown id)."""
