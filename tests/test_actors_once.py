@@ -218,13 +218,13 @@ def test_a_snapshot_from_before_once_and_claims_were_split_still_loads(h: Harnes
 
 
 def test_the_default_run_is_replaced_once_it_stopped(h: Harness) -> None:
-    first = h.ok("run.default")
+    first = h.ok("run.named", name="default")
     assert first["created"] is True
-    again = h.ok("run.default")
+    again = h.ok("run.named", name="default")
     assert (again["run_id"], again["created"]) == (first["run_id"], False)
     assert h.run(first["run_id"]).name == "default"
     h.cancel(first["run_id"])
-    fresh = h.ok("run.default")
+    fresh = h.ok("run.named", name="default")
     assert fresh["created"] is True and fresh["run_id"] != first["run_id"]
-    assert h.state.spaces[h.space].default_run_id == fresh["run_id"]
-    assert round_trip(h.state).spaces[h.space].default_run_id == fresh["run_id"]
+    assert h.state.spaces[h.space].run_names["default"] == fresh["run_id"]
+    assert round_trip(h.state).spaces[h.space].run_names["default"] == fresh["run_id"]

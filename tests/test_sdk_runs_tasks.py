@@ -5,7 +5,6 @@ and the blocking client, against a real node."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 import uuid
 from typing import Any
@@ -13,8 +12,6 @@ from typing import Any
 import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
-from runstate.sdk import client as aio
-from runstate.sdk import sync
 
 from tests._nodes import DevNode
 
@@ -153,22 +150,6 @@ def test_the_blocking_client_mirrors_the_new_calls(dev_node: DevNode) -> None:
         assert sorted(seen) == [1, 2]
         assert below.result(timeout_ms=10_000)["outcome"] == 2
         assert ticket.cancel()["state"] == "SUCCEEDED"  # a finished task stays as it is
-
-
-@pytest.mark.parametrize(
-    ("async_cls", "sync_cls", "names"),
-    [
-        (aio.Scopes, sync.Scopes, ("named", "create", "child")),
-        (aio.Mailboxes, sync.Mailboxes, ("ensure", "get")),
-        (aio.Ticket, sync.Ticket, ("cancel", "join", "detach", "result")),
-        (aio.Mailbox, sync.Mailbox, ("consume", "submit", "submit_many", "receive")),
-    ],
-)
-def test_the_blocking_methods_take_the_async_ones_parameters(async_cls: type, sync_cls: type, names: tuple[str, ...]) -> None:
-    for name in names:
-        async_params = list(inspect.signature(getattr(async_cls, name)).parameters)
-        sync_params = list(inspect.signature(getattr(sync_cls, name)).parameters)
-        assert sync_params == async_params, name
 
 
 def test_the_module_api_uses_the_configured_named_run(dev_node: DevNode) -> None:

@@ -111,6 +111,10 @@ class BlockingBarriers:
         self._inner = inner
         self._portal = portal
 
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
     def create(self, target: int) -> BlockingBarrier:
         return BlockingBarrier(self._portal.call(self._inner.create, target), self._portal)
 

@@ -13,10 +13,13 @@ the last grant's, so whatever the claim guards can refuse a write with an older 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from runstate.sdk._http import Transport
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
 from runstate.sdk.errors import ConfigError
 
 LEASE_SECONDS_DEFAULT = 30
@@ -73,3 +76,23 @@ class Claims:
         `observation` (an unknown key: generation 0, not held)."""
         path = f"/claims/{_segment(key, 'claim key')}"
         return await self._transport.request("GET", path, params={"scopeId": scope_id}, safe=True)
+
+
+class BlockingClaims:
+    """`rs.claims` of the blocking client (see `Claims`)."""
+
+    def __init__(self, inner: Claims, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def acquire(self, scope_id: str, key: str, lease_seconds: int = 30, holder: str | None = None) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.acquire(scope_id, key, lease_seconds, holder))
+
+    def renew(self, key: str, token: str, lease_seconds: int | None = None) -> dict[str, Any]:
+        return self._portal.call(self._inner.renew, key, token, lease_seconds)
+
+    def release(self, key: str, token: str, observation: Any = None) -> dict[str, Any]:
+        return self._portal.call(self._inner.release, key, token, observation)
+
+    def get(self, scope_id: str, key: str) -> dict[str, Any]:
+        return self._portal.call(self._inner.get, scope_id, key)

@@ -210,6 +210,10 @@ class BlockingGroups:
         self._inner = inner
         self._portal = portal
 
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
     def create(
         self,
         mailbox: str,

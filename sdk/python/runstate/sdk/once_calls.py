@@ -8,9 +8,12 @@ failed attempt.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runstate.sdk._http import Transport
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
 
 # One long poll of GET /once; the server's own bound.
 ONCE_WAIT_MS_MAX = 30_000
@@ -86,3 +89,33 @@ class OnceCalls:
     async def _post(self, action: str, scope_id: str, key: str, token: str, fields: dict[str, Any]) -> dict[str, Any]:
         body = {"scopeId": scope_id, "key": key, "token": token, **fields}
         return await self._transport.request("POST", f"/once/{action}", body=body, safe=True)
+
+
+class BlockingOnceCalls:
+    """`rs.once` of the blocking client (see `OnceCalls`)."""
+
+    def __init__(self, inner: OnceCalls, portal: BlockingPortal) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    def acquire(
+        self, scope_id: str, key: str, lease_seconds: int = 30, max_attempts: int | None = None, holder: str | None = None
+    ) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.acquire(scope_id, key, lease_seconds, max_attempts, holder))
+
+    def wait(self, scope_id: str, key: str, wait_ms: int = ONCE_WAIT_MS_MAX) -> dict[str, Any]:
+        return self._portal.call(self._inner.wait, scope_id, key, wait_ms)
+
+    def renew(self, scope_id: str, key: str, token: str, lease_seconds: int) -> dict[str, Any]:
+        return self._portal.call(self._inner.renew, scope_id, key, token, lease_seconds)
+
+    def complete(self, scope_id: str, key: str, token: str, result: Any) -> dict[str, Any]:
+        return self._portal.call(self._inner.complete, scope_id, key, token, result)
+
+    def fail(
+        self, scope_id: str, key: str, token: str, error: str | None = None, max_attempts: int | None = None
+    ) -> dict[str, Any]:
+        return self._portal.call(self._inner.fail, scope_id, key, token, error, max_attempts)
+
+    def release(self, scope_id: str, key: str, token: str) -> dict[str, Any]:
+        return self._portal.call(self._inner.release, scope_id, key, token)

@@ -63,6 +63,7 @@ H = TypeVar("H", bound="Held")
 W = TypeVar("W")
 T = TypeVar("T")
 R = TypeVar("R", bound="_Resources")
+S = TypeVar("S", bound="_InScope")
 
 
 def _count(value: int, what: str) -> int:
@@ -583,6 +584,10 @@ class BlockingSlotLease:
         return self._inner.scope_id
 
     @property
+    def lease_ms(self) -> int:
+        return self._inner.lease_ms
+
+    @property
     def lease_expires_at(self) -> datetime | None:
         return self._inner.lease_expires_at
 
@@ -668,7 +673,13 @@ class BlockingHolding(Generic[H, W]):
             raise _lost_error(held) from held.lost_error
 
 
-class BlockingScopePools(_Blocking[ScopePools]):
+class _BlockingInScope(_Blocking[S]):
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
+
+class BlockingScopePools(_BlockingInScope[ScopePools]):
     """`run.pools` of the blocking client (see `ScopePools`)."""
 
     def acquire(
@@ -682,14 +693,14 @@ class BlockingScopePools(_Blocking[ScopePools]):
         return BlockingSlotLease(lease, self._portal)
 
 
-class BlockingScopeLimits(_Blocking[ScopeLimits]):
+class BlockingScopeLimits(_BlockingInScope[ScopeLimits]):
     """`run.limits` of the blocking client (see `ScopeLimits`)."""
 
     def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         return self._portal.call(lambda: self._inner.take(name, units=units, timeout_ms=timeout_ms))
 
 
-class BlockingScopeBudgets(_Blocking[ScopeBudgets]):
+class BlockingScopeBudgets(_BlockingInScope[ScopeBudgets]):
     """`run.budgets` of the blocking client (see `ScopeBudgets`)."""
 
     def reserve(

@@ -22,9 +22,11 @@ from runstate.sdk import client as aio
 from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
 from runstate.sdk.admin import BlockingKeys, BlockingSpaces, Identity
 from runstate.sdk.barriers import BlockingBarriers
+from runstate.sdk.claims import BlockingClaims
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.errors import ConfigError
 from runstate.sdk.groups import BlockingGroups
+from runstate.sdk.once_calls import BlockingOnceCalls
 from runstate.sdk.resources import (
     SLOT_LEASE_MS_DEFAULT,
     WAIT_TIMEOUT_MS_DEFAULT,
@@ -471,6 +473,8 @@ class Runstate:
         self.budgets = BlockingBudgets(self._async.budgets, self._portal)
         self.spaces = BlockingSpaces(self._async.spaces, self._portal)
         self.keys = BlockingKeys(self._async.keys, self._portal)
+        self.claims = BlockingClaims(self._async.claims, self._portal)
+        self.once = BlockingOnceCalls(self._async.once, self._portal)
 
     @property
     def holder(self) -> str:
@@ -490,6 +494,10 @@ class Runstate:
     def scope(self, scope_id: str) -> Scope:
         """A handle on the run `scope_id`, without a request."""
         return Scope(self._async.scope(scope_id), self._portal)
+
+    def task(self, task_id: str) -> Ticket:
+        """Re-attach to a task by id, e.g. to wait for its result (no request)."""
+        return Ticket(self._async.task(task_id), self._portal)
 
     def whoami(self) -> Identity:
         """Who this client is to the server (see `AsyncRunstate.whoami`)."""

@@ -108,6 +108,10 @@ class BlockingTimers:
         self._inner = inner
         self._portal = portal
 
+    @property
+    def scope_id(self) -> str:
+        return self._inner.scope_id
+
     def create(self, at: datetime | str | None = None, after_seconds: float | None = None) -> BlockingTimer:
         timer = self._portal.call(lambda: self._inner.create(at=at, after_seconds=after_seconds))
         return BlockingTimer(timer, self._portal)
@@ -122,6 +126,11 @@ class BlockingTimer:
     def __init__(self, inner: Timer, portal: BlockingPortal) -> None:
         self._inner = inner
         self._portal = portal
+
+    @property
+    def view(self) -> dict[str, Any] | None:
+        """The timer's view as last seen (None before the first look)."""
+        return self._inner.view
 
     @property
     def id(self) -> str:
