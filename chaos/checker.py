@@ -23,6 +23,7 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
     6 timers           a timer fires at most once, never early, never after its run stopped
     7 cancel           after a run's cancel is acknowledged, it takes no new work
     8 linearizability  per task, completes (write once) and reads are linearizable
+    9 replays          calls retried with one idempotency key are answered alike: applied once
 
 The final views (`final` lines, read after the faults healed) are the last observation of each
 entity; a check that needs them and finds none of a kind notes that it skipped that part.
@@ -49,6 +50,7 @@ CHECK_BARRIERS = "barriers"
 CHECK_TIMERS = "timers"
 CHECK_CANCEL = "cancel"
 CHECK_LINEARIZABILITY = "linearizability"
+CHECK_REPLAYS = "replays"
 
 # Steps of the linearizability search per task before it answers "unknown".
 LINEARIZABILITY_BUDGET_STEPS = 100_000
@@ -1215,6 +1217,34 @@ def _register_operation(task: str, op: Op) -> linearizability.Operation | None:
 
 # -- all of them ---------------------------------------------------------------------------------
 
+def check_replays(history: History) -> list[Violation]:
+    """Calls that carry one idempotency key (`idem` in their args: a retry after an unknown answer,
+    or a deliberate second send of an acknowledged call) are one request: every acknowledged one
+    is answered exactly as the first acknowledged one (the same run, the same task, `created` as
+    the first time), so the server applied it once. Unknown and refused calls prove nothing here
+    (a refusal is not remembered, and an unknown one may not have reached the server)."""
+    violations = []
+    by_key: dict[tuple[str, str], list[Op]] = defaultdict(list)
+    for op in history.ops:
+        key = op.args.get("idem")
+        if isinstance(key, str) and op.ok:
+            by_key[(op.op, key)].append(op)
+    for (kind, key), ops in sorted(by_key.items()):
+        first = ops[0]
+        for other in ops[1:]:
+            if other.result != first.result:
+                violations.append(
+                    Violation(
+                        CHECK_REPLAYS,
+                        key,
+                        f"{kind} with idempotency key {key} was answered {_short(first.result)} and then "
+                        f"{_short(other.result)}: a retried request was applied again",
+                        _ops([first, other]),
+                    )
+                )
+    return violations
+
+
 CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_RESULTS, check_results),
     (CHECK_LEASES, check_leases),
@@ -1224,6 +1254,7 @@ CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_TIMERS, check_timers),
     (CHECK_CANCEL, check_cancel),
     (CHECK_LINEARIZABILITY, check_linearizable_reads),
+    (CHECK_REPLAYS, check_replays),
 )
 
 
@@ -1253,6 +1284,11 @@ def _counts(history: History, violations: list[Violation]) -> dict[str, int]:
         "barriers": _entities(history, "barrier", "barrierId", "barrier_create", "arrive", "barrier_read"),
         "timers": _entities(history, "timer", "timerId", "timer_create", "timer_read"),
         "runs_cancelled": len({op.args.get("run") for op in history.by_kind["cancel_run"] if op.ok}),
+        # Idempotency keys answered more than once (a retry or a deliberate second send).
+        "replayed_keys": sum(
+            1 for count in Counter((op.op, op.args["idem"]) for op in history.ops if op.ok and "idem" in op.args).values()
+            if count > 1
+        ),
         **history.counts_extra,
     }
     by_check = Counter(violation.check for violation in violations)

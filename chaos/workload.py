@@ -142,6 +142,7 @@ class WorkloadConfig:
     stall_probability: float = 0.06
     long_work_probability: float = 0.05
     run_cancel_probability: float = 0.25
+    replay_probability: float = 0.2  # an acknowledged keyed create or submit is sent once more
     accept_probability: float = 0.7
 
 
@@ -261,10 +262,13 @@ class HttpClient:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def call(
-        self, node: int, method: str, path: str, body: dict[str, Any] | None = None, *, holder: str, timeout_s: float
+        self, node: int, method: str, path: str, body: dict[str, Any] | None = None, *, holder: str, timeout_s: float,
+        idempotency_key: str | None = None,
     ) -> Answer:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self.admin_key}", "X-Runstate-Holder": holder, "Accept": "application/json"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
         if data is not None:
             headers["Content-Type"] = "application/json"
         if not path.startswith(OPERATOR_PATHS):
@@ -451,10 +455,12 @@ class _Client:
         shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         wait_ms: int = 0,
     ) -> Answer:
-        """One recorded call: the history's line ends ok (with `shape(body)`), fail or unknown."""
+        """One recorded call: the history's line ends ok (with `shape(body)`), fail or unknown. With
+        `idem` in `args` the call carries that Idempotency-Key (every retry of the call the same)."""
         handle = self.shared.history.record(self.name, op, args)
         answer = self.shared.http.call(
-            self.node, method, path, body, holder=self.name, timeout_s=REQUEST_TIMEOUT_S + wait_ms / 1000
+            self.node, method, path, body, holder=self.name, timeout_s=REQUEST_TIMEOUT_S + wait_ms / 1000,
+            idempotency_key=args.get("idem"),
         )
         if answer.outcome == OK:
             try:
@@ -481,8 +487,21 @@ class _Client:
             answer = self.call(*args, **kwargs)
         return answer
 
+    def idempotency_key(self) -> str:
+        """A fresh Idempotency-Key for one logical call (its retries reuse it)."""
+        return f"{self.name}-{self.rng.getrandbits(64):016x}"
+
+    def replayed(self, answer: Answer, *call: Any, **kwargs: Any) -> None:
+        """Sometimes send an acknowledged keyed call once more, unchanged: the server must answer it
+        with its first answer and apply nothing (checker: check_replays)."""
+        if answer.ok and self.rng.random() < self.shared.config.replay_probability:
+            self.call(*call, **kwargs)
+
     def create_run(self, role: str) -> str | None:
-        answer = self.call("run_create", {}, "POST", "/v1/scopes", {"name": f"chaos-{role}"}, shape=_run_shape)
+        # Keyed: a create whose answer was lost is retried and cannot make a second run.
+        call = ("run_create", {"idem": self.idempotency_key()}, "POST", "/v1/scopes", {"name": f"chaos-{role}"})
+        answer = self.call_until_known(*call, shape=_run_shape)
+        self.replayed(answer, *call, shape=_run_shape)
         if not answer.ok or answer.result is None:
             return None
         run_id = str(answer.result["run"])
@@ -554,10 +573,12 @@ class _Producer(_Client):
         self.submitted += 1
         key, task_input = f"{self.name}-{self.submitted}", {"n": self.submitted}
         body = {"scopeId": run_id, "mailboxId": self.shared.mailbox_id, "input": task_input, "taskKey": key}
-        answer = self.call_until_known(
-            "submit", {"run": run_id, "mailbox": MAILBOX, "key": key, "input": task_input},
-            "POST", "/v1/tasks", body, shape=_submit_shape,
+        call = (
+            "submit", {"run": run_id, "mailbox": MAILBOX, "key": key, "input": task_input, "idem": self.idempotency_key()},
+            "POST", "/v1/tasks", body,
         )
+        answer = self.call_until_known(*call, shape=_submit_shape)
+        self.replayed(answer, *call, shape=_submit_shape)
         if answer.ok and answer.result is not None:
             self.shared.add_task(str(answer.result["taskId"]))
             if answer.result["created"]:

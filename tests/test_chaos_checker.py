@@ -509,6 +509,28 @@ def test_cancel_work_handed_out_or_completed_after_the_cancel() -> None:
     assert history.violations("cancel") == []
 
 
+# -- 9. replays ---------------------------------------------------------------------------------
+
+
+def test_replays_answered_alike_pass() -> None:
+    history = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"})
+    history.unknown("run_create", {"idem": "k2"}, 2).op("run_create", {"idem": "k2"}, 3, 4, {"run": "run2"})
+    history.op("run_create", {"idem": "k1"}, 5, 6, {"run": "run1"})  # a deliberate second send
+    history.fail("run_create", {"idem": "k3"}, 7, 8, "VALIDATION_FAILED").op("run_create", {"idem": "k3"}, 9, 10, {"run": "run3"})
+    assert history.violations("replays") == []
+
+
+def test_replays_a_retry_applied_again() -> None:
+    args = {"run": "run1", "mailbox": "work", "key": "a", "input": {"n": 1}, "idem": "k1"}
+    history = H().op("submit", args, 0, 1, {"taskId": "t1", "created": True})
+    history.op("submit", args, 2, 3, {"taskId": "t1", "created": False})  # found the task: not a replay
+    found = history.violations("replays")
+    assert len(found) == 1 and "applied again" in found[0].message
+    # Another kind of call under the same key is another request.
+    history = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).op("submit", args, 2, 3, {"taskId": "t1", "created": True})
+    assert history.violations("replays") == []
+
+
 # -- 8. linearizability (the check) --------------------------------------------------------------
 
 
@@ -718,7 +740,7 @@ def test_check_history_and_its_report(tmp_path: Path) -> None:
 
 def test_every_check_is_named_in_the_contract_order() -> None:
     assert [name for name, _ in checker.CHECKS] == [
-        "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability",
+        "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability", "replays",
     ]  # fmt: skip
     for _, function in checker.CHECKS:
         assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__
