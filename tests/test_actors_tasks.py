@@ -142,7 +142,7 @@ def test_receive_hands_out_fifo_at_most_max(h: Harness, run_id: str) -> None:
     second = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=10, lease_ms=LEASE_MS, holder="w2")
     assert second["task_ids"] == ids[2:]
     assert h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=1, lease_ms=LEASE_MS, holder="w3") == {
-        "task_ids": [], "deliveries": []
+        "task_ids": [], "deliveries": [], "unchanged": True
     }
     for index, task_id in enumerate(ids):
         task = h.task(task_id)

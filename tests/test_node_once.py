@@ -40,15 +40,6 @@ def lease(run_id: str, granted: dict[str, Any], key: str = KEY, **fields: Any) -
     return {"scopeId": run_id, "key": key, "token": granted["token"], **fields}
 
 
-def test_default_scope_is_stable_until_it_stops(api: Api) -> None:
-    first = api.ok("POST", "/v1/default-scope")
-    assert (first["name"], first["storedState"]) == ("default", "ACTIVE")
-    assert api.ok("POST", "/v1/default-scope")["id"] == first["id"]
-    api.ok("POST", f"/v1/scopes/{first['id']}/cancel")
-    fresh = api.ok("POST", "/v1/default-scope")
-    assert fresh["id"] != first["id"] and fresh["effective"] == "ACTIVE"
-
-
 def test_one_holder_one_result_and_a_long_poll_wakes_on_complete(api: Api) -> None:
     run_id = new_run(api)
     granted = acquire(api, run_id, holder="runner")
