@@ -122,3 +122,24 @@ def test_every_route_declares_its_answer_and_its_errors_have_a_status() -> None:
 
     assert [f"{route.method} {route.path}" for route in ROUTES if route.answer is None] == []
     assert [code for route in ROUTES for code in route.errors if code not in STATUS_BY_CODE] == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"name": "\\ud800 a lone surrogate"}', b'{"name": "n", "deadline": null, "childLimit": 10}'.replace(b"10", b"1" * 30)],
+)
+def test_a_value_the_log_cannot_store_is_refused_not_a_server_error(api: Api, body: bytes) -> None:
+    status, _, answer = send(api, "POST", "/v1/scopes", raw=body)
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+
+
+def test_an_integer_beyond_64_bits_in_a_payload_is_refused(api: Api) -> None:
+    run_id = new_run(api)
+    mailbox = api.ok("PUT", "/v1/mailboxes/by-name/work", {})["id"]
+    raw = b'{"scopeId": "%s", "mailboxId": "%s", "taskKey": "k", "input": 123456789012345678901234567890}' % (
+        run_id.encode(), mailbox.encode()
+    )
+    status, _, answer = send(api, "POST", "/v1/tasks", raw=raw)
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+    status, _, answer = send(api, "PUT", "/v1/mailboxes/by-name/other", {"requirements": {"pools": [{"name": "p", "units": 10**30}]}})
+    assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")

@@ -32,7 +32,10 @@ def encode_command(command: dict[str, Any]) -> bytes:
     """msgpack bytes of one command; raises TypeError/ValueError if it is not msgpack-able."""
     if not isinstance(command, dict):
         raise TypeError(f"a command is a dict, not {type(command).__name__}")
-    return msgpack.packb(command, use_bin_type=True)
+    try:
+        return msgpack.packb(command, use_bin_type=True)
+    except OverflowError as error:  # an integer beyond 64 bits
+        raise ValueError(f"a number does not fit in 64 bits: {error}") from None
 
 
 def encode_batch(now_ms: int, epoch: int, encoded_commands: Sequence[bytes]) -> bytes:

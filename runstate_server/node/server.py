@@ -195,6 +195,10 @@ class Node:
             command["idem"] = list(idempotency)
         try:
             result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
+        except (TypeError, ValueError) as error:
+            # What a client sent cannot be stored: a string that is not valid Unicode (a lone
+            # surrogate, which JSON can escape), an integer beyond 64 bits, or a command too large.
+            raise ApiError("VALIDATION_FAILED", f"the request holds a value that cannot be stored: {error}") from None
         except NotLeader as error:
             raise ApiError("UNAVAILABLE", str(error)) from None
         except LogUnavailable as error:
