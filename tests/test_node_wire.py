@@ -143,3 +143,12 @@ def test_an_integer_beyond_64_bits_in_a_payload_is_refused(api: Api) -> None:
     assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
     status, _, answer = send(api, "PUT", "/v1/mailboxes/by-name/other", {"requirements": {"pools": [{"name": "p", "units": 10**30}]}})
     assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
+
+
+def test_times_are_rfc3339_for_every_year() -> None:
+    from runstate_server.node.api.views import iso
+
+    assert iso(0) == "1970-01-01T00:00:00.000Z"
+    assert iso(-1) == "1969-12-31T23:59:59.999Z"
+    assert iso(-62135596800000) == "0001-01-01T00:00:00.000Z"  # a timer `at` the year 1 fires at once
+    assert iso(-30610224000000) == "1000-01-01T00:00:00.000Z"

@@ -24,7 +24,8 @@ def iso(ms: int | None) -> str | None:
     if ms is None:
         return None
     moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    # The year padded to four digits: strftime's %Y writes year 999 as "999", not RFC 3339.
+    return f"{moment.year:04d}-" + moment.strftime("%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def run_view(run: dict[str, Any]) -> dict[str, Any]:
