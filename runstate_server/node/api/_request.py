@@ -50,6 +50,8 @@ def _refuse_unknown_fields(request: web.Request, body: dict[str, Any]) -> None:
 
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# A request's (key, fingerprint), worked out once however many commands it proposes.
+_IDEMPOTENCY_CACHE: web.RequestKey[tuple[str, str] | None] = web.RequestKey("idempotency", object)  # type: ignore[arg-type]
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,%d}$" % limits.idempotency_key_chars_max)  # noqa: UP031
 
 
@@ -57,8 +59,11 @@ async def idempotency(request: web.Request) -> tuple[str, str] | None:
     """The request's idempotency key and the fingerprint of what it asks (method, path, query and
     body, with `{}` and no body alike), for `node.propose(..., idempotency=)`; None without the
     header. A malformed key is VALIDATION_FAILED."""
+    if _IDEMPOTENCY_CACHE in request:
+        return request[_IDEMPOTENCY_CACHE]
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is None:
+        request[_IDEMPOTENCY_CACHE] = None
         return None
     if not _IDEMPOTENCY_KEY.match(key):
         raise ApiError(
@@ -71,6 +76,7 @@ async def idempotency(request: web.Request) -> tuple[str, str] | None:
     except (ValueError, UnicodeDecodeError):
         body = raw
     fingerprint = hashlib.sha256(f"{request.method} {request.path_qs}\n".encode() + body).hexdigest()
+    request[_IDEMPOTENCY_CACHE] = (key, fingerprint)
     return key, fingerprint
 
 
