@@ -89,11 +89,13 @@ class Harness:
         """Apply a command that must be rejected; return its code. The state must not change,
         apart from the clock the batch carries (checked separately)."""
         before = snapshot_bytes(self.state, without_clock=True)
+        stored_before = self.state.stored_bytes
         result = self.apply(kind, **kwargs)
         assert "error" in result, result
         assert set(result["error"]) == {"code", "message"}
         assert self.effects == []
         assert snapshot_bytes(self.state, without_clock=True) == before, f"{kind} rejected but changed the state"
+        assert self.state.stored_bytes == stored_before, f"{kind} rejected but changed the stored bytes"
         return result["error"]["code"]
 
     def advance(self, ms: int) -> None:

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runstate_server.actors import runs as core_runs
 from runstate_server.actors.state import TaskState
+from runstate_server.actors.storage import json_value, recount
 from tests.test_actors_harness import Harness, heap_is_valid, pack, round_trip, snapshot_bytes, unpack
 
 RETENTION_MS = 20_000
@@ -616,6 +617,15 @@ class CoreMachine(RuleBasedStateMachine):
     # -- checks ----------------------------------------------------------------------------------
 
     @invariant()
+    def stored_bytes_are_what_the_state_holds(self) -> None:
+        """The charges kept step by step equal a recount of what the state holds (every replica,
+        and every restore, must count the same: the bytes limits decide what is accepted)."""
+        state = self.h.state
+        kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
+        recount(state)
+        assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept
+
+    @invariant()
     def core_agrees_with_the_model(self) -> None:
         state = self.h.state
         assert set(state.runs) == set(self.runs)
@@ -653,7 +663,7 @@ class CoreMachine(RuleBasedStateMachine):
             if task.state == "QUEUED":
                 assert task.ready_at_ms == expected_task.ready_at
             if task.state == "SUCCEEDED":
-                assert task.outcome == expected_task.outcome
+                assert json_value(task.outcome) == expected_task.outcome
             if task.state == "FAILED":
                 if expected_task.error == "<lapse>":
                     assert task.error is not None and task.error.startswith("lease expired")

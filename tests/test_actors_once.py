@@ -8,6 +8,7 @@ import pytest
 
 from runstate_server.actors import errors
 from runstate_server.actors.state import Once, OnceState, from_snapshot, to_snapshot
+from runstate_server.actors.storage import json_value
 from tests.test_actors_harness import RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000
@@ -55,11 +56,11 @@ def test_a_result_is_recorded_once_and_given_to_everyone(h: Harness, run_id: str
     assert h.ok("once.complete", **on(run_id, granted), result={"report": 1})["state"] == "DONE"
     assert ("once", run_id, KEY) in h.woken()
     done = acquire(h, run_id, holder="w2")
-    assert (done["state"], done["result"]) == ("DONE", {"report": 1})
-    assert (entry(h, run_id).state, entry(h, run_id).result) == (OnceState.DONE, {"report": 1})
+    assert (done["state"], json_value(done["result"])) == ("DONE", {"report": 1})
+    assert (entry(h, run_id).state, json_value(entry(h, run_id).result)) == (OnceState.DONE, {"report": 1})
     # The same complete again is answered again; it changes nothing.
     before = snapshot_bytes(h.state, without_clock=True)
-    assert h.ok("once.complete", **on(run_id, granted), result={"report": 2})["result"] == {"report": 1}
+    assert h.ok("once.complete", **on(run_id, granted), result={"report": 2})["result"] == b"{\"report\":1}"
     assert snapshot_bytes(h.state, without_clock=True) == before
 
 
@@ -126,7 +127,7 @@ def test_a_lapsed_lease_is_taken_over_and_the_late_holder_refused(h: Harness, ru
         assert h.err("once." + kind, **on(run_id, new, "other key"), **args) == errors.STALE_CLAIM
     assert snapshot_bytes(h.state, without_clock=True) == before
     h.ok("once.complete", **on(run_id, new), result="on time")
-    assert entry(h, run_id).result == "on time"
+    assert json_value(entry(h, run_id).result) == "on time"
 
 
 def test_an_expired_lease_is_taken_over_even_before_its_tick(h: Harness, run_id: str) -> None:

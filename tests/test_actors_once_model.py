@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from runstate_server.actors.state import OnceState
+from runstate_server.actors.storage import json_value, recount
 from tests.test_actors_harness import Harness, round_trip
 
 KEYS = ("a", "b", "c")
@@ -212,6 +213,15 @@ class OnceMachine(RuleBasedStateMachine):
     # -- checks ----------------------------------------------------------------------------------
 
     @invariant()
+    def stored_bytes_are_what_the_state_holds(self) -> None:
+        """The charges kept step by step equal a recount of what the state holds (every replica,
+        and every restore, must count the same: the bytes limits decide what is accepted)."""
+        state = self.h.state
+        kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
+        recount(state)
+        assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept
+
+    @invariant()
     def entries_agree_with_the_model(self) -> None:
         state = self.h.state
         run = state.runs[self.run_id]
@@ -224,7 +234,7 @@ class OnceMachine(RuleBasedStateMachine):
             if entry.state == OnceState.HELD:
                 assert (entry.lease_expires_ms, entry.holder) == (expected.expires, expected.holder), key
             if entry.state == OnceState.DONE:
-                assert entry.result == expected.result, key
+                assert json_value(entry.result) == expected.result, key
             assert entry.error == expected.error, key
 
     @invariant()

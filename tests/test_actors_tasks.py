@@ -9,6 +9,7 @@ import pytest
 
 from runstate_server.actors import errors, limits, tasks
 from runstate_server.actors.state import TaskState
+from runstate_server.actors.storage import json_value
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, snapshot_bytes
 
 LEASE_MS = 10_000
@@ -22,7 +23,7 @@ def test_submit_creates_a_queued_task(h: Harness, run_id: str) -> None:
     task = h.task(result["task_id"])
     assert {"task_id": task.id, "created": True}.items() <= result.items()
     assert task.id.startswith("tsk_")
-    assert (task.run_id, task.mailbox, task.key, task.input) == (run_id, MAILBOX, "k", {"n": 1})
+    assert (task.run_id, task.mailbox, task.key, json_value(task.input)) == (run_id, MAILBOX, "k", {"n": 1})
     assert (task.state, task.attempt, task.attempts, task.failures) == (TaskState.QUEUED, 0, 3, 0)
     assert task.attempts == 3 and task.created_ms == h.now_ms
     assert h.run(run_id).task_count == 1 and h.state.spaces[h.space].task_count == 1
@@ -45,7 +46,7 @@ def test_submit_is_idempotent_per_key_with_the_same_input(h: Harness, run_id: st
 def test_same_key_with_another_input_is_key_conflict(h: Harness, run_id: str) -> None:
     task_id = h.submit(run_id, "k", {"n": 1})
     assert h.err("task.submit", **h.submit_args(run_id, "k", {"n": 2})) == errors.KEY_CONFLICT
-    assert h.task(task_id).input == {"n": 1}
+    assert json_value(h.task(task_id).input) == {"n": 1}
 
 
 def test_same_key_in_another_run_or_mailbox_is_another_task(h: Harness, run_id: str) -> None:
@@ -125,7 +126,7 @@ def test_resubmitting_an_existing_key_after_cancel_returns_the_existing_task(h: 
     assert {"task_id": done, "created": False}.items() <= h.ok("task.submit", **h.submit_args(run_id, "done")).items()
     assert snapshot_bytes(h.state) == before
     assert h.task(queued).state == TaskState.CANCELLED
-    assert h.task(done).state == TaskState.SUCCEEDED and h.task(done).outcome == "result"
+    assert h.task(done).state == TaskState.SUCCEEDED and json_value(h.task(done).outcome) == "result"
     # Another input under the same key is still a conflict; a new key is new work.
     assert h.err("task.submit", **h.submit_args(run_id, "queued", {"x": 1})) == errors.KEY_CONFLICT
     assert h.err("task.submit", **h.submit_args(run_id, "new")) == errors.SCOPE_CANCELLED
@@ -226,7 +227,7 @@ def test_late_complete_after_a_lapse_is_lease_lost_and_changes_nothing(h: Harnes
         assert h.err("delivery." + kind, delivery_id=first, **args) == errors.STALE_CLAIM
     assert h.task(task_id).state == TaskState.RUNNING and h.task(task_id).delivery_id == second
     h.delivery("complete", second, payload="on time")
-    assert h.task(task_id).outcome == "on time"
+    assert json_value(h.task(task_id).outcome) == "on time"
 
 
 def test_renew_extends_the_lease(h: Harness, run_id: str) -> None:
@@ -267,7 +268,7 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
     h.advance(5)
     assert {"task_id": task_id, "state": "SUCCEEDED"}.items() <= h.delivery("complete", delivery, payload={"ok": True}).items()
     task = h.task(task_id)
-    assert (task.state, task.outcome, task.finished_ms, task.delivery_id) == (
+    assert (task.state, json_value(task.outcome), task.finished_ms, task.delivery_id) == (
         TaskState.SUCCEEDED,
         {"ok": True},
         h.now_ms,
@@ -388,7 +389,7 @@ def test_stopping_a_run_cancels_queued_and_running_tasks(h: Harness, stop: str) 
     for task_id in (running, backing_off, queued, below):
         assert h.task(task_id).state == TaskState.CANCELLED
         assert h.task(task_id).finished_ms == h.now_ms
-    assert h.task(done).state == TaskState.SUCCEEDED and h.task(done).outcome == 1
+    assert h.task(done).state == TaskState.SUCCEEDED and json_value(h.task(done).outcome) == 1
     assert list(h.run(run_id).queues[MAILBOX].ready) == []
     h.advance(1_000)
     h.tick()  # the backoff ends: nothing to do for a cancelled task
@@ -531,7 +532,7 @@ def test_key_only_names_the_task_by_its_key_alone(h: Harness, run_id: str) -> No
     first = h.submit(run_id, "acme", {"at": 1}, key_only=True)
     again = h.ok("task.submit", **h.submit_args(run_id, "acme", {"at": 2}, key_only=True))
     assert {"task_id": first, "created": False}.items() <= again.items()
-    assert h.task(first).input == {"at": 1}
+    assert json_value(h.task(first).input) == {"at": 1}
     assert h.err("task.submit", **h.submit_args(run_id, "acme", {"at": 3})) == errors.KEY_CONFLICT
 
 

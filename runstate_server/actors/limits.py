@@ -34,6 +34,11 @@ child_limit_max = 100_000
 run_depth_max = 32
 tasks_per_run_max = 100_000
 tasks_per_space_max = 1_000_000
+# What tasks and once entries hold, in bytes (storage.py: a fixed overhead each, plus payloads,
+# keys and errors): per space, and for the whole node. Past either, new ones are refused.
+GIB = 1024 * 1024 * KIB
+space_bytes_max = 2 * GIB
+node_bytes_max = 8 * GIB
 
 # API keys: per space, revoked ones included (a key is never removed, so its id stays taken).
 keys_per_space_max = 1_000

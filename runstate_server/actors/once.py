@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, runs
+from runstate_server.actors import errors, idempotency, limits, runs, storage
 from runstate_server.actors.context import Context, once_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Once, OnceState, Run, State
@@ -76,6 +76,9 @@ def _create(ctx: Context, run: Run, key: str) -> Once:
     entry = Once(id="onc_" + ctx.command_id, space=ctx.space.id, run_id=run.id, key=key, max_attempts=None,
                  created_ms=ctx.now_ms)
     assert entry.id not in ctx.state.once, "leader generated a duplicate once id"
+    cost = storage.once_bytes(entry)
+    storage.require_room(ctx, cost, "once entry")
+    storage.charge(ctx.state, entry.space, cost)
     ctx.state.once[entry.id] = entry
     run.once[key] = entry.id
     return entry
@@ -123,7 +126,9 @@ def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         return _answer(ctx, repeated.state, repeated)  # the same complete again: the same answer
     entry = _require_lease(ctx, args)
     runs.require_active(ctx, ctx.state.runs[entry.run_id])
-    entry.result = args.get("result")
+    before = storage.once_bytes(entry)
+    entry.result = storage.json_bytes(args.get("result"))
+    storage.charge(ctx.state, entry.space, storage.once_bytes(entry) - before)
     entry.finished_by = entry.token
     _settle(ctx, entry, OnceState.DONE)
     return _answer(ctx, entry.state, entry)
@@ -155,7 +160,9 @@ def _recorded_by(ctx: Context, args: dict[str, Any]) -> Once | None:
 
 def _fail_attempt(ctx: Context, entry: Once, error: str, max_attempts: int | None) -> None:
     entry.failures += 1
+    before = storage.once_bytes(entry)
     entry.error = error
+    storage.charge(ctx.state, entry.space, storage.once_bytes(entry) - before)
     used = max_attempts is not None and entry.failures >= max_attempts
     _settle(ctx, entry, OnceState.FAILED if used else OnceState.OPEN)
 
@@ -205,7 +212,7 @@ def _on_run_stop(ctx: Context, run: Run, task_state: str) -> None:
 
 def _on_run_remove(state: State, run: Run) -> None:
     for once_id in run.once.values():
-        del state.once[once_id]
+        storage.charge(state, run.space, -storage.once_bytes(state.once.pop(once_id)))
 
 
 runs.RUN_STOP_HOOKS.append(_on_run_stop)

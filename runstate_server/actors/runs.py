@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, limits
+from runstate_server.actors import errors, limits, storage
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState
@@ -195,7 +195,7 @@ def on_retention(ctx: Context, run_id: str) -> None:
         space = state.spaces[member.space]
         for queue in member.queues.values():
             for task_id in queue.by_key.values():
-                del state.tasks[task_id]
+                storage.charge(state, space.id, -storage.task_bytes(state.tasks.pop(task_id)))
         for remove_hook in RUN_REMOVE_HOOKS:
             remove_hook(state, member)
         space.task_count -= member.task_count

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import heapq
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,8 @@ class Space:
     resource_counts: dict[str, int] = field(default_factory=dict)  # pools, limits, budgets: kind -> count
     # Derived from `mailboxes` (id -> name); rebuilt by from_snapshot, never written to a snapshot.
     mailbox_names: dict[str, str] = field(default_factory=dict)
+    # Derived: the bytes its tasks and once entries hold (storage.py); recounted on restore.
+    stored_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -145,7 +148,7 @@ class Task:
     run_id: str
     mailbox: str
     key: str
-    input: Any
+    input: bytes  # canonical JSON (storage.json_bytes)
     input_hash: str
     attempts: int
     created_ms: int
@@ -158,7 +161,7 @@ class Task:
     lease_ms: int = 0  # the length of the current lease, what a new leader extends it by
     holder: str | None = None
     ready_at_ms: int = 0
-    outcome: Any = None
+    outcome: bytes | None = None  # canonical JSON of the recorded result
     error: str | None = None
     finished_ms: int | None = None
     finished_by: str | None = None  # the delivery that finished it (a repeated complete is answered again)
@@ -194,7 +197,7 @@ class Once:
     lease_ms: int = 0
     lease_expires_ms: int = 0
     holder: str | None = None
-    result: Any = None
+    result: bytes | None = None  # canonical JSON of the recorded result
     error: str | None = None
     finished_ms: int | None = None
     finished_by: str | None = None  # the token of the lease that recorded the result
@@ -232,6 +235,8 @@ class State:
     # Idempotency keys (idempotency.py): space -> key -> [first use ms, request fingerprint, result],
     # oldest first.
     idempotency: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # Derived: the bytes every space holds together (storage.py); recounted on restore.
+    stored_bytes: int = 0
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -367,6 +372,9 @@ def from_snapshot(data: dict[str, Any]) -> State:
         task = Task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
         task.slot_leases = list(task.slot_leases)
         task.subscribers = list(task.subscribers)
+        # Payloads were kept as parsed values before they were kept as their JSON bytes.
+        task.input = json_bytes(task.input)
+        task.outcome = None if task.outcome is None else json_bytes(task.outcome)
         state.tasks[task.id] = task
     # A snapshot from before once and claims were split keeps the once entries under "claims"
     # (with `attempts` where max_attempts is) and has no claims.
@@ -375,6 +383,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         if not _ONCE_FIELDS_REQUIRED <= len(row) <= len(_ONCE_FIELDS):
             raise ValueError(f"a once row has {len(row)} fields, Once has {len(_ONCE_FIELDS)}")
         entry = Once(**dict(zip(_ONCE_FIELDS[: len(row)], row, strict=True)))
+        entry.result = None if entry.result is None else json_bytes(entry.result)
         state.once[entry.id] = entry
     for table, cls in ENTITY_TABLES.items():
         if legacy and table == "claims":
@@ -388,7 +397,49 @@ def from_snapshot(data: dict[str, Any]) -> State:
                 raise ValueError(f"a {table} row has {len(row)} fields, {cls.__name__} has {len(names)}")
             entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
+    recount(state)
     return state
+
+
+# What a task's and a once entry's objects cost beyond their payloads, key and error (storage.py),
+# measured on CPython 3.11: the dataclass, its table and queue entries, its ids and small strings.
+TASK_OVERHEAD_BYTES = 1_024
+ONCE_OVERHEAD_BYTES = 512
+
+
+def _size(value: bytes | str | None) -> int:
+    return 0 if value is None else len(value)
+
+
+def task_bytes(task: Task) -> int:
+    """What a task is charged (storage.py)."""
+    return TASK_OVERHEAD_BYTES + _size(task.input) + _size(task.outcome) + _size(task.key) + _size(task.error)
+
+
+def once_bytes(entry: Once) -> int:
+    """What a once entry is charged (storage.py)."""
+    return ONCE_OVERHEAD_BYTES + _size(entry.result) + _size(entry.key) + _size(entry.error)
+
+
+def recount(state: State) -> None:
+    """Every space's charge and the node's, from the tasks and once entries the state holds."""
+    state.stored_bytes = 0
+    for space in state.spaces.values():
+        space.stored_bytes = 0
+    for task in state.tasks.values():
+        state.spaces[task.space].stored_bytes += task_bytes(task)
+    for entry in state.once.values():
+        state.spaces[entry.space].stored_bytes += once_bytes(entry)
+    state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
+
+
+def json_bytes(value: Any) -> bytes:
+    """A payload as the state keeps it: canonical JSON bytes (sorted keys, compact, UTF-8). The API
+    sends payloads already encoded; a command or snapshot written before payloads were kept as
+    bytes carries the parsed value, encoded here."""
+    if isinstance(value, bytes):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def _mailbox_of(space_id: str, row: list[Any]) -> Mailbox:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs
+from runstate_server.actors import errors, idempotency, limits, resources, runs, storage
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -250,7 +250,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         run_id=run.id,
         mailbox=mailbox.name,
         key=key,
-        input=args.get("input"),
+        input=storage.json_bytes(args.get("input")),
         input_hash=input_hash,
         attempts=attempts,
         created_ms=ctx.now_ms,
@@ -258,6 +258,9 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         deadline_ms=deadline_ms,
     )
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
+    cost = storage.task_bytes(task)
+    storage.require_room(ctx, cost, "task")
+    storage.charge(ctx.state, task.space, cost)
     if subscriber is not None:
         _subscribe(task, subscriber)
     ctx.state.tasks[task.id] = task
@@ -350,10 +353,12 @@ def _finish(
     assert not task.slot_leases and task.reservation_id is None, "a delivery ends its holds before its task"
     _set_state(ctx, task, state)
     _count_unfinished(ctx.state, task, -1)
-    task.outcome = outcome
+    before = storage.task_bytes(task)
+    task.outcome = None if outcome is None else storage.json_bytes(outcome)
     task.outcome_reason = reason
     if error is not None:
         task.error = error
+    storage.charge(ctx.state, task.space, storage.task_bytes(task) - before)
     task.finished_ms = ctx.now_ms
     task.finished_by = task.delivery_id
     task.delivery_id = None
@@ -569,7 +574,9 @@ def _fail_attempt(ctx: Context, task: Task, error: str, delay_ms: int | None, re
     """One attempt failed: FAILED with outcomeReason `reason` when the attempts are used, else
     QUEUED again (after a delay). The caller ended the delivery's holds."""
     task.failures += 1
+    before = storage.task_bytes(task)
     task.error = error
+    storage.charge(ctx.state, task.space, storage.task_bytes(task) - before)
     if task.failures >= task.attempts:
         _finish(ctx, task, TaskState.FAILED, error=error, reason=reason)
         return

@@ -220,12 +220,12 @@ def task_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The fields of a task to submit (to a mailbox or a group): its input, the input's hash, its
     key (`taskKey`, or `key` for a group member; the hash when none is given), attempts (None: the
     mailbox's maxAttempts, else the default) and keyOnly, as the core's submit takes them."""
-    task_input, encoded = payload(body, "input", code="VALIDATION_FAILED")
+    _, encoded = payload(body, "input", code="VALIDATION_FAILED")
     input_hash = sha256_hex(encoded)
     key = text(body, "taskKey", max_chars=limits.key_chars_max) or text(body, "key", max_chars=limits.key_chars_max)
     return {
         "key": key or input_hash,
-        "input": task_input,
+        "input": encoded,  # the state keeps payloads as their canonical JSON bytes
         "input_hash": input_hash,
         "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max),
         "key_only": flag(body, "keyOnly"),

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, tasks
 from runstate_server.actors.state import State, TaskState
+from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
@@ -123,13 +124,13 @@ async def get_mailbox(request: web.Request) -> web.Response:
 )
 async def send(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    payload, encoded = req.payload(body, "payload", code="VALIDATION_FAILED")
+    _, encoded = req.payload(body, "payload", code="VALIDATION_FAILED")
     args = {
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
         "mailbox_id": request.match_info["id"],
         "message": True,
         "key": req.text(body, "workKey", max_chars=limits.key_chars_max),
-        "input": payload,
+        "input": encoded,
         "input_hash": req.sha256_hex(encoded),
         "deadline_ms": req.timestamp_ms(body, "deadline"),
     }
@@ -159,7 +160,7 @@ async def list_messages(request: web.Request) -> web.Response:
                 "state": _MESSAGE_STATES.get(task.state, task.state),
                 "attempt": task.attempt,
                 "workKey": task.key,
-                "payload": task.input,
+                "payload": json_value(task.input),
                 "createdAt": iso(task.created_ms),
             }
             for task in itertools.islice(found, limits.messages_list_max)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, runs
 from runstate_server.actors.context import mailbox_key, queue_key
+from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import client_gone
@@ -128,7 +129,7 @@ def message_of(given: dict[str, Any]) -> dict[str, Any]:
     return {
         "message": {
             "id": given["task_id"],
-            "payload": given["input"],
+            "payload": json_value(given["input"]),
             "attempt": given["attempt"],
             "attempts": given["attempts"],
             "scopeId": given["run_id"],
@@ -181,7 +182,7 @@ async def complete(request: web.Request) -> web.Response:
     result = body.get("result") or {}
     if not isinstance(result, dict):
         raise ApiError("VALIDATION_FAILED", "result must be an object such as {\"payload\": ...}")
-    payload, _ = req.payload(result, "payload", code="VALIDATION_FAILED", required=False)
+    _, payload = req.payload(result, "payload", code="VALIDATION_FAILED", required=False)
     answer = await _delivery_command(request, "delivery.complete", body, _spent(body, {"payload": payload}))
     return web.json_response(_settled_view(answer))
 

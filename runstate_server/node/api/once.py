@@ -14,6 +14,7 @@ from aiohttp import web
 from runstate_server.actors import limits, once, runs
 from runstate_server.actors.context import once_key
 from runstate_server.actors.state import Once, OnceState
+from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.routes import (
@@ -67,7 +68,7 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     `lastError` when an attempt failed, `token` and `leaseExpiresAt` while this caller holds it."""
     answer: dict[str, Any] = {"state": result["state"], "attempts": result["attempts"]}
     if result["state"] == OnceState.DONE:
-        answer["result"] = result["result"]
+        answer["result"] = json_value(result["result"])
     if result["last_error"] is not None:
         answer["lastError"] = result["last_error"]
     if "token" in result:
@@ -113,7 +114,7 @@ def once_view(entry: Once | None, key: str) -> dict[str, Any]:
         "finishedBy": once.finisher(entry),
     }
     if entry.state == OnceState.DONE:
-        view["result"] = entry.result
+        view["result"] = json_value(entry.result)
     if entry.error is not None:
         view["lastError"] = entry.error
     return view
@@ -168,7 +169,7 @@ async def renew(request: web.Request) -> web.Response:
 )
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    result, _ = req.payload(body, "result", code="VALIDATION_FAILED", required=False)
+    _, result = req.payload(body, "result", code="VALIDATION_FAILED", required=False)
     args = {**_lease_args(body), "result": result}
     return web.json_response(_render(await req.propose(request, "once.complete", args)))
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
 from runstate_server.actors.state import State, Task, TaskState
+from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
@@ -252,7 +253,7 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
         "taskId": given["task_id"],
         "messageId": given["task_id"],
         "token": given["token"],
-        "payload": given["input"],
+        "payload": json_value(given["input"]),
         "attempt": given["attempt"],
         "attempts": given["attempts"],
         "taskKey": given["key"],
@@ -291,7 +292,7 @@ def _result_view(task: Task) -> dict[str, Any]:
         "id": task.id,
         "state": task.state,
         "done": task.state in TaskState.TERMINAL,
-        "outcome": task.outcome,
+        "outcome": json_value(task.outcome),
         "outcomeReason": task.outcome_reason,
         "error": task.error if task.state != TaskState.SUCCEEDED else None,
         "attempt": task.attempt,

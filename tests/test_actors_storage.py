@@ -1,0 +1,94 @@
+"""What the state holds in bytes (actors/storage.py): charged per task and once entry, freed when
+a run is removed, recounted alike on restore, and bounded per space and per node."""
+
+from __future__ import annotations
+
+import pytest
+
+from runstate_server.actors import limits, storage
+from runstate_server.actors.state import TASK_OVERHEAD_BYTES, TaskState
+from tests.test_actors_harness import Harness, pack, unpack
+
+BIG = "x" * 60_000  # a task input of about 60 KB
+
+
+def charged(h: Harness) -> tuple[int, int]:
+    return h.state.stored_bytes, h.state.spaces[h.space].stored_bytes
+
+
+def test_a_task_is_charged_its_overhead_input_key_and_result(h: Harness, run_id: str) -> None:
+    task_id = h.ok("task.submit", **h.submit_args(run_id, "k", {"text": BIG}))["task_id"]
+    expected = TASK_OVERHEAD_BYTES + len(b'{"text":""}') + len(BIG) + len("k")
+    assert charged(h) == (expected, expected)
+    delivery = h.receive(run_id)[0]
+    h.delivery("complete", delivery, payload=[1, 2])
+    assert h.task(task_id).state == TaskState.SUCCEEDED
+    assert charged(h) == (expected + len(b"[1,2]"), expected + len(b"[1,2]"))
+
+
+def test_payloads_are_kept_as_their_json_bytes_not_parsed_objects(h: Harness, run_id: str) -> None:
+    """`[{}, {}, ...]` costs 3 bytes an element as JSON and about 70 as Python objects."""
+    task_id = h.ok("task.submit", **h.submit_args(run_id, "k", [{}] * 1000))["task_id"]
+    assert h.task(task_id).input == b"[" + b",".join([b"{}"] * 1000) + b"]"
+    assert storage.json_value(h.task(task_id).input) == [{}] * 1000
+
+
+def test_removing_a_run_frees_what_its_tasks_and_once_entries_held(h: Harness, run_id: str) -> None:
+    h.ok("task.submit", **h.submit_args(run_id, "k", {"text": BIG}))
+    h.ok("once.acquire", run_id=run_id, key="report", holder="w", lease_ms=1000)
+    assert charged(h)[0] > len(BIG)
+    h.cancel(run_id, retention_ms=10)
+    h.advance(11)
+    h.tick(retention_ms=10)
+    assert run_id not in h.state.runs
+    assert charged(h) == (0, 0)
+
+
+def test_a_restore_counts_what_the_steps_counted(h: Harness, run_id: str) -> None:
+    for index in range(5):
+        h.ok("task.submit", **h.submit_args(run_id, f"k{index}", {"n": index, "text": "y" * index}))
+    before = charged(h)
+    h.core.restore(unpack(pack(h.core.snapshot())))
+    assert charged(h) == before
+
+
+def test_a_space_past_its_bytes_limit_refuses_new_tasks_and_changes_nothing(
+    h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "space_bytes_max", 3 * (TASK_OVERHEAD_BYTES + 61_000))
+    for index in range(3):
+        h.ok("task.submit", **h.submit_args(run_id, f"k{index}", {"text": BIG}))
+    assert h.err("task.submit", **h.submit_args(run_id, "k3", {"text": BIG})) == "LIMIT_EXCEEDED"
+    result = h.apply("task.submit", **h.submit_args(run_id, "k3", {"text": BIG}))
+    assert "space" in result["error"]["message"] and str(limits.space_bytes_max) in result["error"]["message"]
+    # A small task still fits; a resubmit of a task it holds is answered as before.
+    h.ok("task.submit", **h.submit_args(run_id, "small", {"n": 1}))
+    assert h.ok("task.submit", **h.submit_args(run_id, "k0", {"text": BIG}))["created"] is False
+
+
+def test_a_node_past_its_bytes_limit_refuses_new_work_in_every_space(
+    h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "node_bytes_max", 2 * (TASK_OVERHEAD_BYTES + 61_000))
+    h.ok("task.submit", **h.submit_args(run_id, "k0", {"text": BIG}))
+    other = Harness(space="space-2")
+    other.core = h.core
+    other.commands = 10_000
+    other.ensure()
+    other_run = other.create_run()
+    other.ok("task.submit", **other.submit_args(other_run, "k1", {"text": BIG}))
+    result = other.apply("task.submit", **other.submit_args(other_run, "k2", {"text": BIG}))
+    assert result["error"]["code"] == "LIMIT_EXCEEDED" and "node" in result["error"]["message"]
+    assert other.apply("once.acquire", run_id=other_run, key="k" * 60_000, holder="w", lease_ms=1000)["error"][
+        "code"
+    ] == "LIMIT_EXCEEDED"
+
+
+def test_a_result_is_accepted_past_the_limit(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work is done: its result is kept even when the space has no room left."""
+    monkeypatch.setattr(limits, "space_bytes_max", TASK_OVERHEAD_BYTES + 100)
+    task_id = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}))["task_id"]
+    delivery = h.receive(run_id)[0]
+    h.delivery("complete", delivery, payload=BIG)
+    assert storage.json_value(h.task(task_id).outcome) == BIG
+    assert charged(h)[1] > limits.space_bytes_max
