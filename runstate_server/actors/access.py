@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from runstate_server.actors import errors, limits
-from runstate_server.actors.context import Context
+from runstate_server.actors.context import Context, api_key_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import ApiKey, Space, State
 
@@ -163,6 +163,7 @@ def revoke_key(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(errors.NOT_FOUND, f"API key {key_id!r} not found")
     if key.revoked_ms is None:
         key.revoked_ms = ctx.now_ms
+        ctx.wake(api_key_key(key.id))
     return key_view(key)
 
 

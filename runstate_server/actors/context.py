@@ -12,7 +12,8 @@ from runstate_server.actors.state import Space, State
 #   ("wake", key)   wake long-poll waiters parked on key, e.g. ("task", task_id) or
 #                   ("queue", run_id, mailbox) (with it ("mailbox", space, mailbox)) or
 #                   ("once", run_id, key) or
-#                   ("resource", space, kind, name)
+#                   ("resource", space, kind, name) or
+#                   ("api_key", key_id) (revoked: the long polls of the key end)
 #   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
 Effect = tuple[Any, ...]
 
@@ -38,6 +39,11 @@ def resource_key(space: str, kind: str, name: str) -> tuple[str, str, str, str]:
     """Woken when something of a resource returns or its config changes; kind is "pool", "limit"
     or "budget"."""
     return ("resource", space, kind, name)
+
+
+def api_key_key(key_id: str) -> tuple[str, str]:
+    """Woken when the API key is revoked: every long poll parked under it ends."""
+    return ("api_key", key_id)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from runstate_server.node.config import (
     read_secret,
     split_address,
 )
+from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 
 log = logging.getLogger("runstate")
 
@@ -83,6 +84,26 @@ def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _add_long_poll_flags(parser: argparse.ArgumentParser) -> None:
+    """--long-polls and --long-polls-per-key: shared by dev and node (absent: the config file's
+    value, then the default)."""
+    parser.add_argument(
+        "--long-polls", type=positive, default=None, metavar="N",
+        help=f"long polls parked on this node at once; more are answered at once (default {WAITERS_TOTAL_MAX})",
+    )
+    parser.add_argument(
+        "--long-polls-per-key", type=positive, default=None, metavar="N",
+        help=f"long polls parked on one task, queue or resource; more are answered at once (default {WAITERS_PER_KEY_MAX})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
     parser.add_argument("--version", action="version", version=f"runstate {__version__}")
@@ -104,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bootstrap_flag(dev)
     _add_storage_flags(dev, defaults=True)
+    _add_long_poll_flags(dev)
 
     node = commands.add_parser(
         "node",
@@ -128,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
+    _add_long_poll_flags(node)
 
     cluster = commands.add_parser("cluster", help="a local cluster for trying runstate out and for tests")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
@@ -186,6 +209,8 @@ def _dev(args: argparse.Namespace) -> int:
         compaction_entries=args.compact_after,
         auth=args.auth,
         bootstrap_key=read_bootstrap_key(args.bootstrap_key_file) if args.auth else None,
+        long_polls_max=args.long_polls or WAITERS_TOTAL_MAX,
+        long_polls_per_key_max=args.long_polls_per_key or WAITERS_PER_KEY_MAX,
     )
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
@@ -243,6 +268,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         fsync=fsync == "always",
         retention_ms=duration_ms(retention) if isinstance(retention, str) else (retention or limits.retention_ms_default),
         compaction_entries=int(compact_after) if compact_after else 5_000,
+        long_polls_max=int(setting(args.long_polls, "long_polls") or WAITERS_TOTAL_MAX),
+        long_polls_per_key_max=int(setting(args.long_polls_per_key, "long_polls_per_key") or WAITERS_PER_KEY_MAX),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate_server.actors import limits
+from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,6 +62,9 @@ class NodeConfig:
     bootstrap_key: str | None = None  # the first admin key's secret; None: generate one into the data dir
     # Snapshot the state and truncate the journal after this many log entries (a batch is one).
     compaction_entries: int = 5_000
+    # Long polls parked at once, on the node and on one key (node/waiters.py); more answer at once.
+    long_polls_max: int = WAITERS_TOTAL_MAX
+    long_polls_per_key_max: int = WAITERS_PER_KEY_MAX
 
     @property
     def api_url(self) -> str:

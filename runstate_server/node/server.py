@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import random
+import os
 import secrets
 import socket
 from collections.abc import Callable, Coroutine, Iterator
@@ -35,14 +35,13 @@ from runstate_server.node.waiters import Waiters
 
 log = logging.getLogger(__name__)
 
-COMMAND_ID_BITS = 80  # run, task and delivery ids are derived from a command's id
-# Ids must be unique and unguessable enough, not secret keys: a PRNG seeded from the OS (one
-# syscall per process, not one per id) draws them.
-_ids = random.Random(secrets.randbits(256))
+COMMAND_ID_BYTES = 10  # 80 bits: run, task and delivery ids and lease tokens derive from a command's id
 
 
 def new_command_id() -> str:
-    return f"{_ids.getrandbits(COMMAND_ID_BITS):020x}"
+    """A command's id, from the OS's CSPRNG: tokens derive from it, so no run of earlier ids may
+    predict the next (a Mersenne Twister's can, from 624 outputs)."""
+    return os.urandom(COMMAND_ID_BYTES).hex()
 
 
 def free_port(host: str) -> int:
@@ -77,7 +76,7 @@ class Node:
         self.config = config
         self._build_app = build_app
         self.core = dispatch.Core()
-        self.waiters = Waiters()
+        self.waiters = Waiters(config.long_polls_per_key_max, config.long_polls_max)
         self.ticker = Ticker(self)
         raft_address = config.raft_address or f"{DEFAULT_HOST}:{free_port(DEFAULT_HOST)}"
         raft_host, raft_port = split_address(raft_address, "the Raft address")

@@ -9,9 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from runstate_server.actors.context import api_key_key
 from runstate_server.node.api import _request as req
-from runstate_server.node.api.routes import caller_of
+from runstate_server.node.api.routes import CALLER_KEY, caller_of, node_of
 from runstate_server.node.config import LONG_POLL_MS_MAX
+from runstate_server.node.errors import ApiError
+from runstate_server.node.waiters import Waiter
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -33,12 +36,35 @@ async def long_poll(
     deadline = time.monotonic() + wait_ms / 1000
     await node.confirm_leadership(caller_of(request))
     while True:
-        with node.waiters.register(key) as waiter:
+        with park(request, key) as waiter:
             view = look()
             remaining_s = deadline - time.monotonic()
-            if happened(view) or remaining_s <= 0:
+            if happened(view) or remaining_s <= 0 or not waiter.parked:
                 return view
-            await waiter.wait(remaining_s)
+            await wait(request, waiter, remaining_s)
+
+
+def park(request: web.Request, key: Hashable) -> Waiter:
+    """A waiter on `key` for this request (registered before the handler looks, so no wake is
+    missed), that a revoke of the request's API key wakes as well. Check `waiter.parked`: past the
+    node's bounds it is not, and the handler answers at once with what it has."""
+    caller = request.get(CALLER_KEY)
+    owner = api_key_key(caller.key_id) if caller is not None and caller.key_id is not None else None
+    return node_of(request).waiters.register(key, owner)
+
+
+async def wait(request: web.Request, waiter: Waiter, timeout_s: float) -> None:
+    """Wait for a wake of the waiter (at most `timeout_s`); then, if the request's API key was
+    revoked meanwhile, end the poll with UNAUTHENTICATED instead of showing what came after."""
+    await waiter.wait(timeout_s)
+    caller = request.get(CALLER_KEY)
+    if caller is None or caller.key_id is None:
+        return
+    with node_of(request).read() as state:
+        key = state.keys.get(caller.key_id)
+        revoked = key is None or key.revoked_ms is not None
+    if revoked:
+        raise ApiError("UNAUTHENTICATED", "the API key was revoked while this call waited")
 
 
 def body_wait_ms(body: dict[str, Any]) -> int:

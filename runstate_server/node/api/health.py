@@ -11,7 +11,7 @@ from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, en
 
 HEALTH = obj({
     "status": enum("ok", "unavailable"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
-    "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER,
+    "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER,
 })
 
 routes = RouteTable()
@@ -34,6 +34,7 @@ def health_view(node: Node) -> dict[str, Any]:
         "term": raft.term,
         "appliedIndex": raft.applied_index,
         "commitIndex": raft.commit_index,
+        "longPolls": len(node.waiters),  # parked here now
     }
 
 

@@ -14,7 +14,7 @@ from runstate_server.actors.context import mailbox_key, queue_key
 from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._poll import client_gone
+from runstate_server.node.api._poll import client_gone, park, wait
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
@@ -79,7 +79,7 @@ async def receive(request: web.Request, body: dict[str, Any], args: dict[str, An
     first = True
     while True:
         # Registered before proposing, so a task that becomes ready meanwhile wakes this wait.
-        with node.waiters.register(key) as waiter:
+        with park(request, key) as waiter:
             if client_gone(request):
                 return []  # nobody to hand a task to
             # The first receive always goes through the log (it validates); later ones only when
@@ -95,9 +95,9 @@ async def receive(request: web.Request, body: dict[str, Any], args: dict[str, An
                     return []
                 return list(result["deliveries"])
             remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
+            if remaining_s <= 0 or not waiter.parked:
                 return []
-            await waiter.wait(remaining_s)
+            await wait(request, waiter, remaining_s)
 
 
 def _worth_receiving(request: web.Request, run_id: str, mailbox: str, descendants: bool) -> bool:

@@ -16,7 +16,7 @@ from runstate_server.actors.context import resource_key
 from runstate_server.actors.resources import BUDGET, LIMIT, POOL
 from runstate_server.actors.state import State
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._poll import body_wait_ms, client_gone
+from runstate_server.node.api._poll import body_wait_ms, client_gone, park, wait
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -230,11 +230,11 @@ async def _until_granted(
     registered before each proposal, so a slot or an amount returned meanwhile wakes the wait;
     `retry_at_ms` is a time (the leader's ms) to try again at without a wake, as a rate-limit
     window opens."""
-    node, caller = node_of(request), caller_of(request)
+    caller = caller_of(request)
     key = resource_key(caller.space, kind, args["name"])
     deadline = time.monotonic() + wait_ms / 1000
     while True:
-        with node.waiters.register(key) as waiter:
+        with park(request, key) as waiter:
             if client_gone(request):
                 return None
             result: dict[str, Any] = await req.propose(request, command, args)
@@ -244,13 +244,13 @@ async def _until_granted(
                     await _give_back(request, kind, result)
                     return None
                 return result
-            if remaining_s <= 0:
+            if remaining_s <= 0 or not waiter.parked:
                 return result
             retry_at = retry_at_ms(result)
             if retry_at is not None:
                 due_s = max(retry_at - time.time() * 1000, TAKE_RETRY_MS_MIN) / 1000
                 remaining_s = min(remaining_s, due_s)
-            await waiter.wait(remaining_s)
+            await wait(request, waiter, remaining_s)
 
 
 async def _give_back(request: web.Request, kind: str, result: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from runstate_server.actors.state import State, Task, TaskState
 from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll
+from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll, park, wait
 from runstate_server.node.api.mailboxes import REQUIREMENTS
 from runstate_server.node.api.messages import RECEIVE_BODY, holds_of, receive, receive_args
 from runstate_server.node.api.routes import (
@@ -336,9 +336,11 @@ async def task_results(request: web.Request) -> web.Response:
         if pending is None or remaining_s <= 0:
             return web.json_response({"results": views})
         # Wait for the first unfinished one; the others are looked at again when it is done.
-        with node.waiters.register(task_key(pending)) as waiter:
+        with park(request, task_key(pending)) as waiter:
             with node.read() as state:
                 task = state.tasks.get(pending)
                 finished = task is None or task.state in TaskState.TERMINAL
+            if not finished and not waiter.parked:
+                return web.json_response({"results": views})  # too many wait here: answer now
             if not finished:
-                await waiter.wait(remaining_s)
+                await wait(request, waiter, remaining_s)

@@ -1,0 +1,162 @@
+"""Long polls under pressure and after a revoke, and the ids tokens derive from.
+
+- Past the per-key bound a long poll answers at once with what it has (it used to spin on a
+  done future until its waitMs ran out, a whole core for each).
+- A long poll parked under an API key that is revoked meanwhile ends UNAUTHENTICATED; it never
+  shows what was written after the revoke.
+- Command ids (and the tokens derived from them) come from the OS's CSPRNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from runstate_server.node import server
+from runstate_server.node.waiters import Waiters
+from tests._http import Api, call
+from tests._nodes import DevNode, start_auth_node
+
+PARKED_WAIT_S = 20.0  # how long the test waits for polls to be parked (they park in milliseconds)
+POLL_WAIT_MS = 30_000  # a long poll's waitMs: far longer than an answer "at once" takes
+ANSWER_TIMEOUT_S = 15.0  # a poll that should answer at once must answer within this (it spun 30 s)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = PARKED_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def long_polls(node: DevNode) -> int:
+    return int(call(node.url, "GET", "/v1/health")[1]["longPolls"])
+
+
+def in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def queued_task(api: Api) -> tuple[str, str]:
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = api.ok("PUT", "/v1/mailboxes/by-name/work", {})["id"]
+    task = api.ok("POST", "/v1/tasks", {"scopeId": run_id, "mailboxId": mailbox, "taskKey": "k", "input": 1})
+    return run_id, task["id"]
+
+
+def test_a_long_poll_past_the_per_key_bound_answers_at_once(node_factory: type[DevNode]) -> None:
+    node = node_factory("--long-polls-per-key", "2", in_memory=True).start()
+    api = Api(node.url)
+    run_id, task_id = queued_task(api)
+    path = f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}"
+    parked = [in_thread(lambda: api("GET", path)) for _ in range(2)]
+    wait_until(lambda: long_polls(node) == 2, "two polls parked on the task")
+
+    started = time.monotonic()
+    status, view = call(node.url, "GET", api.space_path(path))
+    assert (status, view["state"]) == (200, "QUEUED")
+    assert time.monotonic() - started < ANSWER_TIMEOUT_S, "the poll past the bound waited instead of answering"
+    assert long_polls(node) == 2  # the two parked ones still wait
+
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+    for thread, out in parked:
+        thread.join(ANSWER_TIMEOUT_S)
+        assert out and out[0][0] == 200 and out[0][1]["state"] == "CANCELLED"
+
+
+def test_a_poll_parked_under_a_revoked_key_ends_unauthenticated(tmp_path: Any) -> None:
+    node, admin_secret = start_auth_node(tmp_path / "data")
+    try:
+        admin = Api(node.url, key=admin_secret)
+        created = admin.ok("POST", "/v1/keys", {"name": "reader", "permissions": ["coordination_read"]})
+        reader = Api(node.url, key=created["key"])
+        run_id, task_id = queued_task(admin)
+        thread, out = in_thread(lambda: reader("GET", f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}"))
+        wait_until(lambda: long_polls(node) == 1, "the reader's poll parked")
+
+        admin.ok("POST", f"/v1/keys/{created['id']}/revoke")
+        thread.join(ANSWER_TIMEOUT_S)
+        assert out, "the poll of the revoked key still waits"
+        status, answer = out[0]
+        assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED"), answer
+        admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+    finally:
+        node.stop()
+
+
+def test_a_poll_woken_after_its_key_was_revoked_shows_nothing_written_after(tmp_path: Any) -> None:
+    """The wake that follows a revoke (here: the task finishing) must not hand over the result."""
+    node, admin_secret = start_auth_node(tmp_path / "data")
+    try:
+        admin = Api(node.url, key=admin_secret)
+        created = admin.ok("POST", "/v1/keys", {"name": "reader", "permissions": ["coordination_read"]})
+        reader = Api(node.url, key=created["key"])
+        run_id, task_id = queued_task(admin)
+        polls = [in_thread(lambda: reader("GET", f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}")) for _ in range(3)]
+        wait_until(lambda: long_polls(node) == 3, "the reader's polls parked")
+        admin.ok("POST", f"/v1/keys/{created['id']}/revoke")
+        admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+        for thread, out in polls:
+            thread.join(ANSWER_TIMEOUT_S)
+            assert out and out[0][0] == 401, out
+    finally:
+        node.stop()
+
+
+def test_waiters_past_a_bound_are_not_parked_and_do_not_wait() -> None:
+    async def scenario() -> None:
+        waiters = Waiters(per_key_max=1, total_max=2)
+        first = waiters.register("a")
+        over_key = waiters.register("a")
+        second = waiters.register("b")
+        over_total = waiters.register("c")
+        assert (first.parked, over_key.parked, second.parked, over_total.parked) == (True, False, True, False)
+        assert len(waiters) == 2
+        started = time.monotonic()
+        assert await over_key.wait(30.0) is False  # at once: it was never parked
+        assert time.monotonic() - started < ANSWER_TIMEOUT_S
+        waiters.wake("a")
+        assert await first.wait(1.0) is True
+        second.close()
+        assert len(waiters) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_wake_of_the_owner_wakes_every_waiter_it_owns() -> None:
+    async def scenario() -> None:
+        waiters = Waiters()
+        owned = [waiters.register(("task", str(index)), ("api_key", "k1")) for index in range(3)]
+        other = waiters.register(("task", "0"), ("api_key", "k2"))
+        waiters.wake(("api_key", "k1"))
+        assert [waiter.future.done() for waiter in owned] == [True, True, True]
+        assert not other.future.done() and len(waiters) == 1
+        waiters.wake(("task", "0"))
+        assert other.future.done() and len(waiters) == 0
+
+    asyncio.run(scenario())
+
+
+def test_command_ids_come_from_the_os_csprng(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lease tokens derive from command ids: they must not be predictable from earlier ids (a
+    Mersenne Twister's outputs are, from 624 of them). Every id is drawn from os.urandom."""
+    drawn: list[bytes] = []
+
+    def urandom(size: int) -> bytes:
+        drawn.append(bytes(range(size)))
+        return drawn[-1]
+
+    monkeypatch.setattr(os, "urandom", urandom)
+    assert server.new_command_id() == bytes(range(10)).hex()
+    assert len(drawn) == 1
