@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
@@ -32,6 +33,7 @@ class DevNode:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.preexec_fn: Callable[[], None] | None = None  # run in the child before it starts (e.g. setrlimit)
         self.log_path = (data_dir.parent if data_dir else Path("/tmp")) / f"node-{self.port}.log"
 
     def start(self) -> DevNode:
@@ -39,7 +41,9 @@ class DevNode:
         storage = ["--data-dir", str(self.data_dir)] if self.data_dir else ["--in-memory"]
         command = [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", str(self.port), *storage, *self.extra_args]
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy())
+        self.process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy(), preexec_fn=self.preexec_fn
+        )
         log_file.close()
         self.wait_healthy()
         return self

@@ -22,9 +22,14 @@ from runstate_server.node.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     DEFAULT_SPACE,
+    HTTP_BODY_TIMEOUT_MS,
+    HTTP_CONNECTIONS_MAX,
+    HTTP_HEADER_TIMEOUT_MS,
+    HTTP_IDLE_TIMEOUT_MS,
     SECRET_CHARS_MIN,
     SECRET_ENV,
     ConfigError,
+    HttpLimits,
     NodeConfig,
     load_toml,
     parse_peer,
@@ -74,6 +79,56 @@ def _add_storage_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> No
         help="snapshot the state and truncate the journal after this many log entries (default 5000)",
     )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+
+
+def positive_integer(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def positive_duration_ms(text: str) -> int:
+    value = duration_ms(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be longer than 0")
+    return value
+
+
+# (flag, NodeConfig.http field, parse, help); a node's TOML file names them http_<field without _ms>.
+_HTTP_FLAGS = (
+    ("--http-connections-max", "connections_max", positive_integer,
+     f"open API connections at most (default {HTTP_CONNECTIONS_MAX:,}, and never more than half the "
+     "file-descriptor limit); past it a new connection takes the place of the one idle longest, or is "
+     "answered 503 if every one is busy"),
+    ("--http-idle-timeout", "idle_timeout_ms", positive_duration_ms,
+     f"close a connection that has no request in progress after this (default {HTTP_IDLE_TIMEOUT_MS // 1000}s)"),
+    ("--http-header-timeout", "header_timeout_ms", positive_duration_ms,
+     f"a request's line and headers must arrive within this of its first byte (default {HTTP_HEADER_TIMEOUT_MS // 1000}s)"),
+    ("--http-body-timeout", "body_timeout_ms", positive_duration_ms,
+     f"a request's body must arrive within this of its headers (default {HTTP_BODY_TIMEOUT_MS // 1000}s)"),
+)
+
+
+def _add_http_flags(parser: argparse.ArgumentParser) -> None:
+    for flag, _, parse, help_text in _HTTP_FLAGS:
+        parser.add_argument(flag, type=parse, default=None, help=help_text)
+
+
+def http_limits(args: argparse.Namespace, file: dict[str, Any]) -> HttpLimits:
+    """The --http-* flags over the file's http_* keys over the defaults."""
+    values: dict[str, int] = {}
+    for flag, field, parse, _ in _HTTP_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        key = "http_" + field.removesuffix("_ms")
+        if value is None and key in file:
+            try:
+                value = parse(str(file[key]))
+            except (ValueError, argparse.ArgumentTypeError) as error:
+                raise ConfigError(f"{key} in the config file: {error}") from None
+        if value is not None:
+            values[field] = value
+    return HttpLimits(**values)
 
 
 def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bootstrap_flag(dev)
     _add_storage_flags(dev, defaults=True)
     _add_long_poll_flags(dev)
+    _add_http_flags(dev)
 
     node = commands.add_parser(
         "node",
@@ -151,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
     _add_long_poll_flags(node)
+    _add_http_flags(node)
 
     cluster = commands.add_parser("cluster", help="a local cluster for trying runstate out and for tests")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
@@ -211,6 +268,7 @@ def _dev(args: argparse.Namespace) -> int:
         bootstrap_key=read_bootstrap_key(args.bootstrap_key_file) if args.auth else None,
         long_polls_max=args.long_polls or WAITERS_TOTAL_MAX,
         long_polls_per_key_max=args.long_polls_per_key or WAITERS_PER_KEY_MAX,
+        http=http_limits(args, {}),
     )
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
@@ -270,6 +328,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         compaction_entries=int(compact_after) if compact_after else 5_000,
         long_polls_max=int(setting(args.long_polls, "long_polls") or WAITERS_TOTAL_MAX),
         long_polls_per_key_max=int(setting(args.long_polls_per_key, "long_polls_per_key") or WAITERS_PER_KEY_MAX),
+        http=http_limits(args, file),
     )
 
 

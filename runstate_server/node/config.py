@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,30 @@ BOOTSTRAP_KEY_CHARS_MAX = 256
 BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
 CLUSTER_NODES_MAX = 7
 
+# The HTTP server's bounds (node/http_server.py). The first four are settings (HttpLimits); a
+# client holding a connection past any of them is answered and disconnected, never waited for.
+HTTP_CONNECTIONS_MAX = 10_000  # open API connections per node; never more than half the fd limit
+HTTP_IDLE_TIMEOUT_MS = 60_000  # a connection with no request in progress is closed after this
+HTTP_HEADER_TIMEOUT_MS = 10_000  # from a request's first byte to its last header line
+HTTP_BODY_TIMEOUT_MS = 30_000  # from a request's last header line to the end of its body
+HTTP_SHED_CONNECTIONS_MAX = 64  # connections past the cap (all busy) answered 503; more are closed at once
+HTTP_LINE_BYTES_MAX = 8_190  # a request line or header line
+HTTP_HEADERS_MAX = 128  # header lines in a request
+HTTP_LINGER_MS = 5_000  # the rest of a body not read before the answer is drained at most this long
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client may hold of the API server (`--http-*` flags, `http_*` keys of a node's file)."""
+
+    connections_max: int = HTTP_CONNECTIONS_MAX
+    idle_timeout_ms: int = HTTP_IDLE_TIMEOUT_MS
+    header_timeout_ms: int = HTTP_HEADER_TIMEOUT_MS
+    body_timeout_ms: int = HTTP_BODY_TIMEOUT_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +86,7 @@ class NodeConfig:
     # Long polls parked at once, on the node and on one key (node/waiters.py); more answer at once.
     long_polls_max: int = WAITERS_TOTAL_MAX
     long_polls_per_key_max: int = WAITERS_PER_KEY_MAX
+    http: HttpLimits = field(default_factory=HttpLimits)
 
     @property
     def api_url(self) -> str:

@@ -19,6 +19,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "FORBIDDEN": 403,
     "NOT_FOUND": 404,
     "METHOD_NOT_ALLOWED": 405,
+    "REQUEST_TIMEOUT": 408,  # a request's headers or body did not arrive in time (node/http_server.py)
     "CONFLICT": 409,
     "IDEMPOTENCY_CONFLICT": 409,
     "CLAIM_HELD": 409,

@@ -29,6 +29,7 @@ from runstate_server.node.config import (
     split_address,
 )
 from runstate_server.node.errors import ApiError, raise_for_result
+from runstate_server.node.http_server import Runner, connections_max_for, limit_log_rate, raise_fd_limit
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
 from runstate_server.node.waiters import Waiters
@@ -98,7 +99,7 @@ class Node:
         )
         self.router = Router(self)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
+        self._runner: Runner | None = None
         self._lock_file: IO[bytes] | None = None
         self.url = ""
         self.bootstrap_message: str | None = None  # what `runstate dev --auth` tells the user
@@ -106,6 +107,8 @@ class Node:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        limit_log_rate()
+        fd_limit = raise_fd_limit()
         self._lock_data_dir()
         check_port_free(self.config.host, self.config.port)
         try:
@@ -122,7 +125,9 @@ class Node:
             except (ApiError, OSError) as error:
                 raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
-        self._runner = web.AppRunner(self._build_app(self), access_log=None, handle_signals=False)
+        self._runner = Runner(
+            self._build_app(self), self.config.http, connections_max=connections_max_for(self.config.http, fd_limit)
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
         await site.start()

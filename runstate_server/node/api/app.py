@@ -33,6 +33,7 @@ from runstate_server.node.errors import (
     error_response,
     new_request_id,
 )
+from runstate_server.node.http_server import client_gone
 from runstate_server.node.routing import forwarded
 
 __all__ = ["ROUTES", "build_app"]
@@ -71,7 +72,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         if error.status == 405:
             return error_response("METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path}", request_id)
         raise
-    except Exception:
+    except Exception as error:
+        if client_gone(request, error):  # e.g. it closed mid-body: nobody to answer, nothing wrong here
+            log.debug("client went away during %s %s (request %s): %r", request.method, request.path, request_id, error)
+            raise
         log.exception("internal error in %s %s (request %s)", request.method, request.path, request_id)
         return error_response("INTERNAL", "internal server error; the node's log has the details", request_id)
     if not response.prepared:
