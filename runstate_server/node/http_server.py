@@ -4,7 +4,8 @@ aiohttp alone takes every connection the process can open, waits forever for a r
 or body, and answers its own parser errors in plain text. A node built on it alone stopped
 answering anyone once 1,100 idle connections had used up its file descriptors. Here:
 
-- Connections: at most `HttpLimits.connections_max` are served, never more than half the
+- Connections: the site accepts one connection at a time (asyncio's server accepts up to its
+  backlog at once, a burst that alone can exhaust the descriptors), and at most `HttpLimits.connections_max` are served, never more than half the
   process's file-descriptor limit (the rest is for Raft, the journal and forwarding; the soft
   limit is raised to the hard one at start). A connection past the cap takes the place of the one
   that has waited longest for a request (HTTP lets a server close an idle keep-alive connection
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 import re
 import resource
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -56,6 +59,9 @@ LOG_WINDOW_S = 10.0
 LOG_TEMPLATES_MAX = 1_000  # templates tracked at once; past it the table starts again
 RATE_LIMITED_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", __name__)
 CLIENT_GONE = (ConnectionError, asyncio.CancelledError)  # a client closed its side mid-request
+# Out of file descriptors or memory at accept: wait this long before accepting again.
+ACCEPT_RETRY_S = 0.1
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def client_gone(request: web.BaseRequest, error: BaseException) -> bool:
@@ -329,10 +335,9 @@ class LimitedServer(web.Server):
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         connection = cast(Connection, request.protocol)
         if connection._shed:
-            response = error_response(
-                "UNAVAILABLE", f"this node serves {self.connections_max} connections and all are busy; retry",
-                new_request_id(),
-            )
+            response = ApiError(
+                "UNAVAILABLE", f"this node serves {self.connections_max} connections and all are busy; retry"
+            ).response(new_request_id())  # with Retry-After
             response.force_close()
             return response
         body_timer = None
@@ -374,3 +379,57 @@ class Runner(web.AppRunner):
             handler_cancellation=plain.handler_cancellation,
             **self._kwargs,
         )
+
+
+class Site(web.BaseSite):
+    """Listens on host:port and accepts one connection at a time, each handed to the runner's
+    server before the next is taken, so the descriptors open stay within the server's cap (plus
+    the one being refused). Binds the one address `host` names (IPv6 if it holds a colon)."""
+
+    __slots__ = ("_host", "_port", "_accepting")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, backlog: int) -> None:
+        super().__init__(runner, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._accepting: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        listener = socket.create_server((self._host, self._port), family=family, backlog=self._backlog)
+        listener.setblocking(False)
+        self._accepting = asyncio.create_task(self._accept(listener), name=f"accept {self.name}")
+
+    async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            try:
+                await self._accepting
+            except asyncio.CancelledError:
+                pass
+            self._accepting = None
+        await super().stop()
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        with listener:
+            while True:
+                try:
+                    client, _ = await loop.sock_accept(listener)
+                except OSError as error:
+                    if error.errno in _OUT_OF_RESOURCES:
+                        log.error("cannot accept a connection on %s: %s", self.name, error)
+                        await asyncio.sleep(ACCEPT_RETRY_S)
+                    continue  # else a connection reset before it was accepted
+                try:
+                    await loop.connect_accepted_socket(server, client)
+                except OSError as error:
+                    log.debug("connection dropped as it was accepted: %s", error)
+                    client.close()

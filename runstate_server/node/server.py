@@ -29,7 +29,7 @@ from runstate_server.node.config import (
     split_address,
 )
 from runstate_server.node.errors import ApiError, raise_for_result
-from runstate_server.node.http_server import Runner, connections_max_for, limit_log_rate, raise_fd_limit
+from runstate_server.node.http_server import Runner, Site, connections_max_for, limit_log_rate, raise_fd_limit
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
 from runstate_server.node.waiters import Waiters
@@ -129,7 +129,7 @@ class Node:
             self._build_app(self), self.config.http, connections_max=connections_max_for(self.config.http, fd_limit)
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
+        site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
         await site.start()
         self.url = f"http://{self.config.host}:{self.config.port}"
 
