@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runstate_server.node import cli
-from runstate_server.node.config import ConfigError, Peer
+from runstate_server.node.config import ConfigError, HttpLimits, Peer
 
 SECRET = "s" * 32
 CLI_TIMEOUT_S = 60
@@ -54,6 +54,18 @@ api_url = "http://127.0.0.1:8082"
     assert config.retention_ms == 3_600_000
     assert config.data_dir == tmp_path / "data"
     assert config.peers == (Peer("n2", "127.0.0.1:9082", "http://127.0.0.1:8082"),)
+
+
+def test_the_http_limits_come_from_flags_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNSTATE_CLUSTER_SECRET", SECRET)
+    (tmp_path / "node.toml").write_text('http_connections_max = 500\nhttp_header_timeout = "5s"\nhttp_body_timeout = "20s"\n')
+    node = ["--node-id", "n1", "--api", "127.0.0.1:8081", "--raft", "127.0.0.1:9081", "--peer", "n2,127.0.0.1:9082,http://127.0.0.1:8082"]
+    config = config_from(["--config", str(tmp_path / "node.toml"), *node, "--http-body-timeout", "45s"])
+    assert config.http == HttpLimits(connections_max=500, header_timeout_ms=5_000, body_timeout_ms=45_000)
+    assert cli.build_parser().parse_args(["dev"]).http_idle_timeout is None  # the default: HttpLimits'
+    (tmp_path / "node.toml").write_text('http_idle_timeout = "soon"\n')
+    with pytest.raises(ConfigError, match="http_idle_timeout"):
+        config_from(["--config", str(tmp_path / "node.toml"), *node])
 
 
 @pytest.mark.parametrize(
