@@ -4,14 +4,14 @@ aiohttp alone takes every connection the process can open, waits forever for a r
 or body, and answers its own parser errors in plain text. A node built on it alone stopped
 answering anyone once 1,100 idle connections had used up its file descriptors. Here:
 
-- Connections: the site accepts one connection at a time (asyncio's server accepts up to its
-  backlog at once, a burst that alone can exhaust the descriptors), and at most `HttpLimits.connections_max` are served, never more than half the
+- Connections: at most `HttpLimits.connections_max` are served, never more than half the
   process's file-descriptor limit (the rest is for Raft, the journal and forwarding; the soft
   limit is raised to the hard one at start). A connection past the cap takes the place of the one
   that has waited longest for a request (HTTP lets a server close an idle keep-alive connection
   at any time). If every served connection is busy with a request, up to
   HTTP_SHED_CONNECTIONS_MAX more are answered `503 UNAVAILABLE` with Retry-After; past that a new
-  connection is closed at once, unanswered.
+  connection is closed at once, unanswered. The Site accepts one connection at a time: asyncio's
+  server accepts up to its backlog at once, a burst that alone can exhaust the descriptors.
 - Deadlines: an idle connection is closed after `idle_timeout_ms`; a request's line and headers
   must arrive within `header_timeout_ms` of its first byte, its body within `body_timeout_ms` of
   its headers; either late one is answered `408 REQUEST_TIMEOUT` and its connection closed.
@@ -199,7 +199,11 @@ class Connection(RequestHandler):
         return self._request_count == 0 or (self._waiter is not None and not self._waiter.done())
 
     def handle_error(
-        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
     ) -> web.StreamResponse:
         """aiohttp's answer to a request it could not parse (400) or whose handler raised past the
         middlewares (500): the JSON error envelope, and the connection closed."""
@@ -213,9 +217,10 @@ class Connection(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("the answer was partly sent; the connection is dropped")
         if status < 500:
-            response = error_response("VALIDATION_FAILED", f"malformed HTTP request: {_parser_error(message, exc)}", new_request_id())
+            code, text = "VALIDATION_FAILED", f"malformed HTTP request: {_parser_error(message, exc)}"
         else:
-            response = error_response("INTERNAL", "internal server error; the node's log has the details", new_request_id())
+            code, text = "INTERNAL", "internal server error; the node's log has the details"
+        response = error_response(code, text, new_request_id())
         response.force_close()
         return response
 
@@ -223,7 +228,8 @@ class Connection(RequestHandler):
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self._loop.call_later(self._limited_server.header_timeout_s, self._head_timed_out)
+            timeout_s = self._limited_server.header_timeout_s
+            self._head_timer = self._loop.call_later(timeout_s, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -236,11 +242,9 @@ class Connection(RequestHandler):
         if transport is None or not self.waiting_for_request():
             return
         if self._head_started:
-            response = error_response(
-                "REQUEST_TIMEOUT",
-                f"the request's line and headers did not arrive within {self._limited_server.header_timeout_s:g} s",
-                new_request_id(),
-            )
+            timeout_s = self._limited_server.header_timeout_s
+            message = f"the request line and headers did not arrive within {timeout_s:g} s"
+            response = error_response("REQUEST_TIMEOUT", message, new_request_id())
             transport.write(_serialize(response))  # the transport sends it before it closes
         self.force_close()
 
@@ -250,9 +254,9 @@ class Connection(RequestHandler):
         if payload.is_eof():
             return
         self.close()  # read nothing more; close once answered
-        payload.set_exception(
-            ApiError("REQUEST_TIMEOUT", f"the request's body did not arrive within {self._limited_server.body_timeout_s:g} s")
-        )
+        timeout_s = self._limited_server.body_timeout_s
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        payload.set_exception(ApiError("REQUEST_TIMEOUT", message))
         payload.feed_eof()  # nothing left to drain after the answer
 
 
@@ -273,7 +277,7 @@ def _serialize(response: web.Response) -> bytes:
     """An answer written straight to the socket, outside any request (a late head)."""
     body = cast(bytes, response.body)
     lines = [f"HTTP/1.1 {response.status} {response.reason}"]
-    lines += [f"{name}: {value}" for name, value in response.headers.items() if name.lower() != "content-length"]
+    lines += [f"{name}: {value}" for name, value in response.headers.items()]  # type, request id
     lines += [f"Content-Length: {len(body)}", "Connection: close"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
@@ -313,7 +317,7 @@ class LimitedServer(web.Server):
                 self._shed.add(connection)
                 return Admission.SHED
             else:
-                log.warning("all %d API connections are busy; closing new connections unanswered", self.connections_max)
+                log.warning("all %d API connections are busy; new ones are closed", self.connections_max)
                 return Admission.REFUSE
         self._serving[connection] = None
         self._idle[connection] = None
@@ -342,7 +346,8 @@ class LimitedServer(web.Server):
             return response
         body_timer = None
         if not request.content.is_eof():
-            body_timer = self._loop.call_later(self.body_timeout_s, connection.body_timed_out, request.content)
+            payload = request.content
+            body_timer = self._loop.call_later(self.body_timeout_s, connection.body_timed_out, payload)
         try:
             return await self._app_handler(request)
         finally:
