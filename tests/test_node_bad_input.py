@@ -6,6 +6,7 @@ nothing (the node's data digest is the same before and after) and leaves no trac
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -130,6 +131,11 @@ def test_header_bytes_that_are_not_utf8_are_refused(target: Target) -> None:
     claim = json.dumps({"scopeId": target.run, "key": "held"}).encode()
     refused(target.send("POST", f"{SPACE}/claims", claim, **{"X-Runstate-Holder": b"\xe9\xff"}), 400, "VALIDATION_FAILED")
     refused(target.send("POST", f"{SPACE}/scopes", b"{}", **{"Idempotency-Key": b"k\xe9\xff"}), 400, "VALIDATION_FAILED")
+    # A request id a "forwarded" request brings is kept only if it is one a node makes.
+    for request_id in (b"\x80", b"req_" + b"0" * 5000, b"req_short"):
+        answer = send(target.node.url, "GET", "/v1/nowhere", None, {"X-Request-Id": request_id, "X-Runstate-Forwarded-By": "n2"})
+        assert answer.status == 404 and re.fullmatch(r"req_[0-9a-f]{24}", answer.json()["error"]["requestId"]), answer
+        assert answer.headers["X-Request-Id"] == answer.json()["error"]["requestId"]
     assert target.digest() == before
     no_traceback(target.node)
 
@@ -144,6 +150,8 @@ def test_a_time_outside_the_years_1_to_9999_is_refused_before_it_is_committed(ta
     # The first moment of the year 1, in UTC, is still a time (in the past: it fires at once).
     timer = target.send("POST", f"{SPACE}/scopes/{target.run}/timers", b'{"at": "0001-01-01T00:00:00-00:01"}')
     assert timer.status == 201 and timer.json()["fireAt"] == "0001-01-01T00:01:00.000Z", timer
+    fired = target.send("POST", f"{SPACE}/timers/{timer.json()['id']}/wait?waitMs=10000")  # settled before the next test
+    assert fired.status == 200 and fired.json()["done"] is True, fired
     no_traceback(target.node)
 
 
