@@ -102,3 +102,19 @@ def test_the_document_names_the_new_answers(dev_node: DevNode) -> None:
     cancel = document["paths"]["/v1/spaces/{spaceId}/scopes/{id}/cancel"]["post"]["responses"]
     assert {"403", "415"} <= set(cancel)
     assert "409" in document["paths"]["/v1/keys"]["post"]["responses"]
+
+
+def test_a_follower_forwards_json_and_bodiless_calls_and_refuses_the_rest_itself(make_cluster: Any) -> None:
+    cluster = make_cluster().start()
+    follower = (cluster.leader_index() + 1) % cluster.size
+    url, key = cluster.urls[follower], cluster.admin_key
+    scopes = "/v1/spaces/default/scopes"
+    created = send(url, "POST", scopes, b"{}", json_headers(key, Origin="http://evil.example"))
+    assert created.status == 201 and "X-Runstate-Leader" in created.headers, created  # served by the leader
+    run_id = created.json()["id"]
+    # A bodiless POST (as the 0.2 client cancels) needs no content type on either hop.
+    cancelled = send(url, "POST", f"{scopes}/{run_id}/cancel", None, {"Authorization": f"Bearer {key}"})
+    assert cancelled.status == 200 and cancelled.json()["storedState"] == "CANCELLED", cancelled
+    refused = send(url, "POST", scopes, b"{}", {"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})
+    assert (refused.status, refused.code) == (415, "UNSUPPORTED_MEDIA_TYPE")
+    assert "X-Runstate-Leader" not in refused.headers  # refused where it arrived, not forwarded

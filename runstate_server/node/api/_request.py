@@ -122,7 +122,7 @@ def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = F
             raise ApiError("VALIDATION_FAILED", f"{field} is required")
         return None
     if not isinstance(value, str) or not 0 < len(value) <= max_chars or not is_unicode(value):
-        raise ApiError("VALIDATION_FAILED", f"{field} must be a string of 1 to {max_chars} characters")
+        raise ApiError("VALIDATION_FAILED", f"{field} must be a string of 1 to {max_chars} characters (valid Unicode)")
     return value
 
 

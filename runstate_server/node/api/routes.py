@@ -114,7 +114,7 @@ def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:
         return None
     # A header's bytes that are not UTF-8 reach here as lone surrogates, which cannot be stored.
     if not isinstance(holder, str) or len(holder) > limits.name_chars_max or not is_unicode(holder):
-        raise ApiError("VALIDATION_FAILED", f"holder must be a string of at most {limits.name_chars_max} characters")
+        raise ApiError("VALIDATION_FAILED", f"holder must be a string of at most {limits.name_chars_max} characters (valid Unicode)")
     return holder
 
 
