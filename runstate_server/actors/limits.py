@@ -12,8 +12,9 @@ KIB = 1024
 
 # Payloads (task input, task result), measured as compact JSON bytes.
 payload_bytes_max = 64 * KIB
-# One HTTP request body.
+# One HTTP request body; how deeply its JSON may nest (a payload's depth counts from the body's).
 body_bytes_max = 256 * KIB
+json_depth_max = 64
 
 # Names and keys.
 name_chars_max = 128

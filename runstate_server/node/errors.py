@@ -4,6 +4,7 @@ status per code, and `Retry-After` (seconds) on the answers that say "busy, try 
 from __future__ import annotations
 
 import math
+import re
 import secrets
 from typing import Any
 
@@ -11,16 +12,24 @@ from aiohttp import web
 
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
+REQUEST_ID_HEX_CHARS = 24
+# What new_request_id makes; a forwarded request's id is kept only if it looks like one.
+REQUEST_ID = re.compile(r"req_[0-9a-f]{%d}" % REQUEST_ID_HEX_CHARS)  # noqa: UP031
 
 # Every code a client can meet, with its HTTP status (README "Errors" lists them for users).
 STATUS_BY_CODE: dict[str, int] = {
     "VALIDATION_FAILED": 400,
     "UNAUTHENTICATED": 401,
     "FORBIDDEN": 403,
+    # A node without auth refuses a request from a web page of another origin (Origin, or a Host
+    # that is not this machine's: DNS rebinding); node/api/guard.py.
+    "FORBIDDEN_ORIGIN": 403,
     "NOT_FOUND": 404,
     "METHOD_NOT_ALLOWED": 405,
     "REQUEST_TIMEOUT": 408,  # a request's headers or body did not arrive in time (node/http_server.py)
     "CONFLICT": 409,
+    # A node without auth creates no API keys (one would be valid once it restarts with --auth).
+    "AUTH_DISABLED": 409,
     "IDEMPOTENCY_CONFLICT": 409,
     "CLAIM_HELD": 409,
     "BACKLOG_FULL": 409,
@@ -33,6 +42,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "GROUP_CLOSED": 409,
     "BARRIER_CANCELLED": 409,
     "BARRIER_RELEASED": 409,
+    # A request body that is not sent as JSON (Content-Type: application/json); node/api/guard.py.
+    "UNSUPPORTED_MEDIA_TYPE": 415,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
@@ -44,7 +55,7 @@ RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "UNAVAILABLE"})
 
 
 def new_request_id() -> str:
-    return "req_" + secrets.token_hex(12)
+    return "req_" + secrets.token_hex(REQUEST_ID_HEX_CHARS // 2)
 
 
 class ApiError(Exception):

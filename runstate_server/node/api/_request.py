@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from aiohttp import web
 
 from runstate_server.actors import limits, resources
-from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDLER_KEY
+from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDLER_KEY, is_unicode
 from runstate_server.node.errors import ApiError
 
 _MISSING = object()
@@ -30,12 +31,36 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
         return {}
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise ApiError("VALIDATION_FAILED", f"body nests deeper than {limits.json_depth_max} levels") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError("VALIDATION_FAILED", f"body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise ApiError("VALIDATION_FAILED", "body must be a JSON object")
+    _refuse_unstorable(body)
     _refuse_unknown_fields(request, body)
     return body
+
+
+def _refuse_unstorable(body: dict[str, Any]) -> None:
+    """Refuse what parses but cannot be stored or rendered: nesting deeper than json_depth_max,
+    a string that is not valid Unicode (a lone surrogate, which JSON can escape: `"\\ud800"`) and
+    a number that is not finite (NaN, Infinity, 1e999). Walked with a stack, not recursion."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limits.json_depth_max:
+                raise ApiError("VALIDATION_FAILED", f"body nests deeper than {limits.json_depth_max} levels")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+            if isinstance(value, dict):
+                stack.extend((key, depth) for key in value)
+        elif isinstance(value, str):
+            if not value.isascii() and not is_unicode(value):
+                raise ApiError("VALIDATION_FAILED", "body holds a string that is not valid Unicode (a lone surrogate)")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ApiError("VALIDATION_FAILED", "body holds a number that is not finite")
 
 
 def _refuse_unknown_fields(request: web.Request, body: dict[str, Any]) -> None:
@@ -73,7 +98,7 @@ async def idempotency(request: web.Request) -> tuple[str, str] | None:
     raw = await request.read()
     try:
         body = canonical_json(json.loads(raw)) if raw.strip() else b"{}"
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         body = raw
     fingerprint = hashlib.sha256(f"{request.method} {request.path_qs}\n".encode() + body).hexdigest()
     request[_IDEMPOTENCY_CACHE] = (key, fingerprint)
@@ -96,8 +121,8 @@ def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = F
         if required:
             raise ApiError("VALIDATION_FAILED", f"{field} is required")
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
-        raise ApiError("VALIDATION_FAILED", f"{field} must be a string of 1 to {max_chars} characters")
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars or not is_unicode(value):
+        raise ApiError("VALIDATION_FAILED", f"{field} must be a string of 1 to {max_chars} characters (valid Unicode)")
     return value
 
 
@@ -130,8 +155,16 @@ def query_integer(request: web.Request, field: str, *, minimum: int, maximum: in
     return value
 
 
+# The times a request may name: those of years 1 to 9999 in UTC, which every answer can render
+# (a time of 0001-01-01 with a positive offset is in the year 0).
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+TIME_MS_MIN = (datetime(1, 1, 1, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+TIME_MS_MAX = (datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+
+
 def timestamp_ms(body: dict[str, Any], field: str) -> int | None:
-    """An ISO 8601 time (a naive one is taken as UTC) as milliseconds since the epoch."""
+    """An ISO 8601 time (a naive one is taken as UTC) as milliseconds since the epoch, in the
+    years 1 to 9999 UTC."""
     value = body.get(field)
     if value is None:
         return None
@@ -143,7 +176,10 @@ def timestamp_ms(body: dict[str, Any], field: str) -> int | None:
         raise ApiError("VALIDATION_FAILED", f"{field} is not an ISO 8601 time: {value!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
-    return int(parsed.timestamp() * 1000)
+    moment_ms = (parsed - _EPOCH) // timedelta(milliseconds=1)
+    if not TIME_MS_MIN <= moment_ms <= TIME_MS_MAX:
+        raise ApiError("VALIDATION_FAILED", f"{field} must be a time in the years 0001 to 9999 UTC: {value!r}")
+    return moment_ms
 
 
 def canonical_json(value: Any) -> bytes:

@@ -3,6 +3,10 @@
 A key's secret is made here (on the leader), returned once by the create call, and only its
 SHA-256 goes into the log. An admin key of the operator space (the one bootstrap created) manages
 every space; an admin key of another space manages its own space's keys only.
+
+A node without auth creates no key (409 AUTH_DISABLED): anyone on the machine may call it, and
+a key made there would be valid once the node restarts with --auth. Start it with --auth and use
+the bootstrap admin key instead. Listing and revoking keys stay open (a revoke only takes away).
 """
 
 from __future__ import annotations
@@ -121,10 +125,17 @@ def _permissions(body: dict[str, Any]) -> list[str]:
 @routes(
     "POST", "/v1/keys", "Create an API key; its secret is in this answer only",
     body={"space": STRING, "name": STRING, "permissions": _PERMISSIONS_SCHEMA}, ok=201,
-    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=ADMIN, answer=obj({**KEY["properties"], "key": STRING}),
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "AUTH_DISABLED", "LIMIT_EXCEEDED"),
+    permission=ADMIN, answer=obj({**KEY["properties"], "key": STRING}),
 )
 async def create_key(request: web.Request) -> web.Response:
     caller = caller_of(request)
+    if not node_of(request).config.auth:
+        raise ApiError(
+            "AUTH_DISABLED",
+            "this node runs without auth, so it creates no API keys (one made here would be valid once the "
+            "node restarts with --auth); start it with --auth and create keys with its bootstrap admin key",
+        )
     body = await req.json_body(request)
     space_id = _target_space(caller, req.text(body, "space", max_chars=limits.name_chars_max))
     permissions = _permissions(body)

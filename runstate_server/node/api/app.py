@@ -25,8 +25,10 @@ from runstate_server.node.api import (
     timers,
 )
 from runstate_server.node.api.auth import authenticate
+from runstate_server.node.api.guard import guard
 from runstate_server.node.api.routes import NODE_KEY, ROUTE_BY_HANDLER_KEY, ROUTES_KEY, Handler, Route
 from runstate_server.node.errors import (
+    REQUEST_ID,
     REQUEST_ID_HEADER,
     REQUEST_ID_KEY,
     ApiError,
@@ -59,8 +61,8 @@ log = logging.getLogger(__name__)
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every answer carries a request id (X-Request-Id; in an error envelope, `requestId`). A
     forwarded request keeps the id the first node gave it, so both nodes' logs name one id."""
-    request_id = request.headers.get(REQUEST_ID_HEADER) if forwarded(request) else None
-    request_id = request_id or new_request_id()
+    request_id = request.headers.get(REQUEST_ID_HEADER, "") if forwarded(request) else ""
+    request_id = request_id if REQUEST_ID.fullmatch(request_id) else new_request_id()
     request[REQUEST_ID_KEY] = request_id
     try:
         response = await handler(request)
@@ -95,7 +97,7 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
+    app = web.Application(middlewares=[errors_as_json, guard, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     app[ROUTES_KEY] = ROUTES
     app[ROUTE_BY_HANDLER_KEY] = {route.handler: route for route in ROUTES}

@@ -33,6 +33,7 @@ from runstate_server.node.api.routes import (
     Caller,
     Handler,
     Route,
+    is_unicode,
 )
 from runstate_server.node.errors import ApiError
 from runstate_server.node.keys import key_hash
@@ -91,6 +92,7 @@ def _bearer(request: web.Request) -> str:
     if not header.lower().startswith(BEARER_PREFIX):
         raise ApiError("UNAUTHENTICATED", "send an API key: Authorization: Bearer <key>")
     secret = header[len(BEARER_PREFIX):].strip()
-    if not secret or len(secret) > API_KEY_CHARS_MAX:
+    # A header of bytes that are not UTF-8 (kept as surrogates) cannot be a key, nor be hashed.
+    if not secret or len(secret) > API_KEY_CHARS_MAX or not is_unicode(secret):
         raise ApiError("UNAUTHENTICATED", "the API key is not valid (unknown or revoked)")
     return secret

@@ -112,9 +112,20 @@ def holder_of(request: web.Request, body: dict[str, Any]) -> str | None:
     holder = body.get("holder") or request.headers.get(HOLDER_HEADER)
     if holder is None:
         return None
-    if not isinstance(holder, str) or len(holder) > limits.name_chars_max:
-        raise ApiError("VALIDATION_FAILED", f"holder must be a string of at most {limits.name_chars_max} characters")
+    # A header's bytes that are not UTF-8 reach here as lone surrogates, which cannot be stored.
+    if not isinstance(holder, str) or len(holder) > limits.name_chars_max or not is_unicode(holder):
+        raise ApiError("VALIDATION_FAILED", f"holder must be a string of at most {limits.name_chars_max} characters (valid Unicode)")
     return holder
+
+
+def is_unicode(text: str) -> bool:
+    """The text encodes as UTF-8: no lone surrogate (from a JSON escape such as `"\\ud800"`, or
+    from a header's bytes that are not UTF-8, which aiohttp keeps as surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # Schema fragments of request fields, as the route modules have named them (schemas.py has all).

@@ -8,8 +8,8 @@ manages every space; an `admin` key of another space manages only its own space'
     key.secret          # rsk_...: shown only here, store it now
     await rs.keys.revoke(key.id)
 
-Against a node without auth (`runstate dev` without `--auth`) every call is allowed: the keys are
-stored and enforced once the node runs with auth on the same data dir.
+Against a node without auth (`runstate dev` without `--auth`) every call is allowed but creating a
+key (ConflictError, code AUTH_DISABLED): start the node with `--auth` to use keys.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class KeyInfo:
     """An API key as the server describes it; never its secret.
 
     `revoked_at` is None while the key is valid; `created_by` is the id of the key that created it
-    (None for the bootstrap key, or one created on a node without auth).
+    (None for the bootstrap key, or a key an earlier version created on a node without auth).
     """
 
     id: str
@@ -210,7 +210,8 @@ class Keys:
         Raises ForbiddenError without the admin permission, or for another space unless the
         caller is an admin of the operator space; NotFoundError for an unknown space;
         ValidationError for an unknown permission or a too long name (ConfigError, before any
-        request, for an empty or malformed list); LimitExceededError past the keys of a space.
+        request, for an empty or malformed list); LimitExceededError past the keys of a space;
+        ConflictError (code AUTH_DISABLED) on a node without auth, which creates no keys.
         Not repeated once sent (a repeat would mint a second key): a lost answer raises
         UnavailableError.
         """
