@@ -57,7 +57,7 @@ def start_body(node: DevNode, body_bytes: int = 100) -> socket.socket:
     """A POST whose head the node has taken (it answered `100 Continue`), with half its body sent."""
     sock = connect(node)
     sock.sendall(
-        f"POST {RUNS_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {RUNS_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {body_bytes}\r\nExpect: 100-continue\r\n\r\n".encode()
     )
     assert sock.recv(64).startswith(b"HTTP/1.1 100"), "the node did not take the request"
@@ -66,7 +66,7 @@ def start_body(node: DevNode, body_bytes: int = 100) -> socket.socket:
 
 
 def get_health(node: DevNode) -> tuple[int, dict[str, str], bytes]:
-    return send(node, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    return send(node, b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +86,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevNode]:
 # -- aiohttp's own answers: the JSON envelope (issue 13, finding 9) ------------------------------
 
 MALFORMED = {
-    "bad content-length": b"POST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-    "two content-lengths": b"POST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
-    "nul in the path": b"GET /v1/he\x00alth HTTP/1.1\r\nHost: x\r\n\r\n",
-    "request line too long": b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-    "header too long": b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 10_000 + b"\r\n\r\n",
+    "bad content-length": b"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    "two content-lengths": b"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    "nul in the path": b"GET /v1/he\x00alth HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "request line too long": b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "header too long": b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + b"a" * 10_000 + b"\r\n\r\n",
     "too many headers": b"GET /v1/health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
-    "invalid method": b"G(T /v1/health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "invalid method": b"G(T /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     "http/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-    "bad chunk size": b"POST /v1/health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "bad chunk size": b"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 }
 
 
@@ -126,7 +126,7 @@ def test_clients_that_go_away_mid_body_log_no_error(node: DevNode) -> None:
 
 
 def test_a_request_head_that_stops_half_way_is_answered_408_and_closed(node: DevNode) -> None:
-    status, headers, body = send(node, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Half: ")
+    status, headers, body = send(node, b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
     assert status == 408
     assert "headers" in assert_envelope(headers, body, "REQUEST_TIMEOUT")["message"]
     assert headers["connection"] == "close"
@@ -134,7 +134,7 @@ def test_a_request_head_that_stops_half_way_is_answered_408_and_closed(node: Dev
 
 def test_a_body_shorter_than_its_content_length_is_answered_408_and_closed(node: DevNode) -> None:
     status, headers, body = send(
-        node, f"POST {RUNS_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
+        node, f"POST {RUNS_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
         + b'{"a": 1234'
     )
     assert status == 408
