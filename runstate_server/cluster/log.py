@@ -40,6 +40,7 @@ from runstate_server.cluster.config import (
     LogConfig,
 )
 from runstate_server.cluster.errors import LogUnavailable, NotLeader
+from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
     Dump,
     decode_dump,
@@ -168,7 +169,7 @@ class ReplicatedLog:
         self._loop = asyncio.get_running_loop()
         journal_file = dump_file = None
         if self.data_dir is not None:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.data_dir)
             journal_file = str(self.data_dir / JOURNAL_FILE_NAME)
             dump_file = str(self.data_dir / DUMP_FILE_NAME)
             _journal.remove_leftovers(journal_file)
@@ -538,6 +539,7 @@ class ReplicatedLog:
         try:
             with open(file_name, "rb") as file:
                 dump = decode_dump(file.read())
+            make_private(file_name)  # one installed from the leader was written by pysyncobj
             if self._fsync:  # a dump installed from the leader was renamed into place unsynced
                 fsync_file(file_name)
                 fsync_directory(os.path.dirname(file_name) or ".")
