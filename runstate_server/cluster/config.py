@@ -47,6 +47,7 @@ HANDSHAKE_FRAME_BYTES_MAX = 4 * KIB
 # and Fernet-encrypted (base64: x4/3), < 16.1 MiB; snapshots travel in 64 KiB chunks. Twice the raw
 # size leaves room for the encoding.
 PEER_FRAME_BYTES_MAX = 2 * (APPEND_ENTRIES_BYTES_MAX + BATCH_BYTES_MAX)
+assert PEER_FRAME_BYTES_MAX > (APPEND_ENTRIES_BYTES_MAX + BATCH_BYTES_MAX + MIB) * 4 // 3
 # Incoming connections still in their handshake, in all and from one remote address; beyond either
 # an accepted connection is closed at once. A peer needs one (two while it reconnects).
 UNAUTHENTICATED_CONNECTIONS_MAX = 32
@@ -146,4 +147,6 @@ class LogConfig:
             onStateChanged=on_state_changed,
         )
         conf.validate()
+        # Snapshot chunks must pass the Raft port's frame bound (_transport.py) with room to spare.
+        assert conf.logCompactionBatchSize * 4 <= PEER_FRAME_BYTES_MAX
         return conf
