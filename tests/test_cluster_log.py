@@ -249,3 +249,60 @@ def write_dump_of_a_journal_prefix(data_dir: Path, prefix_commands: int) -> None
             assert position < len(entries) - 1
             return
     raise AssertionError("the journal holds fewer commands than the prefix")
+
+
+class StallingMachine(RecordingMachine):
+    """Blocks the tick thread that applies a "stall" command until `release` is set, if armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+
+    def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Any]]:
+        if command["type"] == "stall" and self.armed:
+            self.stalled.set()
+            self.release.wait(4 * READY_TIMEOUT_S)  # longer than any wait of the test: stuck
+        return super().apply(command, now_ms, epoch)
+
+
+def test_a_leader_whose_tick_thread_is_stuck_stops_calling_itself_leader() -> None:
+    """pysyncobj checks the quorum in its tick thread; while that thread is stuck (a long apply,
+    a long read) its fields say "leader" although the others elected a new one. The log's
+    check-quorum (is_leader, role, leader_address) reads the followers' answer times instead."""
+
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        machines = [StallingMachine() for _ in addresses]
+        logs = [
+            ReplicatedLog(machine, self_address=address, peer_addresses=addresses, data_dir=None, password="quorum")
+            for address, machine in zip(addresses, machines, strict=True)
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            old = next(index for index, log in enumerate(logs) if log.is_leader)
+            machines[old].armed = True
+            stalled = asyncio.ensure_future(logs[old].propose({"type": "stall", "id": 1}, timeout_s=READY_TIMEOUT_S))
+            await eventually(machines[old].stalled.is_set)
+            others = [log for index, log in enumerate(logs) if index != old]
+            await eventually(lambda: any(log.is_leader for log in others))  # a new leader, elected meanwhile
+            await eventually(lambda: not logs[old].is_leader)
+            assert logs[old].role != "leader" and logs[old].leader_address is None
+            with pytest.raises(NotLeader):
+                await logs[old].propose({"type": "add", "id": 2})
+            machines[old].release.set()
+            with contextlib.suppress(LogUnavailable, NotLeader):
+                await stalled
+            new_leader = next(log for log in others if log.is_leader)
+            await eventually(lambda: logs[old].leader_address == new_leader.self_address)
+        finally:
+            for machine in machines:
+                machine.release.set()
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())

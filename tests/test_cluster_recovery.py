@@ -3,6 +3,7 @@ was wiped rejoins from a snapshot."""
 
 from __future__ import annotations
 
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +97,8 @@ def test_a_wiped_node_rejoins_from_a_snapshot(make_cluster: Callable[..., Cluste
     cluster.start(wiped)
     cluster.wait_same_digest()
     assert (cluster.data_dir(wiped) / DUMP_FILE_NAME).exists()  # it stored the snapshot it received
+    # pysyncobj wrote it with the umask's mode; the node made it private (cluster/private_files.py).
+    assert stat.S_IMODE((cluster.data_dir(wiped) / DUMP_FILE_NAME).stat().st_mode) == 0o600
     api = cluster.api(wiped)
     for ticket in before + after:
         assert api.ok("GET", f"/v1/tasks/{ticket.id}")["taskKey"] == ticket.key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +24,7 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
         [sys.executable, "-m", "runstate_server.node.cli", "cluster", "up", "--nodes", "3", "--base-port", str(base_port),
          "--data-dir", str(tmp_path / "cluster"), "--fsync", "never"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        umask=0,  # a permissive umask: the data and the logs stay private all the same
     )
     try:
         assert process.stdout is not None
@@ -54,6 +56,12 @@ def test_cluster_up_starts_three_nodes_and_ctrl_c_stops_them(tmp_path: Path) -> 
             process.stdout.close()
     pids = subprocess.run(["pgrep", "-f", f"--api 127.0.0.1:{base_port}"], capture_output=True, text=True).stdout
     assert pids.strip() == ""  # no node left behind
+    # Every directory 0700 and every file 0600: the secret, the key, the node logs, the journals.
+    cluster_dir = tmp_path / "cluster"
+    modes = {path: stat.S_IMODE(path.lstat().st_mode) for path in [cluster_dir, *cluster_dir.rglob("*")]}
+    assert {"n1.log", "raft.journal", "LOCK"} <= {path.name for path in modes}
+    wrong = {str(path): oct(mode) for path, mode in modes.items() if mode != (0o700 if path.is_dir() else 0o600)}
+    assert wrong == {}, wrong
 
 
 def test_cluster_up_refuses_a_taken_port_before_starting_anything(tmp_path: Path) -> None:

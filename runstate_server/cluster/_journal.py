@@ -21,6 +21,7 @@ from pysyncobj.journal import FileJournal, Journal, MetaStorer
 from pysyncobj.pickle import dumps as pysyncobj_dumps
 from pysyncobj.pickle import loads as pysyncobj_loads
 
+from runstate_server.cluster.private_files import make_private, open_private
 from runstate_server.cluster.snapshot import fsync_directory
 
 logger = logging.getLogger(__name__)
@@ -62,22 +63,30 @@ def _get_meta_closing_the_file(self: MetaStorer) -> dict[str, Any]:
 MetaStorer.getMeta = _get_meta_closing_the_file
 
 
-class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
+class _PrivateMetaStorer(MetaStorer):  # type: ignore[misc]
+    """pysyncobj's storer, writing its file 0600 (private_files.py), and fsyncing it with `fsync`."""
+
+    def __init__(self, path: str, *, fsync: bool) -> None:
+        super().__init__(path)
+        self.fsync = fsync
+
     def storeMeta(self, meta: dict[str, Any]) -> None:
         path = self.getPath()
-        with open(path + ".tmp", "wb") as file:
+        with open_private(path + ".tmp") as file:
             # pysyncobj's own fields (term, voted-for address, commit index), in its own format.
             file.write(pysyncobj_dumps(meta))
             file.flush()
-            os.fsync(file.fileno())
+            if self.fsync:
+                os.fsync(file.fileno())
         os.replace(path + ".tmp", path)
-        fsync_directory(os.path.dirname(path) or ".")
+        if self.fsync:
+            fsync_directory(os.path.dirname(path) or ".")
 
 
 def _open(path: str, *, fsync: bool) -> FileJournal:
-    journal = FileJournal(path)
-    if fsync:
-        journal._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
+    journal = FileJournal(path)  # creates the file if missing, with the umask's mode
+    make_private(path)
+    journal._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
     return journal
 
 
@@ -93,8 +102,9 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._path = path
         self._directory = os.path.dirname(path) or "."
         self._fsync = fsync
+        make_private(path)  # pysyncobj created it with the umask's mode
+        inner._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
         if fsync:
-            inner._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
             inner.flush()  # the no-op entry SyncObj may have just added
         self._inner = inner
         self.compactions = 0
@@ -168,6 +178,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         new_path = self._path + COMPACTION_SUFFIX
         remove_leftovers(self._path)
         new_journal = FileJournal(new_path)  # reads (absent) new_path.meta, never writes it
+        make_private(new_path)
         for entry in kept:
             new_journal.add(*entry)
         new_journal._destroy()  # msync + close

@@ -8,6 +8,7 @@ pysyncobj counts it among its own properties and never serializes it; so does `p
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from runstate_server.cluster._prevote import PreVote
+from runstate_server.cluster._transport import BoundedTransport
 
 
 class Bridge(Protocol):
@@ -33,12 +35,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         peer_addresses: Sequence[str],
         conf: SyncObjConf,
         pre_vote: PreVote | None = None,
+        handshake_timeout_s: float = 2.0,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
         try:
-            # autoTick=False: binds the port here, synchronously.
-            super().__init__(self_address, list(peer_addresses), conf)
+            # autoTick=False: binds the port here, synchronously. The transport bounds what an
+            # unauthenticated peer can do (_transport.py).
+            transport_class = functools.partial(BoundedTransport, handshake_timeout_s=handshake_timeout_s)
+            super().__init__(self_address, list(peer_addresses), conf, transportClass=transport_class)
         except BaseException:
             self.destroy_transport()
             self.close_pipe()
@@ -116,6 +121,21 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def raft_state(self) -> int:
         return int(self._SyncObj__raftState)
+
+    def majority_heard_since(self, since: float) -> bool:
+        """Check-quorum, from any thread: a majority (this node included) answered the leader at or
+        after `since` (pysyncobj's clock). pysyncobj's own check runs in the tick thread, so a stuck
+        tick thread never runs it; this one reads the answer times that thread records. A peer
+        without a recorded time counts as heard (pysyncobj records one for every peer right after
+        it becomes leader)."""
+        responses = dict(self._SyncObj__lastResponseTime)  # one C-level copy under the GIL
+        peers = tuple(self._SyncObj__otherNodes)  # static membership: never changes
+        heard = 1 + sum(1 for node in peers if responses.get(node, since) >= since)
+        return heard > (len(peers) + 1) / 2
+
+    def transport_counts(self) -> dict[str, int]:
+        transport = getattr(self, "_SyncObj__transport", None)
+        return transport.counts() if isinstance(transport, BoundedTransport) else {}
 
     def noop_index(self) -> int | None:
         """Index of the no-op entry this node appended when it last became leader."""

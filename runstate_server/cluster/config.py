@@ -37,6 +37,22 @@ DYNAMIC_MEMBERSHIP_CHANGE = False
 # keeping the per-message budget above the largest batch means an entry is never chunked.
 APPEND_ENTRIES_BYTES_MAX = 2 * BATCH_BYTES_MAX
 
+# The Raft port (_transport.py, DESIGN.md "The Raft port"). Before its handshake is done (the key
+# exchange, which needs the cluster password, and an incoming peer naming itself), a connection may
+# send frames of at most HANDSHAKE_FRAME_BYTES_MAX (its handshake frames are ~200 bytes); a frame
+# announcing more closes it before its body is read.
+HANDSHAKE_FRAME_BYTES_MAX = 4 * KIB
+# After it: the largest frame a node sends is an append_entries of entries up to
+# APPEND_ENTRIES_BYTES_MAX plus the one entry (<= one batch) that crossed it, pickled, compressed
+# and Fernet-encrypted (base64: x4/3), < 16.1 MiB; snapshots travel in 64 KiB chunks. Twice the raw
+# size leaves room for the encoding.
+PEER_FRAME_BYTES_MAX = 2 * (APPEND_ENTRIES_BYTES_MAX + BATCH_BYTES_MAX)
+assert PEER_FRAME_BYTES_MAX > (APPEND_ENTRIES_BYTES_MAX + BATCH_BYTES_MAX + MIB) * 4 // 3
+# Incoming connections still in their handshake, in all and from one remote address; beyond either
+# an accepted connection is closed at once. A peer needs one (two while it reconnects).
+UNAUTHENTICATED_CONNECTIONS_MAX = 32
+UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX = 8
+
 # In-memory mode never compacts (pysyncobj's in-memory compaction pickles the SyncObj's attributes
 # and would ship a state without ours to a lagging follower).
 _NEVER_ENTRIES = 2**62
@@ -61,6 +77,9 @@ class LogConfig:
     # A connection silent this long is dead (>= raft_timeout_s_max); reconnect attempts period.
     connection_timeout_s: float = 1.0
     connection_retry_s: float = 0.5
+    # An incoming Raft connection that has not finished its handshake this long after it was
+    # accepted is closed (a peer's takes two round trips).
+    handshake_timeout_s: float = 2.0
     # How long the tick thread waits for socket events when nothing of ours is pending.
     tick_period_s: float = 0.05
     # Compact (dump the state, truncate the journal) after this many entries or this long.
@@ -82,6 +101,7 @@ class LogConfig:
         assert self.leader_fallback_timeout_s > self.append_entries_period_s
         assert self.log_compaction_entries_min >= 2
         assert self.tick_period_s > 0
+        assert self.handshake_timeout_s > 0
 
     def syncobj_conf(
         self,
@@ -127,4 +147,6 @@ class LogConfig:
             onStateChanged=on_state_changed,
         )
         conf.validate()
+        # Snapshot chunks must pass the Raft port's frame bound (_transport.py) with room to spare.
+        assert conf.logCompactionBatchSize * 4 <= PEER_FRAME_BYTES_MAX
         return conf

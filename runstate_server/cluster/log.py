@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON
+from pysyncobj.monotonic import monotonic as raft_clock
 
 from runstate_server.cluster import _dumper, _journal
 from runstate_server.cluster._prevote import PreVote
@@ -39,6 +40,7 @@ from runstate_server.cluster.config import (
     LogConfig,
 )
 from runstate_server.cluster.errors import LogUnavailable, NotLeader
+from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
     Dump,
     decode_dump,
@@ -139,6 +141,8 @@ class ReplicatedLog:
         self._stopping = threading.Event()
         self._stopped = False
         self._halt_reason: str | None = None
+        # When pysyncobj last made this node leader (its clock; set in the tick thread).
+        self._leading_since = float("-inf")
         # Loop-thread state.
         self._pending: collections.deque[_Proposal] = collections.deque()
         self._flush_scheduled = False
@@ -165,7 +169,7 @@ class ReplicatedLog:
         self._loop = asyncio.get_running_loop()
         journal_file = dump_file = None
         if self.data_dir is not None:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.data_dir)
             journal_file = str(self.data_dir / JOURNAL_FILE_NAME)
             dump_file = str(self.data_dir / DUMP_FILE_NAME)
             _journal.remove_leftovers(journal_file)
@@ -184,7 +188,9 @@ class ReplicatedLog:
         try:
             # Reads the whole journal and binds the port: not on the loop.
             pre_vote = PreVote(silence_s=self._config.raft_timeout_s_min) if self._config.pre_vote else None
-            raft = await asyncio.to_thread(RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote)
+            raft = await asyncio.to_thread(
+                RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s
+            )
         except Exception as error:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
         if journal_file is not None:
@@ -232,20 +238,36 @@ class ReplicatedLog:
         leader_commit_index = raft.leader_commit_index()
         return leader_commit_index is not None and applied >= leader_commit_index
 
-    # Raft state, read from the loop (stale by at most one tick).
+    # Raft state, read from the loop (stale by at most one tick, or by as long as the tick thread is
+    # stuck: hence the check-quorum in is_leader).
 
     @property
     def is_leader(self) -> bool:
-        return self._raft is not None and self._raft.raft_state() == _LEADER
+        """pysyncobj says this node leads AND a majority answered it within
+        leader_fallback_timeout_s (check-quorum, DESIGN.md): a leader whose tick thread is stuck
+        never runs pysyncobj's own check, and its followers may have elected another leader."""
+        raft = self._raft
+        if raft is None or raft.raft_state() != _LEADER:
+            return False
+        since = raft_clock() - self._config.leader_fallback_timeout_s
+        return self._leading_since >= since or raft.majority_heard_since(since)
 
     @property
     def leader_address(self) -> str | None:
-        leader = self._raft._getLeader() if self._raft is not None else None
+        raft = self._raft
+        if raft is None or (raft.raft_state() == _LEADER and not self.is_leader):
+            return None  # a leader without a quorum knows no leader
+        leader = raft._getLeader()
         return None if leader is None else str(leader.address)
 
     @property
     def role(self) -> str:
-        return _ROLES[self._raft.raft_state()] if self._raft is not None else "follower"
+        raft = self._raft
+        if raft is None:
+            return "follower"
+        state = raft.raft_state()
+        # A leader without a quorum: what pysyncobj makes it at its next check.
+        return "follower" if state == _LEADER and not self.is_leader else _ROLES[state]
 
     @property
     def term(self) -> int:
@@ -467,6 +489,9 @@ class ReplicatedLog:
         return results
 
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        if new_state == _LEADER:
+            # Before pysyncobj records its peers' answer times (is_leader must not read the old ones).
+            self._leading_since = raft_clock()
         if (old_state == _LEADER) != (new_state == _LEADER):
             self._call_on_loop(self._on_role_changed)
 
@@ -514,6 +539,7 @@ class ReplicatedLog:
         try:
             with open(file_name, "rb") as file:
                 dump = decode_dump(file.read())
+            make_private(file_name)  # one installed from the leader was written by pysyncobj
             if self._fsync:  # a dump installed from the leader was renamed into place unsynced
                 fsync_file(file_name)
                 fsync_directory(os.path.dirname(file_name) or ".")

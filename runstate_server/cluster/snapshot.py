@@ -14,6 +14,8 @@ from typing import Any
 
 import msgpack
 
+from runstate_server.cluster.private_files import open_private
+
 DUMP_VERSION = 1
 
 Entry = tuple[bytes, int, int]
@@ -72,8 +74,8 @@ def _entry(fields: Sequence[Any]) -> Entry:
 
 
 def write_file(path: str, data: bytes, *, fsync: bool) -> None:
-    """Write `data` to `path` (pysyncobj renames it over the dump afterwards)."""
-    with open(path, "wb") as file:
+    """Write `data` to `path`, mode 0600 (the dump is renamed over afterwards)."""
+    with open_private(path) as file:
         file.write(data)
         file.flush()
         if fsync:

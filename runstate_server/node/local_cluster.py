@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.config import (
     BOOTSTRAP_KEY_FILE_NAME,
     CLUSTER_NODES_MAX,
@@ -48,7 +49,7 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
         except NodeStartError as error:
             raise ConfigError(f"{error}; choose another --base-port (it takes {nodes} API ports from it "
                               f"and {nodes} Raft ports from it + {RAFT_PORT_OFFSET})") from None
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)  # the secret, the key, the nodes' data and logs: 0700, files 0600
     secret_file = _secret_file(data_dir, SECRET_FILE_NAME, secrets.token_hex(32))
     key_file = _secret_file(data_dir, BOOTSTRAP_KEY_FILE_NAME, new_key_secret())
     ids = [f"n{index + 1}" for index in range(nodes)]
@@ -79,7 +80,7 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
             for other in range(nodes):
                 if other != index:
                     command += ["--peer", f"{ids[other]},{rafts[other]},{api_urls[other]}"]
-            with open(data_dir / f"{node_id}.log", "ab") as log_file:
+            with open_private(data_dir / f"{node_id}.log", "ab") as log_file:
                 processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         if not _wait_healthy(api_urls, processes, lambda: stopping):
             return 1

@@ -19,6 +19,7 @@ from runstate_server.actors.context import Effect
 from runstate_server.actors.state import State
 from runstate_server.cluster.config import LogConfig
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
 from runstate_server.node.config import (
@@ -156,10 +157,10 @@ class Node:
         if data_dir is None:
             return
         try:
-            data_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(data_dir)  # 0700, files 0600 (cluster/private_files.py)
         except OSError as error:
             raise NodeStartError(f"cannot create the data dir {data_dir}: {error.strerror}") from None
-        lock_file = open(data_dir / LOCK_FILE_NAME, "ab")  # noqa: SIM115 - held until stop()
+        lock_file = open_private(data_dir / LOCK_FILE_NAME, "ab")  # held until stop()
         try:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

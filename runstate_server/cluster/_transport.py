@@ -1,0 +1,277 @@
+"""pysyncobj's TCP transport with bounds on what an unauthenticated peer can make a node do.
+
+pysyncobj 0.3.17 buffers a frame until it is complete, whatever length its 4-byte header
+announces, before it tries to decrypt it: one connection announcing 2 GiB made the node buffer
+everything sent to it, and since it appends each read to an immutable `bytes` (a copy of the whole
+buffer per read) and reads until the socket is drained, the tick thread spent seconds copying: no
+heartbeats, a new election, 8-10 s of stalled writes. It also keeps a connection that never sends
+anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft port"):
+
+- A connection is *unauthenticated* until its handshake is done: pysyncobj's key exchange (the
+  peer's first frame must decrypt with the cluster password) and, on an incoming connection, the
+  peer naming itself. Until then a frame may announce at most `HANDSHAKE_FRAME_BYTES_MAX`;
+  afterwards `PEER_FRAME_BYTES_MAX` (the largest append_entries we send, with room). A frame that
+  announces more (or a negative length) closes the connection at once, before its body is read.
+- Reading stops as soon as the frame at the front of the buffer is complete (it is parsed, and
+  may raise the bound, before the next read; pysyncobj's poll is level-triggered), so an
+  unauthenticated connection never holds more than one small frame and one read. The buffer is a
+  `bytearray`: appending is not a copy of everything received so far.
+- An incoming connection that has not finished its handshake `handshake_timeout_s` after it was
+  accepted is closed (checked every tick).
+- At most `UNAUTHENTICATED_CONNECTIONS_MAX` incoming connections are in their handshake at once,
+  and `UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX` from one remote address; beyond either, an
+  accepted connection is closed at once.
+
+The classes override pysyncobj methods by their name-mangled names (`_TcpConnection__processRead`
+...), which is how pysyncobj's own code calls them. Pinned: pysyncobj 0.3.17.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import socket
+import struct
+import zlib
+from typing import Any
+
+import pysyncobj.pickle as pysyncobj_pickle
+from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.tcp_server import TcpServer
+from pysyncobj.transport import TCPTransport
+
+from runstate_server.cluster.config import (
+    HANDSHAKE_FRAME_BYTES_MAX,
+    PEER_FRAME_BYTES_MAX,
+    UNAUTHENTICATED_CONNECTIONS_MAX,
+    UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX,
+)
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("i")  # pysyncobj's frame header: the body's length, native int
+
+
+class BoundedConnection(TcpConnection):  # type: ignore[misc]
+    """A TcpConnection that refuses frames longer than its current bound and buffers linearly."""
+
+    # pysyncobj's attributes this class reads and sets (declared for mypy only).
+    _TcpConnection__readBuffer: bytes | bytearray
+    recvLastTimestamp: int
+
+    def __init__(self, *args: Any, remote_host: str | None = None, **kwargs: Any) -> None:
+        self.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
+        self.remote_host = remote_host
+        self.handshake_deadline = float("inf")  # set by the transport on incoming connections
+        self.frames_refused = 0
+        super().__init__(*args, **kwargs)
+
+    def authenticated(self) -> None:
+        """The handshake is done: the peer knows the cluster password and named itself."""
+        self.frame_bytes_max = PEER_FRAME_BYTES_MAX
+        self.handshake_deadline = float("inf")
+
+    def connect(self, host: str, port: int) -> bool:
+        # An outgoing connection object is reused for every reconnection: a new handshake each time.
+        self.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
+        return bool(super().connect(host, port))
+
+    def _buffer(self) -> bytearray:
+        buffer = self._TcpConnection__readBuffer
+        if not isinstance(buffer, bytearray):  # pysyncobj resets it to bytes() on (dis)connect
+            buffer = bytearray(buffer)
+            self._TcpConnection__readBuffer = buffer
+        return buffer
+
+    def _front_frame_ready(self, buffer: bytearray) -> bool:
+        """True once the frame at the front is complete, or refused (then the connection is closed)."""
+        if len(buffer) < _HEADER.size:
+            return False
+        (length,) = _HEADER.unpack_from(buffer)
+        if length < 0 or length > self.frame_bytes_max:
+            self.frames_refused += 1
+            logger.warning(
+                "Raft port: closing a connection from %s announcing a %d-byte frame (at most %d %s)",
+                self.remote_host or "a peer", length, self.frame_bytes_max,
+                "before the handshake" if self.frame_bytes_max == HANDSHAKE_FRAME_BYTES_MAX else "from a peer",
+            )
+            self.disconnect()
+            return True
+        return len(buffer) >= _HEADER.size + length
+
+    # pysyncobj's __processRead: one recv; False stops the read loop (drained, closed, or a frame
+    # to parse first).
+    def _TcpConnection__processRead(self) -> bool:
+        sock = self._TcpConnection__socket
+        try:
+            incoming = sock.recv(self._TcpConnection__recvBufferSize)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.disconnect()
+            return False
+        buffer = self._buffer()
+        buffer += incoming
+        return not self._front_frame_ready(buffer)
+
+    # pysyncobj's __processParseMessage, on the bytearray and with the bound checked again.
+    def _TcpConnection__processParseMessage(self) -> Any:
+        buffer = self._buffer()
+        if not self._front_frame_ready(buffer) or self.state == CONNECTION_STATE.DISCONNECTED:
+            return None
+        (length,) = _HEADER.unpack_from(buffer)
+        data = bytes(buffer[_HEADER.size:_HEADER.size + length])
+        try:
+            encryptor = self.encryptor
+            if encryptor:
+                timestamp = encryptor.extract_timestamp(data)
+                if timestamp < self.recvLastTimestamp:
+                    raise ValueError("a frame older than the previous one")
+                self.recvLastTimestamp = timestamp
+                data = encryptor.decrypt(data)
+            message = pysyncobj_pickle.loads(zlib.decompress(data))
+            if self.recvRandKey:
+                rand_key, message = message
+                if rand_key != self.recvRandKey:
+                    raise ValueError("wrong connection key")
+        except Exception:
+            # pysyncobj drops such a connection silently too (a wrong password, garbage).
+            self.disconnect()
+            return None
+        del buffer[:_HEADER.size + length]
+        return message
+
+
+class BoundedServer(TcpServer):  # type: ignore[misc]
+    """pysyncobj's TcpServer, accepting only what the transport admits, as BoundedConnections."""
+
+    def __init__(self, *args: Any, admit: Any, **kwargs: Any) -> None:
+        self._admit = admit
+        super().__init__(*args, **kwargs)
+
+    def _TcpServer__onNewConnection(self, descr: int, event: int) -> None:
+        if event & POLL_EVENT_TYPE.READ:
+            try:
+                sock, address = self._TcpServer__socket.accept()
+            except OSError as error:
+                if error.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    self.unbind()
+                return
+            host = str(address[0])
+            if not self._admit(host):
+                sock.close()
+                return
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpServer__recvBufferSize)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setblocking(False)
+                conn = BoundedConnection(
+                    poller=self._TcpServer__poller,
+                    socket=sock,
+                    timeout=self._TcpServer__connectionTimeout,
+                    sendBufferSize=self._TcpServer__sendBufferSize,
+                    recvBufferSize=self._TcpServer__recvBufferSize,
+                    keepalive=self._TcpServer__keepalive,
+                    remote_host=host,
+                )
+            except OSError:  # the peer is already gone
+                sock.close()
+                return
+            self._TcpServer__onNewConnectionCallback(conn)
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()
+
+
+class BoundedTransport(TCPTransport):  # type: ignore[misc]
+    """TCPTransport with BoundedServer/BoundedConnection, a handshake deadline and connection caps.
+    Runs in the tick thread only, like pysyncobj's."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float) -> None:
+        assert handshake_timeout_s > 0
+        self.handshake_timeout_s = handshake_timeout_s
+        self.connections_refused = 0
+        self.handshakes_timed_out = 0
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _createServer(self) -> None:
+        conf = self._syncObj.conf
+        assert conf.bindAddress is not None, "LogConfig always gives pysyncobj a bind address"
+        host, port = conf.bindAddress.rsplit(":", 1)
+        self._server = BoundedServer(
+            self._syncObj._poller, host, port,
+            onNewConnection=self._onNewIncomingConnection,
+            sendBufferSize=conf.sendBufferSize,
+            recvBufferSize=conf.recvBufferSize,
+            connectionTimeout=conf.connectionTimeout,
+            admit=self._admit,
+        )
+
+    def _admit(self, host: str) -> bool:
+        pending = self._unknownConnections
+        from_host = sum(1 for conn in pending if getattr(conn, "remote_host", None) == host)
+        if len(pending) < UNAUTHENTICATED_CONNECTIONS_MAX and from_host < UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX:
+            return True
+        self.connections_refused += 1
+        logger.warning(
+            "Raft port: refusing a connection from %s (%d in their handshake, %d from it)", host, len(pending), from_host
+        )
+        return False
+
+    def addNode(self, node: Any) -> None:
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is None or isinstance(conn, BoundedConnection):
+            return
+        # pysyncobj made a plain TcpConnection for the outgoing side (not connected yet): replace it.
+        conf = self._syncObj.conf
+        bounded = BoundedConnection(
+            poller=self._syncObj._poller,
+            timeout=conf.connectionTimeout,
+            sendBufferSize=conf.sendBufferSize,
+            recvBufferSize=conf.recvBufferSize,
+            keepalive=conf.tcp_keepalive,
+            remote_host=getattr(node, "host", None),
+        )
+        bounded.encryptor = self._syncObj.encryptor
+        bounded.setOnConnectedCallback(lambda: self._onOutgoingConnected(bounded))
+        bounded.setOnMessageReceivedCallback(lambda message: self._onMessageReceived(node, message))
+        bounded.setOnDisconnectedCallback(lambda: self._onDisconnected(bounded))
+        self._connections[node] = bounded
+
+    def _onNewIncomingConnection(self, conn: BoundedConnection) -> None:
+        conn.handshake_deadline = raft_clock() + self.handshake_timeout_s
+        super()._onNewIncomingConnection(conn)
+
+    def _onIncomingMessageReceived(self, conn: BoundedConnection, message: Any) -> None:
+        super()._onIncomingMessageReceived(conn, message)
+        if conn not in self._unknownConnections and conn.state == CONNECTION_STATE.CONNECTED:
+            conn.authenticated()  # it named a node of the cluster (after the key exchange)
+
+    def _onOutgoingMessageReceived(self, conn: BoundedConnection, message: Any) -> None:
+        super()._onOutgoingMessageReceived(conn, message)
+        if conn.state == CONNECTION_STATE.CONNECTED:
+            conn.authenticated()  # its first frame decrypted: the peer knows the password
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now = raft_clock()
+        expired = [conn for conn in self._unknownConnections if conn.handshake_deadline < now]
+        for conn in expired:
+            self.handshakes_timed_out += 1
+            conn.disconnect()  # calls _onDisconnected, which forgets it
+            self._unknownConnections.discard(conn)
+
+    def counts(self) -> dict[str, int]:
+        hosts = collections.Counter(getattr(conn, "remote_host", None) for conn in self._unknownConnections)
+        return {
+            "handshaking": len(self._unknownConnections),
+            "handshaking_hosts": len(hosts),
+            "refused": self.connections_refused,
+            "handshakes_timed_out": self.handshakes_timed_out,
+        }
