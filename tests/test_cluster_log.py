@@ -306,3 +306,26 @@ def test_a_leader_whose_tick_thread_is_stuck_stops_calling_itself_leader() -> No
                 await log.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_journal_past_its_bytes_bound_is_compacted_whatever_its_entry_count(tmp_path: Path) -> None:
+    """The journal keeps its commands in memory: past log_compaction_bytes_min it is compacted
+    although it holds far fewer entries than log_compaction_entries_min, and what it holds stays
+    near the bound; a restart finds every value."""
+    bound = 256 * 1024
+    config = LogConfig(log_compaction_entries_min=1_000_000, log_compaction_bytes_min=bound)
+    value = "v" * 16 * 1024
+
+    async def scenario() -> None:
+        async with running_log(tmp_path, config=config) as (log, machine):
+            journal = log._journal
+            assert journal is not None
+            for command_id in range(100):  # about 1.6 MB of commands, one entry each
+                await log.propose({"type": "set", "id": command_id, "key": f"k{command_id}", "value": value})
+            await eventually(lambda: journal.compactions >= 1 and journal.command_bytes < 2 * bound)
+            assert journal.command_bytes == sum(len(journal[position][0]) for position in range(len(journal)))
+        async with running_log(tmp_path, config=config) as (log, machine):
+            with log.lock:
+                assert len(machine.values) == 100 and machine.values["k99"] == value
+
+    asyncio.run(scenario())

@@ -117,6 +117,11 @@ class DurableJournal(Journal):  # type: ignore[misc]
         # add that differs (a real conflict) truncates the disk there.
         self._visible: int | None = None
         self.skipped_rewrites = 0
+        # The bytes of the commands it holds (in memory, and in its memory-mapped file).
+        self.command_bytes = self._count_bytes()
+
+    def _count_bytes(self) -> int:
+        return sum(len(self._inner[position][0]) for position in range(len(self._inner)))
 
     # Writes.
 
@@ -136,14 +141,17 @@ class DurableJournal(Journal):  # type: ignore[misc]
                 return
             self._inner.deleteEntriesFrom(position)  # a conflict: the disk is truncated here
             self._visible = None
+            self.command_bytes = self._count_bytes()
         assert position == len(self._inner), f"entry {idx} leaves a gap after {len(self._inner)} entries"
         self._inner.add(command, idx, term)
+        self.command_bytes += len(command)
         if self._fsync:
             self._inner.flush()
 
     def clear(self) -> None:
         self._visible = None
         self._inner.clear()
+        self.command_bytes = 0
         if self._fsync:
             self._inner.flush()
 
@@ -188,6 +196,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
             fsync_directory(self._directory)
         self._inner = _open(self._path, fsync=self._fsync)
         assert len(self._inner) == len(kept)
+        self.command_bytes = sum(len(entry[0]) for entry in kept)
         if self._visible is not None:
             self._visible -= entryTo
         self.compactions += 1

@@ -136,6 +136,7 @@ class ReplicatedLog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._raft: RaftNode | None = None
         self._journal: _journal.DurableJournal | None = None
+        self._compaction_forced_at: int | None = None  # journal.compactions when one was last asked for
         self._dumper: _dumper.Dumper | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -427,6 +428,18 @@ class ReplicatedLog:
 
     # The tick thread.
 
+    def _compact_if_large(self) -> None:
+        """Once the journal holds log_compaction_bytes_min of commands, ask pysyncobj for a
+        compaction (it starts one at its next chance); once per compaction, not on every tick
+        while one runs, which would start another right after it."""
+        journal, raft = self._journal, self._raft
+        if journal is None or raft is None or journal.command_bytes < self._config.log_compaction_bytes_min:
+            return
+        if self._compaction_forced_at == journal.compactions:
+            return  # asked already; wait for that compaction to finish
+        self._compaction_forced_at = journal.compactions
+        raft.forceLogCompaction()
+
     def _run_ticks(self) -> None:
         raft = self._raft
         assert raft is not None
@@ -436,6 +449,7 @@ class ReplicatedLog:
                 # One node: an entry appended in tick T commits at the start of tick T+1, and nothing
                 # wakes the poll in between, so tick again at once while one of ours is uncommitted.
                 spin = single_node and self._uncommitted > 0 and raft.raft_state() == _LEADER
+                self._compact_if_large()
                 try:
                     raft.doTick(0.0 if spin else self._config.tick_period_s)
                 except _LogHalted:
