@@ -22,6 +22,7 @@ from runstate import AsyncRunstate
 
 from runstate_server.actors import errors, resources
 from runstate_server.actors.state import RunState
+from runstate_server.actors.storage import json_value
 from tests._nodes import DevNode
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness
 
@@ -114,7 +115,7 @@ def test_one_stop_ends_every_kind_of_work_below_in_one_command(h: Harness, stop:
         assert h.run(below).stored_state == RunState.ACTIVE  # its own state; inactive through the top
     unfinished = (tree.queued, tree.running, tree.to_retry, tree.to_reject, tree.job, tree.member)
     assert {h.task(task_id).state for task_id in unfinished} == {ended}
-    assert (h.task(tree.done).state, h.task(tree.done).outcome) == ("SUCCEEDED", "kept")  # recorded results stay
+    assert (h.task(tree.done).state, json_value(h.task(tree.done).outcome)) == ("SUCCEEDED", "kept")  # recorded results stay
     group = state.groups[tree.group]
     assert (group.state, group.outcome, group.outcome_reason) == ("FINALIZED", "FAILURE", "cancelled")
     assert state.barriers[tree.waiting_barrier].state == "CANCELLED"
