@@ -71,12 +71,13 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
         else:
             for code in ("UNAUTHENTICATED", "FORBIDDEN"):
                 operation["responses"].setdefault(str(STATUS_BY_CODE[code]), _ERROR)
-        # Every route may meet a malformed space id in its path, and a node without a leader; a
-        # body not sent as JSON (415); on a node without auth, a request from another origin (403).
-        # A mutation may meet a reused idempotency key (409), or a malformed one (400).
+        # Every route may meet a malformed space id in its path, and a node without a leader (or
+        # with every connection busy); a body not sent as JSON (415); on a node without auth, a
+        # request from another origin (403); a request too slow to arrive (408). A mutation may
+        # meet a reused idempotency key (409), or a malformed one (400).
         shared = [
             *(["VALIDATION_FAILED"] if "{spaceId}" in entry.path else []), "UNAVAILABLE",
-            "UNSUPPORTED_MEDIA_TYPE", "FORBIDDEN_ORIGIN",
+            "UNSUPPORTED_MEDIA_TYPE", "FORBIDDEN_ORIGIN", "REQUEST_TIMEOUT",
         ]
         if entry.method != "GET":
             shared += ["VALIDATION_FAILED", "IDEMPOTENCY_CONFLICT"]
