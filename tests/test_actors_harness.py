@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from runstate_server.actors import dispatch
+from runstate_server.actors import dispatch, storage
 from runstate_server.actors.state import Run, State, Task, from_snapshot, to_snapshot
 
 SPACE = "space-1"
@@ -256,3 +256,11 @@ def test_due_heap_stays_a_heap() -> None:
     h = busy_harness()
     assert heap_is_valid(h.state.due)
     assert h.state.next_due_ms() == heapq.nsmallest(1, h.state.due)[0][0]
+
+
+def assert_stored_bytes_recount(state: State) -> None:
+    """The charges kept step by step equal a recount of what the state holds (every replica, and
+    every restore, must count the same: the bytes limits decide what is accepted)."""
+    kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
+    storage.recount(state)
+    assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept

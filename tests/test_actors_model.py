@@ -22,8 +22,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runstate_server.actors import runs as core_runs
 from runstate_server.actors.state import TaskState
-from runstate_server.actors.storage import json_value, recount
-from tests.test_actors_harness import Harness, heap_is_valid, pack, round_trip, snapshot_bytes, unpack
+from runstate_server.actors.storage import json_value
+from tests.test_actors_harness import (
+    Harness,
+    assert_stored_bytes_recount,
+    heap_is_valid,
+    pack,
+    round_trip,
+    snapshot_bytes,
+    unpack,
+)
 
 RETENTION_MS = 20_000
 MAILBOXES = ("a", "b")
@@ -618,12 +626,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def stored_bytes_are_what_the_state_holds(self) -> None:
-        """The charges kept step by step equal a recount of what the state holds (every replica,
-        and every restore, must count the same: the bytes limits decide what is accepted)."""
-        state = self.h.state
-        kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
-        recount(state)
-        assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept
+        assert_stored_bytes_recount(self.h.state)
 
     @invariant()
     def core_agrees_with_the_model(self) -> None:

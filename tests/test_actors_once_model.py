@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from runstate_server.actors.state import OnceState
-from runstate_server.actors.storage import json_value, recount
-from tests.test_actors_harness import Harness, round_trip
+from runstate_server.actors.storage import json_value
+from tests.test_actors_harness import Harness, assert_stored_bytes_recount, round_trip
 
 KEYS = ("a", "b", "c")
 HOLDERS = ("w1", "w2", "w3")
@@ -214,12 +214,7 @@ class OnceMachine(RuleBasedStateMachine):
 
     @invariant()
     def stored_bytes_are_what_the_state_holds(self) -> None:
-        """The charges kept step by step equal a recount of what the state holds (every replica,
-        and every restore, must count the same: the bytes limits decide what is accepted)."""
-        state = self.h.state
-        kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
-        recount(state)
-        assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept
+        assert_stored_bytes_recount(self.h.state)
 
     @invariant()
     def entries_agree_with_the_model(self) -> None:

@@ -21,7 +21,7 @@ import pytest
 from runstate_server.node import server
 from runstate_server.node.waiters import Waiters
 from tests._http import Api, call
-from tests._nodes import DevNode, start_auth_node
+from tests._nodes import DevNode
 
 PARKED_WAIT_S = 20.0  # how long the test waits for polls to be parked (they park in milliseconds)
 POLL_WAIT_MS = 30_000  # a long poll's waitMs: far longer than an answer "at once" takes
@@ -75,43 +75,30 @@ def test_a_long_poll_past_the_per_key_bound_answers_at_once(node_factory: type[D
         assert out and out[0][0] == 200 and out[0][1]["state"] == "CANCELLED"
 
 
-def test_a_poll_parked_under_a_revoked_key_ends_unauthenticated(tmp_path: Any) -> None:
-    node, admin_secret = start_auth_node(tmp_path / "data")
-    try:
-        admin = Api(node.url, key=admin_secret)
-        created = admin.ok("POST", "/v1/keys", {"name": "reader", "permissions": ["coordination_read"]})
-        reader = Api(node.url, key=created["key"])
-        run_id, task_id = queued_task(admin)
-        thread, out = in_thread(lambda: reader("GET", f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}"))
-        wait_until(lambda: long_polls(node) == 1, "the reader's poll parked")
+@pytest.mark.parametrize("then_finish", [False, True], ids=["revoke", "revoke-then-finish"])
+def test_polls_parked_under_a_revoked_key_end_unauthenticated(
+    auth_node: tuple[DevNode, str], then_finish: bool
+) -> None:
+    """A revoke ends the polls parked under the key; the wake that may follow it (the task
+    finishing) must not hand them what was written after the revoke."""
+    node, admin_secret = auth_node
+    admin = Api(node.url, key=admin_secret)
+    created = admin.ok("POST", "/v1/keys", {"name": "reader", "permissions": ["coordination_read"]})
+    reader = Api(node.url, key=created["key"])
+    run_id, task_id = queued_task(admin)
+    polls = [in_thread(lambda: reader("GET", f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}")) for _ in range(3)]
+    wait_until(lambda: long_polls(node) == 3, "the reader's polls parked")
 
-        admin.ok("POST", f"/v1/keys/{created['id']}/revoke")
+    admin.ok("POST", f"/v1/keys/{created['id']}/revoke")
+    if then_finish:
+        admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+    for thread, out in polls:
         thread.join(ANSWER_TIMEOUT_S)
-        assert out, "the poll of the revoked key still waits"
+        assert out, "a poll of the revoked key still waits"
         status, answer = out[0]
         assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED"), answer
+    if not then_finish:
         admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
-    finally:
-        node.stop()
-
-
-def test_a_poll_woken_after_its_key_was_revoked_shows_nothing_written_after(tmp_path: Any) -> None:
-    """The wake that follows a revoke (here: the task finishing) must not hand over the result."""
-    node, admin_secret = start_auth_node(tmp_path / "data")
-    try:
-        admin = Api(node.url, key=admin_secret)
-        created = admin.ok("POST", "/v1/keys", {"name": "reader", "permissions": ["coordination_read"]})
-        reader = Api(node.url, key=created["key"])
-        run_id, task_id = queued_task(admin)
-        polls = [in_thread(lambda: reader("GET", f"/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}")) for _ in range(3)]
-        wait_until(lambda: long_polls(node) == 3, "the reader's polls parked")
-        admin.ok("POST", f"/v1/keys/{created['id']}/revoke")
-        admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
-        for thread, out in polls:
-            thread.join(ANSWER_TIMEOUT_S)
-            assert out and out[0][0] == 401, out
-    finally:
-        node.stop()
 
 
 def test_waiters_past_a_bound_are_not_parked_and_do_not_wait() -> None:
