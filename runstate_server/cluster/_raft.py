@@ -122,16 +122,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def raft_state(self) -> int:
         return int(self._SyncObj__raftState)
 
-    def majority_heard_since(self, since: float) -> bool:
-        """Check-quorum, from any thread: a majority (this node included) answered the leader at or
-        after `since` (pysyncobj's clock). pysyncobj's own check runs in the tick thread, so a stuck
-        tick thread never runs it; this one reads the answer times that thread records. A peer
-        without a recorded time counts as heard (pysyncobj records one for every peer right after
-        it becomes leader)."""
-        responses = dict(self._SyncObj__lastResponseTime)  # one C-level copy under the GIL
-        peers = tuple(self._SyncObj__otherNodes)  # static membership: never changes
-        heard = 1 + sum(1 for node in peers if responses.get(node, since) >= since)
-        return heard > (len(peers) + 1) / 2
+    def majority_heard_at(self, now: float) -> float:
+        """Check-quorum (tick thread): the latest time (pysyncobj's clock) by which a majority,
+        this node included, had answered the leader; `now` for a single node. A peer without a
+        recorded time counts as heard now (pysyncobj records one for every peer right after it
+        becomes leader)."""
+        responses = self._SyncObj__lastResponseTime
+        peers = self._SyncObj__otherNodes  # static membership: never changes
+        needed = (len(peers) + 1) // 2  # answers besides this node's own that make a majority
+        if needed == 0:
+            return now
+        return sorted((responses.get(node, now) for node in peers), reverse=True)[needed - 1]
 
     def transport_counts(self) -> dict[str, int]:
         transport = getattr(self, "_SyncObj__transport", None)

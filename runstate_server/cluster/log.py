@@ -142,8 +142,10 @@ class ReplicatedLog:
         self._stopping = threading.Event()
         self._stopped = False
         self._halt_reason: str | None = None
-        # When pysyncobj last made this node leader (its clock; set in the tick thread).
+        # When pysyncobj last made this node leader, and by when a majority last answered it (its
+        # clock; both set in the tick thread, read by is_leader from any thread).
         self._leading_since = float("-inf")
+        self._quorum_heard_at = float("-inf")
         # Loop-thread state.
         self._pending: collections.deque[_Proposal] = collections.deque()
         self._flush_scheduled = False
@@ -250,8 +252,11 @@ class ReplicatedLog:
         raft = self._raft
         if raft is None or raft.raft_state() != _LEADER:
             return False
+        if not self.peer_addresses:
+            return True  # a single node is its own majority
         since = raft_clock() - self._config.leader_fallback_timeout_s
-        return self._leading_since >= since or raft.majority_heard_since(since)
+        # Stale when the tick thread is stuck, which is the point: then it stops counting.
+        return self._leading_since >= since or self._quorum_heard_at >= since
 
     @property
     def leader_address(self) -> str | None:
@@ -452,6 +457,8 @@ class ReplicatedLog:
                 self._compact_if_large()
                 try:
                     raft.doTick(0.0 if spin else self._config.tick_period_s)
+                    if raft.raft_state() == _LEADER:
+                        self._quorum_heard_at = raft.majority_heard_at(raft_clock())
                 except _LogHalted:
                     break
                 except Exception:

@@ -24,6 +24,7 @@ read an answer. Cluster nodes always require keys, so a request a follower forwa
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from urllib.parse import urlsplit
 
@@ -37,6 +38,8 @@ _JSON_SUFFIX = "+json"
 _UTF8_CHARSETS = frozenset({"utf-8", "utf8"})
 _LOOPBACK_NAMES = frozenset({"localhost"})
 _ORIGIN_SCHEMES = frozenset({"http", "https"})
+# Origin and Host values whose verdict is remembered (a client sends the same few on every call).
+_VERDICTS_CACHED_MAX = 256
 
 
 @web.middleware
@@ -100,6 +103,7 @@ def _refuse_foreign_origin(request: web.Request, own_host: str) -> None:
         )
 
 
+@functools.lru_cache(maxsize=_VERDICTS_CACHED_MAX)
 def _is_loopback_origin(origin: str) -> bool:
     try:
         parts = urlsplit(origin.strip())
@@ -111,6 +115,7 @@ def _is_loopback_origin(origin: str) -> bool:
     return _is_loopback_name(parts.hostname)
 
 
+@functools.lru_cache(maxsize=_VERDICTS_CACHED_MAX)
 def _is_own_host(host: str, own_host: str) -> bool:
     try:
         parts = urlsplit("//" + host.strip())
