@@ -139,22 +139,15 @@ def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def _add_long_poll_flags(parser: argparse.ArgumentParser) -> None:
     """--long-polls and --long-polls-per-key: shared by dev and node (absent: the config file's
     value, then the default)."""
     parser.add_argument(
-        "--long-polls", type=positive, default=None, metavar="N",
+        "--long-polls", type=positive_integer, default=None, metavar="N",
         help=f"long polls parked on this node at once; more are answered at once (default {WAITERS_TOTAL_MAX})",
     )
     parser.add_argument(
-        "--long-polls-per-key", type=positive, default=None, metavar="N",
+        "--long-polls-per-key", type=positive_integer, default=None, metavar="N",
         help=f"long polls parked on one task, queue or resource; more are answered at once (default {WAITERS_PER_KEY_MAX})",
     )
 
