@@ -251,6 +251,25 @@ def test_unsafe_call_is_not_repeated_after_a_503(monkeypatch: pytest.MonkeyPatch
     assert calls == ["create"]
 
 
+def test_a_call_the_node_did_not_receive_in_time_is_sent_again_even_if_unsafe() -> None:
+    """408 REQUEST_TIMEOUT: the node read only part of the request and applied nothing."""
+    calls: list[str] = []
+
+    async def create(request: web.Request) -> web.Response:
+        calls.append("create")
+        if len(calls) == 1:
+            return error(408, "REQUEST_TIMEOUT", "the request body did not arrive within 30 s")
+        return web.json_response({"id": "run_1", "state": "ACTIVE"}, status=201)
+
+    async def main() -> None:
+        async with fake_server({("POST", "/v1/spaces/sp/scopes"): create}) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
+                assert (await rs.scopes.create()).id == "run_1"
+
+    asyncio.run(main())
+    assert calls == ["create", "create"]
+
+
 def test_receive_with_a_lost_answer_returns_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
     monkeypatch.setattr(_http, "LONG_POLL_MARGIN_S", 0.2)

@@ -5,8 +5,10 @@ retried on the next listed server, whatever it is. A request that may have reach
 read timeout, a dropped connection, a 503 answer) is retried only when the caller marked it safe:
 a GET, a POST the server deduplicates (a submit carries a key), or one whose repetition changes
 nothing (cancel, complete, renew, the delivery calls). An unsafe one (receive, creating a run)
-raises `OutcomeUnknownError` instead, so the caller decides. Retries back off briefly and stop
-after `UNAVAILABLE_AFTER_S` seconds without an answer, with `UnavailableError`.
+raises `OutcomeUnknownError` instead, so the caller decides. A `408 REQUEST_TIMEOUT` answer (the
+node did not receive the whole request in time, so it applied nothing) is retried whatever the
+call. Retries back off briefly and stop after `UNAVAILABLE_AFTER_S` seconds without an answer,
+with `UnavailableError`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from runstate.sdk.errors import (
     error_from_response,
 )
 
+# The node did not receive the whole request in time and applied nothing: always safe to resend.
+NOT_RECEIVED_CODE = "REQUEST_TIMEOUT"
 # Set by a node that forwarded a call to the leader: the leader's API URL.
 LEADER_HEADER = "X-Runstate-Leader"
 
@@ -237,7 +241,8 @@ class Transport:
                 if 200 <= status < 300:
                     return self._decode(status, text, method, path)
                 error = _error_from_body(status, text)
-                if not isinstance(error, UnavailableError) or not safe:
+                not_received = error.code == NOT_RECEIVED_CODE
+                if not not_received and (not isinstance(error, UnavailableError) or not safe):
                     raise error
                 failure = f"{base} answered {error}"
                 last_status = status
