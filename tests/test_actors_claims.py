@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from runstate_server.actors import errors
 from runstate_server.actors.claims import Claim
-from tests.test_actors_harness import RETENTION_MS, Harness, round_trip, snapshot_bytes
+from runstate_server.actors.storage import json_value
+from tests.test_actors_harness import (
+    RETENTION_MS,
+    Harness,
+    assert_stored_bytes_recount,
+    round_trip,
+    snapshot_bytes,
+)
 
 LEASE_MS = 10_000
 KEY = "locks/report"
@@ -52,7 +59,7 @@ def test_held_until_released_then_the_next_generation(h: Harness, run_id: str) -
         assert refused["error"]["code"] == errors.CLAIM_HELD
         assert refused["error"]["retryAfterMs"] == LEASE_MS  # until the lease runs out
     released = h.ok("claim.release", **on(first), observation={"rows": 3})
-    assert (released["token"], claim(h, run_id).observation) == (None, {"rows": 3})
+    assert (released["token"], json_value(claim(h, run_id).observation)) == (None, {"rows": 3})
     second = acquire(h, run_id, holder="w2")
     assert (second["generation"], second["holder"]) == (2, "w2")
     assert second["token"] != first["token"]
@@ -193,3 +200,4 @@ def test_generations_only_grow_and_one_lease_is_live(steps: list[tuple[str, str,
             found = claim(h, run_id, key_)
             assert found.generation == generation
             assert found.token is None or found.token.startswith(f"{found.id}.{generation}.")
+        assert_stored_bytes_recount(h.state)

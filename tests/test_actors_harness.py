@@ -261,6 +261,11 @@ def test_due_heap_stays_a_heap() -> None:
 def assert_stored_bytes_recount(state: State) -> None:
     """The charges kept step by step equal a recount of what the state holds (every replica, and
     every restore, must count the same: the bytes limits decide what is accepted)."""
-    kept = (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()})
+    kept = (
+        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, dict(state.idempotency_bytes)
+    )
     storage.recount(state)
-    assert (state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}) == kept
+    recounted = (
+        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, state.idempotency_bytes
+    )
+    assert recounted == kept

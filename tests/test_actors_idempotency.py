@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runstate_server.actors import errors, limits
-from tests.test_actors_harness import Harness, round_trip, snapshot_bytes
+from runstate_server.actors.state import result_bytes
+from tests.test_actors_harness import Harness, assert_stored_bytes_recount, round_trip, snapshot_bytes
 
 
 @pytest.fixture
@@ -84,6 +85,30 @@ def test_the_table_keeps_the_newest_keys_of_a_space(h: Harness, monkeypatch: pyt
     assert create_barrier(h, run_id, ["k0", "fp"]) != results[0]  # forgotten: applied again
 
 
+def test_the_table_keeps_the_newest_results_within_its_bytes_bound(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A once result can be 64 KiB: the table forgets its oldest results once they weigh more than
+    idempotency_bytes_per_space_max, and the weight it keeps is what it holds."""
+    run_id = h.create_run()
+    big = "r" * 10_000
+    results = []
+    for n in range(5):
+        granted = h.ok("once.acquire", run_id=run_id, key=f"work{n}", holder="w", lease_ms=1000)
+        results.append(h.apply("once.complete", run_id=run_id, key=f"work{n}", token=granted["token"], result=big,
+                               idem=[f"k{n}", "fp"]))
+    weight = result_bytes(results[0])
+    assert weight > len(big)
+    assert h.state.idempotency_bytes[h.space] == sum(result_bytes(entry[2]) for entry in h.state.idempotency[h.space].values())
+
+    monkeypatch.setattr(limits, "idempotency_bytes_per_space_max", 3 * weight)
+    granted = h.ok("once.acquire", run_id=run_id, key="work5", holder="w", lease_ms=1000)
+    h.apply("once.complete", run_id=run_id, key="work5", token=granted["token"], result=big, idem=["k5", "fp"])
+    assert [key for key in h.state.idempotency[h.space] if key.startswith("k")] == ["k3", "k4", "k5"]
+    assert h.state.idempotency_bytes[h.space] <= limits.idempotency_bytes_per_space_max
+    assert_stored_bytes_recount(h.state)
+
+
 def test_the_table_survives_a_snapshot(h: Harness) -> None:
     run_id = h.create_run()
     first = create_barrier(h, run_id, ["k1", "fp1"])
@@ -133,4 +158,5 @@ def test_every_history_applies_each_live_key_once(history: list[tuple[str, str, 
         else:
             assert len(h.state.barriers) == barriers_before + 1
             model[key] = (h.now_ms, fingerprint, result)
+        assert_stored_bytes_recount(h.state)
         h.advance(wait_ms)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from runstate_server.actors import limits, storage
-from runstate_server.actors.state import TASK_OVERHEAD_BYTES, TaskState
-from tests.test_actors_harness import Harness, pack, unpack
+from runstate_server.actors.state import CLAIM_OVERHEAD_BYTES, TASK_OVERHEAD_BYTES, TaskState
+from tests.test_actors_harness import Harness, assert_stored_bytes_recount, pack, unpack
 
 BIG = "x" * 60_000  # a task input of about 60 KB
 
@@ -92,3 +92,16 @@ def test_a_result_is_accepted_past_the_limit(h: Harness, run_id: str, monkeypatc
     h.delivery("complete", delivery, payload=BIG)
     assert storage.json_value(h.task(task_id).outcome) == BIG
     assert charged(h)[1] > limits.space_bytes_max
+
+
+def test_a_claim_is_charged_its_key_and_observation_and_freed_with_its_run(h: Harness, run_id: str) -> None:
+    granted = h.ok("claim.acquire", run_id=run_id, key="lock", holder="w", lease_ms=1000)
+    assert charged(h) == (CLAIM_OVERHEAD_BYTES + len("lock"),) * 2
+    h.ok("claim.release", run_id=run_id, key="lock", token=granted["token"], observation={"rows": "z" * 1000})
+    observed = CLAIM_OVERHEAD_BYTES + len("lock") + len(b'{"rows":""}') + 1000
+    assert charged(h) == (observed, observed)
+    assert_stored_bytes_recount(h.state)
+    h.cancel(run_id, retention_ms=10)
+    h.advance(11)
+    h.tick(retention_ms=10)
+    assert charged(h) == (0, 0)

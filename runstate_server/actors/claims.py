@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runstate_server.actors import errors, limits, runs
+from runstate_server.actors import errors, limits, runs, storage
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, State, register_table
@@ -40,7 +40,7 @@ class Claim:
     holder_session: str | None = None
     lease_ms: int = 0
     lease_expires_ms: int = 0
-    observation: Any = None  # what the last release left (a JSON value, bounded by the node)
+    observation: bytes | None = None  # what the last release left, as canonical JSON (bounded by the node)
 
 
 register_table("claims", Claim)
@@ -90,6 +90,9 @@ def _create(ctx: Context, run: Run, key: str) -> Claim:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.claims_per_run_max} claims")
     claim = Claim(id="clm_" + ctx.command_id, space=ctx.space.id, run_id=run.id, key=key, created_ms=ctx.now_ms)
     assert claim.id not in ctx.state.claims, "leader generated a duplicate claim id"
+    cost = storage.claim_bytes(claim)
+    storage.require_room(ctx, cost, "claim")
+    storage.charge(ctx.state, claim.space, cost)
     ctx.state.claims[claim.id] = claim
     run.claims[key] = claim.id
     return claim
@@ -136,7 +139,10 @@ def release(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     claim = _require_lease(ctx, args)
     answer = _answer(claim)
     claim.token = None
-    claim.observation = args.get("observation")
+    before = storage.claim_bytes(claim)
+    observation = args.get("observation")
+    claim.observation = None if observation is None else storage.json_bytes(observation)
+    storage.charge(ctx.state, claim.space, storage.claim_bytes(claim) - before)
     return {**answer, "token": None, "released": True}
 
 
@@ -159,7 +165,7 @@ def extend_leases(state: State, now_ms: int) -> None:
 
 def _on_run_remove(state: State, run: Run) -> None:
     for claim_id in run.claims.values():
-        del state.claims[claim_id]
+        storage.charge(state, run.space, -storage.claim_bytes(state.claims.pop(claim_id)))
 
 
 runs.RUN_REMOVE_HOOKS.append(_on_run_remove)

@@ -11,8 +11,10 @@ should look again).
 
 The table is part of the replicated state, so every replica replays alike and a retry that lands
 on a new leader after a failover is still answered from it. It is bounded per space, in entries
-(`idempotency_keys_per_space_max`, oldest first) and in age (`idempotency_key_ttl_ms`); both
-evictions happen in log order, when a key is recorded, so replicas agree.
+(`idempotency_keys_per_space_max`, oldest first), in the bytes its results weigh
+(`idempotency_bytes_per_space_max`: a once result can be 64 KiB) and in age
+(`idempotency_key_ttl_ms`); the evictions happen in log order, when a key is recorded, so
+replicas agree.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from runstate_server.actors import errors, limits
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import State
+from runstate_server.actors.state import State, result_bytes
 
 # A result that says "this command changed nothing": it is not remembered.
 UNCHANGED = "unchanged"
@@ -49,14 +51,22 @@ def record(state: State, space: str, idem: Any, result: Any, now_ms: int) -> Non
         return
     key, fingerprint = _parse(idem)
     table = state.idempotency.setdefault(space, {})
-    table.pop(key, None)  # an expired entry of the same key: the new one goes to the end
+    weights = state.idempotency_bytes
+    previous = table.pop(key, None)  # an expired entry of the same key: the new one goes to the end
+    if previous is not None:
+        weights[space] -= result_bytes(previous[2])
     table[key] = [now_ms, fingerprint, result]
+    weights[space] = weights.get(space, 0) + result_bytes(result)
     while table:
         oldest_key = next(iter(table))
         created_ms = table[oldest_key][0]
-        if len(table) <= limits.idempotency_keys_per_space_max and created_ms + limits.idempotency_key_ttl_ms > now_ms:
+        if (
+            len(table) <= limits.idempotency_keys_per_space_max
+            and weights[space] <= limits.idempotency_bytes_per_space_max
+            and created_ms + limits.idempotency_key_ttl_ms > now_ms
+        ):
             break
-        del table[oldest_key]
+        weights[space] -= result_bytes(table.pop(oldest_key)[2])
 
 
 def _parse(idem: Any) -> tuple[str, str]:

@@ -108,4 +108,5 @@ messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
 # Idempotency keys (the `idempotency-key` header of a mutation): what a space remembers of them.
 idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first
 idempotency_key_ttl_ms = 3_600_000  # a key is remembered for an hour after its first use
+idempotency_bytes_per_space_max = 8 * 1024 * KIB  # what its remembered results weigh; the oldest go first
 idempotency_key_chars_max = 255

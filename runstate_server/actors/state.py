@@ -235,6 +235,8 @@ class State:
     # Idempotency keys (idempotency.py): space -> key -> [first use ms, request fingerprint, result],
     # oldest first.
     idempotency: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # Derived: the bytes each space's remembered results weigh (result_bytes); recounted on restore.
+    idempotency_bytes: dict[str, int] = field(default_factory=dict)
     # Derived: the bytes every space holds together (storage.py); recounted on restore.
     stored_bytes: int = 0
 
@@ -397,6 +399,9 @@ def from_snapshot(data: dict[str, Any]) -> State:
                 raise ValueError(f"a {table} row has {len(row)} fields, {cls.__name__} has {len(names)}")
             entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
+    for claim in state.claims.values():
+        # An observation was kept as a parsed value before it was kept as its JSON bytes.
+        claim.observation = None if claim.observation is None else json_bytes(claim.observation)
     recount(state)
     return state
 
@@ -405,6 +410,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
 # measured on CPython 3.11: the dataclass, its table and queue entries, its ids and small strings.
 TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
+CLAIM_OVERHEAD_BYTES = 512
 
 
 def _size(value: bytes | str | None) -> int:
@@ -421,8 +427,35 @@ def once_bytes(entry: Once) -> int:
     return ONCE_OVERHEAD_BYTES + _size(entry.result) + _size(entry.key) + _size(entry.error)
 
 
+def result_bytes(value: Any) -> int:
+    """What a remembered result weighs (idempotency.py): its strings and bytes, and 8 bytes for
+    every other value, container and key. Deterministic, so every replica evicts alike."""
+    weight = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            weight += len(item)
+        elif isinstance(item, dict):
+            weight += 8
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            weight += 8
+            stack.extend(item)
+        else:
+            weight += 8
+    return weight
+
+
+def claim_bytes(claim: Any) -> int:
+    """What a claim (claims.Claim, which this module cannot import) is charged (storage.py)."""
+    return CLAIM_OVERHEAD_BYTES + _size(claim.key) + _size(claim.observation)
+
+
 def recount(state: State) -> None:
-    """Every space's charge and the node's, from the tasks and once entries the state holds."""
+    """Every space's charge and the node's, from the tasks and once entries the state holds; and
+    the weight of each space's remembered results."""
     state.stored_bytes = 0
     for space in state.spaces.values():
         space.stored_bytes = 0
@@ -430,7 +463,12 @@ def recount(state: State) -> None:
         state.spaces[task.space].stored_bytes += task_bytes(task)
     for entry in state.once.values():
         state.spaces[entry.space].stored_bytes += once_bytes(entry)
+    for claim in state.claims.values():
+        state.spaces[claim.space].stored_bytes += claim_bytes(claim)
     state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
+    state.idempotency_bytes = {
+        space: sum(result_bytes(entry[2]) for entry in table.values()) for space, table in state.idempotency.items()
+    }
 
 
 def json_bytes(value: Any) -> bytes:

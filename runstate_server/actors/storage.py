@@ -23,9 +23,11 @@ from runstate_server.actors import errors, limits
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import (
+    CLAIM_OVERHEAD_BYTES,
     ONCE_OVERHEAD_BYTES,
     TASK_OVERHEAD_BYTES,
     State,
+    claim_bytes,
     json_bytes,
     once_bytes,
     recount,
@@ -33,8 +35,8 @@ from runstate_server.actors.state import (
 )
 
 __all__ = [
-    "ONCE_OVERHEAD_BYTES", "TASK_OVERHEAD_BYTES",
-    "charge", "json_bytes", "json_value", "once_bytes", "recount", "require_room", "task_bytes",
+    "CLAIM_OVERHEAD_BYTES", "ONCE_OVERHEAD_BYTES", "TASK_OVERHEAD_BYTES",
+    "charge", "claim_bytes", "json_bytes", "json_value", "once_bytes", "recount", "require_room", "task_bytes",
 ]
 
 def json_value(data: bytes | None) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import claims, limits
+from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -112,7 +113,7 @@ async def release(request: web.Request) -> web.Response:
     args = {
         "key": _path_key(request),
         "token": req.text(body, "token", max_chars=limits.name_chars_max, required=True),
-        "observation": observation,
+        "observation": None if observation is None else encoded,  # kept as its canonical JSON bytes
     }
     result = await req.propose(request, "claim.release", args)
     return web.json_response({**_render(result), "released": True})
@@ -147,5 +148,5 @@ async def get(request: web.Request) -> web.Response:
             "holder": claim.holder if held else None,
             "holderSession": claim.holder_session if held else None,
             "leaseExpiresAt": iso(claim.lease_expires_ms) if held else None,
-            "observation": claim.observation,
+            "observation": json_value(claim.observation),
         })
