@@ -153,12 +153,13 @@ def test_serve_async_with_no_queue_is_a_config_error(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.slow
 def test_a_stuck_handler_does_not_keep_a_stopped_worker_alive(dev_node: DevNode, tmp_path: Path) -> None:
-    """SIGTERM while a sync handler never returns: serve() waits its 30 s for it, hands the job
-    back and returns, and the process exits (the handler's thread does not hold it)."""
+    """SIGTERM while a sync handler never returns: serve() waits its drain (30 s; 2 s here) for
+    it, hands the job back and returns, and the process exits (the handler's thread does not
+    hold it)."""
     api = Api(dev_node.url)
     run_id = str(api.ok("POST", "/v1/scopes", {})["id"])
     effects = tmp_path / "effects"
-    env = sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="3600")
+    env = sdk_env(dev_node.url, run_id, RS_TEST_EFFECTS=str(effects), RS_TEST_SLOW_S="3600", RS_TEST_DRAIN_S="2")
     runstate.configure(base_url=dev_node.url, scope_id=run_id)
     try:
         with children() as procs:
