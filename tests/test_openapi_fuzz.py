@@ -63,3 +63,18 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(node_fact
     finished = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=FUZZ_TIMEOUT_S)
     assert finished.returncode == 0, finished.stdout[-20_000:] + finished.stderr[-5_000:]
     assert "Tested:" in finished.stdout  # it ran the operations, not nothing
+
+
+def test_a_path_value_no_route_takes_is_a_documented_404(dev_node: Any) -> None:
+    """Found by the long form: a newline in a path parameter matches no route (404), which every
+    route with a parameter in its path documents."""
+    from runstate_server.node.api.app import ROUTES
+    from runstate_server.node.api.openapi import document
+    from tests._http import call
+
+    for path, operations in document(ROUTES)["paths"].items():
+        for method, operation in operations.items():
+            if "{" in path:
+                assert "404" in operation["responses"], (method, path)
+    status, answer = call(dev_node.url, "POST", "/v1/spaces/default/claims/a%0Ab/release", {})
+    assert (status, answer["error"]["code"]) == (404, "NOT_FOUND")
