@@ -23,6 +23,7 @@ from runstate_server.actors import (
     idempotency,
     limits,
     once,
+    permits,
     resources,
     runs,
     tasks,
@@ -64,6 +65,7 @@ HANDLERS: dict[str, Handler] = {
     **barriers.HANDLERS,
     **timers.HANDLERS,
     **resources.HANDLERS,
+    **permits.HANDLERS,
     **access.HANDLERS,
 }
 

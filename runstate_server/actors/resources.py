@@ -53,7 +53,8 @@ LIMIT = "limit"
 BUDGET = "budget"
 KINDS = (POOL, LIMIT, BUDGET)
 
-MICROS = 1_000_000  # micro-units per unit of a budget's currency
+MICROS = 1_000_000
+PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)  # micro-units per unit of a budget's currency
 
 
 @dataclass(slots=True)
@@ -66,6 +67,9 @@ class Pool:
     holds: list[str] = field(default_factory=list)  # ids of the slot leases held, oldest first
     waiting: int = 0  # QUEUED jobs that name it
     blocked: list[list[str]] = field(default_factory=list)  # [run id, mailbox]: queues to wake
+    # Its id on the protocol's wire ("prm_<command id>"; one from a snapshot from before permits
+    # gets one derived from its space and name: state.from_snapshot).
+    public_id: str = ""
 
 
 @dataclass(slots=True)
@@ -100,7 +104,8 @@ class Budget:
 
 @dataclass(slots=True)
 class Hold:
-    """A slot lease (amount 1) or a budget reservation (amount in micros)."""
+    """A slot lease (amount: the units it holds, 1 unless a permit grant asked for more) or a budget
+    reservation (amount in micros)."""
 
     id: str
     space: str
@@ -114,6 +119,10 @@ class Hold:
     lease_ms: int
     lease_expires_ms: int
     created_ms: int
+    # A permit grant's fencing token (`<hold id>.<command id><node nonce>`); None for a slot lease
+    # of the pool routes and for a job's hold, which no token names.
+    token: str | None = None
+    holder_session: str | None = None
 
 
 register_table("pools", Pool)
@@ -207,6 +216,8 @@ def _ensure(
         resource = make(resource_id(ctx.space.id, name))
         _table(ctx.state, kind)[resource.id] = resource
         ctx.space.resource_counts[kind] = count + 1
+        if kind == POOL:
+            ctx.state.permit_ids[resource.public_id] = resource.id
     elif any(getattr(resource, field_name) != value for field_name, value in config.items()):
         for field_name, value in config.items():
             setattr(resource, field_name, value)
@@ -218,7 +229,11 @@ def ensure_pool(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Create the pool, or resize it (a size below the slots in use grants nothing new)."""
     name = _require_name(args.get("name"))
     size = _require_int(args.get("size"), "size", 1, limits.pool_size_max)
-    return _ensure(ctx, POOL, name, {"size": size}, lambda pool_id: Pool(pool_id, ctx.space.id, name, size, ctx.now_ms))
+    return _ensure(ctx, POOL, name, {"size": size}, lambda pool_id: _new_pool(ctx, pool_id, name, size))
+
+
+def _new_pool(ctx: Context, pool_id: str, name: str, size: int) -> Pool:
+    return Pool(pool_id, ctx.space.id, name, size, ctx.now_ms, public_id=PERMIT_PREFIX + ctx.command_id)
 
 
 def ensure_limit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -251,9 +266,14 @@ def _remaining_micros(budget: Budget) -> int:
     return budget.total_micros - budget.spent_micros - budget.reserved_micros
 
 
-def _has_room(kind: str, resource: Any, amount: int) -> bool:
+def units_in_use(state: State, pool: Pool) -> int:
+    """The units its holds take: a hold of N units counts N (a job's slot and a pool lease, 1)."""
+    return sum(state.slot_leases[hold_id].amount for hold_id in pool.holds)
+
+
+def _has_room(state: State, kind: str, resource: Any, amount: int) -> bool:
     if kind == POOL:
-        return len(resource.holds) + amount <= resource.size
+        return units_in_use(state, resource) + amount <= resource.size
     return len(resource.holds) < limits.reservations_per_budget_max and amount <= _remaining_micros(resource)
 
 
@@ -289,6 +309,11 @@ def _end_hold(ctx: Context, kind: str, hold: Hold, spent_micros: int) -> tuple[i
     return charged, returned
 
 
+def end_hold(ctx: Context, kind: str, hold: Hold) -> None:
+    """End a direct hold, nothing spent (permits.py: a grant released, or its run stopped)."""
+    _end_hold(ctx, kind, hold, 0)
+
+
 def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field: str) -> dict[str, Any]:
     resource = _require_resource(ctx, kind, args.get("name"))
     run = runs.require_run(ctx, args.get("run_id"))
@@ -299,7 +324,7 @@ def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field:
             errors.VALIDATION_FAILED, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
         )
     runs.require_active(ctx, run)
-    if not _has_room(kind, resource, amount):
+    if not _has_room(ctx.state, kind, resource, amount):
         return {"granted": False, idempotency.UNCHANGED: True}
     hold = _hold(
         ctx, kind, resource, _HOLD_PREFIXES[kind] + ctx.command_id, run.id, args.get("holder"), None, amount, lease_ms
@@ -588,7 +613,7 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     short: list[tuple[str, Any, int | None]] = []
     for name, count in Counter(needs["slots"]).items():
         pool = find(ctx.state, POOL, space, name)
-        if not _has_room(POOL, pool, count):
+        if not _has_room(ctx.state, POOL, pool, count):
             short.append((POOL, pool, None))
     if needs["limit"] is not None:
         name, units = needs["limit"]
@@ -599,7 +624,7 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     if needs["budget"] is not None:
         name, amount = needs["budget"]
         budget = find(ctx.state, BUDGET, space, name)
-        if not _has_room(BUDGET, budget, amount):
+        if not _has_room(ctx.state, BUDGET, budget, amount):
             short.append((BUDGET, budget, None))
     return short
 
@@ -674,7 +699,7 @@ def pool_view(state: State, space_id: str, name: str) -> dict[str, Any] | None:
     return {
         "name": pool.name,
         "size": pool.size,
-        "inUse": len(pool.holds),
+        "inUse": units_in_use(state, pool),
         "waiting": pool.waiting,
         "holders": [
             {

@@ -224,6 +224,9 @@ class State:
     budgets: dict[str, Any] = field(default_factory=dict)
     slot_leases: dict[str, Any] = field(default_factory=dict)
     reservations: dict[str, Any] = field(default_factory=dict)
+    # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
+    # from_snapshot, never written to a snapshot.
+    permit_ids: dict[str, str] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -399,6 +402,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
                 raise ValueError(f"a {table} row has {len(row)} fields, {cls.__name__} has {len(names)}")
             entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
+    for pool in state.pools.values():
+        if not pool.public_id:  # a pool of a snapshot from before permit ids: derived, the same on every replica
+            pool.public_id = "prm_" + hashlib.sha256(pool.id.encode()).hexdigest()[:20]
+        state.permit_ids[pool.public_id] = pool.id
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
