@@ -36,6 +36,12 @@ def find(state: State, space_id: str, permit_id: Any) -> Pool | None:
     return pool if pool is not None and pool.space == space_id else None
 
 
+def by_name(state: State, space_id: str, name: str) -> Pool | None:
+    """The pool named `name` in the space, or None."""
+    pool: Pool | None = resources.find(state, POOL, space_id, name)
+    return pool
+
+
 def _require_permit(ctx: Context, permit_id: Any) -> Pool:
     pool = find(ctx.state, ctx.space.id, permit_id)
     if pool is None:
@@ -112,9 +118,10 @@ def _require_grant(ctx: Context, args: dict[str, Any]) -> Hold:
 
 
 def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    lease_ms = args["lease_ms"]
-    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
+    """Extend the grant's lease from now by `lease_ms` (None: its last length)."""
     hold = _require_grant(ctx, args)
+    lease_ms = hold.lease_ms if args.get("lease_ms") is None else args["lease_ms"]
+    assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     run = ctx.state.runs.get(hold.run_id)
     if run is None:
         raise Rejected(errors.SCOPE_CANCELLED, f"run {hold.run_id} is stopped")
