@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runstate_server.actors import permits, resources
+from runstate_server.actors import limits, permits, resources
 from runstate_server.actors.state import from_snapshot, to_snapshot
 from tests.test_actors_harness import Harness, pack, round_trip, snapshot_bytes, unpack
 
@@ -133,8 +133,10 @@ def test_a_pool_from_before_permit_ids_gets_a_derived_id(h: Harness, run_id: str
     h.ok("pool.ensure", name="browser", size=1)
     h.ok("pool.acquire", name="browser", run_id=run_id, lease_ms=LEASE_MS, holder="w")
     old = unpack(pack(to_snapshot(h.state)))
-    old["pools"] = [row[:-1] for row in old["pools"]]  # no public_id
+    old["pools"] = [row[:-2] for row in old["pools"]]  # no public_id, waiters
     old["slot_leases"] = [row[:-2] for row in old["slot_leases"]]  # no token, holder_session
+    old["runs"] = [row[:-2] + row[-1:] for row in old["runs"]]  # no permit_waiters (the queues come last)
+    del old["permit_waiters"]
     one, two = from_snapshot(old), from_snapshot(unpack(pack(old)))
     (permit_id,) = one.permit_ids
     assert permit_id.startswith("prm_") and permit_id != h.state.pools[f"{h.space}/browser"].public_id
@@ -146,3 +148,126 @@ def test_a_pool_from_before_permit_ids_gets_a_derived_id(h: Harness, run_id: str
 @pytest.mark.parametrize("units", [0, -1, 1.5, "2", None])
 def test_units_are_validated(h: Harness, units: Any) -> None:
     assert h.err("permit.create", name="gpu", units=units) == "VALIDATION_FAILED"
+
+
+# -- waiters -------------------------------------------------------------------------------------
+
+
+def wait(h: Harness, permit_id: str, run_id: str, units: int = 1, ttl_ms: int | None = None) -> dict[str, Any]:
+    return h.ok("permit.wait", permit_id=permit_id, run_id=run_id, units=units, holder="w", ttl_ms=ttl_ms)
+
+
+def waiter_state(h: Harness, waiter_id: str) -> str:
+    view = permits.waiter_view(h.state, h.space, waiter_id)
+    assert view is not None
+    return str(view["state"])
+
+
+def test_waiters_are_signaled_in_order_and_their_units_set_aside(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=2)
+    first = acquire(h, permit_id, run_id, units=2)
+    big, small = wait(h, permit_id, run_id, units=2), wait(h, permit_id, run_id, units=1)
+    assert big["state"] == small["state"] == "WAITING"
+    assert acquire(h, permit_id, run_id)["granted"] is False  # strict FIFO: waiters are in line
+    h.ok("permit.release", grant_id=first["grant_id"], token=first["token"])
+    assert (waiter_state(h, big["waiter_id"]), waiter_state(h, small["waiter_id"])) == ("SIGNALED", "WAITING")
+    assert view(h, permit_id)["unitsInUse"] == 0
+    assert acquire(h, permit_id, run_id)["granted"] is False  # the 2 units are set aside for the head
+    taken = acquire(h, permit_id, run_id, waiter_id=big["waiter_id"])
+    assert taken["granted"] is True and taken["units"] == 2
+    assert waiter_state(h, big["waiter_id"]) == "GRANTED"
+    h.ok("permit.release", grant_id=taken["grant_id"], token=taken["token"])
+    assert waiter_state(h, small["waiter_id"]) == "SIGNALED"
+    assert [w["state"] for w in view(h, permit_id)["waiters"]] == ["SIGNALED"]
+
+
+def test_acquire_for_a_waiter_not_signaled_grants_nothing(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    acquire(h, permit_id, run_id)
+    waiter = wait(h, permit_id, run_id)
+    assert acquire(h, permit_id, run_id, waiter_id=waiter["waiter_id"])["granted"] is False
+    other = create(h, "cpu", units=1)
+    assert h.err(
+        "permit.acquire", permit_id=other, run_id=run_id, units=1, lease_ms=LEASE_MS, waiter_id=waiter["waiter_id"]
+    ) == "VALIDATION_FAILED"
+    assert h.err(
+        "permit.acquire", permit_id=permit_id, run_id=run_id, units=1, lease_ms=LEASE_MS, waiter_id="pwt_nope"
+    ) == "NOT_FOUND"
+
+
+def test_a_waiter_is_signaled_at_once_when_there_is_room(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=2)
+    assert wait(h, permit_id, run_id)["state"] == "SIGNALED"
+
+
+def test_cancel_returns_the_set_aside_units_and_the_line_moves_on(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    grant = acquire(h, permit_id, run_id)
+    one, two = wait(h, permit_id, run_id), wait(h, permit_id, run_id)
+    h.ok("permit.release", grant_id=grant["grant_id"], token=grant["token"])
+    assert waiter_state(h, one["waiter_id"]) == "SIGNALED"
+    assert h.ok("permit_waiter.cancel", waiter_id=one["waiter_id"])["state"] == "CANCELLED"
+    assert waiter_state(h, two["waiter_id"]) == "SIGNALED"
+    assert h.ok("permit_waiter.cancel", waiter_id=one["waiter_id"])["state"] == "CANCELLED"  # ended: kept as is
+    assert h.err("permit_waiter.cancel", waiter_id="pwt_nope") == "NOT_FOUND"
+
+
+def test_a_waiter_expires_after_its_ttl_and_a_signal_not_taken_in_time(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    grant = acquire(h, permit_id, run_id)
+    short = wait(h, permit_id, run_id, ttl_ms=1_000)
+    h.advance(1_000)
+    h.tick()
+    assert waiter_state(h, short["waiter_id"]) == "EXPIRED"
+    waiter = wait(h, permit_id, run_id)
+    h.ok("permit.release", grant_id=grant["grant_id"], token=grant["token"])
+    assert waiter_state(h, waiter["waiter_id"]) == "SIGNALED"
+    h.advance(limits.permit_waiter_signaled_ms)
+    h.tick()
+    assert waiter_state(h, waiter["waiter_id"]) == "EXPIRED"
+    assert acquire(h, permit_id, run_id)["granted"] is True  # nothing set aside any more
+
+
+def test_a_run_stop_cancels_its_waiters_and_removal_forgets_them(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    other_run = h.create_run()
+    acquire(h, permit_id, run_id)
+    mine, theirs = wait(h, permit_id, run_id), wait(h, permit_id, other_run)
+    h.cancel(run_id, retention_ms=1_000)
+    assert waiter_state(h, mine["waiter_id"]) == "CANCELLED"
+    assert waiter_state(h, theirs["waiter_id"]) == "SIGNALED"  # the stopped run's grant returned
+    assert h.err("permit.wait", permit_id=permit_id, run_id=run_id, units=1) == "SCOPE_CANCELLED"
+    h.advance(1_000)
+    h.tick()
+    assert mine["waiter_id"] not in h.state.permit_waiters
+    assert theirs["waiter_id"] in h.state.permit_waiters
+
+
+def test_a_signaled_waiter_holds_units_back_from_jobs(h: Harness, run_id: str) -> None:
+    permit_id = create(h, "browser", units=1)
+    grant = acquire(h, permit_id, run_id)
+    waiter = wait(h, permit_id, run_id)
+    h.ok("task.submit", **{**h.submit_args(run_id, "a"), "needs": {"slots": ["browser"]}})
+    h.ok("permit.release", grant_id=grant["grant_id"], token=grant["token"])
+    assert waiter_state(h, waiter["waiter_id"]) == "SIGNALED"
+    assert h.receive(run_id) == []
+    h.ok("permit_waiter.cancel", waiter_id=waiter["waiter_id"])
+    assert len(h.receive(run_id)) == 1
+
+
+def test_waiters_are_bounded(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    permit_id = create(h, units=1)
+    acquire(h, permit_id, run_id)
+    monkeypatch.setattr(limits, "permit_waiters_per_permit_max", 2)
+    wait(h, permit_id, run_id)
+    wait(h, permit_id, run_id)
+    assert h.err("permit.wait", permit_id=permit_id, run_id=run_id, units=1) == "LIMIT_EXCEEDED"
+
+
+def test_snapshot_round_trip_with_waiters(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    acquire(h, permit_id, run_id)
+    wait(h, permit_id, run_id)
+    restored = round_trip(h.state)
+    assert restored == h.state
+    assert snapshot_bytes(restored) == snapshot_bytes(h.state)

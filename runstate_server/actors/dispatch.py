@@ -76,6 +76,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **barriers.DUE_HANDLERS,
     **timers.DUE_HANDLERS,
     **resources.DUE_HANDLERS,
+    **permits.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.

@@ -12,20 +12,59 @@ cryptographic source, so it cannot be guessed from the grant id, which readers s
 release present the token; a token that is not the grant's (released, lapsed, another grant's)
 is STALE_CLAIM. Acquire on a full pool grants nothing (the API answers CAPACITY_UNAVAILABLE);
 on a stopped run it is SCOPE_CANCELLED, and stopping a run ends its grants (RUN_STOP_HOOKS).
+
+Waiters: a FIFO line per permit ("pwt_<command id>"). A waiter is WAITING until the units free
+beyond those set aside cover its units and every waiter ahead of it is SIGNALED: then it is
+SIGNALED, and its units are set aside for it (no acquire, and no job's slot, takes them) for
+limits.permit_waiter_signaled_ms; an acquire naming it takes them (GRANTED). A WAITING waiter
+blocks every acquire that names no waiter (strict FIFO; a job's slot only respects the units set
+aside). It ends CANCELLED (cancel, or its run's stop) or EXPIRED (its TTL, or a signal not taken
+in time); the units set aside for it return, and the line moves on. Ended waiters are kept, for
+their state to be read, until their run is removed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from runstate_server.actors import errors, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.resources import POOL, Hold, Pool
-from runstate_server.actors.state import DueKind, Run, State
+from runstate_server.actors.state import DueKind, Run, State, register_table
 
 GRANT_PREFIX = "slt_"  # a grant is a direct slot lease: the pool routes' /slots/{lease} name it too
+WAITER_PREFIX = "pwt_"
+
+
+class WaiterState:
+    WAITING = "WAITING"  # in line
+    SIGNALED = "SIGNALED"  # its turn: its units are set aside until it acquires or the hold ends
+    GRANTED = "GRANTED"  # an acquire naming it took its units; final
+    CANCELLED = "CANCELLED"  # cancelled, or its run stopped; final
+    EXPIRED = "EXPIRED"  # its TTL, or its signal's hold, ran out; final
+
+
+_IN_LINE = (WaiterState.WAITING, WaiterState.SIGNALED)
+
+
+@dataclass(slots=True)
+class PermitWaiter:
+    id: str
+    space: str
+    pool_id: str  # the pool's "<space>/<name>"
+    run_id: str
+    holder: str | None
+    units: int
+    created_ms: int
+    expires_ms: int  # when it expires unless it ends before (re-set when it is signaled)
+    state: str = WaiterState.WAITING
+    ended_ms: int | None = None
+
+
+register_table("permit_waiters", PermitWaiter)
 
 
 def find(state: State, space_id: str, permit_id: Any) -> Pool | None:
@@ -88,7 +127,16 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     lease_ms = args["lease_ms"]
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     runs.require_active(ctx, run)
-    if resources.units_in_use(ctx.state, pool) + units > pool.size:
+    waiter_id = args.get("waiter_id")
+    if waiter_id is not None:
+        waiter = _require_waiter(ctx, waiter_id)
+        if waiter.pool_id != pool.id:
+            raise Rejected(errors.VALIDATION_FAILED, f"waiter {waiter_id} waits for another permit")
+        if waiter.state != WaiterState.SIGNALED:
+            return {"granted": False, idempotency.UNCHANGED: True}  # not its turn (or no more in line)
+        units = waiter.units
+        _end_waiter(ctx, pool, waiter, WaiterState.GRANTED)  # its units set aside become the grant's
+    elif _has_waiting(ctx.state, pool) or not resources.has_room(ctx.state, pool, units):
         return {"granted": False, idempotency.UNCHANGED: True}
     grant_id = GRANT_PREFIX + ctx.command_id
     assert grant_id not in ctx.state.slot_leases, "leader generated a duplicate hold id"
@@ -101,7 +149,10 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     pool.holds.append(grant_id)
     assert resources.units_in_use(ctx.state, pool) <= pool.size
     ctx.state.arm(hold.lease_expires_ms, DueKind.SLOT_LEASE, grant_id)
-    return {"granted": True, "grant_id": grant_id, "token": hold.token, "lease_expires_ms": hold.lease_expires_ms}
+    return {
+        "granted": True, "grant_id": grant_id, "token": hold.token, "units": units,
+        "lease_expires_ms": hold.lease_expires_ms,
+    }
 
 
 def _require_grant(ctx: Context, args: dict[str, Any]) -> Hold:
@@ -140,15 +191,117 @@ def release(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
-    """A stopped run's grants end: their units return at once. (The slot leases of the pool
-    routes keep their documented behaviour: they last until released or lapsed.)"""
+    """A stopped run's waiters are CANCELLED and its grants end: their units return at once. (The
+    slot leases of the pool routes keep their documented behaviour: they last until released or
+    lapsed.)"""
     # A scan of the node's slot leases: bounded by resources_per_space_max x pool_size_max a space.
+    # Its waiters first, so that the units its grants return go to the lines' other waiters.
+    for waiter_id in run.permit_waiters:
+        waiter = ctx.state.permit_waiters[waiter_id]
+        if waiter.state in _IN_LINE:
+            _end_waiter(ctx, ctx.state.pools[waiter.pool_id], waiter, WaiterState.CANCELLED)
     ended = [hold for hold in ctx.state.slot_leases.values() if hold.run_id == run.id and hold.token is not None]
     for hold in ended:
         resources.end_hold(ctx, POOL, hold)
 
 
+def _on_run_remove(state: State, run: Run) -> None:
+    for waiter_id in run.permit_waiters:
+        waiter = state.permit_waiters.pop(waiter_id)
+        assert waiter.state not in _IN_LINE, "a removed run's waiters ended when it stopped"
+
+
 runs.RUN_STOP_HOOKS.append(_on_run_stop)
+runs.RUN_REMOVE_HOOKS.append(_on_run_remove)
+
+
+# -- waiters -------------------------------------------------------------------------------------
+
+
+def _has_waiting(state: State, pool: Pool) -> bool:
+    return any(state.permit_waiters[waiter_id].state == WaiterState.WAITING for waiter_id in pool.waiters)
+
+
+def _require_waiter(ctx: Context, waiter_id: Any) -> PermitWaiter:
+    waiter = ctx.state.permit_waiters.get(waiter_id) if isinstance(waiter_id, str) else None
+    if waiter is None or waiter.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"permit waiter {waiter_id!r} not found")
+    assert isinstance(waiter, PermitWaiter)
+    return waiter
+
+
+def wait(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Join the permit's line for `units` under run `run_id`, for `ttl_ms` at most (None: the
+    default); SIGNALED at once when it is its turn already."""
+    pool = _require_permit(ctx, args.get("permit_id"))
+    units = _require_units(args.get("units", 1))
+    if units > pool.size:
+        raise Rejected(errors.VALIDATION_FAILED, f"permit {pool.name!r} has {pool.size} units, fewer than {units}")
+    ttl_ms = args.get("ttl_ms")
+    ttl_ms = limits.permit_waiter_ttl_ms_default if ttl_ms is None else ttl_ms
+    assert limits.lease_ms_min <= ttl_ms <= limits.permit_waiter_ttl_ms_max
+    run = runs.require_run(ctx, args.get("run_id"))
+    runs.require_active(ctx, run)
+    if len(pool.waiters) >= limits.permit_waiters_per_permit_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a permit's line holds at most {limits.permit_waiters_per_permit_max} waiters")
+    if len(run.permit_waiters) >= limits.permit_waiters_per_run_max:
+        raise Rejected(errors.LIMIT_EXCEEDED, f"a run creates at most {limits.permit_waiters_per_run_max} permit waiters")
+    waiter = PermitWaiter(
+        WAITER_PREFIX + ctx.command_id, ctx.space.id, pool.id, run.id, args.get("holder"), units, ctx.now_ms,
+        ctx.now_ms + ttl_ms,
+    )
+    assert waiter.id not in ctx.state.permit_waiters, "leader generated a duplicate waiter id"
+    ctx.state.permit_waiters[waiter.id] = waiter
+    pool.waiters.append(waiter.id)
+    run.permit_waiters.append(waiter.id)
+    ctx.state.arm(waiter.expires_ms, DueKind.PERMIT_WAITER, waiter.id)
+    _serve_line(ctx, pool)
+    return {"waiter_id": waiter.id, "state": waiter.state}
+
+
+def cancel_waiter(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Leave the line (its units set aside return); a waiter that ended already keeps its state."""
+    waiter = _require_waiter(ctx, args.get("waiter_id"))
+    if waiter.state in _IN_LINE:
+        _end_waiter(ctx, ctx.state.pools[waiter.pool_id], waiter, WaiterState.CANCELLED)
+        return {"state": waiter.state}
+    return {"state": waiter.state, idempotency.UNCHANGED: True}
+
+
+def _end_waiter(ctx: Context, pool: Pool, waiter: PermitWaiter, state: str) -> None:
+    """`waiter` leaves the line as `state`; units set aside for it and not granted return."""
+    assert waiter.state in _IN_LINE and state not in _IN_LINE
+    was_signaled = waiter.state == WaiterState.SIGNALED
+    pool.waiters.remove(waiter.id)
+    waiter.state, waiter.ended_ms = state, ctx.now_ms
+    if state != WaiterState.GRANTED and (was_signaled or pool.waiters):
+        resources.wake(ctx, POOL, pool)  # the line moves on (POOL_RETURN_HOOKS), jobs look again
+
+
+def _serve_line(ctx: Context, pool: Pool) -> None:
+    """Signal waiters from the head of the line while the units free beyond those set aside cover
+    theirs (strict FIFO: the first that does not fit stops the line)."""
+    free = pool.size - resources.units_in_use(ctx.state, pool) - resources.units_set_aside(ctx.state, pool)
+    for waiter_id in pool.waiters:
+        waiter = ctx.state.permit_waiters[waiter_id]
+        if waiter.state == WaiterState.SIGNALED:
+            continue
+        if waiter.units > free:
+            return
+        free -= waiter.units
+        waiter.state = WaiterState.SIGNALED
+        waiter.expires_ms = ctx.now_ms + limits.permit_waiter_signaled_ms
+        ctx.state.arm(waiter.expires_ms, DueKind.PERMIT_WAITER, waiter.id)
+
+
+def on_waiter_due(ctx: Context, waiter_id: str, due_ms: int) -> None:
+    waiter = ctx.state.permit_waiters.get(waiter_id)
+    if waiter is None or waiter.state not in _IN_LINE or waiter.expires_ms != due_ms:
+        return  # ended, removed, or an entry of an earlier expiry (its signal re-set it)
+    _end_waiter(ctx, ctx.state.pools[waiter.pool_id], waiter, WaiterState.EXPIRED)
+
+
+resources.POOL_RETURN_HOOKS.append(_serve_line)
 
 
 # -- views (for the node, under its read lock) ---------------------------------------------------
@@ -180,7 +333,29 @@ def view(state: State, pool: Pool) -> dict[str, Any]:
             }
             for hold in (state.slot_leases[hold_id] for hold_id in pool.holds)
         ],
-        "waiters": [],
+        "waiters": [
+            {"waiterId": waiter.id, "units": waiter.units, "holder": waiter.holder, "scopeId": waiter.run_id,
+             "state": waiter.state}
+            for waiter in (state.permit_waiters[waiter_id] for waiter_id in pool.waiters)
+        ],
+    }
+
+
+def waiter_view(state: State, space_id: str, waiter_id: str) -> dict[str, Any] | None:
+    """A waiter of the space (times in ms), or None."""
+    waiter = state.permit_waiters.get(waiter_id)
+    if waiter is None or waiter.space != space_id:
+        return None
+    pool = state.pools[waiter.pool_id]
+    return {
+        "waiterId": waiter.id,
+        "permitId": pool.public_id,
+        "scopeId": waiter.run_id,
+        "units": waiter.units,
+        "holder": waiter.holder,
+        "state": waiter.state,
+        "position": pool.waiters.index(waiter.id) if waiter.state in _IN_LINE else None,
+        "expiresAt": waiter.expires_ms if waiter.state in _IN_LINE else None,
     }
 
 
@@ -195,4 +370,8 @@ HANDLERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
     "permit.acquire": acquire,
     "permit.renew": renew,
     "permit.release": release,
+    "permit.wait": wait,
+    "permit_waiter.cancel": cancel_waiter,
 }
+
+DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {DueKind.PERMIT_WAITER: on_waiter_due}

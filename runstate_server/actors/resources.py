@@ -70,6 +70,8 @@ class Pool:
     # Its id on the protocol's wire ("prm_<command id>"; one from a snapshot from before permits
     # gets one derived from its space and name: state.from_snapshot).
     public_id: str = ""
+    # Its permit waiters' line, oldest first: the ids of those WAITING or SIGNALED (permits.py).
+    waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -271,9 +273,22 @@ def units_in_use(state: State, pool: Pool) -> int:
     return sum(state.slot_leases[hold_id].amount for hold_id in pool.holds)
 
 
+def units_set_aside(state: State, pool: Pool) -> int:
+    """The units set aside for its SIGNALED permit waiters (permits.py): nobody else takes them."""
+    return sum(
+        waiter.units for waiter in (state.permit_waiters[waiter_id] for waiter_id in pool.waiters)
+        if waiter.state == "SIGNALED"
+    )
+
+
+def has_room(state: State, pool: Pool, units: int) -> bool:
+    """Whether `units` of the pool are free, beyond those in use and set aside."""
+    return _has_room(state, POOL, pool, units)
+
+
 def _has_room(state: State, kind: str, resource: Any, amount: int) -> bool:
     if kind == POOL:
-        return units_in_use(state, resource) + amount <= resource.size
+        return units_in_use(state, resource) + units_set_aside(state, resource) + amount <= resource.size
     return len(resource.holds) < limits.reservations_per_budget_max and amount <= _remaining_micros(resource)
 
 
@@ -682,7 +697,20 @@ def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
         count_waiting(ctx.state, task, -1)
 
 
+# What runs when units of a pool return or its size changes, before its waiters wake: permits.py
+# signals the head of its waiters' line.
+POOL_RETURN_HOOKS: list[Callable[[Context, Pool], None]] = []
+
+
+def wake(ctx: Context, kind: str, resource: Any) -> None:
+    """Wake what waits for the resource (permits.py: a signaled waiter's units returned)."""
+    _wake(ctx, kind, resource)
+
+
 def _wake(ctx: Context, kind: str, resource: Any) -> None:
+    if kind == POOL:
+        for hook in POOL_RETURN_HOOKS:
+            hook(ctx, resource)
     ctx.wake(resource_key(resource.space, kind, resource.name))
     for run_id, mailbox in resource.blocked:
         ctx.wake(queue_key(run_id, mailbox))
@@ -808,4 +836,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     DueKind.LIMIT_WINDOW: on_window_due,
 }
 # The table each due kind's entity lives in (dispatch finds the space of a due entry with it).
-DUE_TABLES = {DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits"}
+DUE_TABLES = {
+    DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits",
+    DueKind.PERMIT_WAITER: "permit_waiters",  # permits.py
+}

@@ -62,6 +62,7 @@ class DueKind:
     RESERVATION = "reservation"  # a direct budget reservation may have lapsed
     LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
     TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
+    PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
 
 
 @dataclass(slots=True)
@@ -139,6 +140,8 @@ class Run:
     barriers: list[str] = field(default_factory=list)  # barrier ids created in this run
     timers: list[str] = field(default_factory=list)  # timer ids created in this run
     claims: dict[str, str] = field(default_factory=dict)  # key -> claim id (claims.py)
+    # Permit waiters created in this run (permits.py), ended ones too: removed with the run.
+    permit_waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -224,6 +227,7 @@ class State:
     budgets: dict[str, Any] = field(default_factory=dict)
     slot_leases: dict[str, Any] = field(default_factory=dict)
     reservations: dict[str, Any] = field(default_factory=dict)
+    permit_waiters: dict[str, Any] = field(default_factory=dict)  # permits.py: waiter id -> waiter
     # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
     # from_snapshot, never written to a snapshot.
     permit_ids: dict[str, str] = field(default_factory=dict)
@@ -257,7 +261,7 @@ class State:
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
-    "timers", "claims",
+    "timers", "claims", "permit_waiters",
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -369,6 +373,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.children = list(run.children)
         run.once = dict(run.once)
         run.claims = dict(run.claims)
+        run.permit_waiters = list(run.permit_waiters)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
@@ -505,7 +510,8 @@ ENTITY_TABLES: dict[str, type] = {}
 
 def register_table(table: str, cls: type) -> None:
     assert table in (
-        "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations"
+        "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
+        "permit_waiters",
     ), table
     ENTITY_TABLES[table] = cls
 
