@@ -108,3 +108,37 @@ def test_a_jobs_slot_and_a_grant_share_the_pool(api: Api) -> None:
     assert view["unitsInUse"] == 2 and [g["taskId"] is not None for g in view["grants"]] == [False, True]
     assert acquire(api, permit_id, run_id)[1]["error"]["code"] == "CAPACITY_UNAVAILABLE"
     assert delivery
+
+
+def test_waiters_over_http(api: Api) -> None:
+    permit_id = api.ok("POST", "/v1/permits", {"name": "gpu", "units": 1})["id"]
+    run_id = new_run(api)
+    status, grant = acquire(api, permit_id, run_id)
+    assert status == 201
+    joined = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id, "units": 1, "holder": "w"})
+    assert joined["state"] == "WAITING" and joined["waiterId"].startswith("pwt_")
+    waiter_path = f"/v1/permit-waiters/{joined['waiterId']}"
+    view = api.ok("GET", waiter_path)
+    assert (view["state"], view["permitId"], view["position"], view["units"]) == ("WAITING", permit_id, 0, 1)
+    assert api.ok("GET", f"/v1/permits/{permit_id}")["waiters"] == [
+        {"waiterId": joined["waiterId"], "units": 1, "holder": "w", "scopeId": run_id, "state": "WAITING"}
+    ]
+    assert acquire(api, permit_id, run_id)[1]["error"]["code"] == "CAPACITY_UNAVAILABLE"
+    api.ok("POST", f"/v1/grants/{grant['grantId']}/release", {"token": grant["token"]})
+    assert api.ok("GET", waiter_path)["state"] == "SIGNALED"
+    assert acquire(api, permit_id, run_id)[1]["error"]["code"] == "CAPACITY_UNAVAILABLE"  # set aside for it
+    body = {"scopeId": run_id, "units": 1, "leaseSeconds": 30, "waiterId": joined["waiterId"]}
+    status, taken = api("POST", f"/v1/permits/{permit_id}/acquire", body)
+    assert status == 201 and taken["units"] == 1
+    assert api.ok("GET", waiter_path)["state"] == "GRANTED"
+    again = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id, "ttlSeconds": 5})
+    assert api.ok("POST", f"/v1/permit-waiters/{again['waiterId']}/cancel", {}) == {
+        "waiterId": again["waiterId"], "state": "CANCELLED"
+    }
+    assert api.error("GET", "/v1/permit-waiters/pwt_nothing") == (404, "NOT_FOUND")
+    assert api.error("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id, "ttlSeconds": 0}) == (
+        400, "VALIDATION_FAILED"
+    )
+    last = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id})
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+    assert api.ok("GET", f"/v1/permit-waiters/{last['waiterId']}")["state"] == "CANCELLED"

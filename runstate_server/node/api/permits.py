@@ -28,7 +28,16 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
-from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING_OR_NULL, TIME, array, obj
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    INTEGER,
+    INTEGER_OR_NULL,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    array,
+    obj,
+)
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -44,9 +53,18 @@ VIEW = obj({
         "grantId": STRING, "units": INTEGER, "holder": STRING_OR_NULL, "scopeId": STRING, "taskId": STRING_OR_NULL,
         "leaseExpiresAt": TIME,
     })),
-    "waiters": array(obj({})),
+    "waiters": array(obj({
+        "waiterId": STRING, "units": INTEGER, "holder": STRING_OR_NULL, "scopeId": STRING, "state": STRING,
+    })),
 })
 _DECLARED = obj({**_ROW, "created": BOOLEAN})
+_WAITER_STATES = {"type": "string", "enum": ["WAITING", "SIGNALED", "GRANTED", "CANCELLED", "EXPIRED"]}
+_WAITER = obj({
+    "waiterId": STRING, "permitId": STRING, "scopeId": STRING, "units": INTEGER, "holder": STRING_OR_NULL,
+    "state": _WAITER_STATES, "position": INTEGER_OR_NULL, "expiresAt": TIME_OR_NULL,
+})
+_WAITER_STATE = obj({"waiterId": STRING, "state": _WAITER_STATES})  # what a wait or a cancel answers
+_TTL_SECONDS = {"type": "number", "minimum": limits.lease_ms_min / 1000, "maximum": limits.permit_waiter_ttl_ms_max / 1000}
 _GRANT = obj({"grantId": STRING, "token": STRING, "units": INTEGER, "leaseExpiresAt": TIME})
 
 
@@ -75,7 +93,7 @@ def _name(value: str | None) -> str:
 @routes(
     "POST", SPACE_PREFIX + "/permits", "Create a permit (a pool of units); CONFLICT when the name is taken",
     body={"name": STRING, "units": _UNITS},
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=ROW,
+    ok=201, errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def create(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -140,8 +158,8 @@ async def get(request: web.Request) -> web.Response:
     "Acquire units of the permit under a lease: a grant and its token; CAPACITY_UNAVAILABLE (with Retry-After) "
     "when they are not free now",
     body={"scopeId": STRING, "units": _UNITS, "holder": STRING, "holderSession": STRING,
-          "leaseSeconds": req.LEASE_SECONDS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "CAPACITY_UNAVAILABLE", *_INACTIVE), permission=WRITE, answer=_GRANT,
+          "leaseSeconds": req.LEASE_SECONDS, "waiterId": STRING},
+    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "CAPACITY_UNAVAILABLE", *_INACTIVE), permission=WRITE, answer=_GRANT,
 )
 async def acquire(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -155,11 +173,14 @@ async def acquire(request: web.Request) -> web.Response:
         "holder_session": req.holder_session(body),
         "nonce": secrets.token_hex(TOKEN_NONCE_BYTES),
     }
+    waiter_id = req.text(body, "waiterId", max_chars=limits.name_chars_max)
+    if waiter_id is not None:  # the units of a SIGNALED waiter, set aside for it
+        args["waiter_id"] = waiter_id
     result = await req.propose(request, "permit.acquire", args)
     if not result["granted"]:
         raise ApiError("CAPACITY_UNAVAILABLE", f"permit {args['permit_id']} has not {units} units free now")
     return web.json_response(
-        {"grantId": result["grant_id"], "token": result["token"], "units": units,
+        {"grantId": result["grant_id"], "token": result["token"], "units": result["units"],
          "leaseExpiresAt": iso(result["lease_expires_ms"])},
         status=201,
     )
@@ -200,3 +221,66 @@ async def release(request: web.Request) -> web.Response:
         raise ApiError("VALIDATION_FAILED", f"observation exceeds {limits.observation_bytes_max} bytes")
     result = await req.propose(request, "permit.release", _grant_args(request, body))
     return web.json_response({"released": result["released"]})
+
+
+# -- waiters ---------------------------------------------------------------------------------------
+
+
+def _waiter_answer(request: web.Request, waiter_id: str) -> dict[str, Any]:
+    with node_of(request).read() as state:
+        view = permits.waiter_view(state, caller_of(request).space, waiter_id)
+    if view is None:
+        raise ApiError("NOT_FOUND", f"permit waiter {waiter_id!r} not found")
+    return {**view, "expiresAt": None if view["expiresAt"] is None else iso(view["expiresAt"])}
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/permits/{permitId}/wait",
+    "Join the permit's FIFO line for units: a waiter, SIGNALED when its turn comes (then acquire with its waiterId)",
+    body={"scopeId": STRING, "units": _UNITS, "holder": STRING, "ttlSeconds": _TTL_SECONDS},
+    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    answer=_WAITER_STATE,
+)
+async def wait(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    ttl_s = body.get("ttlSeconds")
+    if ttl_s is not None and (
+        isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float))
+        or not limits.lease_ms_min <= ttl_s * 1000 <= limits.permit_waiter_ttl_ms_max
+    ):
+        raise ApiError(
+            "VALIDATION_FAILED",
+            f"ttlSeconds must be a number from {limits.lease_ms_min / 1000} to {limits.permit_waiter_ttl_ms_max // 1000}",
+        )
+    args = {
+        "permit_id": request.match_info["permitId"],
+        "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
+        "units": req.integer(body, "units", minimum=1, maximum=limits.pool_size_max, default=1),
+        "holder": holder_of(request, body),
+        "ttl_ms": None if ttl_s is None else round(ttl_s * 1000),
+    }
+    result = await req.propose(request, "permit.wait", args)
+    return web.json_response({"waiterId": result["waiter_id"], "state": result["state"]}, status=201)
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/permit-waiters/{waiterId}",
+    "A permit waiter: WAITING, SIGNALED (acquire now with its waiterId), GRANTED, CANCELLED or EXPIRED",
+    errors=("NOT_FOUND",), permission=READ, answer=_WAITER,
+)
+async def get_waiter(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    await node.confirm_leadership(caller)
+    return web.json_response(_waiter_answer(request, request.match_info["waiterId"]))
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/permit-waiters/{waiterId}/cancel",
+    "Leave the line (units set aside for it return); a waiter that ended keeps its state",
+    errors=("NOT_FOUND",), permission=WRITE, answer=_WAITER_STATE,
+)
+async def cancel_waiter(request: web.Request) -> web.Response:
+    await req.json_body(request, required=False)
+    waiter_id = request.match_info["waiterId"]
+    result = await req.propose(request, "permit_waiter.cancel", {"waiter_id": waiter_id})
+    return web.json_response({"waiterId": waiter_id, "state": result["state"]})
