@@ -271,3 +271,10 @@ def test_snapshot_round_trip_with_waiters(h: Harness, run_id: str) -> None:
     restored = round_trip(h.state)
     assert restored == h.state
     assert snapshot_bytes(restored) == snapshot_bytes(h.state)
+
+
+def test_the_pool_routes_cannot_end_a_grant_without_its_token(h: Harness, run_id: str) -> None:
+    permit_id = create(h, units=1)
+    grant = acquire(h, permit_id, run_id)
+    assert h.err("pool.release", lease_id=grant["grant_id"]) == "CONFLICT"
+    assert h.err("pool.renew", lease_id=grant["grant_id"], lease_ms=LEASE_MS) == "CONFLICT"

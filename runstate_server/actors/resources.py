@@ -361,6 +361,8 @@ def _find_direct(ctx: Context, kind: str, hold_id: Any) -> Hold | None:
         raise Rejected(
             errors.CONFLICT, f"{_HOLD_NAMES[kind]} {hold_id} belongs to a delivery of task {hold.task_id}: it ends with it"
         )
+    if hold.token is not None:  # fenced: only its token renews or releases it (permits.py)
+        raise Rejected(errors.CONFLICT, f"{_HOLD_NAMES[kind]} {hold_id} is a permit grant: renew or release it with its token")
     return hold
 
 
