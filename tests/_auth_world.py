@@ -71,6 +71,9 @@ def build_world(node: DevNode, secret: str) -> World:
     reservation = admin.ok(
         "POST", f"/v1/scopes/{run}/budgets/a-only/reserve", {"amount": 1, "leaseMs": 600_000}
     )["reservationId"]
+    permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {})["id"]  # the pool's protocol id
+    grant = admin.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run, "leaseSeconds": 600})
+    waiter = admin.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
     other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
     other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
@@ -85,6 +88,7 @@ def build_world(node: DevNode, secret: str) -> World:
         "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
+        "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -121,6 +125,12 @@ def build_world(node: DevNode, secret: str) -> World:
         ("PUT", "/v1/budgets/{name}"): {"total": 100},
         ("POST", "/v1/scopes/{id}/budgets/{name}/reserve"): {"amount": 1},
         ("POST", "/v1/reservations/{id}/settle"): {"spent": 0.5},
+        ("POST", "/v1/permits"): {"name": "more", "units": 1},
+        ("PUT", "/v1/permits/by-name/{name}"): {"units": 2},
+        ("POST", "/v1/permits/{permitId}/acquire"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/permits/{permitId}/wait"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/grants/{grantId}/renew"): {"token": grant["token"]},
+        ("POST", "/v1/grants/{grantId}/release"): {"token": grant["token"]},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     # Space routes as the tests name them: `/v1/<path>` (Api puts them under the caller's space).

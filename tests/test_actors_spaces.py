@@ -49,6 +49,9 @@ class Entities:
     slot_lease: str  # a direct lease of pool "p"
     reservation: str  # a direct reservation of budget "b"
     own_pool: str  # a pool only this space has
+    permit: str  # the public id of pool "q" (size 1)
+    grant: dict[str, Any]  # the live grant of "q" (grant_id, token)
+    waiter: str  # a WAITING waiter of "q"
 
 
 def build(h: KeyedHarness, space: str) -> Entities:
@@ -103,10 +106,14 @@ def build(h: KeyedHarness, space: str) -> Entities:
     h.ok("task.submit", **{**submit(run, "job"), "mailbox": "jobs", "needs": needs})
     (job,) = h.ok("task.receive", run_id=run, mailbox="jobs", max=1, lease_ms=LEASE_MS, holder="w")["task_ids"]
     assert h.state.tasks[job].reservation_id is not None
+    permit = h.ok("permit.create", name="q", units=1)["permit_id"]
+    granted = h.ok("permit.acquire", permit_id=permit, run_id=run, units=1, lease_ms=LEASE_MS, nonce="n")
+    grant = {"grant_id": granted["grant_id"], "token": granted["token"]}
+    waiter = h.ok("permit.wait", permit_id=permit, run_id=run, units=1)["waiter_id"]
     return Entities(
         space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease, claim_lease,
         group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
-        slot_lease, reservation, own_pool,
+        slot_lease, reservation, own_pool, permit, grant, waiter,
     )
 
 
@@ -240,6 +247,18 @@ CASES: dict[str, list[Case]] = {
     "budget.renew": [Case(lambda f, o: {"reservation_id": f.reservation, "lease_ms": LEASE_MS})],
     "budget.release": [Case(lambda f, o: {"reservation_id": f.reservation})],
     "budget.settle": [Case(lambda f, o: {"reservation_id": f.reservation, "spent_micros": 1})],
+    "permit.acquire": [
+        Case(lambda f, o: {"permit_id": f.permit, "run_id": o.run, "units": 1, "lease_ms": LEASE_MS}),
+        Case(lambda f, o: {"permit_id": o.permit, "run_id": f.run, "units": 1, "lease_ms": LEASE_MS}),
+    ],
+    # A grant's token names its lease: one of another space holds nothing here.
+    "permit.renew": [Case(lambda f, o: {**f.grant, "lease_ms": LEASE_MS}, code=errors.STALE_CLAIM)],
+    "permit.release": [Case(lambda f, o: f.grant, code=errors.STALE_CLAIM)],
+    "permit.wait": [
+        Case(lambda f, o: {"permit_id": f.permit, "run_id": o.run, "units": 1}),
+        Case(lambda f, o: {"permit_id": o.permit, "run_id": f.run, "units": 1}),
+    ],
+    "permit_waiter.cancel": [Case(lambda f, o: {"waiter_id": f.waiter})],
     "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
     # Naming another space as the target is refused before anything is looked up.
     "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],
@@ -251,7 +270,7 @@ CASES: dict[str, list[Case]] = {
 # mailbox commands and run.named.)
 NO_FOREIGN_ID = {
     "mailbox.ensure", "mailbox.create", "mailbox.declare", "run.named", "space.create", "pool.ensure", "limit.ensure",
-    "budget.ensure",
+    "budget.ensure", "permit.create", "permit.declare",
 }
 
 
@@ -294,7 +313,7 @@ def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities
     state = h.state
     for table in (
         state.runs, state.tasks, state.once, state.claims, state.groups, state.barriers, state.timers, state.pools,
-        state.rate_limits, state.budgets, state.slot_leases, state.reservations,
+        state.rate_limits, state.budgets, state.slot_leases, state.reservations, state.permit_waiters,
     ):
         assert {entity.space for entity in table.values()} == {A, B}
     for hold in [*state.slot_leases.values(), *state.reservations.values()]:

@@ -21,7 +21,8 @@ SPACELESS = {
     ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("GET", "/v1/mailboxes"),
     ("PUT", "/v1/mailboxes/by-name/{name}"), ("PUT", "/v1/runs/{name}"), ("POST", "/v1/mailboxes"),
     ("POST", "/v1/tasks/results"), ("PUT", "/v1/pools/{name}"), ("PUT", "/v1/limits/{name}"),
-    ("PUT", "/v1/budgets/{name}"),
+    ("PUT", "/v1/budgets/{name}"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
+    ("PUT", "/v1/permits/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
 }
 
@@ -32,7 +33,10 @@ SPACELESS = {
 FORGOTTEN_WHEN_ENDED = ("slots", "reservations")
 # A claim's token names its lease, not an id of the space: one that holds nothing here (another
 # space's, an unknown one) is stale, 409 STALE_CLAIM, exactly like an ended one.
-TOKEN_ROUTES = {("POST", "/v1/claims/{key}/renew"), ("POST", "/v1/claims/{key}/release")}
+TOKEN_ROUTES = {
+    ("POST", "/v1/claims/{key}/renew"), ("POST", "/v1/claims/{key}/release"),
+    ("POST", "/v1/grants/{grantId}/renew"), ("POST", "/v1/grants/{grantId}/release"),
+}
 
 
 @pytest.fixture(scope="module")

@@ -165,3 +165,12 @@ def test_a_retried_acquire_is_answered_with_its_first_grant(api: Api) -> None:
     assert call(api.base_url, "POST", route, body(run_id, key="k"), headers=headers) == (200, first)
     assert api.error("POST", "/v1/claims", body(run_id, key="k")) == (409, "CLAIM_HELD")
     assert api.ok("GET", path("k") + f"?scopeId={run_id}")["generation"] == 1
+
+
+def test_a_key_with_a_newline_reaches_its_routes(api: Api) -> None:
+    run_id = new_run(api)
+    key = "line one\nline two"
+    token = api.ok("POST", "/v1/claims", body(run_id, key=key))["token"]
+    assert api.ok("POST", path(key, "renew"), {"token": token})["key"] == key
+    assert api.ok("GET", path(key) + f"?scopeId={run_id}")["held"] is True
+    assert api.ok("POST", path(key, "release"), {"token": token})["released"] is True

@@ -23,6 +23,7 @@ from runstate_server.actors import (
     idempotency,
     limits,
     once,
+    permits,
     resources,
     runs,
     tasks,
@@ -64,6 +65,7 @@ HANDLERS: dict[str, Handler] = {
     **barriers.HANDLERS,
     **timers.HANDLERS,
     **resources.HANDLERS,
+    **permits.HANDLERS,
     **access.HANDLERS,
 }
 
@@ -74,6 +76,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **barriers.DUE_HANDLERS,
     **timers.DUE_HANDLERS,
     **resources.DUE_HANDLERS,
+    **permits.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.

@@ -96,6 +96,15 @@ limit_interval_ms_max = 24 * 3_600_000
 limit_takes_max = 1_000
 budget_total_micros_max = 10**15  # a billion units of the budget's currency
 reservations_per_budget_max = 10_000  # reservations held at once; more wait like a full budget
+# Permits (permits.py: pools on the protocol's wire): a grant holds 1 to pool_size_max units.
+# Waiters in one permit's line at once; waiters one run creates (ended ones count until the run is
+# removed); a waiter's TTL, given or default; how long a signaled waiter's units stay set aside
+# for it (it polls about every second).
+permit_waiters_per_permit_max = 10_000
+permit_waiters_per_run_max = 10_000
+permit_waiter_ttl_ms_default = 60_000
+permit_waiter_ttl_ms_max = 3_600_000
+permit_waiter_signaled_ms = 30_000
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at

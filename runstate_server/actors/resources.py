@@ -53,7 +53,8 @@ LIMIT = "limit"
 BUDGET = "budget"
 KINDS = (POOL, LIMIT, BUDGET)
 
-MICROS = 1_000_000  # micro-units per unit of a budget's currency
+MICROS = 1_000_000
+PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)  # micro-units per unit of a budget's currency
 
 
 @dataclass(slots=True)
@@ -66,6 +67,11 @@ class Pool:
     holds: list[str] = field(default_factory=list)  # ids of the slot leases held, oldest first
     waiting: int = 0  # QUEUED jobs that name it
     blocked: list[list[str]] = field(default_factory=list)  # [run id, mailbox]: queues to wake
+    # Its id on the protocol's wire ("prm_<command id>"; one from a snapshot from before permits
+    # gets one derived from its space and name: state.from_snapshot).
+    public_id: str = ""
+    # Its permit waiters' line, oldest first: the ids of those WAITING or SIGNALED (permits.py).
+    waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -100,7 +106,8 @@ class Budget:
 
 @dataclass(slots=True)
 class Hold:
-    """A slot lease (amount 1) or a budget reservation (amount in micros)."""
+    """A slot lease (amount: the units it holds, 1 unless a permit grant asked for more) or a budget
+    reservation (amount in micros)."""
 
     id: str
     space: str
@@ -114,6 +121,10 @@ class Hold:
     lease_ms: int
     lease_expires_ms: int
     created_ms: int
+    # A permit grant's fencing token (`<hold id>.<command id><node nonce>`); None for a slot lease
+    # of the pool routes and for a job's hold, which no token names.
+    token: str | None = None
+    holder_session: str | None = None
 
 
 register_table("pools", Pool)
@@ -207,6 +218,8 @@ def _ensure(
         resource = make(resource_id(ctx.space.id, name))
         _table(ctx.state, kind)[resource.id] = resource
         ctx.space.resource_counts[kind] = count + 1
+        if kind == POOL:
+            ctx.state.permit_ids[resource.public_id] = resource.id
     elif any(getattr(resource, field_name) != value for field_name, value in config.items()):
         for field_name, value in config.items():
             setattr(resource, field_name, value)
@@ -218,7 +231,11 @@ def ensure_pool(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Create the pool, or resize it (a size below the slots in use grants nothing new)."""
     name = _require_name(args.get("name"))
     size = _require_int(args.get("size"), "size", 1, limits.pool_size_max)
-    return _ensure(ctx, POOL, name, {"size": size}, lambda pool_id: Pool(pool_id, ctx.space.id, name, size, ctx.now_ms))
+    return _ensure(ctx, POOL, name, {"size": size}, lambda pool_id: _new_pool(ctx, pool_id, name, size))
+
+
+def _new_pool(ctx: Context, pool_id: str, name: str, size: int) -> Pool:
+    return Pool(pool_id, ctx.space.id, name, size, ctx.now_ms, public_id=PERMIT_PREFIX + ctx.command_id)
 
 
 def ensure_limit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -251,9 +268,27 @@ def _remaining_micros(budget: Budget) -> int:
     return budget.total_micros - budget.spent_micros - budget.reserved_micros
 
 
-def _has_room(kind: str, resource: Any, amount: int) -> bool:
+def units_in_use(state: State, pool: Pool) -> int:
+    """The units its holds take: a hold of N units counts N (a job's slot and a pool lease, 1)."""
+    return sum(state.slot_leases[hold_id].amount for hold_id in pool.holds)
+
+
+def units_set_aside(state: State, pool: Pool) -> int:
+    """The units set aside for its SIGNALED permit waiters (permits.py): nobody else takes them."""
+    return sum(
+        waiter.units for waiter in (state.permit_waiters[waiter_id] for waiter_id in pool.waiters)
+        if waiter.state == "SIGNALED"
+    )
+
+
+def has_room(state: State, pool: Pool, units: int) -> bool:
+    """Whether `units` of the pool are free, beyond those in use and set aside."""
+    return _has_room(state, POOL, pool, units)
+
+
+def _has_room(state: State, kind: str, resource: Any, amount: int) -> bool:
     if kind == POOL:
-        return len(resource.holds) + amount <= resource.size
+        return units_in_use(state, resource) + units_set_aside(state, resource) + amount <= resource.size
     return len(resource.holds) < limits.reservations_per_budget_max and amount <= _remaining_micros(resource)
 
 
@@ -289,6 +324,11 @@ def _end_hold(ctx: Context, kind: str, hold: Hold, spent_micros: int) -> tuple[i
     return charged, returned
 
 
+def end_hold(ctx: Context, kind: str, hold: Hold) -> None:
+    """End a direct hold, nothing spent (permits.py: a grant released, or its run stopped)."""
+    _end_hold(ctx, kind, hold, 0)
+
+
 def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field: str) -> dict[str, Any]:
     resource = _require_resource(ctx, kind, args.get("name"))
     run = runs.require_run(ctx, args.get("run_id"))
@@ -299,7 +339,7 @@ def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field:
             errors.VALIDATION_FAILED, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
         )
     runs.require_active(ctx, run)
-    if not _has_room(kind, resource, amount):
+    if not _has_room(ctx.state, kind, resource, amount):
         return {"granted": False, idempotency.UNCHANGED: True}
     hold = _hold(
         ctx, kind, resource, _HOLD_PREFIXES[kind] + ctx.command_id, run.id, args.get("holder"), None, amount, lease_ms
@@ -321,6 +361,8 @@ def _find_direct(ctx: Context, kind: str, hold_id: Any) -> Hold | None:
         raise Rejected(
             errors.CONFLICT, f"{_HOLD_NAMES[kind]} {hold_id} belongs to a delivery of task {hold.task_id}: it ends with it"
         )
+    if hold.token is not None:  # fenced: only its token renews or releases it (permits.py)
+        raise Rejected(errors.CONFLICT, f"{_HOLD_NAMES[kind]} {hold_id} is a permit grant: renew or release it with its token")
     return hold
 
 
@@ -588,7 +630,7 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     short: list[tuple[str, Any, int | None]] = []
     for name, count in Counter(needs["slots"]).items():
         pool = find(ctx.state, POOL, space, name)
-        if not _has_room(POOL, pool, count):
+        if not _has_room(ctx.state, POOL, pool, count):
             short.append((POOL, pool, None))
     if needs["limit"] is not None:
         name, units = needs["limit"]
@@ -599,7 +641,7 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     if needs["budget"] is not None:
         name, amount = needs["budget"]
         budget = find(ctx.state, BUDGET, space, name)
-        if not _has_room(BUDGET, budget, amount):
+        if not _has_room(ctx.state, BUDGET, budget, amount):
             short.append((BUDGET, budget, None))
     return short
 
@@ -657,7 +699,20 @@ def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
         count_waiting(ctx.state, task, -1)
 
 
+# What runs when units of a pool return or its size changes, before its waiters wake: permits.py
+# signals the head of its waiters' line.
+POOL_RETURN_HOOKS: list[Callable[[Context, Pool], None]] = []
+
+
+def wake(ctx: Context, kind: str, resource: Any) -> None:
+    """Wake what waits for the resource (permits.py: a signaled waiter's units returned)."""
+    _wake(ctx, kind, resource)
+
+
 def _wake(ctx: Context, kind: str, resource: Any) -> None:
+    if kind == POOL:
+        for hook in POOL_RETURN_HOOKS:
+            hook(ctx, resource)
     ctx.wake(resource_key(resource.space, kind, resource.name))
     for run_id, mailbox in resource.blocked:
         ctx.wake(queue_key(run_id, mailbox))
@@ -674,7 +729,7 @@ def pool_view(state: State, space_id: str, name: str) -> dict[str, Any] | None:
     return {
         "name": pool.name,
         "size": pool.size,
-        "inUse": len(pool.holds),
+        "inUse": units_in_use(state, pool),
         "waiting": pool.waiting,
         "holders": [
             {
@@ -783,4 +838,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     DueKind.LIMIT_WINDOW: on_window_due,
 }
 # The table each due kind's entity lives in (dispatch finds the space of a due entry with it).
-DUE_TABLES = {DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits"}
+DUE_TABLES = {
+    DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits",
+    DueKind.PERMIT_WAITER: "permit_waiters",  # permits.py
+}

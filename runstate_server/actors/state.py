@@ -62,6 +62,7 @@ class DueKind:
     RESERVATION = "reservation"  # a direct budget reservation may have lapsed
     LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
     TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
+    PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
 
 
 @dataclass(slots=True)
@@ -139,6 +140,8 @@ class Run:
     barriers: list[str] = field(default_factory=list)  # barrier ids created in this run
     timers: list[str] = field(default_factory=list)  # timer ids created in this run
     claims: dict[str, str] = field(default_factory=dict)  # key -> claim id (claims.py)
+    # Permit waiters created in this run (permits.py), ended ones too: removed with the run.
+    permit_waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -224,6 +227,10 @@ class State:
     budgets: dict[str, Any] = field(default_factory=dict)
     slot_leases: dict[str, Any] = field(default_factory=dict)
     reservations: dict[str, Any] = field(default_factory=dict)
+    permit_waiters: dict[str, Any] = field(default_factory=dict)  # permits.py: waiter id -> waiter
+    # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
+    # from_snapshot, never written to a snapshot.
+    permit_ids: dict[str, str] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -254,7 +261,7 @@ class State:
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
-    "timers", "claims",
+    "timers", "claims", "permit_waiters",
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -366,6 +373,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.children = list(run.children)
         run.once = dict(run.once)
         run.claims = dict(run.claims)
+        run.permit_waiters = list(run.permit_waiters)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
@@ -399,6 +407,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
                 raise ValueError(f"a {table} row has {len(row)} fields, {cls.__name__} has {len(names)}")
             entity = cls(**dict(zip(names[: len(row)], copy.deepcopy(row), strict=True)))
             entities[entity.id] = entity
+    for pool in state.pools.values():
+        if not pool.public_id:  # a pool of a snapshot from before permit ids: derived, the same on every replica
+            pool.public_id = "prm_" + hashlib.sha256(pool.id.encode()).hexdigest()[:20]
+        state.permit_ids[pool.public_id] = pool.id
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
@@ -498,7 +510,8 @@ ENTITY_TABLES: dict[str, type] = {}
 
 def register_table(table: str, cls: type) -> None:
     assert table in (
-        "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations"
+        "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
+        "permit_waiters",
     ), table
     ENTITY_TABLES[table] = cls
 

@@ -33,6 +33,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "IDEMPOTENCY_CONFLICT": 409,
     "CLAIM_HELD": 409,
     "BACKLOG_FULL": 409,
+    "CAPACITY_UNAVAILABLE": 409,  # a permit has not the units asked for free now (node/api/permits.py)
     "SCOPE_CANCELLED": 409,
     "DEADLINE_EXCEEDED": 409,
     "STALE_CLAIM": 409,
@@ -51,7 +52,7 @@ STATUS_BY_CODE: dict[str, int] = {
 
 # Codes that mean "busy now, the same call may succeed later": answered with Retry-After.
 RETRY_AFTER_S_DEFAULT = 1.0
-RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "UNAVAILABLE"})
+RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE"})
 
 
 def new_request_id() -> str:

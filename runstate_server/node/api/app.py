@@ -19,6 +19,7 @@ from runstate_server.node.api import (
     messages,
     once,
     openapi,
+    permits,
     resources,
     runs,
     tasks,
@@ -46,7 +47,7 @@ ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
         health, cluster, openapi, access,
-        runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources,
+        runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
     )
     for route in module.routes
 )

@@ -33,7 +33,8 @@ from runstate_server.node.errors import ApiError
 routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
-_KEY_PATH = SPACE_PREFIX + "/claims/{key:.+}"
+# Any character, a newline included (`.` alone stops at one, and the route would not match).
+_KEY_PATH = SPACE_PREFIX + "/claims/{key:(?s:.+)}"
 # A claim command's answer (_render); a release's has `"token": null, "released": true`.
 _ANSWER = obj(
     {"key": STRING, "scopeId": STRING, "generation": INTEGER, "token": STRING_OR_NULL, "holder": STRING_OR_NULL,
