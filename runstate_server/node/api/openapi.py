@@ -74,8 +74,8 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
         # Every route may meet a malformed space id in its path, and a node without a leader (or
         # with every connection busy); a body not sent as JSON (415); on a node without auth, a
         # request from another origin (403); a request too slow to arrive (408). A route with a
-        # parameter in its path answers 404 for a value no route takes (a newline, say). A
-        # mutation may meet a reused idempotency key (409), or a malformed one (400).
+        # parameter in its path may answer 404 (an id or key it does not know, or a value no route
+        # pattern takes). A mutation may meet a reused idempotency key (409), or a malformed one (400).
         shared = [
             *(["VALIDATION_FAILED"] if "{spaceId}" in entry.path else []), "UNAVAILABLE",
             "UNSUPPORTED_MEDIA_TYPE", "FORBIDDEN_ORIGIN", "REQUEST_TIMEOUT",
