@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runstate_server.actors import errors, idempotency, limits, resources, runs
-from runstate_server.actors.context import Context
+from runstate_server.actors.context import Context, require_in_space
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.resources import POOL, Hold, Pool
 from runstate_server.actors.state import DueKind, Run, State, register_table
@@ -223,9 +223,7 @@ def _has_waiting(state: State, pool: Pool) -> bool:
 
 
 def _require_waiter(ctx: Context, waiter_id: Any) -> PermitWaiter:
-    waiter = ctx.state.permit_waiters.get(waiter_id) if isinstance(waiter_id, str) else None
-    if waiter is None or waiter.space != ctx.space.id:
-        raise Rejected(errors.NOT_FOUND, f"permit waiter {waiter_id!r} not found")
+    waiter = require_in_space(ctx, ctx.state.permit_waiters, waiter_id, "permit waiter")
     assert isinstance(waiter, PermitWaiter)
     return waiter
 
