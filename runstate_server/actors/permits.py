@@ -75,12 +75,6 @@ def find(state: State, space_id: str, permit_id: Any) -> Pool | None:
     return pool if pool is not None and pool.space == space_id else None
 
 
-def by_name(state: State, space_id: str, name: str) -> Pool | None:
-    """The pool named `name` in the space, or None."""
-    pool: Pool | None = resources.find(state, POOL, space_id, name)
-    return pool
-
-
 def _require_permit(ctx: Context, permit_id: Any) -> Pool:
     pool = find(ctx.state, ctx.space.id, permit_id)
     if pool is None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate_server.actors import limits, permits
+from runstate_server.actors import limits, permits, resources
+from runstate_server.actors.resources import POOL
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
 from runstate_server.node.api.routes import (
@@ -134,7 +135,7 @@ async def declare(request: web.Request) -> web.Response:
     if units is None:  # a look-up
         await node.confirm_leadership(caller)
         with node.read() as state:
-            pool = permits.by_name(state, caller.space, name)
+            pool = resources.find(state, POOL, caller.space, name)
             permit_id = None if pool is None else pool.public_id
         if permit_id is None:
             raise ApiError("NOT_FOUND", f"permit {name!r} not found")
