@@ -190,6 +190,9 @@ class PreVote:
         if not (isinstance(term, int) and isinstance(last_index, int) and isinstance(last_term, int)):
             return  # not from our version: no answer, like a lost message
         granted = self.would_grant(raft, (last_term, last_index), now)
+        if granted:
+            logger.info("pre-vote for term %d granted to %s (a leader last heard %.3f s ago)",
+                        term, node, now - self._leader_heard_at)
         raft.send(node, {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted})
 
     def would_grant(self, raft: RaftView, asker_last: tuple[int, int], now: float) -> bool:

@@ -510,6 +510,10 @@ class ReplicatedLog:
         return results
 
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        # At INFO, so a run at --log-level INFO shows every election (the pre-vote logs its rounds).
+        raft = self._raft
+        logger.info("Raft %s: %s -> %s (from term %s)", self.self_address, _ROLES.get(old_state), _ROLES.get(new_state),
+                    raft.current_term() if raft is not None else "?")
         if new_state == _LEADER:
             # Before pysyncobj records its peers' answer times (is_leader must not read the old ones).
             self._leading_since = raft_clock()
