@@ -255,6 +255,23 @@ def test_a_signaled_waiter_holds_units_back_from_jobs(h: Harness, run_id: str) -
     assert len(h.receive(run_id)) == 1
 
 
+def test_a_waiting_waiter_holds_back_jobs_and_they_run_once_the_line_is_empty(h: Harness, run_id: str) -> None:
+    """A job does not jump the line: a waiter for 2 of 2 units waits for both, and the unit that
+    returns first is not taken by a job meanwhile. Once the line is empty (here: the waiter
+    expires), the blocked job is woken and delivered."""
+    permit_id = create(h, "browser", units=2)
+    grant = acquire(h, permit_id, run_id)
+    waiter = wait(h, permit_id, run_id, units=2, ttl_ms=5_000)
+    h.ok("task.submit", **{**h.submit_args(run_id, "a"), "needs": {"slots": ["browser"]}})
+    assert waiter_state(h, waiter["waiter_id"]) == "WAITING"
+    assert h.receive(run_id) == []  # a unit is free, but the waiter is first in line
+    h.advance(5_000)
+    h.tick()
+    assert waiter_state(h, waiter["waiter_id"]) == "EXPIRED"
+    assert len(h.receive(run_id)) == 1
+    h.ok("permit.release", grant_id=grant["grant_id"], token=grant["token"])
+
+
 def test_waiters_are_bounded(h: Harness, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     permit_id = create(h, units=1)
     acquire(h, permit_id, run_id)

@@ -142,3 +142,17 @@ def test_waiters_over_http(api: Api) -> None:
     last = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id})
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     assert api.ok("GET", f"/v1/permit-waiters/{last['waiterId']}")["state"] == "CANCELLED"
+
+
+def test_a_look_up_by_name_needs_read_and_a_declaration_resource_config(auth_node: tuple[DevNode, str]) -> None:
+    """A producer-only key (read and write, no resource_config) looks a permit up with {} as a
+    client without sizes does; declaring one (sizes given) needs resource_config."""
+    node, secret = auth_node
+    admin = Api(node.url, key=secret)
+    admin.ok("PUT", "/v1/permits/by-name/shared-gpu", {"units": 2})
+    permissions = ["coordination_read", "coordination_write"]
+    producer = Api(node.url, key=admin.ok("POST", "/v1/keys", {"permissions": permissions})["key"])
+    assert producer.ok("PUT", "/v1/permits/by-name/shared-gpu", {})["unitsTotal"] == 2
+    assert producer.error("PUT", "/v1/permits/by-name/shared-gpu", {"units": 2}) == (403, "FORBIDDEN")
+    assert producer.error("PUT", "/v1/permits/by-name/new-one", {"units": 1}) == (403, "FORBIDDEN")
+    assert admin.error("PUT", "/v1/permits/by-name/new-one", {}) == (404, "NOT_FOUND")  # nothing was made

@@ -17,8 +17,8 @@ Waiters: a FIFO line per permit ("pwt_<command id>"). A waiter is WAITING until 
 beyond those set aside cover its units and every waiter ahead of it is SIGNALED: then it is
 SIGNALED, and its units are set aside for it (no acquire, and no job's slot, takes them) for
 limits.permit_waiter_signaled_ms; an acquire naming it takes them (GRANTED). A WAITING waiter
-blocks every acquire that names no waiter (strict FIFO; a job's slot only respects the units set
-aside). It ends CANCELLED (cancel, or its run's stop) or EXPIRED (its TTL, or a signal not taken
+blocks every acquire that names no waiter and every job's slot (strict FIFO: nobody jumps the
+line). It ends CANCELLED (cancel, or its run's stop) or EXPIRED (its TTL, or a signal not taken
 in time); the units set aside for it return, and the line moves on. Ended waiters are kept, for
 their state to be read, until their run is removed.
 """
@@ -130,7 +130,7 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             return {"granted": False, idempotency.UNCHANGED: True}  # not its turn (or no more in line)
         units = waiter.units
         _end_waiter(ctx, pool, waiter, WaiterState.GRANTED)  # its units set aside become the grant's
-    elif _has_waiting(ctx.state, pool) or not resources.has_room(ctx.state, pool, units):
+    elif resources.has_waiting(ctx.state, pool) or not resources.has_room(ctx.state, pool, units):
         return {"granted": False, idempotency.UNCHANGED: True}
     grant_id = GRANT_PREFIX + ctx.command_id
     assert grant_id not in ctx.state.slot_leases, "leader generated a duplicate hold id"
@@ -212,10 +212,6 @@ runs.RUN_REMOVE_HOOKS.append(_on_run_remove)
 # -- waiters -------------------------------------------------------------------------------------
 
 
-def _has_waiting(state: State, pool: Pool) -> bool:
-    return any(state.permit_waiters[waiter_id].state == WaiterState.WAITING for waiter_id in pool.waiters)
-
-
 def _require_waiter(ctx: Context, waiter_id: Any) -> PermitWaiter:
     waiter = require_in_space(ctx, ctx.state.permit_waiters, waiter_id, "permit waiter")
     assert isinstance(waiter, PermitWaiter)
@@ -263,11 +259,11 @@ def cancel_waiter(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def _end_waiter(ctx: Context, pool: Pool, waiter: PermitWaiter, state: str) -> None:
     """`waiter` leaves the line as `state`; units set aside for it and not granted return."""
     assert waiter.state in _IN_LINE and state not in _IN_LINE
-    was_signaled = waiter.state == WaiterState.SIGNALED
     pool.waiters.remove(waiter.id)
     waiter.state, waiter.ended_ms = state, ctx.now_ms
-    if state != WaiterState.GRANTED and (was_signaled or pool.waiters):
-        resources.wake(ctx, POOL, pool)  # the line moves on (POOL_RETURN_HOOKS), jobs look again
+    if state != WaiterState.GRANTED:
+        # The line moves on (POOL_RETURN_HOOKS), and jobs it held back look again.
+        resources.wake(ctx, POOL, pool)
 
 
 def _serve_line(ctx: Context, pool: Pool) -> None:

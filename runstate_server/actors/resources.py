@@ -54,7 +54,7 @@ BUDGET = "budget"
 KINDS = (POOL, LIMIT, BUDGET)
 
 MICROS = 1_000_000
-PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)  # micro-units per unit of a budget's currency
+PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)
 
 
 @dataclass(slots=True)
@@ -279,6 +279,12 @@ def units_set_aside(state: State, pool: Pool) -> int:
         waiter.units for waiter in (state.permit_waiters[waiter_id] for waiter_id in pool.waiters)
         if waiter.state == "SIGNALED"
     )
+
+
+def has_waiting(state: State, pool: Pool) -> bool:
+    """Whether a permit waiter of the pool is WAITING (permits.py): then nothing that names no
+    waiter takes its units, neither an acquire nor a job's slot (strict FIFO: no one jumps the line)."""
+    return any(state.permit_waiters[waiter_id].state == "WAITING" for waiter_id in pool.waiters)
 
 
 def has_room(state: State, pool: Pool, units: int) -> bool:
@@ -630,7 +636,7 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     short: list[tuple[str, Any, int | None]] = []
     for name, count in Counter(needs["slots"]).items():
         pool = find(ctx.state, POOL, space, name)
-        if not _has_room(ctx.state, POOL, pool, count):
+        if has_waiting(ctx.state, pool) or not _has_room(ctx.state, POOL, pool, count):
             short.append((POOL, pool, None))
     if needs["limit"] is not None:
         name, units = needs["limit"]

@@ -28,6 +28,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     holder_of,
     node_of,
+    require_permission,
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
@@ -123,9 +124,10 @@ async def list_permits(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/permits/by-name/{name}",
     "Declare the permit of that name with units (created, or found when its size is the same; CONFLICT when it "
-    "differs), or with {} look it up (NOT_FOUND when none)",
+    "differs), or with {} look it up (NOT_FOUND when none). A look-up needs read, a declaration resource_config",
     body={"units": _UNITS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=_DECLARED,
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=READ,
+    answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -140,6 +142,7 @@ async def declare(request: web.Request) -> web.Response:
         if permit_id is None:
             raise ApiError("NOT_FOUND", f"permit {name!r} not found")
         return web.json_response({**_row(request, permit_id), "created": False})
+    require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "permit.declare", {"name": name, "units": units})
     return web.json_response({**_row(request, result["permit_id"]), "created": result["created"]})
 

@@ -104,6 +104,15 @@ def caller_of(request: web.Request) -> Caller:
     return request[CALLER_KEY]
 
 
+def require_permission(caller: Caller, permission: str) -> None:
+    """For a route whose permission depends on its body (a by-name look-up needs only read, a
+    declaration resource_config): FORBIDDEN unless the caller's key has `permission`."""
+    if permission not in caller.permissions:
+        raise ApiError(
+            "FORBIDDEN", f"this call needs the {permission} permission; the key has {', '.join(sorted(caller.permissions))}"
+        )
+
+
 def space_of(request: web.Request) -> str:
     return request[CALLER_KEY].space
 
