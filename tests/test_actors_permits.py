@@ -120,6 +120,22 @@ def test_a_stopped_run_refuses_acquire_and_ends_its_grants(h: Harness, run_id: s
     assert h.err("permit.acquire", permit_id=permit_id, run_id=run_id, units=1, lease_ms=LEASE_MS) == "SCOPE_CANCELLED"
 
 
+def test_a_runs_grants_are_indexed_pruned_and_rebuilt_on_restore(h: Harness, run_id: str) -> None:
+    """A run's stop ends its grants from the run's own list (no scan of every lease): the list
+    drops ended grants as it grows, and a restored state rebuilds it from the live grants."""
+    permit_id = create(h, units=2)
+    for _ in range(70):
+        grant = acquire(h, permit_id, run_id)
+        h.ok("permit.release", grant_id=grant["grant_id"], token=grant["token"])
+    run = h.state.runs[run_id]
+    assert len(run.permit_grants) < 70 - 32  # pruned at 64
+    live = acquire(h, permit_id, run_id)
+    h.core.state = round_trip(h.state)
+    assert h.state.runs[run_id].permit_grants == [live["grant_id"]]
+    h.cancel(run_id)
+    assert view(h, permit_id)["grants"] == []
+
+
 def test_snapshot_round_trip_with_grants(h: Harness, run_id: str) -> None:
     permit_id = create(h, units=3)
     acquire(h, permit_id, run_id, units=2)

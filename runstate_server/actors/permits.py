@@ -141,12 +141,26 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     )
     ctx.state.slot_leases[grant_id] = hold
     pool.holds.append(grant_id)
+    _remember_grant(ctx.state, run, grant_id)
     assert resources.units_in_use(ctx.state, pool) <= pool.size
     ctx.state.arm(hold.lease_expires_ms, DueKind.SLOT_LEASE, grant_id)
     return {
         "granted": True, "grant_id": grant_id, "token": hold.token, "units": units,
         "lease_expires_ms": hold.lease_expires_ms,
     }
+
+
+_GRANTS_PRUNED_FROM = 64  # a run's list of grants is pruned of ended ones at 64, 128, 256... entries
+
+
+def _remember_grant(state: State, run: Run, grant_id: str) -> None:
+    """Add the grant to its run's list; at each power of two of the list's length from
+    _GRANTS_PRUNED_FROM, drop the grants that ended (amortized O(1) per grant)."""
+    grants = run.permit_grants
+    grants.append(grant_id)
+    length = len(grants)
+    if length >= _GRANTS_PRUNED_FROM and length & (length - 1) == 0:
+        grants[:] = [hold_id for hold_id in grants if hold_id in state.slot_leases]
 
 
 def _require_grant(ctx: Context, args: dict[str, Any]) -> Hold:
@@ -188,15 +202,17 @@ def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
     """A stopped run's waiters are CANCELLED and its grants end: their units return at once. (The
     slot leases of the pool routes keep their documented behaviour: they last until released or
     lapsed.)"""
-    # A scan of the node's slot leases: bounded by resources_per_space_max x pool_size_max a space.
     # Its waiters first, so that the units its grants return go to the lines' other waiters.
     for waiter_id in run.permit_waiters:
         waiter = ctx.state.permit_waiters[waiter_id]
         if waiter.state in _IN_LINE:
             _end_waiter(ctx, ctx.state.pools[waiter.pool_id], waiter, WaiterState.CANCELLED)
-    ended = [hold for hold in ctx.state.slot_leases.values() if hold.run_id == run.id and hold.token is not None]
-    for hold in ended:
-        resources.end_hold(ctx, POOL, hold)
+    grants, run.permit_grants = run.permit_grants, []
+    for grant_id in grants:
+        hold = ctx.state.slot_leases.get(grant_id)
+        if hold is not None:  # else it ended already (released or lapsed)
+            assert hold.run_id == run.id and hold.token is not None
+            resources.end_hold(ctx, POOL, hold)
 
 
 def _on_run_remove(state: State, run: Run) -> None:

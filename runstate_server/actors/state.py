@@ -142,6 +142,10 @@ class Run:
     claims: dict[str, str] = field(default_factory=dict)  # key -> claim id (claims.py)
     # Permit waiters created in this run (permits.py), ended ones too: removed with the run.
     permit_waiters: list[str] = field(default_factory=list)
+    # Derived, never in a snapshot (rebuilt on restore, so every replica's bytes are alike): permit
+    # grants made in this run (permits.py), ended ones among them until the list is pruned (at each
+    # power of two of its length). What the run's stop ends, without a scan of every lease.
+    permit_grants: list[str] = field(default_factory=list, compare=False)
 
 
 @dataclass(slots=True)
@@ -411,6 +415,9 @@ def from_snapshot(data: dict[str, Any]) -> State:
         if not pool.public_id:  # a pool of a snapshot from before permit ids: derived, the same on every replica
             pool.public_id = "prm_" + hashlib.sha256(pool.id.encode()).hexdigest()[:20]
         state.permit_ids[pool.public_id] = pool.id
+    for hold in state.slot_leases.values():
+        if hold.token is not None and hold.run_id in state.runs:  # a permit grant (permits.py)
+            state.runs[hold.run_id].permit_grants.append(hold.id)
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
