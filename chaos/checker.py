@@ -24,6 +24,8 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
     7 cancel           after a run's cancel is acknowledged, it takes no new work
     8 linearizability  per task, completes (write once) and reads are linearizable
     9 replays          calls retried with one idempotency key are answered alike: applied once
+   10 capacity         a permit never grants more units than it has; a stopped run's acquire is
+                       refused; every unit is back once the leases ran out
 
 The final views (`final` lines, read after the faults healed) are the last observation of each
 entity; a check that needs them and finds none of a kind notes that it skipped that part.
@@ -51,6 +53,12 @@ CHECK_TIMERS = "timers"
 CHECK_CANCEL = "cancel"
 CHECK_LINEARIZABILITY = "linearizability"
 CHECK_REPLAYS = "replays"
+CHECK_CAPACITY = "capacity"
+
+# How much earlier than `acquire.call + leaseMs` the capacity check ends a grant's certain holding:
+# the lease runs on the leader's clock from its command time (after the call), this clock runs
+# with it; the margin covers clock-rate noise only.
+CAPACITY_CLOCK_MARGIN_S = 0.02
 
 # Steps of the linearizability search per task before it answers "unknown".
 LINEARIZABILITY_BUDGET_STEPS = 100_000
@@ -1245,6 +1253,88 @@ def check_replays(history: History) -> list[Violation]:
     return violations
 
 
+def check_capacity(history: History) -> list[Violation]:
+    """A permit never grants more units than it has.
+
+    Proves, per permit: at no moment do the grants certainly held add up to more than its
+    `unitsTotal` (from its declare). A grant acknowledged by an acquire is certainly held from the
+    acquire's return until the earliest of: its lease's end counted from the acquire's call (the
+    server starts the lease later, at its command time, so it ends later too; minus
+    CAPACITY_CLOCK_MARGIN_S), the call of a release of it (acknowledged or unknown: it may have
+    taken effect at once), and the call of a cancel of its run (acknowledged or unknown). Unknown
+    acquires hold nothing certain and are not counted. Also: every view read shows at most
+    `unitsTotal` units in use, equal to the sum of its grants; no acquire called after its run's
+    cancel was acknowledged is acknowledged; the final view (read after every lease ran out)
+    holds no unit.
+    """
+    violations: list[Violation] = []
+    totals = {op.result["permitId"]: int(op.result["unitsTotal"]) for op in history.by_kind["permit_declare"]
+              if op.ok and op.result}
+    cancels: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["cancel_run"]:
+        if op.may_have_happened:
+            cancels[op.args.get("run")].append(op)
+    releases: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["permit_release"]:
+        if op.may_have_happened:
+            releases[op.args.get("grantId")].append(op)
+    # (time, +units | -units, op) per permit; at one time an end comes before a start.
+    edges: dict[Any, list[tuple[float, int, Op]]] = defaultdict(list)
+    for op in history.by_kind["permit_acquire"]:
+        if not (op.ok and op.result) or op.ret is None:
+            continue
+        run = op.args.get("run")
+        stopped_before = [cancel for cancel in cancels[run] if cancel.ok and cancel.ret is not None and cancel.ret < op.call]
+        if stopped_before:
+            violations.append(Violation(
+                CHECK_CAPACITY, str(op.result["grantId"]),
+                f"an acquire on run {run} was granted after its cancel was acknowledged", _ops(stopped_before[:1], [op]),
+            ))
+        end = op.call + float(op.args.get("leaseMs", 0)) / 1000 - CAPACITY_CLOCK_MARGIN_S
+        for other in releases[op.result["grantId"]] + cancels[run]:
+            if other.call >= op.call:
+                end = min(end, other.call)
+        if end > op.ret:
+            units = int(op.result["units"])
+            edges[op.args.get("permit")] += [(op.ret, units, op), (end, -units, op)]
+    for permit, permit_edges in edges.items():
+        total = totals.get(permit)
+        if total is None:
+            history.notes.append(f"capacity: permit {permit} has no acknowledged declare; its size is unknown")
+            continue
+        held, holding = 0, {}
+        for _time, change, op in sorted(permit_edges, key=lambda edge: (edge[0], edge[1])):
+            held += change
+            if change > 0:
+                holding[op.id] = op
+            else:
+                holding.pop(op.id, None)
+            if held > total:
+                violations.append(Violation(
+                    CHECK_CAPACITY, str(permit), f"grants certainly held add up to {held} units of {total}",
+                    _ops(sorted(holding.values(), key=lambda held_op: held_op.call)),
+                ))
+                break
+    for op in history.by_kind["permit_read"]:
+        if op.ok and op.result:
+            in_use, total = int(op.result["unitsInUse"]), int(op.result["unitsTotal"])
+            granted = sum(int(units) for _grant, units in op.result["grants"])
+            if in_use > total or granted != in_use:
+                violations.append(Violation(
+                    CHECK_CAPACITY, str(op.args.get("permit")),
+                    f"a view shows {in_use} of {total} units in use, its grants {granted}", (op,),
+                ))
+    finals = history.finals.get("permit", {})
+    if totals and not finals:
+        history.notes.append("capacity: no final view of a permit")
+    for permit, view in finals.items():
+        if isinstance(view, dict) and "error" not in view and view.get("unitsInUse") != 0:
+            violations.append(Violation(
+                CHECK_CAPACITY, permit, f"after every lease ran out the permit still has {view.get('unitsInUse')} units in use",
+            ))
+    return violations
+
+
 CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_RESULTS, check_results),
     (CHECK_LEASES, check_leases),
@@ -1255,6 +1345,7 @@ CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_CANCEL, check_cancel),
     (CHECK_LINEARIZABILITY, check_linearizable_reads),
     (CHECK_REPLAYS, check_replays),
+    (CHECK_CAPACITY, check_capacity),
 )
 
 
@@ -1284,6 +1375,7 @@ def _counts(history: History, violations: list[Violation]) -> dict[str, int]:
         "barriers": _entities(history, "barrier", "barrierId", "barrier_create", "arrive", "barrier_read"),
         "timers": _entities(history, "timer", "timerId", "timer_create", "timer_read"),
         "runs_cancelled": len({op.args.get("run") for op in history.by_kind["cancel_run"] if op.ok}),
+        "permit_grants": sum(1 for op in history.by_kind["permit_acquire"] if op.ok),
         # Idempotency keys answered more than once (a retry or a deliberate second send).
         "replayed_keys": sum(
             1 for count in Counter((op.op, op.args["idem"]) for op in history.ops if op.ok and "idem" in op.args).values()
@@ -1314,12 +1406,13 @@ def format_report(report: Report) -> str:
         f"failed, {counts.get('unknown', 0)} unknown), {counts.get('faults', 0)} faults, {counts.get('finals', 0)} final views",
         f"  checked: {counts.get('tasks', 0)} tasks, {counts.get('deliveries', 0)} deliveries, {counts.get('once_keys', 0)} once "
         f"keys, {counts.get('groups', 0)} groups, {counts.get('barriers', 0)} barriers, {counts.get('timers', 0)} timers, "
-        f"{counts.get('runs_cancelled', 0)} cancelled runs, {counts.get('registers', 0)} task registers "
+        f"{counts.get('runs_cancelled', 0)} cancelled runs, {counts.get('permit_grants', 0)} permit grants, "
+        f"{counts.get('registers', 0)} task registers "
         f"({counts.get('registers_undecided', 0)} undecided)",
     ]
     for number, (name, _) in enumerate(CHECKS, start=1):
         found = counts.get(f"violations.{name}", 0)
-        lines.append(f"  {number} {name:<16} {'ok' if found == 0 else f'{found} violation' + ('s' if found > 1 else '')}")
+        lines.append(f"  {number:>2} {name:<16} {'ok' if found == 0 else f'{found} violation' + ('s' if found > 1 else '')}")
     if report.violations:
         lines.append(f"{len(report.violations)} violation{'s' if len(report.violations) > 1 else ''}:")
         for violation in report.violations:

@@ -33,6 +33,11 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   also arrives with extra keys (counted, or refused with BARRIER_RELEASED); all read them.
 - a timer client: timers one to five seconds ahead, read until they fired; some runs are cancelled
   before their timers fire.
+- permit clients: one permit of PERMIT_UNITS units, declared by name; each client acquires 1 or 2
+  units under a short lease, holds them for a while and releases them; when the permit is full it
+  sometimes joins the waiters' line and acquires when signalled; some hold past the lease (their
+  release is refused with STALE_CLAIM), some runs are cancelled while holding (the grant ends with
+  the run); all read the permit's view.
 
 Times in results and final views are epoch milliseconds of the server's clock (every ISO field
 ending in `At`, and `deadline`; the clients' own values, `input`, `outcome` and `result`, are left
@@ -119,6 +124,18 @@ ONCE_WORK_S = 0.3
 ONCE_GENERATION_S = 6.0
 ONCE_KEYS = 2
 
+PERMIT_NAME = "chaos-permit"
+PERMIT_UNITS = 3
+PERMIT_LEASE_MS = 2_000
+PERMIT_HOLD_S = (0.1, 1.2)
+PERMIT_GRANTS_PER_RUN = 8
+PERMIT_LAPSE_PROBABILITY = 0.08  # hold past the lease, then release (refused)
+PERMIT_LINE_PROBABILITY = 0.5  # join the line when the permit is full
+PERMIT_WAITER_TTL_S = 5
+PERMIT_WAITER_POLLS_MAX = 12
+PERMIT_WAITER_POLL_S = 0.25
+PERMIT_READ_PROBABILITY = 0.3
+
 RUN_STOPPED_CODES = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED", "NOT_FOUND")
 FINISHED_TASK_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED")
 
@@ -136,6 +153,7 @@ class WorkloadConfig:
     groupers: int = 1
     barrier_clients: int = 3
     timer_clients: int = 1
+    permit_clients: int = 3
     pace: float = 1.3
     lease_ms: int = LEASE_MS
     crash_probability: float = 0.06
@@ -363,6 +381,7 @@ class _Shared:
         self.timers = _Tracked()  # id -> _Timer
         self.once_keys = _Tracked()
         self.once_run: str | None = None
+        self.permit_ids = _Tracked()  # the permits declared (one id, however many clients declare it)
 
     def add_run(self, run_id: str, role: str) -> None:
         with self.lock:
@@ -1064,6 +1083,117 @@ class _TimerClient(_Client):
             timer.live = False
 
 
+class _PermitClient(_Client):
+    """Grants of the shared permit (module docstring): acquire, hold, release; the line when full."""
+
+    def loop(self) -> None:
+        permit_id = self.declare()
+        run: str | None = None
+        in_run = 0
+        while permit_id is not None and self.pause(self.rng.uniform(0.1, 0.4)):
+            if run is None:
+                run = self.create_run("permits")
+                in_run = 0
+                if run is None:
+                    continue
+            in_run += 1
+            units = self.rng.choice((1, 1, 2))
+            grant, code = self.acquire(permit_id, run, units)
+            if grant is None and code == "CAPACITY_UNAVAILABLE" and self.rng.random() < PERMIT_LINE_PROBABILITY:
+                grant = self.wait_in_line(permit_id, run, units)
+            if grant is not None:
+                run = self.hold(grant, run)
+            if self.rng.random() < PERMIT_READ_PROBABILITY:
+                self.read(permit_id)
+            if run is not None and in_run >= PERMIT_GRANTS_PER_RUN:
+                run = None
+
+    def declare(self) -> str | None:
+        while self.running:
+            answer = self.call_until_known(
+                "permit_declare", {"name": PERMIT_NAME, "units": PERMIT_UNITS}, "PUT",
+                f"/v1/permits/by-name/{PERMIT_NAME}", {"units": PERMIT_UNITS},
+                shape=lambda body: {"permitId": body["id"], "unitsTotal": body["unitsTotal"]},
+            )
+            if answer.ok and answer.result is not None:
+                with self.shared.lock:
+                    self.shared.permit_ids.track(str(answer.result["permitId"]))
+                return str(answer.result["permitId"])
+            if answer.outcome == FAIL:
+                raise RuntimeError(f"cannot declare the permit: {answer.code}: {answer.message}")
+            self.pause(RETRY_PAUSE_S, paced=False)
+        return None
+
+    def acquire(self, permit_id: str, run: str, units: int, waiter: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+        """A grant (its id, token, units, lease expiry in server ms) or None, with the refusal's code.
+        Not retried: an acquire whose answer was lost may hold units until its lease lapses."""
+        body: dict[str, Any] = {
+            "scopeId": run, "units": units, "holder": self.name, "holderSession": self.session,
+            "leaseSeconds": PERMIT_LEASE_MS / 1000,
+        }
+        if waiter is not None:
+            body["waiterId"] = waiter
+        answer = self.call(
+            "permit_acquire", {"permit": permit_id, "run": run, "units": units, "leaseMs": PERMIT_LEASE_MS, "waiter": waiter},
+            "POST", f"/v1/permits/{_segment(permit_id)}/acquire", body,
+            shape=lambda body: {"grantId": body["grantId"], "token": body["token"], "units": body["units"],
+                                "leaseExpiresAt": epoch_ms(body["leaseExpiresAt"])},
+        )
+        return (answer.result if answer.ok else None), answer.code
+
+    def wait_in_line(self, permit_id: str, run: str, units: int) -> dict[str, Any] | None:
+        """Join the permit's line, poll the waiter, acquire for it once SIGNALED; cancel it if the
+        turn does not come within the polls."""
+        answer = self.call(
+            "permit_wait", {"permit": permit_id, "run": run, "units": units}, "POST",
+            f"/v1/permits/{_segment(permit_id)}/wait",
+            {"scopeId": run, "units": units, "holder": self.name, "ttlSeconds": PERMIT_WAITER_TTL_S},
+            shape=lambda body: {"waiterId": body["waiterId"], "state": body["state"]},
+        )
+        if not answer.ok or answer.result is None:
+            return None
+        waiter, state = str(answer.result["waiterId"]), str(answer.result["state"])
+        for _ in range(PERMIT_WAITER_POLLS_MAX):
+            if state == "SIGNALED":
+                grant, _code = self.acquire(permit_id, run, units, waiter)
+                return grant
+            if state != "WAITING" or not self.pause(PERMIT_WAITER_POLL_S, paced=False):
+                return None
+            read = self.call(
+                "permit_waiter_read", {"waiterId": waiter}, "GET", f"/v1/permit-waiters/{_segment(waiter)}",
+                shape=lambda body: {"state": body["state"]},
+            )
+            if read.ok and read.result is not None:
+                state = str(read.result["state"])
+        self.call("permit_waiter_cancel", {"waiterId": waiter}, "POST", f"/v1/permit-waiters/{_segment(waiter)}/cancel", {})
+        return None
+
+    def hold(self, grant: dict[str, Any], run: str) -> str | None:
+        """Hold the grant, then end it: a release (sometimes after its lease lapsed), or the run's
+        cancel. The run to go on with (None after a cancel)."""
+        if self.rng.random() < self.shared.config.run_cancel_probability / 4:
+            self.pause(self.rng.uniform(*PERMIT_HOLD_S), paced=False)
+            self.cancel_run(run)
+            return None
+        lapse = self.rng.random() < PERMIT_LAPSE_PROBABILITY
+        held_s = PERMIT_LEASE_MS / 1000 + 0.5 if lapse else self.rng.uniform(*PERMIT_HOLD_S)
+        self.pause(held_s, paced=False)
+        self.call(
+            "permit_release", {"grantId": grant["grantId"], "lapsed": lapse}, "POST",
+            f"/v1/grants/{_segment(str(grant['grantId']))}/release", {"token": grant["token"]},
+        )
+        return run
+
+    def read(self, permit_id: str) -> None:
+        self.call(
+            "permit_read", {"permit": permit_id}, "GET", f"/v1/permits/{_segment(permit_id)}",
+            shape=lambda body: {
+                "unitsTotal": body["unitsTotal"], "unitsInUse": body["unitsInUse"],
+                "grants": [[grant["grantId"], grant["units"]] for grant in body["grants"]],
+            },
+        )
+
+
 # -- the workload ------------------------------------------------------------------------------
 
 
@@ -1158,6 +1288,7 @@ class Workload:
         clients += [_Grouper(**common(f"grouper-{i}")) for i in range(config.groupers)]
         clients += [_BarrierClient(**common(f"barrier-{i}"), creator=i == 0) for i in range(config.barrier_clients)]
         clients += [_TimerClient(**common(f"timers-{i}")) for i in range(config.timer_clients)]
+        clients += [_PermitClient(**common(f"permits-{i}")) for i in range(config.permit_clients)]
         return clients
 
     def _run_client(self, client: _Client) -> None:
@@ -1228,6 +1359,7 @@ class Workload:
             runs, tasks = list(self.shared.runs), list(self.shared.tasks)
             groups, barriers = list(self.shared.groups), list(self.shared.barriers)
             timers, once_keys, once_run = list(self.shared.timers), list(self.shared.once_keys), self.shared.once_run
+            permit_ids = list(self.shared.permit_ids)
         for run_id in runs:
             yield "run", run_id, f"/v1/scopes/{_segment(run_id)}", {}
         for task_id in tasks:
@@ -1238,6 +1370,8 @@ class Workload:
             yield "barrier", barrier_id, f"/v1/barriers/{_segment(barrier_id)}", {}
         for timer_id in timers:
             yield "timer", timer_id, f"/v1/timers/{_segment(timer_id)}", {}
+        for permit_id in permit_ids:
+            yield "permit", permit_id, f"/v1/permits/{_segment(permit_id)}", {}
         if once_run is not None:
             for key in once_keys:
                 query = urllib.parse.urlencode({"scopeId": once_run, "key": key})

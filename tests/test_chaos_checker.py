@@ -531,6 +531,61 @@ def test_replays_a_retry_applied_again() -> None:
     assert history.violations("replays") == []
 
 
+# -- 10. capacity -------------------------------------------------------------------------------
+
+PERMIT_LEASE_MS = 2_000
+
+
+def permit(total: int = 2) -> H:
+    return H().op("permit_declare", {"name": "p", "units": total}, 0, 0.1, {"permitId": "prm_1", "unitsTotal": total})
+
+
+def grant(h: H, grant_id: str, call: float, ret: float, *, units: int = 1, run: str = "run1", status: str = "ok") -> H:
+    args = {"permit": "prm_1", "run": run, "units": units, "leaseMs": PERMIT_LEASE_MS, "waiter": None}
+    result = {"grantId": grant_id, "token": "t", "units": units, "leaseExpiresAt": 0}
+    return h.op("permit_acquire", args, call, ret, result, status=status)
+
+
+def release(h: H, grant_id: str, call: float, ret: float, *, status: str = "ok") -> H:
+    return h.op("permit_release", {"grantId": grant_id, "lapsed": False}, call, ret, {}, status=status)
+
+
+def test_capacity_passes_for_grants_released_lapsed_or_ended_by_their_runs_cancel() -> None:
+    h = permit(total=2)
+    grant(h, "g1", 1, 1.1, units=2)
+    release(h, "g1", 1.5, 1.6)
+    grant(h, "g2", 1.55, 1.65, units=2)  # the release was called first: it may have taken effect
+    grant(h, "g3", 1.7, 1.8, units=2, status="unknown")  # holds nothing certain
+    grant(h, "g4", 3.6, 3.7, units=1)  # g2's lease (from 1.55) ran out at 3.55
+    h.op("cancel_run", {"run": "run2"}, 5, 5.1, {})
+    grant(h, "g5", 4, 4.1, units=1, run="run2")
+    grant(h, "g6", 5.05, 5.2, units=1)  # g5 ended with its run's cancel, called at 5
+    h.op("permit_read", {"permit": "prm_1"}, 6, 6.1, {"unitsTotal": 2, "unitsInUse": 1, "grants": [["g6", 1]]})
+    h.final("permit", "prm_1", {"unitsInUse": 0, "unitsTotal": 2})
+    assert h.violations("capacity") == []
+
+
+def test_capacity_grants_that_overlap_beyond_the_size() -> None:
+    h = permit(total=2)
+    grant(h, "g1", 1, 1.1, units=2)
+    release(h, "g1", 1.5, 1.6, status="fail")  # refused: it did not end the grant
+    grant(h, "g2", 1.4, 1.45, units=1)
+    found = h.violations("capacity")
+    assert len(found) == 1 and "3 units of 2" in found[0].message
+
+
+def test_capacity_a_view_over_its_size_an_acquire_after_a_cancel_and_units_left_at_the_end() -> None:
+    h = permit(total=2)
+    h.op("permit_read", {"permit": "prm_1"}, 1, 1.1, {"unitsTotal": 2, "unitsInUse": 3, "grants": [["a", 3]]})
+    h.op("cancel_run", {"run": "run9"}, 2, 2.1, {})
+    grant(h, "g1", 3, 3.1, run="run9")
+    h.final("permit", "prm_1", {"unitsInUse": 1, "unitsTotal": 2})
+    found = messages(h.violations("capacity"))
+    assert "3 of 2 units in use" in found
+    assert "after its cancel was acknowledged" in found
+    assert "still has 1 units in use" in found
+
+
 # -- 8. linearizability (the check) --------------------------------------------------------------
 
 
@@ -741,6 +796,7 @@ def test_check_history_and_its_report(tmp_path: Path) -> None:
 def test_every_check_is_named_in_the_contract_order() -> None:
     assert [name for name, _ in checker.CHECKS] == [
         "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability", "replays",
+        "capacity",
     ]  # fmt: skip
     for _, function in checker.CHECKS:
         assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__
