@@ -131,6 +131,7 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/permits/{permitId}/wait"): {"scopeId": run, "units": 1},
         ("POST", "/v1/grants/{grantId}/renew"): {"token": grant["token"]},
         ("POST", "/v1/grants/{grantId}/release"): {"token": grant["token"]},
+        ("POST", "/v1/work-limits"): {"name": "more", "scopeId": run, "maxOutstanding": 1},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     # Space routes as the tests name them: `/v1/<path>` (Api puts them under the caller's space).

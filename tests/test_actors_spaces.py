@@ -259,6 +259,7 @@ CASES: dict[str, list[Case]] = {
         Case(lambda f, o: {"permit_id": o.permit, "run_id": f.run, "units": 1}),
     ],
     "permit_waiter.cancel": [Case(lambda f, o: {"waiter_id": f.waiter})],
+    "work_limit.create": [Case(lambda f, o: {"name": "wl", "run_id": f.run, "max_outstanding": 1})],
     "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
     # Naming another space as the target is refused before anything is looked up.
     "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],

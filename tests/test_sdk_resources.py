@@ -92,19 +92,23 @@ def test_spend_sums_exactly_and_needs_a_queue_handler() -> None:
 
 
 class FakeTransport:
-    """Answers the slot and reservation routes; renewals are refused from the `refuse_after`-th on."""
+    """Answers the permit (a pool's look-up, its grants) and reservation routes; renewals are
+    refused from the `refuse_after`-th on."""
 
     holder = "fake-holder"
+    holder_session = "fake-session"
 
     def __init__(self, refuse_after: int | None = None) -> None:
         self.refuse_after = refuse_after
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     async def request(self, method: str, path: str, *, body: Any = None, safe: bool, **_: Any) -> dict[str, Any]:
-        action = path.rsplit("/", 1)[-1]
+        action = "look-up" if "/by-name/" in path else path.rsplit("/", 1)[-1]
         self.calls.append((action, dict(body or {})))
+        if action == "look-up":
+            return {"id": "prm_1"}
         if action == "acquire":
-            return {"granted": True, "leaseId": "sl_1", "leaseExpiresAt": "2030-01-01T00:00:00.000Z"}
+            return {"grantId": "slt_1", "token": "slt_1.t", "units": 1, "leaseExpiresAt": "2030-01-01T00:00:00.000Z"}
         if action == "reserve":
             return {"granted": True, "reservationId": "rsv_1", "amount": body["amount"], "leaseExpiresAt": None}
         if action == "renew":
@@ -134,7 +138,7 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         assert time.monotonic() - started < WAIT_S  # the block was cancelled, not slept out
         assert isinstance(caught.value.__cause__, ScopeCancelledError)
         assert lease.lost and lease.signal.is_set()
-        assert transport.actions() == ["acquire", "release"]  # released on exit all the same
+        assert transport.actions() == ["look-up", "acquire", "release"]  # released on exit all the same
         # The cancellation the lease's loss made is taken back (Python 3.11 counts them).
         assert getattr(asyncio.current_task(), "cancelling", lambda: 0)() == 0
 
@@ -169,7 +173,7 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         holder.cancel()
         with pytest.raises(asyncio.CancelledError):
             await holder
-        assert transport.actions() == ["acquire", "release"]
+        assert transport.actions() == ["look-up", "acquire", "release"]
 
     asyncio.run(main())
 
@@ -267,6 +271,33 @@ def test_a_slot_is_held_renewed_released_and_handed_on(dev_node: DevNode) -> Non
                 await run.pools.acquire("no-such-pool", timeout_ms=0)
 
     asyncio.run(main())
+
+
+def test_a_slot_waits_in_the_permits_fifo_line(dev_node: DevNode) -> None:
+    """A full pool: the acquire joins the permit's line of waiters (`rs.pools.status` shows them);
+    a wait that times out leaves the line, and the slot goes to the waiter ahead when it returns."""
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            await rs.pools.ensure("browser", size=1)
+            run = await rs.scopes.create()
+            first = await run.pools.acquire("browser", lease_ms=5_000)
+            second = asyncio.create_task(run.pools.acquire("browser", lease_ms=5_000, timeout_ms=20_000))
+            await eventually("the second in line", lambda: _waiters(rs, ["WAITING"]))
+            with pytest.raises(WaitTimeoutError):
+                await run.pools.acquire("browser", timeout_ms=300)  # joins behind it, then leaves
+            assert await _waiters(rs, ["WAITING"])
+            await first.release()
+            lease = await asyncio.wait_for(second, WAIT_S)
+            view = await rs.pools.status("browser")
+            assert ([h["leaseId"] for h in view["holders"]], view["waiters"]) == ([lease.id], [])
+            await lease.release()
+
+    asyncio.run(main())
+
+
+async def _waiters(rs: AsyncRunstate, states: list[str]) -> bool:
+    return [waiter["state"] for waiter in (await rs.pools.status("browser"))["waiters"]] == states
 
 
 def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:

@@ -28,6 +28,7 @@ from runstate_server.actors import (
     runs,
     tasks,
     timers,
+    work_limits,
 )
 from runstate_server.actors.context import Context, Effect
 from runstate_server.actors.errors import Rejected
@@ -67,6 +68,7 @@ HANDLERS: dict[str, Handler] = {
     **resources.HANDLERS,
     **permits.HANDLERS,
     **access.HANDLERS,
+    **work_limits.HANDLERS,
 }
 
 # Time-driven transitions of the later rule modules: due kind -> handler(ctx, entity id, due_ms).

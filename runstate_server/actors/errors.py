@@ -21,6 +21,7 @@ CLAIM_HELD: Final = "CLAIM_HELD"  # a claim's lease is live: retryable (retryAft
 KEY_CONFLICT: Final = "KEY_CONFLICT"
 BACKLOG_FULL: Final = "BACKLOG_FULL"  # a mailbox holds its backlogLimit of unfinished tasks
 LIMIT_EXCEEDED: Final = "LIMIT_EXCEEDED"
+CONCURRENCY_LIMITED: Final = "CONCURRENCY_LIMITED"  # a work limit holds its maxOutstanding tasks: retryable
 STALE_EPOCH: Final = "STALE_EPOCH"
 BARRIER_CANCELLED: Final = "BARRIER_CANCELLED"
 BARRIER_RELEASED: Final = "BARRIER_RELEASED"

@@ -105,6 +105,9 @@ permit_waiters_per_run_max = 10_000
 permit_waiter_ttl_ms_default = 60_000
 permit_waiter_ttl_ms_max = 3_600_000
 permit_waiter_signaled_ms = 30_000
+# Work limits (work_limits.py): per space; a limit's maxOutstanding (no more than a space's tasks).
+work_limits_per_space_max = 1_000
+work_limit_outstanding_max = tasks_per_space_max
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at

@@ -182,6 +182,7 @@ class Task:
     outcome_reason: str | None = None  # why it ended (scope_cancelled, handler_error: ..., ...)
     subscribers: list[str] = field(default_factory=list)  # who joined it (join/detach)
     holder_session: str | None = None  # the session of the current or last delivery's holder
+    work_limit: str | None = None  # the name of the work limit it counts toward (work_limits.py)
 
 
 @dataclass(slots=True)
@@ -232,6 +233,7 @@ class State:
     slot_leases: dict[str, Any] = field(default_factory=dict)
     reservations: dict[str, Any] = field(default_factory=dict)
     permit_waiters: dict[str, Any] = field(default_factory=dict)  # permits.py: waiter id -> waiter
+    work_limits: dict[str, Any] = field(default_factory=dict)  # work_limits.py: "<space>/<name>" -> limit
     # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
     # from_snapshot, never written to a snapshot.
     permit_ids: dict[str, str] = field(default_factory=dict)
@@ -273,7 +275,7 @@ _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms", "finished_by", "needs", "slot_leases", "reservation_id",
-    "deadline_ms", "outcome_reason", "subscribers", "holder_session",
+    "deadline_ms", "outcome_reason", "subscribers", "holder_session", "work_limit",
 )
 # Task fields appended after the first snapshots: an older row stops before them (their defaults).
 _TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
@@ -518,7 +520,7 @@ ENTITY_TABLES: dict[str, type] = {}
 def register_table(table: str, cls: type) -> None:
     assert table in (
         "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
-        "permit_waiters",
+        "permit_waiters", "work_limits",
     ), table
     ENTITY_TABLES[table] = cls
 

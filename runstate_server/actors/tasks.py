@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs, storage
+from runstate_server.actors import errors, idempotency, limits, resources, runs, storage, work_limits
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -189,10 +189,11 @@ def _require_queue(ctx: Context, run: Run, mailbox: Mailbox) -> Queue:
 
 
 def _count_unfinished(state: State, task: Task, delta: int) -> None:
-    """A task of a mailbox with a backlogLimit is created (+1) or ends (-1)."""
+    """A task of a mailbox with a backlogLimit, or naming a work limit, is created (+1) or ends (-1)."""
     mailbox = state.spaces[task.space].mailboxes.get(task.mailbox)
     if mailbox is not None and mailbox.backlog_limit is not None:
         mailbox.unfinished += delta
+    work_limits.count(state, task, delta)
 
 
 # -- tasks ---------------------------------------------------------------------------------------
@@ -221,6 +222,9 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     needs = resources.require_needs(ctx, needs)
     deadline_ms = args.get("deadline_ms")
     subscriber = args.get("subscriber")
+    work_limit = args.get("work_limit")
+    if work_limit is not None:
+        work_limits.require(ctx, work_limit)  # also for a resubmit; the first submit's limit stays
     queue = _require_queue(ctx, run, mailbox)
     existing_id = queue.by_key.get(key)
     if existing_id is not None:
@@ -243,6 +247,8 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(
             errors.BACKLOG_FULL, f"mailbox {mailbox.name!r} holds its backlogLimit of {mailbox.backlog_limit} unfinished tasks"
         )
+    if work_limit is not None:
+        work_limits.require_room(ctx, work_limit)
 
     task = Task(
         id="tsk_" + ctx.command_id,
@@ -256,6 +262,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         created_ms=ctx.now_ms,
         needs=needs,
         deadline_ms=deadline_ms,
+        work_limit=work_limit,
     )
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     cost = storage.task_bytes(task)

@@ -45,6 +45,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "BARRIER_RELEASED": 409,
     # A request body that is not sent as JSON (Content-Type: application/json); node/api/guard.py.
     "UNSUPPORTED_MEDIA_TYPE": 415,
+    # A task naming a work limit that holds its maxOutstanding unfinished tasks (node/api/work_limits.py).
+    "CONCURRENCY_LIMITED": 429,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
@@ -52,7 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
 
 # Codes that mean "busy now, the same call may succeed later": answered with Retry-After.
 RETRY_AFTER_S_DEFAULT = 1.0
-RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE"})
+RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE", "CONCURRENCY_LIMITED"})
 
 
 def new_request_id() -> str:

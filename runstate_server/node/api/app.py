@@ -24,6 +24,7 @@ from runstate_server.node.api import (
     runs,
     tasks,
     timers,
+    work_limits,
 )
 from runstate_server.node.api.auth import authenticate
 from runstate_server.node.api.guard import guard
@@ -48,6 +49,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
+        work_limits,
     )
     for route in module.routes
 )

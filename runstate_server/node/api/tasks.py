@@ -53,14 +53,13 @@ _TASK_FIELDS = {
 }
 _SUBMIT_ERRORS = (
     "VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED",
+    "CONCURRENCY_LIMITED",
 )
 _SUBSCRIBER = {"subscriberId": STRING}
 
 
 def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
     """The core's submit of one task of POST /tasks (or of a batch)."""
-    if body.get("workLimit") is not None:
-        raise ApiError("VALIDATION_FAILED", "workLimit is not supported yet: bound a queue with a mailbox's backlogLimit")
     args = {
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
         "mailbox_id": req.text(body, "mailboxId", max_chars=limits.name_chars_max, required=True),
@@ -68,6 +67,9 @@ def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
         "deadline_ms": req.timestamp_ms(body, "deadline"),
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max),
     }
+    work_limit = req.text(body, "workLimit", max_chars=limits.name_chars_max)
+    if work_limit is not None:
+        args["work_limit"] = work_limit
     needs = _needs(body)
     requirements = body.get("requirements")
     if requirements is not None:

@@ -25,8 +25,9 @@ import asyncio
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -36,9 +37,12 @@ from runstate.sdk.claims import _segment
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
+    DeadlineExceededError,
     LeaseLostError,
     NotFoundError,
     RunstateError,
+    ScopeCancelledError,
+    WaitTimeoutError,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +56,11 @@ SLOT_LEASE_MS_DEFAULT = 30_000
 WAIT_TIMEOUT_MS_DEFAULT = 60_000
 # Renewing: a third of the lease, but not more often than this.
 RENEW_INTERVAL_S_MIN = 0.05
+# A pool's line of waiters: the first pause between two looks at a waiter, the longest, and the
+# longest TTL a waiter is given (the server's bound; a longer wait joins the line again).
+WAITER_POLL_S_MIN = 0.05
+WAITER_POLL_S_MAX = 0.5
+WAITER_TTL_S_MAX = 3600
 MICROS_PER_UNIT = 1_000_000
 
 SlotsLike = str | Sequence[str] | None
@@ -177,7 +186,8 @@ class _Resources:
 
 
 class Pools(_Resources):
-    """Pools of slots of the space: `rs.pools`."""
+    """Pools of slots of the space: `rs.pools`. On the wire a pool is a *permit*
+    (`PUT /permits/by-name/{name}`, `GET /permits/{id}`); its id is looked up once per name."""
 
     _route = "pools"
     _what = "pool"
@@ -186,11 +196,34 @@ class Pools(_Resources):
         """Create the pool `name` with `size` slots, or resize it; safe to call every time.
 
         Returns its view `{"name", "size", "inUse", "waiting", "holders": [{"leaseId", "holder",
-        "scopeId", "taskId", "leaseExpiresAt"}]}` (`waiting`: queued jobs that need it). A size
-        below the slots in use grants nothing new until enough return. ValidationError for a size
-        out of range.
+        "scopeId", "taskId", "leaseExpiresAt"}], "created"}` (`waiting`: queued jobs that need
+        it; also the permit's own fields `id`, `unitsTotal`, `unitsInUse`, `grants`, `waiters`).
+        A size below the slots in use grants nothing new until enough return. ValidationError for
+        a size out of range.
         """
-        return await self._put(name, {"size": _count(size, "size")})
+        body = {"units": _count(size, "size")}
+        try:
+            declared = await self._transport.request("PUT", _permit_path(name), body=body, safe=True)
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            # Declared with another size: a declaration never resizes, the pool route does.
+            await self._put(name, {"size": size})
+            declared = {"created": False}
+        else:
+            _permit_ids(self._transport)[name] = _field(declared, "id")
+        view = await self.status(name)
+        return {**view, "created": bool(declared.get("created"))}
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
+        permit_id = await _permit_id(self._transport, name)
+        try:
+            view = await self._transport.request("GET", f"/permits/{_segment(permit_id, 'permit id')}", safe=True)
+        except NotFoundError:
+            _permit_ids(self._transport).pop(name, None)  # forget an id the server no longer knows
+            raise
+        return _pool_view(view)
 
 
 class Limits(_Resources):
@@ -274,14 +307,24 @@ class Held:
         Raises LeaseLostError once it lapsed or was returned, ScopeCancelledError /
         DeadlineExceededError once its run stopped; both mark it lost.
         """
-        body = {"leaseMs": _count(self.lease_ms if lease_ms is None else lease_ms, "lease_ms")}
+        body = self._renew_body(_count(self.lease_ms if lease_ms is None else lease_ms, "lease_ms"))
         try:
             answer = await self._transport.request("POST", f"{self._path}/renew", body=body, safe=True)
         except (ConflictError, NotFoundError) as exc:
-            self._lose(exc)
-            raise
+            error = await self._why_refused(exc)
+            self._lose(error)
+            if error is exc:
+                raise
+            raise error from exc
         self.lease_expires_at = _expiry(answer.get("leaseExpiresAt")) or self.lease_expires_at
         return answer
+
+    def _renew_body(self, lease_ms: int) -> dict[str, Any]:
+        return {"leaseMs": lease_ms}
+
+    async def _why_refused(self, error: RunstateError) -> RunstateError:
+        """The error a refused renewal is reported as."""
+        return error
 
     async def release(self) -> dict[str, Any]:
         """Give it back at once (nothing spent). Returns `{"released": bool}` (False when it had
@@ -301,10 +344,48 @@ class Held:
 
 
 class SlotLease(Held):
-    """One slot of a pool, held by a run: `async with run.slot("browser") as lease:`."""
+    """One slot of a pool, held by a run: `async with run.slot("browser") as lease:`. On the wire
+    it is a permit's grant (its `id` is the grantId), renewed and released with its token."""
 
-    _route = "slots"
+    _route = "grants"
     _kind = "slot lease"
+
+    def __init__(
+        self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any, token: str
+    ) -> None:
+        super().__init__(transport, held_id, name, scope_id, lease_ms, expires)
+        self._token = token
+
+    def _renew_body(self, lease_ms: int) -> dict[str, Any]:
+        return {"token": self._token, "leaseSeconds": lease_ms / 1000}
+
+    async def _why_refused(self, error: RunstateError) -> RunstateError:
+        """A stopped run ends its grants, so their renewal is STALE_CLAIM: the run's view tells a
+        stop (ScopeCancelledError / DeadlineExceededError, as documented) from a lapse."""
+        if not isinstance(error, LeaseLostError):
+            return error
+        try:
+            run = await self._transport.request("GET", f"/scopes/{_segment(self.scope_id, 'scope id')}", safe=True)
+        except RunstateError:
+            return error
+        if run.get("effective", "ACTIVE") == "ACTIVE":
+            return error
+        message = f"the run {self.scope_id} stopped, and its slot lease {self.id} with it"
+        deadline = _expiry(run.get("deadline"))
+        if run.get("storedState") == "ACTIVE" and deadline is not None and deadline <= datetime.now(timezone.utc):
+            return DeadlineExceededError(message, status=409)
+        return ScopeCancelledError(message, status=409)
+
+    async def release(self) -> dict[str, Any]:
+        """Give it back at once. Returns `{"released": bool}` (False when it had lapsed or ended
+        already). Allowed after the run stopped."""
+        try:
+            answer = await self._transport.request(
+                "POST", f"{self._path}/release", body={"token": self._token}, safe=True
+            )
+        except LeaseLostError:
+            return {"released": False}
+        return {"released": bool(answer.get("released"))}
 
     async def _finish(self, raised: bool) -> None:
         await self._release_quietly()
@@ -381,6 +462,101 @@ async def _wait_for(
     return await wait_until(poll, lambda answer: bool(answer.get(flag)), timeout_ms=timeout_ms, what=what)
 
 
+def _permit_path(name: str) -> str:
+    return f"/permits/by-name/{_segment(name, 'pool name')}"
+
+
+# The permit id of each pool name, per transport (one client's): looked up once, then reused.
+_PERMIT_IDS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _permit_ids(transport: Transport) -> dict[str, str]:
+    return _PERMIT_IDS.setdefault(transport, {})
+
+
+async def _permit_id(transport: Transport, name: str) -> str:
+    """The permit id of pool `name` (`PUT /permits/by-name/{name} {}` looks it up the first
+    time). NotFoundError when the space has no such pool."""
+    ids = _permit_ids(transport)
+    permit_id = ids.get(name)
+    if permit_id is None:
+        answer = await transport.request("PUT", _permit_path(name), body={}, safe=True)
+        permit_id = ids[name] = _field(answer, "id")
+    return permit_id
+
+
+def _pool_view(view: dict[str, Any]) -> dict[str, Any]:
+    """A permit's view in the pool's documented shape (its own fields kept)."""
+    return {
+        **view,
+        "size": view.get("unitsTotal"),
+        "inUse": view.get("unitsInUse"),
+        "holders": [
+            {"leaseId": grant.get("grantId"), "holder": grant.get("holder"), "scopeId": grant.get("scopeId"),
+             "taskId": grant.get("taskId"), "leaseExpiresAt": grant.get("leaseExpiresAt")}
+            for grant in view.get("grants") or []
+        ],
+    }
+
+
+class _Permit:
+    """Acquiring a slot of one permit: at once, or through its FIFO line of waiters."""
+
+    def __init__(self, transport: Transport, permit_id: str) -> None:
+        self._transport = transport
+        self._path = f"/permits/{_segment(permit_id, 'permit id')}"
+
+    async def try_acquire(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The grant, or None when the permit has not the units free now (CAPACITY_UNAVAILABLE)."""
+        try:
+            return await self._transport.request("POST", f"{self._path}/acquire", body=body, safe=True)
+        except ConflictError as exc:
+            if exc.code == "CAPACITY_UNAVAILABLE":
+                return None
+            raise
+
+    async def wait_in_line(self, body: dict[str, Any], deadline: float) -> dict[str, Any] | None:
+        """Join the line, poll the waiter (backing off to WAITER_POLL_S_MAX) and acquire with its
+        waiterId once it is SIGNALED. None when the waiter ended without a grant (expired, or a
+        signal lost to a race): the caller joins again. The waiter is cancelled when this ends
+        without its grant (a timeout, an error, a cancellation)."""
+        loop = asyncio.get_running_loop()
+        ttl_s = min(WAITER_TTL_S_MAX, max(1, math.ceil(deadline - loop.time()) + 1))
+        line_body = {"scopeId": body["scopeId"], "units": body["units"], "holder": body["holder"], "ttlSeconds": ttl_s}
+        waiter = await self._transport.request("POST", f"{self._path}/wait", body=line_body, safe=True)
+        waiter_id = _segment(_field(waiter, "waiterId"), "waiter id")
+        state, pause_s, granted = waiter.get("state"), WAITER_POLL_S_MIN, False
+        try:
+            while True:
+                if state == "SIGNALED":
+                    answer = await self.try_acquire({**body, "waiterId": waiter_id})
+                    if answer is not None:
+                        granted = True
+                        return answer
+                elif state == "CANCELLED":
+                    # Its run stopped (the acquire says how), or someone cancelled it: join again.
+                    answer = await self.try_acquire(body)
+                    granted = answer is not None
+                    return answer
+                elif state != "WAITING":
+                    return None  # expired (or granted to a lost answer): join again
+                left_s = deadline - loop.time()
+                if left_s <= 0:
+                    return None
+                await asyncio.sleep(min(pause_s, left_s))
+                pause_s = min(pause_s * 1.5, WAITER_POLL_S_MAX)
+                state = (await self._transport.request("GET", f"/permit-waiters/{waiter_id}", safe=True)).get("state")
+        finally:
+            if not granted:
+                await self._leave(waiter_id)
+
+    async def _leave(self, waiter_id: str) -> None:
+        try:
+            await self._transport.request("POST", f"/permit-waiters/{waiter_id}/cancel", body={}, safe=True)
+        except RunstateError as exc:  # it lapses with its TTL
+            logger.info("leaving the line of %s failed: %s", self._path, exc)
+
+
 class _InScope:
     def __init__(self, transport: Transport, scope_id: str) -> None:
         self._transport = transport
@@ -404,11 +580,23 @@ class ScopePools(_InScope):
         Raises WaitTimeoutError when no slot was free in time, ScopeCancelledError /
         DeadlineExceededError once the run stopped, NotFoundError for an unknown pool.
         """
-        body = {"leaseMs": _count(lease_ms, "lease_ms"), "holder": holder or self._transport.holder}
-        path = f"{self._path}/pools/{_segment(name, 'pool name')}/acquire"
-        answer = await _wait_for(self._transport, path, body, "granted", timeout_ms, f"a slot of pool {name}")
-        return SlotLease(self._transport, _field(answer, "leaseId"), name, self.scope_id, lease_ms,
-                         answer.get("leaseExpiresAt"))
+        _count(lease_ms, "lease_ms")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ConfigError(f"timeout_ms must be a non-negative integer, got {timeout_ms!r}")
+        body = {
+            "scopeId": self.scope_id, "units": 1, "holder": holder or self._transport.holder,
+            "holderSession": self._transport.holder_session, "leaseSeconds": lease_ms / 1000,
+        }
+        permit = _Permit(self._transport, await _permit_id(self._transport, name))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        answer = await permit.try_acquire(body)
+        while answer is None:  # full: join its FIFO line, and take the slot when it is our turn
+            if loop.time() >= deadline:
+                raise WaitTimeoutError(f"a slot of pool {name}", timeout_ms)
+            answer = await permit.wait_in_line(body, deadline)
+        return SlotLease(self._transport, _field(answer, "grantId"), name, self.scope_id, lease_ms,
+                         answer.get("leaseExpiresAt"), _field(answer, "token"))
 
 
 class ScopeLimits(_InScope):
