@@ -340,7 +340,7 @@ class ResourcesMachine(RuleBasedStateMachine):
         before = snapshot_bytes(state, without_clock=True)
         in_use_before = {name: len(pool.holds) for name, pool in self.core_pools().items()}
         budget = self.core_budget()
-        used_before = (budget.spent_micros, budget.reserved_micros) if budget else (0, 0)
+        used_before = (budget.settled_minor, budget.reserved_minor) if budget else (0, 0)
         result = self.h.apply(kind, epoch=self.epoch, **args)
         try:
             expected = model_step()
@@ -375,10 +375,10 @@ class ResourcesMachine(RuleBasedStateMachine):
         budget = self.core_budget()
         if budget is not None:
             spent_before, reserved_before = used_before
-            used = budget.spent_micros + budget.reserved_micros
+            used = budget.settled_minor + budget.reserved_minor
             if used > spent_before + reserved_before:
-                assert used <= budget.total_micros, (used, budget.total_micros)
-            if budget.reserved_micros < reserved_before:
+                assert used <= budget.limit_minor, (used, budget.limit_minor)
+            if budget.reserved_minor < reserved_before:
                 assert ("resource", "space-1", "budget", BUDGET) in woken
 
     # -- rules: config ---------------------------------------------------------------------------
@@ -947,7 +947,7 @@ class ResourcesMachine(RuleBasedStateMachine):
                 self.sizes[name], [h for h, hold in self.holds.items() if hold.kind == "pool" and hold.resource == name]
             )
         budget = self.core_budget()
-        assert (budget.total_micros, budget.spent_micros, budget.reserved_micros) == (
+        assert (budget.limit_minor, budget.settled_minor, budget.reserved_minor) == (
             self.total, self.spent, self.reserved()
         )
         assert budget.holds == [h for h, hold in self.holds.items() if hold.kind == "budget"]

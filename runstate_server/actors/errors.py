@@ -24,6 +24,7 @@ LIMIT_EXCEEDED: Final = "LIMIT_EXCEEDED"
 STALE_EPOCH: Final = "STALE_EPOCH"
 BARRIER_CANCELLED: Final = "BARRIER_CANCELLED"
 BARRIER_RELEASED: Final = "BARRIER_RELEASED"
+INSUFFICIENT_BUDGET: Final = "INSUFFICIENT_BUDGET"  # a budget has less left than a reservation or settle asks (budgets.py)
 
 
 class Rejected(Exception):
