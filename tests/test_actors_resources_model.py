@@ -252,8 +252,9 @@ class ResourcesMachine(RuleBasedStateMachine):
             return True
         return needs["budget"] is not None and needs["budget"][1] > self.remaining()
 
-    def take_needs(self, task: MTask, delivery: str) -> None:
+    def take_needs(self, task: MTask, delivery_id: str) -> None:
         assert task.needs is not None
+        delivery = ".".join(delivery_id.split(".", 2)[:2])  # its number, not its token
         for index, pool in enumerate(task.needs["slots"]):
             hold = MHold(f"slt_{delivery}.{index}", "pool", pool, task.run, task.id, 1)
             self.holds[hold.id] = hold
@@ -976,7 +977,9 @@ class ResourcesMachine(RuleBasedStateMachine):
                 if task.reservation_id is not None:
                     assert state.reservations[task.reservation_id].amount == task.needs["budget"][1]
                 for hold_id in [*task.slot_leases, *([task.reservation_id] if task.reservation_id else [])]:
-                    assert hold_id.startswith(f"{hold_id[:4]}{task.delivery_id}")
+                    # Named by the delivery's number, never by its token (readers see hold ids).
+                    assert hold_id.startswith(f"{hold_id[:4]}{task.id}.{task.delivery_count}")
+                    assert task.delivery_id not in hold_id
                     held_by_tasks.add(hold_id)
             else:
                 assert task.slot_leases == [] and task.reservation_id is None, task.id

@@ -28,8 +28,8 @@ end of the delivery (complete, retry, reject, release, lapse, its run's stop) gi
 an earlier job of the same queue it could not serve.
 
 Ids: a resource is "<space>/<name>". A direct slot lease is "slt_<command id>", a direct
-reservation "rsv_<command id>"; a job's holds are named after its delivery ("slt_<delivery
-id>.<n>", "rsv_<delivery id>"). A hold is removed when it ends (nothing of it is kept until its run
+reservation "rsv_<command id>"; a job's holds are named after its delivery's number ("slt_<task
+id>.<delivery number>.<n>", "rsv_<task id>.<delivery number>"), never its token. A hold is removed when it ends (nothing of it is kept until its run
 is removed, so a long-lived run may acquire without end), so an id that is not held, ended or never
 issued, answers released False to release and STALE_CLAIM to renew and settle; a live hold of
 another space is NOT_FOUND. A direct lease is valid while `now_ms < lease_expires_ms`, as for
@@ -797,8 +797,11 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
                 _arm_window(ctx, resource, available_ms)
         return False
     space = ctx.space.id
+    # Named "<task id>.<delivery number>", never by the delivery's id: that is its token, and
+    # readers of a pool, permit or budget see its holds' ids.
+    delivery = ".".join(delivery_id.split(".", 2)[:2])
     task.slot_leases = [
-        _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery_id}.{index}", task.run_id, holder,
+        _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery}.{index}", task.run_id, holder,
               task.id, 1, 0).id
         for index, name in enumerate(needs["slots"])
     ]
@@ -809,7 +812,7 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
         name, micros = needs["budget"]
         budget = find(ctx.state, BUDGET, space, name)
         amount = require_minor_of_micros(budget, micros, "reserve")
-        task.reservation_id = _hold(ctx, BUDGET, budget, f"rsv_{delivery_id}", task.run_id, holder, task.id, amount, 0).id
+        task.reservation_id = _hold(ctx, BUDGET, budget, f"rsv_{delivery}", task.run_id, holder, task.id, amount, 0).id
     return True
 
 
