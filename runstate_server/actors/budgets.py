@@ -14,8 +14,8 @@ under a run until `settleBy` (default now + 1 h, at most a week ahead). States: 
 its settleBy passed: its amount stays held, never refunded by time (as the protocol says), and
 settle and void still work on it; SETTLED once nothing of it is held and something was charged;
 VOIDED once voided with nothing charged. A settle charges `amountMinor` against what it holds,
-keyed by its `workKey` (the same workKey again answers the same and charges nothing more; with
-another amount it is CONFLICT); the reservation stays open while part of it is held. More than it
+keyed by its `workKey` (the same workKey again charges nothing more and answers its charge again,
+with the reservation as it is now; with another amount it is CONFLICT); the reservation stays open while part of it is held. More than it
 holds is INSUFFICIENT_BUDGET (nothing charged), or with `allowOverrun` is charged up to what the
 budget can still cover (what it holds + what remains unreserved) and closes it. A void releases
 what it still holds (SETTLED when something was charged, else VOIDED); the same workKey again
@@ -211,8 +211,8 @@ def _require_reservation(ctx: Context, budget: Budget, reservation_id: Any) -> B
 
 
 def _require_work_key(value: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.key_chars_max:
-        raise Rejected(errors.VALIDATION_FAILED, f"workKey must be 1 to {limits.key_chars_max} characters")
+    if not isinstance(value, str) or not 0 < len(value) <= limits.budget_work_key_chars_max:
+        raise Rejected(errors.VALIDATION_FAILED, f"workKey must be 1 to {limits.budget_work_key_chars_max} characters")
     return value
 
 
@@ -301,13 +301,16 @@ def on_settle_by_due(ctx: Context, reservation_id: str, due_ms: int) -> None:
 
 def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
     """A stopped run's open reservations end: what they hold returns at once."""
-    # A scan of the node's reservations: bounded by reservations_per_budget_max x the budgets.
+    # A scan of the open reservations of the space's budgets: at most resources_per_space_max x
+    # reservations_per_budget_max (the ended ones kept are not looked at).
     stopped = [
-        reservation for reservation in ctx.state.budget_reservations.values()
-        if reservation.run_id == run.id and reservation.state in _OPEN
+        (budget, reservation)
+        for budget in ctx.state.budgets.values() if budget.space == run.space
+        for reservation in (ctx.state.budget_reservations[rid] for rid in budget.reservations)
+        if reservation.run_id == run.id
     ]
-    for reservation in stopped:
-        _end(ctx, ctx.state.budgets[reservation.budget_id], reservation)
+    for budget, reservation in stopped:
+        _end(ctx, budget, reservation)
 
 
 runs.RUN_STOP_HOOKS.append(_on_run_stop)

@@ -115,6 +115,7 @@ budget_micro_scale = 6  # the old routes count micro-units: a budget they create
 budget_settle_by_ms_default = 3_600_000  # a reservation's settleBy when it names none: now + 1 h
 budget_settle_by_ms_max = 7 * 24 * 3_600_000  # the latest settleBy: now + a week
 budget_settles_per_reservation_max = 100  # settles (workKeys) of one reservation
+budget_work_key_chars_max = 128  # a settle's or void's workKey (0.3.0 sends "settle:<reservation id>")
 budget_ended_kept_max = 1_000  # ended reservations a budget keeps for reads and repeats, oldest dropped
 budget_reservations_per_job_max = 2  # requirements.budgets entries of one job
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)

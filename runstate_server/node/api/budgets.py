@@ -199,14 +199,14 @@ def _reservation_args(request: web.Request, body: dict[str, Any]) -> dict[str, A
     return {
         "budget_id": request.match_info["budgetId"],
         "reservation_id": req.text(body, "reservationId", max_chars=limits.name_chars_max, required=True),
-        "work_key": req.text(body, "workKey", max_chars=limits.key_chars_max, required=True),
+        "work_key": req.text(body, "workKey", max_chars=limits.budget_work_key_chars_max, required=True),
     }
 
 
 @routes(
     "POST", SPACE_PREFIX + "/budgets/{budgetId}/settle",
-    "Charge amountMinor against the reservation, once per workKey (the same workKey again answers the same; "
-    "with another amount CONFLICT); ACTIVE while part of it is still held. More than it holds: INSUFFICIENT_BUDGET, "
+    "Charge amountMinor against the reservation, once per workKey (the same workKey again charges nothing more "
+    "and answers its charge again; with another amount CONFLICT); ACTIVE while part of it is still held. More than it holds: INSUFFICIENT_BUDGET, "
     "or with allowOverrun charged up to what the budget can still cover. An ended reservation: CONFLICT",
     body={"reservationId": STRING, "amountMinor": MINOR, "workKey": STRING, "allowOverrun": BOOLEAN},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "INSUFFICIENT_BUDGET", "LIMIT_EXCEEDED"),
