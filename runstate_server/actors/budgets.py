@@ -10,7 +10,7 @@ differs: a declaration never changes a budget). Money is never created or lost:
 limit), and no reservation takes more than what remains.
 
 A reservation ("rsv_<command id>"; a job's "rsv_<task id>.<delivery number>.<n>") holds an amount
-under a run until `settleBy` (default now + 1 h, at most a week ahead). States: ACTIVE; STALE once
+under a run until `settleBy` (default now + 1 h, at most a day ahead). States: ACTIVE; STALE once
 its settleBy passed: its amount stays held, never refunded by time (as the protocol says), and
 settle and void still work on it; SETTLED once nothing of it is held and something was charged;
 VOIDED once voided with nothing charged. A settle charges `amountMinor` against what it holds,

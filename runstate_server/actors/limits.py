@@ -113,7 +113,10 @@ budget_scale_default = 2
 budget_currency_default = "USD"
 budget_micro_scale = 6  # the old routes count micro-units: a budget they create has this scale
 budget_settle_by_ms_default = 3_600_000  # a reservation's settleBy when it names none: now + 1 h
-budget_settle_by_ms_max = 7 * 24 * 3_600_000  # the latest settleBy: now + a week
+# The latest settleBy: now + a day. Each reservation arms one due entry at its settleBy, kept in the
+# heap until then even when the reservation ends first: this bounds how long. (A reservation past
+# it is STALE and still settles, so a longer one buys nothing.)
+budget_settle_by_ms_max = 24 * 3_600_000
 budget_settles_per_reservation_max = 100  # settles (workKeys) of one reservation
 budget_work_key_chars_max = 128  # a settle's or void's workKey (0.3.0 sends "settle:<reservation id>")
 budget_ended_kept_max = 1_000  # ended reservations a budget keeps for reads and repeats, oldest dropped
