@@ -74,6 +74,10 @@ def build_world(node: DevNode, secret: str) -> World:
     permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {})["id"]  # the pool's protocol id
     grant = admin.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run, "leaseSeconds": 600})
     waiter = admin.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
+    budget = admin.ok("PUT", "/v1/budgets/by-name/a-only", {})["id"]  # the budget's protocol id
+    budget_reservation = admin.ok(
+        "POST", f"/v1/budgets/{budget}/reserve", {"scopeId": run, "amountMinor": "1"}
+    )["reservationId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
     other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
     other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
@@ -88,7 +92,7 @@ def build_world(node: DevNode, secret: str) -> World:
         "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
-        "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter,
+        "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -132,6 +136,12 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/grants/{grantId}/renew"): {"token": grant["token"]},
         ("POST", "/v1/grants/{grantId}/release"): {"token": grant["token"]},
         ("POST", "/v1/work-limits"): {"name": "more", "scopeId": run, "maxOutstanding": 1},
+        ("POST", "/v1/budgets"): {"name": "more", "limitMinor": "100"},
+        ("PUT", "/v1/budgets/by-name/{name}"): {"limitMinor": "100000000", "scale": 6},
+        ("POST", "/v1/budgets/{budgetId}/reserve"): {"scopeId": run, "amountMinor": "1"},
+        ("POST", "/v1/budgets/{budgetId}/settle"): {"reservationId": budget_reservation, "amountMinor": "0",
+                                                    "workKey": "w"},
+        ("POST", "/v1/budgets/{budgetId}/void"): {"reservationId": budget_reservation, "workKey": "w"},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     # Space routes as the tests name them: `/v1/<path>` (Api puts them under the caller's space).

@@ -528,12 +528,13 @@ def test_receive_takes_every_need_with_the_lease(resourced: Harness, run_id: str
     (delivery,) = h.receive(run_id)
     task = h.task(task_id)
     assert task.state == TaskState.RUNNING and len(task.slot_leases) == 2
-    assert task.slot_leases == [f"slt_{delivery}.0", f"slt_{delivery}.1"]
-    assert task.reservation_id == f"rsv_{delivery}"
+    named = f"{task_id}.1"  # the delivery's number, never its token (readers see hold ids)
+    assert delivery.startswith(named + ".") and task.slot_leases == [f"slt_{named}.0", f"slt_{named}.1"]
+    assert task.reservation_id == f"rsv_{named}"
     assert resources.holds_view(task) == {"slots": task.slot_leases, "reservationId": task.reservation_id}
     gpu = resources.pool_view(h.state, h.space, "gpu")
     assert gpu is not None and gpu["waiting"] == 0
-    assert gpu["holders"] == [{"leaseId": f"slt_{delivery}.1", "holder": "w1", "scopeId": run_id, "taskId": task_id,
+    assert gpu["holders"] == [{"leaseId": f"slt_{named}.1", "holder": "w1", "scopeId": run_id, "taskId": task_id,
                                "leaseExpiresAt": task.lease_expires_ms}]
     assert resources.limit_view(h.state, h.space, "api", h.now_ms)["takenInWindow"] == 2  # type: ignore[index]
     assert budget_view(h)["reserved"] == 0.4

@@ -252,8 +252,9 @@ class ResourcesMachine(RuleBasedStateMachine):
             return True
         return needs["budget"] is not None and needs["budget"][1] > self.remaining()
 
-    def take_needs(self, task: MTask, delivery: str) -> None:
+    def take_needs(self, task: MTask, delivery_id: str) -> None:
         assert task.needs is not None
+        delivery = ".".join(delivery_id.split(".", 2)[:2])  # its number, not its token
         for index, pool in enumerate(task.needs["slots"]):
             hold = MHold(f"slt_{delivery}.{index}", "pool", pool, task.run, task.id, 1)
             self.holds[hold.id] = hold
@@ -340,7 +341,7 @@ class ResourcesMachine(RuleBasedStateMachine):
         before = snapshot_bytes(state, without_clock=True)
         in_use_before = {name: len(pool.holds) for name, pool in self.core_pools().items()}
         budget = self.core_budget()
-        used_before = (budget.spent_micros, budget.reserved_micros) if budget else (0, 0)
+        used_before = (budget.settled_minor, budget.reserved_minor) if budget else (0, 0)
         result = self.h.apply(kind, epoch=self.epoch, **args)
         try:
             expected = model_step()
@@ -375,10 +376,10 @@ class ResourcesMachine(RuleBasedStateMachine):
         budget = self.core_budget()
         if budget is not None:
             spent_before, reserved_before = used_before
-            used = budget.spent_micros + budget.reserved_micros
+            used = budget.settled_minor + budget.reserved_minor
             if used > spent_before + reserved_before:
-                assert used <= budget.total_micros, (used, budget.total_micros)
-            if budget.reserved_micros < reserved_before:
+                assert used <= budget.limit_minor, (used, budget.limit_minor)
+            if budget.reserved_minor < reserved_before:
                 assert ("resource", "space-1", "budget", BUDGET) in woken
 
     # -- rules: config ---------------------------------------------------------------------------
@@ -947,7 +948,7 @@ class ResourcesMachine(RuleBasedStateMachine):
                 self.sizes[name], [h for h, hold in self.holds.items() if hold.kind == "pool" and hold.resource == name]
             )
         budget = self.core_budget()
-        assert (budget.total_micros, budget.spent_micros, budget.reserved_micros) == (
+        assert (budget.limit_minor, budget.settled_minor, budget.reserved_minor) == (
             self.total, self.spent, self.reserved()
         )
         assert budget.holds == [h for h, hold in self.holds.items() if hold.kind == "budget"]
@@ -976,7 +977,9 @@ class ResourcesMachine(RuleBasedStateMachine):
                 if task.reservation_id is not None:
                     assert state.reservations[task.reservation_id].amount == task.needs["budget"][1]
                 for hold_id in [*task.slot_leases, *([task.reservation_id] if task.reservation_id else [])]:
-                    assert hold_id.startswith(f"{hold_id[:4]}{task.delivery_id}")
+                    # Named by the delivery's number, never by its token (readers see hold ids).
+                    assert hold_id.startswith(f"{hold_id[:4]}{task.id}.{task.delivery_count}")
+                    assert task.delivery_id not in hold_id
                     held_by_tasks.add(hold_id)
             else:
                 assert task.slot_leases == [] and task.reservation_id is None, task.id

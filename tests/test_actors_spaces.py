@@ -52,6 +52,8 @@ class Entities:
     permit: str  # the public id of pool "q" (size 1)
     grant: dict[str, Any]  # the live grant of "q" (grant_id, token)
     waiter: str  # a WAITING waiter of "q"
+    budget: str  # the public id of budget "m" (budgets.py)
+    budget_reservation: str  # an ACTIVE reservation of "m"
 
 
 def build(h: KeyedHarness, space: str) -> Entities:
@@ -110,10 +112,14 @@ def build(h: KeyedHarness, space: str) -> Entities:
     granted = h.ok("permit.acquire", permit_id=permit, run_id=run, units=1, lease_ms=LEASE_MS, nonce="n")
     grant = {"grant_id": granted["grant_id"], "token": granted["token"]}
     waiter = h.ok("permit.wait", permit_id=permit, run_id=run, units=1)["waiter_id"]
+    budget = h.ok("budget.create", name="m", limit_minor=1_000, scale=2, currency="USD")["budget_id"]
+    budget_reservation = h.ok(
+        "budget_reservation.reserve", budget_id=budget, run_id=run, amount_minor=10, holder="w"
+    )["reservation_id"]
     return Entities(
         space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease, claim_lease,
         group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
-        slot_lease, reservation, own_pool, permit, grant, waiter,
+        slot_lease, reservation, own_pool, permit, grant, waiter, budget, budget_reservation,
     )
 
 
@@ -260,6 +266,15 @@ CASES: dict[str, list[Case]] = {
     ],
     "permit_waiter.cancel": [Case(lambda f, o: {"waiter_id": f.waiter})],
     "work_limit.create": [Case(lambda f, o: {"name": "wl", "run_id": f.run, "max_outstanding": 1})],
+    "budget_reservation.reserve": [
+        Case(lambda f, o: {"budget_id": f.budget, "run_id": o.run, "amount_minor": 1}),
+        Case(lambda f, o: {"budget_id": o.budget, "run_id": f.run, "amount_minor": 1}),
+    ],
+    **{
+        kind: [Case(lambda f, o, extra=extra: {"budget_id": f.budget, "reservation_id": f.budget_reservation,
+                                               "work_key": "k", **extra})]
+        for kind, extra in (("budget_reservation.settle", {"amount_minor": 1}), ("budget_reservation.void", {}))
+    },
     "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
     # Naming another space as the target is refused before anything is looked up.
     "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],
@@ -271,7 +286,7 @@ CASES: dict[str, list[Case]] = {
 # mailbox commands and run.named.)
 NO_FOREIGN_ID = {
     "mailbox.ensure", "mailbox.create", "mailbox.declare", "run.named", "space.create", "pool.ensure", "limit.ensure",
-    "budget.ensure", "permit.create", "permit.declare",
+    "budget.ensure", "permit.create", "permit.declare", "budget.create", "budget.declare",
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from runstate_server.actors import (
     access,
     barriers,
+    budgets,
     claims,
     errors,
     groups,
@@ -67,6 +68,7 @@ HANDLERS: dict[str, Handler] = {
     **timers.HANDLERS,
     **resources.HANDLERS,
     **permits.HANDLERS,
+    **budgets.HANDLERS,
     **access.HANDLERS,
     **work_limits.HANDLERS,
 }
@@ -79,6 +81,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **timers.DUE_HANDLERS,
     **resources.DUE_HANDLERS,
     **permits.DUE_HANDLERS,
+    **budgets.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.

@@ -25,6 +25,7 @@ CONCURRENCY_LIMITED: Final = "CONCURRENCY_LIMITED"  # a work limit holds its max
 STALE_EPOCH: Final = "STALE_EPOCH"
 BARRIER_CANCELLED: Final = "BARRIER_CANCELLED"
 BARRIER_RELEASED: Final = "BARRIER_RELEASED"
+INSUFFICIENT_BUDGET: Final = "INSUFFICIENT_BUDGET"  # a budget has less left than a reservation or settle asks (budgets.py)
 
 
 class Rejected(Exception):

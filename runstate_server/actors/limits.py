@@ -108,6 +108,22 @@ permit_waiter_signaled_ms = 30_000
 # Work limits (work_limits.py): per space; a limit's maxOutstanding (no more than a space's tasks).
 work_limits_per_space_max = 1_000
 work_limit_outstanding_max = tasks_per_space_max
+# Budgets on the protocol (budgets.py): money in integer minor units of a currency, `scale`
+# digits after the point (scale 2 counts cents). The largest limit, and so the largest amount.
+budget_limit_minor_max = 10**18
+budget_scale_max = 9
+budget_scale_default = 2
+budget_currency_default = "USD"
+budget_micro_scale = 6  # the old routes count micro-units: a budget they create has this scale
+budget_settle_by_ms_default = 3_600_000  # a reservation's settleBy when it names none: now + 1 h
+# The latest settleBy: now + a day. Each reservation arms one due entry at its settleBy, kept in the
+# heap until then even when the reservation ends first: this bounds how long. (A reservation past
+# it is STALE and still settles, so a longer one buys nothing.)
+budget_settle_by_ms_max = 24 * 3_600_000
+budget_settles_per_reservation_max = 100  # settles (workKeys) of one reservation
+budget_work_key_chars_max = 128  # a settle's or void's workKey (0.3.0 sends "settle:<reservation id>")
+budget_ended_kept_max = 1_000  # ended reservations a budget keeps for reads and repeats, oldest dropped
+budget_reservations_per_job_max = 2  # requirements.budgets entries of one job
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at

@@ -12,10 +12,14 @@ remembers its takes of the longest interval allowed, so a longer interval counts
 window, and at most limits.limit_takes_max of them: beyond that it forgets what its window no
 longer counts, then counts the rest in coarser steps of time (stricter, never looser).
 
-Budget: a total in micro-units. A reservation takes its amount from `total - spent - reserved`;
-settling charges the actual spend, beyond the reservation only up to what the budget still has
-(`charged = min(spent, amount + remaining)`), and returns the rest. A lapsed, released or
-cancelled reservation returns whole. A total below spent + reserved grants nothing new.
+Budget: money in exact integer minor units of a currency (`scale` digits after the point: scale
+2 counts cents; budgets.py holds the protocol's rules). `limit - settled - reserved` remains. The
+routes here count micro-units (a budget they create has scale 6; an amount is converted exactly to
+the budget's scale, VALIDATION_FAILED when it is not a whole number of its minor units). A leased
+reservation takes its amount from what remains; settling charges the actual spend, beyond the
+reservation only up to what the budget still has (`charged = min(spent, amount + remaining)`), and
+returns the rest. A lapsed, released or cancelled reservation returns whole. A limit below settled
++ reserved grants nothing new.
 
 Jobs: a task's `needs` names slots, a limit and a budget. `task.receive` hands out a job only when
 all of them can be taken now, and takes them in the step that leases the job (`take_needs`); each
@@ -24,8 +28,8 @@ end of the delivery (complete, retry, reject, release, lapse, its run's stop) gi
 an earlier job of the same queue it could not serve.
 
 Ids: a resource is "<space>/<name>". A direct slot lease is "slt_<command id>", a direct
-reservation "rsv_<command id>"; a job's holds are named after its delivery ("slt_<delivery
-id>.<n>", "rsv_<delivery id>"). A hold is removed when it ends (nothing of it is kept until its run
+reservation "rsv_<command id>"; a job's holds are named after its delivery's number ("slt_<task
+id>.<delivery number>.<n>", "rsv_<task id>.<delivery number>"), never its token. A hold is removed when it ends (nothing of it is kept until its run
 is removed, so a long-lived run may acquire without end), so an id that is not held, ended or never
 issued, answers released False to release and STALE_CLAIM to renew and settle; a live hold of
 another space is NOT_FOUND. A direct lease is valid while `now_ms < lease_expires_ms`, as for
@@ -41,6 +45,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from runstate_server.actors import errors, idempotency, limits, runs
@@ -53,8 +58,9 @@ LIMIT = "limit"
 BUDGET = "budget"
 KINDS = (POOL, LIMIT, BUDGET)
 
-MICROS = 1_000_000
+MICROS = 1_000_000  # micro-units per unit of a budget's currency: the old routes' amounts
 PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)
+BUDGET_PREFIX = "bdg_"  # a budget's id on the protocol's wire (budgets.py); no budget name starts with it
 
 
 @dataclass(slots=True)
@@ -92,22 +98,34 @@ class RateLimit:
 
 @dataclass(slots=True)
 class Budget:
+    """Amounts in integer minor units. (Before budgets had a scale these columns held micro-units:
+    a budget of such a snapshot loads with scale 6, the same amounts.)"""
+
     id: str
     space: str
     name: str
-    total_micros: int
+    limit_minor: int
     created_ms: int
-    spent_micros: int = 0
-    reserved_micros: int = 0  # the sum of its reservations' amounts
-    holds: list[str] = field(default_factory=list)  # ids of its reservations, oldest first
+    settled_minor: int = 0  # charged, for good
+    # Held now: its leased holds' amounts plus what its reservations (budgets.py) still hold.
+    reserved_minor: int = 0
+    holds: list[str] = field(default_factory=list)  # ids of its leased holds (the routes here), oldest first
     waiting: int = 0
     blocked: list[list[str]] = field(default_factory=list)
+    scale: int = limits.budget_micro_scale
+    currency: str = limits.budget_currency_default
+    # Its id on the protocol's wire ("bdg_<command id>"; derived for an older snapshot's budget).
+    public_id: str = ""
+    # budgets.py: its open reservations (ACTIVE, STALE), oldest first; and the ended ones it keeps
+    # for reads and repeated settles, oldest first, at most limits.budget_ended_kept_max.
+    reservations: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class Hold:
-    """A slot lease (amount: the units it holds, 1 unless a permit grant asked for more) or a budget
-    reservation (amount in micros)."""
+    """A slot lease (amount: the units it holds, 1 unless a permit grant asked for more) or a leased
+    budget reservation (amount in the budget's minor units)."""
 
     id: str
     space: str
@@ -144,13 +162,53 @@ def resource_id(space_id: str, name: str) -> str:
     return f"{space_id}/{name}"
 
 
-def to_micros(amount: float) -> int:
-    """A decimal amount of the API and SDK in micro-units: 25 x 0.40 is exactly 10.00."""
-    return round(amount * MICROS)
+def to_micros(amount: int | float) -> int:
+    """A decimal amount of the API and SDK in exact micro-units, read from its shortest decimal
+    form (0.1 is 100000, never 100000.00000000001): 25 x 0.40 is exactly 10.00. ValueError when it
+    has more than 6 decimal places."""
+    if isinstance(amount, int):
+        return amount * MICROS
+    whole, _, fraction = f"{Decimal(repr(amount)):f}".partition(".")
+    fraction = fraction.rstrip("0")
+    if len(fraction) > limits.budget_micro_scale:
+        raise ValueError(f"{amount} has more than {limits.budget_micro_scale} decimal places")
+    return int(whole) * MICROS + int(fraction.ljust(limits.budget_micro_scale, "0"))
 
 
 def from_micros(micros: int) -> float:
     return micros / MICROS
+
+
+def minor_of_micros(micros: int, scale: int) -> int | None:
+    """`micros` in minor units of `scale`, exactly; None when it is no whole number of them."""
+    if scale >= limits.budget_micro_scale:
+        return micros * 10 ** (scale - limits.budget_micro_scale)
+    step = 10 ** (limits.budget_micro_scale - scale)
+    return micros // step if micros % step == 0 else None
+
+
+def micros_of_minor(minor: int, scale: int) -> int:
+    """Minor units of `scale` as micro-units (rounded down when the scale is finer than micros)."""
+    if scale >= limits.budget_micro_scale:
+        return minor // 10 ** (scale - limits.budget_micro_scale)
+    return minor * 10 ** (limits.budget_micro_scale - scale)
+
+
+def require_minor_of_micros(budget: Budget, micros: int, what: str) -> int:
+    """The old routes' micro-units in the budget's minor units; VALIDATION_FAILED when not exact."""
+    minor = minor_of_micros(micros, budget.scale)
+    if minor is None:
+        raise Rejected(
+            errors.VALIDATION_FAILED,
+            f"{what} {from_micros(micros)} is not a whole number of budget {budget.name!r}'s minor units "
+            f"(scale {budget.scale})",
+        )
+    return minor
+
+
+def major(minor: int, scale: int) -> float:
+    """Minor units as the decimal number the old routes show (a view for the wire, never counted)."""
+    return float(Decimal(minor).scaleb(-scale))
 
 
 def _table(state: State, kind: str) -> dict[str, Any]:
@@ -220,6 +278,8 @@ def _ensure(
         ctx.space.resource_counts[kind] = count + 1
         if kind == POOL:
             ctx.state.permit_ids[resource.public_id] = resource.id
+        elif kind == BUDGET:
+            ctx.state.budget_ids[resource.public_id] = resource.id
     elif any(getattr(resource, field_name) != value for field_name, value in config.items()):
         for field_name, value in config.items():
             setattr(resource, field_name, value)
@@ -251,21 +311,50 @@ def ensure_limit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def require_budget_name(name: Any) -> str:
+    name = _require_name(name)
+    if name.startswith(BUDGET_PREFIX):
+        raise Rejected(errors.VALIDATION_FAILED, f"a budget name may not start with {BUDGET_PREFIX!r} (its ids do)")
+    return name
+
+
 def ensure_budget(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    """Create the budget, or change its total (below spent + reserved: nothing new is granted)."""
-    name = _require_name(args.get("name"))
+    """The old routes: create the budget of `total_micros` (scale 6), or change its limit (below
+    settled + reserved: nothing new is granted)."""
+    name = require_budget_name(args.get("name"))
     total = _require_int(args.get("total_micros"), "total_micros", 0, limits.budget_total_micros_max)
+    budget = find(ctx.state, BUDGET, ctx.space.id, name)
+    limit_minor = total if budget is None else require_minor_of_micros(budget, total, "total")
+    if limit_minor > limits.budget_limit_minor_max:
+        raise Rejected(errors.VALIDATION_FAILED, f"total is more than a budget holds ({limits.budget_limit_minor_max} minor units)")
+    made = add_budget(ctx, name, limit_minor, limits.budget_micro_scale, limits.budget_currency_default)
+    return {"name": name, "total_micros": total, "created": made["created"]}
+
+
+def add_budget(ctx: Context, name: str, limit_minor: int, scale: int, currency: str) -> dict[str, Any]:
+    """Create the budget (LIMIT_EXCEEDED past the space's count), or set the limit of the one of
+    that name (the old routes; budgets.py checks a declaration first, so it never changes one)."""
     return _ensure(
-        ctx, BUDGET, name, {"total_micros": total},
-        lambda budget_id: Budget(budget_id, ctx.space.id, name, total, ctx.now_ms),
+        ctx, BUDGET, name, {"limit_minor": limit_minor},
+        lambda budget_id: Budget(
+            budget_id, ctx.space.id, name, limit_minor, ctx.now_ms, scale=scale, currency=currency,
+            public_id=BUDGET_PREFIX + ctx.command_id,
+        ),
     )
 
 
 # -- holds: slot leases and reservations ---------------------------------------------------------
 
 
-def _remaining_micros(budget: Budget) -> int:
-    return budget.total_micros - budget.spent_micros - budget.reserved_micros
+def remaining_minor(budget: Budget) -> int:
+    """What the budget can still reserve: below 0 when its limit was lowered under what it holds."""
+    return budget.limit_minor - budget.settled_minor - budget.reserved_minor
+
+
+def budget_has_room(budget: Budget, amount_minor: int, count: int = 1) -> bool:
+    """Whether `amount_minor` can be reserved now, in `count` more reservations."""
+    held = len(budget.holds) + len(budget.reservations)
+    return held + count <= limits.reservations_per_budget_max and amount_minor <= remaining_minor(budget)
 
 
 def units_in_use(state: State, pool: Pool) -> int:
@@ -295,7 +384,7 @@ def has_room(state: State, pool: Pool, units: int) -> bool:
 def _has_room(state: State, kind: str, resource: Any, amount: int) -> bool:
     if kind == POOL:
         return units_in_use(state, resource) + units_set_aside(state, resource) + amount <= resource.size
-    return len(resource.holds) < limits.reservations_per_budget_max and amount <= _remaining_micros(resource)
+    return budget_has_room(resource, amount)
 
 
 def _hold(
@@ -310,22 +399,22 @@ def _hold(
     table[hold_id] = hold
     resource.holds.append(hold_id)
     if kind == BUDGET:
-        resource.reserved_micros += amount
+        resource.reserved_minor += amount
     return hold
 
 
-def _end_hold(ctx: Context, kind: str, hold: Hold, spent_micros: int) -> tuple[int, int]:
+def _end_hold(ctx: Context, kind: str, hold: Hold, spent_minor: int) -> tuple[int, int]:
     """End `hold`: a slot returns; a reservation charges what was spent (see the module doc) and
-    returns the rest. Returns (charged, returned) micros."""
+    returns the rest. Returns (charged, returned) minor units."""
     del _hold_table(ctx.state, kind)[hold.id]
     resource = _table(ctx.state, kind)[hold.resource_id]
     resource.holds.remove(hold.id)
     charged = returned = 0
     if kind == BUDGET:
-        charged = min(spent_micros, hold.amount + max(_remaining_micros(resource), 0))
+        charged = min(spent_minor, hold.amount + max(remaining_minor(resource), 0))
         returned = hold.amount - min(charged, hold.amount)
-        resource.reserved_micros -= hold.amount
-        resource.spent_micros += charged
+        resource.reserved_minor -= hold.amount
+        resource.settled_minor += charged
     _wake(ctx, kind, resource)
     return charged, returned
 
@@ -340,10 +429,14 @@ def _grant(ctx: Context, kind: str, args: dict[str, Any], amount: int, id_field:
     run = runs.require_run(ctx, args.get("run_id"))
     lease_ms = args["lease_ms"]
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
-    if kind == BUDGET and amount > resource.total_micros:
-        raise Rejected(
-            errors.VALIDATION_FAILED, f"amount {amount} is more than budget {resource.name!r} holds ({resource.total_micros})"
-        )
+    if kind == BUDGET:
+        amount = require_minor_of_micros(resource, amount, "amount")
+        if amount > resource.limit_minor:
+            raise Rejected(
+                errors.VALIDATION_FAILED,
+                f"amount {major(amount, resource.scale)} is more than budget {resource.name!r} holds "
+                f"({major(resource.limit_minor, resource.scale)})",
+            )
     runs.require_active(ctx, run)
     if not _has_room(ctx.state, kind, resource, amount):
         return {"granted": False, idempotency.UNCHANGED: True}
@@ -446,8 +539,11 @@ def settle(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(errors.VALIDATION_FAILED, "settle needs spent_micros")
     hold = _require_held(ctx, BUDGET, args.get("reservation_id"))
     _require_live(ctx, BUDGET, hold)
-    charged, returned = _end_hold(ctx, BUDGET, hold, spent)
-    return {"charged_micros": charged, "returned_micros": returned}
+    budget = ctx.state.budgets[hold.resource_id]
+    charged, returned = _end_hold(ctx, BUDGET, hold, require_minor_of_micros(budget, spent, "spent"))
+    return {
+        "charged_micros": micros_of_minor(charged, budget.scale), "returned_micros": micros_of_minor(returned, budget.scale)
+    }
 
 
 def hold_expires_ms(state: State, hold: Hold) -> int:
@@ -556,12 +652,24 @@ def on_window_due(ctx: Context, limit_id: str, due_ms: int) -> None:
 
 def needs_problem(needs: Any) -> str | None:
     """What is wrong with the shape of a job's needs, or None: `None`, or {"slots": [pool names],
-    "limit": [name, units] | None, "budget": [name, reserve micros] | None} (keys may be left
-    out). The node checks it before proposing; the core checks it again with require_needs."""
+    "limit": [name, units] | None, "budget": [name, reserve micros] | None, "budgets": [[name,
+    reserve minor units], ...]} (keys may be left out; "budgets" are the protocol's
+    requirements.budgets, reserved as budgets.py reservations). The node checks it before
+    proposing; the core checks it again with require_needs."""
     if needs is None:
         return None
-    if not isinstance(needs, dict) or not set(needs) <= {"slots", "limit", "budget"}:
-        return 'needs must be an object of "slots", "limit" and "budget"'
+    if not isinstance(needs, dict) or not set(needs) <= {"slots", "limit", "budget", "budgets"}:
+        return 'needs must be an object of "slots", "limit", "budget" and "budgets"'
+    entries = needs.get("budgets") or []
+    if not isinstance(entries, (list, tuple)) or len(entries) > limits.budget_reservations_per_job_max or not all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_name(pair[0])
+        and type(pair[1]) is int and 1 <= pair[1] <= limits.budget_limit_minor_max
+        for pair in entries
+    ):
+        return (
+            f"budgets must be at most {limits.budget_reservations_per_job_max} [name, reserve minor units] "
+            f"with the reserve from 1 to {limits.budget_limit_minor_max}"
+        )
     slots = needs.get("slots") or []
     if not isinstance(slots, (list, tuple)) or len(slots) > limits.needs_slots_max or not all(map(_is_name, slots)):
         return f"slots must name at most {limits.needs_slots_max} pools"
@@ -599,17 +707,37 @@ def require_needs(ctx: Context, needs: Any) -> dict[str, Any] | None:
             )
     if budget_pair is not None:
         budget = _require_resource(ctx, BUDGET, budget_pair[0])
-        if budget_pair[1] > budget.total_micros:
+        if require_minor_of_micros(budget, budget_pair[1], "reserve") > budget.limit_minor:
             raise Rejected(
-                errors.VALIDATION_FAILED, f"reserve {budget_pair[1]} is more than budget {budget.name!r} holds ({budget.total_micros})"
+                errors.VALIDATION_FAILED,
+                f"reserve {from_micros(budget_pair[1])} is more than budget {budget.name!r} holds "
+                f"({major(budget.limit_minor, budget.scale)})",
             )
-    if not slots and limit_pair is None and budget_pair is None:
+    reserves = [list(pair) for pair in needs.get("budgets") or []]
+    for name, amount_minor in _budget_amounts(reserves).items():
+        budget = _require_resource(ctx, BUDGET, name)
+        if amount_minor > budget.limit_minor:
+            raise Rejected(
+                errors.VALIDATION_FAILED, f"a job reserves {amount_minor} of budget {name!r}, whose limit is {budget.limit_minor}"
+            )
+    if not slots and limit_pair is None and budget_pair is None and not reserves:
         return None
-    return {
+    normalized = {
         "slots": slots,
         "limit": None if limit_pair is None else list(limit_pair),
         "budget": None if budget_pair is None else list(budget_pair),
     }
+    if reserves:  # absent otherwise: the needs of a snapshot from before them look the same
+        normalized["budgets"] = reserves
+    return normalized
+
+
+def _budget_amounts(reserves: list[list[Any]]) -> dict[str, int]:
+    """requirements.budgets as name -> the minor units reserved of it (a budget named twice, summed)."""
+    amounts: dict[str, int] = {}
+    for name, amount_minor in reserves:
+        amounts[name] = amounts.get(name, 0) + amount_minor
+    return amounts
 
 
 def needed(needs: dict[str, Any]) -> frozenset[tuple[str, str]]:
@@ -619,6 +747,7 @@ def needed(needs: dict[str, Any]) -> frozenset[tuple[str, str]]:
         found.add((LIMIT, needs["limit"][0]))
     if needs["budget"] is not None:
         found.add((BUDGET, needs["budget"][0]))
+    found.update((BUDGET, name) for name, _ in needs.get("budgets") or [])
     return frozenset(found)
 
 
@@ -644,10 +773,16 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
         available_ms = _available_ms(limit, units, ctx.now_ms)
         if available_ms != ctx.now_ms:
             short.append((LIMIT, limit, available_ms))
+    amounts = _budget_amounts(needs.get("budgets") or [])
+    counts = Counter(name for name, _ in needs.get("budgets") or [])
     if needs["budget"] is not None:
-        name, amount = needs["budget"]
+        name, micros = needs["budget"]
         budget = find(ctx.state, BUDGET, space, name)
-        if not _has_room(ctx.state, BUDGET, budget, amount):
+        amounts[name] = amounts.get(name, 0) + require_minor_of_micros(budget, micros, "reserve")
+        counts[name] += 1
+    for name, amount_minor in amounts.items():
+        budget = find(ctx.state, BUDGET, space, name)
+        if not budget_has_room(budget, amount_minor, counts[name]):
             short.append((BUDGET, budget, None))
     return short
 
@@ -668,8 +803,11 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
                 _arm_window(ctx, resource, available_ms)
         return False
     space = ctx.space.id
+    # Named "<task id>.<delivery number>", never by the delivery's id: that is its token, and
+    # readers of a pool, permit or budget see its holds' ids.
+    delivery = ".".join(delivery_id.split(".", 2)[:2])
     task.slot_leases = [
-        _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery_id}.{index}", task.run_id, holder,
+        _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery}.{index}", task.run_id, holder,
               task.id, 1, 0).id
         for index, name in enumerate(needs["slots"])
     ]
@@ -677,22 +815,36 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
         name, units = needs["limit"]
         _record_take(find(ctx.state, LIMIT, space, name), ctx.now_ms, units)
     if needs["budget"] is not None:
-        name, amount = needs["budget"]
+        name, micros = needs["budget"]
         budget = find(ctx.state, BUDGET, space, name)
-        task.reservation_id = _hold(ctx, BUDGET, budget, f"rsv_{delivery_id}", task.run_id, holder, task.id, amount, 0).id
+        amount = require_minor_of_micros(budget, micros, "reserve")
+        task.reservation_id = _hold(ctx, BUDGET, budget, f"rsv_{delivery}", task.run_id, holder, task.id, amount, 0).id
     return True
 
 
-def end_holds(ctx: Context, task: Task, spent_micros: int | None) -> None:
-    """The delivery of `task` ends: its slots return, and its reservation is settled with
-    `spent_micros` (None: all of it counts as spent; 0: it returns whole)."""
+def end_holds(ctx: Context, task: Task, spent_micros: int | None, *, completed: bool = False) -> None:
+    """The delivery of `task` ends (`completed`: by its complete): its slots return, and its
+    reservation is settled with `spent_micros` (None: all of it counts as spent; 0: it returns
+    whole; VALIDATION_FAILED, before anything changes, when it is no whole number of the budget's
+    minor units). Then DELIVERY_END_HOOKS (budgets.py: its requirements.budgets reservations)."""
+    spent_minor = None
+    if task.reservation_id is not None and spent_micros is not None:
+        reservation = ctx.state.reservations[task.reservation_id]
+        spent_minor = require_minor_of_micros(ctx.state.budgets[reservation.resource_id], spent_micros, "spent")
     for lease_id in task.slot_leases:
         _end_hold(ctx, POOL, ctx.state.slot_leases[lease_id], 0)
     if task.reservation_id is not None:
         reservation = ctx.state.reservations[task.reservation_id]
-        _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_micros is None else spent_micros)
+        _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_minor is None else spent_minor)
     task.slot_leases = []
     task.reservation_id = None
+    for hook in DELIVERY_END_HOOKS:
+        hook(ctx, task, completed)
+
+
+# What else ends with a job's delivery, after its holds: budgets.py voids the reservations of
+# its requirements.budgets unless the delivery completed (then the worker settles them).
+DELIVERY_END_HOOKS: list[Callable[[Context, Task, bool], None]] = []
 
 
 def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
@@ -771,15 +923,15 @@ def budget_view(state: State, space_id: str, name: str) -> dict[str, Any] | None
         return None
     return {
         "name": budget.name,
-        "total": from_micros(budget.total_micros),
-        "spent": from_micros(budget.spent_micros),
-        "reserved": from_micros(budget.reserved_micros),
-        "remaining": from_micros(max(_remaining_micros(budget), 0)),
+        "total": major(budget.limit_minor, budget.scale),
+        "spent": major(budget.settled_minor, budget.scale),
+        "reserved": major(budget.reserved_minor, budget.scale),
+        "remaining": major(max(remaining_minor(budget), 0), budget.scale),
         "waiting": budget.waiting,
         "reservations": [
             {
                 "reservationId": hold.id,
-                "amount": from_micros(hold.amount),
+                "amount": major(hold.amount, budget.scale),
                 "holder": hold.holder,
                 "scopeId": hold.run_id,
                 "taskId": hold.task_id,
@@ -795,11 +947,14 @@ def needs_view(needs: dict[str, Any] | None) -> dict[str, Any] | None:
     if needs is None:
         return None
     limit, budget = needs["limit"], needs["budget"]
-    return {
+    view: dict[str, Any] = {
         "slots": list(needs["slots"]),
         "limit": None if limit is None else {"name": limit[0], "units": limit[1]},
         "budget": None if budget is None else {"name": budget[0], "reserve": from_micros(budget[1])},
     }
+    if needs.get("budgets"):
+        view["budgets"] = [{"name": name, "reserveMinor": str(amount)} for name, amount in needs["budgets"]]
+    return view
 
 
 def holds_view(task: Task) -> dict[str, Any]:
@@ -847,4 +1002,5 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
 DUE_TABLES = {
     DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits",
     DueKind.PERMIT_WAITER: "permit_waiters",  # permits.py
+    DueKind.BUDGET_SETTLE_BY: "budget_reservations",  # budgets.py
 }

@@ -63,6 +63,7 @@ class DueKind:
     LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
     TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
     PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
+    BUDGET_SETTLE_BY = "budget_settle_by"  # a budget reservation's settleBy passes: STALE (budgets.py)
 
 
 @dataclass(slots=True)
@@ -237,6 +238,10 @@ class State:
     # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
     # from_snapshot, never written to a snapshot.
     permit_ids: dict[str, str] = field(default_factory=dict)
+    # budgets.py: its reservations by id; and, derived like permit_ids, a budget's public id
+    # ("bdg_...") -> its "<space>/<name>".
+    budget_reservations: dict[str, Any] = field(default_factory=dict)
+    budget_ids: dict[str, str] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -420,6 +425,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for hold in state.slot_leases.values():
         if hold.token is not None and hold.run_id in state.runs:  # a permit grant (permits.py)
             state.runs[hold.run_id].permit_grants.append(hold.id)
+    for budget in state.budgets.values():
+        if not budget.public_id:  # a budget of a snapshot from before budget ids: derived alike
+            budget.public_id = "bdg_" + hashlib.sha256(budget.id.encode()).hexdigest()[:20]
+        state.budget_ids[budget.public_id] = budget.id
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
@@ -520,7 +529,7 @@ ENTITY_TABLES: dict[str, type] = {}
 def register_table(table: str, cls: type) -> None:
     assert table in (
         "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
-        "permit_waiters", "work_limits",
+        "permit_waiters", "work_limits", "budget_reservations",
     ), table
     ENTITY_TABLES[table] = cls
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs, storage, work_limits
+from runstate_server.actors import budgets, errors, idempotency, limits, resources, runs, storage, work_limits
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -147,15 +147,14 @@ def require_mailbox(ctx: Context, args: dict[str, Any]) -> Mailbox:
 
 def needs_of(requirements: Any) -> dict[str, Any] | None:
     """The core's needs of the protocol's `requirements` {pools: [{name, units}], quotas: [{name,
-    units}], budgets: [...]}: a pool's units are that many slots, one quota is the rate limit taken.
-    Budgets in requirements wait for the resources part of the protocol (VALIDATION_FAILED)."""
+    units}], budgets: [{name, reserveMinor}]}: a pool's units are that many slots, one quota is the
+    rate limit taken, a budget's reserveMinor is reserved at admission (budgets.py)."""
     if requirements is None:
         return None
     problem = "requirements must be an object of pools and quotas, each a list of {name, units}"
     if not isinstance(requirements, dict) or not set(requirements) <= {"pools", "quotas", "budgets"}:
         raise Rejected(errors.VALIDATION_FAILED, problem)
-    if requirements.get("budgets"):
-        raise Rejected(errors.VALIDATION_FAILED, "requirements.budgets is not supported yet; name a budget with `budget`")
+    reserves = _budget_requirements(requirements.get("budgets"))
     pairs: dict[str, list[tuple[str, int]]] = {}
     for kind in ("pools", "quotas"):
         entries = requirements.get(kind) or []
@@ -175,9 +174,37 @@ def needs_of(requirements: Any) -> dict[str, Any] | None:
     if len(pairs["quotas"]) > 1:
         raise Rejected(errors.VALIDATION_FAILED, "requirements.quotas names at most one quota for now")
     limit = list(pairs["quotas"][0]) if pairs["quotas"] else None
-    if not slots and limit is None:
+    if not slots and limit is None and not reserves:
         return None
-    return {"slots": slots, "limit": limit, "budget": None}
+    needs: dict[str, Any] = {"slots": slots, "limit": limit, "budget": None}
+    if reserves:
+        needs["budgets"] = reserves
+    return needs
+
+
+def _budget_requirements(entries: Any) -> list[list[Any]]:
+    """requirements.budgets [{name, reserveMinor}] as [[name, minor units]]: reserveMinor is a
+    decimal-digit string (or an integer) from 1 to limits.budget_limit_minor_max."""
+    entries = entries or []
+    problem = (
+        f"requirements.budgets must be a list of at most {limits.budget_reservations_per_job_max} "
+        f"{{name, reserveMinor}} with reserveMinor a decimal-digit string from 1 to {limits.budget_limit_minor_max}"
+    )
+    if not isinstance(entries, list) or len(entries) > limits.budget_reservations_per_job_max:
+        raise Rejected(errors.VALIDATION_FAILED, problem)
+    reserves = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != {"name", "reserveMinor"}:
+            raise Rejected(errors.VALIDATION_FAILED, problem)
+        name, amount = entry["name"], entry["reserveMinor"]
+        if isinstance(amount, str) and amount.isascii() and amount.isdigit() and len(amount) <= 19:
+            amount = int(amount)
+        if not (isinstance(name, str) and 0 < len(name) <= limits.name_chars_max) or type(amount) is not int or not (
+            1 <= amount <= limits.budget_limit_minor_max
+        ):
+            raise Rejected(errors.VALIDATION_FAILED, problem)
+        reserves.append([name, amount])
+    return reserves
 
 
 def _require_queue(ctx: Context, run: Run, mailbox: Mailbox) -> Queue:
@@ -444,6 +471,9 @@ def _deliver_from(
                 passed |= needed
                 unserved.append(task.id)
                 continue
+            budget_reservations = budgets.reserve_for_job(ctx, task, holder)
+        else:
+            budget_reservations = []
         _set_state(ctx, task, TaskState.RUNNING)
         task.delivery_count += 1
         task.attempt = task.failures + 1
@@ -459,7 +489,7 @@ def _deliver_from(
             "task_id": task.id, "token": delivery_id, "attempt": task.attempt, "attempts": task.attempts,
             "lease_expires_ms": task.lease_expires_ms, "run_id": task.run_id, "key": task.key, "input": task.input,
             "slot_leases": list(task.slot_leases), "reservation_id": task.reservation_id,
-            "needs": task.needs,
+            "budget_reservations": budget_reservations, "needs": task.needs,
         })
     queue.ready.extendleft(reversed(unserved))
 
@@ -532,7 +562,7 @@ def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     task = _require_delivery(ctx, args)
     runs.require_active(ctx, ctx.state.runs[task.run_id])
     _require_live_lease(ctx, task)
-    resources.end_holds(ctx, task, spent_micros)
+    resources.end_holds(ctx, task, spent_micros, completed=True)
     _finish(ctx, task, TaskState.SUCCEEDED, outcome=args.get("payload"))
     return _settled(task)
 

@@ -34,6 +34,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "CLAIM_HELD": 409,
     "BACKLOG_FULL": 409,
     "CAPACITY_UNAVAILABLE": 409,  # a permit has not the units asked for free now (node/api/permits.py)
+    "INSUFFICIENT_BUDGET": 409,  # a budget has less left than a reserve or settle asks (node/api/budgets.py)
     "SCOPE_CANCELLED": 409,
     "DEADLINE_EXCEEDED": 409,
     "STALE_CLAIM": 409,

@@ -277,7 +277,8 @@ def amount_micros(
     body: dict[str, Any], field: str, *, required: bool = False, positive: bool = False
 ) -> int | None:
     """A decimal amount (a finite JSON number from 0, or one micro-unit if `positive`, to
-    AMOUNT_MAX) as integer micro-units, `round(x * 1_000_000)`: 25 x 0.40 is exactly 10.00."""
+    AMOUNT_MAX) as exact integer micro-units, read from its shortest decimal form: 25 x 0.40 is
+    exactly 10.00; more than 6 decimal places is VALIDATION_FAILED."""
     value = body.get(field)
     if value is None:
         if required:
@@ -286,7 +287,10 @@ def amount_micros(
     # NaN and the infinities (json.loads reads NaN and Infinity) fail the comparison too.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= AMOUNT_MAX:
         raise ApiError("VALIDATION_FAILED", f"{field} must be a number from 0 to {AMOUNT_MAX}")
-    micros = resources.to_micros(value)
+    try:
+        micros = resources.to_micros(value)
+    except ValueError:
+        raise ApiError("VALIDATION_FAILED", f"{field} has more than 6 decimal places") from None
     if positive and micros < 1:
         raise ApiError("VALIDATION_FAILED", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
     return micros

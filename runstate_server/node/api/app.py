@@ -11,6 +11,7 @@ from runstate_server.actors import limits
 from runstate_server.node.api import (
     access,
     barriers,
+    budgets,
     claims,
     cluster,
     groups,
@@ -49,7 +50,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
-        work_limits,
+        work_limits, budgets,
     )
     for route in module.routes
 )

@@ -16,6 +16,7 @@ from runstate_server.actors.context import resource_key
 from runstate_server.actors.resources import BUDGET, LIMIT, POOL
 from runstate_server.actors.state import State
 from runstate_server.node.api import _request as req
+from runstate_server.node.api import budgets
 from runstate_server.node.api._poll import body_wait_ms, client_gone, park, wait
 from runstate_server.node.api.routes import (
     READ,
@@ -206,10 +207,17 @@ async def ensure_budget(request: web.Request) -> web.Response:
     return await _ensure(request, BUDGET, {"total_micros": total})
 
 
-@routes("GET", SPACE_PREFIX + "/budgets/{name}", "A budget: total, spent, reserved, remaining and its reservations",
-       errors=("NOT_FOUND",), permission=READ, answer=BUDGET_VIEW,
+@routes("GET", SPACE_PREFIX + "/budgets/{name}",
+       "A budget. By its id (\"bdg_...\"): the protocol's view in minor units (node/api/budgets.py); by its name: "
+       "total, spent, reserved, remaining (decimals) and its leased reservations",
+       errors=("NOT_FOUND",), permission=READ, answer={"anyOf": [BUDGET_VIEW, budgets.VIEW]},
 )
 async def budget_status(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name.startswith(resources.BUDGET_PREFIX):  # an id: no budget name starts with the prefix
+        node, caller = node_of(request), caller_of(request)
+        await node.confirm_leadership(caller)
+        return web.json_response(budgets.render(request, name))
     return await _status(request, BUDGET)
 
 

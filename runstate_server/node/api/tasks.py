@@ -263,7 +263,11 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
         "leaseExpiresAt": iso(given["lease_expires_ms"]),
         "grants": holds["slots"],
         "consumptions": [],
-        "reservations": [] if holds["reservationId"] is None else [holds["reservationId"]],
+        # The budget reservations to settle or void: those of requirements.budgets (budgets.py),
+        # and the leased one of a `budget` need (which ends with the delivery).
+        "reservations": [
+            *given.get("budget_reservations", []), *([] if holds["reservationId"] is None else [holds["reservationId"]])
+        ],
         "needs": resources.needs_view(given["needs"]),
         "holds": holds,
     }
