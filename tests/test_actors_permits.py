@@ -112,12 +112,21 @@ def test_a_grant_of_another_space_is_stale(h: Harness, run_id: str) -> None:
 def test_a_stopped_run_refuses_acquire_and_ends_its_grants(h: Harness, run_id: str) -> None:
     permit_id = create(h, units=2)
     other_run = h.create_run()
-    acquire(h, permit_id, run_id)
+    ended = acquire(h, permit_id, run_id)
     kept = acquire(h, permit_id, other_run)
-    h.cancel(run_id)
+    h.cancel(run_id, retention_ms=1_000)
     assert [g["grantId"] for g in view(h, permit_id)["grants"]] == [kept["grant_id"]]
     assert ("wake", ("resource", h.space, "pool", "gpu")) in [(e[0], e[1]) for e in h.effects]
     assert h.err("permit.acquire", permit_id=permit_id, run_id=run_id, units=1, lease_ms=LEASE_MS) == "SCOPE_CANCELLED"
+    # Running work learns of the stop from its renewal; a release after it is a lost lease (ignored).
+    grant = {"grant_id": ended["grant_id"], "token": ended["token"]}
+    assert h.err("permit.renew", **grant, lease_ms=LEASE_MS) == "SCOPE_CANCELLED"
+    assert h.err("permit.release", **grant) == "STALE_CLAIM"
+    assert round_trip(h.state).stopped_grant_runs == {ended["grant_id"]: run_id}
+    h.advance(1_000)
+    h.tick()  # the run is removed, and what it remembered of its grants with it
+    assert run_id not in h.state.runs and h.state.stopped_grant_runs == {}
+    assert h.err("permit.renew", **grant, lease_ms=LEASE_MS) == "STALE_CLAIM"
 
 
 def test_a_runs_grants_are_indexed_pruned_and_rebuilt_on_restore(h: Harness, run_id: str) -> None:

@@ -95,7 +95,9 @@ def test_a_stopped_run_refuses_acquire_and_its_grants_end(api: Api) -> None:
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     assert api.ok("GET", f"/v1/permits/{permit_id}")["unitsInUse"] == 0
     assert acquire(api, permit_id, run_id)[1]["error"]["code"] == "SCOPE_CANCELLED"
-    assert api.error("POST", f"/v1/grants/{grant['grantId']}/renew", {"token": grant["token"]}) == (409, "STALE_CLAIM")
+    # A renewal is how running work learns of the stop; a release after it is a lost lease.
+    assert api.error("POST", f"/v1/grants/{grant['grantId']}/renew", {"token": grant["token"]}) == (409, "SCOPE_CANCELLED")
+    assert api.error("POST", f"/v1/grants/{grant['grantId']}/release", {"token": grant["token"]}) == (409, "STALE_CLAIM")
 
 
 def test_a_jobs_slot_and_a_grant_share_the_pool(api: Api) -> None:

@@ -163,11 +163,16 @@ def _remember_grant(state: State, run: Run, grant_id: str) -> None:
         grants[:] = [hold_id for hold_id in grants if hold_id in state.slot_leases]
 
 
-def _require_grant(ctx: Context, args: dict[str, Any]) -> Hold:
+def _require_grant(ctx: Context, args: dict[str, Any], *, renewing: bool = False) -> Hold:
     """The live grant `grant_id` of this space that `token` holds; else STALE_CLAIM (ended, lapsed,
-    another space's, or a token that is not its own)."""
+    another space's, or a token that is not its own). A renewal of a grant its run's stop ended is
+    refused as the stop (SCOPE_CANCELLED, DEADLINE_EXCEEDED: how running work learns of it); a
+    release of one is STALE_CLAIM, which clients ignore."""
     grant_id, token = args.get("grant_id"), args.get("token")
     hold = ctx.state.slot_leases.get(grant_id) if isinstance(grant_id, str) else None
+    stopped_run = ctx.state.stopped_grant_runs.get(grant_id) if hold is None and isinstance(grant_id, str) else None
+    if renewing and stopped_run is not None and ctx.state.runs[stopped_run].space == ctx.space.id:
+        runs.require_active(ctx, ctx.state.runs[stopped_run])
     if (
         hold is None or hold.space != ctx.space.id or hold.token is None or hold.token != token
         or ctx.now_ms >= hold.lease_expires_ms
@@ -178,7 +183,7 @@ def _require_grant(ctx: Context, args: dict[str, Any]) -> Hold:
 
 def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Extend the grant's lease from now by `lease_ms` (None: its last length)."""
-    hold = _require_grant(ctx, args)
+    hold = _require_grant(ctx, args, renewing=True)
     lease_ms = hold.lease_ms if args.get("lease_ms") is None else args["lease_ms"]
     assert limits.lease_ms_min <= lease_ms <= limits.lease_ms_max
     run = ctx.state.runs.get(hold.run_id)
@@ -213,9 +218,13 @@ def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
         if hold is not None:  # else it ended already (released or lapsed)
             assert hold.run_id == run.id and hold.token is not None
             resources.end_hold(ctx, POOL, hold)
+            run.stopped_grants.append(grant_id)
+            ctx.state.stopped_grant_runs[grant_id] = run.id
 
 
 def _on_run_remove(state: State, run: Run) -> None:
+    for grant_id in run.stopped_grants:
+        del state.stopped_grant_runs[grant_id]
     for waiter_id in run.permit_waiters:
         waiter = state.permit_waiters.pop(waiter_id)
         assert waiter.state not in _IN_LINE, "a removed run's waiters ended when it stopped"

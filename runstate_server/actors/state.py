@@ -147,6 +147,9 @@ class Run:
     # grants made in this run (permits.py), ended ones among them until the list is pruned (at each
     # power of two of its length). What the run's stop ends, without a scan of every lease.
     permit_grants: list[str] = field(default_factory=list, compare=False)
+    # The grants its stop ended (permits.py): a renewal of one is refused as the run's stop
+    # (SCOPE_CANCELLED, DEADLINE_EXCEEDED), not as a lost lease. Kept until the run is removed.
+    stopped_grants: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -238,6 +241,8 @@ class State:
     # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
     # from_snapshot, never written to a snapshot.
     permit_ids: dict[str, str] = field(default_factory=dict)
+    # Derived from the runs' stopped_grants: a grant its run's stop ended -> that run (permits.py).
+    stopped_grant_runs: dict[str, str] = field(default_factory=dict)
     # budgets.py: its reservations by id; and, derived like permit_ids, a budget's public id
     # ("bdg_...") -> its "<space>/<name>".
     budget_reservations: dict[str, Any] = field(default_factory=dict)
@@ -272,7 +277,7 @@ class State:
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
-    "timers", "claims", "permit_waiters",
+    "timers", "claims", "permit_waiters", "stopped_grants",
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -385,6 +390,9 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.once = dict(run.once)
         run.claims = dict(run.claims)
         run.permit_waiters = list(run.permit_waiters)
+        run.stopped_grants = list(run.stopped_grants)
+        for grant_id in run.stopped_grants:
+            state.stopped_grant_runs[grant_id] = run.id
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:

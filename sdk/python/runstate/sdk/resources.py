@@ -27,7 +27,7 @@ import math
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -37,11 +37,9 @@ from runstate.sdk.claims import _segment
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
-    DeadlineExceededError,
     LeaseLostError,
     NotFoundError,
     RunstateError,
-    ScopeCancelledError,
     WaitTimeoutError,
 )
 
@@ -311,20 +309,13 @@ class Held:
         try:
             answer = await self._transport.request("POST", f"{self._path}/renew", body=body, safe=True)
         except (ConflictError, NotFoundError) as exc:
-            error = await self._why_refused(exc)
-            self._lose(error)
-            if error is exc:
-                raise
-            raise error from exc
+            self._lose(exc)
+            raise
         self.lease_expires_at = _expiry(answer.get("leaseExpiresAt")) or self.lease_expires_at
         return answer
 
     def _renew_body(self, lease_ms: int) -> dict[str, Any]:
         return {"leaseMs": lease_ms}
-
-    async def _why_refused(self, error: RunstateError) -> RunstateError:
-        """The error a refused renewal is reported as."""
-        return error
 
     async def release(self) -> dict[str, Any]:
         """Give it back at once (nothing spent). Returns `{"released": bool}` (False when it had
@@ -358,23 +349,6 @@ class SlotLease(Held):
 
     def _renew_body(self, lease_ms: int) -> dict[str, Any]:
         return {"token": self._token, "leaseSeconds": lease_ms / 1000}
-
-    async def _why_refused(self, error: RunstateError) -> RunstateError:
-        """A stopped run ends its grants, so their renewal is STALE_CLAIM: the run's view tells a
-        stop (ScopeCancelledError / DeadlineExceededError, as documented) from a lapse."""
-        if not isinstance(error, LeaseLostError):
-            return error
-        try:
-            run = await self._transport.request("GET", f"/scopes/{_segment(self.scope_id, 'scope id')}", safe=True)
-        except RunstateError:
-            return error
-        if run.get("effective", "ACTIVE") == "ACTIVE":
-            return error
-        message = f"the run {self.scope_id} stopped, and its slot lease {self.id} with it"
-        deadline = _expiry(run.get("deadline"))
-        if run.get("storedState") == "ACTIVE" and deadline is not None and deadline <= datetime.now(timezone.utc):
-            return DeadlineExceededError(message, status=409)
-        return ScopeCancelledError(message, status=409)
 
     async def release(self) -> dict[str, Any]:
         """Give it back at once. Returns `{"released": bool}` (False when it had lapsed or ended
