@@ -42,7 +42,7 @@ def test_the_spec_samples(dev_node: DevNode) -> None:
             fired = await timer.wait(timeout_ms=360_000)
             assert fired["fired_at"] >= timer.fire_at
             again = run.timers.get(timer.id)  # re-attach by id
-            assert (await again.status())["state"] == "ACKNOWLEDGED"
+            assert (await again.status())["state"] == "ACKED"
 
     asyncio.run(main())
 
@@ -143,7 +143,7 @@ def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Clu
             timer = await run.timers.create(after_seconds=1.5)
             cluster.kill(leader)  # the timer falls due during (or after) the election
             fired: dict[str, Any] = await timer.wait(timeout_ms=30_000)
-            assert fired["state"] == "ACKNOWLEDGED" and fired["fired_at"] >= timer.fire_at
+            assert fired["state"] == "ACKED" and fired["fired_at"] >= timer.fire_at
             cluster.start(leader)
             cluster.wait_same_digest()
             assert (await timer.status())["firedAt"] == fired["firedAt"]  # fired once: the same firing

@@ -146,6 +146,9 @@ class Run:
     # grants made in this run (permits.py), ended ones among them until the list is pruned (at each
     # power of two of its length). What the run's stop ends, without a scan of every lease.
     permit_grants: list[str] = field(default_factory=list, compare=False)
+    # Named barriers and timers of this run (barriers.py, timers.py): name -> id.
+    barrier_names: dict[str, str] = field(default_factory=dict)
+    timer_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -266,6 +269,7 @@ _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
     "timers", "claims", "permit_waiters",
+    "barrier_names", "timer_names",  # barriers.py, timers.py
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -378,6 +382,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.once = dict(run.once)
         run.claims = dict(run.claims)
         run.permit_waiters = list(run.permit_waiters)
+        run.barrier_names, run.timer_names = dict(run.barrier_names), dict(run.timer_names)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:

@@ -54,7 +54,7 @@ class Timers:
 
 class Timer:
     """One timer. `fire_at` (aware UTC datetime) once known; `view` is the last state seen:
-    `state` ARMED, FIRED, ACKNOWLEDGED or CANCELLED."""
+    `state` ARMED, FIRED, ACKED or CANCELLED."""
 
     def __init__(self, transport: Transport, timer_id: str, view: dict[str, Any] | None = None) -> None:
         if not isinstance(timer_id, str) or not timer_id:
