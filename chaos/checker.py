@@ -983,9 +983,9 @@ def _barrier_order(barrier_id: str, observed: list[_Seen], arrives: list[Op]) ->
 # -- 6. timers -----------------------------------------------------------------------------------
 
 _TIMER_NEXT = {
-    "ARMED": {"ARMED", "FIRED", "ACKNOWLEDGED", "CANCELLED"},
-    "FIRED": {"FIRED", "ACKNOWLEDGED"},
-    "ACKNOWLEDGED": {"ACKNOWLEDGED"},
+    "ARMED": {"ARMED", "FIRED", "ACKED", "CANCELLED"},
+    "FIRED": {"FIRED", "ACKED"},
+    "ACKED": {"ACKED"},
     "CANCELLED": {"CANCELLED"},
 }
 
@@ -995,7 +995,7 @@ def check_timers(history: History) -> list[Violation]:
     acknowledged.
 
     Proves, per timer: every `firedAt` seen is at or after its `fireAt` and they are all the same
-    time (one firing); its state never goes back (ARMED -> FIRED -> ACKNOWLEDGED, or ARMED ->
+    time (one firing); its state never goes back (ARMED -> FIRED -> ACKED, or ARMED ->
     CANCELLED, then nothing else); once its run's cancel is acknowledged, no read called later
     sees it ARMED (the cancel disarms it in the same step); and if the final view of its run is
     stopped, it did not fire after the run's `finishedAt` (server times both). An unknown cancel

@@ -94,7 +94,7 @@ def test_a_timer_fires_once_in_the_first_tick_at_its_time(h: Harness, run_id: st
     assert h.state.timers[timer_id].fired_ms == timer.fired_ms  # once
     h.ok("timer.acknowledge", timer_id=timer_id)
     h.ok("timer.acknowledge", timer_id=timer_id)  # the same answer again
-    assert h.state.timers[timer_id].state == timers.ACKNOWLEDGED
+    assert h.state.timers[timer_id].state == timers.ACKED
     assert h.err("timer.cancel", timer_id=timer_id) == errors.CONFLICT  # already fired
 
 

@@ -75,7 +75,7 @@ def test_a_new_client_re_attaches_by_id_after_a_kill_and_restart(node_factory: A
             assert (view["state"], view["arrivals"], view["target"]) == ("RELEASED", 2, 2)
 
             fired = await run.timers.get(ids["unwatched"]).wait(timeout_ms=WAIT_MS)
-            assert (fired["state"], fired["firedAt"]) == ("ACKNOWLEDGED", unwatched_before["firedAt"])
+            assert (fired["state"], fired["firedAt"]) == ("ACKED", unwatched_before["firedAt"])
             late = run.timers.get(ids["due_while_down"])
             fired_late = await late.wait(timeout_ms=WAIT_MS)
             assert late.fire_at is not None and fired_late["fired_at"] >= late.fire_at

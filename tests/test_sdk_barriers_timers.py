@@ -4,6 +4,7 @@ spec's samples in Python, concurrent arrivals, cancellation, and a timer across 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ def test_the_spec_samples(dev_node: DevNode) -> None:
             fired = await timer.wait(timeout_ms=360_000)
             assert fired["fired_at"] >= timer.fire_at
             again = run.timers.get(timer.id)  # re-attach by id
-            assert (await again.status())["state"] == "ACKNOWLEDGED"
+            assert (await again.status())["state"] == "ACKED"
 
     asyncio.run(main())
 
@@ -143,9 +144,41 @@ def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Clu
             timer = await run.timers.create(after_seconds=1.5)
             cluster.kill(leader)  # the timer falls due during (or after) the election
             fired: dict[str, Any] = await timer.wait(timeout_ms=30_000)
-            assert fired["state"] == "ACKNOWLEDGED" and fired["fired_at"] >= timer.fire_at
+            assert fired["state"] == "ACKED" and fired["fired_at"] >= timer.fire_at
             cluster.start(leader)
             cluster.wait_same_digest()
             assert (await timer.status())["firedAt"] == fired["firedAt"]  # fired once: the same firing
 
     asyncio.run(main())
+
+
+def test_named_barriers_and_timers_poll_and_ack_with_the_blocking_client(dev_node: DevNode) -> None:
+    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+        run = rs.scopes.create()
+        barrier = run.barriers.by_name("stage-2", target=2)
+        assert run.barriers.by_name("stage-2", target=2).id == barrier.id  # the run's barrier of that name
+        with pytest.raises(runstate.ConflictError) as conflict:
+            run.barriers.by_name("stage-2", target=3)
+        assert conflict.value.code == "CONFLICT"
+        barrier.arrive("w1")
+        assert barrier.arrive("w2")["state"] == "RELEASED"
+        assert barrier.wait(timeout_ms=5_000)["arrivals"] == 2
+        with pytest.raises(runstate.ConflictError) as late:
+            run.barriers.by_name("stage-2", target=2).arrive("w3")
+        assert late.value.code == "BARRIER_RELEASED"
+
+        timer = run.timers.by_name("cooldown", after_seconds=0.2)
+        assert timer.view is not None and timer.view["state"] == "ARMED"
+        assert run.timers.by_name("cooldown", after_seconds=60).id == timer.id
+        deadline = time.monotonic() + 5
+        fired: list[dict[str, Any]] = []
+        while not fired:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            fired = [row for row in run.timers.poll() if row["id"] == timer.id]
+        with pytest.raises(runstate.LeaseLostError):
+            timer.ack("not-its-token")
+        assert timer.ack(fired[0]["token"])["state"] == "ACKED"
+        with pytest.raises(runstate.ConflictError):
+            timer.ack(fired[0]["token"])
+        assert run.timers.by_name("cooldown", after_seconds=1).view["state"] == "ACKED"  # type: ignore[index]

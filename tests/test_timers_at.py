@@ -32,13 +32,13 @@ def test_a_timer_at_a_time(dev_node: DevNode) -> None:
             assert {timer.fire_at for timer in timers} == {when}
             for timer in timers:
                 fired = await timer.wait(timeout_ms=WAIT_MS)
-                assert fired["fired_at"] >= when and fired["state"] == "ACKNOWLEDGED"
+                assert fired["fired_at"] >= when and fired["state"] == "ACKED"
 
             past = await run.timers.create(at=datetime.now(timezone.utc) - timedelta(hours=1))
-            assert (await past.wait(timeout_ms=WAIT_MS))["state"] == "ACKNOWLEDGED"  # due already: fires at once
+            assert (await past.wait(timeout_ms=WAIT_MS))["state"] == "ACKED"  # due already: fires at once
 
             views = await asyncio.gather(*(run.timers.get(timer.id).status() for timer in [*timers, past]))
-            assert {view["state"] for view in views} == {"ACKNOWLEDGED"}  # re-attached by id
+            assert {view["state"] for view in views} == {"ACKED"}  # re-attached by id
             for bad in (
                 {"at": datetime.now(timezone.utc) + timedelta(days=400)},  # more than a year ahead
                 {"at": "next tuesday"},

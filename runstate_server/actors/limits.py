@@ -56,6 +56,12 @@ barriers_per_run_max = 10_000
 barrier_target_max = 10_000
 timers_per_run_max = 10_000
 timer_ms_max = 365 * 24 * 3_600_000
+# Named barriers and timers (PUT /barriers/by-name/{name}, PUT /timers/by-name/{name}): a name's
+# length (the published clients' names are 1 to 256 characters). Named ones are barriers and
+# timers of their run, so barriers_per_run_max and timers_per_run_max bound how many names a run
+# holds. POST /timers/poll answers at most timers_poll_max fired timers, oldest firing first.
+barrier_timer_name_chars_max = 256
+timers_poll_max = 1_000
 
 # Deliveries and leases.
 lease_ms_default = 30_000

@@ -150,6 +150,9 @@ class Run:
     # The grants its stop ended (permits.py): a renewal of one is refused as the run's stop
     # (SCOPE_CANCELLED, DEADLINE_EXCEEDED), not as a lost lease. Kept until the run is removed.
     stopped_grants: list[str] = field(default_factory=list)
+    # Named barriers and timers of this run (barriers.py, timers.py): name -> id.
+    barrier_names: dict[str, str] = field(default_factory=dict)
+    timer_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -278,6 +281,7 @@ _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
     "timers", "claims", "permit_waiters", "stopped_grants",
+    "barrier_names", "timer_names",  # barriers.py, timers.py
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -393,6 +397,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.stopped_grants = list(run.stopped_grants)
         for grant_id in run.stopped_grants:
             state.stopped_grant_runs[grant_id] = run.id
+        run.barrier_names, run.timer_names = dict(run.barrier_names), dict(run.timer_names)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:

@@ -1,4 +1,10 @@
-"""Barriers: create, arrive, wait for the release, start the next epoch."""
+"""Barriers: create (in a run, or by name in a run), arrive, wait for the release, start the next
+epoch.
+
+The published protocol's routes (PROTOCOL.md §5.11): `POST /barriers {scopeId, target}`, `PUT
+/barriers/by-name/{name} {scopeId, target}`, `GET /barriers/{id}`, `POST /barriers/{id}/arrive
+{arrivalKey}`. The older `POST /scopes/{id}/barriers` and the body `{key}` of arrive still work.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +25,24 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, TIME, TIME_OR_NULL, enum, obj
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    INTEGER,
+    STRING,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    enum,
+    obj,
+)
 from runstate_server.node.api.views import in_space, iso
 from runstate_server.node.errors import ApiError
 
 BARRIER = obj({
-    "id": STRING, "scopeId": STRING, "target": INTEGER, "arrivals": INTEGER, "epoch": INTEGER,
+    "id": STRING, "scopeId": STRING, "name": STRING_OR_NULL, "target": INTEGER, "arrivals": INTEGER, "epoch": INTEGER,
     "state": enum("WAITING", "RELEASED", "CANCELLED"), "releasedAt": TIME_OR_NULL, "createdAt": TIME,
 })
+_TARGET = {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}
 
 routes = RouteTable()
 
@@ -40,6 +56,7 @@ def barrier_view(barrier: Barrier) -> dict[str, Any]:
     return {
         "id": barrier.id,
         "scopeId": barrier.run_id,
+        "name": barrier.name,
         "target": barrier.target,
         "arrivals": len(barrier.arrivals),
         "epoch": barrier.epoch,
@@ -69,6 +86,52 @@ async def create_barrier(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
+def path_name(request: web.Request) -> str | None:
+    """The `{name}` of a by-name path: 1 to barrier_timer_name_chars_max characters of valid Unicode."""
+    return req.text({"name": request.match_info["name"]}, "name", max_chars=limits.barrier_timer_name_chars_max, required=True)
+
+
+def _target(body: dict[str, Any]) -> int:
+    target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
+    if target is None:
+        raise ApiError("VALIDATION_FAILED", "target is required")
+    return target
+
+
+def _scope_id(body: dict[str, Any]) -> str | None:
+    return req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True)
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/barriers", "Create a barrier in run scopeId that releases once target distinct keys arrived",
+    body={"scopeId": STRING, "target": _TARGET}, ok=201,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=BARRIER,
+)
+async def create_barrier_in(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    body = await req.json_body(request)
+    args = {"run_id": _scope_id(body), "target": _target(body)}
+    result = await req.propose(request, "barrier.create", args)
+    return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
+
+
+@routes(
+    "PUT", SPACE_PREFIX + "/barriers/by-name/{name}",
+    "Join or create the run's barrier of that name (the same name in the same run is the same barrier, whatever "
+    "its state); CONFLICT when its target is another",
+    body={"scopeId": STRING, "target": _TARGET},
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
+    answer=obj({**BARRIER["properties"], "created": BOOLEAN}),
+)
+async def declare_barrier(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    body = await req.json_body(request)
+    name = path_name(request)
+    args = {"run_id": _scope_id(body), "name": name, "target": _target(body)}
+    result = await req.propose(request, "barrier.declare", args)
+    return web.json_response({**_render(node, caller.space, result["barrier_id"]), "created": result["created"]})
+
+
 @routes("GET", SPACE_PREFIX + "/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ, answer=BARRIER,)
 async def barrier_status(request: web.Request) -> web.Response:
     node = node_of(request)
@@ -77,14 +140,22 @@ async def barrier_status(request: web.Request) -> web.Response:
 
 
 @routes(
-    "POST", SPACE_PREFIX + "/barriers/{id}/arrive", "Arrive (idempotent per key); the arrival reaching the target releases",
-    body={"key": STRING},
+    "POST", SPACE_PREFIX + "/barriers/{id}/arrive",
+    "Arrive as arrivalKey (idempotent per key: arrived is false for a key that arrived in this epoch, even after "
+    "the release); the arrival reaching the target releases. key is arrivalKey's older name",
+    body={"arrivalKey": STRING, "key": STRING},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE, answer=obj({**BARRIER["properties"], "arrived": BOOLEAN}),
 )
 async def arrive(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     body = await req.json_body(request)
-    key = req.text(body, "key", max_chars=limits.key_chars_max, required=True)
+    key = req.text(body, "arrivalKey", max_chars=limits.key_chars_max)
+    older = req.text(body, "key", max_chars=limits.key_chars_max)
+    if key is not None and older is not None and key != older:
+        raise ApiError("VALIDATION_FAILED", "give arrivalKey (or its older name key), not two different keys")
+    key = key if key is not None else older
+    if not key:
+        raise ApiError("VALIDATION_FAILED", "arrivalKey is required")
     result = await req.propose(request, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
     return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
 

@@ -1,6 +1,8 @@
-"""The barriers of a run: `run.barriers.create(target=)`, `scope(id).barriers.get(id)`.
+"""The barriers of a run: `run.barriers.create(target=)`, `run.barriers.by_name(name, target=)`,
+`scope(id).barriers.get(id)`.
 
-A barrier releases everyone waiting on it once `target` distinct keys have arrived.
+A barrier releases everyone waiting on it once `target` distinct keys have arrived. A named
+barrier is the run's barrier of that name: every process that names it gets the same one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,22 @@ class Barriers:
         if isinstance(target, bool) or not isinstance(target, int) or target < 1:
             raise ConfigError(f"target must be a positive integer, got {target!r}")
         view = await self._transport.request(
-            "POST", f"/scopes/{quote(self.scope_id, safe='')}/barriers", body={"target": target}, safe=False
+            "POST", "/barriers", body={"scopeId": self.scope_id, "target": target}, safe=False
+        )
+        return Barrier(self._transport, view["id"], view)
+
+    async def by_name(self, name: str, target: int) -> Barrier:
+        """The run's barrier named `name`: created with `target`, or the existing one in whatever
+        state it is (a released one stays released: a new key's arrive is BARRIER_RELEASED).
+        ConflictError (CONFLICT) when it has another target; ScopeCancelledError when it does not
+        exist yet and the run stopped."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        if isinstance(target, bool) or not isinstance(target, int) or target < 1:
+            raise ConfigError(f"target must be a positive integer, got {target!r}")
+        view = await self._transport.request(
+            "PUT", f"/barriers/by-name/{quote(name, safe='')}", body={"scopeId": self.scope_id, "target": target},
+            safe=True,
         )
         return Barrier(self._transport, view["id"], view)
 
@@ -64,7 +81,7 @@ class Barrier:
         stopped."""
         if not isinstance(key, str) or not key:
             raise ConfigError(f"key must be a non-empty string, got {key!r}")
-        self.view = await self._transport.request("POST", f"{self._path}/arrive", body={"key": key}, safe=True)
+        self.view = await self._transport.request("POST", f"{self._path}/arrive", body={"arrivalKey": key}, safe=True)
         self._arrived_epoch = self.view.get("epoch")
         return self.view
 
@@ -117,6 +134,9 @@ class BlockingBarriers:
 
     def create(self, target: int) -> BlockingBarrier:
         return BlockingBarrier(self._portal.call(self._inner.create, target), self._portal)
+
+    def by_name(self, name: str, target: int) -> BlockingBarrier:
+        return BlockingBarrier(self._portal.call(self._inner.by_name, name, target), self._portal)
 
     def get(self, barrier_id: str) -> BlockingBarrier:
         return BlockingBarrier(self._inner.get(barrier_id), self._portal)

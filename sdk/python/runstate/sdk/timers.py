@@ -1,7 +1,11 @@
-"""The durable timers of a run: `run.timers.create(at= | after_seconds=)`, `run.timers.get(id)`.
+"""The durable timers of a run: `run.timers.create(at= | after_seconds=)`, `run.timers.by_name(name,
+at= | after_seconds=)`, `run.timers.poll()`, `run.timers.get(id)`.
 
 A timer fires on the server at its time whether or not anyone waits; `wait()` returns the firing
-and acknowledges it in the same call (have one process wait on a given timer).
+and acknowledges it in the same call (have one process wait on a given timer); `poll()` lists the
+run's fired, unacknowledged timers with their tokens, and `timer.ack(token)` acknowledges one.
+A named timer is the run's timer of that name: armed by the first `by_name`, returned as it is by
+every later one (a durable sleep: a restarted process waits only for what is left).
 """
 
 from __future__ import annotations
@@ -33,28 +37,46 @@ class Timers:
         """Arm a timer at `at` (a datetime, naive = UTC, or an ISO 8601 string) or after
         `after_seconds`; exactly one of them. Returns the `Timer` (`.fire_at`). ScopeCancelledError
         if the run stopped."""
-        if (at is None) == (after_seconds is None):
-            raise ConfigError("give exactly one of at= and after_seconds=")
-        body: dict[str, Any] = {}
-        if at is not None:
-            body["at"] = format_time(at) if isinstance(at, datetime) else at
-        else:
-            if isinstance(after_seconds, bool) or not isinstance(after_seconds, (int, float)) or after_seconds < 0:
-                raise ConfigError(f"after_seconds must be a non-negative number, got {after_seconds!r}")
-            body["afterSeconds"] = after_seconds
-        view = await self._transport.request(
-            "POST", f"/scopes/{quote(self.scope_id, safe='')}/timers", body=body, safe=False
-        )
+        body = {"scopeId": self.scope_id, **_when(at, after_seconds)}
+        view = await self._transport.request("POST", "/timers", body=body, safe=False)
         return Timer(self._transport, view["id"], view)
+
+    async def by_name(self, name: str, at: datetime | str | None = None, after_seconds: float | None = None) -> Timer:
+        """The run's timer named `name`: armed at `at` or after `after_seconds` (exactly one) by the
+        first call, returned as it is by every later one whatever time it names. Its `view` has
+        `state`, `fireAt`, `now` (the server's time) and, once it fired, `token`.
+        ScopeCancelledError when it does not exist yet and the run stopped."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        body = {"scopeId": self.scope_id, **_when(at, after_seconds)}
+        view = await self._transport.request("PUT", f"/timers/by-name/{quote(name, safe='')}", body=body, safe=True)
+        return Timer(self._transport, view["id"], view)
+
+    async def poll(self) -> list[dict[str, Any]]:
+        """The run's fired, unacknowledged timers, oldest firing first: `id`, `token`, `firedAt`,
+        `fireAt`, `name`. Changes nothing: ack each with `get(id).ack(token)`."""
+        answer = await self._transport.request("POST", "/timers/poll", body={"scopeId": self.scope_id}, safe=True)
+        found: list[dict[str, Any]] = answer["timers"]
+        return found
 
     def get(self, timer_id: str) -> Timer:
         """A handle on timer `timer_id` (no request; `fire_at` is known after `status()`)."""
         return Timer(self._transport, timer_id)
 
 
+def _when(at: datetime | str | None, after_seconds: float | None) -> dict[str, Any]:
+    if (at is None) == (after_seconds is None):
+        raise ConfigError("give exactly one of at= and after_seconds=")
+    if at is not None:
+        return {"at": format_time(at) if isinstance(at, datetime) else at}
+    if isinstance(after_seconds, bool) or not isinstance(after_seconds, (int, float)) or after_seconds < 0:
+        raise ConfigError(f"after_seconds must be a non-negative number, got {after_seconds!r}")
+    return {"afterSeconds": after_seconds}
+
+
 class Timer:
     """One timer. `fire_at` (aware UTC datetime) once known; `view` is the last state seen:
-    `state` ARMED, FIRED, ACKNOWLEDGED or CANCELLED."""
+    `state` ARMED, FIRED, ACKED or CANCELLED."""
 
     def __init__(self, transport: Transport, timer_id: str, view: dict[str, Any] | None = None) -> None:
         if not isinstance(timer_id, str) or not timer_id:
@@ -94,6 +116,16 @@ class Timer:
         self._see(view)
         return {**view, "fired_at": parse_time(view["firedAt"])}
 
+    async def ack(self, token: str) -> dict[str, Any]:
+        """Acknowledge the firing with its token (from `poll()`, or the `view` of `by_name` once it
+        fired). LeaseLostError (STALE_CLAIM) for a token that is not the timer's; ConflictError
+        (CONFLICT) when it was acked already, has not fired, or was cancelled."""
+        if not isinstance(token, str) or not token:
+            raise ConfigError(f"token must be a non-empty string, got {token!r}")
+        view = await self._transport.request("POST", f"{self._path}/ack", body={"token": token}, safe=True)
+        self._see(view)
+        return view
+
     async def cancel(self) -> dict[str, Any]:
         """Disarm the timer (idempotent). ConflictError if it already fired."""
         view = await self._transport.request("POST", f"{self._path}/cancel", safe=True)
@@ -115,6 +147,13 @@ class BlockingTimers:
     def create(self, at: datetime | str | None = None, after_seconds: float | None = None) -> BlockingTimer:
         timer = self._portal.call(lambda: self._inner.create(at=at, after_seconds=after_seconds))
         return BlockingTimer(timer, self._portal)
+
+    def by_name(self, name: str, at: datetime | str | None = None, after_seconds: float | None = None) -> BlockingTimer:
+        timer = self._portal.call(lambda: self._inner.by_name(name, at=at, after_seconds=after_seconds))
+        return BlockingTimer(timer, self._portal)
+
+    def poll(self) -> list[dict[str, Any]]:
+        return self._portal.call(self._inner.poll)
 
     def get(self, timer_id: str) -> BlockingTimer:
         return BlockingTimer(self._inner.get(timer_id), self._portal)
@@ -145,6 +184,9 @@ class BlockingTimer:
 
     def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         return self._portal.call(self._inner.wait, timeout_ms)
+
+    def ack(self, token: str) -> dict[str, Any]:
+        return self._portal.call(self._inner.ack, token)
 
     def cancel(self) -> dict[str, Any]:
         return self._portal.call(self._inner.cancel)
