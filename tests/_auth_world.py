@@ -93,6 +93,7 @@ def build_world(node: DevNode, secret: str) -> World:
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
+        "ops": run,  # /ops/runs/{scopeId}
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},

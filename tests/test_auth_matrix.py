@@ -24,7 +24,7 @@ SPACELESS = {
     ("PUT", "/v1/budgets/{name}"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
     ("PUT", "/v1/permits/by-name/{name}"), ("GET", "/v1/work-limits"), ("POST", "/v1/budgets"), ("GET", "/v1/budgets"),
     ("PUT", "/v1/budgets/by-name/{name}"),
-    ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
+    ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"),
 }
 
 

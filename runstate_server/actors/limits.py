@@ -138,6 +138,9 @@ backlog_limit_max = 1_000_000  # a mailbox's backlogLimit
 subscribers_per_task_max = 100  # join/detach: subscribers of one task
 wait_ms_max = 3_600_000  # the largest waitMs a request may name (the node holds it at most LONG_POLL_MS_MAX)
 messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
+# Diagnostics (ops.py): the runs of a subtree one view walks; the entries of each list it answers.
+ops_runs_max = 1_000
+ops_entries_max = 1_000
 
 # Idempotency keys (the `idempotency-key` header of a mutation): what a space remembers of them.
 idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first

@@ -758,6 +758,11 @@ def count_waiting(state: State, task: Task, delta: int) -> None:
         find(state, kind, task.space, name).waiting += delta
 
 
+def shortfalls(state: State, space_id: str, now_ms: int, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
+    """What `_shortfalls` answers, for a reader (ops.py): a context of no command, read only."""
+    return _shortfalls(Context(state, state.spaces[space_id], now_ms, 0, ""), needs)
+
+
 def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
     """The resources that cannot give the job what it needs now, as (kind, resource, when a rate
     limit's window opens for it, else None)."""

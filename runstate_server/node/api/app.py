@@ -20,6 +20,7 @@ from runstate_server.node.api import (
     messages,
     once,
     openapi,
+    ops,
     permits,
     resources,
     runs,
@@ -50,7 +51,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
-        work_limits, budgets,
+        work_limits, budgets, ops,
     )
     for route in module.routes
 )

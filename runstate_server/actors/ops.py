@@ -1,0 +1,239 @@
+"""Diagnostics: who holds what, and what waits for what (the published protocol's `ops` routes).
+
+Read-only views of the state, for the node to render under its read lock; nothing here changes
+anything. They answer the question every queue system's users ask: why is my task not starting?
+Each waiting entry names what it waits for and, where something holds it, who:
+
+- a task QUEUED whose needs fall short: each short resource (a permit and the grants and jobs
+  holding it, a rate limit and when its window opens for it, a budget and what is left);
+- a task QUEUED after a failed attempt: its retry backoff and when it ends;
+- a task QUEUED with nothing in its way: no worker has taken it (`worker`, its mailbox);
+- a permit waiter: the permit, its place in line, and the holders of the permit's units;
+- a barrier still short of its target, and an armed timer.
+
+`workers` groups every live lease of the runs by holder: deliveries, claims, once leases,
+permit grants and budget reservations, with the earliest lease expiry among them.
+
+Every list is bounded (`ops_runs_max` runs of the subtree, `ops_entries_max` entries per list);
+past a bound the answer says `truncated`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from runstate_server.actors import limits, resources, runs
+from runstate_server.actors.resources import BUDGET, LIMIT, POOL
+from runstate_server.actors.state import Run, State, Task, TaskState
+
+_OPEN_BARRIER = "WAITING"
+_ARMED_TIMER = "ARMED"
+
+
+class _Page:
+    """A list that stops growing at ops_entries_max, remembering that it did."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.truncated = False
+
+    def add(self, item: dict[str, Any]) -> bool:
+        if len(self.items) >= limits.ops_entries_max:
+            self.truncated = True
+            return False
+        self.items.append(item)
+        return True
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= limits.ops_entries_max
+
+
+def subtree(state: State, root: Run) -> tuple[list[Run], bool]:
+    """The run and its descendants, breadth first, at most ops_runs_max; and whether it stopped
+    short."""
+    found, frontier = [root], [root]
+    while frontier:
+        children = [state.runs[child_id] for run in frontier for child_id in run.children if child_id in state.runs]
+        room = limits.ops_runs_max - len(found)
+        if len(children) > room:
+            found.extend(children[:room])
+            return found, True
+        found.extend(children)
+        frontier = children
+    return found, False
+
+
+def _holder_of(holds: dict[str, dict[str, Any]], holder: str | None) -> dict[str, Any]:
+    name = holder or "(no holder)"
+    entry = holds.get(name)
+    if entry is None:
+        entry = holds[name] = {
+            "holder": name, "sessions": [], "keys": [], "tasks": [], "grants": [], "reservations": [],
+            "earliestLeaseExpiry": None,
+        }
+    return entry
+
+
+def _lease(entry: dict[str, Any], session: str | None, expires_ms: int | None) -> None:
+    if session is not None and session not in entry["sessions"]:
+        entry["sessions"].append(session)
+    if expires_ms is not None and (entry["earliestLeaseExpiry"] is None or expires_ms < entry["earliestLeaseExpiry"]):
+        entry["earliestLeaseExpiry"] = expires_ms
+
+
+def _tasks(state: State, run: Run) -> list[Task]:
+    return [state.tasks[task_id] for queue in run.queues.values() for task_id in queue.by_key.values()
+            if task_id in state.tasks]
+
+
+def _pool_holders(state: State, pool: Any) -> list[dict[str, Any]]:
+    """Who holds the permit's units: grants (with their holder) and jobs' slots (with the task)."""
+    holders = []
+    for hold_id in pool.holds[: limits.ops_entries_max]:
+        hold = state.slot_leases[hold_id]
+        holders.append({"holder": hold.holder, "units": hold.amount, "scopeId": hold.run_id, "taskId": hold.task_id,
+                        "leaseExpiresAt": resources.hold_expires_ms(state, hold)})
+    return holders
+
+
+def _resource_wait(state: State, kind: str, resource: Any, available_ms: int | None) -> dict[str, Any]:
+    if kind == POOL:
+        in_use = resources.units_in_use(state, resource)
+        return {
+            "kind": "permit", "name": resource.name, "permitId": resource.public_id, "unitsTotal": resource.size,
+            "unitsInUse": in_use, "unitsSetAside": resources.units_set_aside(state, resource),
+            "waitersInLine": len(resource.waiters), "heldBy": _pool_holders(state, resource),
+        }
+    if kind == LIMIT:
+        return {"kind": "allowance", "name": resource.name, "units": resource.units,
+                "windowMs": resource.interval_ms, "availableAt": available_ms}
+    assert kind == BUDGET
+    return {"kind": "budget", "name": resource.name, "remainingMinor": str(resources.remaining_minor(resource)),
+            "scale": resource.scale, "currency": resource.currency}
+
+
+def _task_wait(state: State, task: Task, space_id: str, now_ms: int) -> dict[str, Any]:
+    """Why a QUEUED task has not started."""
+    base = {"kind": "task", "taskId": task.id, "scopeId": task.run_id, "mailbox": task.mailbox, "attempt": task.attempt}
+    if task.ready_at_ms > now_ms:
+        return {**base, "waitsFor": [{"kind": "retry", "until": task.ready_at_ms}]}
+    if task.needs is not None:
+        short = resources.shortfalls(state, space_id, now_ms, task.needs)
+        if short:
+            return {**base, "waitsFor": [_resource_wait(state, kind, resource, at) for kind, resource, at in short]}
+    return {**base, "waitsFor": [{"kind": "worker", "mailbox": task.mailbox}]}
+
+
+def _permit_waiter_wait(state: State, waiter: Any) -> dict[str, Any]:
+    pool = state.pools[waiter.pool_id]
+    return {
+        "kind": "permitWaiter", "waiterId": waiter.id, "scopeId": waiter.run_id, "holder": waiter.holder,
+        "units": waiter.units, "state": waiter.state, "position": pool.waiters.index(waiter.id),
+        "permit": pool.name, "waitsFor": [_resource_wait(state, POOL, pool, None)],
+    }
+
+
+def run_view(state: State, root: Run, now_ms: int) -> dict[str, Any]:
+    """The run and its descendants: their holders and what they hold, and everything that waits
+    (times in ms)."""
+    tree, truncated = subtree(state, root)
+    holds: dict[str, dict[str, Any]] = {}
+    waiting = _Page()
+    in_tree = {run.id for run in tree}
+    for run in tree:
+        for task in _tasks(state, run):
+            if task.state == TaskState.RUNNING:
+                entry = _holder_of(holds, task.holder)
+                entry["tasks"].append(task.id)
+                entry["keys"].append(task.key)
+                _lease(entry, task.holder_session, task.lease_expires_ms)
+            elif task.state == TaskState.QUEUED and not waiting.full:
+                waiting.add(_task_wait(state, task, root.space, now_ms))
+        for key, claim_id in run.claims.items():
+            claim = state.claims.get(claim_id)
+            if claim is not None and claim.token is not None and now_ms < claim.lease_expires_ms:
+                entry = _holder_of(holds, claim.holder)
+                entry["keys"].append(key)
+                _lease(entry, claim.holder_session, claim.lease_expires_ms)
+        for key, once_id in run.once.items():
+            entry_once = state.once.get(once_id)
+            if entry_once is not None and entry_once.token is not None:
+                entry = _holder_of(holds, entry_once.holder)
+                entry["keys"].append(key)
+                _lease(entry, entry_once.holder_session, entry_once.lease_expires_ms)
+        for grant_id in run.permit_grants:
+            hold = state.slot_leases.get(grant_id)
+            if hold is not None:
+                entry = _holder_of(holds, hold.holder)
+                pool = state.pools[hold.resource_id]
+                entry["grants"].append({"grantId": hold.id, "permit": pool.name, "permitId": pool.public_id,
+                                        "units": hold.amount})
+                _lease(entry, hold.holder_session, hold.lease_expires_ms)
+        for waiter_id in run.permit_waiters:
+            waiter = state.permit_waiters[waiter_id]
+            if waiter.state in ("WAITING", "SIGNALED"):
+                waiting.add(_permit_waiter_wait(state, waiter))
+        for barrier_id in run.barriers:
+            barrier = state.barriers.get(barrier_id)
+            if barrier is not None and barrier.state == _OPEN_BARRIER:
+                waiting.add({"kind": "barrier", "barrierId": barrier.id, "name": barrier.name, "scopeId": run.id,
+                             "arrivals": len(barrier.arrivals), "target": barrier.target, "epoch": barrier.epoch})
+        for timer_id in run.timers:
+            timer = state.timers.get(timer_id)
+            if timer is not None and timer.state == _ARMED_TIMER:
+                waiting.add({"kind": "timer", "timerId": timer.id, "scopeId": run.id, "fireAt": timer.fire_at_ms})
+    for budget in state.budgets.values():
+        if budget.space != root.space:
+            continue
+        for reservation_id in budget.reservations:  # its open ones
+            reservation = state.budget_reservations[reservation_id]
+            if reservation.run_id in in_tree:
+                entry = _holder_of(holds, reservation.holder)
+                entry["reservations"].append({"reservationId": reservation.id, "budget": budget.name,
+                                              "heldMinor": str(reservation.held_minor), "state": reservation.state})
+    workers = sorted(holds.values(), key=lambda entry: entry["holder"])
+    return {
+        "rootScopeId": root.id,
+        "scopes": [
+            {"id": run.id, "name": run.name, "parentId": run.parent_id, "storedState": run.stored_state,
+             "effective": runs.effective(state, run, now_ms)}
+            for run in tree
+        ],
+        "workers": workers[: limits.ops_entries_max],
+        "waiting": waiting.items,
+        "truncated": truncated or waiting.truncated or len(workers) > limits.ops_entries_max,
+    }
+
+
+def waits_view(state: State, space_id: str, now_ms: int) -> dict[str, Any]:
+    """Everything of the space that waits on a resource held by someone, oldest first (times in
+    ms): permit waiters in line, and QUEUED jobs whose needs fall short. (A task that only waits
+    for a worker, a barrier or a timer is in its run's view, not here.)"""
+    waiting = _Page()
+    for waiter in state.permit_waiters.values():
+        if waiter.space == space_id and waiter.state in ("WAITING", "SIGNALED") and not waiting.add(
+            _permit_waiter_wait(state, waiter)
+        ):
+            break
+    blocked: Counter[tuple[str, str]] = Counter()
+    for kind in (POOL, LIMIT, BUDGET):
+        table = {POOL: state.pools, LIMIT: state.rate_limits, BUDGET: state.budgets}[kind]
+        for resource in table.values():
+            if resource.space == space_id:
+                for run_id, mailbox in resource.blocked:
+                    blocked[(run_id, mailbox)] += 1
+    for run_id, mailbox in sorted(blocked):
+        run = state.runs.get(run_id)
+        queue = None if run is None else run.queues.get(mailbox)
+        if queue is None:
+            continue
+        for task_id in queue.ready:
+            task = state.tasks.get(task_id)
+            if task is None or task.state != TaskState.QUEUED or task.needs is None:
+                continue
+            wait = _task_wait(state, task, space_id, now_ms)
+            if wait["waitsFor"][0]["kind"] != "worker" and not waiting.add(wait):
+                break
+    return {"waiting": waiting.items, "truncated": waiting.truncated}

@@ -1,0 +1,100 @@
+"""Diagnostics over HTTP (the published protocol's §5.14), against a real dev node: a run's
+holders and what they hold, and why each waiting thing waits, naming the resource and its holder."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from tests._http import Api, recv, task_ok
+from tests._nodes import DevNode
+
+
+@pytest.fixture
+def api(dev_node: DevNode) -> Api:
+    api = Api(dev_node.url, space=f"ops-{uuid.uuid4().hex[:12]}")
+    api.ok("POST", "/v1/mailboxes", {"name": "work"})
+    return api
+
+
+def new_run(api: Api, parent: str | None = None) -> str:
+    return str(api.ok("POST", "/v1/scopes", {"parentId": parent} if parent else {})["id"])
+
+
+def lease_body(run_id: str, holder: str) -> dict[str, Any]:
+    return {"scopeId": run_id, "holder": holder, "holderSession": f"{holder}-session", "leaseSeconds": 60}
+
+
+def waiting_of(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [entry for entry in view["waiting"] if entry["kind"] == kind]
+
+
+def test_a_run_shows_its_holders_and_what_they_hold(api: Api) -> None:
+    run_id = new_run(api)
+    child = new_run(api, run_id)
+    api.ok("POST", "/v1/claims", {**lease_body(child, "w1"), "key": "repo-lock"})
+    permit_id = api.ok("PUT", "/v1/permits/by-name/gpu", {"units": 2})["id"]
+    api.ok("POST", f"/v1/permits/{permit_id}/acquire", {**lease_body(run_id, "w2"), "units": 2})
+    task_ok(api, child, {"input": 1, "key": "t1"})
+    (delivery,) = recv(api, child, leaseMs=60_000)
+
+    view = api.ok("GET", f"/v1/ops/runs/{run_id}")
+    assert view["rootScopeId"] == run_id and not view["truncated"]
+    assert [scope["id"] for scope in view["scopes"]] == [run_id, child]
+    workers = {worker["holder"]: worker for worker in view["workers"]}
+    assert workers["w1"]["keys"] == ["repo-lock"] and workers["w1"]["sessions"] == ["w1-session"]
+    assert workers["w1"]["earliestLeaseExpiry"].endswith("Z")
+    assert [(g["permit"], g["units"]) for g in workers["w2"]["grants"]] == [("gpu", 2)]
+    assert workers["tests"]["tasks"] == [delivery["taskId"]]
+    assert api.error("GET", "/v1/ops/runs/run_nope") == (404, "NOT_FOUND")
+
+
+def test_a_job_short_of_a_permit_names_the_permit_and_its_holder(api: Api) -> None:
+    """Why is my task not starting? Its slot's permit is full, and w9's grant holds it."""
+    run_id = new_run(api)
+    permit_id = api.ok("PUT", "/v1/permits/by-name/browser", {"units": 1})["id"]
+    api.ok("POST", f"/v1/permits/{permit_id}/acquire", lease_body(run_id, "w9"))
+    task_id = task_ok(api, run_id, {"input": 1, "key": "needs-browser", "slots": ["browser"]})["id"]
+    idle_id = task_ok(api, run_id, {"input": 2, "key": "plain"})["id"]
+    assert recv(api, run_id, max=1) != []  # the plain task goes; the other is blocked on the permit
+    assert recv(api, run_id, max=1) == []
+
+    view = api.ok("GET", f"/v1/ops/runs/{run_id}")
+    (blocked,) = [entry for entry in waiting_of(view, "task") if entry["taskId"] == task_id]
+    (permit,) = blocked["waitsFor"]
+    assert permit["kind"] == "permit" and permit["name"] == "browser" and permit["permitId"] == permit_id
+    assert (permit["unitsTotal"], permit["unitsInUse"]) == (1, 1)
+    assert [holder["holder"] for holder in permit["heldBy"]] == ["w9"]
+    assert idle_id not in [entry["taskId"] for entry in waiting_of(view, "task")]  # it was delivered
+
+    waits = api.ok("GET", "/v1/ops/waits")
+    assert [entry["taskId"] for entry in waiting_of(waits, "task")] == [task_id]
+
+
+def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
+    run_id = new_run(api)
+    permit_id = api.ok("PUT", "/v1/permits/by-name/one", {"units": 1})["id"]
+    api.ok("POST", f"/v1/permits/{permit_id}/acquire", lease_body(run_id, "first"))
+    waiter_id = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id, "units": 1, "holder": "second"})[
+        "waiterId"
+    ]
+    api.ok("PUT", "/v1/barriers/by-name/stage", {"scopeId": run_id, "target": 3})
+    api.ok("POST", "/v1/timers", {"scopeId": run_id, "afterSeconds": 3600})
+    task_id = task_ok(api, run_id, {"input": 1, "key": "alone"})["id"]
+
+    view = api.ok("GET", f"/v1/ops/runs/{run_id}")
+    (waiter,) = waiting_of(view, "permitWaiter")
+    assert (waiter["waiterId"], waiter["holder"], waiter["position"], waiter["state"]) == (waiter_id, "second", 0, "WAITING")
+    assert [holder["holder"] for holder in waiter["waitsFor"][0]["heldBy"]] == ["first"]
+    (barrier,) = waiting_of(view, "barrier")
+    assert (barrier["name"], barrier["arrivals"], barrier["target"]) == ("stage", 0, 3)
+    (timer,) = waiting_of(view, "timer")
+    assert timer["fireAt"].endswith("Z")
+    (task,) = waiting_of(view, "task")
+    assert task["taskId"] == task_id and task["waitsFor"] == [{"kind": "worker", "mailbox": "work"}]
+
+    waits = api.ok("GET", "/v1/ops/waits")
+    assert [entry["waiterId"] for entry in waiting_of(waits, "permitWaiter")] == [waiter_id]
+    assert waiting_of(waits, "task") == []  # waiting only for a worker: in its run's view
