@@ -16,6 +16,7 @@ from typing import Any
 
 from runstate_server.actors import (
     access,
+    allowances,
     barriers,
     claims,
     errors,
@@ -66,6 +67,7 @@ HANDLERS: dict[str, Handler] = {
     **timers.HANDLERS,
     **resources.HANDLERS,
     **permits.HANDLERS,
+    **allowances.HANDLERS,
     **access.HANDLERS,
 }
 
@@ -77,6 +79,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **timers.DUE_HANDLERS,
     **resources.DUE_HANDLERS,
     **permits.DUE_HANDLERS,
+    **allowances.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.

@@ -24,6 +24,10 @@ LIMIT_EXCEEDED: Final = "LIMIT_EXCEEDED"
 STALE_EPOCH: Final = "STALE_EPOCH"
 BARRIER_CANCELLED: Final = "BARRIER_CANCELLED"
 BARRIER_RELEASED: Final = "BARRIER_RELEASED"
+# An allowance has not the units now (or waiters are in line), or is under a cooldown: retryable
+# (retryAfterMs: when to try again); allowances.py.
+ALLOWANCE_EXHAUSTED: Final = "ALLOWANCE_EXHAUSTED"
+ALLOWANCE_COOLDOWN: Final = "ALLOWANCE_COOLDOWN"
 
 
 class Rejected(Exception):

@@ -63,6 +63,7 @@ class DueKind:
     LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
     TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
     PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
+    ALLOWANCE_WAITER = "allowance_waiter"  # an allowance waiter's TTL may have run out (allowances.py)
 
 
 @dataclass(slots=True)
@@ -142,6 +143,8 @@ class Run:
     claims: dict[str, str] = field(default_factory=dict)  # key -> claim id (claims.py)
     # Permit waiters created in this run (permits.py), ended ones too: removed with the run.
     permit_waiters: list[str] = field(default_factory=list)
+    # Allowance waiters created in this run (allowances.py), ended ones too: removed with the run.
+    allowance_waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -231,6 +234,11 @@ class State:
     # Derived from `pools` (a pool's public id, "prm_...", -> its "<space>/<name>"); rebuilt by
     # from_snapshot, never written to a snapshot.
     permit_ids: dict[str, str] = field(default_factory=dict)
+    # allowances.py: waiter id -> waiter; consumption id -> consumption (to be settled). Derived
+    # from `rate_limits` (a limit's public id, "alw_...", -> its "<space>/<name>"), like permit_ids.
+    allowance_waiters: dict[str, Any] = field(default_factory=dict)
+    allowance_consumptions: dict[str, Any] = field(default_factory=dict)
+    allowance_ids: dict[str, str] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -261,7 +269,7 @@ class State:
 _RUN_FIELDS = (
     "id", "space", "name", "parent_id", "depth", "deadline_ms", "child_limit", "created_ms",
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
-    "timers", "claims", "permit_waiters",
+    "timers", "claims", "permit_waiters", "allowance_waiters",
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -374,6 +382,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.once = dict(run.once)
         run.claims = dict(run.claims)
         run.permit_waiters = list(run.permit_waiters)
+        run.allowance_waiters = list(run.allowance_waiters)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
@@ -411,6 +420,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
         if not pool.public_id:  # a pool of a snapshot from before permit ids: derived, the same on every replica
             pool.public_id = "prm_" + hashlib.sha256(pool.id.encode()).hexdigest()[:20]
         state.permit_ids[pool.public_id] = pool.id
+    for limit in state.rate_limits.values():
+        if not limit.public_id:  # a limit of a snapshot from before allowance ids: derived alike
+            limit.public_id = "alw_" + hashlib.sha256(limit.id.encode()).hexdigest()[:20]
+        state.allowance_ids[limit.public_id] = limit.id
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
@@ -511,7 +524,7 @@ ENTITY_TABLES: dict[str, type] = {}
 def register_table(table: str, cls: type) -> None:
     assert table in (
         "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
-        "permit_waiters",
+        "permit_waiters", "allowance_waiters", "allowance_consumptions",
     ), table
     ENTITY_TABLES[table] = cls
 
