@@ -45,6 +45,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "BARRIER_RELEASED": 409,
     # A request body that is not sent as JSON (Content-Type: application/json); node/api/guard.py.
     "UNSUPPORTED_MEDIA_TYPE": 415,
+    # An allowance has not the units now (or waiters are in line first), or cools down; with
+    # Retry-After: node/api/allowances.py.
+    "ALLOWANCE_EXHAUSTED": 429,
+    "ALLOWANCE_COOLDOWN": 429,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
@@ -52,7 +56,10 @@ STATUS_BY_CODE: dict[str, int] = {
 
 # Codes that mean "busy now, the same call may succeed later": answered with Retry-After.
 RETRY_AFTER_S_DEFAULT = 1.0
-RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE"})
+RETRYABLE_CODES = frozenset({
+    "CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE",
+    "ALLOWANCE_EXHAUSTED", "ALLOWANCE_COOLDOWN",  # the core names when (retryAfterMs)
+})
 
 
 def new_request_id() -> str:

@@ -10,6 +10,7 @@ from aiohttp import web
 from runstate_server.actors import limits
 from runstate_server.node.api import (
     access,
+    allowances,
     barriers,
     claims,
     cluster,
@@ -48,6 +49,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
+        allowances,
     )
     for route in module.routes
 )
