@@ -12,8 +12,6 @@ takes of the limit routes, time passing and run stops (hypothesis stateful). Aft
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
