@@ -260,3 +260,9 @@ def test_snapshot_keeps_allowances_and_an_old_snapshot_gets_their_ids(h: Harness
     assert limit.public_id.startswith("alw_") and limit.public_id != allowance_id
     assert restored.allowance_ids == {limit.public_id: limit.id}
     assert waiting["waiter_id"] not in restored.allowance_waiters
+
+
+def test_declare_checks_its_sizes_before_looking(h: Harness) -> None:
+    create(h)
+    assert h.err("allowance.declare", name="search", units=0, interval_ms=WINDOW_MS) == "VALIDATION_FAILED"
+    assert h.err("allowance.declare", name="search", units=3, interval_ms=0) == "VALIDATION_FAILED"

@@ -42,8 +42,9 @@ class AllowanceMachine(RuleBasedStateMachine):
         for waiter_id in self.waiters:
             waiter = self.h.state.allowance_waiters.get(waiter_id)
             if waiter is not None and waiter.consumption_id is not None and waiter.consumption_id not in self.takes:
-                self.takes[waiter.consumption_id] = [self.h.now_ms, waiter.units]
-                assert waiter.ended_ms == self.h.now_ms
+                consumption = self.h.state.allowance_consumptions[waiter.consumption_id]
+                assert (consumption.taken_ms, consumption.units) == (waiter.ended_ms, waiter.units)
+                self.takes[waiter.consumption_id] = [consumption.taken_ms, waiter.units]
                 self.granted_order.append(waiter_id)
 
     @rule(run=st.integers(0, 1), units=st.integers(1, 5))
@@ -116,6 +117,7 @@ class AllowanceMachine(RuleBasedStateMachine):
     def stop_run(self, run: int) -> None:
         self.h.cancel(self.runs[run])
         self.runs[run] = self.h.create_run()
+        self._note_grants()  # the lines its waiters left may have moved
 
     @invariant()
     def no_window_holds_more_than_the_limit(self) -> None:

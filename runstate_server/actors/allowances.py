@@ -137,14 +137,21 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def declare(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """The allowance named `name` of `units` per `interval_ms`: created, or found when it has
     those; CONFLICT when they differ (a declaration never changes it)."""
-    name = args.get("name")
+    name, units, interval_ms = args.get("name"), args.get("units"), args.get("interval_ms")
+    if type(units) is not int or not 1 <= units <= limits.limit_units_max:
+        raise Rejected(errors.VALIDATION_FAILED, f"units must be an integer from 1 to {limits.limit_units_max}")
+    if type(interval_ms) is not int or not limits.limit_interval_ms_min <= interval_ms <= limits.limit_interval_ms_max:
+        raise Rejected(
+            errors.VALIDATION_FAILED,
+            f"interval_ms must be an integer from {limits.limit_interval_ms_min} to {limits.limit_interval_ms_max}",
+        )
     limit = resources.find(ctx.state, LIMIT, ctx.space.id, name) if isinstance(name, str) else None
     if limit is None:
         return {**create(ctx, args), "created": True}
-    if (limit.units, limit.interval_ms) != (args.get("units"), args.get("interval_ms")):
+    if (limit.units, limit.interval_ms) != (units, interval_ms):
         raise Rejected(
-            errors.CONFLICT, f"allowance {name!r} allows {limit.units} units per {limit.interval_ms} ms, not "
-            f"{args.get('units')} per {args.get('interval_ms')} ms",
+            errors.CONFLICT,
+            f"allowance {name!r} allows {limit.units} units per {limit.interval_ms} ms, not {units} per {interval_ms} ms",
         )
     return {"allowance_id": limit.public_id, "created": False, idempotency.UNCHANGED: True}
 
