@@ -74,6 +74,9 @@ def build_world(node: DevNode, secret: str) -> World:
     permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {})["id"]  # the pool's protocol id
     grant = admin.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run, "leaseSeconds": 600})
     waiter = admin.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
+    allowance = admin.ok("PUT", "/v1/allowances/by-name/a-only", {})["id"]  # the limit's protocol id
+    consumption = admin.ok("POST", f"/v1/allowances/{allowance}/consume", {"scopeId": run})["consumptionId"]
+    allowance_waiter = admin.ok("POST", f"/v1/allowances/{allowance}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
     other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
     other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
@@ -89,6 +92,7 @@ def build_world(node: DevNode, secret: str) -> World:
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter,
+        "allowances": allowance, "allowance-waiters": allowance_waiter, "allowance-consumptions": consumption,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -131,6 +135,12 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/permits/{permitId}/wait"): {"scopeId": run, "units": 1},
         ("POST", "/v1/grants/{grantId}/renew"): {"token": grant["token"]},
         ("POST", "/v1/grants/{grantId}/release"): {"token": grant["token"]},
+        ("POST", "/v1/allowances"): {"name": "more", "unitsLimit": 1, "windowSeconds": 1},
+        ("PUT", "/v1/allowances/by-name/{name}"): {"unitsLimit": 1000, "windowSeconds": 1},
+        ("POST", "/v1/allowances/{allowanceId}/consume"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/allowances/{allowanceId}/wait"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/allowances/{allowanceId}/cooldown"): {"seconds": 1},
+        ("POST", "/v1/allowance-consumptions/{consumptionId}/settle"): {"units": 1},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     # Space routes as the tests name them: `/v1/<path>` (Api puts them under the caller's space).

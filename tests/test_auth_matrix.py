@@ -22,7 +22,8 @@ SPACELESS = {
     ("PUT", "/v1/mailboxes/by-name/{name}"), ("PUT", "/v1/runs/{name}"), ("POST", "/v1/mailboxes"),
     ("POST", "/v1/tasks/results"), ("PUT", "/v1/pools/{name}"), ("PUT", "/v1/limits/{name}"),
     ("PUT", "/v1/budgets/{name}"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
-    ("PUT", "/v1/permits/by-name/{name}"),
+    ("PUT", "/v1/permits/by-name/{name}"), ("POST", "/v1/allowances"), ("GET", "/v1/allowances"),
+    ("PUT", "/v1/allowances/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
 }
 
