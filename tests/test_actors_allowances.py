@@ -266,3 +266,21 @@ def test_declare_checks_its_sizes_before_looking(h: Harness) -> None:
     create(h)
     assert h.err("allowance.declare", name="search", units=0, interval_ms=WINDOW_MS) == "VALIDATION_FAILED"
     assert h.err("allowance.declare", name="search", units=3, interval_ms=0) == "VALIDATION_FAILED"
+
+
+def test_a_limit_made_smaller_expires_the_waiters_it_can_never_grant(h: Harness, run_id: str) -> None:
+    h.ensure()
+    allowance_id = create(h, units=3)
+    consume(h, allowance_id, run_id, units=3)
+    big = wait(h, allowance_id, run_id, units=3)
+    small = wait(h, allowance_id, run_id, units=1)
+    h.submit(run_id, "job", needs={"limit": ["search", 2]})
+    h.ok("limit.ensure", name="search", units=2, interval_ms=WINDOW_MS)  # the limit routes may shrink it
+    assert waiter(h, big["waiter_id"])["state"] == "EXPIRED"
+    assert waiter(h, small["waiter_id"])["state"] == "WAITING"
+    assert h.receive(run_id) == []
+    assert code(consume(h, allowance_id, run_id)) == "ALLOWANCE_EXHAUSTED"
+    h.advance(WINDOW_MS)
+    h.tick()
+    assert waiter(h, small["waiter_id"])["state"] == "GRANTED"
+    assert h.err("allowance.wait", allowance_id=allowance_id, run_id=run_id, units=3, ttl_ms=None) == "VALIDATION_FAILED"

@@ -140,6 +140,7 @@ class AllowanceMachine(RuleBasedStateMachine):
                 assert earlier_id not in limit.waiters
         if line:
             ready_ms = resources.ready_ms(limit, line[0].units, now_ms)
+            assert ready_ms is not None  # its units are at most the limit's, which no rule changes
             assert limit.wake_ms is not None and limit.wake_ms <= max(ready_ms, now_ms), (limit.wake_ms, ready_ms)
             due = [entry[0] for entry in state.due if entry[2] == "limit_window" and entry[0] == limit.wake_ms]
             assert due, "the limit's wake is armed"

@@ -205,9 +205,10 @@ def consume(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             limit.cooldown_until_ms - now_ms,
         )
     ready_ms = resources.ready_ms(limit, units, now_ms)
+    assert ready_ms is not None  # units <= limit.units
     if limit.waiters:
-        head = ctx.state.allowance_waiters[limit.waiters[0]]
-        ready_ms = max(ready_ms, resources.ready_ms(limit, head.units, now_ms))
+        head_ready_ms = resources.ready_ms(limit, ctx.state.allowance_waiters[limit.waiters[0]].units, now_ms)
+        ready_ms = max(ready_ms, ready_ms if head_ready_ms is None else head_ready_ms)
         raise _Refused(
             errors.ALLOWANCE_EXHAUSTED, f"allowance {limit.name!r} has {len(limit.waiters)} waiters in line first",
             max(ready_ms - now_ms, 1),
@@ -342,10 +343,15 @@ def _end_waiter(ctx: Context, waiter: AllowanceWaiter, state: str) -> None:
 
 def _serve_line(ctx: Context, limit: RateLimit) -> None:
     """Grant waiters from the head of the line while their units can be taken now (strict FIFO:
-    the first that cannot stops the line, and the limit wakes when its window opens for it)."""
+    the first that cannot stops the line, and the limit wakes when its window opens for it). A
+    head asking more than the limit now allows (the limit routes made it smaller) never can: it
+    EXPIRES, and its holder, joining again, learns why (VALIDATION_FAILED)."""
     while limit.waiters:
         head = ctx.state.allowance_waiters[limit.waiters[0]]
         ready_ms = resources.ready_ms(limit, head.units, ctx.now_ms)
+        if ready_ms is None:
+            _end_waiter(ctx, head, WaiterState.EXPIRED)
+            continue
         if ready_ms > ctx.now_ms:
             resources.arm_window(ctx, limit, ready_ms)
             return

@@ -532,12 +532,14 @@ def _forget(limit: RateLimit, horizon_ms: int) -> None:
     del limit.takes[:forgotten]
 
 
-def ready_ms(limit: RateLimit, units: int, now_ms: int) -> int:
-    """When `units` (at most its units) can be taken if nobody else takes: when its window has room
-    for them, and not before its cooldown ends (allowances.py). Its waiters' line is not counted."""
+def ready_ms(limit: RateLimit, units: int, now_ms: int) -> int | None:
+    """When `units` can be taken if nobody else takes: when its window has room for them, and not
+    before its cooldown ends (allowances.py); None if never (more than its units: it may have been
+    made smaller since they were asked for). Its waiters' line is not counted."""
     available_ms = _available_ms(limit, units, now_ms)
-    assert available_ms is not None
-    return max(available_ms, limit.cooldown_until_ms) if limit.cooldown_until_ms > now_ms else available_ms
+    if available_ms is None or limit.cooldown_until_ms <= now_ms:
+        return available_ms
+    return max(available_ms, limit.cooldown_until_ms)
 
 
 def record_take(limit: RateLimit, now_ms: int, units: int) -> None:
@@ -585,6 +587,7 @@ def take(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(errors.VALIDATION_FAILED, f"limit {limit.name!r} allows {limit.units} units per window, not {units}")
     runs.require_active(ctx, run)
     available_ms = ready_ms(limit, units, ctx.now_ms)
+    assert available_ms is not None  # units <= limit.units
     if available_ms <= ctx.now_ms and not limit.waiters:
         _record_take(limit, ctx.now_ms, units)
         return {"taken": True, "available_ms": ctx.now_ms}
