@@ -16,7 +16,8 @@ the head of the line is granted as soon as the window has room for it: a LIMIT_W
 at the exact ms it opens for the head (resources.arm_window), and whatever gives units back or
 changes the limit wakes it (LIMIT_RETURN_HOOKS). A grant is a consumption of its own
 ("acn_" + the waiter's command id). A waiter ends CANCELLED (cancel, or its run's stop) or
-EXPIRED (its TTL); a GRANTED one stays granted. Ended waiters are kept, for their state to be
+EXPIRED (its TTL, or the limit routes made the limit smaller than its units); a GRANTED one stays
+granted. Ended waiters are kept, for their state to be
 read, until their run is removed. Jobs whose needs name the limit wait behind the line too.
 
 A cooldown: nothing of the allowance is taken before it ends (consumes, waiters, jobs, takes of
