@@ -265,7 +265,9 @@ _NO_BODY = {"holder": STRING}  # accept/reject take {} or no body; our SDK names
     "Create a task group with a run of its own (a child of parentScopeId when given) delivering its members "
     "through the WORK mailbox mailboxId",
     body={"mailboxId": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
-          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
+          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING,
+          # Extension: the run the group is created from (our SDK's run.groups), refused when it stopped.
+          "scopeId": STRING},
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=GROUP,
 )
 async def protocol_create(request: web.Request) -> web.Response:
@@ -279,6 +281,7 @@ async def protocol_create(request: web.Request) -> web.Response:
         "expected_members": req.integer(body, "expectedMembers", minimum=1, maximum=members_max),
         "deadline_ms": req.timestamp_ms(body, "deadline"),
         "parent_id": req.text(body, "parentScopeId", max_chars=limits.name_chars_max),
+        "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max),
         "retention_ms": node.config.retention_ms,
     }
     result = await req.propose(request, "group.create", args)
