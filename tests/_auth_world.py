@@ -98,12 +98,16 @@ def build_world(node: DevNode, secret: str) -> World:
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
         "ops": run,  # /ops/runs/{scopeId}
         "allowances": allowance, "allowance-waiters": allowance_waiter, "allowance-consumptions": consumption,
+        "task-groups": group, "members": member,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
         ("POST", "/v1/groups/{id}/accept"): {"taskId": member},
         ("POST", "/v1/groups/{id}/reject"): {"taskId": member},
         ("POST", "/v1/groups/{id}/tasks"): {"input": 3},
+        ("POST", "/v1/task-groups"): {"mailboxId": work, "condition": "ALL_TERMINAL"},
+        ("POST", "/v1/task-groups/{groupId}/tasks"): {"taskKey": "m3", "input": 3},
+        ("POST", "/v1/task-groups/{groupId}/join-task"): {"taskId": task},
         ("POST", "/v1/barriers/{id}/arrive"): {"key": "a"},
         ("POST", "/v1/tasks"): {"scopeId": run, "mailboxId": work, "input": 4},
         ("POST", "/v1/tasks/batch"): {"tasks": [{"scopeId": run, "mailboxId": work, "input": 5}]},
@@ -181,6 +185,8 @@ def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = 
             return values["claim-key"]
         if name == "name":
             return values["names"]  # the mailbox, pool, limit, budget and named run of the world have its name
+        if name == "taskId" and family == "task-groups":
+            return values["members"]  # a member of the world's group
         if name == "lease":
             return values["slots" if family == "slots" else "claims"]
         return values[family]

@@ -97,7 +97,53 @@ def test_create_refuses_from_a_stopped_run_or_under_one(h: Harness, run_id: str)
                  retention_ms=RETENTION_MS) == errors.SCOPE_CANCELLED
 
 
+def test_the_protocols_create_names_the_mailbox_by_id_and_no_calling_run(h: Harness, run_id: str) -> None:
+    mailbox_id = next(iter(h.state.spaces.values())).mailboxes[MAILBOX].id
+    created = h.ok("group.create", mailbox_id=mailbox_id, condition="ALL_TERMINAL", retention_ms=RETENTION_MS)
+    group = h.state.groups[created["group_id"]]
+    assert (group.mailbox, group.parent_id, h.run(created["run_id"]).parent_id) == (MAILBOX, None, None)
+    under = h.ok("group.create", mailbox_id=mailbox_id, parent_id=run_id, condition="FIRST_ACCEPTED",
+                 retention_ms=RETENTION_MS)
+    assert h.run(under["run_id"]).parent_id == run_id
+    assert h.err("group.create", mailbox_id="mbx_nope", condition="ALL_TERMINAL", retention_ms=RETENTION_MS) == (
+        errors.NOT_FOUND
+    )
+    h.ensure("inbox", mode="INBOX")
+    assert h.err("group.create", mailbox="inbox", condition="ALL_TERMINAL", retention_ms=RETENTION_MS) == (
+        errors.VALIDATION_FAILED
+    )
+    stopped = h.create_run()
+    h.cancel(stopped)
+    assert h.err("group.create", mailbox_id=mailbox_id, parent_id=stopped, condition="ALL_TERMINAL",
+                 retention_ms=RETENTION_MS) == errors.SCOPE_CANCELLED
+
+
+def test_seal_is_close_but_conflict_once_finalized(h: Harness, run_id: str) -> None:
+    g = G(h, run_id, condition="N_ACCEPTED", threshold=2)
+    g.submit("a", "b")
+    assert h.ok("group.seal", group_id=g.id)["state"] == "SEALED"
+    assert h.ok("group.seal", group_id=g.id)["state"] == "SEALED"  # again, undecided: the same
+    one = G(h, run_id, condition="N_ACCEPTED", threshold=2)
+    one.submit("a")
+    decided = h.ok("group.seal", group_id=one.id)  # the seal that decides answers the decision
+    assert (decided["state"], decided["outcome_reason"]) == ("FINALIZED", "threshold_unreachable")
+    assert h.err("group.seal", group_id=one.id) == errors.CONFLICT
+    assert h.ok("group.close", group_id=one.id)["state"] == "FINALIZED"  # close stays idempotent
+
+
 # -- members -------------------------------------------------------------------------------------
+
+
+def test_a_member_takes_its_deadline_and_requirements(h: Harness, run_id: str) -> None:
+    g = G(h, run_id, condition="ALL_TERMINAL")
+    h.ok("pool.ensure", name="gpu", size=2)
+    deadline_ms = h.now_ms + 60_000
+    task_id = h.ok("group.submit", **g.submit_args("a"), deadline_ms=deadline_ms,
+                   requirements={"pools": [{"name": "gpu", "units": 1}]})["task_id"]
+    task = h.task(task_id)
+    assert task.deadline_ms == deadline_ms and task.needs is not None and task.needs["slots"] == ["gpu"]
+    assert h.err("group.submit", **g.submit_args("b"), requirements=3) == errors.VALIDATION_FAILED
+    assert h.err("group.submit", **g.submit_args("c"), deadline_ms=h.now_ms - 1) == errors.VALIDATION_FAILED
 
 
 def test_members_are_tasks_of_the_group_run_and_resubmitting_returns_them(h: Harness, run_id: str) -> None:

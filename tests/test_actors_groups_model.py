@@ -61,18 +61,23 @@ class GroupMachine(RuleBasedStateMachine):
         threshold=st.integers(1, 4),
         expected=st.none() | st.integers(1, 6),
         with_deadline=st.booleans(),
+        protocol=st.booleans(),
     )
-    def create(self, condition: str, threshold: int, expected: int | None, with_deadline: bool) -> None:
+    def create(self, condition: str, threshold: int, expected: int | None, with_deadline: bool, protocol: bool) -> None:
         self.condition = condition
         self.threshold = threshold if condition == "N_ACCEPTED" else None
         if expected is not None and self.threshold is not None:
             expected = max(expected, self.threshold)
         self.expected = expected
         self.deadline_ms = self.h.now_ms + DEADLINE_MS if with_deadline else None
+        # The older route names the calling run and the mailbox by name; the protocol's (POST
+        # /task-groups) only the parent, and the mailbox by id.
+        named: dict[str, Any] = {"run_id": self.parent, "mailbox": MAILBOX}
+        if protocol:
+            named = {"mailbox_id": next(iter(self.h.state.spaces.values())).mailboxes[MAILBOX].id}
         created = self.h.ok(
-            "group.create", run_id=self.parent, parent_id=self.parent, mailbox=MAILBOX, condition=condition,
-            threshold=self.threshold, expected_members=expected, deadline_ms=self.deadline_ms,
-            retention_ms=RETENTION_MS,
+            "group.create", parent_id=self.parent, condition=condition, threshold=self.threshold,
+            expected_members=expected, deadline_ms=self.deadline_ms, retention_ms=RETENTION_MS, **named,
         )
         self.group_id, self.run_id = created["group_id"], created["run_id"]
 
@@ -253,6 +258,20 @@ class GroupMachine(RuleBasedStateMachine):
 
         result = self.execute("group.close", {"group_id": self.group_id}, model)
         assert (result["state"], result["outcome"], result["outcome_reason"]) == (self.state, self.outcome, self.reason)
+
+    @rule()
+    def seal(self) -> None:
+        """The protocol's deprecated close: the same, but CONFLICT once the group was decided."""
+
+        def model() -> None:
+            if self.state == "FINALIZED":
+                raise Rejection("CONFLICT")
+            self.state = "SEALED"
+            self.evaluate()
+
+        result = self.execute("group.seal", {"group_id": self.group_id}, model)
+        if result is not None:
+            assert (result["state"], result["outcome"], result["outcome_reason"]) == (self.state, self.outcome, self.reason)
 
     @rule(ms=st.sampled_from([0, 1_000, 2_000, 4_000]))
     def advance_and_tick(self, ms: int) -> None:

@@ -234,6 +234,7 @@ CASES: dict[str, list[Case]] = {
         Case(lambda f, o: {"group_id": o.group, "task_id": f.queued_task}),
     ],
     "group.close": [Case(lambda f, o: {"group_id": f.group})],
+    "group.seal": [Case(lambda f, o: {"group_id": f.group})],
     **{
         verdict: [
             Case(lambda f, o: {"group_id": f.group, "task_id": f.member}),

@@ -138,10 +138,18 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         if threshold is not None and expected < threshold:
             raise Rejected(errors.VALIDATION_FAILED, f"expectedMembers ({expected}) is lower than threshold ({threshold})")
     runs.require_deadline(ctx, deadline_ms)
+    mailbox_id = args.get("mailbox_id")  # the protocol names the mailbox by id, the older route by name
+    if isinstance(mailbox_id, str):
+        mailbox = ctx.space.mailbox_names.get(mailbox_id)
     if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
-        raise Rejected(errors.NOT_FOUND, f"mailbox {mailbox!r} not found; create it with mailboxes.ensure")
-    # The run the call is made from: it must exist and accept work, like any other new work.
-    runs.require_active(ctx, runs.require_run(ctx, args.get("run_id")))
+        shown = mailbox_id if isinstance(mailbox_id, str) else mailbox
+        raise Rejected(errors.NOT_FOUND, f"mailbox {shown!r} not found; create it with mailboxes.ensure")
+    if ctx.space.mailboxes[mailbox].mode == tasks.INBOX:
+        raise Rejected(errors.VALIDATION_FAILED, f"mailbox {mailbox!r} is an INBOX: a group's members are tasks of a WORK queue")
+    # The run the call is made from (the older route names it): it must exist and accept work, like
+    # any other new work. The protocol's create names none: its parentScopeId is checked below.
+    if args.get("run_id") is not None:
+        runs.require_active(ctx, runs.require_run(ctx, args.get("run_id")))
 
     group_id = "grp_" + ctx.command_id
     assert group_id not in ctx.state.groups, "leader generated a duplicate group id"
@@ -189,6 +197,10 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             "input": args.get("input"),
             "input_hash": input_hash,
             "attempts": args.get("attempts", limits.attempts_default),
+            # The protocol's member fields: its own deadline, and its requirements (else the
+            # mailbox's declared ones, as for any task).
+            "deadline_ms": args.get("deadline_ms"),
+            "requirements": args.get("requirements"),
         },
     )
     _join(ctx, group, submitted["task_id"])
@@ -223,6 +235,17 @@ def close(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         ctx.wake(group_key(group.id))
     evaluate(ctx, group)
     return decision(group)
+
+
+def seal(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """The deprecated close of the protocol: the same, but CONFLICT on a group decided before it
+    (a seal that decides the group answers its decision)."""
+    group = require_group(ctx, args.get("group_id"))
+    if group.state == GroupState.FINALIZED:
+        raise Rejected(
+            errors.CONFLICT, f"group {group.id} is finalized ({group.outcome} {group.outcome_reason}): it cannot be sealed"
+        )
+    return close(ctx, args)
 
 
 def accept(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -407,6 +430,7 @@ HANDLERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
     "group.submit": submit,
     "group.join": join,
     "group.close": close,
+    "group.seal": seal,
     "group.accept": accept,
     "group.reject": reject,
 }

@@ -2,7 +2,9 @@
 
 A group decides once, under races, whether a set of member tasks is done (FIRST_ACCEPTED,
 N_ACCEPTED with a threshold, ALL_TERMINAL) and stops its work in the same step. Members are tasks
-of the group's own run (`(await group.status())["scopeId"]`): start workers on that run.
+of the group's own run (`(await group.status())["scopeId"]`), a child of `parent_scope_id` when
+given: workers serving that parent run receive them (admit with includeDescendants), others attach
+to the group's run. The calls are the published protocol's `/task-groups` routes.
 
     group = await run.groups.create(mailbox="reviews", condition="N_ACCEPTED", threshold=5,
                                     parent_scope_id=run.id)
@@ -20,13 +22,6 @@ from urllib.parse import quote
 from runstate.sdk._time import format_deadline
 from runstate.sdk._waiting import wait_until
 from runstate.sdk.errors import ConfigError
-
-
-def _member_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A task body as a group member's: the group's route names the key `key`."""
-    if "taskKey" in body:
-        body["key"] = body.pop("taskKey")
-    return body
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -91,8 +86,11 @@ class Groups:
         """
         if condition not in CONDITIONS:
             raise ConfigError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-        body: dict[str, Any] = {"mailbox": mailbox, "condition": condition}
+        from runstate.sdk.client import mailbox_id
+
         _segment(mailbox, "mailbox")
+        # scopeId: the run the group is created from, which must be active (an extension field).
+        body: dict[str, Any] = {"mailboxId": None, "condition": condition, "scopeId": self.scope_id}
         optional = {
             "threshold": _count(threshold, "threshold"),
             "expectedMembers": _count(expected_members, "expected_members"),
@@ -100,11 +98,10 @@ class Groups:
             "parentScopeId": parent_scope_id,
         }
         body.update({name: value for name, value in optional.items() if value is not None})
+        body["mailboxId"] = await mailbox_id(self._transport, mailbox)
         # Not repeated blindly: a lost answer might hide a group that was created.
-        view = await self._transport.request(
-            "POST", f"/scopes/{_segment(self.scope_id, 'scope id')}/groups", body=body, safe=False
-        )
-        return Group(self._transport, view["id"], view)
+        view = await self._transport.request("POST", "/task-groups", body=body, safe=False)
+        return Group(self._transport, view["groupId"], view)
 
     def by_id(self, group_id: str) -> Group:
         """A handle on group `group_id`, e.g. after a restart (no request)."""
@@ -117,7 +114,7 @@ class Group:
     its `verdict` and `verdictBy`), ..."""
 
     def __init__(self, transport: Transport, group_id: str, view: dict[str, Any] | None = None) -> None:
-        self._path = f"/groups/{_segment(group_id, 'group id')}"
+        self._path = f"/task-groups/{_segment(group_id, 'group id')}"
         self._transport = transport
         self.id = group_id
         self.view = view
@@ -131,8 +128,13 @@ class Group:
         """The group's own run (where workers take its members), once a view was fetched."""
         return self.view.get("scopeId") if self.view else None
 
-    async def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> client.Ticket:
+    async def submit(
+        self, input: Any, key: str | None = None, attempts: int | None = None,
+        deadline: datetime | timedelta | str | None = None,
+    ) -> client.Ticket:
         """Submit a member task; returns its `Ticket` (`.created` is False for an existing member).
+        Without a key the key is the input's hash; `deadline` (a datetime, a timedelta from now or
+        an ISO 8601 string) expires the member if it has not finished by then.
 
         The same key and input as a member returns that member, even once the group is closed.
         Raises ConflictError with code GROUP_CLOSED for a new member of a closed or finalized
@@ -141,10 +143,12 @@ class Group:
         """
         from runstate.sdk.client import Ticket, _task_body
 
-        answer = await self._transport.request(
-            "POST", f"{self._path}/tasks", body=_member_body(_task_body(input, key, attempts)), safe=True
-        )
-        return Ticket(self._transport, answer["id"], key=answer.get("key", key), created=answer.get("created"),
+        body = _task_body(input, key, attempts)
+        formatted = format_deadline(deadline)
+        if formatted is not None:
+            body["deadline"] = formatted
+        answer = await self._transport.request("POST", f"{self._path}/tasks", body=body, safe=True)
+        return Ticket(self._transport, answer["taskId"], key=answer.get("taskKey", key), created=answer.get("created"),
                       state=answer.get("state"))
 
     async def join_task(self, task_id: Any) -> dict[str, Any]:
@@ -153,7 +157,7 @@ class Group:
         GROUP_CLOSED once closed (ScopeCancelledError once its run was stopped from outside),
         CONFLICT for a task of another run; NotFoundError."""
         body = {"taskId": _task_id(task_id)}
-        return await self._transport.request("POST", f"{self._path}/join", body=body, safe=True)
+        return await self._transport.request("POST", f"{self._path}/join-task", body=body, safe=True)
 
     async def close(self) -> dict[str, Any]:
         """No new members; the group is evaluated at once. Returns `{"state", "outcome",
@@ -183,8 +187,10 @@ class Group:
         return await self._judge("reject", task_id)
 
     async def _judge(self, kind: str, task_id: Any) -> dict[str, Any]:
-        body = {"taskId": _task_id(task_id), "holder": self._transport.holder}
-        return await self._transport.request("POST", f"{self._path}/{kind}", body=body, safe=True)
+        holder = self._transport.holder
+        body = {} if holder is None else {"holder": holder}
+        path = f"{self._path}/tasks/{_segment(_task_id(task_id), 'task id')}/{kind}"
+        return await self._transport.request("POST", path, body=body, safe=True)
 
     async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         """Wait until the group is FINALIZED; returns its view (`outcome`: SUCCESS or FAILURE,
@@ -257,10 +263,13 @@ class BlockingGroup:
     def scope_id(self) -> str | None:
         return self._inner.scope_id
 
-    def submit(self, input: Any, key: str | None = None, attempts: int | None = None) -> sync.Ticket:
+    def submit(
+        self, input: Any, key: str | None = None, attempts: int | None = None,
+        deadline: datetime | timedelta | str | None = None,
+    ) -> sync.Ticket:
         from runstate.sdk.sync import Ticket
 
-        ticket = self._portal.call(lambda: self._inner.submit(input, key=key, attempts=attempts))
+        ticket = self._portal.call(lambda: self._inner.submit(input, key=key, attempts=attempts, deadline=deadline))
         return Ticket(ticket, self._portal)
 
     def join_task(self, task_id: Any) -> dict[str, Any]:
