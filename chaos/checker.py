@@ -25,7 +25,8 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
     8 linearizability  per task, completes (write once) and reads are linearizable
     9 replays          calls retried with one idempotency key are answered alike: applied once
    10 capacity         a permit never grants more units than it has; a stopped run's acquire is
-                       refused; every unit is back once the leases ran out
+                       refused; every unit is back once the leases ran out; no window of an
+                       allowance lets more than its units through
    11 money            a budget's money is never created or lost: limit = settled + reserved +
                        remaining in every view; settled only grows, by the settles' charges
 
@@ -1256,6 +1257,47 @@ def check_replays(history: History) -> list[Violation]:
     return violations
 
 
+def _allowance_windows(history: History) -> list[Violation]:
+    """No window of an allowance lets more than its units through: the units of the grants that
+    certainly happened within one window's length (acknowledged consumes whose call and return,
+    and waiters from their wait's call to the return of the read that saw them GRANTED, all lie
+    in an interval shorter than the window) add up to at most `unitsLimit`."""
+    violations: list[Violation] = []
+    sizes = {op.result["allowanceId"]: (int(op.result["unitsLimit"]), float(op.result["windowSeconds"]))
+             for op in history.by_kind["allowance_declare"] if op.ok and op.result}
+    grants: dict[Any, list[tuple[float, float, int, Op]]] = defaultdict(list)  # (from, to, units, op)
+    for op in history.by_kind["allowance_consume"]:
+        if op.ok and op.result and op.ret is not None:
+            grants[op.args.get("allowance")].append((op.call, op.ret, int(op.result["units"]), op))
+    waits = {op.result["waiterId"]: op for op in history.by_kind["allowance_wait"] if op.ok and op.result}
+    for op in history.by_kind["allowance_wait"]:
+        if op.ok and op.result and op.result.get("state") == "GRANTED" and op.ret is not None:
+            grants[op.args.get("allowance")].append((op.call, op.ret, int(op.args.get("units", 1)), op))
+    seen_granted: set[Any] = set()
+    for op in history.by_kind["allowance_waiter_read"]:
+        waiter = op.args.get("waiterId")
+        wait = waits.get(waiter)
+        if op.ok and op.result and op.result.get("state") == "GRANTED" and wait is not None and waiter not in seen_granted:
+            seen_granted.add(waiter)
+            grants[wait.args.get("allowance")].append((wait.call, op.ret or op.call, int(wait.args.get("units", 1)), op))
+    for allowance, taken in grants.items():
+        if allowance not in sizes:
+            continue
+        units, window_s = sizes[allowance]
+        taken.sort(key=lambda grant: grant[0])
+        for index, (start, _end, _units, _op) in enumerate(taken):
+            inside = [grant for grant in taken[index:] if grant[1] < start + window_s]
+            total = sum(grant[2] for grant in inside)
+            if total > units:
+                violations.append(Violation(
+                    CHECK_CAPACITY, str(allowance),
+                    f"{total} units went through within {window_s:g} s, more than its {units}",
+                    _ops([grant[3] for grant in inside]),
+                ))
+                break
+    return violations
+
+
 def check_capacity(history: History) -> list[Violation]:
     """A permit never grants more units than it has.
 
@@ -1268,7 +1310,9 @@ def check_capacity(history: History) -> list[Violation]:
     acquires hold nothing certain and are not counted. Also: every view read shows at most
     `unitsTotal` units in use, equal to the sum of its grants; no acquire called after its run's
     cancel was acknowledged is acknowledged; the final view (read after every lease ran out)
-    holds no unit.
+    holds no unit. And per allowance (_allowance_windows): no window lets more than its units
+    through, counting only grants that certainly fell within one window (unknown consumes and
+    waiters never seen GRANTED count nothing).
     """
     violations: list[Violation] = []
     totals = {op.result["permitId"]: int(op.result["unitsTotal"]) for op in history.by_kind["permit_declare"]
@@ -1327,6 +1371,7 @@ def check_capacity(history: History) -> list[Violation]:
                     CHECK_CAPACITY, str(op.args.get("permit")),
                     f"a view shows {in_use} of {total} units in use, its grants {granted}", (op,),
                 ))
+    violations += _allowance_windows(history)
     finals = history.finals.get("permit", {})
     if totals and not finals:
         history.notes.append("capacity: no final view of a permit")
@@ -1448,6 +1493,7 @@ def _counts(history: History, violations: list[Violation]) -> dict[str, int]:
         "timers": _entities(history, "timer", "timerId", "timer_create", "timer_read"),
         "runs_cancelled": len({op.args.get("run") for op in history.by_kind["cancel_run"] if op.ok}),
         "permit_grants": sum(1 for op in history.by_kind["permit_acquire"] if op.ok),
+        "allowance_consumes": sum(1 for op in history.by_kind["allowance_consume"] if op.ok),
         "budget_settles": sum(1 for op in history.by_kind["budget_settle"] if op.ok),
         # Idempotency keys answered more than once (a retry or a deliberate second send).
         "replayed_keys": sum(
@@ -1480,6 +1526,7 @@ def format_report(report: Report) -> str:
         f"  checked: {counts.get('tasks', 0)} tasks, {counts.get('deliveries', 0)} deliveries, {counts.get('once_keys', 0)} once "
         f"keys, {counts.get('groups', 0)} groups, {counts.get('barriers', 0)} barriers, {counts.get('timers', 0)} timers, "
         f"{counts.get('runs_cancelled', 0)} cancelled runs, {counts.get('permit_grants', 0)} permit grants, "
+        f"{counts.get('allowance_consumes', 0)} allowance consumes, "
         f"{counts.get('budget_settles', 0)} budget settles, "
         f"{counts.get('registers', 0)} task registers "
         f"({counts.get('registers_undecided', 0)} undecided)",

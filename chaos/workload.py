@@ -38,6 +38,9 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   sometimes joins the waiters' line and acquires when signalled; some hold past the lease (their
   release is refused with STALE_CLAIM), some runs are cancelled while holding (the grant ends with
   the run); all read the permit's view.
+- allowance clients: one allowance of ALLOWANCE_UNITS units per ALLOWANCE_WINDOW_S seconds,
+  declared by name; each client consumes 1 or 2 units, and when it is exhausted sometimes joins
+  the waiters' line and polls its waiter until it is granted.
 - budget clients: one budget of BUDGET_LIMIT_MINOR minor units, declared by name; each client
   reserves an amount under a run, settles part of it in one or two keyed settles (some asking
   more than reserved, with allowOverrun), voids the rest or leaves it to its run's cancel, and
@@ -140,6 +143,13 @@ PERMIT_WAITER_POLLS_MAX = 12
 PERMIT_WAITER_POLL_S = 0.25
 PERMIT_READ_PROBABILITY = 0.3
 
+ALLOWANCE_NAME = "chaos-allowance"
+ALLOWANCE_UNITS = 5
+ALLOWANCE_WINDOW_S = 2
+ALLOWANCE_LINE_PROBABILITY = 0.5
+ALLOWANCE_WAITER_TTL_S = 5
+ALLOWANCE_WAITER_POLLS_MAX = 12
+
 BUDGET_NAME = "chaos-budget"
 BUDGET_LIMIT_MINOR = 5_000_000
 BUDGET_RESERVE_MINOR = (100, 20_000)
@@ -166,6 +176,7 @@ class WorkloadConfig:
     timer_clients: int = 1
     permit_clients: int = 3
     budget_clients: int = 2
+    allowance_clients: int = 2
     pace: float = 1.3
     lease_ms: int = LEASE_MS
     crash_probability: float = 0.06
@@ -1207,6 +1218,69 @@ class _PermitClient(_Client):
         )
 
 
+class _AllowanceClient(_Client):
+    """Consumes units of the shared allowance; waits in its line when it is exhausted."""
+
+    def loop(self) -> None:
+        allowance_id = self.declare()
+        run: str | None = None
+        in_run = 0
+        while allowance_id is not None and self.pause(self.rng.uniform(0.1, 0.4)):
+            if run is None:
+                run = self.create_run("allowances")
+                in_run = 0
+                if run is None:
+                    continue
+            in_run += 1
+            units = self.rng.choice((1, 1, 2))
+            answer = self.call(
+                "allowance_consume", {"allowance": allowance_id, "run": run, "units": units}, "POST",
+                f"/v1/allowances/{_segment(allowance_id)}/consume", {"scopeId": run, "units": units, "holder": self.name},
+                shape=lambda body: {"consumptionId": body["consumptionId"], "units": body["units"]},
+            )
+            if answer.code == "ALLOWANCE_EXHAUSTED" and self.rng.random() < ALLOWANCE_LINE_PROBABILITY:
+                self.wait_in_line(allowance_id, run, units)
+            if run is not None and in_run >= PERMIT_GRANTS_PER_RUN:
+                run = None
+
+    def declare(self) -> str | None:
+        while self.running:
+            body = {"unitsLimit": ALLOWANCE_UNITS, "windowSeconds": ALLOWANCE_WINDOW_S}
+            answer = self.call_until_known(
+                "allowance_declare", {"name": ALLOWANCE_NAME, **body}, "PUT", f"/v1/allowances/by-name/{ALLOWANCE_NAME}",
+                body, shape=lambda body: {"allowanceId": body["id"], "unitsLimit": body["unitsLimit"],
+                                          "windowSeconds": body["windowSeconds"]},
+            )
+            if answer.ok and answer.result is not None:
+                return str(answer.result["allowanceId"])
+            if answer.outcome == FAIL:
+                raise RuntimeError(f"cannot declare the allowance: {answer.code}: {answer.message}")
+            self.pause(RETRY_PAUSE_S, paced=False)
+        return None
+
+    def wait_in_line(self, allowance_id: str, run: str, units: int) -> None:
+        answer = self.call(
+            "allowance_wait", {"allowance": allowance_id, "run": run, "units": units}, "POST",
+            f"/v1/allowances/{_segment(allowance_id)}/wait",
+            {"scopeId": run, "units": units, "holder": self.name, "ttlSeconds": ALLOWANCE_WAITER_TTL_S},
+            shape=lambda body: {"waiterId": body["waiterId"], "state": body["state"]},
+        )
+        if not answer.ok or answer.result is None:
+            return
+        waiter, state = str(answer.result["waiterId"]), str(answer.result["state"])
+        for _ in range(ALLOWANCE_WAITER_POLLS_MAX):
+            if state != "WAITING" or not self.pause(PERMIT_WAITER_POLL_S, paced=False):
+                return
+            read = self.call(
+                "allowance_waiter_read", {"waiterId": waiter, "allowance": allowance_id, "units": units}, "GET",
+                f"/v1/allowance-waiters/{_segment(waiter)}", shape=lambda body: {"state": body["state"]},
+            )
+            if read.ok and read.result is not None:
+                state = str(read.result["state"])
+        self.call("allowance_waiter_cancel", {"waiterId": waiter}, "POST",
+                  f"/v1/allowance-waiters/{_segment(waiter)}/cancel", {})
+
+
 def _minor(value: Any) -> int:
     return int(value)
 
@@ -1398,6 +1472,7 @@ class Workload:
         clients += [_TimerClient(**common(f"timers-{i}")) for i in range(config.timer_clients)]
         clients += [_PermitClient(**common(f"permits-{i}")) for i in range(config.permit_clients)]
         clients += [_BudgetClient(**common(f"budgets-{i}")) for i in range(config.budget_clients)]
+        clients += [_AllowanceClient(**common(f"allowances-{i}")) for i in range(config.allowance_clients)]
         return clients
 
     def _run_client(self, client: _Client) -> None:

@@ -586,6 +586,37 @@ def test_capacity_a_view_over_its_size_an_acquire_after_a_cancel_and_units_left_
     assert "still has 1 units in use" in found
 
 
+def allowance(units: int = 3, window_s: float = 2) -> H:
+    return H().op("allowance_declare", {"name": "a"}, 0, 0.1,
+                  {"allowanceId": "alw_1", "unitsLimit": units, "windowSeconds": window_s})
+
+
+def consume(h: H, call: float, ret: float, units: int = 1, *, status: str = "ok") -> H:
+    return h.op("allowance_consume", {"allowance": "alw_1", "run": "r", "units": units}, call, ret,
+                {"consumptionId": f"acn_{call}", "units": units}, status=status)
+
+
+def test_capacity_an_allowance_passes_when_each_window_holds_its_units() -> None:
+    h = allowance(units=3)
+    for call in (1, 1.1, 1.2):
+        consume(h, call, call + 0.05)
+    consume(h, 1.3, 3.5)  # its answer came late: it may have been taken after the window moved on
+    consume(h, 1.4, 1.45, status="unknown")
+    h.op("allowance_wait", {"allowance": "alw_1", "run": "r", "units": 1}, 1.5, 1.6, {"waiterId": "w", "state": "WAITING"})
+    h.op("allowance_waiter_read", {"waiterId": "w"}, 3.0, 3.6, {"state": "GRANTED"})
+    assert h.violations("capacity") == []
+
+
+def test_capacity_an_allowance_that_lets_too_much_through_a_window() -> None:
+    h = allowance(units=3)
+    for call in (1, 1.1, 1.2):
+        consume(h, call, call + 0.05)
+    h.op("allowance_wait", {"allowance": "alw_1", "run": "r", "units": 1}, 1.5, 1.6, {"waiterId": "w", "state": "WAITING"})
+    h.op("allowance_waiter_read", {"waiterId": "w"}, 2.0, 2.1, {"state": "GRANTED"})
+    found = h.violations("capacity")
+    assert len(found) == 1 and "4 units went through within 2 s" in found[0].message
+
+
 # -- 11. money ----------------------------------------------------------------------------------
 
 

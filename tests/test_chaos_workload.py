@@ -26,7 +26,7 @@ OPERATION_KINDS = {
     "run_create", "submit", "cancel_run", "receive", "renew", "complete", "crash", "read_task", "once",
     "group_create", "group_submit", "verdict", "group_read", "barrier_create", "arrive", "barrier_read",
     "timer_create", "timer_read", "permit_declare", "permit_acquire", "permit_release",
-    "budget_declare", "budget_reserve", "budget_settle", "budget_void",
+    "budget_declare", "budget_reserve", "budget_settle", "budget_void", "allowance_declare", "allowance_consume",
 }
 FINISHED = {"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"}
 
@@ -235,6 +235,7 @@ def test_ten_seconds_of_workload_make_a_well_formed_history(make_cluster: Callab
     refusals = collections.Counter(o["error"]["code"] for o in operations if o["status"] == "fail")
     assert set(refusals) <= {
         "SCOPE_CANCELLED", "STALE_CLAIM", "BARRIER_RELEASED", "BARRIER_CANCELLED", "CONFLICT", "CAPACITY_UNAVAILABLE",
+        "ALLOWANCE_EXHAUSTED",
     }, refusals
     stalled = [o for o in operations if o["op"] == "complete" and o["args"].get("stalled")]
     assert stalled and all(o["error"]["code"] in ("STALE_CLAIM", "SCOPE_CANCELLED") for o in stalled), stalled
