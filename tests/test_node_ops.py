@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from runstate import Runstate
 
 from tests._http import Api, recv, task_ok
 from tests._nodes import DevNode
@@ -108,3 +109,14 @@ def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
     assert [entry["waiterId"] for entry in waiting_of(waits, "permitWaiter")] == [waiter_id]
     assert [entry["waiterId"] for entry in waiting_of(waits, "allowanceWaiter")] == [line["waiterId"]]
     assert waiting_of(waits, "task") == []  # waiting only for a worker: in its run's view
+
+
+def test_the_sdk_reads_both_views(dev_node: DevNode) -> None:
+    space = f"ops-sdk-{uuid.uuid4().hex[:12]}"
+    api = Api(dev_node.url, space=space)
+    run_id = new_run(api)
+    api.ok("POST", "/v1/claims", {**lease_body(run_id, "sdk-worker"), "key": "k"})
+    with Runstate(base_url=dev_node.url, space_id=space) as rs:
+        assert [worker["holder"] for worker in rs.diagnostics.workers(run_id)] == ["sdk-worker"]
+        assert rs.diagnostics.run(run_id)["rootScopeId"] == run_id
+        assert rs.diagnostics.waits() == {"waiting": [], "truncated": False}

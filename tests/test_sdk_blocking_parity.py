@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from runstate.sdk import admin, barriers, claims, client, groups, once_calls, resources, sync, timers
+from runstate.sdk import admin, barriers, claims, client, diagnostics, groups, once_calls, resources, sync, timers
 
 # (async class, its blocking twin)
 PAIRS = [
@@ -25,6 +25,7 @@ PAIRS = [
     (once_calls.OnceCalls, once_calls.BlockingOnceCalls),
     (admin.Spaces, admin.BlockingSpaces),
     (admin.Keys, admin.BlockingKeys),
+    (diagnostics.Diagnostics, diagnostics.BlockingDiagnostics),
     (barriers.Barriers, barriers.BlockingBarriers),
     (barriers.Barrier, barriers.BlockingBarrier),
     (groups.Groups, groups.BlockingGroups),

@@ -30,6 +30,7 @@ from runstate.sdk._time import format_deadline, parse_time
 from runstate.sdk.admin import Identity, Keys, Spaces, fetch_identity
 from runstate.sdk.barriers import Barriers
 from runstate.sdk.claims import Claims
+from runstate.sdk.diagnostics import Diagnostics
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -807,6 +808,7 @@ class AsyncRunstate:
         self.budgets = Budgets(self._transport)
         self.spaces = Spaces(self._transport)
         self.keys = Keys(self._transport)
+        self.diagnostics = Diagnostics(self._transport)
 
     @property
     def holder(self) -> str:

@@ -24,6 +24,7 @@ from runstate.sdk.admin import BlockingKeys, BlockingSpaces, Identity
 from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.claims import BlockingClaims
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
+from runstate.sdk.diagnostics import BlockingDiagnostics
 from runstate.sdk.errors import ConfigError
 from runstate.sdk.groups import BlockingGroups
 from runstate.sdk.once_calls import BlockingOnceCalls
@@ -473,6 +474,7 @@ class Runstate:
         self.budgets = BlockingBudgets(self._async.budgets, self._portal)
         self.spaces = BlockingSpaces(self._async.spaces, self._portal)
         self.keys = BlockingKeys(self._async.keys, self._portal)
+        self.diagnostics = BlockingDiagnostics(self._async.diagnostics, self._portal)
         self.claims = BlockingClaims(self._async.claims, self._portal)
         self.once = BlockingOnceCalls(self._async.once, self._portal)
 
