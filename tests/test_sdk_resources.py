@@ -106,11 +106,17 @@ class FakeTransport:
         action = "look-up" if "/by-name/" in path else path.rsplit("/", 1)[-1]
         self.calls.append((action, dict(body or {})))
         if action == "look-up":
-            return {"id": "prm_1"}
+            return {"id": "bdg_1", "scale": 6, "limitMinor": "1000000"} if "/budgets/" in path else {"id": "prm_1"}
         if action == "acquire":
             return {"grantId": "slt_1", "token": "slt_1.t", "units": 1, "leaseExpiresAt": "2030-01-01T00:00:00.000Z"}
         if action == "reserve":
-            return {"granted": True, "reservationId": "rsv_1", "amount": body["amount"], "leaseExpiresAt": None}
+            return {"reservationId": "rsv_1", "reservedMinor": body["amountMinor"], "state": "ACTIVE",
+                    "settleBy": "2030-01-01T00:00:00.000Z"}
+        if method == "GET" and path.startswith("/scopes/"):  # a reservation's renewal looks at its run
+            self.calls.append(("renew", {}))
+            return {"effective": "ACTIVE"}
+        if action == "void":
+            return {"reservationId": body["reservationId"], "state": "VOIDED", "chargedMinor": "0"}
         if action == "renew":
             renewals = sum(1 for name, _ in self.calls if name == "renew")
             if self.refuse_after is not None and renewals >= self.refuse_after:
@@ -119,7 +125,7 @@ class FakeTransport:
         if action == "release":
             return {"released": True}
         if action == "settle":
-            return {"charged": body["spent"], "returned": 0.0}
+            return {"reservationId": body["reservationId"], "state": "ACTIVE", "chargedMinor": body["amountMinor"]}
         raise AssertionError(f"unexpected {method} {path}")
 
     def actions(self) -> list[str]:
@@ -148,15 +154,16 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         with pytest.raises(KeyError):
             async with run.budget("model-usd", reserve=0.4):
                 raise KeyError("own error")
-        assert transport.actions() == ["reserve", "release"]
+        assert transport.actions() == ["look-up", "reserve", "void"]
         async with run.budget("model-usd", reserve=0.4, lease_ms=150) as reservation:
             await asyncio.sleep(0.2)
-        assert transport.calls[-1] == ("settle", {"spent": 0.4})
+        settle = {"reservationId": "rsv_1", "amountMinor": "400000", "workKey": "settle:rsv_1", "allowOverrun": True}
+        assert transport.calls[-2:] == [("settle", settle), ("void", {"reservationId": "rsv_1", "workKey": "void:rsv_1"})]
         assert "renew" in [name for name, _ in transport.calls]
         async with run.budget("model-usd", reserve=0.4) as reservation:
             reservation.spend(0.07)
             reservation.spend(0.05)
-        assert transport.calls[-1] == ("settle", {"spent": 0.12})
+        assert transport.calls[-2] == ("settle", {**settle, "amountMinor": "120000"})
 
         # Cancelled from outside while held: the cancellation goes on, the slot is released.
         transport = FakeTransport()
@@ -454,10 +461,11 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
 
     jobs = [render.send({"url": f"https://example.com/{n}"}) for n in range(6)]
     task = run.task(jobs[0].id).status()
-    assert task["needs"] == {
+    assert task["needs"] == {  # the protocol's requirements: the budget in minor units (scale 6)
         "slots": ["browser"],
         "limit": {"name": "search-api", "units": 1},
-        "budget": {"name": "model-usd", "reserve": 0.4},
+        "budget": None,
+        "budgets": [{"name": "model-usd", "reserveMinor": "400000"}],
     }
     workers = [Worker(render), Worker(render)]
     try:
@@ -510,6 +518,46 @@ def test_context_spend_is_reported_with_the_job(module_api: tuple[Runstate, Any]
             fails(0.05)
         view = rs.budgets.status("model-usd")
         assert (view["spent"], view["reserved"]) == (0.65, 0)
+    finally:
+        run.cancel()
+        worker.join()
+
+
+def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any]) -> None:
+    """The worker declares the queue with its requirements; a producer that names none (here a
+    raw submit) still gets them; the worker settles the reservation with the spend and voids the
+    rest; a failed job charges what it reported, and nothing stays reserved."""
+    rs, run = module_api
+    rs.pools.ensure("browser", size=1)
+    rs.budgets.ensure("model-usd", total=1.00)
+
+    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "reserve": 0.25}, attempts=1)
+    def declared(input: dict) -> dict:
+        runstate.context().spend(0.1)
+        if input.get("fail"):
+            raise RuntimeError("spent, then failed")
+        return input
+
+    worker = Worker(declared)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while rs.mailboxes.get("declared").get("requirements") is None:
+            assert time.monotonic() < deadline, "the worker never declared the queue"
+            time.sleep(0.05)
+        assert rs.mailboxes.get("declared")["requirements"] == {
+            "pools": [{"name": "browser", "units": 1}],
+            "budgets": [{"name": "model-usd", "reserveMinor": "250000"}],
+        }
+        assert rs.mailboxes.get("declared")["maxAttempts"] == 1
+        mailbox = run.mailbox("declared")
+        ok, failing = mailbox.submit({"n": 1}), mailbox.submit({"n": 2, "fail": True})  # no needs named
+        assert ok.status()["needs"]["budgets"] == [{"name": "model-usd", "reserveMinor": "250000"}]
+        assert ok.result(timeout_ms=int(WAIT_S * 1000))["state"] == "SUCCEEDED"
+        assert failing.result(timeout_ms=int(WAIT_S * 1000))["state"] == "FAILED"
+        view = rs.budgets.status("model-usd")
+        assert (view["spent"], view["reserved"], view["remaining"]) == (0.2, 0, 0.8)
+        assert sorted(row["state"] for row in rs.budgets.status("model-usd")["reservations"]) == []
+        assert rs.pools.status("browser")["inUse"] == 0
     finally:
         run.cancel()
         worker.join()
@@ -577,10 +625,11 @@ def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> 
             for lease in (seen["lease"], seen["reservation"]):
                 assert lease.lost and lease.signal.is_set()
                 assert isinstance(lease.lost_error, ScopeCancelledError)
-            # Handed back on exit: the slot released, the reservation settled with its spend.
+            # Handed back: the slot released on exit; the reservation was voided by the run's
+            # stop (the protocol's rule), so its settle on exit charged nothing.
             assert (await rs.pools.status("browser"))["inUse"] == 0
             budget = await rs.budgets.status("model-usd")
-            assert (budget["spent"], budget["reserved"]) == (0.1, 0)
+            assert (budget["spent"], budget["reserved"]) == (0, 0)
 
             with pytest.raises(ScopeCancelledError):
                 async with run.slot("browser", timeout_ms=1_000):
