@@ -26,6 +26,8 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
     9 replays          calls retried with one idempotency key are answered alike: applied once
    10 capacity         a permit never grants more units than it has; a stopped run's acquire is
                        refused; every unit is back once the leases ran out
+   11 money            a budget's money is never created or lost: limit = settled + reserved +
+                       remaining in every view; settled only grows, by the settles' charges
 
 The final views (`final` lines, read after the faults healed) are the last observation of each
 entity; a check that needs them and finds none of a kind notes that it skipped that part.
@@ -54,6 +56,7 @@ CHECK_CANCEL = "cancel"
 CHECK_LINEARIZABILITY = "linearizability"
 CHECK_REPLAYS = "replays"
 CHECK_CAPACITY = "capacity"
+CHECK_MONEY = "money"
 
 # How much earlier than `acquire.call + leaseMs` the capacity check ends a grant's certain holding:
 # the lease runs on the leader's clock from its command time (after the call), this clock runs
@@ -1335,6 +1338,74 @@ def check_capacity(history: History) -> list[Violation]:
     return violations
 
 
+def _money_balanced(view: Mapping[str, Any]) -> str | None:
+    """What is wrong with a budget view's sums, or None."""
+    limit, settled = int(view["limitMinor"]), int(view["settledMinor"])
+    reserved, remaining = int(view["reservedMinor"]), int(view["remainingMinor"])
+    if settled + reserved + remaining != limit or min(settled, reserved, remaining) < 0:
+        return f"settled {settled} + reserved {reserved} + remaining {remaining} is not its limit {limit}"
+    if "held" in view and int(view["held"]) != reserved:
+        return f"its open reservations hold {view['held']}, its reserved is {reserved}"
+    return None
+
+
+def check_money(history: History) -> list[Violation]:
+    """A budget's money is never created or lost.
+
+    Proves, per budget: every view read (and the final view) has settled + reserved + remaining =
+    limit, none negative, and reserved = what its open reservations hold; settled never goes down
+    (a view read after another returned shows at least its settled); the final settled is at
+    least the sum of the charges acknowledged settles answered (one per reservation and workKey:
+    a retried settle charges once) and at most that plus what the settles of unknown outcome asked.
+    An unknown settle may have charged anything up to its ask, or nothing.
+    """
+    violations: list[Violation] = []
+    limits_of = {op.result["budgetId"]: int(op.result["limitMinor"]) for op in history.by_kind["budget_declare"]
+                 if op.ok and op.result}
+    reads: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["budget_read"]:
+        if op.ok and op.result:
+            reads[op.args.get("budget")].append(op)
+            problem = _money_balanced(op.result)
+            if problem is not None:
+                violations.append(Violation(CHECK_MONEY, str(op.args.get("budget")), f"a view: {problem}", (op,)))
+    for budget, budget_reads in reads.items():
+        for earlier in budget_reads:
+            later = next((op for op in budget_reads if op.call > (earlier.ret or math.inf)
+                          and int(op.result["settledMinor"]) < int(earlier.result["settledMinor"])), None)  # type: ignore[index]
+            if later is not None:
+                violations.append(Violation(CHECK_MONEY, str(budget), "settled went down between two reads", (earlier, later)))
+                break
+    charged: dict[Any, dict[tuple[Any, Any], int]] = defaultdict(dict)  # budget -> (reservation, workKey) -> charge
+    asked: dict[Any, dict[tuple[Any, Any], int]] = defaultdict(dict)  # of settles whose outcome is unknown
+    for op in history.by_kind["budget_settle"]:
+        key = (op.args.get("reservationId"), op.args.get("workKey"))
+        budget = op.args.get("budget")
+        if op.ok and op.result:
+            charged[budget][key] = int(op.result["chargedMinor"])
+        elif op.may_have_happened:
+            asked[budget][key] = max(asked[budget].get(key, 0), int(op.args.get("amountMinor", 0)))
+    for budget, view in history.finals.get("budget", {}).items():
+        if not isinstance(view, dict) or "error" in view:
+            continue
+        final = {**view, "held": sum(int(r["reservedMinor"]) for r in view.get("reservations", [])
+                                     if r.get("state") in ("ACTIVE", "STALE"))}
+        problem = _money_balanced(final)
+        if problem is not None:
+            violations.append(Violation(CHECK_MONEY, budget, f"the final view: {problem}"))
+        known = sum(charged[budget].values())
+        unknown = sum(amount for key, amount in asked[budget].items() if key not in charged[budget])
+        settled = int(view["settledMinor"])
+        if not known <= settled <= known + unknown:
+            violations.append(Violation(
+                CHECK_MONEY, budget,
+                f"settled {settled} at the end, but acknowledged settles charged {known} (and unknown ones asked {unknown})",
+            ))
+        if budget in limits_of and int(view["limitMinor"]) != limits_of[budget]:
+            violations.append(Violation(CHECK_MONEY, budget, "its limit changed"))
+    return violations
+
+
 CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_RESULTS, check_results),
     (CHECK_LEASES, check_leases),
@@ -1346,6 +1417,7 @@ CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_LINEARIZABILITY, check_linearizable_reads),
     (CHECK_REPLAYS, check_replays),
     (CHECK_CAPACITY, check_capacity),
+    (CHECK_MONEY, check_money),
 )
 
 
@@ -1376,6 +1448,7 @@ def _counts(history: History, violations: list[Violation]) -> dict[str, int]:
         "timers": _entities(history, "timer", "timerId", "timer_create", "timer_read"),
         "runs_cancelled": len({op.args.get("run") for op in history.by_kind["cancel_run"] if op.ok}),
         "permit_grants": sum(1 for op in history.by_kind["permit_acquire"] if op.ok),
+        "budget_settles": sum(1 for op in history.by_kind["budget_settle"] if op.ok),
         # Idempotency keys answered more than once (a retry or a deliberate second send).
         "replayed_keys": sum(
             1 for count in Counter((op.op, op.args["idem"]) for op in history.ops if op.ok and "idem" in op.args).values()
@@ -1407,6 +1480,7 @@ def format_report(report: Report) -> str:
         f"  checked: {counts.get('tasks', 0)} tasks, {counts.get('deliveries', 0)} deliveries, {counts.get('once_keys', 0)} once "
         f"keys, {counts.get('groups', 0)} groups, {counts.get('barriers', 0)} barriers, {counts.get('timers', 0)} timers, "
         f"{counts.get('runs_cancelled', 0)} cancelled runs, {counts.get('permit_grants', 0)} permit grants, "
+        f"{counts.get('budget_settles', 0)} budget settles, "
         f"{counts.get('registers', 0)} task registers "
         f"({counts.get('registers_undecided', 0)} undecided)",
     ]

@@ -38,6 +38,10 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   sometimes joins the waiters' line and acquires when signalled; some hold past the lease (their
   release is refused with STALE_CLAIM), some runs are cancelled while holding (the grant ends with
   the run); all read the permit's view.
+- budget clients: one budget of BUDGET_LIMIT_MINOR minor units, declared by name; each client
+  reserves an amount under a run, settles part of it in one or two keyed settles (some asking
+  more than reserved, with allowOverrun), voids the rest or leaves it to its run's cancel, and
+  reads the budget.
 
 Times in results and final views are epoch milliseconds of the server's clock (every ISO field
 ending in `At`, and `deadline`; the clients' own values, `input`, `outcome` and `result`, are left
@@ -136,6 +140,13 @@ PERMIT_WAITER_POLLS_MAX = 12
 PERMIT_WAITER_POLL_S = 0.25
 PERMIT_READ_PROBABILITY = 0.3
 
+BUDGET_NAME = "chaos-budget"
+BUDGET_LIMIT_MINOR = 5_000_000
+BUDGET_RESERVE_MINOR = (100, 20_000)
+BUDGET_RESERVATIONS_PER_RUN = 6
+BUDGET_OVERRUN_PROBABILITY = 0.1
+BUDGET_ABANDON_PROBABILITY = 0.1  # leave the reservation to the run's cancel
+
 RUN_STOPPED_CODES = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED", "NOT_FOUND")
 FINISHED_TASK_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED")
 
@@ -154,6 +165,7 @@ class WorkloadConfig:
     barrier_clients: int = 3
     timer_clients: int = 1
     permit_clients: int = 3
+    budget_clients: int = 2
     pace: float = 1.3
     lease_ms: int = LEASE_MS
     crash_probability: float = 0.06
@@ -382,6 +394,7 @@ class _Shared:
         self.once_keys = _Tracked()
         self.once_run: str | None = None
         self.permit_ids = _Tracked()  # the permits declared (one id, however many clients declare it)
+        self.budget_ids = _Tracked()  # the budgets declared, likewise
 
     def add_run(self, run_id: str, role: str) -> None:
         with self.lock:
@@ -1194,6 +1207,101 @@ class _PermitClient(_Client):
         )
 
 
+def _minor(value: Any) -> int:
+    return int(value)
+
+
+class _BudgetClient(_Client):
+    """Reserves, settles in parts and voids money of the shared budget (module docstring)."""
+
+    def loop(self) -> None:
+        budget_id = self.declare()
+        run: str | None = None
+        in_run = 0
+        while budget_id is not None and self.pause(self.rng.uniform(0.2, 0.5)):
+            if run is None:
+                run = self.create_run("budgets")
+                in_run = 0
+                if run is None:
+                    continue
+            in_run += 1
+            reservation = self.reserve(budget_id, run)
+            if reservation is not None:
+                if self.rng.random() < BUDGET_ABANDON_PROBABILITY:
+                    self.cancel_run(run)  # its stop voids the reservation
+                    run = None
+                    continue
+                self.spend(budget_id, reservation)
+            if self.rng.random() < PERMIT_READ_PROBABILITY:
+                self.read(budget_id)
+            if run is not None and in_run >= BUDGET_RESERVATIONS_PER_RUN:
+                self.cancel_run(run)
+                run = None
+
+    def declare(self) -> str | None:
+        while self.running:
+            answer = self.call_until_known(
+                "budget_declare", {"name": BUDGET_NAME, "limitMinor": BUDGET_LIMIT_MINOR}, "PUT",
+                f"/v1/budgets/by-name/{BUDGET_NAME}", {"limitMinor": str(BUDGET_LIMIT_MINOR), "scale": 2},
+                shape=lambda body: {"budgetId": body["id"], "limitMinor": _minor(body["limitMinor"])},
+            )
+            if answer.ok and answer.result is not None:
+                with self.shared.lock:
+                    self.shared.budget_ids.track(str(answer.result["budgetId"]))
+                return str(answer.result["budgetId"])
+            if answer.outcome == FAIL:
+                raise RuntimeError(f"cannot declare the budget: {answer.code}: {answer.message}")
+            self.pause(RETRY_PAUSE_S, paced=False)
+        return None
+
+    def reserve(self, budget_id: str, run: str) -> dict[str, Any] | None:
+        amount = self.rng.randint(*BUDGET_RESERVE_MINOR)
+        answer = self.call(
+            "budget_reserve", {"budget": budget_id, "run": run, "amountMinor": amount}, "POST",
+            f"/v1/budgets/{_segment(budget_id)}/reserve",
+            {"scopeId": run, "holder": self.name, "amountMinor": str(amount)},
+            shape=lambda body: {"reservationId": body["reservationId"], "reservedMinor": _minor(body["reservedMinor"])},
+        )
+        return answer.result if answer.ok else None
+
+    def spend(self, budget_id: str, reservation: dict[str, Any]) -> None:
+        """One or two settles keyed by workKey (each retried under its key while unknown), then a
+        void of the rest."""
+        reservation_id, reserved = str(reservation["reservationId"]), int(reservation["reservedMinor"])
+        overrun = self.rng.random() < BUDGET_OVERRUN_PROBABILITY
+        parts = [reserved * 2] if overrun else [self.rng.randint(0, reserved // 2) for _ in range(self.rng.randint(1, 2))]
+        for index, amount in enumerate(parts):
+            body = {"reservationId": reservation_id, "amountMinor": str(amount), "workKey": f"settle:{index}",
+                    "allowOverrun": overrun}
+            answer = self.call_until_known(
+                "budget_settle", {"budget": budget_id, "reservationId": reservation_id, "amountMinor": amount,
+                                  "workKey": body["workKey"], "allowOverrun": overrun},
+                "POST", f"/v1/budgets/{_segment(budget_id)}/settle", body,
+                shape=lambda body: {"chargedMinor": _minor(body["chargedMinor"]), "state": body["state"]},
+            )
+            if not answer.ok or (answer.result is not None and answer.result["state"] not in ("ACTIVE", "STALE")):
+                return
+        self.call_until_known(
+            "budget_void", {"budget": budget_id, "reservationId": reservation_id}, "POST",
+            f"/v1/budgets/{_segment(budget_id)}/void", {"reservationId": reservation_id, "workKey": "void"},
+            shape=lambda body: {"state": body["state"]},
+        )
+
+    def read(self, budget_id: str) -> None:
+        self.call(
+            "budget_read", {"budget": budget_id}, "GET", f"/v1/budgets/{_segment(budget_id)}",
+            shape=_budget_shape,
+        )
+
+
+def _budget_shape(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "limitMinor": _minor(body["limitMinor"]), "settledMinor": _minor(body["settledMinor"]),
+        "reservedMinor": _minor(body["reservedMinor"]), "remainingMinor": _minor(body["remainingMinor"]),
+        "held": sum(_minor(r["reservedMinor"]) for r in body["reservations"] if r["state"] in ("ACTIVE", "STALE")),
+    }
+
+
 # -- the workload ------------------------------------------------------------------------------
 
 
@@ -1289,6 +1397,7 @@ class Workload:
         clients += [_BarrierClient(**common(f"barrier-{i}"), creator=i == 0) for i in range(config.barrier_clients)]
         clients += [_TimerClient(**common(f"timers-{i}")) for i in range(config.timer_clients)]
         clients += [_PermitClient(**common(f"permits-{i}")) for i in range(config.permit_clients)]
+        clients += [_BudgetClient(**common(f"budgets-{i}")) for i in range(config.budget_clients)]
         return clients
 
     def _run_client(self, client: _Client) -> None:
@@ -1359,7 +1468,7 @@ class Workload:
             runs, tasks = list(self.shared.runs), list(self.shared.tasks)
             groups, barriers = list(self.shared.groups), list(self.shared.barriers)
             timers, once_keys, once_run = list(self.shared.timers), list(self.shared.once_keys), self.shared.once_run
-            permit_ids = list(self.shared.permit_ids)
+            permit_ids, budget_ids = list(self.shared.permit_ids), list(self.shared.budget_ids)
         for run_id in runs:
             yield "run", run_id, f"/v1/scopes/{_segment(run_id)}", {}
         for task_id in tasks:
@@ -1372,6 +1481,8 @@ class Workload:
             yield "timer", timer_id, f"/v1/timers/{_segment(timer_id)}", {}
         for permit_id in permit_ids:
             yield "permit", permit_id, f"/v1/permits/{_segment(permit_id)}", {}
+        for budget_id in budget_ids:
+            yield "budget", budget_id, f"/v1/budgets/{_segment(budget_id)}", {}
         if once_run is not None:
             for key in once_keys:
                 query = urllib.parse.urlencode({"scopeId": once_run, "key": key})

@@ -78,6 +78,9 @@ def build_world(node: DevNode, secret: str) -> World:
     budget_reservation = admin.ok(
         "POST", f"/v1/budgets/{budget}/reserve", {"scopeId": run, "amountMinor": "1"}
     )["reservationId"]
+    allowance = admin.ok("PUT", "/v1/allowances/by-name/a-only", {})["id"]  # the limit's protocol id
+    consumption = admin.ok("POST", f"/v1/allowances/{allowance}/consume", {"scopeId": run})["consumptionId"]
+    allowance_waiter = admin.ok("POST", f"/v1/allowances/{allowance}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
     other = Api(node.url, key=new_key(admin, list(PERMISSIONS), OTHER_SPACE)["key"])
     other.ok("POST", "/v1/mailboxes", {"name": "work"})  # so a group body naming it is no 404 of its own
@@ -94,6 +97,7 @@ def build_world(node: DevNode, secret: str) -> World:
         "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
         "ops": run,  # /ops/runs/{scopeId}
+        "allowances": allowance, "allowance-waiters": allowance_waiter, "allowance-consumptions": consumption,
     }
     bodies = {
         ("POST", "/v1/groups/{id}/join"): {"taskId": task},
@@ -149,6 +153,12 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/budgets/{budgetId}/settle"): {"reservationId": budget_reservation, "amountMinor": "0",
                                                     "workKey": "w"},
         ("POST", "/v1/budgets/{budgetId}/void"): {"reservationId": budget_reservation, "workKey": "w"},
+        ("POST", "/v1/allowances"): {"name": "more", "unitsLimit": 1, "windowSeconds": 1},
+        ("PUT", "/v1/allowances/by-name/{name}"): {"unitsLimit": 1000, "windowSeconds": 1},
+        ("POST", "/v1/allowances/{allowanceId}/consume"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/allowances/{allowanceId}/wait"): {"scopeId": run, "units": 1},
+        ("POST", "/v1/allowances/{allowanceId}/cooldown"): {"seconds": 1},
+        ("POST", "/v1/allowance-consumptions/{consumptionId}/settle"): {"units": 1},
     }
     document = Api(node.url).ok("GET", "/v1/openapi.json")
     # Space routes as the tests name them: `/v1/<path>` (Api puts them under the caller's space).

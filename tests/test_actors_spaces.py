@@ -54,6 +54,9 @@ class Entities:
     waiter: str  # a WAITING waiter of "q"
     budget: str  # the public id of budget "m" (budgets.py)
     budget_reservation: str  # an ACTIVE reservation of "m"
+    allowance: str  # the public id of limit "l" (10 per second, all taken)
+    consumption: str  # a consumption of "l"
+    allowance_waiter: str  # a WAITING waiter of "l"
 
 
 def build(h: KeyedHarness, space: str) -> Entities:
@@ -116,10 +119,15 @@ def build(h: KeyedHarness, space: str) -> Entities:
     budget_reservation = h.ok(
         "budget_reservation.reserve", budget_id=budget, run_id=run, amount_minor=10, holder="w"
     )["reservation_id"]
+    allowance = h.state.rate_limits[f"{space}/l"].public_id
+    consumption = h.ok("allowance.consume", allowance_id=allowance, run_id=run, units=9)["consumption_id"]
+    allowance_waiter = h.ok("allowance.wait", allowance_id=allowance, run_id=run, units=1)["waiter_id"]
+    assert h.state.allowance_waiters[allowance_waiter].state == "WAITING"
     return Entities(
         space, admin_key, run, child, queued_task, held_delivery, done_delivery, held_lease, done_lease, claim_lease,
         group["group_id"], group["run_id"], member, waiting_barrier, released_barrier, armed_timer, fired_timer,
-        slot_lease, reservation, own_pool, permit, grant, waiter, budget, budget_reservation,
+        slot_lease, reservation, own_pool, permit, grant, waiter, budget, budget_reservation, allowance, consumption,
+        allowance_waiter,
     )
 
 
@@ -278,6 +286,17 @@ CASES: dict[str, list[Case]] = {
                                                "work_key": "k", **extra})]
         for kind, extra in (("budget_reservation.settle", {"amount_minor": 1}), ("budget_reservation.void", {}))
     },
+    "allowance.consume": [
+        Case(lambda f, o: {"allowance_id": f.allowance, "run_id": o.run, "units": 1}),
+        Case(lambda f, o: {"allowance_id": o.allowance, "run_id": f.run, "units": 1}),
+    ],
+    "allowance.wait": [
+        Case(lambda f, o: {"allowance_id": f.allowance, "run_id": o.run, "units": 1}),
+        Case(lambda f, o: {"allowance_id": o.allowance, "run_id": f.run, "units": 1}),
+    ],
+    "allowance.cooldown": [Case(lambda f, o: {"allowance_id": f.allowance, "cooldown_ms": 1_000})],
+    "allowance_waiter.cancel": [Case(lambda f, o: {"waiter_id": f.allowance_waiter})],
+    "allowance_consumption.settle": [Case(lambda f, o: {"consumption_id": f.consumption, "units": 1})],
     "key.revoke": [Case(lambda f, o: {"key_id": f.admin_key}, keyed_only=True)],
     # Naming another space as the target is refused before anything is looked up.
     "key.create": [Case(lambda f, o: new_key(f.space), code=errors.FORBIDDEN, keyed_only=True)],
@@ -290,6 +309,7 @@ CASES: dict[str, list[Case]] = {
 NO_FOREIGN_ID = {
     "mailbox.ensure", "mailbox.create", "mailbox.declare", "run.named", "space.create", "pool.ensure", "limit.ensure",
     "budget.ensure", "permit.create", "permit.declare", "budget.create", "budget.declare",
+    "allowance.create", "allowance.declare",
 }
 
 
@@ -333,6 +353,7 @@ def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities
     for table in (
         state.runs, state.tasks, state.once, state.claims, state.groups, state.barriers, state.timers, state.pools,
         state.rate_limits, state.budgets, state.slot_leases, state.reservations, state.permit_waiters,
+        state.allowance_waiters, state.allowance_consumptions,
     ):
         assert {entity.space for entity in table.values()} == {A, B}
     for hold in [*state.slot_leases.values(), *state.reservations.values()]:

@@ -586,6 +586,51 @@ def test_capacity_a_view_over_its_size_an_acquire_after_a_cancel_and_units_left_
     assert "still has 1 units in use" in found
 
 
+# -- 11. money ----------------------------------------------------------------------------------
+
+
+def budget_view(settled: int, reserved: int, *, limit: int = 1_000, held: int | None = None) -> dict[str, Any]:
+    return {"limitMinor": limit, "settledMinor": settled, "reservedMinor": reserved,
+            "remainingMinor": limit - settled - reserved, "held": reserved if held is None else held}
+
+
+def money() -> H:
+    h = H().op("budget_declare", {"name": "b"}, 0, 0.1, {"budgetId": "bdg_1", "limitMinor": 1_000})
+    h.op("budget_reserve", {"budget": "bdg_1", "run": "r", "amountMinor": 300}, 1, 1.1,
+         {"reservationId": "rsv_1", "reservedMinor": 300})
+    return h
+
+
+def settle(h: H, work_key: str, amount: int, charged: int | None, call: float, *, status: str = "ok") -> H:
+    args = {"budget": "bdg_1", "reservationId": "rsv_1", "amountMinor": amount, "workKey": work_key, "allowOverrun": False}
+    return h.op("budget_settle", args, call, call + 0.1, {"chargedMinor": charged, "state": "ACTIVE"}, status=status)
+
+
+def test_money_passes_for_settles_reads_and_an_unknown_settle_that_charged() -> None:
+    h = money()
+    settle(h, "settle:0", 100, 100, 2)
+    settle(h, "settle:0", 100, 100, 2.5)  # a retry under its key charges once
+    settle(h, "settle:1", 50, None, 3, status="unknown")
+    h.op("budget_read", {"budget": "bdg_1"}, 4, 4.1, budget_view(150, 150))
+    reservations = [{"reservedMinor": "0", "state": "VOIDED"}]
+    h.final("budget", "bdg_1", {"limitMinor": "1000", "settledMinor": "150", "reservedMinor": "0",
+                                "remainingMinor": "850", "reservations": reservations})
+    assert h.violations("money") == []
+
+
+def test_money_unbalanced_views_settled_going_down_and_money_created() -> None:
+    h = money()
+    settle(h, "settle:0", 100, 100, 2)
+    h.op("budget_read", {"budget": "bdg_1"}, 3, 3.1, budget_view(100, 200, held=150))
+    h.op("budget_read", {"budget": "bdg_1"}, 4, 4.1, budget_view(50, 0))
+    h.final("budget", "bdg_1", {"limitMinor": "1000", "settledMinor": "400", "reservedMinor": "0",
+                                "remainingMinor": "600", "reservations": []})
+    found = messages(h.violations("money"))
+    assert "open reservations hold 150, its reserved is 200" in found
+    assert "settled went down" in found
+    assert "settled 400 at the end, but acknowledged settles charged 100" in found
+
+
 # -- 8. linearizability (the check) --------------------------------------------------------------
 
 
@@ -796,7 +841,7 @@ def test_check_history_and_its_report(tmp_path: Path) -> None:
 def test_every_check_is_named_in_the_contract_order() -> None:
     assert [name for name, _ in checker.CHECKS] == [
         "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability", "replays",
-        "capacity",
+        "capacity", "money",
     ]  # fmt: skip
     for _, function in checker.CHECKS:
         assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__

@@ -26,6 +26,7 @@ OPERATION_KINDS = {
     "run_create", "submit", "cancel_run", "receive", "renew", "complete", "crash", "read_task", "once",
     "group_create", "group_submit", "verdict", "group_read", "barrier_create", "arrive", "barrier_read",
     "timer_create", "timer_read", "permit_declare", "permit_acquire", "permit_release",
+    "budget_declare", "budget_reserve", "budget_settle", "budget_void",
 }
 FINISHED = {"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"}
 

@@ -80,6 +80,11 @@ def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
     waiter_id = api.ok("POST", f"/v1/permits/{permit_id}/wait", {"scopeId": run_id, "units": 1, "holder": "second"})[
         "waiterId"
     ]
+    allowance_id = api.ok("PUT", "/v1/allowances/by-name/search", {"unitsLimit": 1, "windowSeconds": 3600})["id"]
+    api.ok("POST", f"/v1/allowances/{allowance_id}/consume", {"scopeId": run_id, "units": 1, "holder": "first"})
+    line = api.ok("POST", f"/v1/allowances/{allowance_id}/wait",
+                  {"scopeId": run_id, "units": 1, "holder": "third", "ttlSeconds": 60})
+    assert line["state"] == "WAITING"
     api.ok("PUT", "/v1/barriers/by-name/stage", {"scopeId": run_id, "target": 3})
     api.ok("POST", "/v1/timers", {"scopeId": run_id, "afterSeconds": 3600})
     task_id = task_ok(api, run_id, {"input": 1, "key": "alone"})["id"]
@@ -88,6 +93,10 @@ def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
     (waiter,) = waiting_of(view, "permitWaiter")
     assert (waiter["waiterId"], waiter["holder"], waiter["position"], waiter["state"]) == (waiter_id, "second", 0, "WAITING")
     assert [holder["holder"] for holder in waiter["waitsFor"][0]["heldBy"]] == ["first"]
+    (allowance_waiter,) = waiting_of(view, "allowanceWaiter")
+    assert (allowance_waiter["waiterId"], allowance_waiter["position"]) == (line["waiterId"], 0)
+    (window,) = allowance_waiter["waitsFor"]
+    assert window["kind"] == "allowance" and window["name"] == "search" and window["availableAt"].endswith("Z")
     (barrier,) = waiting_of(view, "barrier")
     assert (barrier["name"], barrier["arrivals"], barrier["target"]) == ("stage", 0, 3)
     (timer,) = waiting_of(view, "timer")
@@ -97,4 +106,5 @@ def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
 
     waits = api.ok("GET", "/v1/ops/waits")
     assert [entry["waiterId"] for entry in waiting_of(waits, "permitWaiter")] == [waiter_id]
+    assert [entry["waiterId"] for entry in waiting_of(waits, "allowanceWaiter")] == [line["waiterId"]]
     assert waiting_of(waits, "task") == []  # waiting only for a worker: in its run's view

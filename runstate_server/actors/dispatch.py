@@ -16,6 +16,7 @@ from typing import Any
 
 from runstate_server.actors import (
     access,
+    allowances,
     barriers,
     budgets,
     claims,
@@ -69,6 +70,7 @@ HANDLERS: dict[str, Handler] = {
     **resources.HANDLERS,
     **permits.HANDLERS,
     **budgets.HANDLERS,
+    **allowances.HANDLERS,
     **access.HANDLERS,
     **work_limits.HANDLERS,
 }
@@ -82,6 +84,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **resources.DUE_HANDLERS,
     **permits.DUE_HANDLERS,
     **budgets.DUE_HANDLERS,
+    **allowances.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.

@@ -26,6 +26,10 @@ STALE_EPOCH: Final = "STALE_EPOCH"
 BARRIER_CANCELLED: Final = "BARRIER_CANCELLED"
 BARRIER_RELEASED: Final = "BARRIER_RELEASED"
 INSUFFICIENT_BUDGET: Final = "INSUFFICIENT_BUDGET"  # a budget has less left than a reservation or settle asks (budgets.py)
+# An allowance has not the units now (or waiters are in line), or is under a cooldown: retryable
+# (retryAfterMs: when to try again); allowances.py.
+ALLOWANCE_EXHAUSTED: Final = "ALLOWANCE_EXHAUSTED"
+ALLOWANCE_COOLDOWN: Final = "ALLOWANCE_COOLDOWN"
 
 
 class Rejected(Exception):

@@ -130,6 +130,18 @@ budget_settles_per_reservation_max = 100  # settles (workKeys) of one reservatio
 budget_work_key_chars_max = 128  # a settle's or void's workKey (0.3.0 sends "settle:<reservation id>")
 budget_ended_kept_max = 1_000  # ended reservations a budget keeps for reads and repeats, oldest dropped
 budget_reservations_per_job_max = 2  # requirements.budgets entries of one job
+# Allowances (allowances.py: rate limits on the protocol's wire). Waiters in one allowance's line
+# at once; waiters one run creates (ended ones count until the run is removed); a waiter's TTL,
+# given or default. A cooldown's length. Consumptions an allowance remembers to be settled, and
+# for how long after they were taken (past either, settle is NOT_FOUND); a cooldown's reason.
+allowance_waiters_per_allowance_max = 10_000
+allowance_waiters_per_run_max = 10_000
+allowance_waiter_ttl_ms_default = 60_000
+allowance_waiter_ttl_ms_max = 3_600_000
+allowance_cooldown_ms_max = 24 * 3_600_000
+allowance_consumptions_per_allowance_max = 10_000
+allowance_consumption_settle_ms = 3_600_000
+allowance_reason_chars_max = 1_024
 needs_slots_max = 16  # slot entries of one job's needs (a pool named twice takes two slots)
 blocked_queues_max = 1_000  # queues a resource remembers to wake when something of it returns
 receive_scan_max = 1_000  # queue entries one receive looks at

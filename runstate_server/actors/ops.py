@@ -9,6 +9,7 @@ Each waiting entry names what it waits for and, where something holds it, who:
 - a task QUEUED after a failed attempt: its retry backoff and when it ends;
 - a task QUEUED with nothing in its way: no worker has taken it (`worker`, its mailbox);
 - a permit waiter: the permit, its place in line, and the holders of the permit's units;
+- an allowance waiter: the allowance, its place in line, when its window opens, its cooldown;
 - a barrier still short of its target, and an armed timer.
 
 `workers` groups every live lease of the runs by holder: deliveries, claims, once leases,
@@ -107,8 +108,11 @@ def _resource_wait(state: State, kind: str, resource: Any, available_ms: int | N
             "waitersInLine": len(resource.waiters), "heldBy": _pool_holders(state, resource),
         }
     if kind == LIMIT:
-        return {"kind": "allowance", "name": resource.name, "units": resource.units,
-                "windowMs": resource.interval_ms, "availableAt": available_ms}
+        return {
+            "kind": "allowance", "name": resource.name, "allowanceId": resource.public_id, "units": resource.units,
+            "windowMs": resource.interval_ms, "availableAt": available_ms, "waitersInLine": len(resource.waiters),
+            "cooldownUntil": resource.cooldown_until_ms or None, "cooldownReason": resource.cooldown_reason,
+        }
     assert kind == BUDGET
     return {"kind": "budget", "name": resource.name, "remainingMinor": str(resources.remaining_minor(resource)),
             "scale": resource.scale, "currency": resource.currency}
@@ -132,6 +136,16 @@ def _permit_waiter_wait(state: State, waiter: Any) -> dict[str, Any]:
         "kind": "permitWaiter", "waiterId": waiter.id, "scopeId": waiter.run_id, "holder": waiter.holder,
         "units": waiter.units, "state": waiter.state, "position": pool.waiters.index(waiter.id),
         "permit": pool.name, "waitsFor": [_resource_wait(state, POOL, pool, None)],
+    }
+
+
+def _allowance_waiter_wait(state: State, waiter: Any, now_ms: int) -> dict[str, Any]:
+    limit = state.rate_limits[waiter.limit_id]
+    return {
+        "kind": "allowanceWaiter", "waiterId": waiter.id, "scopeId": waiter.run_id, "holder": waiter.holder,
+        "units": waiter.units, "state": waiter.state, "position": limit.waiters.index(waiter.id),
+        "allowance": limit.name,
+        "waitsFor": [_resource_wait(state, LIMIT, limit, resources.ready_ms(limit, waiter.units, now_ms))],
     }
 
 
@@ -175,6 +189,10 @@ def run_view(state: State, root: Run, now_ms: int) -> dict[str, Any]:
             waiter = state.permit_waiters[waiter_id]
             if waiter.state in ("WAITING", "SIGNALED"):
                 waiting.add(_permit_waiter_wait(state, waiter))
+        for waiter_id in run.allowance_waiters:
+            allowance_waiter = state.allowance_waiters[waiter_id]
+            if allowance_waiter.state == "WAITING":
+                waiting.add(_allowance_waiter_wait(state, allowance_waiter, now_ms))
         for barrier_id in run.barriers:
             barrier = state.barriers.get(barrier_id)
             if barrier is not None and barrier.state == _OPEN_BARRIER:
@@ -215,6 +233,11 @@ def waits_view(state: State, space_id: str, now_ms: int) -> dict[str, Any]:
     for waiter in state.permit_waiters.values():
         if waiter.space == space_id and waiter.state in ("WAITING", "SIGNALED") and not waiting.add(
             _permit_waiter_wait(state, waiter)
+        ):
+            break
+    for allowance_waiter in state.allowance_waiters.values():
+        if allowance_waiter.space == space_id and allowance_waiter.state == "WAITING" and not waiting.add(
+            _allowance_waiter_wait(state, allowance_waiter, now_ms)
         ):
             break
     blocked: Counter[tuple[str, str]] = Counter()

@@ -7,7 +7,9 @@ grants nothing new until enough return.
 
 Rate limit: `units` per `interval_ms`, a sliding window over command time: a take of k units at
 time t is allowed iff the units taken in (t - interval_ms, t] plus k <= units, so no window of the
-interval ever holds more than `units`. Taken units are spent; they never come back. A limit
+interval ever holds more than `units`. Taken units are spent; they come back only when an allowance
+consumption is settled below its estimate (allowances.py, give_back). No take is made before a
+cooldown ends, nor while allowance waiters are in line (a job does not jump it). A limit
 remembers its takes of the longest interval allowed, so a longer interval counts the takes of its
 window, and at most limits.limit_takes_max of them: beyond that it forgets what its window no
 longer counts, then counts the rest in coarser steps of time (stricter, never looser).
@@ -61,6 +63,7 @@ KINDS = (POOL, LIMIT, BUDGET)
 MICROS = 1_000_000  # micro-units per unit of a budget's currency: the old routes' amounts
 PERMIT_PREFIX = "prm_"  # a pool's id on the protocol's wire (permits.py)
 BUDGET_PREFIX = "bdg_"  # a budget's id on the protocol's wire (budgets.py); no budget name starts with it
+ALLOWANCE_PREFIX = "alw_"  # a rate limit's id on the protocol's wire (allowances.py)
 
 
 @dataclass(slots=True)
@@ -94,6 +97,16 @@ class RateLimit:
     wake_ms: int | None = None  # the armed LIMIT_WINDOW entry: when the window opens for a waiter
     waiting: int = 0
     blocked: list[list[str]] = field(default_factory=list)
+    # -- allowances.py: the limit on the protocol's wire ---------------------------------------
+    # Its id there ("alw_<command id>"; one of an older snapshot gets one derived from its id).
+    public_id: str = ""
+    waiters: list[str] = field(default_factory=list)  # its allowance waiters' line (all WAITING), oldest first
+    cooldown_until_ms: int = 0  # nothing is taken before (allowance cooldown); 0: none ever
+    cooldown_reason: str | None = None
+    consumptions: list[str] = field(default_factory=list)  # those that may still be settled, oldest first
+    # The latest time whose takes it forgot (_forget): a take at or before it may no longer be
+    # counted, so a settle gives none of it back (stricter, never looser).
+    forgotten_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -280,6 +293,8 @@ def _ensure(
             ctx.state.permit_ids[resource.public_id] = resource.id
         elif kind == BUDGET:
             ctx.state.budget_ids[resource.public_id] = resource.id
+        elif kind == LIMIT:
+            ctx.state.allowance_ids[resource.public_id] = resource.id
     elif any(getattr(resource, field_name) != value for field_name, value in config.items()):
         for field_name, value in config.items():
             setattr(resource, field_name, value)
@@ -307,7 +322,9 @@ def ensure_limit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     )
     return _ensure(
         ctx, LIMIT, name, {"units": units, "interval_ms": interval_ms},
-        lambda limit_id: RateLimit(limit_id, ctx.space.id, name, units, interval_ms, ctx.now_ms),
+        lambda limit_id: RateLimit(
+            limit_id, ctx.space.id, name, units, interval_ms, ctx.now_ms, public_id=ALLOWANCE_PREFIX + ctx.command_id
+        ),
     )
 
 
@@ -612,7 +629,48 @@ def _forget(limit: RateLimit, horizon_ms: int) -> None:
     forgotten = 0
     while forgotten < len(limit.takes) and limit.takes[forgotten][0] <= horizon_ms:
         forgotten += 1
+    if forgotten:
+        limit.forgotten_ms = max(limit.forgotten_ms, limit.takes[forgotten - 1][0])
     del limit.takes[:forgotten]
+
+
+def ready_ms(limit: RateLimit, units: int, now_ms: int) -> int | None:
+    """When `units` can be taken if nobody else takes: when its window has room for them, and not
+    before its cooldown ends (allowances.py); None if never (more than its units: it may have been
+    made smaller since they were asked for). Its waiters' line is not counted."""
+    available_ms = _available_ms(limit, units, now_ms)
+    if available_ms is None or limit.cooldown_until_ms <= now_ms:
+        return available_ms
+    return max(available_ms, limit.cooldown_until_ms)
+
+
+def record_take(limit: RateLimit, now_ms: int, units: int) -> None:
+    """Count `units` taken now (allowances.py: a consumption, a waiter's grant, an overrun)."""
+    _record_take(limit, now_ms, units)
+
+
+def give_back(limit: RateLimit, taken_ms: int, units: int) -> int:
+    """Take back `units` of a take made at `taken_ms` from its window (a consumption settled below
+    its estimate, allowances.py); the units given back: 0 when the take may no longer be counted.
+
+    A take's units stay in the first entry at or after it: _record_take adds it to an entry of its
+    own ms, or to the last one when that ends later (coarsened); coarsening moves an entry to the
+    end of its step, and never past a later entry. Forgetting drops the entries at or before a
+    time: a take at or before `forgotten_ms` may be among them, and nothing of it is given back.
+    """
+    if taken_ms <= limit.forgotten_ms:
+        return 0
+    for entry in limit.takes:
+        if entry[0] >= taken_ms:
+            assert entry[1] >= units, (entry, units)
+            entry[1] -= units
+            return units
+    raise AssertionError(f"a take at {taken_ms} after what was forgotten is counted")
+
+
+def arm_window(ctx: Context, limit: RateLimit, at_ms: int) -> None:
+    """Wake the limit at `at_ms` (allowances.py: when its window opens for the head of its line)."""
+    _arm_window(ctx, limit, at_ms)
 
 
 def _arm_window(ctx: Context, limit: RateLimit, at_ms: int) -> None:
@@ -630,12 +688,14 @@ def take(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if units > limit.units:
         raise Rejected(errors.VALIDATION_FAILED, f"limit {limit.name!r} allows {limit.units} units per window, not {units}")
     runs.require_active(ctx, run)
-    available_ms = _available_ms(limit, units, ctx.now_ms)
-    assert available_ms is not None
-    if available_ms <= ctx.now_ms:
+    available_ms = ready_ms(limit, units, ctx.now_ms)
+    assert available_ms is not None  # units <= limit.units
+    if available_ms <= ctx.now_ms and not limit.waiters:
         _record_take(limit, ctx.now_ms, units)
         return {"taken": True, "available_ms": ctx.now_ms}
-    _arm_window(ctx, limit, available_ms)
+    if available_ms > ctx.now_ms:
+        _arm_window(ctx, limit, available_ms)
+    # (Behind allowance waiters it tries again when their line moves: that wakes the limit.)
     return {"taken": False, "available_ms": available_ms, idempotency.UNCHANGED: True}
 
 
@@ -775,9 +835,11 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     if needs["limit"] is not None:
         name, units = needs["limit"]
         limit = find(ctx.state, LIMIT, space, name)
-        available_ms = _available_ms(limit, units, ctx.now_ms)
+        available_ms = ready_ms(limit, units, ctx.now_ms)
         if available_ms != ctx.now_ms:
             short.append((LIMIT, limit, available_ms))
+        elif limit.waiters:  # a job does not jump the allowance waiters' line: it moves on, and wakes it
+            short.append((LIMIT, limit, None))
     amounts = _budget_amounts(needs.get("budgets") or [])
     counts = Counter(name for name, _ in needs.get("budgets") or [])
     if needs["budget"] is not None:
@@ -865,6 +927,9 @@ def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
 # What runs when units of a pool return or its size changes, before its waiters wake: permits.py
 # signals the head of its waiters' line.
 POOL_RETURN_HOOKS: list[Callable[[Context, Pool], None]] = []
+# The same for a rate limit (its window opened, units were given back, its config changed):
+# allowances.py grants the head of its waiters' line.
+LIMIT_RETURN_HOOKS: list[Callable[[Context, RateLimit], None]] = []
 
 
 def wake(ctx: Context, kind: str, resource: Any) -> None:
@@ -876,6 +941,9 @@ def _wake(ctx: Context, kind: str, resource: Any) -> None:
     if kind == POOL:
         for hook in POOL_RETURN_HOOKS:
             hook(ctx, resource)
+    elif kind == LIMIT:
+        for limit_hook in LIMIT_RETURN_HOOKS:
+            limit_hook(ctx, resource)
     ctx.wake(resource_key(resource.space, kind, resource.name))
     for run_id, mailbox in resource.blocked:
         ctx.wake(queue_key(run_id, mailbox))
@@ -1008,4 +1076,5 @@ DUE_TABLES = {
     DueKind.SLOT_LEASE: "slot_leases", DueKind.RESERVATION: "reservations", DueKind.LIMIT_WINDOW: "rate_limits",
     DueKind.PERMIT_WAITER: "permit_waiters",  # permits.py
     DueKind.BUDGET_SETTLE_BY: "budget_reservations",  # budgets.py
+    DueKind.ALLOWANCE_WAITER: "allowance_waiters",  # allowances.py
 }

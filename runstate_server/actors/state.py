@@ -64,6 +64,7 @@ class DueKind:
     TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
     PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
     BUDGET_SETTLE_BY = "budget_settle_by"  # a budget reservation's settleBy passes: STALE (budgets.py)
+    ALLOWANCE_WAITER = "allowance_waiter"  # an allowance waiter's TTL may have run out (allowances.py)
 
 
 @dataclass(slots=True)
@@ -153,6 +154,8 @@ class Run:
     # Named barriers and timers of this run (barriers.py, timers.py): name -> id.
     barrier_names: dict[str, str] = field(default_factory=dict)
     timer_names: dict[str, str] = field(default_factory=dict)
+    # Allowance waiters created in this run (allowances.py), ended ones too: removed with the run.
+    allowance_waiters: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -250,6 +253,11 @@ class State:
     # ("bdg_...") -> its "<space>/<name>".
     budget_reservations: dict[str, Any] = field(default_factory=dict)
     budget_ids: dict[str, str] = field(default_factory=dict)
+    # allowances.py: waiter id -> waiter; consumption id -> consumption (to be settled). Derived
+    # from `rate_limits` (a limit's public id, "alw_...", -> its "<space>/<name>"), like permit_ids.
+    allowance_waiters: dict[str, Any] = field(default_factory=dict)
+    allowance_consumptions: dict[str, Any] = field(default_factory=dict)
+    allowance_ids: dict[str, str] = field(default_factory=dict)
     # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
     due: list[list[Any]] = field(default_factory=list)
     due_seq: int = 0
@@ -282,6 +290,7 @@ _RUN_FIELDS = (
     "stored_state", "finished_ms", "reason", "children", "task_count", "once", "group_id", "barriers",
     "timers", "claims", "permit_waiters", "stopped_grants",
     "barrier_names", "timer_names",  # barriers.py, timers.py
+    "allowance_waiters",  # allowances.py
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -398,6 +407,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         for grant_id in run.stopped_grants:
             state.stopped_grant_runs[grant_id] = run.id
         run.barrier_names, run.timer_names = dict(run.barrier_names), dict(run.timer_names)
+        run.allowance_waiters = list(run.allowance_waiters)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
     for row in data["tasks"]:
@@ -442,6 +452,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
         if not budget.public_id:  # a budget of a snapshot from before budget ids: derived alike
             budget.public_id = "bdg_" + hashlib.sha256(budget.id.encode()).hexdigest()[:20]
         state.budget_ids[budget.public_id] = budget.id
+    for limit in state.rate_limits.values():
+        if not limit.public_id:  # a limit of a snapshot from before allowance ids: derived alike
+            limit.public_id = "alw_" + hashlib.sha256(limit.id.encode()).hexdigest()[:20]
+        state.allowance_ids[limit.public_id] = limit.id
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
@@ -542,7 +556,7 @@ ENTITY_TABLES: dict[str, type] = {}
 def register_table(table: str, cls: type) -> None:
     assert table in (
         "claims", "groups", "barriers", "timers", "pools", "rate_limits", "budgets", "slot_leases", "reservations",
-        "permit_waiters", "work_limits", "budget_reservations",
+        "permit_waiters", "work_limits", "budget_reservations", "allowance_waiters", "allowance_consumptions",
     ), table
     ENTITY_TABLES[table] = cls
 

@@ -48,6 +48,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "UNSUPPORTED_MEDIA_TYPE": 415,
     # A task naming a work limit that holds its maxOutstanding unfinished tasks (node/api/work_limits.py).
     "CONCURRENCY_LIMITED": 429,
+    # An allowance has not the units now (or waiters are in line first), or cools down; with
+    # Retry-After: node/api/allowances.py.
+    "ALLOWANCE_EXHAUSTED": 429,
+    "ALLOWANCE_COOLDOWN": 429,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
@@ -55,7 +59,10 @@ STATUS_BY_CODE: dict[str, int] = {
 
 # Codes that mean "busy now, the same call may succeed later": answered with Retry-After.
 RETRY_AFTER_S_DEFAULT = 1.0
-RETRYABLE_CODES = frozenset({"CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE", "CONCURRENCY_LIMITED"})
+RETRYABLE_CODES = frozenset({
+    "CLAIM_HELD", "BACKLOG_FULL", "CAPACITY_UNAVAILABLE", "UNAVAILABLE", "CONCURRENCY_LIMITED",
+    "ALLOWANCE_EXHAUSTED", "ALLOWANCE_COOLDOWN",  # the core names when (retryAfterMs)
+})
 
 
 def new_request_id() -> str:

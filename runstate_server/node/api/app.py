@@ -10,6 +10,7 @@ from aiohttp import web
 from runstate_server.actors import limits
 from runstate_server.node.api import (
     access,
+    allowances,
     barriers,
     budgets,
     claims,
@@ -51,7 +52,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
-        work_limits, budgets, ops,
+        work_limits, budgets, ops, allowances,
     )
     for route in module.routes
 )

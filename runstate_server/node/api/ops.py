@@ -25,10 +25,10 @@ from runstate_server.node.api.views import in_space, iso
 routes = RouteTable()
 
 # The fields of actors/ops.py's views that hold times in ms; answered as ISO 8601.
-_TIME_FIELDS = frozenset({"earliestLeaseExpiry", "leaseExpiresAt", "availableAt", "until", "fireAt"})
+_TIME_FIELDS = frozenset({"earliestLeaseExpiry", "leaseExpiresAt", "availableAt", "until", "fireAt", "cooldownUntil"})
 
 # What waits: kind "task" (waitsFor: permit, allowance, budget, retry, worker), "permitWaiter",
-# "barrier" or "timer"; the other fields depend on the kind (docs/http-api.md).
+# "allowanceWaiter", "barrier" or "timer"; the other fields depend on the kind (docs/http-api.md).
 _WAITING = array(obj({"kind": STRING}, optional={"waitsFor": array(obj({"kind": STRING}))}))
 _WORKER = obj({
     "holder": STRING, "sessions": array(STRING), "keys": array(STRING), "tasks": array(STRING),
@@ -76,8 +76,8 @@ async def run_diagnostics(request: web.Request) -> web.Response:
 
 @routes(
     "GET", SPACE_PREFIX + "/ops/waits",
-    "Everything of the space that waits on a resource: permit waiters in line and queued jobs whose needs fall "
-    "short, each with the resource and who holds it",
+    "Everything of the space that waits on a resource: permit and allowance waiters in line and queued jobs "
+    "whose needs fall short, each with the resource and who holds it",
     permission=READ, answer=WAITS,
 )
 async def waits(request: web.Request) -> web.Response:
