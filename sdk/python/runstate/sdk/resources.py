@@ -33,7 +33,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from runstate.sdk._time import format_time, parse_duration_ms, parse_time
-from runstate.sdk._waiting import wait_until
 from runstate.sdk.claims import _segment
 from runstate.sdk.errors import (
     ConfigError,
@@ -65,6 +64,10 @@ WAITER_TTL_S_MAX = 3600
 MICROS_PER_UNIT = 1_000_000
 # Budgets on the protocol: the scale (digits after the point) of a budget this SDK declares, so
 # that sub-cent costs stay exact, and its currency.
+# Allowances (the protocol's rate limits): the longest window in seconds, and the refusals of a
+# consume that a wait in the allowance's line can outlast.
+WINDOW_S_MAX = 86_400
+ALLOWANCE_REFUSALS = frozenset({"ALLOWANCE_EXHAUSTED", "ALLOWANCE_COOLDOWN"})
 BUDGET_SCALE = 6
 BUDGET_CURRENCY = "USD"
 # A reservation's settleBy is now + its lease_ms, within these bounds (the lower one rides out a
@@ -306,7 +309,10 @@ class Pools(_Resources):
 
 
 class Limits(_Resources):
-    """Rate limits of the space: `rs.limits`."""
+    """Rate limits of the space: `rs.limits`. On the wire a limit is the protocol's *allowance*
+    (`PUT /allowances/by-name/{name}`, `GET /allowances/{id}`); its id is looked up once per name.
+    The protocol's window is whole seconds (1 s to 24 h): a limit `per` a fraction of a second is
+    set through the limit route (`PUT /limits/{name}`) and shows as an allowance all the same."""
 
     _route = "limits"
     _what = "limit"
@@ -316,10 +322,39 @@ class Limits(_Resources):
         timedelta), or change it; safe to call every time. No window of `per` ever holds more
         than `units` taken units.
 
-        Returns its view `{"name", "units", "intervalMs", "available", "takenInWindow", "waiting"}`.
+        Returns its view `{"name", "units", "intervalMs", "available", "takenInWindow", "waiting",
+        "created"}` (`takenInWindow` is null under a cooldown or while waiters are in line; also
+        the allowance's own fields `id`, `unitsLimit`, `windowSeconds`, `remaining`,
+        `cooldownUntil`, `waiters`...).
         """
-        body = {"units": _count(units, "units"), "intervalMs": parse_duration_ms(per, "per")}
-        return await self._put(name, body)
+        interval_ms = parse_duration_ms(per, "per")
+        body = {"unitsLimit": _count(units, "units"), "windowSeconds": interval_ms // 1000}
+        if interval_ms % 1000 or not 1 <= interval_ms // 1000 <= WINDOW_S_MAX:
+            # Not whole seconds: the limit route takes it (1 ms to 24 h).
+            declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
+        else:
+            try:
+                declared = await self._transport.request("PUT", _allowance_path(name), body=body, safe=True)
+            except ConflictError as exc:
+                if exc.code != "CONFLICT":
+                    raise
+                # Declared with other sizes: a declaration never changes a limit, the limit route does.
+                declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
+                declared = {"created": declared.get("created")}
+            else:
+                _allowance_ids(self._transport)[name] = _field(declared, "id")
+        view = await self.status(name)
+        return {**view, "created": bool(declared.get("created"))}
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
+        allowance_id = await _allowance_id(self._transport, name)
+        try:
+            view = await self._transport.request("GET", f"/allowances/{_segment(allowance_id, 'allowance id')}", safe=True)
+        except NotFoundError:
+            _allowance_ids(self._transport).pop(name, None)  # forget an id the server no longer knows
+            raise
+        return _limit_view(view)
 
 
 class Budgets(_Resources):
@@ -611,22 +646,6 @@ async def settle_reservation(transport: Transport, budget_path: str, reservation
     return answer
 
 
-async def _wait_for(
-    transport: Transport, path: str, body: dict[str, Any], flag: str, timeout_ms: int, what: str
-) -> dict[str, Any]:
-    """POST `path` as a long poll, re-issued in slices, until the answer's `flag` is true;
-    WaitTimeoutError after `timeout_ms`. Repeated after a lost answer: a lost grant then holds one
-    more (the lost one returns when its lease lapses); a lost take takes units again (never more
-    than the limit allows)."""
-
-    async def poll(wait_ms: int) -> dict[str, Any]:
-        return await transport.request(
-            "POST", path, body={**body, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
-        )
-
-    return await wait_until(poll, lambda answer: bool(answer.get(flag)), timeout_ms=timeout_ms, what=what)
-
-
 def _permit_path(name: str) -> str:
     return f"/permits/by-name/{_segment(name, 'pool name')}"
 
@@ -662,6 +681,104 @@ def _pool_view(view: dict[str, Any]) -> dict[str, Any]:
             for grant in view.get("grants") or []
         ],
     }
+
+
+def _allowance_path(name: str) -> str:
+    return f"/allowances/by-name/{_segment(name, 'limit name')}"
+
+
+# The allowance id of each limit name, per transport (one client's): looked up once, then reused.
+_ALLOWANCE_IDS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _allowance_ids(transport: Transport) -> dict[str, str]:
+    return _ALLOWANCE_IDS.setdefault(transport, {})
+
+
+async def _allowance_id(transport: Transport, name: str) -> str:
+    """The allowance id of limit `name` (`PUT /allowances/by-name/{name} {}` looks it up the
+    first time). NotFoundError when the space has no such limit."""
+    ids = _allowance_ids(transport)
+    allowance_id = ids.get(name)
+    if allowance_id is None:
+        answer = await transport.request("PUT", _allowance_path(name), body={}, safe=True)
+        allowance_id = ids[name] = _field(answer, "id")
+    return allowance_id
+
+
+def _limit_view(view: dict[str, Any]) -> dict[str, Any]:
+    """An allowance's view in the limit's documented shape (its own fields kept)."""
+    units = view.get("unitsLimit")
+    remaining = view.get("remaining")
+    free = view.get("cooldownUntil") is None and not view.get("waiters")
+    return {
+        **view,
+        "units": units,
+        "intervalMs": round(float(view.get("windowSeconds") or 0) * 1000),
+        "available": remaining,
+        "takenInWindow": units - remaining if free and isinstance(units, int) and isinstance(remaining, int) else None,
+    }
+
+
+class _Allowance:
+    """Taking units of one allowance: at once, or through its FIFO line of waiters."""
+
+    def __init__(self, transport: Transport, allowance_id: str) -> None:
+        self._transport = transport
+        self._path = f"/allowances/{_segment(allowance_id, 'allowance id')}"
+
+    async def try_consume(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`{"consumptionId", "units"}`, or None when the window has not room now (or a cooldown
+        holds, or waiters are in line)."""
+        try:
+            answer = await self._transport.request("POST", f"{self._path}/consume", body=body, safe=True)
+        except RunstateError as exc:
+            if exc.code in ALLOWANCE_REFUSALS:
+                return None
+            raise
+        return {"consumptionId": _field(answer, "consumptionId"), "units": answer.get("units", body["units"])}
+
+    async def wait_in_line(self, body: dict[str, Any], deadline: float) -> dict[str, Any] | None:
+        """Join the line and poll the waiter (backing off to WAITER_POLL_S_MAX) until GRANTED.
+        None when the waiter ended without a grant (expired, cancelled) or the deadline passed:
+        the caller consumes again or gives up. A waiter still in line when this ends (a timeout,
+        an error, a cancellation) is cancelled; one granted meanwhile counts as taken."""
+        loop = asyncio.get_running_loop()
+        ttl_s = min(WAITER_TTL_S_MAX, max(1, math.ceil(deadline - loop.time()) + 1))
+        waiter = await self._transport.request("POST", f"{self._path}/wait", body={**body, "ttlSeconds": ttl_s}, safe=True)
+        waiter_id = _segment(_field(waiter, "waiterId"), "waiter id")
+        pause_s, done = WAITER_POLL_S_MIN, False
+        try:
+            while True:
+                state = waiter.get("state")
+                if state == "GRANTED":
+                    done = True
+                    return {"consumptionId": _field(waiter, "consumptionId"), "units": body["units"]}
+                if state != "WAITING":
+                    done = True
+                    # CANCELLED (its run stopped: the consume says how) or EXPIRED: try again.
+                    return await self.try_consume(body)
+                left_s = deadline - loop.time()
+                if left_s <= 0:
+                    done = True
+                    return await self._leave(waiter_id, body["units"])  # its grant if it came meanwhile
+                await asyncio.sleep(min(pause_s, left_s))
+                pause_s = min(pause_s * 1.5, WAITER_POLL_S_MAX)
+                waiter = await self._transport.request("GET", f"/allowance-waiters/{waiter_id}", safe=True)
+        finally:
+            if not done:  # an error or a cancellation: leave the line
+                await self._leave(waiter_id, body["units"])
+
+    async def _leave(self, waiter_id: str, units: int) -> dict[str, Any] | None:
+        """Cancel the waiter; its grant when it was granted meanwhile."""
+        try:
+            answer = await self._transport.request("POST", f"/allowance-waiters/{waiter_id}/cancel", body={}, safe=True)
+        except RunstateError as exc:  # it lapses with its TTL
+            logger.info("leaving the line of %s failed: %s", self._path, exc)
+            return None
+        if answer.get("state") == "GRANTED" and answer.get("consumptionId"):
+            return {"consumptionId": answer["consumptionId"], "units": units}
+        return None
 
 
 def _budget_path(name: str) -> str:
@@ -816,15 +933,41 @@ class ScopeLimits(_InScope):
 
     async def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         """Take `units` of the rate limit `name`, waiting up to `timeout_ms` until the window has
-        room. Taken units are spent: they never come back. Returns `{"taken": True, "availableAt"}`.
+        room. Taken units are spent: they never come back (but see `settle`). Returns `{"taken":
+        True, "availableAt", "consumptionId", "units"}`.
 
-        Raises WaitTimeoutError when the units were not free in time, ValidationError for more
-        units than the limit has, ScopeCancelledError / DeadlineExceededError once the run
-        stopped, NotFoundError for an unknown limit.
+        On the wire: a consume of the allowance (`POST /allowances/{id}/consume`); when the window
+        is full (or under a cooldown) the call joins the allowance's FIFO line (`POST
+        /allowances/{id}/wait`), polls its waiter until the server grants it as the window opens,
+        and leaves the line when the wait times out. Raises WaitTimeoutError when the units were
+        not granted in time, ValidationError for more units than the limit has,
+        ScopeCancelledError / DeadlineExceededError once the run stopped, NotFoundError for an
+        unknown limit.
         """
-        path = f"{self._path}/limits/{_segment(name, 'limit name')}/take"
-        body = {"units": _count(units, "units")}
-        return await _wait_for(self._transport, path, body, "taken", timeout_ms, f"{units} units of limit {name}")
+        body = {"scopeId": self.scope_id, "units": _count(units, "units"), "holder": self._transport.holder}
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ConfigError(f"timeout_ms must be a non-negative integer, got {timeout_ms!r}")
+        allowance = _Allowance(self._transport, await _allowance_id(self._transport, name))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        answer = await allowance.try_consume(body)
+        while answer is None:  # no room now: join its FIFO line, granted as the window opens
+            if loop.time() >= deadline:
+                raise WaitTimeoutError(f"{units} units of limit {name}", timeout_ms)
+            answer = await allowance.wait_in_line(body, deadline)
+        return {"taken": True, "availableAt": format_time(datetime.now(timezone.utc)), **answer}
+
+    async def settle(self, consumption_id: str, units: int) -> dict[str, Any]:
+        """Settle a take with the units it really used (token-weighted limits: take an estimate
+        before an LLM call, settle with its real token count after): below the estimate the
+        difference goes back to the window at once, above it the overrun is taken now (even past
+        the limit, delaying later takes). Once: the same units again answer the same. Returns
+        `{"consumptionId", "estimatedUnits", "units", "returnedUnits", "overrunUnits"}`.
+        ConflictError for other units than a first settle; NotFoundError past an hour."""
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ConfigError(f"units must be a non-negative integer, got {units!r}")
+        path = f"/allowance-consumptions/{_segment(consumption_id, 'consumption id')}/settle"
+        return await self._transport.request("POST", path, body={"units": units}, safe=True)
 
 
 class ScopeBudgets(_InScope):
@@ -1128,6 +1271,9 @@ class BlockingScopeLimits(_BlockingInScope[ScopeLimits]):
 
     def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         return self._portal.call(lambda: self._inner.take(name, units=units, timeout_ms=timeout_ms))
+
+    def settle(self, consumption_id: str, units: int) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.settle(consumption_id, units=units))
 
 
 class BlockingScopeBudgets(_BlockingInScope[ScopeBudgets]):
