@@ -36,6 +36,7 @@ from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
     DeadlineExceededError,
+    NotFoundError,
     ResultTimeoutError,
     RunstateError,
     ScopeCancelledError,
@@ -212,7 +213,11 @@ class Queue:
         `requirements`), so that jobs a producer submits without them (a published client's, a
         producer that does not define the handler) still hold them. A queue declared with other
         settings keeps them (logged): this worker's own submits carry theirs."""
-        requirements = await requirements_body(rt.client._transport, self.slots, self.limit, self.budget)
+        try:
+            requirements = await requirements_body(rt.client._transport, self.slots, self.limit, self.budget)
+        except NotFoundError as exc:  # its budget does not exist yet: each submit names it again
+            logger.warning("serve: queue %s not declared with its needs: %s", self.name, exc)
+            requirements = None
         try:
             await rt.client.mailboxes.declare(self.name, max_attempts=self.attempts, requirements=requirements)
         except ConflictError as exc:

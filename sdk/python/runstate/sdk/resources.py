@@ -13,10 +13,13 @@ that a worker takes a job and everything it needs in one step (`submit(..., slot
     async with run.budget("model-usd", reserve=0.40) as reservation:
         reservation.spend(0.12)                                      # settled on exit
 
-Amounts are decimals, carried exactly to the micro-unit (1e-6): 25 spends of 0.40 are 10.00.
-A slot lease or a reservation held with `async with` is renewed every third of its lease; when a
-renewal is refused (the lease lapsed, or the run stopped) it is marked lost, its `signal` is set,
-the block is cancelled and LeaseLostError comes out of it.
+All of it is the published protocol on the wire: a pool is a permit, a rate limit an allowance,
+a budget a protocol budget in exact integer minor units, and a queue's needs its `requirements`.
+Amounts are decimals, converted exactly to the budget's minor units (a budget this SDK declares
+has scale 6: 25 spends of 0.40 are 10.00). A slot lease held with `async with` is renewed every
+third of its lease; when a renewal is refused (the lease lapsed, or the run stopped) it is marked
+lost, its `signal` is set, the block is cancelled and LeaseLostError comes out of it. A
+reservation has no lease: the same happens when its run stops (which voids it).
 """
 
 from __future__ import annotations
