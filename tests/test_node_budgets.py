@@ -74,7 +74,7 @@ def test_create_list_read_and_declare(api: Api) -> None:
         assert api.error("POST", "/v1/budgets", bad) == (400, "VALIDATION_FAILED"), bad
     assert api.ok("GET", "/v1/budgets") == {"budgets": [created]}
     assert api.ok("GET", f"/v1/budgets/{budget_id}") == {
-        **created, "reservedMinor": "0", "settledMinor": "0", "remainingMinor": "100", "reservations": [],
+        **created, "reservedMinor": "0", "settledMinor": "0", "remainingMinor": "100", "waiting": 0, "reservations": [],
     }
     assert api.error("GET", "/v1/budgets/bdg_nothing") == (404, "NOT_FOUND")
     assert api.ok("PUT", "/v1/budgets/by-name/usd", {}) == {**created, "created": False}

@@ -48,6 +48,17 @@ async def eventually(what: str, probe: Any, timeout_s: float = WAIT_S) -> Any:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def settled(rs: Runstate, name: str, spent: float, timeout_s: float = WAIT_S) -> dict[str, Any]:
+    """The budget's view once `spent` is charged and nothing is reserved: a worker settles a job's
+    reservation just after its complete, so a producer holding the result may look first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = rs.budgets.status(name)
+        if (view["spent"], view["reserved"]) == (spent, 0) or time.monotonic() >= deadline:
+            return view
+        time.sleep(0.02)
+
+
 # -- without a server ----------------------------------------------------------------------------
 
 
@@ -106,11 +117,17 @@ class FakeTransport:
         action = "look-up" if "/by-name/" in path else path.rsplit("/", 1)[-1]
         self.calls.append((action, dict(body or {})))
         if action == "look-up":
-            return {"id": "prm_1"}
+            return {"id": "bdg_1", "scale": 6, "limitMinor": "1000000"} if "/budgets/" in path else {"id": "prm_1"}
         if action == "acquire":
             return {"grantId": "slt_1", "token": "slt_1.t", "units": 1, "leaseExpiresAt": "2030-01-01T00:00:00.000Z"}
         if action == "reserve":
-            return {"granted": True, "reservationId": "rsv_1", "amount": body["amount"], "leaseExpiresAt": None}
+            return {"reservationId": "rsv_1", "reservedMinor": body["amountMinor"], "state": "ACTIVE",
+                    "settleBy": "2030-01-01T00:00:00.000Z"}
+        if method == "GET" and path.startswith("/scopes/"):  # a reservation's renewal looks at its run
+            self.calls.append(("renew", {}))
+            return {"effective": "ACTIVE"}
+        if action == "void":
+            return {"reservationId": body["reservationId"], "state": "VOIDED", "chargedMinor": "0"}
         if action == "renew":
             renewals = sum(1 for name, _ in self.calls if name == "renew")
             if self.refuse_after is not None and renewals >= self.refuse_after:
@@ -119,7 +136,7 @@ class FakeTransport:
         if action == "release":
             return {"released": True}
         if action == "settle":
-            return {"charged": body["spent"], "returned": 0.0}
+            return {"reservationId": body["reservationId"], "state": "ACTIVE", "chargedMinor": body["amountMinor"]}
         raise AssertionError(f"unexpected {method} {path}")
 
     def actions(self) -> list[str]:
@@ -148,15 +165,16 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         with pytest.raises(KeyError):
             async with run.budget("model-usd", reserve=0.4):
                 raise KeyError("own error")
-        assert transport.actions() == ["reserve", "release"]
+        assert transport.actions() == ["look-up", "reserve", "void"]
         async with run.budget("model-usd", reserve=0.4, lease_ms=150) as reservation:
             await asyncio.sleep(0.2)
-        assert transport.calls[-1] == ("settle", {"spent": 0.4})
+        settle = {"reservationId": "rsv_1", "amountMinor": "400000", "workKey": "settle:rsv_1", "allowOverrun": True}
+        assert transport.calls[-2:] == [("settle", settle), ("void", {"reservationId": "rsv_1", "workKey": "void:rsv_1"})]
         assert "renew" in [name for name, _ in transport.calls]
         async with run.budget("model-usd", reserve=0.4) as reservation:
             reservation.spend(0.07)
             reservation.spend(0.05)
-        assert transport.calls[-1] == ("settle", {"spent": 0.12})
+        assert transport.calls[-2] == ("settle", {**settle, "amountMinor": "120000"})
 
         # Cancelled from outside while held: the cancellation goes on, the slot is released.
         transport = FakeTransport()
@@ -324,6 +342,40 @@ def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
     asyncio.run(main())
 
 
+def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode) -> None:
+    """A take is a consumption of the allowance; a full window puts takes in its FIFO line, granted
+    in order as it opens; a take that times out leaves the line; a settle gives unused units back."""
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            limit = await rs.limits.ensure("tokens", units=10, per="2s")
+            assert (limit["unitsLimit"], limit["windowSeconds"], limit["intervalMs"]) == (10, 2, 2000)
+            run = await rs.scopes.create()
+            estimate = await run.limits.take("tokens", units=8, timeout_ms=0)
+            assert estimate["consumptionId"].startswith("acn_") and estimate["units"] == 8
+            with pytest.raises(WaitTimeoutError):
+                await run.limits.take("tokens", units=5, timeout_ms=300)
+            view = await rs.limits.status("tokens")
+            assert view["waiters"] == [] and view["available"] == 2  # the timed-out take left the line
+            settled = await run.limits.settle(estimate["consumptionId"], 3)  # used 3 of the 8
+            assert (settled["returnedUnits"], settled["overrunUnits"]) == (5, 0)
+            assert (await rs.limits.status("tokens"))["takenInWindow"] == 3
+            order: list[int] = []
+
+            async def take(n: int) -> None:
+                await run.limits.take("tokens", units=6, timeout_ms=10_000)
+                order.append(n)
+
+            first = asyncio.create_task(take(1))
+            await asyncio.sleep(0.05)
+            second = asyncio.create_task(take(2))
+            await asyncio.gather(first, second)
+            assert order == [1, 2]
+            with pytest.raises(ConfigError):
+                await run.limits.settle(estimate["consumptionId"], -1)
+
+    asyncio.run(main())
+
+
 def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
@@ -454,10 +506,11 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
 
     jobs = [render.send({"url": f"https://example.com/{n}"}) for n in range(6)]
     task = run.task(jobs[0].id).status()
-    assert task["needs"] == {
+    assert task["needs"] == {  # the protocol's requirements: the budget in minor units (scale 6)
         "slots": ["browser"],
         "limit": {"name": "search-api", "units": 1},
-        "budget": {"name": "model-usd", "reserve": 0.4},
+        "budget": None,
+        "budgets": [{"name": "model-usd", "reserveMinor": "400000"}],
     }
     workers = [Worker(render), Worker(render)]
     try:
@@ -465,7 +518,7 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
         assert results == [{"rendered": f"https://example.com/{n}"} for n in range(5)]
         time.sleep(1.5)  # the budget is spent: the sixth job may not start
         assert run.task(jobs[5].id).status()["state"] == "QUEUED"
-        budget = rs.budgets.status("model-usd")
+        budget = settled(rs, "model-usd", 2.0)
         assert (budget["spent"], budget["reserved"], budget["remaining"], budget["waiting"]) == (2.0, 0, 0, 1)
         # One browser: no two jobs overlapped. Two units a second: five jobs span two windows.
         ordered = sorted(spans)
@@ -503,13 +556,58 @@ def test_context_spend_is_reported_with_the_job(module_api: tuple[Runstate, Any]
     worker = Worker(spends, spends_all, fails)
     try:
         assert spends(0.1) == 0.1
-        assert rs.budgets.status("model-usd")["spent"] == 0.2
+        assert settled(rs, "model-usd", 0.2)["spent"] == 0.2
         assert spends_all(1) == 1
-        assert rs.budgets.status("model-usd")["spent"] == 0.6
+        assert settled(rs, "model-usd", 0.6)["spent"] == 0.6
         with pytest.raises(runstate.TaskFailedError):
             fails(0.05)
-        view = rs.budgets.status("model-usd")
+        view = settled(rs, "model-usd", 0.65)
         assert (view["spent"], view["reserved"]) == (0.65, 0)
+    finally:
+        run.cancel()
+        worker.join()
+
+
+def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any]) -> None:
+    """The worker declares the queue with its requirements; a producer that names none (here a
+    raw submit) still gets them; the worker settles the reservation with the spend and voids the
+    rest; a failed job charges what it reported, and nothing stays reserved."""
+    rs, run = module_api
+    rs.pools.ensure("browser", size=1)
+    rs.budgets.ensure("model-usd", total=1.00)
+
+    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "reserve": 0.25}, attempts=1)
+    def declared(input: dict) -> dict:
+        runstate.context().spend(0.1)
+        if input.get("fail"):
+            raise RuntimeError("spent, then failed")
+        return input
+
+    worker = Worker(declared)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                if rs.mailboxes.get("declared").get("requirements") is not None:
+                    break
+            except NotFoundError:
+                pass
+            assert time.monotonic() < deadline, "the worker never declared the queue"
+            time.sleep(0.05)
+        assert rs.mailboxes.get("declared")["requirements"] == {
+            "pools": [{"name": "browser", "units": 1}],
+            "budgets": [{"name": "model-usd", "reserveMinor": "250000"}],
+        }
+        assert rs.mailboxes.get("declared")["maxAttempts"] == 1
+        mailbox = run.mailbox("declared")
+        ok, failing = mailbox.submit({"n": 1}), mailbox.submit({"n": 2, "fail": True})  # no needs named
+        assert ok.status()["needs"]["budgets"] == [{"name": "model-usd", "reserveMinor": "250000"}]
+        assert ok.result(timeout_ms=int(WAIT_S * 1000))["state"] == "SUCCEEDED"
+        assert failing.result(timeout_ms=int(WAIT_S * 1000))["state"] == "FAILED"
+        view = settled(rs, "model-usd", 0.2)
+        assert (view["spent"], view["reserved"], view["remaining"]) == (0.2, 0, 0.8)
+        assert sorted(row["state"] for row in rs.budgets.status("model-usd")["reservations"]) == []
+        assert rs.pools.status("browser")["inUse"] == 0
     finally:
         run.cancel()
         worker.join()
@@ -577,10 +675,11 @@ def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> 
             for lease in (seen["lease"], seen["reservation"]):
                 assert lease.lost and lease.signal.is_set()
                 assert isinstance(lease.lost_error, ScopeCancelledError)
-            # Handed back on exit: the slot released, the reservation settled with its spend.
+            # Handed back: the slot released on exit; the reservation was voided by the run's
+            # stop (the protocol's rule), so its settle on exit charged nothing.
             assert (await rs.pools.status("browser"))["inUse"] == 0
             budget = await rs.budgets.status("model-usd")
-            assert (budget["spent"], budget["reserved"]) == (0.1, 0)
+            assert (budget["spent"], budget["reserved"]) == (0, 0)
 
             with pytest.raises(ScopeCancelledError):
                 async with run.slot("browser", timeout_ms=1_000):

@@ -368,6 +368,7 @@ def view(state: State, budget: Budget) -> dict[str, Any]:
         "reservedMinor": str(budget.reserved_minor),
         "settledMinor": str(budget.settled_minor),
         "remainingMinor": str(max(resources.remaining_minor(budget), 0)),
+        "waiting": budget.waiting,  # QUEUED jobs that name it (the SDK's budget view shows it)
         "reservations": [
             {
                 "id": reservation.id, "scopeId": reservation.run_id, "holder": reservation.holder,

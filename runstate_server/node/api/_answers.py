@@ -58,7 +58,7 @@ ADMITTED_ONE_OR_MANY: dict[str, Any] = {"anyOf": [ADMITTED, obj({"tasks": array(
 RECEIVED = obj({
     "message": obj({
         "id": STRING, "payload": ANY_JSON, "attempt": INTEGER, "attempts": INTEGER, "scopeId": STRING,
-        "workKey": STRING, "needs": ANY_JSON, "holds": _HOLDS,
+        "workKey": STRING, "needs": ANY_JSON, "holds": _HOLDS, "reservations": array(STRING),
     }),
     "token": STRING, "leaseExpiresAt": TIME,
 })

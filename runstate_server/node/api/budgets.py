@@ -49,6 +49,7 @@ _ROW = {"id": STRING, "name": STRING, "currency": STRING, "scale": INTEGER, "lim
 ROW = obj(_ROW)
 VIEW = obj({
     **_ROW, "reservedMinor": _MINOR_OUT, "settledMinor": _MINOR_OUT, "remainingMinor": _MINOR_OUT,
+    "waiting": INTEGER,
     "reservations": array(obj({
         "id": STRING, "scopeId": STRING, "holder": STRING_OR_NULL, "taskId": STRING_OR_NULL,
         "reservedMinor": _MINOR_OUT, "settledMinor": _MINOR_OUT, "state": _STATES, "settleBy": TIME,

@@ -136,6 +136,8 @@ def message_of(given: dict[str, Any]) -> dict[str, Any]:
             "workKey": given["key"],
             "needs": needs_view(given["needs"]),
             "holds": holds_of(given),
+            # The reservations of the job's requirements.budgets, to settle or void (as admit's).
+            "reservations": given.get("budget_reservations", []),
         },
         "token": given["token"],
         "leaseExpiresAt": iso(given["lease_expires_ms"]),

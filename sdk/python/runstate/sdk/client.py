@@ -57,7 +57,8 @@ from runstate.sdk.resources import (
     SlotLease,
     SlotsLike,
     Spending,
-    needs_body,
+    requirements_body,
+    settle_job_reservations,
     spent_value,
 )
 from runstate.sdk.timers import Timers
@@ -182,6 +183,24 @@ class Mailboxes:
             return {**existing, "created": False}
         self._transport.mailbox_ids[name] = _field(view, "id")
         return {**view, "created": True}
+
+    async def declare(
+        self, name: str, max_attempts: int | None = None, requirements: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Declare the work queue `name` (`PUT /mailboxes/by-name/{name}`): created (mode WORK)
+        when missing; `max_attempts` and `requirements` (the protocol's, see `Mailbox.submit`) are
+        stored with it when first declared, and apply to tasks submitted without their own (a
+        producer that names none, such as a published client's). Returns its view. ConflictError
+        when it was declared with other settings."""
+        body: dict[str, Any] = {}
+        if max_attempts is not None:
+            body["maxAttempts"] = _require_int(max_attempts, "max_attempts", 1)
+        if requirements is not None:
+            body["requirements"] = requirements
+        path = f"/mailboxes/by-name/{_segment(name, 'mailbox name')}"
+        view = await self._transport.request("PUT", path, body=body, safe=True)
+        self._transport.mailbox_ids[name] = _field(view, "id")
+        return view
 
     async def get(self, name: str) -> dict[str, Any]:
         """Returns `{"id", "name", "mode", ...}`; raises NotFoundError if there is no such queue."""
@@ -354,7 +373,7 @@ class Scope:
 def _task_body(
     task_input: Any, key: str | None, attempts: int | None, key_only: bool = False, needs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """One task of a submit request (with `needs`, from `needs_body`); ConfigError for a malformed
+    """One task of a submit request (with `needs`, `{"requirements"}`); ConfigError for a malformed
     key or attempts."""
     body: dict[str, Any] = {"input": task_input, **(needs or {})}
     if key_only:
@@ -400,8 +419,9 @@ class Mailbox:
         """Submit a task; returns its `Ticket` (`.created` is False if the key already existed).
 
         `slots` (a pool name or a list of them), `limit` (a limit name, or `{"name", "units"}`) and
-        `budget` (`{"name", "reserve"}`) name what the job needs: a worker receives it only when
-        all of them can be taken, and takes them with it; they return when its delivery ends.
+        `budget` (`{"name", "reserve"}`) name what the job needs, sent as the protocol's
+        `requirements`: a worker receives it only when all of them can be taken, and takes them
+        with it; slots return when its delivery ends, the reservation is settled by the worker.
 
         The same key with the same input returns the existing task (without a key, the server keys
         the task by a hash of its input). Raises KeyConflictError for the same key with another
@@ -410,7 +430,8 @@ class Mailbox:
         the queue or a named resource does not exist, ValidationError for an input over 64 KB or a
         need no job could ever get (more units than the limit, more than the budget's total).
         """
-        task = _task_body(input, key, attempts, key_only, needs_body(slots, limit, budget))
+        requirements = await requirements_body(self._transport, slots, limit, budget)
+        task = _task_body(input, key, attempts, key_only, None if requirements is None else {"requirements": requirements})
         encode_body(task)  # ConfigError for an input JSON cannot carry, before any request
         body = {**await self._where(), **task}
         # Safe to repeat: the server deduplicates by key.
@@ -440,7 +461,8 @@ class Mailbox:
         """
         if keys is not None and len(keys) != len(inputs):
             raise ConfigError(f"keys has {len(keys)} entries for {len(inputs)} inputs")
-        needs = needs_body(slots, limit, budget)
+        requirements = await requirements_body(self._transport, slots, limit, budget)
+        needs = None if requirements is None else {"requirements": requirements}
         bodies = [
             _task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)
             for index, task_input in enumerate(inputs)
@@ -545,6 +567,9 @@ def _as_message(admitted: dict[str, Any]) -> dict[str, Any]:
         "workKey": admitted.get("taskKey"),
         "needs": admitted.get("needs"),
         "holds": admitted.get("holds"),
+        "reservations": [
+            rid for rid in admitted.get("reservations") or [] if rid != (admitted.get("holds") or {}).get("reservationId")
+        ],
     }
     return {"message": message, "token": _field(admitted, "token"), "leaseExpiresAt": admitted.get("leaseExpiresAt")}
 
@@ -637,8 +662,10 @@ class Delivery:
     `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
     `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
     True once complete/retry/reject/release was accepted, or the server said the lease is gone.
-    `needs` is what the task needs (`{"slots", "limit", "budget"}`, or None) and `holds` what this
-    delivery took for it (`{"slots": [lease ids], "reservationId"}`, or None).
+    `needs` is what the task needs (`{"slots", "limit", "budget", "budgets": [{"name",
+    "reserveMinor"}]}`, or None) and `holds` what this delivery took for it (`{"slots": [lease
+    ids], "reservationId", "reservations": [ids]}`, or None); `reservations` are the protocol
+    budget reservations of its `requirements.budgets`, which complete settles (see `complete`).
     """
 
     def __init__(self, transport: Transport, given: dict[str, Any]) -> None:
@@ -655,7 +682,13 @@ class Delivery:
         self.attempts: int | None = message.get("attempts")
         self.lease_expires_at: datetime | None = self._parse_lease(given.get("leaseExpiresAt"))
         self.needs: dict[str, Any] | None = message.get("needs")
-        self.holds: dict[str, Any] | None = message.get("holds")
+        self.reservations: list[str] = list(message.get("reservations") or [])
+        holds = message.get("holds")
+        if holds is not None or self.reservations:
+            holds = dict(holds or {"slots": [], "reservationId": None})
+            holds["reservationId"] = holds.get("reservationId") or (self.reservations[0] if self.reservations else None)
+            holds["reservations"] = self.reservations
+        self.holds: dict[str, Any] | None = holds
         self._spending = Spending()
         self._settled = False
         # Set by consume() when the lease is lost, the run stopped, or the handler is being
@@ -684,7 +717,9 @@ class Delivery:
         (the whole reservation counts as spent)."""
         if spent is None:
             spent = self.spent
-        return body if spent is None else {**body, "spent": spent_value(spent)}
+        if spent is None or (self.needs or {}).get("budget") is None:  # only the old `budget` need
+            return body
+        return {**body, "spent": spent_value(spent)}
 
     @staticmethod
     def _parse_lease(value: Any) -> datetime | None:
@@ -707,9 +742,11 @@ class Delivery:
         return answer
 
     async def complete(self, result: dict[str, Any] | None = None, spent: float | None = None) -> dict[str, Any]:
-        """Record the task's result, e.g. `complete(result={"payload": {...}})`. `spent` (default:
-        the sum reported with `spend()`, else the whole reservation) settles the job's budget
-        reservation, as with retry and reject.
+        """Record the task's result, e.g. `complete(result={"payload": {...}})`. Then each budget
+        reservation of the job is settled with `spent` (default: the sum reported with `spend()`,
+        else the whole reservation; over it, up to what the budget still has) and the rest
+        voided. retry and reject charge `spent` only when given or reported (else nothing), and
+        the delivery's end voids the rest.
 
         Returns `{"taskId", "state": "SUCCEEDED"}`. Raises LeaseLostError if the lease lapsed or
         was taken over (nothing is recorded), ScopeCancelledError / DeadlineExceededError if the run
@@ -721,7 +758,24 @@ class Delivery:
             raise ConfigError(
                 f"result must be a dict such as {{'payload': ...}}, got {type(result).__name__}"
             )
-        return await self._settle("complete", self._with_spent({"result": result}, spent))
+        answer = await self._settle("complete", self._with_spent({"result": result}, spent))
+        if self.reservations:
+            # Completed: the reservations stay open for the worker, which settles what was spent
+            # (else the whole reserve) and voids the rest, as the published worker does.
+            await settle_job_reservations(self._transport, self.reservations, self.needs, self._spent_or(spent))
+        return answer
+
+    def _spent_or(self, spent: float | None) -> float | None:
+        if spent is not None:
+            return spent_value(spent)
+        return self.spent
+
+    async def _charge_failure(self, spent: float | None) -> None:
+        """Before a nack: charge what was reported spent (the rest is voided by the delivery's
+        end); with nothing reported nothing is charged."""
+        spent = self._spent_or(spent)
+        if self.reservations and spent is not None:
+            await settle_job_reservations(self._transport, self.reservations, self.needs, spent)
 
     async def retry(
         self, error: str | None = None, delay_ms: int | None = None, spent: float | None = None
@@ -737,6 +791,7 @@ class Delivery:
             body["error"] = str(error)
         if delay_ms is not None:
             body["delayMs"] = _require_int(delay_ms, "delay_ms", 0)
+        await self._charge_failure(spent)
         return await self._settle("nack", self._with_spent(body, spent))
 
     async def reject(self, error: str | None = None, spent: float | None = None) -> dict[str, Any]:
@@ -745,6 +800,7 @@ class Delivery:
         Raises LeaseLostError if the lease is gone.
         """
         body: dict[str, Any] = {"retry": False} if error is None else {"retry": False, "error": str(error)}
+        await self._charge_failure(spent)
         return await self._settle("nack", self._with_spent(body, spent))
 
     async def release(self) -> dict[str, Any]:

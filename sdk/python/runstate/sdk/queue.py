@@ -34,7 +34,9 @@ from runstate.sdk._time import parse_duration_ms
 from runstate.sdk.client import Delivery, Ticket
 from runstate.sdk.errors import (
     ConfigError,
+    ConflictError,
     DeadlineExceededError,
+    NotFoundError,
     ResultTimeoutError,
     RunstateError,
     ScopeCancelledError,
@@ -42,7 +44,7 @@ from runstate.sdk.errors import (
 )
 from runstate.sdk.keys import json_value, make_key
 from runstate.sdk.once import DurationLike, check_attempts, result_value
-from runstate.sdk.resources import BudgetLike, LimitLike, SlotsLike, needs_body
+from runstate.sdk.resources import BudgetLike, LimitLike, SlotsLike, needs_body, requirements_body
 
 logger = logging.getLogger("runstate.sdk")
 
@@ -206,6 +208,23 @@ class Queue:
 
     # -- the worker side ------------------------------------------------------------------------
 
+    async def _declare(self, rt: Runtime) -> None:
+        """A worker declares the queue with its attempts and what its jobs need (the protocol's
+        `requirements`), so that jobs a producer submits without them (a published client's, a
+        producer that does not define the handler) still hold them. A queue declared with other
+        settings keeps them (logged): this worker's own submits carry theirs."""
+        try:
+            requirements = await requirements_body(rt.client._transport, self.slots, self.limit, self.budget)
+        except NotFoundError as exc:  # its budget does not exist yet: each submit names it again
+            logger.warning("serve: queue %s not declared with its needs: %s", self.name, exc)
+            requirements = None
+        try:
+            await rt.client.mailboxes.declare(self.name, max_attempts=self.attempts, requirements=requirements)
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            logger.warning("serve: queue %s is declared with other settings, kept: %s", self.name, exc)
+
     def _consume_handler(self, scope_id: str, handler_loop: asyncio.AbstractEventLoop | None) -> Callable[..., Any]:
         """The handler given to `consume`: sets `context()`, runs the user's handler (async ones on
         `handler_loop` when given), checks the result."""
@@ -294,6 +313,7 @@ async def _serve(rt: Runtime, queues: list[Queue], stop: asyncio.Event, handler_
     """Consume every queue until the run stops or `stop` is set. On the runtime's loop."""
     for item in queues:
         await rt.ensure_mailbox(item.name)
+        await item._declare(rt)
     scope_id, is_default = await rt.scope_id()
     scope = rt.client.scope(scope_id)
     logger.info("serve: %s in run %s", ", ".join(item.name for item in queues), scope_id)

@@ -13,10 +13,13 @@ that a worker takes a job and everything it needs in one step (`submit(..., slot
     async with run.budget("model-usd", reserve=0.40) as reservation:
         reservation.spend(0.12)                                      # settled on exit
 
-Amounts are decimals, carried exactly to the micro-unit (1e-6): 25 spends of 0.40 are 10.00.
-A slot lease or a reservation held with `async with` is renewed every third of its lease; when a
-renewal is refused (the lease lapsed, or the run stopped) it is marked lost, its `signal` is set,
-the block is cancelled and LeaseLostError comes out of it.
+All of it is the published protocol on the wire: a pool is a permit, a rate limit an allowance,
+a budget a protocol budget in exact integer minor units, and a queue's needs its `requirements`.
+Amounts are decimals, converted exactly to the budget's minor units (a budget this SDK declares
+has scale 6: 25 spends of 0.40 are 10.00). A slot lease held with `async with` is renewed every
+third of its lease; when a renewal is refused (the lease lapsed, or the run stopped) it is marked
+lost, its `signal` is set, the block is cancelled and LeaseLostError comes out of it. A
+reservation has no lease: the same happens when its run stops (which voids it).
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ import math
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from runstate.sdk._time import parse_duration_ms, parse_time
-from runstate.sdk._waiting import wait_until
+from runstate.sdk._time import format_time, parse_duration_ms, parse_time
 from runstate.sdk.claims import _segment
 from runstate.sdk.errors import (
     ConfigError,
@@ -40,6 +43,8 @@ from runstate.sdk.errors import (
     LeaseLostError,
     NotFoundError,
     RunstateError,
+    ScopeCancelledError,
+    ValidationError,
     WaitTimeoutError,
 )
 
@@ -60,6 +65,21 @@ WAITER_POLL_S_MIN = 0.05
 WAITER_POLL_S_MAX = 0.5
 WAITER_TTL_S_MAX = 3600
 MICROS_PER_UNIT = 1_000_000
+# Budgets on the protocol: the scale (digits after the point) of a budget this SDK declares, so
+# that sub-cent costs stay exact, and its currency.
+# Allowances (the protocol's rate limits): the longest window in seconds, and the refusals of a
+# consume that a wait in the allowance's line can outlast.
+WINDOW_S_MAX = 86_400
+ALLOWANCE_REFUSALS = frozenset({"ALLOWANCE_EXHAUSTED", "ALLOWANCE_COOLDOWN"})
+BUDGET_SCALE = 6
+BUDGET_CURRENCY = "USD"
+# A reservation's settleBy is now + its lease_ms, within these bounds (the lower one rides out a
+# client clock behind the server's; the upper one is the server's).
+SETTLE_BY_S_MIN = 60
+SETTLE_BY_S_MAX = 86_400
+# Waiting for a budget to have room: the first pause between two reserves, and the longest.
+RESERVE_POLL_S_MIN = 0.05
+RESERVE_POLL_S_MAX = 0.5
 
 SlotsLike = str | Sequence[str] | None
 LimitLike = str | Mapping[str, Any] | None
@@ -94,6 +114,22 @@ def spent_value(value: float) -> float:
     """An amount spent as sent to the server: rounded to the micro-unit. ConfigError if negative
     or not a number."""
     return _micros(_amount(value, "the amount spent")) / MICROS_PER_UNIT
+
+
+def to_minor(amount: float, scale: int, what: str) -> int:
+    """`amount` (a decimal, read exactly from its shortest form: 0.1 is one tenth) in minor units
+    of a budget of `scale`. ConfigError when negative, not a number, or not a whole number of
+    minor units (0.405 at scale 2)."""
+    _amount(amount, what)
+    minor = Decimal(str(amount)).scaleb(scale)
+    if minor != minor.to_integral_value():
+        raise ConfigError(f"{what} {amount!r} is finer than the budget's minor units (scale {scale})")
+    return int(minor)
+
+
+def from_minor(minor: Any, scale: int) -> float:
+    """Minor units (a decimal-digit string or an integer) of a budget of `scale`, as a decimal."""
+    return float(Decimal(int(minor)).scaleb(-scale))
 
 
 def _expiry(value: Any) -> datetime | None:
@@ -141,6 +177,57 @@ def needs_body(slots: SlotsLike, limit: LimitLike, budget: BudgetLike) -> dict[s
         _segment(budget["name"], "budget name")
         body["budget"] = {"name": budget["name"], "reserve": _amount(budget["reserve"], "budget reserve")}
     return body
+
+
+async def requirements_body(
+    transport: Transport, slots: SlotsLike, limit: LimitLike, budget: BudgetLike
+) -> dict[str, Any] | None:
+    """What a job needs as the protocol's `requirements` (`{"pools": [{"name", "units"}],
+    "quotas": [{"name", "units"}], "budgets": [{"name", "reserveMinor"}]}`), or None for nothing.
+    A pool named n times is n units of it; a budget's reserve is converted exactly to its minor
+    units (its scale is looked up once per name: NotFoundError for an unknown budget, ConfigError
+    for a reserve finer than its minor units). ConfigError when malformed (see `needs_body`)."""
+    needs = needs_body(slots, limit, budget)
+    if not needs:
+        return None
+    requirements: dict[str, Any] = {}
+    if "slots" in needs:
+        units: dict[str, int] = {}
+        for name in [needs["slots"]] if isinstance(needs["slots"], str) else needs["slots"]:
+            units[name] = units.get(name, 0) + 1
+        requirements["pools"] = [{"name": name, "units": count} for name, count in units.items()]
+    if "limit" in needs:
+        requirements["quotas"] = [{"name": needs["limit"]["name"], "units": needs["limit"].get("units", 1)}]
+    if "budget" in needs:
+        name, reserve = needs["budget"]["name"], needs["budget"]["reserve"]
+        row = await _budget_row(transport, name)
+        reserve_minor = to_minor(reserve, row["scale"], "budget reserve")
+        if reserve_minor < 1:
+            raise ConfigError(f"budget reserve must be at least one minor unit of budget {name}, got {reserve!r}")
+        requirements["budgets"] = [{"name": name, "reserveMinor": str(reserve_minor)}]
+    return requirements
+
+
+async def settle_job_reservations(
+    transport: Transport, reservations: Sequence[str], needs: Mapping[str, Any] | None, spent: float | None
+) -> None:
+    """After a job's delivery: settle each reservation of its `requirements.budgets` with `spent`
+    (None: the whole reservation) and void the rest; a `spent` of 0 voids it. Failures are
+    logged, never raised (the job's outcome is recorded already)."""
+    budgets = list((needs or {}).get("budgets") or [])
+    for reservation_id, need in zip(reservations, budgets, strict=False):
+        try:
+            row = await _budget_row(transport, need["name"])
+            amount_minor = int(need["reserveMinor"])
+            if spent is not None:
+                try:
+                    amount_minor = to_minor(spent, row["scale"], "the amount spent")
+                except ConfigError as exc:
+                    logger.error("settling reservation %s with its whole reserve: %s", reservation_id, exc)
+            await settle_reservation(transport, f"/budgets/{_segment(row['id'], 'budget id')}", reservation_id, amount_minor)
+        except RunstateError as exc:
+            # CONFLICT: it had ended (the delivery's end or its run's stop voided it).
+            logger.warning("settling reservation %s of budget %s failed: %s", reservation_id, need.get("name"), exc)
 
 
 class Spending:
@@ -225,7 +312,10 @@ class Pools(_Resources):
 
 
 class Limits(_Resources):
-    """Rate limits of the space: `rs.limits`."""
+    """Rate limits of the space: `rs.limits`. On the wire a limit is the protocol's *allowance*
+    (`PUT /allowances/by-name/{name}`, `GET /allowances/{id}`); its id is looked up once per name.
+    The protocol's window is whole seconds (1 s to 24 h): a limit `per` a fraction of a second is
+    set through the limit route (`PUT /limits/{name}`) and shows as an allowance all the same."""
 
     _route = "limits"
     _what = "limit"
@@ -235,27 +325,91 @@ class Limits(_Resources):
         timedelta), or change it; safe to call every time. No window of `per` ever holds more
         than `units` taken units.
 
-        Returns its view `{"name", "units", "intervalMs", "available", "takenInWindow", "waiting"}`.
+        Returns its view `{"name", "units", "intervalMs", "available", "takenInWindow", "waiting",
+        "created"}` (`takenInWindow` is null under a cooldown or while waiters are in line; also
+        the allowance's own fields `id`, `unitsLimit`, `windowSeconds`, `remaining`,
+        `cooldownUntil`, `waiters`...).
         """
-        body = {"units": _count(units, "units"), "intervalMs": parse_duration_ms(per, "per")}
-        return await self._put(name, body)
+        interval_ms = parse_duration_ms(per, "per")
+        body = {"unitsLimit": _count(units, "units"), "windowSeconds": interval_ms // 1000}
+        if interval_ms % 1000 or not 1 <= interval_ms // 1000 <= WINDOW_S_MAX:
+            # Not whole seconds: the limit route takes it (1 ms to 24 h).
+            declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
+        else:
+            try:
+                declared = await self._transport.request("PUT", _allowance_path(name), body=body, safe=True)
+            except ConflictError as exc:
+                if exc.code != "CONFLICT":
+                    raise
+                # Declared with other sizes: a declaration never changes a limit, the limit route does.
+                declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
+                declared = {"created": declared.get("created")}
+            else:
+                _allowance_ids(self._transport)[name] = _field(declared, "id")
+        view = await self.status(name)
+        return {**view, "created": bool(declared.get("created"))}
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
+        allowance_id = await _allowance_id(self._transport, name)
+        try:
+            view = await self._transport.request("GET", f"/allowances/{_segment(allowance_id, 'allowance id')}", safe=True)
+        except NotFoundError:
+            _allowance_ids(self._transport).pop(name, None)  # forget an id the server no longer knows
+            raise
+        return _limit_view(view)
 
 
 class Budgets(_Resources):
-    """Spend budgets of the space: `rs.budgets`."""
+    """Spend budgets of the space: `rs.budgets`. On the wire a budget is the protocol's budget in
+    exact integer minor units (`PUT /budgets/by-name/{name}`, `GET /budgets/{id}`); its id and
+    scale are looked up once per name. A budget this SDK declares has scale 6 (millionths), so
+    that sub-cent costs stay exact; an existing budget keeps its own scale."""
 
     _route = "budgets"
     _what = "budget"
 
     async def ensure(self, name: str, total: float) -> dict[str, Any]:
         """Create the budget `name` with `total` (a decimal), or change its total; safe to call
-        every time. A total below what is spent and reserved grants nothing new.
+        every time. A total below what is spent and reserved grants nothing new. ConfigError for
+        a total that is not positive, or finer than the budget's minor units.
 
         Returns its view `{"name", "total", "spent", "reserved", "remaining", "waiting",
         "reservations": [{"reservationId", "amount", "holder", "scopeId", "taskId",
-        "leaseExpiresAt"}]}`.
+        "leaseExpiresAt"}], "created"}` (also the protocol's own fields: `id`, `currency`,
+        `scale`, `limitMinor`, `reservedMinor`, `settledMinor`, `remainingMinor`; the
+        reservations are the open ones, with their `state` and `settleBy`).
         """
-        return await self._put(name, {"total": _amount(total, "total")})
+        if to_minor(total, BUDGET_SCALE, "total") < 1:
+            raise ConfigError(f"total must be more than 0, got {total!r}")
+        body = {"limitMinor": str(to_minor(total, BUDGET_SCALE, "total")), "scale": BUDGET_SCALE,
+                "currency": BUDGET_CURRENCY}
+        try:
+            declared = await self._transport.request("PUT", _budget_path(name), body=body, safe=True)
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            # It exists with another limit, scale or currency: a declaration never changes a
+            # budget. Its total in its own minor units; a new total is set through the budget route.
+            row = await _budget_row(self._transport, name, fresh=True)
+            if to_minor(total, row["scale"], "total") != int(row["limitMinor"]):
+                await self._put(name, {"total": _amount(total, "total")})
+            declared = {"created": False}
+        else:
+            _budget_rows(self._transport)[name] = declared
+        view = await self.status(name)
+        return {**view, "created": bool(declared.get("created"))}
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
+        row = await _budget_row(self._transport, name)
+        try:
+            view = await self._transport.request("GET", f"/budgets/{_segment(row['id'], 'budget id')}", safe=True)
+        except NotFoundError:
+            _budget_rows(self._transport).pop(name, None)  # forget an id the server no longer knows
+            raise
+        _budget_rows(self._transport)[name] = {field: view.get(field) for field in ("id", "name", "scale", "limitMinor", "currency")}
+        return _budget_view(view)
 
 
 # -- what a run holds ----------------------------------------------------------------------------
@@ -369,18 +523,23 @@ class Reservation(Held):
     """An amount reserved from a budget: `async with run.budget("model-usd", reserve=0.40) as r:`.
 
     `amount` is what was reserved; `spend(amount)` reports what was actually spent (summed over
-    calls, `spent`); `settle()` charges it and returns the rest to the budget.
+    calls, `spent`); `settle()` charges it and returns the rest to the budget. On the wire it is
+    a protocol reservation (`POST /budgets/{id}/reserve`): it has no lease to renew. Its
+    `lease_expires_at` is its settleBy (past it the reservation is STALE: still held, still
+    settled); a `renew()` checks that its run is still active, since the run's stop voids it.
     """
 
-    _route = "reservations"
+    _route = "budgets"
     _kind = "reservation"
 
     def __init__(
         self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any,
-        amount: float,
+        amount: float, budget_id: str = "", scale: int = BUDGET_SCALE,
     ) -> None:
         super().__init__(transport, held_id, name, scope_id, lease_ms, expires)
+        self._path = f"/budgets/{_segment(budget_id or 'unknown', 'budget id')}"
         self.amount = amount
+        self._scale = scale
         self._spending = Spending()
 
     def spend(self, amount: float) -> None:
@@ -393,18 +552,67 @@ class Reservation(Held):
         """The sum reported with `spend()`, or None if it was never called."""
         return self._spending.total
 
+    async def renew(self, lease_ms: int | None = None) -> dict[str, Any]:
+        """A protocol reservation has no lease: this checks that its run is still active (its
+        stop voids the reservation) and returns `{"leaseExpiresAt"}` (its settleBy, unchanged).
+
+        Raises ScopeCancelledError once the run stopped, and marks the reservation lost.
+        """
+        if lease_ms is not None:
+            _count(lease_ms, "lease_ms")
+        view = await self._transport.request("GET", f"/scopes/{_segment(self.scope_id, 'scope id')}", safe=True)
+        if view.get("effective", "ACTIVE") != "ACTIVE":
+            error = ScopeCancelledError(
+                f"run {self.scope_id} stopped ({view.get('storedState')}): its reservations were voided", status=None
+            )
+            self._lose(error)
+            raise error
+        expires = self.lease_expires_at
+        return {"leaseExpiresAt": None if expires is None else format_time(expires)}
+
+    async def release(self) -> dict[str, Any]:
+        """Give it back whole (nothing spent): the protocol's void. Returns `{"released": bool}`
+        (False when it had ended already: settled, or voided by its run's stop). Allowed after the
+        run stopped."""
+        try:
+            answer = await self._void()
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            return {"released": False}
+        return {"released": answer.get("state") in ("VOIDED", "SETTLED")}
+
+    async def _void(self) -> dict[str, Any]:
+        body = {"reservationId": self.id, "workKey": f"void:{self.id}"}
+        return await self._transport.request("POST", f"{self._path}/void", body=body, safe=True)
+
     async def settle(self, spent: float | None = None) -> dict[str, Any]:
         """Charge `spent` (default: the sum reported with `spend()`, else the whole reservation)
         and return the rest. A spend over the reservation is charged up to what the budget still
         has. Returns `{"charged", "returned"}`.
 
-        Raises LeaseLostError once the reservation lapsed (it returned whole: nothing was
-        charged). Allowed after the run stopped.
+        On the wire: `POST /budgets/{id}/settle` (workKey `settle:<reservationId>`, so a repeat
+        after a lost answer charges nothing more; `allowOverrun`), then a void of what it still
+        holds. Raises LeaseLostError once the reservation ended (its run's stop voided it:
+        nothing was charged), and marks it lost; ConfigError for an amount finer than the
+        budget's minor units. Allowed after the run stopped.
         """
         if spent is None:
             spent = self.spent if self.spent is not None else self.amount
-        body = {"spent": spent_value(spent)}
-        return await self._transport.request("POST", f"{self._path}/settle", body=body, safe=True)
+        amount_minor = to_minor(spent, self._scale, "the amount spent")
+        try:
+            answer = await settle_reservation(self._transport, self._path, self.id, amount_minor)
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            self._lose(exc)
+            raise LeaseLostError(
+                f"reservation {self.id} of {self.name} had ended (its run stopped?): nothing was charged: {exc}",
+                status=exc.status,
+            ) from exc
+        charged = int(answer.get("chargedMinor") or 0)
+        held = to_minor(self.amount, self._scale, "amount")
+        return {"charged": from_minor(charged, self._scale), "returned": from_minor(max(held - charged, 0), self._scale)}
 
     async def _finish(self, raised: bool) -> None:
         if raised and self.spent is None:
@@ -412,7 +620,7 @@ class Reservation(Held):
             return
         try:
             await self.settle()
-        except (ConflictError, NotFoundError) as exc:
+        except LeaseLostError as exc:
             logger.warning("settling %r refused (it returned whole, nothing charged): %s", self, exc)
         except RunstateError:
             if not raised:
@@ -420,20 +628,25 @@ class Reservation(Held):
             logger.exception("settling %r failed", self)
 
 
-async def _wait_for(
-    transport: Transport, path: str, body: dict[str, Any], flag: str, timeout_ms: int, what: str
-) -> dict[str, Any]:
-    """POST `path` as a long poll, re-issued in slices, until the answer's `flag` is true;
-    WaitTimeoutError after `timeout_ms`. Repeated after a lost answer: a lost grant then holds one
-    more (the lost one returns when its lease lapses); a lost take takes units again (never more
-    than the limit allows)."""
-
-    async def poll(wait_ms: int) -> dict[str, Any]:
-        return await transport.request(
-            "POST", path, body={**body, "waitMs": wait_ms}, safe=True, long_poll_ms=wait_ms
-        )
-
-    return await wait_until(poll, lambda answer: bool(answer.get(flag)), timeout_ms=timeout_ms, what=what)
+async def settle_reservation(transport: Transport, budget_path: str, reservation_id: str, amount_minor: int) -> dict[str, Any]:
+    """Charge `amount_minor` of a protocol reservation (workKey `settle:<id>`, allowOverrun: over
+    the reservation up to what the budget can still cover) and void what it still holds, as the
+    published worker does. A zero charge is a void. ConflictError (CONFLICT) once it had ended."""
+    if amount_minor == 0:
+        void_body = {"reservationId": reservation_id, "workKey": f"void:{reservation_id}"}
+        return await transport.request("POST", f"{budget_path}/void", body=void_body, safe=True)
+    body: dict[str, Any] = {
+        "reservationId": reservation_id, "amountMinor": str(amount_minor), "workKey": f"settle:{reservation_id}",
+        "allowOverrun": True,
+    }
+    answer = await transport.request("POST", f"{budget_path}/settle", body=body, safe=True)
+    if answer.get("state") in ("ACTIVE", "STALE"):
+        void = {"reservationId": reservation_id, "workKey": f"void:{reservation_id}"}
+        try:
+            await transport.request("POST", f"{budget_path}/void", body=void, safe=True)
+        except ConflictError as exc:  # ended meanwhile (its run stopped): nothing more is held
+            logger.info("voiding the rest of reservation %s failed: %s", reservation_id, exc)
+    return answer
 
 
 def _permit_path(name: str) -> str:
@@ -469,6 +682,151 @@ def _pool_view(view: dict[str, Any]) -> dict[str, Any]:
             {"leaseId": grant.get("grantId"), "holder": grant.get("holder"), "scopeId": grant.get("scopeId"),
              "taskId": grant.get("taskId"), "leaseExpiresAt": grant.get("leaseExpiresAt")}
             for grant in view.get("grants") or []
+        ],
+    }
+
+
+def _allowance_path(name: str) -> str:
+    return f"/allowances/by-name/{_segment(name, 'limit name')}"
+
+
+# The allowance id of each limit name, per transport (one client's): looked up once, then reused.
+_ALLOWANCE_IDS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _allowance_ids(transport: Transport) -> dict[str, str]:
+    return _ALLOWANCE_IDS.setdefault(transport, {})
+
+
+async def _allowance_id(transport: Transport, name: str) -> str:
+    """The allowance id of limit `name` (`PUT /allowances/by-name/{name} {}` looks it up the
+    first time). NotFoundError when the space has no such limit."""
+    ids = _allowance_ids(transport)
+    allowance_id = ids.get(name)
+    if allowance_id is None:
+        answer = await transport.request("PUT", _allowance_path(name), body={}, safe=True)
+        allowance_id = ids[name] = _field(answer, "id")
+    return allowance_id
+
+
+def _limit_view(view: dict[str, Any]) -> dict[str, Any]:
+    """An allowance's view in the limit's documented shape (its own fields kept)."""
+    units = view.get("unitsLimit")
+    remaining = view.get("remaining")
+    free = view.get("cooldownUntil") is None and not view.get("waiters")
+    return {
+        **view,
+        "units": units,
+        "intervalMs": round(float(view.get("windowSeconds") or 0) * 1000),
+        "available": remaining,
+        "takenInWindow": units - remaining if free and isinstance(units, int) and isinstance(remaining, int) else None,
+    }
+
+
+class _Allowance:
+    """Taking units of one allowance: at once, or through its FIFO line of waiters."""
+
+    def __init__(self, transport: Transport, allowance_id: str) -> None:
+        self._transport = transport
+        self._path = f"/allowances/{_segment(allowance_id, 'allowance id')}"
+
+    async def try_consume(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`{"consumptionId", "units"}`, or None when the window has not room now (or a cooldown
+        holds, or waiters are in line)."""
+        try:
+            answer = await self._transport.request("POST", f"{self._path}/consume", body=body, safe=True)
+        except RunstateError as exc:
+            if exc.code in ALLOWANCE_REFUSALS:
+                return None
+            raise
+        return {"consumptionId": _field(answer, "consumptionId"), "units": answer.get("units", body["units"])}
+
+    async def wait_in_line(self, body: dict[str, Any], deadline: float) -> dict[str, Any] | None:
+        """Join the line and poll the waiter (backing off to WAITER_POLL_S_MAX) until GRANTED.
+        None when the waiter ended without a grant (expired, cancelled) or the deadline passed:
+        the caller consumes again or gives up. A waiter still in line when this ends (a timeout,
+        an error, a cancellation) is cancelled; one granted meanwhile counts as taken."""
+        loop = asyncio.get_running_loop()
+        ttl_s = min(WAITER_TTL_S_MAX, max(1, math.ceil(deadline - loop.time()) + 1))
+        waiter = await self._transport.request("POST", f"{self._path}/wait", body={**body, "ttlSeconds": ttl_s}, safe=True)
+        waiter_id = _segment(_field(waiter, "waiterId"), "waiter id")
+        pause_s, done = WAITER_POLL_S_MIN, False
+        try:
+            while True:
+                state = waiter.get("state")
+                if state == "GRANTED":
+                    done = True
+                    return {"consumptionId": _field(waiter, "consumptionId"), "units": body["units"]}
+                if state != "WAITING":
+                    done = True
+                    # CANCELLED (its run stopped: the consume says how) or EXPIRED: try again.
+                    return await self.try_consume(body)
+                left_s = deadline - loop.time()
+                if left_s <= 0:
+                    done = True
+                    return await self._leave(waiter_id, body["units"])  # its grant if it came meanwhile
+                await asyncio.sleep(min(pause_s, left_s))
+                pause_s = min(pause_s * 1.5, WAITER_POLL_S_MAX)
+                waiter = await self._transport.request("GET", f"/allowance-waiters/{waiter_id}", safe=True)
+        finally:
+            if not done:  # an error or a cancellation: leave the line
+                await self._leave(waiter_id, body["units"])
+
+    async def _leave(self, waiter_id: str, units: int) -> dict[str, Any] | None:
+        """Cancel the waiter; its grant when it was granted meanwhile."""
+        try:
+            answer = await self._transport.request("POST", f"/allowance-waiters/{waiter_id}/cancel", body={}, safe=True)
+        except RunstateError as exc:  # it lapses with its TTL
+            logger.info("leaving the line of %s failed: %s", self._path, exc)
+            return None
+        if answer.get("state") == "GRANTED" and answer.get("consumptionId"):
+            return {"consumptionId": answer["consumptionId"], "units": units}
+        return None
+
+
+def _budget_path(name: str) -> str:
+    return f"/budgets/by-name/{_segment(name, 'budget name')}"
+
+
+# The protocol row ({"id", "scale", "limitMinor", ...}) of each budget name, per transport.
+_BUDGET_ROWS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _budget_rows(transport: Transport) -> dict[str, dict[str, Any]]:
+    return _BUDGET_ROWS.setdefault(transport, {})
+
+
+async def _budget_row(transport: Transport, name: str, fresh: bool = False) -> dict[str, Any]:
+    """The protocol row of budget `name` (`PUT /budgets/by-name/{name} {}` looks it up the first
+    time, or when `fresh`). NotFoundError when the space has no such budget."""
+    rows = _budget_rows(transport)
+    row = None if fresh else rows.get(name)
+    if row is None:
+        answer = await transport.request("PUT", _budget_path(name), body={}, safe=True)
+        _field(answer, "id")
+        row = rows[name] = {**answer, "scale": int(_field(answer, "scale"))}
+    return row
+
+
+def _budget_view(view: dict[str, Any]) -> dict[str, Any]:
+    """A protocol budget's view in the documented decimal shape (its own fields kept)."""
+    scale = int(_field(view, "scale"))
+
+    def decimal(field: str) -> float:
+        return from_minor(view.get(field) or 0, scale)
+
+    open_states = ("ACTIVE", "STALE")
+    return {
+        **view,
+        "total": decimal("limitMinor"),
+        "spent": decimal("settledMinor"),
+        "reserved": decimal("reservedMinor"),
+        "remaining": decimal("remainingMinor"),
+        "waiting": view.get("waiting", 0),
+        "reservations": [
+            {**row, "reservationId": row.get("id"), "amount": from_minor(row.get("reservedMinor") or 0, scale),
+             "leaseExpiresAt": row.get("settleBy")}
+            for row in view.get("reservations") or [] if row.get("state") in open_states
         ],
     }
 
@@ -578,15 +936,41 @@ class ScopeLimits(_InScope):
 
     async def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         """Take `units` of the rate limit `name`, waiting up to `timeout_ms` until the window has
-        room. Taken units are spent: they never come back. Returns `{"taken": True, "availableAt"}`.
+        room. Taken units are spent: they never come back (but see `settle`). Returns `{"taken":
+        True, "availableAt", "consumptionId", "units"}`.
 
-        Raises WaitTimeoutError when the units were not free in time, ValidationError for more
-        units than the limit has, ScopeCancelledError / DeadlineExceededError once the run
-        stopped, NotFoundError for an unknown limit.
+        On the wire: a consume of the allowance (`POST /allowances/{id}/consume`); when the window
+        is full (or under a cooldown) the call joins the allowance's FIFO line (`POST
+        /allowances/{id}/wait`), polls its waiter until the server grants it as the window opens,
+        and leaves the line when the wait times out. Raises WaitTimeoutError when the units were
+        not granted in time, ValidationError for more units than the limit has,
+        ScopeCancelledError / DeadlineExceededError once the run stopped, NotFoundError for an
+        unknown limit.
         """
-        path = f"{self._path}/limits/{_segment(name, 'limit name')}/take"
-        body = {"units": _count(units, "units")}
-        return await _wait_for(self._transport, path, body, "taken", timeout_ms, f"{units} units of limit {name}")
+        body = {"scopeId": self.scope_id, "units": _count(units, "units"), "holder": self._transport.holder}
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ConfigError(f"timeout_ms must be a non-negative integer, got {timeout_ms!r}")
+        allowance = _Allowance(self._transport, await _allowance_id(self._transport, name))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        answer = await allowance.try_consume(body)
+        while answer is None:  # no room now: join its FIFO line, granted as the window opens
+            if loop.time() >= deadline:
+                raise WaitTimeoutError(f"{units} units of limit {name}", timeout_ms)
+            answer = await allowance.wait_in_line(body, deadline)
+        return {"taken": True, "availableAt": format_time(datetime.now(timezone.utc)), **answer}
+
+    async def settle(self, consumption_id: str, units: int) -> dict[str, Any]:
+        """Settle a take with the units it really used (token-weighted limits: take an estimate
+        before an LLM call, settle with its real token count after): below the estimate the
+        difference goes back to the window at once, above it the overrun is taken now (even past
+        the limit, delaying later takes). Once: the same units again answer the same. Returns
+        `{"consumptionId", "estimatedUnits", "units", "returnedUnits", "overrunUnits"}`.
+        ConflictError for other units than a first settle; NotFoundError past an hour."""
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ConfigError(f"units must be a non-negative integer, got {units!r}")
+        path = f"/allowance-consumptions/{_segment(consumption_id, 'consumption id')}/settle"
+        return await self._transport.request("POST", path, body={"units": units}, safe=True)
 
 
 class ScopeBudgets(_InScope):
@@ -601,22 +985,52 @@ class ScopeBudgets(_InScope):
         holder: str | None = None,
     ) -> Reservation:
         """Reserve `amount` of budget `name`, waiting up to `timeout_ms` until that much remains.
-        Returns the `Reservation`; renew it within `lease_ms`, then `settle(spent)` or `release()`
-        it (a lapsed reservation returns whole).
+        Returns the `Reservation`; `settle(spent)` or `release()` it. Its settleBy is now +
+        `lease_ms` (at least a minute, at most a day): past it the reservation is STALE, still
+        held until settled, released or its run stops (nothing returns by time).
 
         Raises WaitTimeoutError when not enough remained in time, ValidationError for more than
-        the budget's total, ScopeCancelledError / DeadlineExceededError once the run stopped,
-        NotFoundError for an unknown budget.
+        the budget's total, ConfigError for an amount finer than its minor units,
+        ScopeCancelledError / DeadlineExceededError once the run stopped, NotFoundError for an
+        unknown budget.
         """
+        _count(lease_ms, "lease_ms")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ConfigError(f"timeout_ms must be a non-negative integer, got {timeout_ms!r}")
+        row = await _budget_row(self._transport, name)
+        amount_minor = to_minor(amount, row["scale"], "amount")
+        if amount_minor < 1:
+            raise ConfigError(f"amount must be at least one minor unit of the budget, got {amount!r}")
+        settle_s = min(max(lease_ms / 1000, SETTLE_BY_S_MIN), SETTLE_BY_S_MAX)
         body = {
-            "amount": _amount(amount, "amount"),
-            "leaseMs": _count(lease_ms, "lease_ms"),
-            "holder": holder or self._transport.holder,
+            "scopeId": self.scope_id, "amountMinor": str(amount_minor), "holder": holder or self._transport.holder,
         }
-        path = f"{self._path}/budgets/{_segment(name, 'budget name')}/reserve"
-        answer = await _wait_for(self._transport, path, body, "granted", timeout_ms, f"{amount} of budget {name}")
+        path = f"/budgets/{_segment(row['id'], 'budget id')}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        pause_s = RESERVE_POLL_S_MIN
+        while True:
+            settle_by = datetime.now(timezone.utc) + timedelta(seconds=settle_s)
+            try:
+                answer = await self._transport.request(
+                    "POST", f"{path}/reserve", body={**body, "settleBy": format_time(settle_by)}, safe=True
+                )
+                break
+            except ConflictError as exc:
+                if exc.code != "INSUFFICIENT_BUDGET":
+                    raise
+            if amount_minor > int((row := await _budget_row(self._transport, name, fresh=True))["limitMinor"]):
+                raise ValidationError(
+                    f"a reserve of {amount} is more than the total of budget {name}", code="VALIDATION_FAILED", status=None
+                )
+            left_s = deadline - loop.time()
+            if left_s <= 0:
+                raise WaitTimeoutError(f"{amount} of budget {name}", timeout_ms)
+            await asyncio.sleep(min(pause_s, left_s))
+            pause_s = min(pause_s * 1.5, RESERVE_POLL_S_MAX)
         return Reservation(self._transport, _field(answer, "reservationId"), name, self.scope_id, lease_ms,
-                           answer.get("leaseExpiresAt"), float(answer.get("amount", amount)))
+                           answer.get("settleBy"), from_minor(_field(answer, "reservedMinor"), row["scale"]),
+                           row["id"], row["scale"])
 
 
 async def _keep(held: Held, on_lost: Callable[[], None]) -> None:
@@ -861,6 +1275,9 @@ class BlockingScopeLimits(_BlockingInScope[ScopeLimits]):
     def take(self, name: str, units: int = 1, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
         return self._portal.call(lambda: self._inner.take(name, units=units, timeout_ms=timeout_ms))
 
+    def settle(self, consumption_id: str, units: int) -> dict[str, Any]:
+        return self._portal.call(lambda: self._inner.settle(consumption_id, units=units))
+
 
 class BlockingScopeBudgets(_BlockingInScope[ScopeBudgets]):
     """`run.budgets` of the blocking client (see `ScopeBudgets`)."""
@@ -893,5 +1310,7 @@ __all__ = [
     "SlotsLike",
     "Spending",
     "needs_body",
+    "requirements_body",
+    "settle_job_reservations",
     "spent_value",
 ]

@@ -74,6 +74,12 @@ class Mailboxes:
         ConflictError for another mode."""
         return _call(self._portal, self._inner.ensure, name, mode=mode, backlog_limit=backlog_limit)
 
+    def declare(
+        self, name: str, max_attempts: int | None = None, requirements: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Declare the queue with its attempts and requirements (see `client.Mailboxes.declare`)."""
+        return _call(self._portal, self._inner.declare, name, max_attempts=max_attempts, requirements=requirements)
+
     def get(self, name: str) -> dict[str, Any]:
         """Returns `{"id", "name", "mode", ...}`; NotFoundError if missing."""
         return _call(self._portal, self._inner.get, name)
@@ -313,6 +319,10 @@ class Delivery:
     @property
     def holds(self) -> dict[str, Any] | None:
         return self._inner.holds
+
+    @property
+    def reservations(self) -> list[str]:
+        return self._inner.reservations
 
     @property
     def spent(self) -> float | None:
