@@ -14,6 +14,7 @@ from runstate_server.node.api import (
     budgets,
     claims,
     cluster,
+    events,
     groups,
     health,
     mailboxes,
@@ -51,6 +52,7 @@ ROUTES: tuple[Route, ...] = tuple(
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
         work_limits, budgets,
+        events,
     )
     for route in module.routes
 )
