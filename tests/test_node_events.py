@@ -128,3 +128,44 @@ def test_a_cursor_older_than_the_log_is_expired(api: Api) -> None:
     assert [e["cursor"] for e in page["events"]] == ["203"]
     oldest = api.ok("GET", "/v1/watch?limit=1")  # without a cursor: from the oldest kept
     assert [e["cursor"] for e in oldest["events"]] == ["203"]
+
+
+# -- through the SDK -------------------------------------------------------------------------------
+
+
+def test_the_sdk_watches_resumes_and_lists(dev_node: DevNode) -> None:
+    import asyncio
+
+    from runstate import AsyncRunstate, ConfigError, CursorExpiredError, Runstate
+    from runstate.sdk.errors import error_from_response
+
+    space_id = f"events-sdk-{uuid.uuid4().hex[:10]}"
+
+    async def main() -> str:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:
+            run = await rs.scopes.create()
+            seen: list[dict[str, Any]] = []
+
+            async def watch() -> None:
+                async for event in rs.events.watch(scope_id=run.id, types=["scope.created", "scope.cancelled"], wait_seconds=5):
+                    seen.append(event)
+                    if event["type"] == "scope.cancelled":
+                        return
+
+            watcher = asyncio.ensure_future(watch())
+            await asyncio.sleep(0.3)
+            await run.cancel()
+            await asyncio.wait_for(watcher, 10)
+            assert [e["type"] for e in seen] == ["scope.created", "scope.cancelled"]
+            page = await rs.events.list(cursor=seen[0]["cursor"])
+            assert [e["eventId"] for e in page["events"]] == [seen[1]["eventId"]]
+            with pytest.raises(ConfigError):
+                await rs.events.list(types="scope.created")  # type: ignore[arg-type]
+            return str(seen[0]["cursor"])
+
+    cursor = asyncio.run(main())
+    with Runstate(base_url=dev_node.url, space_id=space_id) as rs:
+        event = next(iter(rs.events.watch(cursor=cursor, wait_seconds=1)))
+        assert event["type"] == "scope.cancelled"
+        assert rs.events.list(limit=1)["events"][0]["cursor"] == cursor
+    assert isinstance(error_from_response(410, "CURSOR_EXPIRED", "gone"), CursorExpiredError)

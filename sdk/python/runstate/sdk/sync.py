@@ -25,6 +25,7 @@ from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.claims import BlockingClaims
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.errors import ConfigError
+from runstate.sdk.events import BlockingEvents
 from runstate.sdk.groups import BlockingGroups
 from runstate.sdk.once_calls import BlockingOnceCalls
 from runstate.sdk.resources import (
@@ -475,6 +476,7 @@ class Runstate:
         self.keys = BlockingKeys(self._async.keys, self._portal)
         self.claims = BlockingClaims(self._async.claims, self._portal)
         self.once = BlockingOnceCalls(self._async.once, self._portal)
+        self.events = BlockingEvents(self._async.events, self._portal)
 
     @property
     def holder(self) -> str:
