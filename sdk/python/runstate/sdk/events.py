@@ -140,4 +140,7 @@ class BlockingEvents:
                 except StopAsyncIteration:
                     return
         finally:
-            self._portal.call(lambda: stream.aclose())
+            try:
+                self._portal.call(lambda: stream.aclose())
+            except RuntimeError:
+                pass  # the client was closed first: its loop ended the stream with it
