@@ -25,6 +25,7 @@ SPACELESS = {
     ("PUT", "/v1/permits/by-name/{name}"), ("GET", "/v1/work-limits"), ("POST", "/v1/budgets"), ("GET", "/v1/budgets"),
     ("PUT", "/v1/budgets/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"),
+    ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
 }
 
 
