@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from runstate_server.actors import dispatch, storage
+from runstate_server.actors import dispatch, events, storage
 from runstate_server.actors.state import Run, State, Task, from_snapshot, to_snapshot
 
 SPACE = "space-1"
@@ -54,6 +54,7 @@ class Harness:
         self.epoch = epoch
         self.commands = 0
         self.effects: list[tuple[Any, ...]] = []
+        self.all_effects: list[tuple[Any, ...]] = []
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -77,7 +78,10 @@ class Harness:
         }
         if idem is not None:
             command["idem"] = idem
-        result, self.effects = self.core.apply(command, self.now_ms, self.epoch if epoch is None else epoch)
+        result, effects = self.core.apply(command, self.now_ms, self.epoch if epoch is None else epoch)
+        # The wakes of the event log (events.py) go with nearly every command; test_actors_events.py checks them.
+        self.all_effects = effects
+        self.effects = [effect for effect in effects if effect[:1] != ("wake",) or effect[1][0] != events.EVENTS_WAKE]
         return result
 
     def ok(self, kind: str, **kwargs: Any) -> dict[str, Any]:

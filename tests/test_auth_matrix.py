@@ -26,6 +26,7 @@ SPACELESS = {
     ("PUT", "/v1/budgets/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"),
     ("POST", "/v1/allowances"), ("GET", "/v1/allowances"), ("PUT", "/v1/allowances/by-name/{name}"),
+    ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
 }
 
 

@@ -30,7 +30,7 @@ CHECKS = (
 )
 # Long polls would hold each generated request for its waitMs; revoking would revoke the very key
 # the run uses (both are covered by their own tests).
-EXCLUDED_PATHS = r"/wait$|/receive$|/recv$|/admit$|/acquire$|/take$|/reserve$|/result|/revoke$"
+EXCLUDED_PATHS = r"/wait$|/watch$|/receive$|/recv$|/admit$|/acquire$|/take$|/reserve$|/result|/revoke$"
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,19 @@ import re
 from typing import Any
 
 import pytest
-from runstate.sdk import admin, barriers, claims, client, diagnostics, groups, once_calls, resources, sync, timers
+from runstate.sdk import (
+    admin,
+    barriers,
+    claims,
+    client,
+    diagnostics,
+    events,
+    groups,
+    once_calls,
+    resources,
+    sync,
+    timers,
+)
 
 # (async class, its blocking twin)
 PAIRS = [
@@ -30,6 +42,7 @@ PAIRS = [
     (barriers.Barrier, barriers.BlockingBarrier),
     (groups.Groups, groups.BlockingGroups),
     (groups.Group, groups.BlockingGroup),
+    (events.Events, events.BlockingEvents),
     (timers.Timers, timers.BlockingTimers),
     (timers.Timer, timers.BlockingTimer),
     (resources.Pools, resources.BlockingPools),

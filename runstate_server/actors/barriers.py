@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, runs
+from runstate_server.actors import errors, events, idempotency, limits, runs
 from runstate_server.actors.context import Context, require_in_space
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import Run, State, register_table
@@ -110,6 +110,7 @@ def arrive(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if len(barrier.arrivals) >= barrier.target:
         barrier.state = RELEASED
         barrier.released_ms = ctx.now_ms
+        events.emit(ctx, "barrier.released", barrier.run_id, "barrier", barrier.id, {"barrierId": barrier.id, "epoch": barrier.epoch})
         ctx.wake(barrier_key(barrier.id))
     return {"barrier_id": barrier.id, "arrived": True}
 

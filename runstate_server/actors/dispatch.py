@@ -21,6 +21,7 @@ from runstate_server.actors import (
     budgets,
     claims,
     errors,
+    events,
     groups,
     idempotency,
     limits,
@@ -85,6 +86,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
     **permits.DUE_HANDLERS,
     **budgets.DUE_HANDLERS,
     **allowances.DUE_HANDLERS,
+    **events.DUE_HANDLERS,
 }
 
 # Commands that are not about one space: driven by the leader itself.
@@ -233,6 +235,8 @@ def _entity_space(state: State, kind: str, entity_id: str) -> Space:
         entity = state.groups.get(entity_id)
     elif kind == DueKind.TIMER:
         entity = state.timers.get(entity_id)
+    elif kind == DueKind.EVENTS_AGE:  # events.py: the entity is the space itself
+        return state.spaces.get(entity_id, _NO_SPACE)
     elif kind in resources.DUE_TABLES:
         entity = getattr(state, resources.DUE_TABLES[kind]).get(entity_id)
     else:

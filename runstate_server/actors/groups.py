@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate_server.actors import errors, limits, runs, tasks
+from runstate_server.actors import errors, events, limits, runs, tasks
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState, register_table
@@ -378,6 +378,7 @@ def _finalize(ctx: Context, group: Group, outcome: str, reason: str, *, cancel_r
     group.outcome = outcome
     group.outcome_reason = reason
     group.finalized_ms = ctx.now_ms
+    events.emit(ctx, "group.finalized", group.run_id, "group", group.id, {"groupId": group.id, "outcome": outcome, "outcomeReason": reason})
     ctx.wake(group_key(group.id))
     run = ctx.state.runs.get(group.run_id)
     if cancel_run and run is not None and run.stored_state == RunState.ACTIVE:

@@ -159,3 +159,17 @@ idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first
 idempotency_key_ttl_ms = 3_600_000  # a key is remembered for an hour after its first use
 idempotency_bytes_per_space_max = 8 * 1024 * KIB  # what its remembered results weigh; the oldest go first
 idempotency_key_chars_max = 255
+
+# Events (events.py): a space's log keeps at most events_per_space_max entries (the oldest dropped
+# first, in the step that appends) and drops entries older than event_age_ms_max, by the tick, at
+# most event_prune_interval_ms after they reach that age. A page (GET /events, GET /watch) holds
+# at most events_page_max events, events_page_default when the request names no limit; a watch
+# filters on at most event_types_max types. What a space's log weighs (state.event_bytes: a fixed
+# overhead, ids and payload) is bounded too: past event_bytes_per_space_max the oldest go first.
+events_per_space_max = 10_000
+event_bytes_per_space_max = 8 * 1024 * KIB
+event_age_ms_max = 3_600_000
+event_prune_interval_ms = 60_000
+events_page_max = 1_000
+events_page_default = 100
+event_types_max = 32

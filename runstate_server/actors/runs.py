@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import errors, limits, storage
+from runstate_server.actors import errors, events, limits, storage
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState
@@ -115,6 +115,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         parent.children.append(run.id)
     if deadline_ms is not None:
         ctx.state.arm(deadline_ms, DueKind.DEADLINE, run.id)
+    events.run_event(ctx, run, "scope.created")
     return {"run_id": run.id, "run": describe(ctx.state, run, ctx.now_ms)}
 
 
@@ -172,6 +173,7 @@ def _close(ctx: Context, args: dict[str, Any], final_state: str, *, reason: str 
     if run.stored_state == RunState.ACTIVE:
         run.stored_state = final_state
         run.reason = reason
+        events.run_event(ctx, run, "scope." + final_state.lower())
         _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
     return {"run_id": run.id, "run": describe(ctx.state, run, ctx.now_ms)}
 
@@ -180,6 +182,7 @@ def on_deadline(ctx: Context, run_id: str, retention_ms: int) -> None:
     run = ctx.state.runs.get(run_id)
     if run is None or run.stored_state != RunState.ACTIVE:
         return  # already stopped (or removed): its tasks are final already
+    events.run_event(ctx, run, "scope.expired")
     _stop(ctx, run, TaskState.EXPIRED, retention_ms)
 
 
@@ -226,6 +229,7 @@ def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
                     continue
                 for task_stop_hook in TASK_STOP_HOOKS:
                     task_stop_hook(ctx, task, task_state)
+                events.task_event(ctx, task, task_state)
                 task.state = task_state
                 task.outcome_reason = STOP_REASONS[task_state]
                 task.finished_ms = now_ms

@@ -65,6 +65,7 @@ class DueKind:
     PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
     BUDGET_SETTLE_BY = "budget_settle_by"  # a budget reservation's settleBy passes: STALE (budgets.py)
     ALLOWANCE_WAITER = "allowance_waiter"  # an allowance waiter's TTL may have run out (allowances.py)
+    EVENTS_AGE = "events_age"  # a space's oldest events reach their age limit (events.py); the id is the space's
 
 
 @dataclass(slots=True)
@@ -94,6 +95,25 @@ class Space:
     mailbox_names: dict[str, str] = field(default_factory=dict)
     # Derived: the bytes its tasks and once entries hold (storage.py); recounted on restore.
     stored_bytes: int = 0
+    # -- events (events.py): its event log, oldest first, and the sequence number of the latest
+    # event ever appended (0: none yet). Written to snapshots under "events".
+    events: deque[Event] = field(default_factory=deque)
+    event_seq: int = 0
+    event_bytes: int = 0  # derived: what its events weigh (event_bytes); recounted on restore
+
+
+@dataclass(slots=True)
+class Event:
+    """One entry of a space's event log (events.py). `payload` holds ids and states only: str, int
+    or None values, never a user's payload."""
+
+    seq: int  # its number in the space's log: 1, 2, 3 ... (the cursor is derived from it)
+    created_ms: int  # the time of the command that made the change
+    type: str  # e.g. "scope.cancelled", "task.succeeded"
+    run_id: str | None  # the run it is about, when there is one (the wire's scopeId)
+    aggregate_type: str  # what it is about: "scope", "task", "group", ...
+    aggregate_id: str
+    payload: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -312,6 +332,7 @@ _ONCE_FIELDS = (
 )
 _ONCE_FIELDS_REQUIRED = _ONCE_FIELDS.index("holder_session")
 _KEY_FIELDS = ("id", "space", "name", "permissions", "hash", "created_ms", "revoked_ms", "created_by")
+_EVENT_FIELDS = ("seq", "created_ms", "type", "run_id", "aggregate_type", "aggregate_id", "payload")
 
 
 def to_snapshot(state: State) -> dict[str, Any]:
@@ -356,6 +377,11 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "idempotency": [
             [space, key, *copy.deepcopy(entry)] for space, table in state.idempotency.items() for key, entry in table.items()
         ],
+        # events.py: per space with a log, [space id, latest seq, [event rows, oldest first]].
+        "events": [
+            [s.id, s.event_seq, [[_copied(getattr(e, f)) for f in _EVENT_FIELDS] for e in s.events]]
+            for s in state.spaces.values() if s.event_seq
+        ],
     }
 
 
@@ -389,6 +415,12 @@ def from_snapshot(data: dict[str, Any]) -> State:
             resource_counts=dict(resource_counts),
         )
         state.spaces[space_id].mailbox_names = {m.id: m.name for m in state.spaces[space_id].mailboxes.values()}
+    for space_id, event_seq, rows in data.get("events", []):  # none in a snapshot from before events
+        space = state.spaces[space_id]
+        space.event_seq = event_seq
+        space.events = deque(Event(**dict(zip(_EVENT_FIELDS, row, strict=True))) for row in rows)
+        for event in space.events:
+            event.payload = dict(event.payload)
     for row in data.get("keys", []):
         key = ApiKey(**dict(zip(_KEY_FIELDS, row, strict=True)))
         key.permissions = list(key.permissions)
@@ -468,6 +500,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
 TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
 CLAIM_OVERHEAD_BYTES = 512
+EVENT_OVERHEAD_BYTES = 512
 
 
 def _size(value: bytes | str | None) -> int:
@@ -510,6 +543,11 @@ def claim_bytes(claim: Any) -> int:
     return CLAIM_OVERHEAD_BYTES + _size(claim.key) + _size(claim.observation)
 
 
+def event_bytes(event: Event) -> int:
+    """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload."""
+    return EVENT_OVERHEAD_BYTES + _size(event.run_id) + _size(event.aggregate_id) + result_bytes(event.payload)
+
+
 def recount(state: State) -> None:
     """Every space's charge and the node's, from the tasks and once entries the state holds; and
     the weight of each space's remembered results."""
@@ -522,6 +560,8 @@ def recount(state: State) -> None:
         state.spaces[entry.space].stored_bytes += once_bytes(entry)
     for claim in state.claims.values():
         state.spaces[claim.space].stored_bytes += claim_bytes(claim)
+    for space in state.spaces.values():
+        space.event_bytes = sum(event_bytes(event) for event in space.events)
     state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
     state.idempotency_bytes = {
         space: sum(result_bytes(entry[2]) for entry in table.values()) for space, table in state.idempotency.items()

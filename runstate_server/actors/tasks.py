@@ -24,7 +24,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors import budgets, errors, idempotency, limits, resources, runs, storage, work_limits
+from runstate_server.actors import (
+    budgets,
+    errors,
+    events,
+    idempotency,
+    limits,
+    resources,
+    runs,
+    storage,
+    work_limits,
+)
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
@@ -307,6 +317,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         ctx.state.arm(deadline_ms, DueKind.TASK_DEADLINE, task.id)
     if needs is not None:
         resources.count_waiting(ctx.state, task, 1)  # new, and QUEUED
+    events.task_event(ctx, task, task.state, "task.created")
     _make_ready(ctx, task, queue)
     return {"task_id": task.id, "key": key, "created": True, "state": task.state}
 
@@ -357,6 +368,7 @@ def _end_unfinished(ctx: Context, task: Task, state: str, reason: str) -> None:
     """Cancel or expire one task on its own (not its run): as a run's stop ends it."""
     for task_stop_hook in runs.TASK_STOP_HOOKS:
         task_stop_hook(ctx, task, state)
+    events.task_event(ctx, task, state)
     task.state = state
     task.outcome_reason = reason
     task.finished_ms = ctx.now_ms
@@ -371,6 +383,7 @@ def _set_state(ctx: Context, task: Task, state: str) -> None:
     runs.TASK_STOP_HOOKS): a job entering or leaving QUEUED counts as waiting on its resources."""
     if task.needs is not None and (task.state == TaskState.QUEUED) != (state == TaskState.QUEUED):
         resources.count_waiting(ctx.state, task, 1 if state == TaskState.QUEUED else -1)
+    events.task_event(ctx, task, state)
     task.state = state
 
 
@@ -474,9 +487,9 @@ def _deliver_from(
             budget_reservations = budgets.reserve_for_job(ctx, task, holder)
         else:
             budget_reservations = []
-        _set_state(ctx, task, TaskState.RUNNING)
         task.delivery_count += 1
         task.attempt = task.failures + 1
+        _set_state(ctx, task, TaskState.RUNNING)  # after the attempt's number: its event shows it
         task.delivery_id = delivery_id
         task.lease_ms = lease_ms
         task.lease_expires_ms = ctx.now_ms + lease_ms
@@ -647,6 +660,7 @@ def on_lease_due(ctx: Context, delivery_id: str, due_ms: int) -> None:
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, delivery_id)  # renewed: look again then
         return
     resources.end_holds(ctx, task, 0)  # a lapse spends nothing: the reservation returns whole
+    events.lease_lost(ctx, task)
     _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0, LEASE_EXPIRED)
 
 

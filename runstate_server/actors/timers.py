@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, runs
+from runstate_server.actors import errors, events, idempotency, limits, runs
 from runstate_server.actors.context import Context, require_in_space
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, State, register_table
@@ -168,6 +168,7 @@ def on_due(ctx: Context, timer_id: str, due_ms: int) -> None:
         return  # cancelled (or removed) before its time
     timer.state = FIRED
     timer.fired_ms = ctx.now_ms
+    events.emit(ctx, "timer.fired", timer.run_id, "timer", timer.id, {"timerId": timer.id})
     ctx.wake(timer_key(timer.id))
 
 

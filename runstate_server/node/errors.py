@@ -45,6 +45,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "BARRIER_CANCELLED": 409,
     "BARRIER_RELEASED": 409,
     # A request body that is not sent as JSON (Content-Type: application/json); node/api/guard.py.
+    # A cursor of GET /events or /watch older than what the space's log keeps (node/api/events.py).
+    "CURSOR_EXPIRED": 410,
     "UNSUPPORTED_MEDIA_TYPE": 415,
     # A task naming a work limit that holds its maxOutstanding unfinished tasks (node/api/work_limits.py).
     "CONCURRENCY_LIMITED": 429,

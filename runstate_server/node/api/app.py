@@ -15,6 +15,7 @@ from runstate_server.node.api import (
     budgets,
     claims,
     cluster,
+    events,
     groups,
     health,
     mailboxes,
@@ -52,7 +53,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
-        work_limits, budgets, ops, allowances,
+        work_limits, budgets, ops, allowances, events,
     )
     for route in module.routes
 )

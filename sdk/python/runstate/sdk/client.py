@@ -39,6 +39,7 @@ from runstate.sdk.errors import (
     RunstateError,
     error_from_item,
 )
+from runstate.sdk.events import Events
 from runstate.sdk.groups import Groups
 from runstate.sdk.once_calls import OnceCalls
 from runstate.sdk.resources import (
@@ -865,6 +866,7 @@ class AsyncRunstate:
         self.spaces = Spaces(self._transport)
         self.keys = Keys(self._transport)
         self.diagnostics = Diagnostics(self._transport)
+        self.events = Events(self._transport)
 
     @property
     def holder(self) -> str:

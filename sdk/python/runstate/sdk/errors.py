@@ -172,6 +172,14 @@ class UnavailableError(RunstateError):
     default_status = 503
 
 
+class CursorExpiredError(RunstateError):
+    """An events cursor is older than what the server keeps (410 CURSOR_EXPIRED): read again
+    without a cursor (events.watch(restart_on_expired=True) does)."""
+
+    default_code = "CURSOR_EXPIRED"
+    default_status = 410
+
+
 class ResultTimeoutError(RunstateError):
     """`ticket.result(timeout_ms=...)` found no recorded result in time. The task may still finish.
 
@@ -236,6 +244,7 @@ _CLASS_BY_CODE: dict[str, type[RunstateError]] = {
     "RESULT_TOO_LARGE": ResultTooLargeError,
     "IDEMPOTENCY_CONFLICT": ConflictError,
     "UNAVAILABLE": UnavailableError,
+    "CURSOR_EXPIRED": CursorExpiredError,
 }
 
 # The server's VALIDATION_FAILED for a value over a size bound says "... exceeds N bytes".

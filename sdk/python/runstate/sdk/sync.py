@@ -26,6 +26,7 @@ from runstate.sdk.claims import BlockingClaims
 from runstate.sdk.client import LEASE_MS_DEFAULT, RESULT_TIMEOUT_MS_DEFAULT, DeadlineLike
 from runstate.sdk.diagnostics import BlockingDiagnostics
 from runstate.sdk.errors import ConfigError
+from runstate.sdk.events import BlockingEvents
 from runstate.sdk.groups import BlockingGroups
 from runstate.sdk.once_calls import BlockingOnceCalls
 from runstate.sdk.resources import (
@@ -487,6 +488,7 @@ class Runstate:
         self.diagnostics = BlockingDiagnostics(self._async.diagnostics, self._portal)
         self.claims = BlockingClaims(self._async.claims, self._portal)
         self.once = BlockingOnceCalls(self._async.once, self._portal)
+        self.events = BlockingEvents(self._async.events, self._portal)
 
     @property
     def holder(self) -> str:
