@@ -146,15 +146,26 @@ def test_waiters_over_http(api: Api) -> None:
     assert api.ok("GET", f"/v1/permit-waiters/{last['waiterId']}")["state"] == "CANCELLED"
 
 
-def test_a_look_up_by_name_needs_read_and_a_declaration_resource_config(auth_node: tuple[DevNode, str]) -> None:
-    """A producer-only key (read and write, no resource_config) looks a permit up with {} as a
-    client without sizes does; declaring one (sizes given) needs resource_config."""
+@pytest.mark.parametrize(
+    ("family", "sizes", "read"),
+    [
+        ("permits", {"units": 2}, "unitsTotal"),
+        ("allowances", {"unitsLimit": 5, "windowSeconds": 60}, "unitsLimit"),
+        ("budgets", {"limitMinor": "500"}, "limitMinor"),
+    ],
+)
+def test_a_look_up_by_name_needs_read_and_a_declaration_resource_config(
+    auth_node: tuple[DevNode, str], family: str, sizes: dict[str, Any], read: str
+) -> None:
+    """A producer-only key (read and write, no resource_config) looks a permit, an allowance or a
+    budget up with {}, as a client without sizes does; declaring one (sizes given) needs
+    resource_config."""
     node, secret = auth_node
     admin = Api(node.url, key=secret)
-    admin.ok("PUT", "/v1/permits/by-name/shared-gpu", {"units": 2})
+    declared = admin.ok("PUT", f"/v1/{family}/by-name/shared-{family}", sizes)
     permissions = ["coordination_read", "coordination_write"]
     producer = Api(node.url, key=admin.ok("POST", "/v1/keys", {"permissions": permissions})["key"])
-    assert producer.ok("PUT", "/v1/permits/by-name/shared-gpu", {})["unitsTotal"] == 2
-    assert producer.error("PUT", "/v1/permits/by-name/shared-gpu", {"units": 2}) == (403, "FORBIDDEN")
-    assert producer.error("PUT", "/v1/permits/by-name/new-one", {"units": 1}) == (403, "FORBIDDEN")
-    assert admin.error("PUT", "/v1/permits/by-name/new-one", {}) == (404, "NOT_FOUND")  # nothing was made
+    assert producer.ok("PUT", f"/v1/{family}/by-name/shared-{family}", {})[read] == declared[read]
+    assert producer.error("PUT", f"/v1/{family}/by-name/shared-{family}", sizes) == (403, "FORBIDDEN")
+    assert producer.error("PUT", f"/v1/{family}/by-name/new-{family}", sizes) == (403, "FORBIDDEN")
+    assert admin.error("PUT", f"/v1/{family}/by-name/new-{family}", {}) == (404, "NOT_FOUND")  # nothing was made

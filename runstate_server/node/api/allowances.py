@@ -29,6 +29,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     holder_of,
     node_of,
+    require_permission,
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
@@ -148,9 +149,10 @@ async def list_allowances(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/allowances/by-name/{name}",
     "Declare the allowance of that name with unitsLimit and windowSeconds (created, or found when they are the "
-    "same; CONFLICT when they differ), or with {} look it up (NOT_FOUND when none)",
+    "same; CONFLICT when they differ), or with {} look it up (NOT_FOUND when none). A look-up needs read, a "
+    "declaration resource_config",
     body={"unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=READ,
     answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
@@ -166,6 +168,7 @@ async def declare(request: web.Request) -> web.Response:
         if allowance_id is None:
             raise ApiError("NOT_FOUND", f"allowance {name!r} not found")
         return web.json_response({**_row(request, allowance_id), "created": False})
+    require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "allowance.declare", {"name": name, **sizes})
     return web.json_response({**_row(request, result["allowance_id"]), "created": result["created"]})
 

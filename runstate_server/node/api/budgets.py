@@ -27,6 +27,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     holder_of,
     node_of,
+    require_permission,
 )
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING_OR_NULL, TIME, array, enum, obj
 from runstate_server.node.api.views import iso
@@ -140,9 +141,10 @@ async def list_budgets(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/budgets/by-name/{name}",
     "Declare the budget of that name with limitMinor (currency USD and scale 2 unless given): created, or found "
-    "when its limit, scale and currency are the same (CONFLICT when one differs); with {} look it up (NOT_FOUND)",
+    "when its limit, scale and currency are the same (CONFLICT when one differs); with {} look it up (NOT_FOUND). "
+    "A look-up needs read, a declaration resource_config",
     body={"limitMinor": MINOR, "currency": _CURRENCY, "scale": _SCALE},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG,
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=READ,
     answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
@@ -159,6 +161,7 @@ async def declare(request: web.Request) -> web.Response:
         if budget_id is None:
             raise ApiError("NOT_FOUND", f"budget {name!r} not found")
         return web.json_response({**_row(request, budget_id), "created": False})
+    require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "budget.declare", {"name": name, **_sizes(body)})
     return web.json_response({**_row(request, result["budget_id"]), "created": result["created"]})
 
