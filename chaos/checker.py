@@ -1532,8 +1532,9 @@ def check_events(history: History) -> list[Violation]:
     the history allows: scope.created of a run an acknowledged create (or group create) named, or
     no more unnamed ones than creates of unknown outcome; task.created likewise (of the submit's
     run); task.running of a delivery an acknowledged receive got (same attempt) or after a receive
-    of unknown outcome on its run; task.succeeded after a complete of the task acknowledged or
-    unknown; scope.cancelled after a cancel of the run acknowledged or unknown, or its group's
+    of unknown outcome on its run; delivery.lease_lost not before the lease's end an acknowledged
+    receive or renew named (server times); task.succeeded after a complete of the task
+    acknowledged or unknown; scope.cancelled after a cancel of the run acknowledged or unknown, or its group's
     group.finalized; task.cancelled after its run (or a run above) stopped in the log;
     scope.completed, scope.expired and task.expired never (the workload neither completes runs
     nor sets deadlines); group.finalized, barrier.released, timer.fired only of entities created,
@@ -1750,6 +1751,11 @@ def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
             attempt = event.payload.get("attempt")
             if not deliveries.get((entity, attempt)) and not deliveries.get((entity, None)) and event.scope not in unknown_receives:
                 wrong(event, "task.running without a receive that got the task (acknowledged, or unknown on its run)")
+        elif kind == "delivery.lease_lost":
+            valid_until = _lease_valid_until(history, deliveries.get((entity, event.payload.get("attempt")), []))
+            if valid_until is not None and event.created_ms is not None and event.created_ms < valid_until:
+                wrong(event, f"delivery.lease_lost at {event.created_ms:.0f}, but the lease was acknowledged valid "
+                      f"until {valid_until:.0f}", *[delivery.receive for delivery in deliveries[(entity, event.payload.get("attempt"))]])
         elif kind == "task.succeeded":
             if not _may_have(completes.get(entity, [])):
                 wrong(event, "task.succeeded without a complete of the task (acknowledged or unknown)",
@@ -1794,6 +1800,17 @@ def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
                 _ops([event.op for event in shown]),
             ))
     return violations
+
+
+def _lease_valid_until(history: History, deliveries: list[Delivery]) -> float | None:
+    """Until when (server ms) an acknowledged answer said one of these deliveries' lease was valid:
+    its receive's leaseExpiresAt, or an acknowledged renew's (None: no time known)."""
+    expiries = [delivery.expires_ms for delivery in deliveries]
+    for delivery in deliveries:
+        expiries += [epoch_ms((op.result or {}).get("leaseExpiresAt")) for op in history.task_ops_of(delivery.task, "renew")
+                     if op.ok and op.args.get("delivery") == delivery.id]
+    known = [expiry for expiry in expiries if expiry is not None]
+    return max(known) if known else None
 
 
 def _events_out_of_order(log: _EventLog) -> list[Violation]:

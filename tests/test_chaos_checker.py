@@ -94,9 +94,11 @@ class H:
         return self.op("submit", args, call, ret, {"taskId": task, "created": True})
 
     def receive(
-        self, task: str, delivery: str, call: float, ret: float, granted_ms: int, *, worker: str = "w1", run: str = "run1"
+        self, task: str, delivery: str, call: float, ret: float, granted_ms: int, *, worker: str = "w1", run: str = "run1",
+        attempt: int = 1,
     ) -> H:
-        item = {"id": delivery, "taskId": task, "input": {"n": 1}, "leaseExpiresAt": granted_ms + LEASE_MS, "leaseMs": LEASE_MS}
+        item = {"id": delivery, "taskId": task, "input": {"n": 1}, "leaseExpiresAt": granted_ms + LEASE_MS, "leaseMs": LEASE_MS,
+                "attempt": attempt}
         args = {"run": run, "mailbox": "work", "worker": worker, "leaseMs": LEASE_MS}
         return self.op("receive", args, call, ret, {"deliveries": [item]}, client=worker)
 
@@ -1015,3 +1017,13 @@ def test_events_in_an_order_the_history_contradicts() -> None:
     concurrent = H().op("run_create", {"idem": "k1"}, 0, 3, {"run": "run1"}).op("run_create", {"idem": "k2"}, 1, 2, {"run": "run2"})
     page(concurrent, [event(1, "scope.created", "run1"), event(2, "scope.created", "run2", run="run2")], None, 4)
     assert concurrent.violations("events") == []
+
+
+def test_events_a_lease_lost_before_the_lease_ran_out() -> None:
+    for lost_at, expected in ((12_500, 0), (11_000, 1)):  # the lease was acknowledged until 12000
+        h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+        h.receive("t1", "d1", 2, 3, 10_000).op("crash", {"delivery": "d1", "taskId": "t1", "reason": "crash"}, 3, 3)
+        page(h, [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.running", "t1"),
+                 {**event(4, "delivery.lease_lost", "t1"), "createdAt": lost_at}, event(5, "task.queued", "t1")], None, 7)
+        found = h.violations("events")
+        assert len(found) == expected and all("lease was acknowledged valid until 12000" in v.message for v in found), found
