@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -1575,7 +1576,7 @@ def _bounded(history: History, violations: list[Violation]) -> list[Violation]:
     shown: Counter[str] = Counter()
     kept = []
     for violation in violations:
-        kind = violation.message.split(":", 1)[0][:60]
+        kind = re.sub(r"[0-9]+", "#", violation.message.split(":", 1)[0])[:60]
         shown[kind] += 1
         if shown[kind] <= EVENT_VIOLATIONS_PER_KIND_MAX:
             kept.append(violation)
