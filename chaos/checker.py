@@ -29,6 +29,9 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
                        allowance lets more than its units through
    11 money            a budget's money is never created or lost: limit = settled + reserved +
                        remaining in every view; settled only grows, by the settles' charges
+   12 events           the event log is one sequence that pages resume without loss or repeat;
+                       no event of something that did not happen; every acknowledged change
+                       has its event, once, in the order the history proves
 
 The final views (`final` lines, read after the faults healed) are the last observation of each
 entity; a check that needs them and finds none of a kind notes that it skipped that part.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +62,7 @@ CHECK_LINEARIZABILITY = "linearizability"
 CHECK_REPLAYS = "replays"
 CHECK_CAPACITY = "capacity"
 CHECK_MONEY = "money"
+CHECK_EVENTS = "events"
 
 # How much earlier than `acquire.call + leaseMs` the capacity check ends a grant's certain holding:
 # the lease runs on the leader's clock from its command time (after the call), this clock runs
@@ -1451,6 +1456,567 @@ def check_money(history: History) -> list[Violation]:
     return violations
 
 
+# -- 12. events ----------------------------------------------------------------------------------
+
+# Pages of the space's event log: the watchers' long polls and finalize's read of the rest.
+EVENT_PAGE_OPS = ("watch", "events_read")
+RUN_STOP_EVENTS = ("scope.cancelled", "scope.completed", "scope.expired")
+TASK_EVENT_STATES = {
+    "task.queued": "QUEUED", "task.running": "RUNNING", "task.succeeded": SUCCEEDED, "task.failed": "FAILED",
+    "task.cancelled": CANCELLED, "task.expired": "EXPIRED",
+}
+# Violations of one kind reported before the rest are summed up in a note.
+EVENT_VIOLATIONS_PER_KIND_MAX = 20
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """One event of the space's log as a page showed it (the first page that did)."""
+
+    seq: int
+    type: str
+    aggregate: tuple[str, str]
+    scope: str | None
+    payload: Mapping[str, Any]
+    created_ms: float | None
+    op: Op
+
+    @property
+    def entity(self) -> str:
+        return self.aggregate[1]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.type} {self.aggregate[0]}:{self.aggregate[1]} {_short(self.payload)}"
+
+
+@dataclass
+class _EventLog:
+    """The events seen, by number; `complete`: every number from 1 to the last one seen was seen
+    (nothing fell out of the bounded log before a page read it)."""
+
+    events: dict[int, LoggedEvent]
+    complete: bool
+    by_entity: dict[tuple[str, str], list[LoggedEvent]] = field(default_factory=dict)
+    parent: dict[str, str] = field(default_factory=dict)  # run -> its parent run (scope.created, group_create)
+
+    def of(self, kind: str, entity: Any) -> list[LoggedEvent]:
+        return self.by_entity.get((kind, str(entity)), [])
+
+    def typed(self, kind: str, entity: Any, event_type: str) -> list[LoggedEvent]:
+        return [event for event in self.of(kind, entity) if event.type == event_type]
+
+    def run_and_ancestors(self, run: str | None) -> list[str]:
+        found: list[str] = []
+        while run is not None and run not in found:
+            found.append(run)
+            run = self.parent.get(run)
+        return found
+
+    def stopped_before(self, run: str | None, seq: int) -> LoggedEvent | None:
+        """The stop event of `run` or of a run above it that precedes event `seq`, if any."""
+        for member in self.run_and_ancestors(run):
+            for event in self.of("scope", member):
+                if event.type in RUN_STOP_EVENTS and event.seq < seq:
+                    return event
+        return None
+
+
+def check_events(history: History) -> list[Violation]:
+    """The space's event log, as the watchers and the final read saw it, is one sequence, holds
+    no event of something that did not happen, and holds every acknowledged change once, in order.
+
+    Proves: (a) every page (a watch or a read of the rest, acknowledged) holds consecutive events
+    starting right after its cursor (the oldest kept without one), and its nextCursor is its last
+    event (its cursor when empty): a chain of pages resumed from each page's cursor, also on
+    another node after an unknown page (a failover), loses and repeats nothing; one event number
+    (and one eventId) always shows the same content, on every node. (b) no event without a cause
+    the history allows: scope.created of a run an acknowledged create (or group create) named, or
+    no more unnamed ones than creates of unknown outcome; task.created likewise (of the submit's
+    run); task.running of a delivery an acknowledged receive got (same attempt) or after a receive
+    of unknown outcome on its run; delivery.lease_lost not before the lease's end an acknowledged
+    receive or renew named (server times); task.succeeded after a complete of the task
+    acknowledged or unknown; scope.cancelled after a cancel of the run acknowledged or unknown, or its group's
+    group.finalized; task.cancelled after its run (or a run above) stopped in the log;
+    scope.completed, scope.expired and task.expired never (the workload neither completes runs
+    nor sets deadlines); group.finalized, barrier.released, timer.fired only of entities created,
+    once (per epoch), a barrier after `target` distinct arrivals acknowledged or unknown, a timer
+    not before its fireAt nor after its run's stop; and per task and run the events follow the
+    state machine (task.created first, task.running only from QUEUED, task.succeeded only from
+    RUNNING, delivery.lease_lost then task.queued or task.failed, nothing after the end; no task
+    created or started in a run after its stop). (c) every acknowledged change has its event
+    exactly once: a run's create, a submit's task, an accepted complete, a cancel, a delivery (at
+    least once per attempt), a timer seen FIRED, a group seen FINALIZED (with that decision), a
+    barrier seen RELEASED; and when one such change was acknowledged before another was first
+    called, its event comes first in the log.
+
+    Unknown operations are never violations: they explain events (b) and need none (c). An event
+    an acknowledged change needs is a violation only when the pages saw the log whole from its
+    first event (else it may have fallen out of the bounded log: a note). Pages refused with
+    CURSOR_EXPIRED are counted, not violations.
+    """
+    pages = [op for kind in EVENT_PAGE_OPS for op in history.by_kind[kind] if op.ok and op.result is not None]
+    expired = sum(1 for kind in EVENT_PAGE_OPS for op in history.by_kind[kind] if op.code == "CURSOR_EXPIRED")
+    history.counts_extra["event_pages"] = len(pages)
+    history.counts_extra["event_cursors_expired"] = expired
+    if not pages:
+        history.note("events: no page of the event log was read; nothing checked")
+        return []
+    violations, log = _event_sequence(history, sorted(pages, key=lambda op: (op.call, op.id)))
+    history.counts_extra["events_seen"] = len(log.events)
+    _resumes(history)
+    violations += _events_unexplained(history, log)
+    violations += _events_out_of_order(log)
+    violations += _changes_without_event(history, log)
+    return _bounded(history, violations)
+
+
+def _bounded(history: History, violations: list[Violation]) -> list[Violation]:
+    """At most EVENT_VIOLATIONS_PER_KIND_MAX violations of each message kind (one cause tends to
+    repeat); the rest are counted in a note."""
+    shown: Counter[str] = Counter()
+    kept = []
+    for violation in violations:
+        kind = re.sub(r"[0-9]+", "#", violation.message.split(":", 1)[0])[:60]
+        shown[kind] += 1
+        if shown[kind] <= EVENT_VIOLATIONS_PER_KIND_MAX:
+            kept.append(violation)
+    left = sum(shown.values()) - len(kept)
+    if left:
+        history.note(f"events: {left} more violations like the ones shown")
+    return kept
+
+
+def _event_content(item: Mapping[str, Any]) -> str:
+    return canonical({name: item.get(name) for name in (
+        "eventId", "type", "aggregateType", "aggregateId", "scopeId", "payload", "createdAt")})
+
+
+def _event_sequence(history: History, pages: list[Op]) -> tuple[list[Violation], _EventLog]:
+    """(a): each page against its cursor; one content per event number and per eventId."""
+    violations: list[Violation] = []
+    events: dict[int, LoggedEvent] = {}
+    contents: dict[int, tuple[str, Op]] = {}
+    numbers: dict[str, tuple[int, Op]] = {}
+    for page in pages:
+        assert page.result is not None
+        cursor = page.args.get("cursor")
+        items = list(page.result.get("events") or [])
+        next_cursor = page.result.get("nextCursor")
+        first = int(cursor) + 1 if cursor is not None else (int(items[0]["seq"]) if items else None)
+        for index, item in enumerate(items):
+            seq = int(item["seq"])
+            if first is not None and seq != first + index:
+                violations.append(Violation(
+                    CHECK_EVENTS, f"page #{page.id}",
+                    f"a page from cursor {cursor} holds event {seq} where {first + index} comes next: events lost or "
+                    "repeated", (page,),
+                ))
+                break
+        last = int(items[-1]["seq"]) if items else (int(cursor) if cursor is not None else None)
+        if next_cursor is not None and last is not None and int(next_cursor) != last:
+            violations.append(Violation(
+                CHECK_EVENTS, f"page #{page.id}",
+                f"a page from cursor {cursor} ending at event {last} names nextCursor {next_cursor}: resuming there "
+                "would lose or repeat events", (page,),
+            ))
+        for item in items:
+            seq, content = int(item["seq"]), _event_content(item)
+            if seq in contents and contents[seq][0] != content:
+                violations.append(Violation(
+                    CHECK_EVENTS, f"event {seq}", f"two pages show event {seq} differently: {_short(json.loads(content))} "
+                    f"and {_short(json.loads(contents[seq][0]))}", (contents[seq][1], page),
+                ))
+            contents.setdefault(seq, (content, page))
+            event_id = str(item.get("eventId"))
+            if event_id in numbers and numbers[event_id][0] != seq:
+                violations.append(Violation(
+                    CHECK_EVENTS, event_id, f"eventId {event_id} names events {numbers[event_id][0]} and {seq}",
+                    (numbers[event_id][1], page),
+                ))
+            numbers.setdefault(event_id, (seq, page))
+            if seq not in events:
+                events[seq] = LoggedEvent(
+                    seq, str(item.get("type")), (str(item.get("aggregateType")), str(item.get("aggregateId"))),
+                    item.get("scopeId"), item.get("payload") or {}, epoch_ms(item.get("createdAt")), page,
+                )
+    seen = sorted(events)
+    complete = bool(seen) and seen[0] == 1 and seen[-1] == len(seen)
+    if seen and not complete:
+        holes = seen[-1] - len(seen)
+        history.note(
+            f"events: {holes} of events 1 to {seen[-1]} were seen by no page (dropped from the bounded log before a "
+            "page read them, or read only by pages of unknown outcome): a change without its event is a note"
+        )
+    log = _EventLog({seq: events[seq] for seq in seen}, complete)
+    for event in log.events.values():
+        log.by_entity.setdefault(event.aggregate, []).append(event)
+        if event.type == "scope.created" and event.payload.get("parentId"):
+            log.parent[event.entity] = str(event.payload["parentId"])
+    for op in history.by_kind["group_create"]:
+        if op.ok and op.result and op.args.get("run") and op.result.get("scopeId"):
+            log.parent.setdefault(str(op.result["scopeId"]), str(op.args["run"]))
+    return violations, log
+
+
+def _resumes(history: History) -> None:
+    """Count the pages resumed from a cursor on another node after a page of unknown outcome (a
+    failover), and those resumed from an older cursor: what the per-page check covered."""
+    failovers = older = 0
+    by_client: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["watch"]:
+        by_client[op.client].append(op)
+    for ops in by_client.values():
+        for before, page in zip(ops, ops[1:], strict=False):
+            if page.ok and page.args.get("cursor") is not None:
+                if before.status == STATUS_UNKNOWN and page.args.get("node") != before.args.get("node"):
+                    failovers += 1
+                if page.args.get("resume") == "older":
+                    older += 1
+    history.counts_extra["event_failover_resumes"] = failovers
+    history.counts_extra["event_older_resumes"] = older
+
+
+def _may_have(ops: Iterable[Op]) -> list[Op]:
+    return [op for op in ops if op.may_have_happened]
+
+
+def _unresolved(ops: Iterable[Op], key: Callable[[Op], Any]) -> int:
+    """How many calls (one per key: retries of one call share it) may have made an entity whose id
+    no answer named: some attempt of unknown outcome, none acknowledged."""
+    by_key: dict[Any, list[Op]] = defaultdict(list)
+    for op in ops:
+        by_key[key(op)].append(op)
+    return sum(1 for group in by_key.values()
+               if any(op.status == STATUS_UNKNOWN for op in group) and not any(op.ok for op in group))
+
+
+def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
+    """(b): every event has a cause the history allows."""
+    violations: list[Violation] = []
+    created_runs: dict[str, Op] = {}
+    for op in history.by_kind["run_create"]:
+        if op.ok and op.result and op.result.get("run"):
+            created_runs.setdefault(str(op.result["run"]), op)
+    for op in history.by_kind["group_create"]:
+        if op.ok and op.result and op.result.get("scopeId"):
+            created_runs.setdefault(str(op.result["scopeId"]), op)
+    unknown_runs = _unresolved(history.by_kind["run_create"], lambda op: op.args.get("idem") or op.id) + sum(
+        1 for op in history.by_kind["group_create"] if op.status == STATUS_UNKNOWN)
+    group_runs = {op.result["groupId"]: str(op.result["scopeId"]) for op in history.by_kind["group_create"]
+                  if op.ok and op.result and op.result.get("groupId")}
+    submitted: dict[str, tuple[Op, str | None]] = {}
+    for task, op in history.submitted_tasks():
+        run = op.args.get("run") if op.op == "submit" else group_runs.get(op.args.get("groupId"))
+        submitted.setdefault(str(task), (op, run))
+    unknown_tasks = _unresolved(history.by_kind["submit"], lambda op: (op.args.get("run"), op.args.get("key"))) + _unresolved(
+        history.by_kind["group_submit"], lambda op: (op.args.get("groupId"), op.args.get("key")))
+    deliveries: dict[tuple[str, Any], list[Delivery]] = defaultdict(list)
+    for delivery in history.deliveries.values():
+        attempt = next((item.get("attempt") for item in (delivery.receive.result or {}).get("deliveries") or []
+                        if item.get("id") == delivery.id), None)
+        deliveries[(delivery.task, attempt)].append(delivery)
+        deliveries[(delivery.task, None)].append(delivery)
+    unknown_receives = {op.args.get("run") for op in history.by_kind["receive"] if op.status == STATUS_UNKNOWN}
+    completes: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["complete"]:
+        completes[str(history.task_of(op))].append(op)
+    cancels: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["cancel_run"]:
+        cancels[str(op.args.get("run"))].append(op)
+    groups = {str(op.result["groupId"]): op for op in history.by_kind["group_create"] if op.ok and op.result}
+    barriers = {str(op.result["barrierId"]): op for op in history.by_kind["barrier_create"] if op.ok and op.result}
+    timers = {str(op.result["timerId"]): op for op in history.by_kind["timer_create"] if op.ok and op.result}
+    unknown_creates = {kind: any(op.status == STATUS_UNKNOWN for op in history.by_kind[kind])
+                       for kind in ("group_create", "barrier_create", "timer_create")}
+    arrivals: dict[str, set[Any]] = defaultdict(set)
+    for op in _may_have(history.by_kind["arrive"]):
+        arrivals[str(op.args.get("barrierId"))].add(op.args.get("key"))
+    unnamed: dict[str, list[LoggedEvent]] = defaultdict(list)
+
+    def wrong(event: LoggedEvent, message: str, *ops: Op) -> None:
+        violations.append(Violation(CHECK_EVENTS, f"{event.aggregate[0]} {event.entity}", f"{message}: {event}",
+                                    _ops([event.op], ops)))
+
+    for event in log.events.values():
+        kind, entity = event.type, event.entity
+        if kind == "scope.created":
+            if entity not in created_runs:
+                unnamed[kind].append(event)
+        elif kind == "task.created":
+            if entity not in submitted:
+                unnamed[kind].append(event)
+            elif submitted[entity][1] is not None and event.scope != submitted[entity][1]:
+                wrong(event, f"task.created in run {event.scope}, but its submit named run {submitted[entity][1]}",
+                      submitted[entity][0])
+        elif kind == "task.running":
+            attempt = event.payload.get("attempt")
+            if not deliveries.get((entity, attempt)) and not deliveries.get((entity, None)) and event.scope not in unknown_receives:
+                wrong(event, "task.running without a receive that got the task (acknowledged, or unknown on its run)")
+        elif kind == "delivery.lease_lost":
+            valid_until = _lease_valid_until(history, deliveries.get((entity, event.payload.get("attempt")), []))
+            if valid_until is not None and event.created_ms is not None and event.created_ms < valid_until:
+                wrong(event, f"delivery.lease_lost at {event.created_ms:.0f}, but the lease was acknowledged valid "
+                      f"until {valid_until:.0f}", *[delivery.receive for delivery in deliveries[(entity, event.payload.get("attempt"))]])
+        elif kind == "task.succeeded":
+            if not _may_have(completes.get(entity, [])):
+                wrong(event, "task.succeeded without a complete of the task (acknowledged or unknown)",
+                      *completes.get(entity, []))
+        elif kind == "scope.cancelled":
+            finalized = [other for other in log.events.values() if other.type == "group.finalized"
+                         and other.scope == entity and other.seq < event.seq]
+            if not _may_have(cancels.get(entity, [])) and not finalized:
+                wrong(event, "scope.cancelled without a cancel of the run (acknowledged or unknown) or its group's decision",
+                      *cancels.get(entity, []))
+        elif kind == "task.cancelled":
+            if log.stopped_before(event.scope, event.seq) is None and log.complete:
+                wrong(event, "task.cancelled although no stop of its run (or a run above it) precedes it in the log")
+        elif kind in ("scope.completed", "scope.expired", "task.expired"):
+            wrong(event, f"{kind} although the workload neither completes runs nor sets deadlines")
+        elif kind == "group.finalized":
+            if entity not in groups and not unknown_creates["group_create"]:
+                wrong(event, "group.finalized of a group no create named")
+        elif kind == "barrier.released":
+            create = barriers.get(entity)
+            if create is None and not unknown_creates["barrier_create"]:
+                wrong(event, "barrier.released of a barrier no create named")
+            target = (create.result or {}).get("target", create.args.get("target")) if create is not None else None
+            if target is not None and len(arrivals[entity]) < int(target):
+                wrong(event, f"barrier.released after {len(arrivals[entity])} distinct arrivals of {target}", create)  # type: ignore[arg-type]
+        elif kind == "timer.fired":
+            create = timers.get(entity)
+            if create is None and not unknown_creates["timer_create"]:
+                wrong(event, "timer.fired of a timer no create named")
+            fire_at = epoch_ms((create.result or {}).get("fireAt")) if create is not None else None
+            if fire_at is not None and event.created_ms is not None and event.created_ms < fire_at:
+                wrong(event, f"timer.fired at {event.created_ms:.0f}, before its fireAt {fire_at:.0f}", create)  # type: ignore[arg-type]
+            stop = log.stopped_before(event.scope, event.seq)
+            if stop is not None:
+                wrong(event, f"timer.fired after its run stopped (event {stop.seq} {stop.type})")
+    for kind, budget in (("scope.created", unknown_runs), ("task.created", unknown_tasks)):
+        if len(unnamed[kind]) > budget:
+            shown = unnamed[kind][:REPORT_OPS_MAX]
+            violations.append(Violation(
+                CHECK_EVENTS, kind, f"{len(unnamed[kind])} {kind} events of entities no answer named, but only {budget} "
+                f"calls of unknown outcome could have made them: {', '.join(str(event) for event in shown)}",
+                _ops([event.op for event in shown]),
+            ))
+    return violations
+
+
+def _lease_valid_until(history: History, deliveries: list[Delivery]) -> float | None:
+    """Until when (server ms) an acknowledged answer said one of these deliveries' lease was valid:
+    its receive's leaseExpiresAt, or an acknowledged renew's (None: no time known)."""
+    expiries = [delivery.expires_ms for delivery in deliveries]
+    for delivery in deliveries:
+        expiries += [epoch_ms((op.result or {}).get("leaseExpiresAt")) for op in history.task_ops_of(delivery.task, "renew")
+                     if op.ok and op.args.get("delivery") == delivery.id]
+    known = [expiry for expiry in expiries if expiry is not None]
+    return max(known) if known else None
+
+
+def _events_out_of_order(log: _EventLog) -> list[Violation]:
+    """(b), per entity: the events of a task, a run, a group, a barrier, a timer follow its
+    state machine; no task is created or started in a run after the run's stop."""
+    violations: list[Violation] = []
+
+    def wrong(event: LoggedEvent, message: str) -> None:
+        violations.append(Violation(CHECK_EVENTS, f"{event.aggregate[0]} {event.entity}", f"{message}: {event}", (event.op,)))
+
+    for (kind, _entity), events in log.by_entity.items():
+        if kind == "task":
+            _task_order(events, log, wrong)
+        elif kind == "scope":
+            stopped: LoggedEvent | None = None
+            for index, event in enumerate(events):
+                if event.type == "scope.created" and index > 0:
+                    wrong(event, f"scope.created after event {events[0].seq} of the run")
+                elif event.type in RUN_STOP_EVENTS:
+                    if stopped is not None:
+                        wrong(event, f"the run stops again (it stopped at event {stopped.seq})")
+                    stopped = stopped or event
+                if index == 0 and event.type != "scope.created" and log.complete:
+                    wrong(event, "the run's first event is not scope.created")
+        else:
+            seen: dict[Any, LoggedEvent] = {}
+            for event in events:
+                once = (event.type, event.payload.get("epoch"))
+                if once in seen:
+                    wrong(event, f"{event.type} again (first at event {seen[once].seq})")
+                seen.setdefault(once, event)
+    return violations
+
+
+def _task_order(events: list[LoggedEvent], log: _EventLog, wrong: Callable[[LoggedEvent, str], None]) -> None:
+    state: str | None = None
+    lost = False
+    for index, event in enumerate(events):
+        if lost and event.type not in ("task.queued", "task.failed"):
+            wrong(event, "after delivery.lease_lost the task is neither queued again nor failed")
+        lost = False
+        if event.type == "task.created":
+            if index > 0:
+                wrong(event, f"task.created after event {events[0].seq} of the task")
+            stop = log.stopped_before(event.scope, event.seq)
+            if stop is not None:
+                wrong(event, f"a task created in a run after its stop (event {stop.seq} {stop.type})")
+            state = str(event.payload.get("state"))
+            continue
+        if state is None:
+            if log.complete:
+                wrong(event, "the task's first event is not task.created")
+            state = "?"
+        if state in TASK_FINISHED:
+            wrong(event, f"an event after the task finished ({state})")
+        if event.type == "delivery.lease_lost":
+            if state not in ("RUNNING", "?"):
+                wrong(event, f"delivery.lease_lost of a task that was {state}")
+            lost = True
+            continue
+        new = TASK_EVENT_STATES.get(event.type)
+        if new is None:
+            continue
+        if event.payload.get("state") is not None and event.payload.get("state") != new:
+            wrong(event, f"{event.type} says state {event.payload.get('state')}")
+        if new == state:
+            wrong(event, f"{event.type} of a task that was {state} already")
+        elif new == "RUNNING" and state not in ("QUEUED", "?"):
+            wrong(event, f"task.running of a task that was {state}")
+        elif new == SUCCEEDED and state not in ("RUNNING", "?"):
+            wrong(event, f"task.succeeded of a task that was {state}")
+        if new == "RUNNING":
+            stop = log.stopped_before(event.scope, event.seq)
+            if stop is not None:
+                wrong(event, f"a task started in a run after its stop (event {stop.seq} {stop.type})")
+        state = new
+
+
+@dataclass(frozen=True)
+class _Change:
+    """An acknowledged change and its event: applied after `first_call` (the first call of any
+    attempt that may have happened) and before `acked` (the first acknowledgement's return)."""
+
+    event: LoggedEvent
+    first_call: float
+    acked: float
+    ops: tuple[Op, ...]
+
+
+def _changes_without_event(history: History, log: _EventLog) -> list[Violation]:
+    """(c): every acknowledged change has its event exactly once (at least once: a delivery, a
+    released barrier), and their events are in the order the history proves."""
+    violations: list[Violation] = []
+    changes: list[_Change] = []
+    missing = 0
+
+    def need(label: str, kind: str, entity: Any, event_type: str, ops: list[Op], *, once: bool = True,
+             ordered: bool = True, match: Callable[[LoggedEvent], bool] | None = None) -> LoggedEvent | None:
+        nonlocal missing
+        found = [event for event in log.typed(kind, entity, event_type) if match is None or match(event)]
+        acked = [op for op in ops if op.ok and op.ret is not None]
+        if not found:
+            if log.complete:
+                violations.append(Violation(CHECK_EVENTS, f"{kind} {entity}", f"{label} has no {event_type} event",
+                                            _ops(acked[:REPORT_OPS_MAX])))
+            else:
+                missing += 1
+            return None
+        if once and len(found) > 1:
+            violations.append(Violation(
+                CHECK_EVENTS, f"{kind} {entity}",
+                f"{label} has {len(found)} {event_type} events: {', '.join(str(event.seq) for event in found)}",
+                _ops(acked[:1], [event.op for event in found]),
+            ))
+            return None
+        if ordered and acked and len(found) == 1:
+            changes.append(_Change(found[0], min(op.call for op in _may_have(ops)),
+                                   min(op.ret or math.inf for op in acked), _ops(acked[:1])))
+        return found[0]
+
+    creates: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["run_create"]:
+        creates[op.args.get("idem") or f"#{op.id}"].append(op)
+    for ops in creates.values():
+        run = next((op.result["run"] for op in ops if op.ok and op.result), None)
+        if run is not None:
+            need("an acknowledged run create", "scope", run, "scope.created", ops)
+    for op in history.by_kind["group_create"]:
+        if op.ok and op.result and op.result.get("scopeId"):
+            need("an acknowledged group create's run", "scope", op.result["scopeId"], "scope.created", [op])
+    attempts: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["submit"]:
+        attempts[("submit", op.args.get("run"), op.args.get("mailbox"), op.args.get("key"))].append(op)
+    for op in history.by_kind["group_submit"]:
+        attempts[("group", op.args.get("groupId"), op.args.get("key"))].append(op)
+    tasks: dict[str, list[Op]] = defaultdict(list)
+    for ops in attempts.values():
+        task = next((op.result["taskId"] for op in ops if op.ok and op.result and op.result.get("taskId")), None)
+        if task is not None:
+            tasks[str(task)].extend(ops)
+    for task, ops in tasks.items():
+        need("an acknowledged submit's task", "task", task, "task.created", ops)
+    completes: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["complete"]:
+        completes[str(history.task_of(op))].append(op)
+    for task, ops in completes.items():
+        if any(op.ok and (op.result or {}).get("state") in (None, SUCCEEDED) for op in ops):
+            need("an accepted complete", "task", task, "task.succeeded", ops)
+    cancels: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["cancel_run"]:
+        cancels[str(op.args.get("run"))].append(op)
+    for run, ops in cancels.items():
+        if any(op.ok and (op.result or {}).get("storedState") in (None, CANCELLED) for op in ops):
+            by_group = any(event.type == "group.finalized" for event in log.events.values() if event.scope == run)
+            need("an acknowledged cancel", "scope", run, "scope.cancelled", ops, ordered=not by_group)
+    for delivery in history.deliveries.values():
+        attempt = next((item.get("attempt") for item in (delivery.receive.result or {}).get("deliveries") or []
+                        if item.get("id") == delivery.id), None)
+        need(f"delivery {delivery.id}", "task", delivery.task, "task.running", [delivery.receive], once=False,
+             ordered=False, match=lambda event, attempt=attempt: attempt is None or event.payload.get("attempt") == attempt)  # type: ignore[misc]
+    for kind, id_name, state, event_type, ops_kinds in (
+        ("timer", "timerId", "FIRED", "timer.fired", ("timer_read",)),
+        ("group", "groupId", FINALIZED, "group.finalized", ("group_read", "verdict")),
+        ("barrier", "barrierId", RELEASED, "barrier.released", ("arrive", "barrier_read")),
+    ):
+        seen = _observed(history, kind, id_name, *ops_kinds)
+        for entity, observations in seen.items():
+            decided = [item for item in observations if item.view.get("state") == state]
+            if not decided:
+                continue
+            event = need(f"a {kind} seen {state}", kind, entity, event_type, [item.op for item in decided if item.op],
+                         once=kind != "barrier", ordered=False)
+            if event is not None and kind == "group":
+                outcomes = {(item.view.get("outcome"), item.view.get("outcomeReason")) for item in decided}
+                logged = (event.payload.get("outcome"), event.payload.get("outcomeReason"))
+                if any(outcome != logged for outcome in outcomes):
+                    violations.append(Violation(
+                        CHECK_EVENTS, f"group {entity}", f"group.finalized says {logged}, the group was seen {sorted(outcomes, key=str)}",
+                        _ops([event.op], [item.op for item in decided if item.op][:1]),
+                    ))
+    if missing:
+        history.note(f"events: {missing} acknowledged changes have no event among the events seen (the log was not "
+                     "seen whole: they may have been dropped from it)")
+    history.counts_extra["event_changes"] = len(changes)
+    violations += _changes_out_of_order(changes)
+    return violations
+
+
+def _changes_out_of_order(changes: list[_Change]) -> list[Violation]:
+    """A change acknowledged before another was first called has the earlier event: from the
+    latest event down, keep the earliest acknowledgement of the events after it."""
+    violations: list[Violation] = []
+    earliest: _Change | None = None
+    for change in sorted(changes, key=lambda change: -change.event.seq):
+        if earliest is not None and earliest.acked < change.first_call:
+            violations.append(Violation(
+                CHECK_EVENTS, f"event {change.event.seq}",
+                f"out of order: {earliest.event} was acknowledged before the change of {change.event} was first called, "
+                "but its event comes later", _ops(earliest.ops, change.ops, [earliest.event.op, change.event.op]),
+            ))
+        if earliest is None or change.acked < earliest.acked:
+            earliest = change
+    return violations
+
+
 CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_RESULTS, check_results),
     (CHECK_LEASES, check_leases),
@@ -1463,6 +2029,7 @@ CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_REPLAYS, check_replays),
     (CHECK_CAPACITY, check_capacity),
     (CHECK_MONEY, check_money),
+    (CHECK_EVENTS, check_events),
 )
 
 
@@ -1529,7 +2096,8 @@ def format_report(report: Report) -> str:
         f"{counts.get('allowance_consumes', 0)} allowance consumes, "
         f"{counts.get('budget_settles', 0)} budget settles, "
         f"{counts.get('registers', 0)} task registers "
-        f"({counts.get('registers_undecided', 0)} undecided)",
+        f"({counts.get('registers_undecided', 0)} undecided), {counts.get('events_seen', 0)} events in "
+        f"{counts.get('event_pages', 0)} pages ({counts.get('event_failover_resumes', 0)} resumed after a failover)",
     ]
     for number, (name, _) in enumerate(CHECKS, start=1):
         found = counts.get(f"violations.{name}", 0)

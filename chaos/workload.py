@@ -45,6 +45,14 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   reserves an amount under a run, settles part of it in one or two keyed settles (some asking
   more than reserved, with allowOverrun), voids the rest or leaves it to its run's cancel, and
   reads the budget.
+- watchers: long-poll the space's events (`GET /watch`, WATCH_WAIT_S, at most WATCH_LIMIT a page)
+  from the last cursor they got; each page is one `watch` call whose result holds its events and
+  `nextCursor`. After an unknown page a watcher moves to the next node and resumes from the same
+  cursor. The second watcher now and then starts again without a cursor (`resume: restart`) or
+  from an older cursor it remembered (`resume: older`); a CURSOR_EXPIRED refusal (the bounded
+  log dropped what the cursor names) is recorded and the watcher starts again without one.
+  Finalize reads the rest of the log (`GET /events` from the first watcher's last cursor until a
+  page is empty: `events_read` calls).
 
 Times in results and final views are epoch milliseconds of the server's clock (every ISO field
 ending in `At`, and `deadline`; the clients' own values, `input`, `outcome` and `result`, are left
@@ -157,6 +165,18 @@ BUDGET_RESERVATIONS_PER_RUN = 6
 BUDGET_OVERRUN_PROBABILITY = 0.1
 BUDGET_ABANDON_PROBABILITY = 0.1  # leave the reservation to the run's cancel
 
+# Watchers (events): the long poll's wait, a page's bound, the pause between pages (paced), how
+# many older cursors the second watcher remembers, and how often it restarts or rewinds.
+WATCH_WAIT_S = 2
+WATCH_LIMIT = 200
+WATCH_PAUSE_S = (0.8, 1.6)
+WATCH_CURSORS_KEPT = 8
+WATCH_RESTART_PROBABILITY = 0.04
+WATCH_REWIND_PROBABILITY = 0.08
+EVENTS_FINAL_LIMIT = 1_000
+EVENTS_FINAL_PAGES_MAX = 100
+CURSOR_EXPIRED = "CURSOR_EXPIRED"
+
 RUN_STOPPED_CODES = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED", "NOT_FOUND")
 FINISHED_TASK_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED")
 
@@ -177,6 +197,7 @@ class WorkloadConfig:
     permit_clients: int = 3
     budget_clients: int = 2
     allowance_clients: int = 2
+    watchers: int = 2
     pace: float = 1.3
     lease_ms: int = LEASE_MS
     crash_probability: float = 0.06
@@ -1376,6 +1397,60 @@ def _budget_shape(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _Watcher(_Client):
+    """Long-polls the space's events from its last cursor (module docstring); `rewinds`: now and
+    then starts again without a cursor or from an older one it remembered."""
+
+    def __init__(self, *args: Any, rewinds: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rewinds = rewinds
+        self.cursor: int | None = None
+        self.remembered: collections.deque[int] = collections.deque(maxlen=WATCH_CURSORS_KEPT)
+
+    def loop(self) -> None:
+        delay = 0.0
+        while self.pause(delay):
+            delay = self.rng.uniform(*WATCH_PAUSE_S)
+            cursor, resume = self.cursor, "next"
+            if self.rewinds:
+                roll = self.rng.random()
+                if roll < WATCH_RESTART_PROBABILITY:
+                    cursor, resume = None, "restart"
+                elif roll < WATCH_RESTART_PROBABILITY + WATCH_REWIND_PROBABILITY and self.remembered:
+                    cursor, resume = self.rng.choice(self.remembered), "older"
+            answer = self.page(cursor, resume)
+            if answer.ok and answer.result is not None:
+                self.cursor = int(answer.result["nextCursor"])
+                self.remembered.append(self.cursor)
+            elif answer.code == CURSOR_EXPIRED:
+                self.cursor = None  # what the cursor names was dropped: start again without one
+
+    def page(self, cursor: int | None, resume: str) -> Answer:
+        query = {"limit": WATCH_LIMIT, "waitSeconds": WATCH_WAIT_S}
+        if cursor is not None:
+            query["cursor"] = cursor
+        return self.call(
+            "watch", {"watcher": self.name, "cursor": cursor, "limit": WATCH_LIMIT, "resume": resume, "node": self.node},
+            "GET", "/v1/watch?" + urllib.parse.urlencode(query), shape=_events_page_shape, wait_ms=WATCH_WAIT_S * 1000,
+        )
+
+
+def _events_page_shape(body: dict[str, Any]) -> dict[str, Any]:
+    """A page of events (GET /watch, GET /events): each event's number (its cursor), id, type,
+    aggregate, run, payload and time (epoch ms); and the cursor to resume from."""
+    return {
+        "events": [
+            {
+                "seq": int(event["cursor"]), "eventId": event["eventId"], "type": event["type"],
+                "aggregateType": event["aggregateType"], "aggregateId": event["aggregateId"],
+                "scopeId": event["scopeId"], "payload": event["payload"], "createdAt": epoch_ms(event["createdAt"]),
+            }
+            for event in body["events"]
+        ],
+        "nextCursor": int(body["nextCursor"]),
+    }
+
+
 # -- the workload ------------------------------------------------------------------------------
 
 
@@ -1473,6 +1548,7 @@ class Workload:
         clients += [_PermitClient(**common(f"permits-{i}")) for i in range(config.permit_clients)]
         clients += [_BudgetClient(**common(f"budgets-{i}")) for i in range(config.budget_clients)]
         clients += [_AllowanceClient(**common(f"allowances-{i}")) for i in range(config.allowance_clients)]
+        clients += [_Watcher(**common(f"watcher-{i}"), rewinds=i > 0) for i in range(config.watchers)]
         return clients
 
     def _run_client(self, client: _Client) -> None:
@@ -1503,10 +1579,11 @@ class Workload:
     def finalize(self, timeout_s: float = FINALIZE_TIMEOUT_S) -> dict[str, Any]:
         """After the faults healed: complete what is left in the queues, wait for the last timers'
         time, then read every entity the workload created (linearizable reads, retried on unknown
-        until the bound) and write its `final` line. Returns `{"drained", "finals": {kind: count},
-        "missing": [[kind, id], ...]}`: `<kind>_refused` counts reads refused for certain (their
-        final view is `{"error": {"code", "message"}}`); missing, those with no definite answer
-        before the bound (no final line)."""
+        until the bound) and write its `final` line; then read the rest of the event log
+        (`_read_events_final`). Returns `{"drained", "finals": {kind: count}, "missing": [[kind,
+        id], ...], "events": {pages, events, complete}}`: `<kind>_refused` counts reads refused for
+        certain (their final view is `{"error": {"code", "message"}}`); missing, those with no
+        definite answer before the bound (no final line)."""
         if self._state != "stopped":
             raise RuntimeError("stop() the workload before finalize()")
         self._state = "finalized"
@@ -1527,8 +1604,40 @@ class Workload:
             else:
                 self.history.final(kind, entity_id, {"error": {"code": answer.code, "message": answer.message}})
                 counts[f"{kind}_refused"] += 1
+        events_read = self._read_events_final(deadline)
         self.history.flush()
-        return {"drained": drained, "finals": dict(counts), "missing": missing}
+        return {"drained": drained, "finals": dict(counts), "missing": missing, "events": events_read}
+
+    def _read_events_final(self, deadline: float) -> dict[str, Any]:
+        """The rest of the space's events, from the first watcher's last cursor until a page is
+        empty (each page an `events_read` call; an unknown one retried on the next node, a
+        CURSOR_EXPIRED one started again without a cursor), bounded by EVENTS_FINAL_PAGES_MAX pages
+        and the deadline. Returns {pages, events, complete}."""
+        watchers = [client for client in self._clients if isinstance(client, _Watcher)]
+        reader = _Client("final-events", 0, self.shared, self.seed, threading.Event())
+        cursor = watchers[0].cursor if watchers else None
+        pages = seen = 0
+        while pages < EVENTS_FINAL_PAGES_MAX and time.monotonic() < deadline:
+            query: dict[str, Any] = {"limit": EVENTS_FINAL_LIMIT}
+            if cursor is not None:
+                query["cursor"] = cursor
+            answer = reader.call(
+                "events_read", {"cursor": cursor, "limit": EVENTS_FINAL_LIMIT, "node": reader.node},
+                "GET", "/v1/events?" + urllib.parse.urlencode(query), shape=_events_page_shape,
+            )
+            pages += 1
+            if answer.ok and answer.result is not None:
+                if not answer.result["events"]:
+                    return {"pages": pages, "events": seen, "complete": True}
+                seen += len(answer.result["events"])
+                cursor = int(answer.result["nextCursor"])
+            elif answer.code == CURSOR_EXPIRED:
+                cursor = None
+            elif answer.outcome == FAIL:
+                break
+            else:
+                time.sleep(FINAL_RETRY_PAUSE_S)
+        return {"pages": pages, "events": seen, "complete": False}
 
     def _wait_for_timers(self, deadline: float) -> None:
         with self.shared.lock:

@@ -94,9 +94,11 @@ class H:
         return self.op("submit", args, call, ret, {"taskId": task, "created": True})
 
     def receive(
-        self, task: str, delivery: str, call: float, ret: float, granted_ms: int, *, worker: str = "w1", run: str = "run1"
+        self, task: str, delivery: str, call: float, ret: float, granted_ms: int, *, worker: str = "w1", run: str = "run1",
+        attempt: int = 1,
     ) -> H:
-        item = {"id": delivery, "taskId": task, "input": {"n": 1}, "leaseExpiresAt": granted_ms + LEASE_MS, "leaseMs": LEASE_MS}
+        item = {"id": delivery, "taskId": task, "input": {"n": 1}, "leaseExpiresAt": granted_ms + LEASE_MS, "leaseMs": LEASE_MS,
+                "attempt": attempt}
         args = {"run": run, "mailbox": "work", "worker": worker, "leaseMs": LEASE_MS}
         return self.op("receive", args, call, ret, {"deliveries": [item]}, client=worker)
 
@@ -872,7 +874,156 @@ def test_check_history_and_its_report(tmp_path: Path) -> None:
 def test_every_check_is_named_in_the_contract_order() -> None:
     assert [name for name, _ in checker.CHECKS] == [
         "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability", "replays",
-        "capacity", "money",
+        "capacity", "money", "events",
     ]  # fmt: skip
     for _, function in checker.CHECKS:
         assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__
+
+
+# -- 12. events ---------------------------------------------------------------------------------
+
+
+def event(seq: int, event_type: str, entity: str, run: str | None = "run1", **payload: Any) -> dict[str, Any]:
+    """An event as a page records it (aggregate from the type: scope, task, group, barrier, timer)."""
+    kind = event_type.split(".")[0]
+    aggregate = {"delivery": "task"}.get(kind, kind)
+    if aggregate == "task":
+        state = {"created": "QUEUED"}.get(event_type.split(".")[1], event_type.split(".")[1].upper())
+        payload = {"taskId": entity, "state": state, "attempt": 1, **payload}
+    elif aggregate == "scope":
+        payload = {"scopeId": entity, "parentId": None, **payload}
+    return {"seq": seq, "eventId": f"evt_{seq}", "type": event_type, "aggregateType": aggregate, "aggregateId": entity,
+            "scopeId": run, "payload": payload, "createdAt": 1_000 + seq}
+
+
+def page(h: H, events: list[dict[str, Any]], cursor: int | None, call: float, *, next_cursor: int | None = None,
+         client: str = "watcher-0", node: int = 0, op: str = "watch", status: str = "ok") -> H:
+    last = events[-1]["seq"] if events else cursor
+    result = {"events": events, "nextCursor": last if next_cursor is None else next_cursor}
+    args = {"watcher": client, "cursor": cursor, "limit": 200, "resume": "next", "node": node}
+    return h.op(op, args, call, call + 0.5, result, client=client, status=status)
+
+
+def evented() -> H:
+    """run1 created, t1 submitted, received, completed, run1 cancelled; a watcher reads events 1-3,
+    loses a page on node 0 (a failover), resumes from cursor 3 on node 1; the final read is empty."""
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"})
+    h.submit("t1", 1, 2).receive("t1", "d1", 2, 3, 10_000).complete("t1", "d1", {"v": 1}, 3, 4)
+    h.op("cancel_run", {"run": "run1"}, 5, 6, {"storedState": "CANCELLED", "finishedAt": 2_000})
+    log = [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.running", "t1"),
+           event(4, "task.succeeded", "t1"), event(5, "scope.cancelled", "run1")]
+    page(h, log[:3], None, 3.5)
+    h.unknown("watch", {"watcher": "watcher-0", "cursor": 3, "limit": 200, "resume": "next", "node": 0}, 4.2,
+              client="watcher-0")
+    page(h, log[3:], 3, 7, node=1)
+    page(h, [], 5, 8, client="final-events", op="events_read")
+    return h
+
+
+def test_events_pass_for_a_log_read_across_a_failover() -> None:
+    h = evented()
+    assert h.violations("events") == []
+    parsed = parse_history(h.history_lines())
+    checker.check_events(parsed)
+    assert parsed.counts_extra["events_seen"] == 5 and parsed.counts_extra["event_failover_resumes"] == 1
+    assert parsed.notes == []
+
+
+def test_events_a_page_that_loses_or_repeats_events_or_names_a_wrong_cursor() -> None:
+    lost = evented()
+    page(lost, [event(5, "scope.cancelled", "run1")], 3, 9, client="watcher-1")  # event 4 skipped
+    assert "where 4 comes next" in messages(lost.violations("events"))
+    repeated = evented()
+    page(repeated, [event(3, "task.running", "t1")], 3, 9, client="watcher-1")
+    assert "where 4 comes next" in messages(repeated.violations("events"))
+    cursor = evented()
+    page(cursor, [event(4, "task.succeeded", "t1")], 3, 9, next_cursor=5, client="watcher-1")
+    assert "names nextCursor 5" in messages(cursor.violations("events"))
+
+
+def test_events_one_event_shown_two_ways() -> None:
+    h = evented()
+    page(h, [event(4, "task.failed", "t1")], 3, 9, client="watcher-1")
+    assert "two pages show event 4 differently" in messages(h.violations("events"))
+
+
+def test_events_an_event_of_something_that_did_not_happen() -> None:
+    refused = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+    refused.receive("t1", "d1", 2, 3, 10_000).complete("t1", "d1", {"v": 1}, 3, 4, status="fail")
+    page(refused, [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.running", "t1"),
+                   event(4, "task.succeeded", "t1"), event(5, "scope.cancelled", "run1"),
+                   event(6, "scope.created", "run9")], None, 5)
+    found = messages(refused.violations("events"))
+    assert "task.succeeded without a complete" in found
+    assert "scope.cancelled without a cancel" in found
+    assert "1 scope.created events of entities no answer named, but only 0" in found
+
+
+def test_events_out_of_the_state_machine() -> None:
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+    h.receive("t1", "d1", 2, 3, 10_000).complete("t1", "d1", {"v": 1}, 3, 4)
+    h.op("timer_create", {"run": "run1", "afterMs": 1_000}, 1, 1.1, {"timerId": "tmr_1", "fireAt": 1_000, "state": "ARMED"})
+    h.op("cancel_run", {"run": "run1"}, 5, 6, {"storedState": "CANCELLED", "finishedAt": 2_000})
+    page(h, [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.succeeded", "t1"),
+             event(4, "task.running", "t1"), event(5, "scope.cancelled", "run1"),
+             {**event(6, "timer.fired", "tmr_1"), "aggregateType": "timer", "payload": {"timerId": "tmr_1"}}], None, 7)
+    found = messages(h.violations("events"))
+    assert "task.succeeded of a task that was QUEUED" in found
+    assert "an event after the task finished" in found
+    assert "timer.fired after its run stopped" in found
+
+
+def test_events_unknown_operations_explain_events_and_need_none() -> None:
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+    h.unknown("submit", {"run": "run1", "mailbox": "work", "key": "k2", "input": {}}, 2)  # made t2, unnamed
+    h.receive("t1", "d1", 2, 3, 10_000)
+    h.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 3)  # it took effect
+    h.unknown("cancel_run", {"run": "run1"}, 5)  # it did not
+    h.unknown("run_create", {"idem": "k3"}, 6)  # it did not either
+    page(h, [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.created", "t2"),
+             event(4, "task.running", "t1"), event(5, "task.succeeded", "t1")], None, 7)
+    assert h.violations("events") == []
+
+
+def test_events_an_acknowledged_change_without_its_event_or_with_two() -> None:
+    h = evented()
+    h.submit("t2", 6.5, 6.6, key="k2")  # acknowledged, but no page shows task.created of t2
+    assert "an acknowledged submit's task has no task.created event" in messages(h.violations("events"))
+    twice = evented()
+    page(twice, [event(6, "task.created", "t1")], 5, 9, client="watcher-1")
+    found = messages(twice.violations("events"))
+    assert "has 2 task.created events" in found
+
+
+def test_events_a_change_missing_from_a_log_not_seen_whole_is_a_note() -> None:
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+    # Events 1 to 9 fell out of the bounded log before any page read them.
+    page(h, [event(10, "task.created", "t1")], None, 3)
+    h.fail("watch", {"watcher": "watcher-1", "cursor": 3, "limit": 200, "resume": "older", "node": 0}, 4, 4.1,
+           "CURSOR_EXPIRED", client="watcher-1")
+    parsed = parse_history(h.history_lines())
+    assert checker.check_events(parsed) == []
+    assert any("dropped from it" in note for note in parsed.notes)
+    assert parsed.counts_extra["event_cursors_expired"] == 1
+
+
+def test_events_in_an_order_the_history_contradicts() -> None:
+    # run1's create was acknowledged before run2's was called, but run2's event comes first.
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).op("run_create", {"idem": "k2"}, 2, 3, {"run": "run2"})
+    page(h, [event(1, "scope.created", "run2", run="run2"), event(2, "scope.created", "run1")], None, 4)
+    found = h.violations("events")
+    assert len(found) == 1 and "out of order" in found[0].message
+    # Called concurrently: either order is fine.
+    concurrent = H().op("run_create", {"idem": "k1"}, 0, 3, {"run": "run1"}).op("run_create", {"idem": "k2"}, 1, 2, {"run": "run2"})
+    page(concurrent, [event(1, "scope.created", "run1"), event(2, "scope.created", "run2", run="run2")], None, 4)
+    assert concurrent.violations("events") == []
+
+
+def test_events_a_lease_lost_before_the_lease_ran_out() -> None:
+    for lost_at, expected in ((12_500, 0), (11_000, 1)):  # the lease was acknowledged until 12000
+        h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
+        h.receive("t1", "d1", 2, 3, 10_000).op("crash", {"delivery": "d1", "taskId": "t1", "reason": "crash"}, 3, 3)
+        page(h, [event(1, "scope.created", "run1"), event(2, "task.created", "t1"), event(3, "task.running", "t1"),
+                 {**event(4, "delivery.lease_lost", "t1"), "createdAt": lost_at}, event(5, "task.queued", "t1")], None, 7)
+        found = h.violations("events")
+        assert len(found) == expected and all("lease was acknowledged valid until 12000" in v.message for v in found), found

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from chaos.checker import check_events, parse_history
 from chaos.history import History, read_history
 from chaos.workload import HttpClient, Workload, WorkloadConfig, classify, epoch_ms, normalize_times
 from tests._cluster import Cluster, free_ports
@@ -27,6 +28,7 @@ OPERATION_KINDS = {
     "group_create", "group_submit", "verdict", "group_read", "barrier_create", "arrive", "barrier_read",
     "timer_create", "timer_read", "permit_declare", "permit_acquire", "permit_release",
     "budget_declare", "budget_reserve", "budget_settle", "budget_void", "allowance_declare", "allowance_consume",
+    "watch", "events_read",
 }
 FINISHED = {"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"}
 
@@ -263,7 +265,14 @@ def test_ten_seconds_of_workload_make_a_well_formed_history(make_cluster: Callab
     for o in operations:
         if o["op"] == "once" and o["status"] == "ok":
             assert o["result"]["value"] == recorded[o["args"]["key"]], o
-    print(f"{len(operations)} operations in {WORKLOAD_S} s: {report}; finals {summary['finals']}")
+
+    # The watchers and the final read saw the whole event log, and it agrees with the history.
+    assert summary["events"]["complete"] and summary["events"]["events"] > 0, summary["events"]
+    parsed = parse_history(read_history(path))
+    assert check_events(parsed) == [], [str(violation) for violation in check_events(parsed)]
+    assert not [note for note in parsed.notes if note.startswith("events:")], parsed.notes
+    print(f"{len(operations)} operations in {WORKLOAD_S} s: {report}; finals {summary['finals']}; "
+          f"events {summary['events']} {parsed.counts_extra}")
 
 
 def test_the_http_client_reaches_no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
