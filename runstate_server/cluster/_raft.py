@@ -27,6 +27,28 @@ class Bridge(Protocol):
 _LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
 
 
+def without_snapshot_commit(message: Any, commit_index: int) -> Any:
+    """A leader's snapshot chunk (an append_entries with `serialized` and no `prevLogIdx`) whose
+    `commit_index` cannot move this follower's commit index.
+
+    pysyncobj 0.3.17 handles every append_entries by ending with `commit = min(leader's commit,
+    last index of OUR log)`, and a snapshot chunk neither checks nor truncates our log first. A
+    follower that was a partitioned leader still holds the entries it appended but never
+    committed; the first chunk of a snapshot from the new leader committed them, and the node
+    applied them and answered their clients OK: acknowledged writes that the cluster never made
+    (chaos seed 2718, a settle acknowledged and then absent; the snapshot, once loaded, replaced
+    the diverged state, so the replicas' digests agreed again). With the leader's commit index held
+    to ours, a chunk commits nothing; the loaded snapshot brings its own, and the next regular
+    append_entries (checked against our log, whose stale suffix it truncates) moves it on."""
+    if (
+        isinstance(message, dict) and message.get("type") == "append_entries" and "serialized" in message
+        and "prevLogIdx" not in message and isinstance(message.get("commit_index"), int)
+        and message["commit_index"] > commit_index
+    ):
+        return {**message, "commit_index": commit_index}
+    return message
+
+
 class RaftNode(SyncObj):  # type: ignore[misc]
     def __init__(
         self,
@@ -73,7 +95,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
             return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        SyncObj._SyncObj__onMessageReceived(self, node, without_snapshot_commit(message, self.commit_index()))
+
+    def commit_index(self) -> int:
+        return int(self._SyncObj__raftCommitIndex)
 
     # _prevote.RaftView: what pre-vote reads and changes in pysyncobj (tick thread only).
 
