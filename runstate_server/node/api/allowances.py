@@ -16,9 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate_server.actors import allowances, limits, resources
+from runstate_server.actors import allowances, limits
 from runstate_server.actors.resources import LIMIT
 from runstate_server.node.api import _request as req
+from runstate_server.node.api._named import listed, look_up, resource_name
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -111,12 +112,6 @@ def _sizes(body: dict[str, Any]) -> dict[str, int] | None:
     return {"units": units, "interval_ms": window_s * 1000}
 
 
-def _name(value: str | None) -> str:
-    if value is None or len(value) > limits.name_chars_max:
-        raise ApiError("VALIDATION_FAILED", f"name must be 1 to {limits.name_chars_max} characters")
-    return value
-
-
 @routes(
     "POST", SPACE_PREFIX + "/allowances",
     "Create an allowance (a rate limit: unitsLimit per sliding window of windowSeconds); CONFLICT when the name "
@@ -126,7 +121,7 @@ def _name(value: str | None) -> str:
 )
 async def create(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    name = _name(req.text(body, "name", max_chars=limits.name_chars_max, required=True))
+    name = resource_name(req.text(body, "name", max_chars=limits.name_chars_max, required=True))
     sizes = _sizes(body)
     if sizes is None:
         raise ApiError("VALIDATION_FAILED", "unitsLimit and windowSeconds are required")
@@ -139,11 +134,7 @@ async def create(request: web.Request) -> web.Response:
     answer=obj({"allowances": array(ROW)}),
 )
 async def list_allowances(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        rows = allowances.rows(state, caller.space)
-    return web.json_response({"allowances": rows})
+    return await listed(request, "allowances", allowances.rows)
 
 
 @routes(
@@ -156,18 +147,12 @@ async def list_allowances(request: web.Request) -> web.Response:
     answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
+    caller = caller_of(request)
     body = await req.json_body(request, required=False)
-    name = _name(request.match_info["name"])
+    name = resource_name(request.match_info["name"])
     sizes = _sizes(body)
     if sizes is None:  # a look-up
-        await node.confirm_leadership(caller)
-        with node.read() as state:
-            limit = resources.find(state, LIMIT, caller.space, name)
-            allowance_id = None if limit is None else limit.public_id
-        if allowance_id is None:
-            raise ApiError("NOT_FOUND", f"allowance {name!r} not found")
-        return web.json_response({**_row(request, allowance_id), "created": False})
+        return await look_up(request, LIMIT, name, "allowance", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "allowance.declare", {"name": name, **sizes})
     return web.json_response({**_row(request, result["allowance_id"]), "created": result["created"]})

@@ -14,9 +14,10 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate_server.actors import budgets, limits, resources
+from runstate_server.actors import budgets, limits
 from runstate_server.actors.resources import BUDGET
 from runstate_server.node.api import _request as req
+from runstate_server.node.api._named import listed, look_up, resource_name
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -81,12 +82,6 @@ def minor(body: dict[str, Any], field: str, *, minimum: int, required: bool = Fa
     return value
 
 
-def _name(value: str | None) -> str:
-    if value is None or len(value) > limits.name_chars_max:
-        raise ApiError("VALIDATION_FAILED", f"name must be 1 to {limits.name_chars_max} characters")
-    return value
-
-
 def _sizes(body: dict[str, Any]) -> dict[str, Any]:
     """A declaration's limit, scale and currency, as the core takes them (absent: the defaults)."""
     sizes: dict[str, Any] = {"limit_minor": minor(body, "limitMinor", minimum=1, required=True)}
@@ -121,7 +116,7 @@ def _row(request: web.Request, budget_id: str) -> dict[str, Any]:
 )
 async def create(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    args = {"name": _name(req.text(body, "name", max_chars=limits.name_chars_max, required=True)), **_sizes(body)}
+    args = {"name": resource_name(req.text(body, "name", max_chars=limits.name_chars_max, required=True)), **_sizes(body)}
     result = await req.propose(request, "budget.create", args)
     return web.json_response(_row(request, result["budget_id"]), status=201)
 
@@ -131,11 +126,7 @@ async def create(request: web.Request) -> web.Response:
     answer=obj({"budgets": array(ROW)}),
 )
 async def list_budgets(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        rows = budgets.rows(state, caller.space)
-    return web.json_response({"budgets": rows})
+    return await listed(request, "budgets", budgets.rows)
 
 
 @routes(
@@ -148,19 +139,13 @@ async def list_budgets(request: web.Request) -> web.Response:
     answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
+    caller = caller_of(request)
     body = await req.json_body(request, required=False)
-    name = _name(request.match_info["name"])
+    name = resource_name(request.match_info["name"])
     if body.get("limitMinor") is None:  # a look-up
         if body.get("scale") is not None or body.get("currency") is not None:
             raise ApiError("VALIDATION_FAILED", "currency and scale are declared with limitMinor")
-        await node.confirm_leadership(caller)
-        with node.read() as state:
-            budget = resources.find(state, BUDGET, caller.space, name)
-            budget_id = None if budget is None else budget.public_id
-        if budget_id is None:
-            raise ApiError("NOT_FOUND", f"budget {name!r} not found")
-        return web.json_response({**_row(request, budget_id), "created": False})
+        return await look_up(request, BUDGET, name, "budget", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "budget.declare", {"name": name, **_sizes(body)})
     return web.json_response({**_row(request, result["budget_id"]), "created": result["created"]})

@@ -13,9 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate_server.actors import limits, permits, resources
+from runstate_server.actors import limits, permits
 from runstate_server.actors.resources import POOL
 from runstate_server.node.api import _request as req
+from runstate_server.node.api._named import listed, look_up, resource_name
 from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -86,12 +87,6 @@ def _row(request: web.Request, permit_id: str) -> dict[str, Any]:
     return {field: view[field] for field in ("id", "name", "unitsTotal", "unitsInUse", "waiting")}
 
 
-def _name(value: str | None) -> str:
-    if value is None or len(value) > limits.name_chars_max:
-        raise ApiError("VALIDATION_FAILED", f"name must be 1 to {limits.name_chars_max} characters")
-    return value
-
-
 @routes(
     "POST", SPACE_PREFIX + "/permits", "Create a permit (a pool of units); CONFLICT when the name is taken",
     body={"name": STRING, "units": _UNITS},
@@ -100,7 +95,7 @@ def _name(value: str | None) -> str:
 async def create(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {
-        "name": _name(req.text(body, "name", max_chars=limits.name_chars_max, required=True)),
+        "name": resource_name(req.text(body, "name", max_chars=limits.name_chars_max, required=True)),
         "units": req.integer(body, "units", minimum=1, maximum=limits.pool_size_max),
     }
     if args["units"] is None:
@@ -114,11 +109,7 @@ async def create(request: web.Request) -> web.Response:
     answer=obj({"permits": array(ROW)}),
 )
 async def list_permits(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        rows = permits.rows(state, caller.space)
-    return web.json_response({"permits": rows})
+    return await listed(request, "permits", permits.rows)
 
 
 @routes(
@@ -130,18 +121,12 @@ async def list_permits(request: web.Request) -> web.Response:
     answer=_DECLARED,
 )
 async def declare(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
+    caller = caller_of(request)
     body = await req.json_body(request, required=False)
-    name = _name(request.match_info["name"])
+    name = resource_name(request.match_info["name"])
     units = req.integer(body, "units", minimum=1, maximum=limits.pool_size_max)
     if units is None:  # a look-up
-        await node.confirm_leadership(caller)
-        with node.read() as state:
-            pool = resources.find(state, POOL, caller.space, name)
-            permit_id = None if pool is None else pool.public_id
-        if permit_id is None:
-            raise ApiError("NOT_FOUND", f"permit {name!r} not found")
-        return web.json_response({**_row(request, permit_id), "created": False})
+        return await look_up(request, POOL, name, "permit", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "permit.declare", {"name": name, "units": units})
     return web.json_response({**_row(request, result["permit_id"]), "created": result["created"]})
