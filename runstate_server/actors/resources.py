@@ -818,25 +818,19 @@ def count_waiting(state: State, task: Task, delta: int) -> None:
         find(state, kind, task.space, name).waiting += delta
 
 
-def shortfalls(state: State, space_id: str, now_ms: int, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
-    """What `_shortfalls` answers, for a reader (ops.py): a context of no command, read only."""
-    return _shortfalls(Context(state, state.spaces[space_id], now_ms, 0, ""), needs)
-
-
-def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
+def shortfalls(state: State, space: str, now_ms: int, needs: dict[str, Any]) -> list[tuple[str, Any, int | None]]:
     """The resources that cannot give the job what it needs now, as (kind, resource, when a rate
-    limit's window opens for it, else None)."""
-    space = ctx.space.id
+    limit's window opens for it, else None). Read only: take_needs acts on it, ops.py shows it."""
     short: list[tuple[str, Any, int | None]] = []
     for name, count in Counter(needs["slots"]).items():
-        pool = find(ctx.state, POOL, space, name)
-        if has_waiting(ctx.state, pool) or not _has_room(ctx.state, POOL, pool, count):
+        pool = find(state, POOL, space, name)
+        if has_waiting(state, pool) or not _has_room(state, POOL, pool, count):
             short.append((POOL, pool, None))
     if needs["limit"] is not None:
         name, units = needs["limit"]
-        limit = find(ctx.state, LIMIT, space, name)
-        available_ms = ready_ms(limit, units, ctx.now_ms)
-        if available_ms != ctx.now_ms:
+        limit = find(state, LIMIT, space, name)
+        available_ms = ready_ms(limit, units, now_ms)
+        if available_ms != now_ms:
             short.append((LIMIT, limit, available_ms))
         elif limit.waiters:  # a job does not jump the allowance waiters' line: it moves on, and wakes it
             short.append((LIMIT, limit, None))
@@ -844,11 +838,11 @@ def _shortfalls(ctx: Context, needs: dict[str, Any]) -> list[tuple[str, Any, int
     counts = Counter(name for name, _ in needs.get("budgets") or [])
     if needs["budget"] is not None:
         name, micros = needs["budget"]
-        budget = find(ctx.state, BUDGET, space, name)
+        budget = find(state, BUDGET, space, name)
         amounts[name] = amounts.get(name, 0) + require_minor_of_micros(budget, micros, "reserve")
         counts[name] += 1
     for name, amount_minor in amounts.items():
-        budget = find(ctx.state, BUDGET, space, name)
+        budget = find(state, BUDGET, space, name)
         if not budget_has_room(budget, amount_minor, counts[name]):
             short.append((BUDGET, budget, None))
     return short
@@ -860,7 +854,7 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
     that resource wakes it, and return False."""
     needs = task.needs
     assert needs is not None and not task.slot_leases and task.reservation_id is None
-    short = _shortfalls(ctx, needs)
+    short = shortfalls(ctx.state, ctx.space.id, ctx.now_ms, needs)
     if short:
         for _kind, resource, available_ms in short:
             blocked = [task.run_id, task.mailbox]
