@@ -64,21 +64,14 @@ def build_world(node: DevNode, secret: str) -> World:
     barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
     timer = admin.ok("POST", f"/v1/scopes/{run}/timers", {"afterSeconds": 3600})["id"]
     # Resources named like the mailbox no other space has: a path's {name} takes that one value.
-    admin.ok("PUT", "/v1/pools/a-only", {"size": 2})
-    admin.ok("PUT", "/v1/limits/a-only", {"units": 1000, "per": "1s"})
-    admin.ok("PUT", "/v1/budgets/a-only", {"total": 100})
-    slot = admin.ok("POST", f"/v1/scopes/{run}/pools/a-only/acquire", {"leaseMs": 600_000})["leaseId"]
-    reservation = admin.ok(
-        "POST", f"/v1/scopes/{run}/budgets/a-only/reserve", {"amount": 1, "leaseMs": 600_000}
-    )["reservationId"]
-    permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {})["id"]  # the pool's protocol id
+    permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {"units": 2})["id"]
     grant = admin.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run, "leaseSeconds": 600})
     waiter = admin.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
-    budget = admin.ok("PUT", "/v1/budgets/by-name/a-only", {})["id"]  # the budget's protocol id
+    budget = admin.ok("PUT", "/v1/budgets/by-name/a-only", {"limitMinor": "100000000", "scale": 6})["id"]
     budget_reservation = admin.ok(
         "POST", f"/v1/budgets/{budget}/reserve", {"scopeId": run, "amountMinor": "1"}
     )["reservationId"]
-    allowance = admin.ok("PUT", "/v1/allowances/by-name/a-only", {})["id"]  # the limit's protocol id
+    allowance = admin.ok("PUT", "/v1/allowances/by-name/a-only", {"unitsLimit": 1000, "windowSeconds": 1})["id"]
     consumption = admin.ok("POST", f"/v1/allowances/{allowance}/consume", {"scopeId": run})["consumptionId"]
     allowance_waiter = admin.ok("POST", f"/v1/allowances/{allowance}/wait", {"scopeId": run, "ttlSeconds": 3600})["waiterId"]
     admin.ok("POST", "/v1/spaces", {"id": OTHER_SPACE})
@@ -94,7 +87,7 @@ def build_world(node: DevNode, secret: str) -> World:
     ids = {
         "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"], "groups": group,
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
-        "runs": "a-only", "claim-key": "c1", "slots": slot, "reservations": reservation,
+        "runs": "a-only", "claim-key": "c1",
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
         "ops": run,  # /ops/runs/{scopeId}
         "allowances": allowance, "allowance-waiters": allowance_waiter, "allowance-consumptions": consumption,
@@ -139,13 +132,9 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/mailboxes"): {"name": "more"},
         ("POST", "/v1/keys"): {"permissions": ["coordination_read"]},
         ("POST", "/v1/tasks/results"): {"ids": [task]},
-        ("PUT", "/v1/pools/{name}"): {"size": 2},
-        ("PUT", "/v1/limits/{name}"): {"units": 1000, "per": "1s"},
-        ("PUT", "/v1/budgets/{name}"): {"total": 100},
-        ("POST", "/v1/scopes/{id}/budgets/{name}/reserve"): {"amount": 1},
-        ("POST", "/v1/reservations/{id}/settle"): {"spent": 0.5},
         ("POST", "/v1/permits"): {"name": "more", "units": 1},
         ("PUT", "/v1/permits/by-name/{name}"): {"units": 2},
+        ("PATCH", "/v1/permits/{permitId}"): {"units": 2},
         ("POST", "/v1/permits/{permitId}/acquire"): {"scopeId": run, "units": 1},
         ("POST", "/v1/permits/{permitId}/wait"): {"scopeId": run, "units": 1},
         ("POST", "/v1/grants/{grantId}/renew"): {"token": grant["token"]},
@@ -153,12 +142,14 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/work-limits"): {"name": "more", "scopeId": run, "maxOutstanding": 1},
         ("POST", "/v1/budgets"): {"name": "more", "limitMinor": "100"},
         ("PUT", "/v1/budgets/by-name/{name}"): {"limitMinor": "100000000", "scale": 6},
+        ("PATCH", "/v1/budgets/{budgetId}"): {"limitMinor": "100000000"},
         ("POST", "/v1/budgets/{budgetId}/reserve"): {"scopeId": run, "amountMinor": "1"},
         ("POST", "/v1/budgets/{budgetId}/settle"): {"reservationId": budget_reservation, "amountMinor": "0",
                                                     "workKey": "w"},
         ("POST", "/v1/budgets/{budgetId}/void"): {"reservationId": budget_reservation, "workKey": "w"},
         ("POST", "/v1/allowances"): {"name": "more", "unitsLimit": 1, "windowSeconds": 1},
         ("PUT", "/v1/allowances/by-name/{name}"): {"unitsLimit": 1000, "windowSeconds": 1},
+        ("PATCH", "/v1/allowances/{allowanceId}"): {"unitsLimit": 1000, "windowSeconds": 1},
         ("POST", "/v1/allowances/{allowanceId}/consume"): {"scopeId": run, "units": 1},
         ("POST", "/v1/allowances/{allowanceId}/wait"): {"scopeId": run, "units": 1},
         ("POST", "/v1/allowances/{allowanceId}/cooldown"): {"seconds": 1},
@@ -184,11 +175,9 @@ def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = 
         if name == "key":
             return values["claim-key"]
         if name == "name":
-            return values["names"]  # the mailbox, pool, limit, budget and named run of the world have its name
+            return values["names"]  # the mailbox, permit, allowance, budget and named run of the world have its name
         if name == "taskId" and family == "task-groups":
             return values["members"]  # a member of the world's group
-        if name == "lease":
-            return values["slots" if family == "slots" else "claims"]
         return values[family]
 
     return _PARAMETER.sub(value, path)

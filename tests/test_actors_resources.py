@@ -515,7 +515,7 @@ def test_needs_are_normalized(resourced: Harness, run_id: str) -> None:
     task = h.task(job(h, run_id, "b", slots=["browser", "browser"], limit=("api", 2)))
     assert task.needs == {"slots": ["browser", "browser"], "limit": ["api", 2], "budget": None}
     assert resources.needs_view(task.needs) == {
-        "slots": ["browser", "browser"], "limit": {"name": "api", "units": 2}, "budget": None,
+        "pools": [{"name": "browser", "units": 2}], "quotas": [{"name": "api", "units": 2}], "budgets": [],
     }
     assert resources.needs_problem({"slots": ["browser"], "budget": ["usd", 400_000]}) is None
     assert resources.needs_problem({"slots": [""]}) is not None

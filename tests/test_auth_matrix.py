@@ -20,8 +20,7 @@ SPACELESS = {
     ("GET", "/v1/whoami"), ("POST", "/v1/spaces"), ("GET", "/v1/spaces"), ("POST", "/v1/keys"),
     ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("GET", "/v1/mailboxes"),
     ("PUT", "/v1/mailboxes/by-name/{name}"), ("PUT", "/v1/runs/{name}"), ("POST", "/v1/mailboxes"),
-    ("POST", "/v1/tasks/results"), ("PUT", "/v1/pools/{name}"), ("PUT", "/v1/limits/{name}"),
-    ("PUT", "/v1/budgets/{name}"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
+    ("POST", "/v1/tasks/results"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
     ("PUT", "/v1/permits/by-name/{name}"), ("GET", "/v1/work-limits"), ("POST", "/v1/budgets"), ("GET", "/v1/budgets"),
     ("PUT", "/v1/budgets/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"),
@@ -30,10 +29,6 @@ SPACELESS = {
 }
 
 
-# Slot leases and reservations are forgotten when they end, so an id of theirs that is not held
-# answers as an ended one (409 STALE_CLAIM, or 200 released false) rather than 404; one of another
-# space answers exactly the same.
-FORGOTTEN_WHEN_ENDED = ("slots", "reservations")
 # A claim's token names its lease, not an id of the space: one that holds nothing here (another
 # space's, an unknown one) is stale, 409 STALE_CLAIM, exactly like an ended one.
 TOKEN_ROUTES = {
@@ -117,15 +112,8 @@ def test_ids_of_another_space_are_not_found_exactly_like_unknown_ids(world: Worl
             assert (status, body["error"]["code"]) == (409, "STALE_CLAIM") == (unknown_status, unknown_body["error"]["code"])
             checked += 1
             continue
-        if path.split("/")[2] in FORGOTTEN_WHEN_ENDED:
-            assert status == unknown_status and status in (200, 409), (method, path, body, unknown_body)
-            if status == 200:
-                assert body == unknown_body == {"released": False}, (method, path)
-                checked += 1
-                continue
-        else:
-            assert (status, (body.get("error") or {}).get("code")) == (404, "NOT_FOUND"), (method, path, body)
-            assert unknown_status == 404, (method, path, unknown_body)
+        assert (status, (body.get("error") or {}).get("code")) == (404, "NOT_FOUND"), (method, path, body)
+        assert unknown_status == 404, (method, path, unknown_body)
         message, unknown_message = body["error"]["message"], unknown_body["error"]["message"]
         for family, value in sorted(world.ids.items(), key=lambda item: -len(item[1])):  # a delivery id holds its task's
             message = message.replace(value, "<id>")

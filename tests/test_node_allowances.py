@@ -71,8 +71,7 @@ def test_create_list_read_and_declare(api: Api) -> None:
     assert api.error("PUT", "/v1/allowances/by-name/other", {"unitsLimit": 4}) == (400, "VALIDATION_FAILED")
     declared = api.ok("PUT", "/v1/allowances/by-name/other", {"unitsLimit": 4, "windowSeconds": 60})
     assert (declared["unitsLimit"], declared["created"]) == (4, True)
-    api.ok("PUT", "/v1/limits/legacy", {"units": 5, "per": "1m"})  # the limit routes' limits are allowances
-    assert [row["name"] for row in api.ok("GET", "/v1/allowances")["allowances"]] == ["search", "other", "legacy"]
+    assert [row["name"] for row in api.ok("GET", "/v1/allowances")["allowances"]] == ["search", "other"]
 
 
 def test_consume_until_exhausted_then_cooldown(api: Api, dev_node: DevNode) -> None:
@@ -83,7 +82,7 @@ def test_consume_until_exhausted_then_cooldown(api: Api, dev_node: DevNode) -> N
     assert taken["consumptionId"].startswith("acn_") and taken["remaining"] == 0
     assert retry_after(dev_node, api, allowance_id, run_id) == (429, "60")
     assert consume(api, allowance_id, run_id, units=3)[1]["error"]["code"] == "VALIDATION_FAILED"
-    assert api.ok("GET", "/v1/limits/search")["available"] == 0  # one limit under both names
+    assert api.ok("GET", f"/v1/allowances/{allowance_id}")["remaining"] == 0
     cooled = api.ok("POST", f"/v1/allowances/{allowance_id}/cooldown", {"seconds": 120, "reason": "provider 429"})
     assert cooled["reason"] == "provider 429"
     shorter = api.ok("POST", f"/v1/allowances/{allowance_id}/cooldown", {"seconds": 5})

@@ -183,23 +183,3 @@ def test_a_queues_budget_requirement_is_reserved_at_admission_and_settled_after_
     assert len(third["reservations"]) == 1 and balance(api, budget_id)["reserved"] == "40"
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     assert balance(api, budget_id) == {"reserved": "0", "settled": "15"}
-
-
-def test_the_old_routes_count_in_the_budgets_minor_units(api: Api) -> None:
-    made = api.ok("PUT", "/v1/budgets/old", {"total": 2.5})
-    assert (made["total"], made["created"]) == (2.5, True)
-    (row,) = api.ok("GET", "/v1/budgets")["budgets"]
-    assert (row["name"], row["scale"], row["limitMinor"]) == ("old", 6, "2500000")  # micro precision
-    assert api.error("PUT", "/v1/budgets/old", {"total": 0.0000001}) == (400, "VALIDATION_FAILED")
-    assert api.error("PUT", "/v1/budgets/bdg_old", {"total": 1}) == (400, "VALIDATION_FAILED")
-    cents = api.ok("PUT", "/v1/budgets/by-name/cents", {"limitMinor": "100"})["id"]
-    run_id = new_run(api)
-    reserve_path = f"/v1/scopes/{run_id}/budgets/cents/reserve"
-    assert api.error("POST", reserve_path, {"amount": 0.405}) == (400, "VALIDATION_FAILED")
-    granted = api.ok("POST", reserve_path, {"amount": 0.4})
-    assert granted["granted"] is True and granted["amount"] == 0.4
-    assert api.ok("GET", "/v1/budgets/cents")["reserved"] == 0.4
-    assert balance(api, cents) == {"reserved": "40", "settled": "0"}
-    charged = api.ok("POST", f"/v1/reservations/{granted['reservationId']}/settle", {"spent": 0.1})
-    assert charged == {"charged": 0.1, "returned": 0.3}
-    assert balance(api, cents) == {"reserved": "0", "settled": "10"}

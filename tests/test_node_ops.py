@@ -57,7 +57,7 @@ def test_a_job_short_of_a_permit_names_the_permit_and_its_holder(api: Api) -> No
     run_id = new_run(api)
     permit_id = api.ok("PUT", "/v1/permits/by-name/browser", {"units": 1})["id"]
     api.ok("POST", f"/v1/permits/{permit_id}/acquire", lease_body(run_id, "w9"))
-    task_id = task_ok(api, run_id, {"input": 1, "key": "needs-browser", "slots": ["browser"]})["id"]
+    task_id = task_ok(api, run_id, {"input": 1, "key": "needs-browser", "requirements": {"pools": [{"name": "browser", "units": 1}]}})["id"]
     idle_id = task_ok(api, run_id, {"input": 2, "key": "plain"})["id"]
     assert recv(api, run_id, max=1) != []  # the plain task goes; the other is blocked on the permit
     assert recv(api, run_id, max=1) == []

@@ -51,13 +51,6 @@ def test_create_list_read_and_declare(api: Api) -> None:
     assert [row["name"] for row in api.ok("GET", "/v1/permits")["permits"]] == ["gpu", "cpu"]
 
 
-def test_a_pool_of_the_pool_routes_is_a_permit(api: Api) -> None:
-    api.ok("PUT", "/v1/pools/browser", {"size": 1})
-    (row,) = api.ok("GET", "/v1/permits")["permits"]
-    assert (row["name"], row["unitsTotal"]) == ("browser", 1)
-    assert api.ok("PUT", "/v1/permits/by-name/browser", {"units": 1})["id"] == row["id"]
-
-
 def test_grants_count_units_renew_and_release_with_their_token(api: Api, dev_node: DevNode) -> None:
     permit_id = api.ok("POST", "/v1/permits", {"name": "gpu", "units": 3})["id"]
     run_id = new_run(api)
@@ -104,7 +97,7 @@ def test_a_jobs_slot_and_a_grant_share_the_pool(api: Api) -> None:
     permit_id = api.ok("PUT", "/v1/permits/by-name/browser", {"units": 2})["id"]
     run_id = new_run(api)
     assert acquire(api, permit_id, run_id)[0] == 201
-    task_ok(api, run_id, {"input": 1, "key": "a", "slots": ["browser"]})
+    task_ok(api, run_id, {"input": 1, "key": "a", "requirements": {"pools": [{"name": "browser", "units": 1}]}})
     (delivery,) = recv(api, run_id, max=10, leaseMs=60_000)
     view = api.ok("GET", f"/v1/permits/{permit_id}")
     assert view["unitsInUse"] == 2 and [g["taskId"] is not None for g in view["grants"]] == [False, True]

@@ -218,6 +218,9 @@ def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
             budget = await rs.budgets.ensure("model-usd", total=25.00)
             assert (budget["total"], budget["spent"], budget["reserved"], budget["remaining"]) == (25.0, 0, 0, 25.0)
             assert (await rs.budgets.status("model-usd"))["reservations"] == []
+            changed = await rs.budgets.ensure("model-usd", total=30.5)  # PATCH /budgets/{id}
+            assert (changed["total"], changed["remaining"], changed["created"]) == (30.5, 30.5, False)
+            assert (await rs.budgets.status("model-usd"))["total"] == 30.5
 
             for status in (rs.pools.status, rs.limits.status, rs.budgets.status):
                 with pytest.raises(NotFoundError):
@@ -507,9 +510,8 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
     jobs = [render.send({"url": f"https://example.com/{n}"}) for n in range(6)]
     task = run.task(jobs[0].id).status()
     assert task["needs"] == {  # the protocol's requirements: the budget in minor units (scale 6)
-        "slots": ["browser"],
-        "limit": {"name": "search-api", "units": 1},
-        "budget": None,
+        "pools": [{"name": "browser", "units": 1}],
+        "quotas": [{"name": "search-api", "units": 1}],
         "budgets": [{"name": "model-usd", "reserveMinor": "400000"}],
     }
     workers = [Worker(render), Worker(render)]
@@ -626,7 +628,7 @@ def test_submits_name_existing_resources(dev_node: DevNode) -> None:
                 await mailbox.submit({"n": 1}, limit={"name": "search-api", "units": 3})
             tickets = await mailbox.submit_many([{"n": 1}, {"n": 2}], slots=["browser"], limit="search-api")
             for ticket in tickets:
-                assert (await ticket.status())["needs"]["slots"] == ["browser"]
+                assert (await ticket.status())["needs"]["pools"] == [{"name": "browser", "units": 1}]
             delivery = (await mailbox.receive(max=2))[0]
             assert delivery.needs is not None and delivery.holds is not None
             assert len(delivery.holds["slots"]) == 1

@@ -360,6 +360,41 @@ def add_budget(ctx: Context, name: str, limit_minor: int, scale: int, currency: 
     )
 
 
+_PUBLIC_IDS = {POOL: "permit_ids", LIMIT: "allowance_ids", BUDGET: "budget_ids"}
+
+
+def resize(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Change an existing resource's sizes, by its public id (the protocol's declarations never
+    change one): a permit's `size`, an allowance's `units` and `interval_ms` (from now on: the
+    takes it remembers count), a budget's `limit_minor`. A size below what is held grants nothing
+    new until enough returns; a change wakes the resource's waiters. NOT_FOUND for an id the space
+    does not have. The answer is the resource's name, its new config and created False."""
+    kind = args.get("kind")
+    if kind not in _PUBLIC_IDS:
+        raise Rejected(errors.VALIDATION_FAILED, f"kind must be one of {', '.join(KINDS)}")
+    public_id = args.get("id")
+    internal = getattr(ctx.state, _PUBLIC_IDS[kind]).get(public_id) if isinstance(public_id, str) else None
+    resource = _table(ctx.state, kind).get(internal) if internal is not None else None
+    if resource is None or resource.space != ctx.space.id:
+        raise Rejected(errors.NOT_FOUND, f"{kind} {public_id!r} not found")
+    if kind == POOL:
+        config = {"size": _require_int(args.get("size"), "size", 1, limits.pool_size_max)}
+    elif kind == LIMIT:
+        config = {
+            "units": _require_int(args.get("units"), "units", 1, limits.limit_units_max),
+            "interval_ms": _require_int(
+                args.get("interval_ms"), "interval_ms", limits.limit_interval_ms_min, limits.limit_interval_ms_max
+            ),
+        }
+    else:
+        config = {"limit_minor": _require_int(args.get("limit_minor"), "limit_minor", 1, limits.budget_limit_minor_max)}
+    return _ensure(ctx, kind, resource.name, config, _never_made)
+
+
+def _never_made(resource_id: str) -> Any:
+    raise AssertionError(f"resize found {resource_id} and never creates one")
+
+
 # -- holds: slot leases and reservations ---------------------------------------------------------
 
 
@@ -1010,18 +1045,18 @@ def budget_view(state: State, space_id: str, name: str) -> dict[str, Any] | None
 
 
 def needs_view(needs: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A task's needs as the API shows them (decimals), or None."""
+    """What each delivery of a task takes, in the shape of the protocol's `requirements`:
+    `{"pools": [{"name", "units"}], "quotas": [{"name", "units"}], "budgets": [{"name",
+    "reserveMinor"}]}` (a kind it names nothing of is an empty list), or None."""
     if needs is None:
         return None
-    limit, budget = needs["limit"], needs["budget"]
-    view: dict[str, Any] = {
-        "slots": list(needs["slots"]),
-        "limit": None if limit is None else {"name": limit[0], "units": limit[1]},
-        "budget": None if budget is None else {"name": budget[0], "reserve": from_micros(budget[1])},
+    pools = Counter(needs["slots"])  # one entry a unit, in the order first named
+    limit = needs["limit"]
+    return {
+        "pools": [{"name": name, "units": units} for name, units in pools.items()],
+        "quotas": [] if limit is None else [{"name": limit[0], "units": limit[1]}],
+        "budgets": [{"name": name, "reserveMinor": str(amount)} for name, amount in needs.get("budgets") or []],
     }
-    if needs.get("budgets"):
-        view["budgets"] = [{"name": name, "reserveMinor": str(amount)} for name, amount in needs["budgets"]]
-    return view
 
 
 def holds_view(task: Task) -> dict[str, Any]:
@@ -1043,6 +1078,7 @@ HANDLERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
     "budget.renew": renew_reservation,
     "budget.release": release_reservation,
     "budget.settle": settle,
+    "resource.resize": resize,
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runstate_server.actors import limits, resources
+from runstate_server.actors import limits
 from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDLER_KEY, is_unicode
 from runstate_server.node.errors import ApiError
 
@@ -266,34 +266,6 @@ def task_fields(body: dict[str, Any]) -> dict[str, Any]:
         "attempts": integer(body, "attempts", minimum=1, maximum=limits.attempts_max),
         "key_only": flag(body, "keyOnly"),
     }
-
-
-# The largest amount of any field (a budget's total, a reserve, a spend), in the API's decimals.
-AMOUNT_MAX = limits.budget_total_micros_max // resources.MICROS
-AMOUNT_MIN_POSITIVE = 1 / resources.MICROS  # a reserve takes at least one micro-unit
-
-
-def amount_micros(
-    body: dict[str, Any], field: str, *, required: bool = False, positive: bool = False
-) -> int | None:
-    """A decimal amount (a finite JSON number from 0, or one micro-unit if `positive`, to
-    AMOUNT_MAX) as exact integer micro-units, read from its shortest decimal form: 25 x 0.40 is
-    exactly 10.00; more than 6 decimal places is VALIDATION_FAILED."""
-    value = body.get(field)
-    if value is None:
-        if required:
-            raise ApiError("VALIDATION_FAILED", f"{field} is required")
-        return None
-    # NaN and the infinities (json.loads reads NaN and Infinity) fail the comparison too.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= AMOUNT_MAX:
-        raise ApiError("VALIDATION_FAILED", f"{field} must be a number from 0 to {AMOUNT_MAX}")
-    try:
-        micros = resources.to_micros(value)
-    except ValueError:
-        raise ApiError("VALIDATION_FAILED", f"{field} has more than 6 decimal places") from None
-    if positive and micros < 1:
-        raise ApiError("VALIDATION_FAILED", f"{field} must be at least {AMOUNT_MIN_POSITIVE:f}")
-    return micros
 
 
 def holder_session(body: dict[str, Any]) -> str | None:

@@ -2,8 +2,9 @@
 them by id; consume units now, wait in their FIFO line, cool them down, and settle a consumption's
 estimate with what it really used.
 
-The rate limits of resources.py are these allowances: `/limits/{name}` and `/allowances/...` show
-one limit (its `units` = `unitsLimit`, `intervalMs` = `windowSeconds` x 1000). Every answer of a
+An allowance is a rate limit of resources.py (its `units` = `unitsLimit`, `interval_ms` =
+`windowSeconds` x 1000: a fraction of a second is an extension); `PATCH /allowances/{id}` changes
+one. Every answer of a
 write is rendered from the result its core command returned; the views are read under the node's
 read lock after leadership is confirmed.
 """
@@ -52,7 +53,11 @@ routes = RouteTable()
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _UNITS_LIMIT = {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}
 _WINDOW_SECONDS_MAX = limits.limit_interval_ms_max // 1000
-_WINDOW_SECONDS = {"type": "integer", "minimum": 1, "maximum": _WINDOW_SECONDS_MAX}
+# Whole seconds on the protocol; a fraction down to the millisecond is an extension (a "500ms" limit).
+_WINDOW_SECONDS = {
+    "type": "number", "minimum": limits.limit_interval_ms_min / 1000, "maximum": _WINDOW_SECONDS_MAX,
+}
+_MS_TOLERANCE = 1e-6  # a decimal fraction of a second is not exact in binary: 0.003 s x 1000 != 3
 _UNITS = {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}
 _ROW = {"id": STRING, "name": STRING, "unitsLimit": INTEGER, "windowSeconds": NUMBER}
 ROW = obj(_ROW)
@@ -104,12 +109,27 @@ def _row(request: web.Request, allowance_id: str) -> dict[str, Any]:
 def _sizes(body: dict[str, Any]) -> dict[str, int] | None:
     """{units, interval_ms} from unitsLimit and windowSeconds (both, or neither: None)."""
     units = req.integer(body, "unitsLimit", minimum=1, maximum=limits.limit_units_max)
-    window_s = req.integer(body, "windowSeconds", minimum=1, maximum=_WINDOW_SECONDS_MAX)
-    if units is None and window_s is None:
+    window_ms = _window_ms(body)
+    if units is None and window_ms is None:
         return None
-    if units is None or window_s is None:
+    if units is None or window_ms is None:
         raise ApiError("VALIDATION_FAILED", "give both unitsLimit and windowSeconds")
-    return {"units": units, "interval_ms": window_s * 1000}
+    return {"units": units, "interval_ms": window_ms}
+
+
+def _window_ms(body: dict[str, Any]) -> int | None:
+    """windowSeconds in ms: a number of seconds that is a whole number of ms, 1 ms to 24 h."""
+    window_s = body.get("windowSeconds")
+    if window_s is None:
+        return None
+    low, high = limits.limit_interval_ms_min, limits.limit_interval_ms_max
+    window_ms = window_s * 1000 if type(window_s) in (int, float) and math.isfinite(window_s) else None
+    if window_ms is None or abs(window_ms - round(window_ms)) > _MS_TOLERANCE or not low <= round(window_ms) <= high:
+        raise ApiError(
+            "VALIDATION_FAILED",
+            f"windowSeconds must be a number of seconds from {low / 1000} to {high // 1000}, in whole milliseconds",
+        )
+    return int(round(window_ms))
 
 
 @routes(
@@ -156,6 +176,22 @@ async def declare(request: web.Request) -> web.Response:
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "allowance.declare", {"name": name, **sizes})
     return web.json_response({**_row(request, result["allowance_id"]), "created": result["created"]})
+
+
+@routes(
+    "PATCH", SPACE_PREFIX + "/allowances/{allowanceId}",
+    "Change an allowance's unitsLimit and windowSeconds (an extension: a declaration never changes one). From "
+    "now on: what its window already holds counts; more room wakes its waiters",
+    body={"unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
+    errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
+)
+async def resize(request: web.Request) -> web.Response:
+    sizes = _sizes(await req.json_body(request))
+    if sizes is None:
+        raise ApiError("VALIDATION_FAILED", "unitsLimit and windowSeconds are required")
+    allowance_id = request.match_info["allowanceId"]
+    await req.propose(request, "resource.resize", {"kind": LIMIT, "id": allowance_id, **sizes})
+    return web.json_response(_row(request, allowance_id))
 
 
 @routes(

@@ -24,7 +24,6 @@ from runstate_server.node.api import (
     openapi,
     ops,
     permits,
-    resources,
     runs,
     tasks,
     timers,
@@ -52,7 +51,7 @@ ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
         health, cluster, openapi, access,
-        runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, resources, permits,
+        runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, permits,
         work_limits, budgets, ops, allowances, events,
     )
     for route in module.routes

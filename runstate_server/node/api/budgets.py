@@ -3,9 +3,9 @@ and read them by id; reserve an amount under a run until its settleBy, settle it
 per workKey) and void what is left.
 
 Money travels as minor units: `limitMinor`, `amountMinor`, `reservedMinor`... are decimal-digit
-strings (an integer is accepted too) of the budget's minor units, answered as strings. The budgets
-of the old routes (`/budgets/{name}`, node/api/resources.py) are these budgets: `GET
-/budgets/{id}` with a "bdg_" id is this view, with a name the old one (no name starts with "bdg_").
+strings (an integer is accepted too) of the budget's minor units, answered as strings. A budget
+is a budget of resources.py; jobs whose requirements name it reserve with their admission.
+`PATCH /budgets/{id}` changes a limit.
 """
 
 from __future__ import annotations
@@ -149,6 +149,31 @@ async def declare(request: web.Request) -> web.Response:
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "budget.declare", {"name": name, **_sizes(body)})
     return web.json_response({**_row(request, result["budget_id"]), "created": result["created"]})
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/budgets/{budgetId}",
+    "A budget: its limit, what is settled, reserved and remaining (minor units), and its open reservations",
+    errors=("NOT_FOUND",), permission=READ, answer=VIEW,
+)
+async def get(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    await node.confirm_leadership(caller)
+    return web.json_response(render(request, request.match_info["budgetId"]))
+
+
+@routes(
+    "PATCH", SPACE_PREFIX + "/budgets/{budgetId}",
+    "Set a budget's limit to limitMinor, in its own minor units (an extension: a declaration never changes one). "
+    "A limit below what is settled and reserved grants nothing new",
+    body={"limitMinor": MINOR}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
+)
+async def resize(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    limit_minor = minor(body, "limitMinor", minimum=1, required=True)
+    budget_id = request.match_info["budgetId"]
+    await req.propose(request, "resource.resize", {"kind": BUDGET, "id": budget_id, "limit_minor": limit_minor})
+    return web.json_response(_row(request, budget_id))
 
 
 @routes(

@@ -37,7 +37,6 @@ routes = RouteTable()
 TOKEN_NONCE_BYTES = 12
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
-_SPENT = {"type": "number", "minimum": 0, "maximum": req.AMOUNT_MAX}  # of the job's budget reservation
 # What recv and admit take besides their own fields.
 RECEIVE_BODY: dict[str, Any] = {
     "scopeId": STRING, "holder": STRING, "holderSession": STRING, "leaseSeconds": req.LEASE_SECONDS,
@@ -144,13 +143,6 @@ def message_of(given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _spent(body: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
-    """`args` with the job's actual spend of its budget reservation, when the worker reported one
-    (without it the whole reservation counts as spent)."""
-    spent = req.amount_micros(body, "spent")
-    return args if spent is None else {**args, "spent_micros": spent}
-
-
 async def _delivery_command(request: web.Request, kind: str, body: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     args["message_id"] = request.match_info["id"]
     args["delivery_id"] = req.text(body, "token", max_chars=limits.key_chars_max, required=True)
@@ -176,7 +168,7 @@ async def renew(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/complete", "Settle a delivery OK: result.payload becomes the task's outcome",
-    body={"token": STRING, "result": {"type": "object", "properties": {"payload": ANY_JSON}}, "spent": _SPENT},
+    body={"token": STRING, "result": {"type": "object", "properties": {"payload": ANY_JSON}}},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.SETTLED,
 )
 async def complete(request: web.Request) -> web.Response:
@@ -185,7 +177,7 @@ async def complete(request: web.Request) -> web.Response:
     if not isinstance(result, dict):
         raise ApiError("VALIDATION_FAILED", "result must be an object such as {\"payload\": ...}")
     _, payload = req.payload(result, "payload", code="VALIDATION_FAILED", required=False)
-    answer = await _delivery_command(request, "delivery.complete", body, _spent(body, {"payload": payload}))
+    answer = await _delivery_command(request, "delivery.complete", body, {"payload": payload})
     return web.json_response(_settled_view(answer))
 
 
@@ -193,7 +185,7 @@ async def complete(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/messages/{id}/nack",
     "Settle a delivery not OK: retry (another attempt, FAILED once they are used) or reject (FAILED now)",
     body={"token": STRING, "retry": {"type": "boolean"}, "error": STRING, "delayMs": INTEGER,
-          "countAttempt": {"type": "boolean"}, "spent": _SPENT},
+          "countAttempt": {"type": "boolean"}},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=A.SETTLED,
 )
 async def nack(request: web.Request) -> web.Response:
@@ -204,11 +196,12 @@ async def nack(request: web.Request) -> web.Response:
     count_attempt = body.get("countAttempt", True)
     if not isinstance(count_attempt, bool):
         raise ApiError("VALIDATION_FAILED", "countAttempt must be true or false")
+    args: dict[str, Any]
     if not body["retry"]:
-        kind, args = "delivery.reject", _spent(body, {"error": error})
+        kind, args = "delivery.reject", {"error": error}
     elif count_attempt:
         delay_ms = req.integer(body, "delayMs", minimum=0, maximum=limits.retry_delay_ms_max)
-        kind, args = "delivery.retry", _spent(body, {"error": error, "delay_ms": delay_ms})
+        kind, args = "delivery.retry", {"error": error, "delay_ms": delay_ms}
     else:
         kind, args = "delivery.release", {}
     return web.json_response(_settled_view(await _delivery_command(request, kind, body, args)))

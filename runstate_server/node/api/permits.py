@@ -1,8 +1,8 @@
 """Permits, the published protocol's slot pools (actors/permits.py): create, declare and read them
 by id, and acquire grants of units under a lease, renewed and released with their token.
 
-The pools of resources.py are these permits: `/pools/{name}` and `/permits/...` show one pool
-(its `name`, `size` = `unitsTotal`). Every answer of a write is rendered from the result its core
+A permit is a pool of resources.py (its `size` is `unitsTotal`); jobs whose requirements name it
+take grants of it with their delivery. `PATCH /permits/{id}` resizes one. Every answer of a write is rendered from the result its core
 command returned; the views are read under the node's read lock after leadership is confirmed.
 """
 
@@ -130,6 +130,22 @@ async def declare(request: web.Request) -> web.Response:
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "permit.declare", {"name": name, "units": units})
     return web.json_response({**_row(request, result["permit_id"]), "created": result["created"]})
+
+
+@routes(
+    "PATCH", SPACE_PREFIX + "/permits/{permitId}",
+    "Resize a permit to units (an extension: a declaration never changes one). Fewer units than are in use "
+    "grant nothing new until enough return; more wake its waiters",
+    body={"units": _UNITS}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
+)
+async def resize(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    units = req.integer(body, "units", minimum=1, maximum=limits.pool_size_max)
+    if units is None:
+        raise ApiError("VALIDATION_FAILED", "units is required")
+    permit_id = request.match_info["permitId"]
+    await req.propose(request, "resource.resize", {"kind": POOL, "id": permit_id, "size": units})
+    return web.json_response(_row(request, permit_id))
 
 
 @routes(

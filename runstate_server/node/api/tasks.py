@@ -4,9 +4,7 @@ the batch result wait."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -41,15 +39,8 @@ routes = RouteTable()
 _TASK_FIELDS = {
     "scopeId": STRING, "mailboxId": STRING, "taskKey": STRING, "input": ANY_JSON, "deadline": ISO_TIME,
     "subscriberId": STRING, "requirements": REQUIREMENTS, "workLimit": STRING,
-    # Extensions: attempts of this task, the key alone names it, and today's resource needs.
+    # Extensions: attempts of this task, and the key alone names it.
     "attempts": INTEGER, "keyOnly": {"type": "boolean"},
-    # What each delivery of the job takes with its lease (the resources must exist).
-    "slots": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1,
-                                 "maxItems": limits.needs_slots_max}]},
-    "limit": {"type": "object", "required": ["name"], "properties": {
-        "name": STRING, "units": {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}}},
-    "budget": {"type": "object", "required": ["name", "reserve"], "properties": {
-        "name": STRING, "reserve": {"type": "number", "exclusiveMinimum": 0, "maximum": req.AMOUNT_MAX}}},
 }
 _SUBMIT_ERRORS = (
     "VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED",
@@ -70,65 +61,12 @@ def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
     work_limit = req.text(body, "workLimit", max_chars=limits.name_chars_max)
     if work_limit is not None:
         args["work_limit"] = work_limit
-    needs = _needs(body)
     requirements = body.get("requirements")
     if requirements is not None:
-        if needs is not None:
-            raise ApiError("VALIDATION_FAILED", "name a task's needs with requirements or with slots/limit/budget, not both")
         if not isinstance(requirements, dict):
             raise ApiError("VALIDATION_FAILED", "requirements must be an object of pools, quotas and budgets")
         args["requirements"] = requirements
-    if needs is not None:
-        args["needs"] = needs
     return args
-
-
-def _needs(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The resources a job takes with each delivery, as the core's `needs`: `slots` (a pool name or
-    a list of them), `limit` ({"name", "units"?: 1}) and `budget` ({"name", "reserve"}, a decimal
-    in the API, micro-units in the core). None when the job names none."""
-    slots, limit, budget = body.get("slots"), body.get("limit"), body.get("budget")
-    if slots is None and limit is None and budget is None:
-        return None
-    names = [slots] if isinstance(slots, str) else [] if slots is None else slots
-    if (
-        not isinstance(names, list)
-        or len(names) > limits.needs_slots_max
-        or (slots is not None and not names)
-        or not all(isinstance(name, str) and 0 < len(name) <= limits.name_chars_max for name in names)
-    ):
-        raise ApiError(
-            "VALIDATION_FAILED",
-            f"slots must be a pool name or a list of 1 to {limits.needs_slots_max} pool names",
-        )
-    needs: dict[str, Any] = {"slots": names, "limit": None, "budget": None}
-    if limit is not None:
-        if not isinstance(limit, dict):
-            raise ApiError("VALIDATION_FAILED", "limit must be an object such as {\"name\": \"search-api\", \"units\": 1}")
-        with _field_of("limit"):
-            name = req.text(limit, "name", max_chars=limits.name_chars_max, required=True)
-            units = req.integer(limit, "units", minimum=1, maximum=limits.limit_units_max, default=1)
-        needs["limit"] = [name, units]
-    if budget is not None:
-        if not isinstance(budget, dict):
-            raise ApiError("VALIDATION_FAILED", "budget must be an object such as {\"name\": \"model-usd\", \"reserve\": 0.4}")
-        with _field_of("budget"):
-            name = req.text(budget, "name", max_chars=limits.name_chars_max, required=True)
-            reserve = req.amount_micros(budget, "reserve", required=True, positive=True)
-        needs["budget"] = [name, reserve]
-    problem = resources.needs_problem(needs)  # the core's own check of the shape, before proposing
-    if problem is not None:
-        raise ApiError("VALIDATION_FAILED", problem)
-    return needs
-
-
-@contextlib.contextmanager
-def _field_of(outer: str) -> Iterator[None]:
-    """Validation errors of a nested object name the field in full (`limit.units`)."""
-    try:
-        yield
-    except ApiError as error:
-        raise ApiError(error.code, f"{outer}.{error.message}") from None
 
 
 def _submitted(result: dict[str, Any]) -> dict[str, Any]:

@@ -663,10 +663,11 @@ class Delivery:
     `input` is the task's input, `attempt` counts deliveries of the task (1 for the first),
     `lease_expires_at` is an aware UTC datetime (None if the server sent none). `settled` turns
     True once complete/retry/reject/release was accepted, or the server said the lease is gone.
-    `needs` is what the task needs (`{"slots", "limit", "budget", "budgets": [{"name",
-    "reserveMinor"}]}`, or None) and `holds` what this delivery took for it (`{"slots": [lease
-    ids], "reservationId", "reservations": [ids]}`, or None); `reservations` are the protocol
-    budget reservations of its `requirements.budgets`, which complete settles (see `complete`).
+    `needs` is what each delivery of the task takes, in the shape of its `requirements`
+    (`{"pools": [{"name", "units"}], "quotas": [...], "budgets": [{"name", "reserveMinor"}]}`, or
+    None) and `holds` what this delivery took for it (`{"slots": [grant ids], "reservationId",
+    "reservations": [ids]}`, or None); `reservations` are the budget reservations of its
+    `requirements.budgets`, which complete settles (see `complete`).
     """
 
     def __init__(self, transport: Transport, given: dict[str, Any]) -> None:
@@ -713,15 +714,6 @@ class Delivery:
         """The sum reported with `spend()`, or None if it was never called."""
         return self._spending.total
 
-    def _with_spent(self, body: dict[str, Any], spent: float | None) -> dict[str, Any]:
-        """`body` with `spent`: the argument, else the sum reported with `spend()`, else nothing
-        (the whole reservation counts as spent)."""
-        if spent is None:
-            spent = self.spent
-        if spent is None or (self.needs or {}).get("budget") is None:  # only the old `budget` need
-            return body
-        return {**body, "spent": spent_value(spent)}
-
     @staticmethod
     def _parse_lease(value: Any) -> datetime | None:
         if not isinstance(value, str):
@@ -759,7 +751,7 @@ class Delivery:
             raise ConfigError(
                 f"result must be a dict such as {{'payload': ...}}, got {type(result).__name__}"
             )
-        answer = await self._settle("complete", self._with_spent({"result": result}, spent))
+        answer = await self._settle("complete", {"result": result})
         if self.reservations:
             # Completed: the reservations stay open for the worker, which settles what was spent
             # (else the whole reserve) and voids the rest, as the published worker does.
@@ -793,7 +785,7 @@ class Delivery:
         if delay_ms is not None:
             body["delayMs"] = _require_int(delay_ms, "delay_ms", 0)
         await self._charge_failure(spent)
-        return await self._settle("nack", self._with_spent(body, spent))
+        return await self._settle("nack", body)
 
     async def reject(self, error: str | None = None, spent: float | None = None) -> dict[str, Any]:
         """Fail the task now, without further attempts. Returns `{"taskId", "state": "FAILED"}`.
@@ -802,7 +794,7 @@ class Delivery:
         """
         body: dict[str, Any] = {"retry": False} if error is None else {"retry": False, "error": str(error)}
         await self._charge_failure(spent)
-        return await self._settle("nack", self._with_spent(body, spent))
+        return await self._settle("nack", body)
 
     async def release(self) -> dict[str, Any]:
         """Hand the task back at once, no attempt counted (`nack {retry: true, countAttempt: false}`).

@@ -253,29 +253,16 @@ class Spending:
 
 
 class _Resources:
-    _route: ClassVar[str]
-    _what: ClassVar[str]
-
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
 
-    def _path(self, name: str) -> str:
-        return f"/{self._route}/{_segment(name, f'{self._what} name')}"
-
-    async def _put(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._transport.request("PUT", self._path(name), body=body, safe=True)
-
     async def status(self, name: str) -> dict[str, Any]:
-        """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
-        return await self._transport.request("GET", self._path(name), safe=True)
+        raise NotImplementedError
 
 
 class Pools(_Resources):
     """Pools of slots of the space: `rs.pools`. On the wire a pool is a *permit*
     (`PUT /permits/by-name/{name}`, `GET /permits/{id}`); its id is looked up once per name."""
-
-    _route = "pools"
-    _what = "pool"
 
     async def ensure(self, name: str, size: int) -> dict[str, Any]:
         """Create the pool `name` with `size` slots, or resize it; safe to call every time.
@@ -292,8 +279,9 @@ class Pools(_Resources):
         except ConflictError as exc:
             if exc.code != "CONFLICT":
                 raise
-            # Declared with another size: a declaration never resizes, the pool route does.
-            await self._put(name, {"size": size})
+            # Declared with another size: a declaration never resizes, PATCH /permits/{id} does.
+            permit_id = _segment(await _permit_id(self._transport, name), "permit id")
+            await self._transport.request("PATCH", f"/permits/{permit_id}", body=body, safe=True)
             declared = {"created": False}
         else:
             _permit_ids(self._transport)[name] = _field(declared, "id")
@@ -314,11 +302,8 @@ class Pools(_Resources):
 class Limits(_Resources):
     """Rate limits of the space: `rs.limits`. On the wire a limit is the protocol's *allowance*
     (`PUT /allowances/by-name/{name}`, `GET /allowances/{id}`); its id is looked up once per name.
-    The protocol's window is whole seconds (1 s to 24 h): a limit `per` a fraction of a second is
-    set through the limit route (`PUT /limits/{name}`) and shows as an allowance all the same."""
-
-    _route = "limits"
-    _what = "limit"
+    The protocol's window is whole seconds; runstate also takes a fraction of a second (down to
+    1 ms), so `per="500ms"` works."""
 
     async def ensure(self, name: str, units: int, per: DurationLike = "1s") -> dict[str, Any]:
         """Create the rate limit `name` of `units` per `per` (seconds, "500ms", "1s", "1m" or a
@@ -331,21 +316,21 @@ class Limits(_Resources):
         `cooldownUntil`, `waiters`...).
         """
         interval_ms = parse_duration_ms(per, "per")
-        body = {"unitsLimit": _count(units, "units"), "windowSeconds": interval_ms // 1000}
-        if interval_ms % 1000 or not 1 <= interval_ms // 1000 <= WINDOW_S_MAX:
-            # Not whole seconds: the limit route takes it (1 ms to 24 h).
-            declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
+        if not 1 <= interval_ms <= WINDOW_S_MAX * 1000:
+            raise ConfigError(f"per must be from 1 ms to {WINDOW_S_MAX} s, got {per!r}")
+        window_s = interval_ms // 1000 if interval_ms % 1000 == 0 else interval_ms / 1000
+        body = {"unitsLimit": _count(units, "units"), "windowSeconds": window_s}
+        try:
+            declared = await self._transport.request("PUT", _allowance_path(name), body=body, safe=True)
+        except ConflictError as exc:
+            if exc.code != "CONFLICT":
+                raise
+            # Declared with other sizes: a declaration never changes a limit, PATCH /allowances/{id} does.
+            allowance_id = _segment(await _allowance_id(self._transport, name), "allowance id")
+            await self._transport.request("PATCH", f"/allowances/{allowance_id}", body=body, safe=True)
+            declared = {"created": False}
         else:
-            try:
-                declared = await self._transport.request("PUT", _allowance_path(name), body=body, safe=True)
-            except ConflictError as exc:
-                if exc.code != "CONFLICT":
-                    raise
-                # Declared with other sizes: a declaration never changes a limit, the limit route does.
-                declared = await self._put(name, {"units": units, "intervalMs": interval_ms})
-                declared = {"created": declared.get("created")}
-            else:
-                _allowance_ids(self._transport)[name] = _field(declared, "id")
+            _allowance_ids(self._transport)[name] = _field(declared, "id")
         view = await self.status(name)
         return {**view, "created": bool(declared.get("created"))}
 
@@ -365,9 +350,6 @@ class Budgets(_Resources):
     exact integer minor units (`PUT /budgets/by-name/{name}`, `GET /budgets/{id}`); its id and
     scale are looked up once per name. A budget this SDK declares has scale 6 (millionths), so
     that sub-cent costs stay exact; an existing budget keeps its own scale."""
-
-    _route = "budgets"
-    _what = "budget"
 
     async def ensure(self, name: str, total: float) -> dict[str, Any]:
         """Create the budget `name` with `total` (a decimal), or change its total; safe to call
@@ -390,10 +372,15 @@ class Budgets(_Resources):
             if exc.code != "CONFLICT":
                 raise
             # It exists with another limit, scale or currency: a declaration never changes a
-            # budget. Its total in its own minor units; a new total is set through the budget route.
+            # budget. Its total in its own minor units; PATCH /budgets/{id} sets a new one.
             row = await _budget_row(self._transport, name, fresh=True)
-            if to_minor(total, row["scale"], "total") != int(row["limitMinor"]):
-                await self._put(name, {"total": _amount(total, "total")})
+            limit_minor = to_minor(total, row["scale"], "total")
+            if limit_minor != int(row["limitMinor"]):
+                budget_id = _segment(row["id"], "budget id")
+                await self._transport.request(
+                    "PATCH", f"/budgets/{budget_id}", body={"limitMinor": str(limit_minor)}, safe=True
+                )
+                _budget_rows(self._transport)[name] = {**row, "limitMinor": str(limit_minor)}
             declared = {"created": False}
         else:
             _budget_rows(self._transport)[name] = declared
