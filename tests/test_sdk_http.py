@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 import subprocess
 import sys
@@ -232,6 +233,35 @@ def test_failover_on_503_and_dead_node_for_safe_calls() -> None:
 
     asyncio.run(main())
     assert calls == ["503", "ok", "ok"]
+
+
+def test_every_mutation_carries_one_idempotency_key_across_its_retries() -> None:
+    """A mutation retried after a 503 (the server may have applied it) sends the key it was first
+    sent with, so the server applies it once; the next call has a key of its own; a GET none."""
+    keys: list[str | None] = []
+
+    async def cancel(request: web.Request) -> web.Response:
+        keys.append(request.headers.get("Idempotency-Key"))
+        if len(keys) == 1:
+            return error(503, "UNAVAILABLE", "no leader")
+        return web.json_response({"id": "run_1", "state": "CANCELLED"})
+
+    async def status(request: web.Request) -> web.Response:
+        keys.append(request.headers.get("Idempotency-Key"))
+        return web.json_response({"id": "run_1", "state": "CANCELLED"})
+
+    async def main() -> None:
+        routes = {("POST", "/v1/spaces/sp/scopes/{id}/cancel"): cancel, ("GET", "/v1/spaces/sp/scopes/{id}"): status}
+        async with fake_server(routes) as url:
+            async with AsyncRunstate(base_url=url, space_id="sp") as rs:
+                await rs.scope("run_1").cancel()
+                await rs.scope("run_1").cancel()
+                await rs.scopes.status("run_1")
+
+    asyncio.run(main())
+    first, retried, second, read = keys
+    assert first is not None and re.fullmatch(r"[0-9a-f]{24}", first)
+    assert retried == first and second not in (None, first) and read is None
 
 
 def test_unsafe_call_is_not_repeated_after_a_503(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,9 @@ retried on the next listed server, whatever it is. A request that may have reach
 read timeout, a dropped connection, a 503 answer) is retried only when the caller marked it safe:
 a GET, a POST the server deduplicates (a submit carries a key), or one whose repetition changes
 nothing (cancel, complete, renew, the delivery calls). An unsafe one (receive, creating a run)
-raises `OutcomeUnknownError` instead, so the caller decides. A `408 REQUEST_TIMEOUT` answer (the
+raises `OutcomeUnknownError` instead, so the caller decides. Every mutation of a space carries an
+Idempotency-Key, one per call and the same on its retries, so a safe call retried after a lost
+answer is applied once (a reserve reserves once). A `408 REQUEST_TIMEOUT` answer (the
 node did not receive the whole request in time, so it applied nothing) is retried whatever the
 call. Retries back off briefly and stop after `UNAVAILABLE_AFTER_S` seconds without an answer,
 with `UnavailableError`.
@@ -61,6 +63,10 @@ POOL_CONNECTIONS_MAX = 100
 ERROR_BODY_CHARS_MAX = 500
 
 HEADER_HOLDER = "X-Runstate-Holder"
+# Every mutation of a space carries a fresh key, the same on each retry of that call: the server
+# applies it once and answers a retry with the first answer (PROTOCOL.md: 24 lowercase hex).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_BYTES = 12
 # A path that does not start with this is relative to the client's space: `/scopes` is sent as
 # `/v1/spaces/{spaceId}/scopes`. Operator routes (`/v1/whoami`, `/v1/keys`, ...) are absolute.
 API_ROOT = "/v1/"
@@ -199,10 +205,13 @@ class Transport:
         params: Mapping[str, str] | None = None,
         safe: bool,
         long_poll_ms: int = 0,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Send one call and return its JSON object.
 
-        A `path` outside API_ROOT is relative to the client's space (see `space`).
+        A `path` outside API_ROOT is relative to the client's space (see `space`). A call that is
+        not a GET on a space's route carries an Idempotency-Key (`idempotency_key`, else a fresh
+        one), the same on every retry of the call, so that the server applies it once.
         Raises the mapped RunstateError for an error answer, OutcomeUnknownError when an unsafe
         call may have been applied without an answer, UnavailableError when no server answered
         within UNAVAILABLE_AFTER_S.
@@ -210,7 +219,9 @@ class Transport:
         data = encode_body(body) if body is not None else None  # ConfigError before any request
         if not path.startswith(API_ROOT):
             path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if method != "GET" and path.startswith("/v1/spaces/") and path.count("/") > 3:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key or secrets.token_hex(IDEMPOTENCY_KEY_BYTES)
         timeout_s = self.timeout_s + (long_poll_ms / 1000 + LONG_POLL_MARGIN_S if long_poll_ms > 0 else 0)
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         loop = asyncio.get_running_loop()
