@@ -1,7 +1,7 @@
 """What the protocol's named resources (permits, allowances, budgets: each a resources.py pool,
 rate limit or budget seen through a public id) share on the wire: a name in a path, the look-up of
-`PUT .../by-name/{name}` with `{}` (read permission; declaring needs resource_config), and the list
-of the space's rows. Read under the node's read lock after leadership is confirmed."""
+`PUT .../by-name/{name}` with `{}` (read permission; declaring needs resource_config), the list
+of the space's rows, and the resize extension (`PATCH .../{id}`). Read under the node's read lock after leadership is confirmed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.actors.state import State
+from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import caller_of, node_of
 from runstate_server.node.errors import ApiError
 
@@ -43,3 +44,14 @@ async def listed(request: web.Request, field: str, rows: Callable[[State, str], 
     with node.read() as state:
         found = rows(state, caller.space)
     return web.json_response({field: found})
+
+
+async def resized(
+    request: web.Request, kind: str, id_field: str, sizes: dict[str, Any],
+    row: Callable[[web.Request, str], dict[str, Any]],
+) -> web.Response:
+    """Resize the resource of that kind named by the path's `id_field` to `sizes` (the core's
+    config fields) and answer its row."""
+    public_id = request.match_info[id_field]
+    await req.propose(request, "resource.resize", {"kind": kind, "id": public_id, **sizes})
+    return web.json_response(row(request, public_id))

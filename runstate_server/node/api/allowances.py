@@ -20,7 +20,7 @@ from aiohttp import web
 from runstate_server.actors import allowances, limits
 from runstate_server.actors.resources import LIMIT
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._named import listed, look_up, resource_name
+from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -189,9 +189,7 @@ async def resize(request: web.Request) -> web.Response:
     sizes = _sizes(await req.json_body(request))
     if sizes is None:
         raise ApiError("VALIDATION_FAILED", "unitsLimit and windowSeconds are required")
-    allowance_id = request.match_info["allowanceId"]
-    await req.propose(request, "resource.resize", {"kind": LIMIT, "id": allowance_id, **sizes})
-    return web.json_response(_row(request, allowance_id))
+    return await resized(request, LIMIT, "allowanceId", sizes, _row)
 
 
 @routes(

@@ -17,7 +17,7 @@ from aiohttp import web
 from runstate_server.actors import budgets, limits
 from runstate_server.actors.resources import BUDGET
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._named import listed, look_up, resource_name
+from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.routes import (
     READ,
     RESOURCE_CONFIG,
@@ -171,9 +171,7 @@ async def get(request: web.Request) -> web.Response:
 async def resize(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     limit_minor = minor(body, "limitMinor", minimum=1, required=True)
-    budget_id = request.match_info["budgetId"]
-    await req.propose(request, "resource.resize", {"kind": BUDGET, "id": budget_id, "limit_minor": limit_minor})
-    return web.json_response(_row(request, budget_id))
+    return await resized(request, BUDGET, "budgetId", {"limit_minor": limit_minor}, _row)
 
 
 @routes(

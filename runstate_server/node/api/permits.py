@@ -16,7 +16,7 @@ from aiohttp import web
 from runstate_server.actors import limits, permits
 from runstate_server.actors.resources import POOL
 from runstate_server.node.api import _request as req
-from runstate_server.node.api._named import listed, look_up, resource_name
+from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -143,9 +143,7 @@ async def resize(request: web.Request) -> web.Response:
     units = req.integer(body, "units", minimum=1, maximum=limits.pool_size_max)
     if units is None:
         raise ApiError("VALIDATION_FAILED", "units is required")
-    permit_id = request.match_info["permitId"]
-    await req.propose(request, "resource.resize", {"kind": POOL, "id": permit_id, "size": units})
-    return web.json_response(_row(request, permit_id))
+    return await resized(request, POOL, "permitId", {"size": units}, _row)
 
 
 @routes(

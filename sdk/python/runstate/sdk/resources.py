@@ -260,6 +260,25 @@ class _Resources:
         raise NotImplementedError
 
 
+async def _declare(
+    transport: Transport, by_name: str, body: dict[str, Any], ids: dict[str, str], name: str, route: str,
+    id_of: Callable[[Transport, str], Awaitable[str]],
+) -> dict[str, Any]:
+    """Declare the resource `name` with `body` at `by_name` (its id remembered in `ids`), or, when
+    it exists with other sizes (CONFLICT: a declaration never changes one), set them with `PATCH
+    /{route}/{id}`. The declaration's answer, or `{"created": False}`."""
+    try:
+        declared = await transport.request("PUT", by_name, body=body, safe=True)
+    except ConflictError as exc:
+        if exc.code != "CONFLICT":
+            raise
+        resource_id = _segment(await id_of(transport, name), f"{route} id")
+        await transport.request("PATCH", f"/{route}/{resource_id}", body=body, safe=True)
+        return {"created": False}
+    ids[name] = _field(declared, "id")
+    return declared
+
+
 class Pools(_Resources):
     """Pools of slots of the space: `rs.pools`. On the wire a pool is a *permit*
     (`PUT /permits/by-name/{name}`, `GET /permits/{id}`); its id is looked up once per name."""
@@ -274,17 +293,9 @@ class Pools(_Resources):
         a size out of range.
         """
         body = {"units": _count(size, "size")}
-        try:
-            declared = await self._transport.request("PUT", _permit_path(name), body=body, safe=True)
-        except ConflictError as exc:
-            if exc.code != "CONFLICT":
-                raise
-            # Declared with another size: a declaration never resizes, PATCH /permits/{id} does.
-            permit_id = _segment(await _permit_id(self._transport, name), "permit id")
-            await self._transport.request("PATCH", f"/permits/{permit_id}", body=body, safe=True)
-            declared = {"created": False}
-        else:
-            _permit_ids(self._transport)[name] = _field(declared, "id")
+        declared = await _declare(
+            self._transport, _permit_path(name), body, _permit_ids(self._transport), name, "permits", _permit_id
+        )
         view = await self.status(name)
         return {**view, "created": bool(declared.get("created"))}
 
@@ -320,17 +331,10 @@ class Limits(_Resources):
             raise ConfigError(f"per must be from 1 ms to {WINDOW_S_MAX} s, got {per!r}")
         window_s = interval_ms // 1000 if interval_ms % 1000 == 0 else interval_ms / 1000
         body = {"unitsLimit": _count(units, "units"), "windowSeconds": window_s}
-        try:
-            declared = await self._transport.request("PUT", _allowance_path(name), body=body, safe=True)
-        except ConflictError as exc:
-            if exc.code != "CONFLICT":
-                raise
-            # Declared with other sizes: a declaration never changes a limit, PATCH /allowances/{id} does.
-            allowance_id = _segment(await _allowance_id(self._transport, name), "allowance id")
-            await self._transport.request("PATCH", f"/allowances/{allowance_id}", body=body, safe=True)
-            declared = {"created": False}
-        else:
-            _allowance_ids(self._transport)[name] = _field(declared, "id")
+        declared = await _declare(
+            self._transport, _allowance_path(name), body, _allowance_ids(self._transport), name, "allowances",
+            _allowance_id,
+        )
         view = await self.status(name)
         return {**view, "created": bool(declared.get("created"))}
 
