@@ -156,7 +156,7 @@ def test_members_are_tasks_of_the_group_run_and_resubmitting_returns_them(h: Har
     assert h.err("group.submit", **g.submit_args("a", {"other": 1})) == errors.KEY_CONFLICT
     g.close()
     assert h.ok("group.submit", **g.submit_args("a"))["task_id"] == task_id  # even when closed
-    assert h.err("group.submit", **g.submit_args("b")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("b")) == "CONFLICT"
 
 
 def test_join_adds_a_task_of_the_group_run_only(h: Harness, run_id: str) -> None:
@@ -169,7 +169,7 @@ def test_join_adds_a_task_of_the_group_run_only(h: Harness, run_id: str) -> None
     assert h.err("group.join", group_id=g.id, task_id="tsk_nope") == errors.NOT_FOUND
     g.close()
     other = h.submit(g.run_id, "other")  # the run still takes direct submits, the group no members
-    assert h.err("group.join", group_id=g.id, task_id=other) == "GROUP_CLOSED"
+    assert h.err("group.join", group_id=g.id, task_id=other) == "CONFLICT"
 
 
 def test_a_group_holds_at_most_the_member_bound(h: Harness, run_id: str) -> None:
@@ -185,7 +185,7 @@ def test_expected_members_closes_on_the_submit_that_reaches_it(h: Harness, run_i
     assert g.group.state == "OPEN"
     g.submit("c")
     assert g.group.state == "SEALED"
-    assert h.err("group.submit", **g.submit_args("d")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("d")) == "CONFLICT"
 
 
 def test_unknown_group_is_not_found(h: Harness) -> None:
@@ -272,7 +272,7 @@ def test_n_accepted_succeeds_at_the_threshold_while_open(h: Harness, run_id: str
     assert [h.task(g.tasks[k]).state for k in "cd"] == ["CANCELLED", "CANCELLED"]
     assert h.run(g.run_id).reason == f"group {g.id} finalized: SUCCESS threshold_reached"
     assert g.close()["state"] == "FINALIZED"  # close on a finalized group returns the outcome
-    assert h.err("group.submit", **g.submit_args("e")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("e")) == "CONFLICT"
 
 
 def test_n_accepted_failures_before_close_do_not_fail_it(h: Harness, run_id: str) -> None:
@@ -403,7 +403,7 @@ def test_deadline_finalizes_failure_through_a_tick(h: Harness, run_id: str) -> N
     h.tick()
     assert g.group.state == "OPEN"
     h.advance(1)
-    assert h.err("group.submit", **g.submit_args("b")) == "GROUP_CLOSED"  # before the tick, too
+    assert h.err("group.submit", **g.submit_args("b")) == "CONFLICT"  # before the tick, too
     h.tick()
     assert g.decided() == ("FINALIZED", "FAILURE", "deadline")
     assert h.task(g.tasks["a"]).state == TaskState.CANCELLED

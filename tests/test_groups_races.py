@@ -90,7 +90,7 @@ class Model:
         if self.reason == "cancelled":
             raise Refused("SCOPE_CANCELLED")
         if self.state != "OPEN":
-            raise Refused("GROUP_CLOSED")
+            raise Refused("CONFLICT")
         self.members[key] = {"state": "QUEUED", "verdict": None, "late": False}
         self.queue.append(key)
         if self.expected is not None and len(self.members) >= self.expected:

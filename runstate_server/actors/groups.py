@@ -36,9 +36,6 @@ from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState, register_table
 
-GROUP_CLOSED = "GROUP_CLOSED"
-
-
 class GroupState:
     OPEN = "OPEN"  # new members may join
     SEALED = "SEALED"  # closed to new members, not decided yet
@@ -278,9 +275,9 @@ def _require_open(ctx: Context, group: Group) -> None:
         if inactive is not None:
             raise Rejected(*inactive)
     if group.state != GroupState.OPEN:
-        raise Rejected(GROUP_CLOSED, f"group {group.id} is {group.state.lower()}: it takes no new members")
+        raise Rejected(errors.CONFLICT, f"group {group.id} is {group.state.lower()}: it takes no new members")
     if _deadline_passed(ctx, group):
-        raise Rejected(GROUP_CLOSED, f"group {group.id} is past its deadline: it takes no new members")
+        raise Rejected(errors.CONFLICT, f"group {group.id} is past its deadline: it takes no new members")
     if len(group.members) >= limits.group_members_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a group holds at most {limits.group_members_max} members")
 
