@@ -150,18 +150,27 @@ def test_late_verdicts_are_recorded_and_change_nothing(api: GroupsApi) -> None:
     assert [(m["verdict"], m["late"]) for m in members] == [("ACCEPTED", False), ("REJECTED", True), (None, False)]
 
 
-def test_join_adds_a_task_of_the_group_run(api: GroupsApi) -> None:
+def test_join_task_adds_a_task_of_the_group_run_or_an_outside_one(api: GroupsApi) -> None:
     run_id, group = new_group(api, condition="ALL_TERMINAL")
+    path = f"/v1/task-groups/{group['id']}/join-task"
     direct = task_ok(api, group["scopeId"], {"input": 1}, MAILBOX)["id"]
-    joined = api.ok("POST", f"/v1/task-groups/{group['id']}/join-task", {"taskId": direct})
-    assert joined == {"taskId": direct, "joined": True, "groupState": "OPEN"}
-    elsewhere = task_ok(api, run_id, {"input": 2}, MAILBOX)["id"]
-    assert api.error("POST", f"/v1/task-groups/{group['id']}/join-task", {"taskId": elsewhere}) == (409, "CONFLICT")
+    assert api.ok("POST", path, {"taskId": direct}) == {"taskId": direct, "joined": True, "groupState": "OPEN"}
+    # A task of the run the group was made from joins too, and is worked there.
+    outside = task_ok(api, run_id, {"input": 2}, MAILBOX)["id"]
+    assert api.ok("POST", path, {"taskId": outside}) == {"taskId": outside, "joined": True, "groupState": "OPEN"}
+    (delivery,) = recv(api, run_id, MAILBOX, leaseMs=60_000)
+    settle_ok(api, delivery, "complete", {"result": {"payload": 2}})
     (task_id,) = work(api, group, 1)
     verdict(api, group, "accept", task_id)
+    verdict(api, group, "accept", outside)
     assert api.ok("POST", f"/v1/task-groups/{group['id']}/close") == {
         "state": "FINALIZED", "outcome": "SUCCESS", "outcomeReason": "all_terminal"
     }
+    members = api.ok("GET", f"/v1/task-groups/{group['id']}")["members"]
+    assert [(m["taskId"], m["state"], m["verdict"]) for m in members] == [
+        (direct, "SUCCEEDED", "ACCEPTED"), (outside, "SUCCEEDED", "ACCEPTED")
+    ]
+    assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"  # the outside task's run goes on
 
 
 def test_deadline_and_parent_cancel_fail_the_group(api: GroupsApi) -> None:

@@ -97,13 +97,14 @@ def group_view(state: State, group: Group) -> dict[str, Any]:
         "members": [
             {
                 "taskId": task_id,
-                "key": state.tasks[task_id].key,
-                "state": state.tasks[task_id].state,
+                "key": key,
+                "state": task_state,
                 "verdict": group.verdicts.get(task_id),
                 "late": task_id in group.late,
                 "verdictBy": group.verdict_by.get(task_id),
             }
             for task_id in group.members
+            for key, task_state in (groups.member_state(state, group, task_id),)
         ],
     }
 
@@ -270,7 +271,8 @@ async def protocol_reject(request: web.Request) -> web.Response:
 
 @routes(
     "POST", _PROTOCOL + "/{groupId}/join-task",
-    "Add an existing task of the group's run (one submitted there with POST /tasks) as a member while the group is open",
+    "Add an existing task as a member while the group is open: one of the group's run, or an outside one (of any run "
+    "of the space, e.g. the run the group was made from) in a WORK mailbox that is no member of another group",
     body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE, answer=obj({"taskId": STRING, "joined": BOOLEAN, "groupState": GROUP_STATE}),
 )
