@@ -892,12 +892,10 @@ class _Grouper(_Client):
         if parent is None:
             return
         body = {
-            "mailbox": MAILBOX, "condition": "N_ACCEPTED", "threshold": GROUP_THRESHOLD,
-            "expectedMembers": GROUP_MEMBERS, "parentScopeId": parent,
+            "mailboxId": self.shared.mailbox_id, "condition": "N_ACCEPTED", "threshold": GROUP_THRESHOLD,
+            "expectedMembers": GROUP_MEMBERS, "parentScopeId": parent, "scopeId": parent,
         }
-        answer = self.call(
-            "group_create", {"run": parent}, "POST", f"/v1/scopes/{_segment(parent)}/groups", body, shape=_group_create_shape
-        )
+        answer = self.call("group_create", {"run": parent}, "POST", "/v1/task-groups", body, shape=_group_create_shape)
         if not answer.ok or answer.result is None:
             return
         group = _Group(str(answer.result["groupId"]), str(answer.result["scopeId"]), time.monotonic())
@@ -909,7 +907,7 @@ class _Grouper(_Client):
             member_input = {"n": index}
             submitted = self.call_until_known(
                 "group_submit", {"groupId": group.id, "key": f"m{index}", "input": member_input},
-                "POST", f"/v1/groups/{_segment(group.id)}/tasks", {"input": member_input, "key": f"m{index}"},
+                "POST", f"/v1/task-groups/{_segment(group.id)}/tasks", {"input": member_input, "taskKey": f"m{index}"},
                 shape=lambda body: {"taskId": body["id"], "created": bool(body["created"]), "groupState": body["groupState"]},
             )
             if submitted.ok and submitted.result is not None:
@@ -920,7 +918,9 @@ class _Grouper(_Client):
     def review(self, group: _Group) -> None:
         """Read the group; give one verdict to a finished member without one (a late one, at most
         LATE_VERDICTS_MAX, once the group is decided); retire it when there is nothing left."""
-        read = self.call("group_read", {"groupId": group.id}, "GET", f"/v1/groups/{_segment(group.id)}", shape=_group_shape)
+        read = self.call(
+            "group_read", {"groupId": group.id}, "GET", f"/v1/task-groups/{_segment(group.id)}", shape=_group_shape
+        )
         if time.monotonic() - group.created_at > GROUP_AGE_MAX_S or read.code == "NOT_FOUND":
             group.live = False
             return
@@ -941,7 +941,8 @@ class _Grouper(_Client):
         verdict = "accept" if accept else "reject"
         answer = self.call_until_known(
             "verdict", {"groupId": group.id, "taskId": member["taskId"], "verdict": verdict},
-            "POST", f"/v1/groups/{_segment(group.id)}/{verdict}", {"taskId": member["taskId"], "holder": self.name},
+            "POST", f"/v1/task-groups/{_segment(group.id)}/tasks/{_segment(member['taskId'])}/{verdict}",
+            {"holder": self.name},
             shape=lambda body: {
                 "late": body["late"], "groupState": body["groupState"], "outcome": body["outcome"],
                 "outcomeReason": body["outcomeReason"], "verdict": body["verdict"],
@@ -1019,7 +1020,7 @@ class _BarrierClient(_Client):
                 return
         answer = self.call(
             "barrier_create", {"run": self.run, "target": BARRIER_TARGET},
-            "POST", f"/v1/scopes/{_segment(self.run)}/barriers", {"target": BARRIER_TARGET},
+            "POST", "/v1/barriers", {"scopeId": self.run, "target": BARRIER_TARGET},
             shape=lambda body: {"barrierId": body["id"], "target": body["target"], "epoch": body["epoch"]},
         )
         self.in_run += 1
@@ -1036,7 +1037,7 @@ class _BarrierClient(_Client):
     def arrive(self, barrier: _Barrier, key: str) -> None:
         answer = self.call(
             "arrive", {"barrierId": barrier.id, "key": key}, "POST", f"/v1/barriers/{_segment(barrier.id)}/arrive",
-            {"key": key}, shape=_arrive_shape,
+            {"arrivalKey": key}, shape=_arrive_shape,
         )
         if answer.ok and answer.result is not None:
             barrier.state = str(answer.result["state"])
@@ -1108,8 +1109,8 @@ class _TimerClient(_Client):
 
     def create(self, run: str, after_ms: int) -> None:
         answer = self.call(
-            "timer_create", {"run": run, "afterMs": after_ms}, "POST", f"/v1/scopes/{_segment(run)}/timers",
-            {"afterSeconds": after_ms / 1000},
+            "timer_create", {"run": run, "afterMs": after_ms}, "POST", "/v1/timers",
+            {"scopeId": run, "afterSeconds": after_ms / 1000},
             shape=lambda body: {"timerId": body["id"], "fireAt": epoch_ms(body["fireAt"]), "state": body["state"]},
         )
         if answer.ok and answer.result is not None:
@@ -1658,7 +1659,7 @@ class Workload:
         for task_id in tasks:
             yield "task", task_id, f"/v1/tasks/{_segment(task_id)}", {}
         for group_id in groups:
-            yield "group", group_id, f"/v1/groups/{_segment(group_id)}", {}
+            yield "group", group_id, f"/v1/task-groups/{_segment(group_id)}", {}
         for barrier_id in barriers:
             yield "barrier", barrier_id, f"/v1/barriers/{_segment(barrier_id)}", {}
         for timer_id in timers:

@@ -59,10 +59,10 @@ def build_world(node: DevNode, secret: str) -> World:
     (delivery,) = recv(admin, run, leaseMs=600_000)
     once_token = admin.ok("POST", "/v1/once/acquire", {"scopeId": run, "key": "c1", "leaseSeconds": 600})["token"]
     claim = admin.ok("POST", "/v1/claims", {"scopeId": run, "key": "c1", "leaseSeconds": 600})
-    group = admin.ok("POST", f"/v1/scopes/{run}/groups", {"mailbox": "work", "condition": "ALL_TERMINAL"})["id"]
-    member = admin.ok("POST", f"/v1/groups/{group}/tasks", {"input": 2, "key": "m1"})["id"]
-    barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
-    timer = admin.ok("POST", f"/v1/scopes/{run}/timers", {"afterSeconds": 3600})["id"]
+    group = admin.ok("POST", "/v1/task-groups", {"mailboxId": work, "condition": "ALL_TERMINAL", "scopeId": run})["id"]
+    member = admin.ok("POST", f"/v1/task-groups/{group}/tasks", {"input": 2, "taskKey": "m1"})["id"]
+    barrier = admin.ok("POST", "/v1/barriers", {"scopeId": run, "target": 2})["id"]
+    timer = admin.ok("POST", "/v1/timers", {"scopeId": run, "afterSeconds": 3600})["id"]
     # Resources named like the mailbox no other space has: a path's {name} takes that one value.
     permit = admin.ok("PUT", "/v1/permits/by-name/a-only", {"units": 2})["id"]
     grant = admin.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run, "leaseSeconds": 600})
@@ -85,7 +85,7 @@ def build_world(node: DevNode, secret: str) -> World:
         for permission in PERMISSIONS
     }
     ids = {
-        "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"], "groups": group,
+        "scopes": run, "tasks": task, "messages": delivery["taskId"], "claims": claim["token"],
         "barriers": barrier, "timers": timer, "keys": victim["id"], "mailboxes": a_only, "names": "a-only",
         "runs": "a-only", "claim-key": "c1",
         "permits": permit, "grants": grant["grantId"], "permit-waiters": waiter, "budgets": budget,
@@ -94,14 +94,10 @@ def build_world(node: DevNode, secret: str) -> World:
         "task-groups": group, "members": member,
     }
     bodies = {
-        ("POST", "/v1/groups/{id}/join"): {"taskId": task},
-        ("POST", "/v1/groups/{id}/accept"): {"taskId": member},
-        ("POST", "/v1/groups/{id}/reject"): {"taskId": member},
-        ("POST", "/v1/groups/{id}/tasks"): {"input": 3},
         ("POST", "/v1/task-groups"): {"mailboxId": work, "condition": "ALL_TERMINAL"},
         ("POST", "/v1/task-groups/{groupId}/tasks"): {"taskKey": "m3", "input": 3},
         ("POST", "/v1/task-groups/{groupId}/join-task"): {"taskId": task},
-        ("POST", "/v1/barriers/{id}/arrive"): {"key": "a"},
+        ("POST", "/v1/barriers/{id}/arrive"): {"arrivalKey": "a"},
         ("POST", "/v1/tasks"): {"scopeId": run, "mailboxId": work, "input": 4},
         ("POST", "/v1/tasks/batch"): {"tasks": [{"scopeId": run, "mailboxId": work, "input": 5}]},
         ("POST", "/v1/tasks/admit"): {"scopeId": run, "mailboxId": work},
@@ -111,15 +107,12 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/mailboxes/{id}/recv"): {"scopeId": run},
         ("POST", "/v1/messages/{id}/renew"): {"token": delivery["token"]},
         ("POST", "/v1/messages/{id}/nack"): {"token": delivery["token"], "retry": True},
-        ("POST", "/v1/scopes/{id}/barriers"): {"target": 1},
-        ("POST", "/v1/scopes/{id}/timers"): {"afterSeconds": 60},
         ("POST", "/v1/barriers"): {"scopeId": run, "target": 1},
         ("PUT", "/v1/barriers/by-name/{name}"): {"scopeId": run, "target": 1},
         ("POST", "/v1/timers"): {"scopeId": run, "afterSeconds": 60},
         ("PUT", "/v1/timers/by-name/{name}"): {"scopeId": run, "afterSeconds": 60},
         ("POST", "/v1/timers/poll"): {"scopeId": run},
         ("POST", "/v1/timers/{id}/ack"): {"token": "t"},
-        ("POST", "/v1/scopes/{id}/groups"): {"mailbox": "work", "condition": "ALL_TERMINAL"},
         ("POST", "/v1/messages/{id}/complete"): {"token": delivery["token"], "result": {"payload": 1}},
         ("POST", "/v1/once/acquire"): {"scopeId": run, "key": "c2"},
         ("GET", "/v1/once"): {"scopeId": run, "key": "c1"},  # GET bodies are sent as the query

@@ -156,20 +156,67 @@ def test_members_are_tasks_of_the_group_run_and_resubmitting_returns_them(h: Har
     assert h.err("group.submit", **g.submit_args("a", {"other": 1})) == errors.KEY_CONFLICT
     g.close()
     assert h.ok("group.submit", **g.submit_args("a"))["task_id"] == task_id  # even when closed
-    assert h.err("group.submit", **g.submit_args("b")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("b")) == "CONFLICT"
 
 
-def test_join_adds_a_task_of_the_group_run_only(h: Harness, run_id: str) -> None:
-    g = G(h, run_id, condition="ALL_TERMINAL")
+def test_join_adds_a_task_of_the_group_run_or_an_outside_one_of_no_other_group(h: Harness, run_id: str) -> None:
+    g = G(h, run_id, condition="ALL_TERMINAL", parent_id=run_id)
     direct = h.submit(g.run_id, "direct")
     assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": True, "group_state": "OPEN"}
     assert h.ok("group.join", group_id=g.id, task_id=direct) == {"task_id": direct, "joined": False, "group_state": "OPEN"}
-    elsewhere = h.submit(run_id, "elsewhere")
-    assert h.err("group.join", group_id=g.id, task_id=elsewhere) == errors.CONFLICT
+    outside = h.submit(run_id, "outside")  # a task of the run the group was made from
+    assert h.ok("group.join", group_id=g.id, task_id=outside)["joined"] is True
+    assert (h.task(outside).group_id, g.group.outside) == (g.id, {outside: ["outside", None]})
+    other = G(h, run_id, condition="ALL_TERMINAL")
+    assert h.err("group.join", group_id=other.id, task_id=outside) == errors.CONFLICT  # a task joins one group
+    assert h.err("group.join", group_id=other.id, task_id=direct) == errors.CONFLICT
+    h.ensure("notes", mode="INBOX")
+    message = h.submit(run_id, "note", mailbox="notes", message=True)
+    assert h.err("group.join", group_id=g.id, task_id=message) == errors.CONFLICT  # a message is no job
     assert h.err("group.join", group_id=g.id, task_id="tsk_nope") == errors.NOT_FOUND
+    # The outside member counts like any: it finishes, gets its verdict, and the group decides.
+    (delivery,) = h.receive(run_id)
+    h.delivery("complete", delivery, payload="outside")
+    assert g.group.outside[outside] == ["outside", "SUCCEEDED"]
+    g.tasks.update(direct=direct, outside=outside)
+    g.finish("direct")
     g.close()
-    other = h.submit(g.run_id, "other")  # the run still takes direct submits, the group no members
-    assert h.err("group.join", group_id=g.id, task_id=other) == "GROUP_CLOSED"
+    g.verdict("accept", "outside")
+    assert g.decided() == ("SEALED", None, None)
+    g.verdict("accept", "direct")
+    assert g.decided() == ("FINALIZED", "SUCCESS", "all_terminal")
+    late = h.submit(run_id, "late")  # a decided group takes no member
+    assert h.err("group.join", group_id=g.id, task_id=late) == errors.CONFLICT
+
+
+def test_an_outside_member_run_stop_decides_and_finalizing_cancels_an_unfinished_one(h: Harness, run_id: str) -> None:
+    elsewhere = h.create_run()
+    g = G(h, run_id, condition="ALL_TERMINAL")
+    stopped = h.submit(elsewhere, "stopped")
+    h.ok("group.join", group_id=g.id, task_id=stopped)
+    assert g.close()["state"] == "SEALED"
+    h.cancel(elsewhere)  # ends the member: the closed group decides in the same step
+    assert g.decided() == ("FINALIZED", "FAILURE", "all_terminal")
+
+    first = G(h, run_id, condition="FIRST_ACCEPTED")
+    other_run = h.create_run()
+    waiting = h.submit(other_run, "waiting")
+    h.ok("group.join", group_id=first.id, task_id=waiting)
+    first.submit("a")
+    first.finish("a")
+    first.verdict("accept", "a")
+    assert first.decided() == ("FINALIZED", "SUCCESS", "first_accepted")
+    assert h.task(waiting).state == TaskState.CANCELLED  # unfinished members end cancelled, outside ones too
+    assert h.run(other_run).stored_state == RunState.ACTIVE  # their run goes on
+    # Its run is removed before the group's: the group still shows and counts it.
+    h.complete_run(other_run, retention_ms=10)
+    h.advance(11)
+    h.tick()
+    assert waiting not in h.state.tasks and other_run not in h.state.runs
+    assert first.group.outside[waiting] == ["waiting", "CANCELLED"]
+    assert h.err("group.accept", group_id=first.id, task_id=waiting) == errors.CONFLICT
+    restored = round_trip(h.state)
+    assert restored.groups[first.id] == first.group
 
 
 def test_a_group_holds_at_most_the_member_bound(h: Harness, run_id: str) -> None:
@@ -185,7 +232,7 @@ def test_expected_members_closes_on_the_submit_that_reaches_it(h: Harness, run_i
     assert g.group.state == "OPEN"
     g.submit("c")
     assert g.group.state == "SEALED"
-    assert h.err("group.submit", **g.submit_args("d")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("d")) == "CONFLICT"
 
 
 def test_unknown_group_is_not_found(h: Harness) -> None:
@@ -272,7 +319,7 @@ def test_n_accepted_succeeds_at_the_threshold_while_open(h: Harness, run_id: str
     assert [h.task(g.tasks[k]).state for k in "cd"] == ["CANCELLED", "CANCELLED"]
     assert h.run(g.run_id).reason == f"group {g.id} finalized: SUCCESS threshold_reached"
     assert g.close()["state"] == "FINALIZED"  # close on a finalized group returns the outcome
-    assert h.err("group.submit", **g.submit_args("e")) == "GROUP_CLOSED"
+    assert h.err("group.submit", **g.submit_args("e")) == "CONFLICT"
 
 
 def test_n_accepted_failures_before_close_do_not_fail_it(h: Harness, run_id: str) -> None:
@@ -403,7 +450,7 @@ def test_deadline_finalizes_failure_through_a_tick(h: Harness, run_id: str) -> N
     h.tick()
     assert g.group.state == "OPEN"
     h.advance(1)
-    assert h.err("group.submit", **g.submit_args("b")) == "GROUP_CLOSED"  # before the tick, too
+    assert h.err("group.submit", **g.submit_args("b")) == "CONFLICT"  # before the tick, too
     h.tick()
     assert g.decided() == ("FINALIZED", "FAILURE", "deadline")
     assert h.task(g.tasks["a"]).state == TaskState.CANCELLED

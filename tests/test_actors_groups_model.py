@@ -144,7 +144,7 @@ class GroupMachine(RuleBasedStateMachine):
             if self.reason == "cancelled":
                 raise Rejection("SCOPE_CANCELLED")  # its run was stopped from outside: new work refused
             if self.state != "OPEN" or self.deadline_passed():
-                raise Rejection("GROUP_CLOSED")
+                raise Rejection("CONFLICT")
             self.members[key] = Member(task_id="")
             self.ready.append(key)
             if self.expected is not None and len(self.members) >= self.expected:

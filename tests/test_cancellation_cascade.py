@@ -194,7 +194,7 @@ def test_a_group_decided_on_its_own_still_answers_group_closed(h: Harness) -> No
         retention_ms=RETENTION_MS,
     )["group_id"]
     assert h.ok("group.close", group_id=group)["outcome_reason"] == "threshold_unreachable"
-    assert h.err("group.submit", group_id=group, key="a", input=1, input_hash="a") == "GROUP_CLOSED"
+    assert h.err("group.submit", group_id=group, key="a", input=1, input_hash="a") == "CONFLICT"
 
 
 # -- against a real node, through the SDK ----------------------------------------------------------

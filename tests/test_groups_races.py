@@ -90,7 +90,7 @@ class Model:
         if self.reason == "cancelled":
             raise Refused("SCOPE_CANCELLED")
         if self.state != "OPEN":
-            raise Refused("GROUP_CLOSED")
+            raise Refused("CONFLICT")
         self.members[key] = {"state": "QUEUED", "verdict": None, "late": False}
         self.queue.append(key)
         if self.expected is not None and len(self.members) >= self.expected:
@@ -141,7 +141,7 @@ class GroupRaces(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.api = Api(self.url, space=f"races-{uuid.uuid4().hex[:12]}")
-        self.api.ok("POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"})
+        self.mailbox_id = self.api.ok("POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"})["id"]
         self.parent = self.api.ok("POST", "/v1/scopes", {})["id"]
         self.task_ids: dict[str, str] = {}  # member key -> task id
         self.held: dict[str, dict[str, Any]] = {}  # member key -> the delivery not settled yet
@@ -162,9 +162,11 @@ class GroupRaces(RuleBasedStateMachine):
         model_threshold = threshold if condition == "N_ACCEPTED" else None
         if expected is not None and model_threshold is not None:
             expected = max(expected, model_threshold)
-        body: dict[str, Any] = {"mailbox": MAILBOX, "condition": condition, "parentScopeId": self.parent}
+        body: dict[str, Any] = {
+            "mailboxId": self.mailbox_id, "condition": condition, "scopeId": self.parent, "parentScopeId": self.parent,
+        }
         body.update({k: v for k, v in (("threshold", model_threshold), ("expectedMembers", expected)) if v is not None})
-        group = self.api.ok("POST", f"/v1/scopes/{self.parent}/groups", body)
+        group = self.api.ok("POST", "/v1/task-groups", body)
         self.group, self.run_id = group["id"], group["scopeId"]
         self.model = Model(condition, model_threshold, expected)
         # Start from members that workers already settled, so bursts meet verdicts soon.
@@ -221,11 +223,11 @@ class GroupRaces(RuleBasedStateMachine):
 
     def call(self, kind: str, key: str) -> tuple[int, Any]:
         if kind == "submit":
-            return self.api("POST", f"/v1/groups/{self.group}/tasks", {"input": {"draft": key}, "key": key})
+            return self.api("POST", f"/v1/task-groups/{self.group}/tasks", {"input": {"draft": key}, "taskKey": key})
         if kind in ("accept", "reject"):
-            return self.api("POST", f"/v1/groups/{self.group}/{kind}", {"taskId": self.task_ids[key]})
+            return self.api("POST", f"/v1/task-groups/{self.group}/tasks/{self.task_ids[key]}/{kind}")
         if kind == "close":
-            return self.api("POST", f"/v1/groups/{self.group}/close")
+            return self.api("POST", f"/v1/task-groups/{self.group}/close")
         if kind == "complete":
             return settle(self.api, self.held[key], "complete", {"result": {"payload": key}})
         if kind == "fail":
@@ -281,7 +283,7 @@ class GroupRaces(RuleBasedStateMachine):
                 del self.held[key]  # settled, or refused for good (its run stopped)
 
     def node_view(self) -> dict[str, Any]:
-        view = self.api.ok("GET", f"/v1/groups/{self.group}")
+        view = self.api.ok("GET", f"/v1/task-groups/{self.group}")
         assert [m["taskId"] for m in view["members"]] == [self.task_ids[m["key"]] for m in view["members"]]
         members = {m["key"]: {"state": m["state"], "verdict": m["verdict"], "late": m["late"]} for m in view["members"]}
         return {"decision": (view["state"], view["outcome"], view["outcomeReason"]), "members": members,

@@ -48,7 +48,7 @@ def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
     mailbox = admin.ok("POST", "/v1/mailboxes", {"name": "work"})["id"]
     task = admin.ok("POST", "/v1/tasks", {"scopeId": run, "mailboxId": mailbox, "input": 1, "taskKey": "t1"})["id"]
     (delivery,) = recv(admin, run, leaseMs=600_000)
-    barrier = admin.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 2})["id"]
+    barrier = admin.ok("POST", "/v1/barriers", {"scopeId": run, "target": 2})["id"]
     yield Target(node, key, admin, run, mailbox, task, delivery["token"], barrier)
     assert "Traceback" not in node.log_path.read_text(errors="replace")
 
@@ -111,7 +111,7 @@ def test_a_lone_surrogate_in_any_text_field_is_refused(target: Target) -> None:
         ("POST", f"{SPACE}/mailboxes", f'{{"name": {SURROGATE}}}'),
         ("POST", f"{SPACE}/mailboxes/{mailbox}/recv", f'{{"scopeId": "{run}", "holder": {SURROGATE}}}'),
         ("POST", f"{SPACE}/messages/{target.task}/nack", f'{{"token": "{target.token}", "error": {SURROGATE}}}'),
-        ("POST", f"{SPACE}/barriers/{target.barrier}/arrive", f'{{"key": {SURROGATE}}}'),
+        ("POST", f"{SPACE}/barriers/{target.barrier}/arrive", f'{{"arrivalKey": {SURROGATE}}}'),
         ("POST", f"{SPACE}/claims", f'{{"scopeId": "{run}", "key": "c", "holder": {SURROGATE}}}'),
         ("POST", "/v1/keys", f'{{"permissions": ["coordination_read"], "name": {SURROGATE}}}'),
         ("POST", "/v1/spaces", f'{{"id": "s-surrogate", "name": {SURROGATE}}}'),
@@ -143,12 +143,13 @@ def test_header_bytes_that_are_not_utf8_are_refused(target: Target) -> None:
 def test_a_time_outside_the_years_1_to_9999_is_refused_before_it_is_committed(target: Target) -> None:
     before = target.digest()
     for at in ("0001-01-01T00:00:00+23:59", "0001-01-01T00:00:00.000+00:01"):
-        body = json.dumps({"at": at}).encode()
-        refused(target.send("POST", f"{SPACE}/scopes/{target.run}/timers", body), 400, "VALIDATION_FAILED")
+        body = json.dumps({"scopeId": target.run, "at": at}).encode()
+        refused(target.send("POST", f"{SPACE}/timers", body), 400, "VALIDATION_FAILED")
         refused(target.send("POST", f"{SPACE}/scopes", json.dumps({"deadline": at}).encode()), 400, "VALIDATION_FAILED")
     assert target.digest() == before
     # The first moment of the year 1, in UTC, is still a time (in the past: it fires at once).
-    timer = target.send("POST", f"{SPACE}/scopes/{target.run}/timers", b'{"at": "0001-01-01T00:00:00-00:01"}')
+    body = json.dumps({"scopeId": target.run, "at": "0001-01-01T00:00:00-00:01"}).encode()
+    timer = target.send("POST", f"{SPACE}/timers", body)
     assert timer.status == 201 and timer.json()["fireAt"] == "0001-01-01T00:01:00.000Z", timer
     fired = target.send("POST", f"{SPACE}/timers/{timer.json()['id']}/wait?waitMs=10000")  # settled before the next test
     assert fired.status == 200 and fired.json()["done"] is True, fired

@@ -88,7 +88,7 @@ def test_create_status_and_members(api: Api, mailbox: str) -> None:
     ]
     assert api.ok("GET", f"/v1/tasks/{view['members'][1]['taskId']}")["deadline"][:19] == deadline[:19]
     # Closed: a new member is refused; an existing one still answers.
-    assert api.error("POST", f"/v1/task-groups/{group_id}/tasks", {"taskKey": "m-4", "input": 4}) == (409, "GROUP_CLOSED")
+    assert api.error("POST", f"/v1/task-groups/{group_id}/tasks", {"taskKey": "m-4", "input": 4}) == (409, "CONFLICT")
     assert member(api, group_id, "m-3", 3)["taskId"] == third["taskId"]
 
 
@@ -159,12 +159,14 @@ def test_join_task_and_bad_input(api: Api, mailbox: str) -> None:
     assert api.ok("POST", f"/v1/task-groups/{group_id}/join-task", {"taskId": outside["taskId"]})["joined"] is False
     elsewhere = api.ok("POST", "/v1/tasks", {"scopeId": new_run(api), "mailboxId": mailbox, "taskKey": "e", "input": 1})
     path = f"/v1/task-groups/{group_id}/join-task"
-    assert api.error("POST", path, {"taskId": elsewhere["taskId"]}) == (409, "CONFLICT")
+    assert api.ok("POST", path, {"taskId": elsewhere["taskId"]})["joined"] is True  # an outside task joins
+    other = create(api, mailbox, condition="ALL_TERMINAL")["groupId"]
+    assert api.error("POST", f"/v1/task-groups/{other}/join-task", {"taskId": elsewhere["taskId"]}) == (409, "CONFLICT")
     assert api.error("POST", path, {"taskId": "tsk_nope"}) == (404, "NOT_FOUND")
     assert api.error("POST", path, {}) == (400, "VALIDATION_FAILED")
     api.ok("POST", f"/v1/task-groups/{group_id}/close", {})
     late = api.ok("POST", "/v1/tasks", {"scopeId": scope_id, "mailboxId": mailbox, "taskKey": "l", "input": 1})
-    assert api.error("POST", path, {"taskId": late["taskId"]}) == (409, "GROUP_CLOSED")
+    assert api.error("POST", path, {"taskId": late["taskId"]}) == (409, "CONFLICT")
 
     inbox = mailbox_id(api, "inbox", mode="INBOX")
     for bad, code in [

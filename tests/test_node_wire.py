@@ -53,7 +53,7 @@ def test_every_answer_has_a_request_id(api: Api) -> None:
 
 def test_an_unknown_field_is_refused_and_changes_nothing(api: Api) -> None:
     run_id = new_run(api)
-    status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/barriers", {"target": 2, "targets": 3})
+    status, _, answer = send(api, "POST", "/v1/barriers", {"scopeId": run_id, "target": 2, "targets": 3})
     assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
     assert "targets" in answer["error"]["message"]
     status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/complete", {"why": "done"})
@@ -63,7 +63,7 @@ def test_an_unknown_field_is_refused_and_changes_nothing(api: Api) -> None:
 
 def test_a_retried_mutation_is_applied_once_and_answered_alike(api: Api) -> None:
     run_id = new_run(api)
-    path, body = f"/v1/scopes/{run_id}/barriers", {"target": 2}
+    path, body = "/v1/barriers", {"scopeId": run_id, "target": 2}
     first = send(api, "POST", path, body, key="barrier-1")
     again = send(api, "POST", path, body, key="barrier-1")
     assert first[0] == again[0] == 201
@@ -74,22 +74,22 @@ def test_a_retried_mutation_is_applied_once_and_answered_alike(api: Api) -> None
     # A key is its space's: the same key elsewhere is unrelated.
     elsewhere = Api(api.base_url, space=f"wire-{uuid.uuid4().hex[:12]}")
     elsewhere_run = new_run(elsewhere)
-    assert send(elsewhere, "POST", f"/v1/scopes/{elsewhere_run}/barriers", body, key="barrier-1")[2]["id"] != first[2]["id"]
+    assert send(elsewhere, "POST", path, {**body, "scopeId": elsewhere_run}, key="barrier-1")[2]["id"] != first[2]["id"]
 
 
 def test_a_key_reused_for_another_request_is_a_conflict(api: Api) -> None:
     run_id = new_run(api)
-    path = f"/v1/scopes/{run_id}/barriers"
-    assert send(api, "POST", path, {"target": 2}, key="k")[0] == 201
-    status, _, answer = send(api, "POST", path, {"target": 3}, key="k")
+    path = "/v1/barriers"
+    assert send(api, "POST", path, {"scopeId": run_id, "target": 2}, key="k")[0] == 201
+    status, _, answer = send(api, "POST", path, {"scopeId": run_id, "target": 3}, key="k")
     assert (status, answer["error"]["code"]) == (409, "IDEMPOTENCY_CONFLICT")
-    status, _, answer = send(api, "POST", f"/v1/scopes/{run_id}/timers", {"afterSeconds": 60}, key="k")
+    status, _, answer = send(api, "POST", "/v1/timers", {"scopeId": run_id, "afterSeconds": 60}, key="k")
     assert (status, answer["error"]["code"]) == (409, "IDEMPOTENCY_CONFLICT")
 
 
 def test_no_body_and_an_empty_object_are_the_same_request(api: Api) -> None:
     run_id = new_run(api)
-    timer_id = api.ok("POST", f"/v1/scopes/{run_id}/timers", {"afterSeconds": 60})["id"]
+    timer_id = api.ok("POST", "/v1/timers", {"scopeId": run_id, "afterSeconds": 60})["id"]
     first = send(api, "POST", f"/v1/timers/{timer_id}/cancel", key="cancel-1")
     again = send(api, "POST", f"/v1/timers/{timer_id}/cancel", {}, key="cancel-1")
     assert first[0] == again[0] == 200 and first[2] == again[2]
@@ -97,9 +97,9 @@ def test_no_body_and_an_empty_object_are_the_same_request(api: Api) -> None:
 
 def test_a_refused_request_is_not_remembered(api: Api) -> None:
     run_id = new_run(api)
-    path = f"/v1/scopes/{run_id}/barriers"
-    assert send(api, "POST", path, {"target": 0}, key="k")[0] == 400
-    assert send(api, "POST", path, {"target": 2}, key="k")[0] == 201  # the fixed request goes through
+    path = "/v1/barriers"
+    assert send(api, "POST", path, {"scopeId": run_id, "target": 0}, key="k")[0] == 400
+    assert send(api, "POST", path, {"scopeId": run_id, "target": 2}, key="k")[0] == 201  # the fixed request goes through
 
 
 @pytest.mark.parametrize("key", ["", "x" * 256, "tab\there", "é"])
@@ -107,7 +107,7 @@ def test_a_malformed_key_is_refused(api: Api, key: str) -> None:
     run_id = new_run(api)
     headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
     request = urllib.request.Request(
-        api.base_url + api.space_path(f"/v1/scopes/{run_id}/barriers"), data=b'{"target": 2}', method="POST",
+        api.base_url + api.space_path("/v1/barriers"), data=json.dumps({"scopeId": run_id, "target": 2}).encode(), method="POST",
         headers={name: value.encode().decode("latin-1") for name, value in headers.items()},
     )
     with pytest.raises(urllib.error.HTTPError) as refused:

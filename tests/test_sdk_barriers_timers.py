@@ -100,8 +100,8 @@ def test_a_waiter_late_for_a_release_is_not_held_for_the_next_epoch(dev_node: De
 def test_waiting_for_an_epoch_over_http(dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run = api.ok("POST", "/v1/scopes", {})["id"]
-    barrier = api.ok("POST", f"/v1/scopes/{run}/barriers", {"target": 1})["id"]
-    api.ok("POST", f"/v1/barriers/{barrier}/arrive", {"key": "a"})
+    barrier = api.ok("POST", "/v1/barriers", {"scopeId": run, "target": 1})["id"]
+    api.ok("POST", f"/v1/barriers/{barrier}/arrive", {"arrivalKey": "a"})
     api.ok("POST", f"/v1/barriers/{barrier}/nextEpoch")
     view = api.ok("GET", f"/v1/barriers/{barrier}/wait?epoch=1")
     assert (view["state"], view["epoch"], view["currentEpoch"], view["releasedAt"]) == ("RELEASED", 1, 2, None)

@@ -21,7 +21,6 @@ CASES = [
     (409, "CLAIM_HELD", runstate.ClaimHeldError),
     (409, "KEY_CONFLICT", runstate.KeyConflictError),
     (409, "LIMIT_EXCEEDED", runstate.LimitExceededError),
-    (409, "GROUP_CLOSED", runstate.ConflictError),
     (409, "BARRIER_CANCELLED", runstate.ConflictError),
     (409, "BARRIER_RELEASED", runstate.ConflictError),
     (400, "VALIDATION_FAILED", runstate.ValidationError),

@@ -130,7 +130,7 @@ def test_blocking_client_verdicts_errors_and_late_answers(dev_node: DevNode) -> 
         assert (late["verdict"], late["late"], late["outcome"]) == ("REJECTED", True, "SUCCESS")
         with pytest.raises(runstate.ConflictError) as closed:
             group.submit({"n": 4}, key="d")
-        assert closed.value.code == "GROUP_CLOSED"
+        assert closed.value.code == "CONFLICT"
         with pytest.raises(runstate.ScopeCancelledError):
             queue.receive()
         assert rs.scope(run.id).groups.by_id(group.id).wait(timeout_ms=1_000)["members"][2]["state"] == "CANCELLED"

@@ -119,13 +119,13 @@ def test_group_status_shows_who_worked_on_and_who_judged_each_member(dev_node: D
             # Over plain HTTP: the X-Runstate-Holder header, a body holder winning over it, and none.
             api = Api(dev_node.url, space_id)
             api.headers["X-Runstate-Holder"] = "ops-console"
-            by_header = api.ok("POST", f"/v1/groups/{group.id}/reject", {"taskId": tickets[3].id})
+            by_header = api.ok("POST", f"/v1/task-groups/{group.id}/tasks/{tickets[3].id}/reject")
             assert by_header["verdictBy"] == "ops-console"
-            by_body = api.ok("POST", f"/v1/groups/{group.id}/reject", {"taskId": tickets[4].id, "holder": "auditor"})
+            by_body = api.ok("POST", f"/v1/task-groups/{group.id}/tasks/{tickets[4].id}/reject", {"holder": "auditor"})
             assert by_body["verdictBy"] == "auditor"
             api.headers.pop("X-Runstate-Holder")
             # A holder too long is refused like one on any lease.
-            status, answer = api("POST", f"/v1/groups/{group.id}/reject", {"taskId": tickets[4].id, "holder": "x" * 129})
+            status, answer = api("POST", f"/v1/task-groups/{group.id}/tasks/{tickets[4].id}/reject", {"holder": "x" * 129})
             assert (status, answer["error"]["code"]) == (400, "VALIDATION_FAILED")
 
             decision = await group.wait(timeout_ms=10_000)
@@ -148,7 +148,7 @@ def test_group_status_shows_who_worked_on_and_who_judged_each_member(dev_node: D
             assert other.scope_id is not None
             (delivery,) = await a.scope(other.scope_id).mailbox("reviews").receive(lease_ms=LEASE_MS)
             await delivery.complete({"payload": "ok"})
-            anonymous = api.ok("POST", f"/v1/groups/{other.id}/accept", {"taskId": ticket.id})
+            anonymous = api.ok("POST", f"/v1/task-groups/{other.id}/tasks/{ticket.id}/accept")
             assert anonymous["verdictBy"] is None
             assert [m["verdictBy"] for m in (await other.status())["members"]] == [None]
 

@@ -23,6 +23,13 @@ last member to succeed still counts (deciding when the last task ends would make
 race with the workers, the last one always lost). Every
 member is a task of the group's run, so its finishing and its run's stop reach the group through
 tasks.TASK_FINISHED_HOOKS and runs.RUN_STOP_HOOKS in the same step.
+
+A member may also be an outside task, joined with `join`: any task of a WORK mailbox in the
+space (of another run, e.g. the run the group was made from, or of a run below the group's) that
+is not a member of another group. Its finishing reaches the group through its `group_id`, its
+run's stop through runs.RUN_STOP_HOOKS; finalizing cancels it if unfinished, as it cancels the
+members of the group's run. Its run may be removed before the group (after its own retention):
+the group keeps its key and final state (`outside`) to show and count it.
 """
 
 from __future__ import annotations
@@ -35,8 +42,6 @@ from runstate_server.actors import errors, events, limits, runs, tasks
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState, register_table
-
-GROUP_CLOSED = "GROUP_CLOSED"
 
 
 class GroupState:
@@ -97,6 +102,9 @@ class Group:
     # task id -> the holder that gave its verdict, when the caller declared one. Last, with a
     # default: a snapshot from before it has rows without it and loads with {}.
     verdict_by: dict[str, str] = field(default_factory=dict)
+    # Members from outside the group's run: task id -> [key, final state or None while unfinished]
+    # (kept for when their run is removed first). Last, with a default, as verdict_by.
+    outside: dict[str, list[Any]] = field(default_factory=dict)
 
 
 register_table("groups", Group)
@@ -138,7 +146,9 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         if threshold is not None and expected < threshold:
             raise Rejected(errors.VALIDATION_FAILED, f"expectedMembers ({expected}) is lower than threshold ({threshold})")
     runs.require_deadline(ctx, deadline_ms)
-    mailbox_id = args.get("mailbox_id")  # the protocol names the mailbox by id, the older route by name
+    # The API names the mailbox by id; `mailbox` (its name) is kept for commands of the journal
+    # written before the old routes were removed, which a restart replays.
+    mailbox_id = args.get("mailbox_id")
     if isinstance(mailbox_id, str):
         mailbox = ctx.space.mailbox_names.get(mailbox_id)
     if not isinstance(mailbox, str) or mailbox not in ctx.space.mailboxes:
@@ -146,8 +156,8 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(errors.NOT_FOUND, f"mailbox {shown!r} not found; create it with mailboxes.ensure")
     if ctx.space.mailboxes[mailbox].mode == tasks.INBOX:
         raise Rejected(errors.VALIDATION_FAILED, f"mailbox {mailbox!r} is an INBOX: a group's members are tasks of a WORK queue")
-    # The run the call is made from (the older route names it): it must exist and accept work, like
-    # any other new work. The protocol's create names none: its parentScopeId is checked below.
+    # The run the call is made from (scopeId, an extension our SDK sends): it must exist and accept
+    # work, like any other new work. Without it only parentScopeId is checked, below.
     if args.get("run_id") is not None:
         runs.require_active(ctx, runs.require_run(ctx, args.get("run_id")))
 
@@ -209,7 +219,8 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
-    """Add an existing task of the group's run (e.g. one submitted there directly) as a member."""
+    """Add an existing task as a member: one of the group's run (e.g. submitted there directly) or
+    an outside one (of any run of the space), of a WORK mailbox, not a member of another group."""
     group = require_group(ctx, args.get("group_id"))
     task_id = args.get("task_id")
     task = ctx.state.tasks.get(task_id) if isinstance(task_id, str) else None
@@ -217,14 +228,36 @@ def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         raise Rejected(errors.NOT_FOUND, f"task {task_id!r} not found")
     if task.id in group.members:
         return {"task_id": task.id, "joined": False, "group_state": group.state}
-    if task.run_id != group.run_id:
-        raise Rejected(
-            errors.CONFLICT,
-            f"task {task.id} belongs to run {task.run_id}; a member must be a task of the group's run {group.run_id}",
-        )
+    owner = group_of(ctx.state, task)
+    if owner is not None:
+        raise Rejected(errors.CONFLICT, f"task {task.id} is a member of group {owner.id}; a task joins one group")
+    mailbox = ctx.space.mailboxes.get(task.mailbox)
+    if mailbox is not None and mailbox.mode == tasks.INBOX:
+        raise Rejected(errors.CONFLICT, f"task {task.id} is a message of the INBOX {task.mailbox!r}, not a job")
     _require_open(ctx, group)
     _join(ctx, group, task.id)
     return {"task_id": task.id, "joined": True, "group_state": group.state}
+
+
+def group_of(state: State, task: Task) -> Group | None:
+    """The group `task` is a member of, if any (by its group_id, else its run's group)."""
+    group_id = task.group_id
+    if group_id is None:
+        run = state.runs.get(task.run_id)
+        group_id = run.group_id if run is not None else None
+    group = state.groups.get(group_id) if group_id is not None else None
+    return group if group is not None and task.id in group.members else None
+
+
+def member_state(state: State, group: Group, task_id: str) -> tuple[str, str]:
+    """(key, state) of a member: its task's, or what the group kept of an outside member whose
+    run was removed (it was finished then)."""
+    task = state.tasks.get(task_id)
+    if task is not None:
+        return task.key, task.state
+    key, final = group.outside[task_id]
+    assert final is not None, f"outside member {task_id} was removed unfinished"
+    return key, final
 
 
 def close(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -278,15 +311,19 @@ def _require_open(ctx: Context, group: Group) -> None:
         if inactive is not None:
             raise Rejected(*inactive)
     if group.state != GroupState.OPEN:
-        raise Rejected(GROUP_CLOSED, f"group {group.id} is {group.state.lower()}: it takes no new members")
+        raise Rejected(errors.CONFLICT, f"group {group.id} is {group.state.lower()}: it takes no new members")
     if _deadline_passed(ctx, group):
-        raise Rejected(GROUP_CLOSED, f"group {group.id} is past its deadline: it takes no new members")
+        raise Rejected(errors.CONFLICT, f"group {group.id} is past its deadline: it takes no new members")
     if len(group.members) >= limits.group_members_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a group holds at most {limits.group_members_max} members")
 
 
 def _join(ctx: Context, group: Group, task_id: str) -> None:
     assert group.state == GroupState.OPEN and task_id not in group.members
+    task = ctx.state.tasks[task_id]
+    task.group_id = group.id
+    if task.run_id != group.run_id:
+        group.outside[task_id] = [task.key, task.state if task.state in TaskState.TERMINAL else None]
     group.members.append(task_id)
     if group.expected_members is not None and len(group.members) >= group.expected_members:
         group.state = GroupState.SEALED  # the member that completes the list closes the group
@@ -305,7 +342,7 @@ def _judge(ctx: Context, args: dict[str, Any], verdict: str) -> dict[str, Any]:
         if recorded != verdict:
             raise Rejected(errors.CONFLICT, f"member {task_id} is {recorded.lower()} already; a verdict is final")
         return _verdict_answer(group, task_id)
-    task_state = ctx.state.tasks[task_id].state
+    task_state = member_state(ctx.state, group, task_id)[1]
     if verdict == Verdict.ACCEPTED and task_state != TaskState.SUCCEEDED:
         raise Rejected(errors.CONFLICT, f"only a SUCCEEDED member can be accepted; task {task_id} is {task_state}")
     if verdict == Verdict.REJECTED and task_state not in TaskState.TERMINAL:
@@ -343,7 +380,7 @@ def _decide(state: State, group: Group) -> tuple[str, str] | None:
     accepted = rejected = unfinished = unjudged_successes = 0
     for task_id in group.members:
         verdict = group.verdicts.get(task_id)
-        task_state = state.tasks[task_id].state
+        task_state = member_state(state, group, task_id)[1]
         if verdict == Verdict.ACCEPTED:
             accepted += 1
         elif verdict == Verdict.REJECTED:
@@ -381,33 +418,53 @@ def _finalize(ctx: Context, group: Group, outcome: str, reason: str, *, cancel_r
     events.emit(ctx, "group.finalized", group.run_id, "group", group.id, {"groupId": group.id, "outcome": outcome, "outcomeReason": reason})
     ctx.wake(group_key(group.id))
     run = ctx.state.runs.get(group.run_id)
+    why = f"group {group.id} finalized: {outcome} {reason}"
     if cancel_run and run is not None and run.stored_state == RunState.ACTIVE:
-        runs.cancel(
-            ctx,
-            {
-                "run_id": run.id,
-                "reason": f"group {group.id} finalized: {outcome} {reason}",
-                "retention_ms": group.retention_ms,
-            },
-        )
+        runs.cancel(ctx, {"run_id": run.id, "reason": why, "retention_ms": group.retention_ms})
+    for task_id in list(group.outside):  # outside members are not tasks of that run
+        task = ctx.state.tasks.get(task_id)
+        if task is not None and task.state not in TaskState.TERMINAL:
+            tasks.cancel(ctx, {"task_id": task_id, "reason": why})
 
 
 # -- hooks and time ------------------------------------------------------------------------------
 
 
 def _on_task_finished(ctx: Context, task: Task) -> None:
-    run = ctx.state.runs.get(task.run_id)
-    group = ctx.state.groups.get(run.group_id) if run is not None and run.group_id else None
-    if group is not None and task.id in group.members:
+    group = group_of(ctx.state, task)
+    if group is not None:
+        if task.id in group.outside:
+            group.outside[task.id][1] = task.state
         evaluate(ctx, group)
 
 
 def _on_run_stop(ctx: Context, run: Run, task_state: str) -> None:
+    _outside_members_stopped(ctx, run)
     group = ctx.state.groups.get(run.group_id) if run.group_id else None
     if group is None or group.state == GroupState.FINALIZED:
         return  # not a group's run, or the group's decision is what stops it
     reason = Reason.DEADLINE if _deadline_passed(ctx, group) else Reason.CANCELLED
     _finalize(ctx, group, Outcome.FAILURE, reason, cancel_run=False)
+
+
+def _outside_members_stopped(ctx: Context, run: Run) -> None:
+    """`run` stopped, ending its unfinished tasks: record those that are outside members of a
+    group, and evaluate those groups (unless their own run stops too: it decides them)."""
+    touched: dict[str, Group] = {}
+    for queue in run.queues.values():
+        for task_id in queue.by_key.values():
+            task = ctx.state.tasks[task_id]
+            if task.group_id is None or task.group_id == run.group_id:
+                continue
+            group = ctx.state.groups.get(task.group_id)
+            if group is not None and task_id in group.outside:
+                group.outside[task_id][1] = task.state
+                touched[group.id] = group
+    for group in touched.values():
+        group_run = ctx.state.runs.get(group.run_id)
+        if group_run is not None and runs.inactive_reason(ctx.state, group_run, ctx.now_ms) is None:
+            ctx.wake(group_key(group.id))
+            evaluate(ctx, group)
 
 
 def _on_run_remove(state: State, run: Run) -> None:

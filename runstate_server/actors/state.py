@@ -213,6 +213,10 @@ class Task:
     subscribers: list[str] = field(default_factory=list)  # who joined it (join/detach)
     holder_session: str | None = None  # the session of the current or last delivery's holder
     work_limit: str | None = None  # the name of the work limit it counts toward (work_limits.py)
+    # The task group it is a member of (groups.py): a task joins at most one. Last, with a
+    # default: a snapshot from before it loads with None (a member of its group's own run is
+    # found through the run's group_id too).
+    group_id: str | None = None
 
 
 @dataclass(slots=True)

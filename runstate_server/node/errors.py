@@ -41,7 +41,6 @@ STATUS_BY_CODE: dict[str, int] = {
     "KEY_CONFLICT": 409,
     "LIMIT_EXCEEDED": 409,
     "STALE_EPOCH": 409,
-    "GROUP_CLOSED": 409,
     "BARRIER_CANCELLED": 409,
     "BARRIER_RELEASED": 409,
     # A request body that is not sent as JSON (Content-Type: application/json); node/api/guard.py.

@@ -1,9 +1,10 @@
-"""Barriers: create (in a run, or by name in a run), arrive, wait for the release, start the next
-epoch.
+"""Barriers on the published protocol's routes (PROTOCOL.md §5.11): create in a run, or by name in
+a run, status, arrive.
 
-The published protocol's routes (PROTOCOL.md §5.11): `POST /barriers {scopeId, target}`, `PUT
-/barriers/by-name/{name} {scopeId, target}`, `GET /barriers/{id}`, `POST /barriers/{id}/arrive
-{arrivalKey}`. The older `POST /scopes/{id}/barriers` and the body `{key}` of arrive still work.
+`POST /barriers {scopeId, target}`, `PUT /barriers/by-name/{name} {scopeId, target}`, `GET
+/barriers/{id}`, `POST /barriers/{id}/arrive {arrivalKey}`. Extensions of the one API on the same
+paths: `key` as arrivalKey's other name, `GET /barriers/{id}/wait` (the release's long poll, which
+saves polling the status) and `POST /barriers/{id}/nextEpoch` (reuse after a release).
 """
 
 from __future__ import annotations
@@ -71,21 +72,6 @@ def _render(node: Node, space: str, barrier_id: str, **extra: Any) -> dict[str, 
         return {**barrier_view(in_space(state.barriers, space, barrier_id, "barrier")), **extra}
 
 
-@routes(
-    "POST", SPACE_PREFIX + "/scopes/{id}/barriers", "Create a barrier that releases once target distinct keys arrived",
-    body={"target": {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
-)
-async def create_barrier(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    body = await req.json_body(request)
-    target = req.integer(body, "target", minimum=1, maximum=limits.barrier_target_max)
-    if target is None:
-        raise ApiError("VALIDATION_FAILED", "target is required")
-    result = await req.propose(request, "barrier.create", {"run_id": request.match_info["id"], "target": target})
-    return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
-
-
 def path_name(request: web.Request) -> str | None:
     """The `{name}` of a by-name path: 1 to barrier_timer_name_chars_max characters of valid Unicode."""
     return req.text({"name": request.match_info["name"]}, "name", max_chars=limits.barrier_timer_name_chars_max, required=True)
@@ -142,7 +128,7 @@ async def barrier_status(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/barriers/{id}/arrive",
     "Arrive as arrivalKey (idempotent per key: arrived is false for a key that arrived in this epoch, even after "
-    "the release); the arrival reaching the target releases. key is arrivalKey's older name",
+    "the release); the arrival reaching the target releases. Extension: key is arrivalKey's other name",
     body={"arrivalKey": STRING, "key": STRING},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE, answer=obj({**BARRIER["properties"], "arrived": BOOLEAN}),
 )
@@ -166,7 +152,7 @@ _EPOCH_MAX = 2**53
 
 @routes(
     "GET", SPACE_PREFIX + "/barriers/{id}/wait",
-    "Long poll: answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
+    "Extension (saves polling): a long poll that answers when the barrier's epoch (`epoch`, default the current one) is RELEASED, even if the next "
     "epoch has begun since (then `currentEpoch` says which), or BARRIER_CANCELLED, or after waitMs",
     query={**WAIT_MS_QUERY, "epoch": {"type": "integer", "minimum": 1, "maximum": _EPOCH_MAX}},
     errors=("NOT_FOUND", "VALIDATION_FAILED", "BARRIER_CANCELLED"), permission=READ, answer=obj(BARRIER["properties"], optional={"currentEpoch": INTEGER}),
@@ -199,7 +185,7 @@ async def wait(request: web.Request) -> web.Response:
 
 
 @routes(
-    "POST", SPACE_PREFIX + "/barriers/{id}/nextEpoch", "Reuse a released barrier: a new epoch with no arrivals",
+    "POST", SPACE_PREFIX + "/barriers/{id}/nextEpoch", "Extension: reuse a released barrier, a new epoch with no arrivals",
     errors=("NOT_FOUND", "CONFLICT", "BARRIER_CANCELLED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
 )
 async def next_epoch(request: web.Request) -> web.Response:

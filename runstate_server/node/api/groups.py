@@ -1,11 +1,13 @@
-"""Task groups: create, submit and join members, close, verdicts, status and the decision's long poll.
+"""Task groups on the published protocol's routes (PROTOCOL.md §5.10): create, submit and join
+members, close (and the deprecated seal), verdicts by member, status.
 
-The published protocol's routes (PROTOCOL.md §5.10): `POST /task-groups {mailboxId, condition,
-threshold?, expectedMembers?, deadline?, parentScopeId?}`, `GET /task-groups/{groupId}`, `POST
-/task-groups/{groupId}/tasks {taskKey, input, deadline?, requirements?}`, `.../close`, `.../seal`
-(the deprecated close: CONFLICT once finalized), `.../tasks/{taskId}/accept|reject` and
-`.../join-task {taskId}`, plus `GET /task-groups/{groupId}/wait` (the decision's long poll). The
-older `/scopes/{id}/groups` and `/groups/{id}/...` routes still work, on the same core commands.
+`POST /task-groups {mailboxId, condition, threshold?, expectedMembers?, deadline?, parentScopeId?}`,
+`GET /task-groups/{groupId}`, `POST /task-groups/{groupId}/tasks {taskKey, input, deadline?,
+requirements?}`, `.../close`, `.../seal` (CONFLICT once finalized), `.../tasks/{taskId}/accept|reject`
+and `.../join-task {taskId}`. Extensions of the one API on the same paths: `scopeId` in the create
+body (the run the group is created from), `holder` in a verdict body (who gives it, else the
+X-Runstate-Holder header), `attempts` in a member body, and `GET /task-groups/{groupId}/wait` (the
+decision's long poll, which saves polling the status).
 """
 
 from __future__ import annotations
@@ -71,7 +73,6 @@ if TYPE_CHECKING:
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _MEMBERS = {"type": "integer", "minimum": 1, "maximum": limits.group_members_max}
 _TASK_ID = {"taskId": STRING}
-_VERDICT = {**_TASK_ID, "holder": STRING}  # holder: who gives the verdict (else the X-Runstate-Holder header)
 
 
 def group_view(state: State, group: Group) -> dict[str, Any]:
@@ -96,13 +97,14 @@ def group_view(state: State, group: Group) -> dict[str, Any]:
         "members": [
             {
                 "taskId": task_id,
-                "key": state.tasks[task_id].key,
-                "state": state.tasks[task_id].state,
+                "key": key,
+                "state": task_state,
                 "verdict": group.verdicts.get(task_id),
                 "late": task_id in group.late,
                 "verdictBy": group.verdict_by.get(task_id),
             }
             for task_id in group.members
+            for key, task_state in (groups.member_state(state, group, task_id),)
         ],
     }
 
@@ -123,131 +125,6 @@ def _task_id(body: dict[str, Any]) -> str:
     task_id = req.text(body, "taskId", max_chars=limits.name_chars_max, required=True)
     assert task_id is not None
     return task_id
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/scopes/{id}/groups",
-    "Create a task group with a run of its own (under parentScopeId when given)",
-    body={"mailbox": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
-          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING},
-    ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=GROUP,
-)
-async def create_group(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    body = await req.json_body(request)
-    members_max = limits.group_members_max
-    args = {
-        "run_id": request.match_info["id"],
-        "mailbox": req.text(body, "mailbox", max_chars=limits.name_chars_max, required=True),
-        "condition": req.text(body, "condition", max_chars=limits.name_chars_max, required=True),
-        "threshold": req.integer(body, "threshold", minimum=1, maximum=members_max),
-        "expected_members": req.integer(body, "expectedMembers", minimum=1, maximum=members_max),
-        "deadline_ms": req.timestamp_ms(body, "deadline"),
-        "parent_id": req.text(body, "parentScopeId", max_chars=limits.name_chars_max),
-        "retention_ms": node.config.retention_ms,
-    }
-    result = await req.propose(request, "group.create", args)
-    return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
-
-
-@routes("GET", SPACE_PREFIX + "/groups/{id}", "A group's state, decision and members", errors=("NOT_FOUND",), permission=READ, answer=GROUP,)
-async def group_status(request: web.Request) -> web.Response:
-    node = node_of(request)
-    await node.confirm_leadership(caller_of(request))
-    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
-
-
-@routes(
-    "GET", SPACE_PREFIX + "/groups/{id}/wait",
-    "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
-    query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=GROUP,
-)
-async def wait(request: web.Request) -> web.Response:
-    node, caller, group_id = node_of(request), caller_of(request), request.match_info["id"]
-    view = await long_poll(
-        request, node, groups.group_key(group_id), lambda: _render(node, caller.space, group_id),
-        lambda view: view["state"] == GroupState.FINALIZED,
-    )
-    return web.json_response(view)
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/groups/{id}/tasks",
-    "Submit a member task to the group's run (idempotent per key; without a key the key is the input's hash)",
-    body={"input": ANY_JSON, "key": STRING, "attempts": INTEGER}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=obj({"id": STRING, "key": STRING, "created": BOOLEAN, "state": STRING, "groupState": GROUP_STATE}),
-)
-async def submit_member(request: web.Request) -> web.Response:
-    node, group_id = node_of(request), request.match_info["id"]
-    body = await req.json_body(request)
-    args = {"group_id": group_id, **req.task_fields(body)}
-    result = await req.propose(request, "group.submit", args)
-    with node.read() as state:
-        task = state.tasks[result["task_id"]]
-        # groupState as the submit left it, not as a later call may have changed it since.
-        answer = {"id": task.id, "key": task.key, "created": result["created"], "state": task.state,
-                  "groupState": result["group_state"]}
-    return web.json_response(answer, status=201 if result["created"] else 200)
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/groups/{id}/join", "Add an existing task of the group's run as a member",
-    body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
-    permission=WRITE, answer=obj({"taskId": STRING, "joined": BOOLEAN, "groupState": GROUP_STATE}),
-)
-async def join(request: web.Request) -> web.Response:
-    group_id = request.match_info["id"]
-    body = await req.json_body(request)
-    result = await req.propose(request, "group.join", {"group_id": group_id, "task_id": _task_id(body)})
-    return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/groups/{id}/close",
-    "Close the group to new members and decide at once what the full member list decides (idempotent)",
-    errors=("NOT_FOUND",), permission=WRITE, answer=DECISION,
-)
-async def close(request: web.Request) -> web.Response:
-    group_id = request.match_info["id"]
-    await req.json_body(request, required=False)
-    result = await req.propose(request, "group.close", {"group_id": group_id})
-    return web.json_response(_decision(result))
-
-
-async def _judge(request: web.Request, kind: str) -> web.Response:
-    node, group_id = node_of(request), request.match_info["id"]
-    body = await req.json_body(request)
-    args = {"group_id": group_id, "task_id": _task_id(body), "holder": holder_of(request, body)}
-    result = await req.propose(request, kind, args)
-    with node.read() as state:
-        group = state.groups.get(group_id)  # None only if its retention ended meanwhile
-        verdict_by = group.verdict_by.get(result["task_id"]) if group is not None else None
-    return web.json_response({
-        "taskId": result["task_id"],
-        "verdict": result["verdict"],
-        "verdictBy": verdict_by,
-        "late": result["late"],
-        "groupState": result["state"],
-        "outcome": result["outcome"],
-        "outcomeReason": result["outcome_reason"],
-    })
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/groups/{id}/accept", "Accept a SUCCEEDED member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=VERDICT,
-)
-async def accept(request: web.Request) -> web.Response:
-    return await _judge(request, "group.accept")
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/groups/{id}/reject", "Reject a finished member (idempotent; late after the decision)",
-    body=_VERDICT, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=VERDICT,
-)
-async def reject(request: web.Request) -> web.Response:
-    return await _judge(request, "group.reject")
 
 
 # -- the published protocol's routes (PROTOCOL.md §5.10) -------------------------------------------
@@ -300,7 +177,7 @@ async def protocol_status(request: web.Request) -> web.Response:
 
 @routes(
     "GET", _PROTOCOL + "/{groupId}/wait",
-    "Long poll: answers when the group is FINALIZED, or after waitMs with it undecided",
+    "Extension (saves polling): a long poll that answers when the group is FINALIZED, or after waitMs with it undecided",
     query=WAIT_MS_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=GROUP,
 )
 async def protocol_wait(request: web.Request) -> web.Response:
@@ -317,7 +194,7 @@ async def protocol_wait(request: web.Request) -> web.Response:
     "Add a member: a task of the group's run and mailbox. The same taskKey (and input) again answers the same task, "
     "even once the group is closed",
     body=_MEMBER_BODY, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "GROUP_CLOSED", "KEY_CONFLICT", "LIMIT_EXCEEDED", "BACKLOG_FULL", *_INACTIVE),
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "KEY_CONFLICT", "LIMIT_EXCEEDED", "BACKLOG_FULL", *_INACTIVE),
     permission=WRITE, answer=_MEMBER,
 )
 async def protocol_submit(request: web.Request) -> web.Response:
@@ -394,8 +271,9 @@ async def protocol_reject(request: web.Request) -> web.Response:
 
 @routes(
     "POST", _PROTOCOL + "/{groupId}/join-task",
-    "Add an existing task of the group's run (one submitted there with POST /tasks) as a member while the group is open",
-    body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "GROUP_CLOSED", "LIMIT_EXCEEDED", *_INACTIVE),
+    "Add an existing task as a member while the group is open: one of the group's run, or an outside one (of any run "
+    "of the space, e.g. the run the group was made from) in a WORK mailbox that is no member of another group",
+    body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE, answer=obj({"taskId": STRING, "joined": BOOLEAN, "groupState": GROUP_STATE}),
 )
 async def protocol_join(request: web.Request) -> web.Response:

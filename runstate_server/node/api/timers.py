@@ -1,10 +1,11 @@
-"""Durable timers: create (in a run, or by name in a run), poll fired ones and ack them with their
-token, wait for the firing (and acknowledge it), cancel.
+"""Durable timers on the published protocol's routes (PROTOCOL.md §5.12): create in a run, or by
+name in a run, poll fired ones and ack them with their token, cancel.
 
-The published protocol's routes (PROTOCOL.md §5.12): `POST /timers {scopeId, afterSeconds | at}`,
-`PUT /timers/by-name/{name}` (the durable named sleep: `now` is the server's time, so a client
-sleeps `fireAt - now`), `POST /timers/poll {scopeId}`, `POST /timers/{id}/ack {token}`, `POST
-/timers/{id}/cancel`. The older `POST /scopes/{id}/timers` and `POST /timers/{id}/wait` still work.
+`POST /timers {scopeId, afterSeconds | at}`, `PUT /timers/by-name/{name}` (the durable named sleep:
+`now` is the server's time, so a client sleeps `fireAt - now`), `POST /timers/poll {scopeId}`, `POST
+/timers/{id}/ack {token}`, `POST /timers/{id}/cancel`. Extensions of the one API on the same paths:
+`GET /timers/{id}` (a timer's state) and `POST /timers/{id}/wait` (the firing's long poll, which
+acknowledges it: it saves polling).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
 from runstate_server.node.api.routes import (
     ISO_TIME,
     READ,
-    RESOURCE_CONFIG,
     SPACE_PREFIX,
     WRITE,
     RouteTable,
@@ -77,19 +77,6 @@ def timer_view(timer: Timer) -> dict[str, Any]:
 def _render(node: Node, space: str, timer_id: str) -> dict[str, Any]:
     with node.read() as state:
         return timer_view(in_space(state.timers, space, timer_id, "timer"))
-
-
-@routes(
-    "POST", SPACE_PREFIX + "/scopes/{id}/timers", "Arm a durable timer: at a time (at) or after a delay (afterSeconds)",
-    body=_TIME_BODY, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=TIMER,
-)
-async def create_timer(request: web.Request) -> web.Response:
-    node, caller = node_of(request), caller_of(request)
-    body = await req.json_body(request)
-    args = {"run_id": request.match_info["id"], **_time_args(body)}
-    result = await req.propose(request, "timer.create", args)
-    return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
 def _time_args(body: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +172,7 @@ async def ack(request: web.Request) -> web.Response:
     return web.json_response(_render(node, caller.space, timer_id))
 
 
-@routes("GET", SPACE_PREFIX + "/timers/{id}", "A timer's state", errors=("NOT_FOUND",), permission=READ, answer=TIMER,)
+@routes("GET", SPACE_PREFIX + "/timers/{id}", "Extension: a timer's state", errors=("NOT_FOUND",), permission=READ, answer=TIMER,)
 async def timer_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
@@ -194,7 +181,7 @@ async def timer_status(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/timers/{id}/wait",
-    "Long poll for the firing; acknowledges it in the same call. done=false after waitMs",
+    "Extension (saves polling): a long poll for the firing that acknowledges it in the same call. done=false after waitMs",
     query=WAIT_MS_QUERY,
     errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=READ, answer=obj({**TIMER["properties"], "done": BOOLEAN}),
 )

@@ -103,7 +103,7 @@ class NotFoundError(RunstateError):
 class ConflictError(RunstateError):
     """The call conflicts with the current state (409). Base class of every 409.
 
-    Codes without a class of their own (CONFLICT, GROUP_CLOSED, BARRIER_CANCELLED,
+    Codes without a class of their own (CONFLICT, BARRIER_CANCELLED,
     BARRIER_RELEASED, ...) are raised as ConflictError with `.code` set.
     """
 
@@ -238,7 +238,6 @@ _CLASS_BY_CODE: dict[str, type[RunstateError]] = {
     "KEY_CONFLICT": KeyConflictError,
     "LIMIT_EXCEEDED": LimitExceededError,
     "BACKLOG_FULL": BacklogFullError,
-    "GROUP_CLOSED": ConflictError,
     "BARRIER_CANCELLED": ConflictError,
     "BARRIER_RELEASED": ConflictError,
     "RESULT_TOO_LARGE": ResultTooLargeError,

@@ -137,7 +137,7 @@ class Group:
         an ISO 8601 string) expires the member if it has not finished by then.
 
         The same key and input as a member returns that member, even once the group is closed.
-        Raises ConflictError with code GROUP_CLOSED for a new member of a closed or finalized
+        Raises ConflictError (code CONFLICT) for a new member of a closed or finalized
         group (ScopeCancelledError / DeadlineExceededError once its run was stopped from outside),
         KeyConflictError for a member key with another input, LimitExceededError past 100 members.
         """
@@ -152,10 +152,11 @@ class Group:
                       state=answer.get("state"))
 
     async def join_task(self, task_id: Any) -> dict[str, Any]:
-        """Add an existing task of the group's run as a member; returns `{"taskId", "joined",
-        "groupState"}` (`joined` False if it was a member already). ConflictError with code
-        GROUP_CLOSED once closed (ScopeCancelledError once its run was stopped from outside),
-        CONFLICT for a task of another run; NotFoundError."""
+        """Add an existing task as a member: one of the group's run, or an outside one (of any run
+        of the space, e.g. this run) that is no member of another group; finalizing cancels it if
+        unfinished. Returns `{"taskId", "joined", "groupState"}` (`joined` False if it was a
+        member already). ConflictError once closed, or for a member of another group
+        (ScopeCancelledError once its run was stopped from outside); NotFoundError."""
         body = {"taskId": _task_id(task_id)}
         return await self._transport.request("POST", f"{self._path}/join-task", body=body, safe=True)
 
