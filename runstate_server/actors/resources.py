@@ -1066,6 +1066,9 @@ def holds_view(task: Task) -> dict[str, Any]:
 
 runs.TASK_STOP_HOOKS.append(_on_task_stopping)
 
+# The commands of the routes before the published protocol (pool, limit and budget by name, direct
+# slot leases, takes and micro-unit reservations) are no longer proposed by any route: they stay
+# so that a journal or snapshot an older node wrote replays to the same state.
 HANDLERS: dict[str, Callable[[Context, dict[str, Any]], Any]] = {
     "pool.ensure": ensure_pool,
     "pool.acquire": acquire,
