@@ -816,3 +816,37 @@ def test_restored_core_answers_like_the_original(resourced: Harness, run_id: str
         harness.receive(run_id, max=3)
     assert h.effects == twin.effects
     assert snapshot_bytes(h.state) == snapshot_bytes(twin.state)
+
+
+def receive_all(h: Harness, run_id: str) -> list[str]:
+    task_ids: list[str] = h.ok("task.receive", run_id=run_id, mailbox=MAILBOX, max=10, lease_ms=LEASE_MS)["task_ids"]
+    return task_ids
+
+
+def test_resize_changes_a_resource_by_its_public_id_and_wakes_its_queue(resourced: Harness, run_id: str) -> None:
+    h = resourced
+    gpu = h.state.pools[f"{h.space}/gpu"]
+    api = h.state.rate_limits[f"{h.space}/api"]
+    usd = h.state.budgets[f"{h.space}/usd"]
+    job(h, run_id, "a", slots=["gpu"])
+    job(h, run_id, "b", slots=["gpu"])
+    assert len(receive_all(h, run_id)) == 1
+    made = h.ok("resource.resize", resource="pool", id=gpu.public_id, size=2)
+    assert made == {"name": "gpu", "size": 2, "created": False} and gpu.size == 2
+    assert resource_key("pool", "gpu") in h.woken()
+    assert len(receive_all(h, run_id)) == 1  # the second slot
+    h.ok("resource.resize", resource="limit", id=api.public_id, units=5, interval_ms=250)
+    assert (api.units, api.interval_ms) == (5, 250)
+    h.ok("resource.resize", resource="budget", id=usd.public_id, limit_minor=7)
+    assert usd.limit_minor == 7 and usd.scale == limits.budget_micro_scale
+    unchanged = snapshot_bytes(h.state)
+    for args, code in (
+        ({"resource": "pool", "id": "prm_nothing", "size": 1}, errors.NOT_FOUND),
+        ({"resource": "pool", "id": api.public_id, "size": 1}, errors.NOT_FOUND),  # another kind's id
+        ({"resource": "queue", "id": gpu.public_id, "size": 1}, errors.VALIDATION_FAILED),
+        ({"resource": "pool", "id": gpu.public_id, "size": 0}, errors.VALIDATION_FAILED),
+        ({"resource": "limit", "id": api.public_id, "units": 5}, errors.VALIDATION_FAILED),
+        ({"resource": "budget", "id": usd.public_id, "limit_minor": 0}, errors.VALIDATION_FAILED),
+    ):
+        assert h.err("resource.resize", **args) == code, args
+    assert snapshot_bytes(h.state) == unchanged

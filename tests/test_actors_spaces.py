@@ -265,6 +265,11 @@ CASES: dict[str, list[Case]] = {
     "budget.renew": [Case(lambda f, o: {"reservation_id": f.reservation, "lease_ms": LEASE_MS})],
     "budget.release": [Case(lambda f, o: {"reservation_id": f.reservation})],
     "budget.settle": [Case(lambda f, o: {"reservation_id": f.reservation, "spent_micros": 1})],
+    "resource.resize": [
+        Case(lambda f, o: {"resource": "pool", "id": f.permit, "size": 2}),
+        Case(lambda f, o: {"resource": "limit", "id": f.allowance, "units": 5, "interval_ms": 1_000}),
+        Case(lambda f, o: {"resource": "budget", "id": f.budget, "limit_minor": 5}),
+    ],
     "permit.acquire": [
         Case(lambda f, o: {"permit_id": f.permit, "run_id": o.run, "units": 1, "lease_ms": LEASE_MS}),
         Case(lambda f, o: {"permit_id": o.permit, "run_id": f.run, "units": 1, "lease_ms": LEASE_MS}),

@@ -369,9 +369,9 @@ def resize(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     takes it remembers count), a budget's `limit_minor`. A size below what is held grants nothing
     new until enough returns; a change wakes the resource's waiters. NOT_FOUND for an id the space
     does not have. The answer is the resource's name, its new config and created False."""
-    kind = args.get("kind")
+    kind = args.get("resource")
     if kind not in _PUBLIC_IDS:
-        raise Rejected(errors.VALIDATION_FAILED, f"kind must be one of {', '.join(KINDS)}")
+        raise Rejected(errors.VALIDATION_FAILED, f"resource must be one of {', '.join(KINDS)}")
     public_id = args.get("id")
     internal = getattr(ctx.state, _PUBLIC_IDS[kind]).get(public_id) if isinstance(public_id, str) else None
     resource = _table(ctx.state, kind).get(internal) if internal is not None else None

@@ -53,5 +53,5 @@ async def resized(
     """Resize the resource of that kind named by the path's `id_field` to `sizes` (the core's
     config fields) and answer its row."""
     public_id = request.match_info[id_field]
-    await req.propose(request, "resource.resize", {"kind": kind, "id": public_id, **sizes})
+    await req.propose(request, "resource.resize", {"resource": kind, "id": public_id, **sizes})
     return web.json_response(row(request, public_id))
