@@ -13,7 +13,7 @@ import pytest
 
 from tests._auth_world import OTHER_SPACE, PERMISSIONS, World, auth_world, concrete
 from tests._http import Api
-from tests.test_node_metrics import scrape
+from tests._prometheus import scrape
 
 # Routes whose answer depends on no id of the caller's space: a key of another space uses them in
 # its own space, legitimately (and changes its own space's state), so the cross-space case skips them.

@@ -4,55 +4,32 @@ cluster every node answers with its own role."""
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from runstate_server.histogram import Histogram
+from runstate_server.node.api.metrics import Exposition
 from tests._cluster import Cluster
 from tests._http import Api, recv, settle_ok, submit_task
 from tests._nodes import DevNode
+from tests._prometheus import Samples, parse, scrape, value
 
 WAIT_S = 30.0  # how long a figure may take to move (a lapsed lease needs a tick); not asserted on
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> tuple[Samples, dict[str, str]]:
-    """Prometheus' text format: samples by (name, labels), and each family's TYPE."""
-    samples: Samples = {}
-    types: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            types[name] = kind
-            continue
-        if not line or line.startswith("#"):
-            continue
-        match = SAMPLE.match(line)
-        assert match is not None, line
-        name, _, label_text, value = match.groups()
-        labels = frozenset(
-            (key, raw.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\"))
-            for key, raw, _ in LABEL.findall(label_text or "")
-        )
-        assert (name, labels) not in samples, line
-        samples[(name, labels)] = float(value)
-    return samples, types
-
-
-def scrape(url: str, key: str | None = None) -> tuple[Samples, dict[str, str]]:
-    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-        return parse(answer.read().decode())
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
+    out = Exposition()
+    odd = 'a "quoted" back\\slash\nnew line'
+    out.metric("m", "gauge", "help with \\ and\nnewline", [((("label", odd),), 2.5)])
+    histogram = Histogram((1.0, 2.0))
+    for observed in (0.5, 1.0, 1.5, 9.0):
+        histogram.observe(observed)
+    out.histogram("h", "a histogram", [((), histogram.view())])
+    text = out.text()
+    assert "# HELP m help with \\\\ and\\nnewline\n" in text
+    samples, types = parse(text)
+    assert value(samples, "m", label=odd) == 2.5 and types == {"m": "gauge", "h": "histogram"}
+    buckets = [value(samples, "h_bucket", le=bound) for bound in ("1", "2", "+Inf")]
+    assert buckets == [2, 3, 4] and value(samples, "h_count") == 4 and value(samples, "h_sum") == 12
 
 
 def queue(samples: Samples, name: str) -> float:
