@@ -11,7 +11,7 @@ from typing import Any
 from runstate_server.histogram import Histogram
 from runstate_server.node.api.metrics import Exposition
 from tests._cluster import Cluster
-from tests._http import Api, recv, settle_ok, submit_task
+from tests._http import Api, call, recv, settle_ok, submit_task
 from tests._nodes import DevNode
 from tests._prometheus import Samples, parse, scrape, value
 
@@ -81,8 +81,10 @@ def test_the_figures_follow_the_queue(node_factory: Any) -> None:
     assert any(route.endswith("/complete") and "{" in route for route in routes), routes
     assert not any(run_id in route or first["taskId"] in route for route in routes)
     api.error("GET", "/v1/no-such-route")
+    brewed, _ = call(node.url, "PROPFIND", "/v1/files")  # a client's own method: counted as "other"
     samples, _ = scrape(node.url)
     assert value(samples, "runstate_http_requests_total", method="GET", route="unmatched", status="404") >= 1
+    assert value(samples, "runstate_http_requests_total", method="other", route="unmatched", status=str(brewed)) == 1
 
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     samples = wait_for(node.url, lambda s: value(s, "runstate_task_latency_seconds_count", state="CANCELLED") == 2)

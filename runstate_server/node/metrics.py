@@ -14,9 +14,11 @@ from runstate_server.histogram import Histogram
 TASK_LATENCY_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 TASK_ATTEMPTS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 # (method, route, status) series of the HTTP request counter: routes and statuses are few, but a
-# bound all the same; a request of a new series past it is counted under route "other".
+# bound all the same; a request of a new series past it is counted under method and route "other".
 HTTP_SERIES_MAX = 2_000
 OTHER_ROUTE = "other"
+# A client may send any method: the others are counted as "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED_ROUTE = "unmatched"  # a path no route matches (404, 405)
 
 
@@ -41,7 +43,7 @@ class NodeMetrics:
             self.takeovers += 1 if effect[4] else 0
 
     def count_request(self, method: str, route: str, status: str) -> None:
-        series = (method, route, status)
+        series = (method if method in HTTP_METHODS else OTHER_ROUTE, route, status)
         if series not in self.http_requests and len(self.http_requests) >= HTTP_SERIES_MAX:
-            series = (method, OTHER_ROUTE, status)
+            series = (OTHER_ROUTE, OTHER_ROUTE, status)
         self.http_requests[series] = self.http_requests.get(series, 0) + 1
