@@ -44,5 +44,5 @@ def scrape(url: str, key: str | None = None) -> tuple[Samples, dict[str, str]]:
         return parse(answer.read().decode())
 
 
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+def value(samples: Samples, metric: str, /, **labels: str) -> float:
+    return samples.get((metric, frozenset(labels.items())), 0.0)

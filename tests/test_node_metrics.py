@@ -92,6 +92,20 @@ def test_the_figures_follow_the_queue(node_factory: Any) -> None:
     assert ("runstate_queue_depth", frozenset({("space", "default"), ("mailbox", "work")})) not in samples
 
 
+def test_waiters_of_a_permit_are_counted(node_factory: Any) -> None:
+    node: DevNode = node_factory(in_memory=True).start()
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    permit = api.ok("POST", "/v1/permits", {"name": "gpu", "units": 1})["id"]
+    api.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run_id, "units": 1})
+    for _ in range(2):
+        api.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run_id, "units": 1})
+    samples, _ = scrape(node.url)
+    labels = {"space": "default", "kind": "permit", "name": "gpu"}
+    assert value(samples, "runstate_resource_waiters", **labels, waiter="line") == 2
+    assert value(samples, "runstate_raft_fsync_seconds_count") == 0  # in memory: no journal
+
+
 def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster().start()
     leader = cluster.leader_index()
