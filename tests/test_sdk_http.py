@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
