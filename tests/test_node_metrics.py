@@ -92,6 +92,20 @@ def test_the_figures_follow_the_queue(node_factory: Any) -> None:
     assert ("runstate_queue_depth", frozenset({("space", "default"), ("mailbox", "work")})) not in samples
 
 
+def test_a_restarted_node_counts_its_queues_again(node_factory: Any) -> None:
+    node: DevNode = node_factory().start()
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    for number in range(3):
+        submit_task(api, run_id, {"n": number}, key=f"k{number}")
+    recv(api, run_id, leaseMs=600_000)
+    node.stop()
+    node.start()
+    samples, _ = scrape(node.url)
+    assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (2, 1)
+    assert value(samples, "runstate_lease_expiries_total") == 0
+
+
 def test_waiters_of_a_permit_are_counted(node_factory: Any) -> None:
     node: DevNode = node_factory(in_memory=True).start()
     api = Api(node.url)
