@@ -161,7 +161,7 @@ def build_world(node: DevNode, secret: str) -> World:
 def concrete(world: World, method: str, path: str, ids: dict[str, str] | None = None) -> str:
     """`path` with the world's ids (or `ids`) in its parameters."""
     values = ids if ids is not None else world.ids
-    family = path.split("/")[2]
+    family = path.split("/")[2] if path.startswith("/v1/") else ""  # GET /metrics is outside /v1
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)

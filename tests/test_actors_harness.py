@@ -81,7 +81,11 @@ class Harness:
         result, effects = self.core.apply(command, self.now_ms, self.epoch if epoch is None else epoch)
         # The wakes of the event log (events.py) go with nearly every command; test_actors_events.py checks them.
         self.all_effects = effects
-        self.effects = [effect for effect in effects if effect[:1] != ("wake",) or effect[1][0] != events.EVENTS_WAKE]
+        # The figures for the node's metrics ("observe") too; test_actors_tasks.py checks them.
+        self.effects = [
+            effect for effect in effects
+            if effect[0] != "observe" and (effect[:1] != ("wake",) or effect[1][0] != events.EVENTS_WAKE)
+        ]
         return result
 
     def ok(self, kind: str, **kwargs: Any) -> dict[str, Any]:

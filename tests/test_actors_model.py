@@ -629,6 +629,21 @@ class CoreMachine(RuleBasedStateMachine):
         assert_stored_bytes_recount(self.h.state)
 
     @invariant()
+    def queue_figures_are_what_the_state_holds(self) -> None:
+        """The metrics' per-mailbox counts kept step by step equal a count of the tasks (the times
+        a task became QUEUED are not recountable: only which tasks are counted)."""
+        kept = {key: (set(figures.queued), figures.running) for key, figures in self.h.state.queue_figures.items()}
+        expected: dict[tuple[str, str], tuple[set[str], int]] = {}
+        for task in self.h.state.tasks.values():
+            if task.state in (TaskState.QUEUED, TaskState.RUNNING):
+                queued, running = expected.setdefault((task.space, task.mailbox), (set(), 0))
+                if task.state == TaskState.QUEUED:
+                    queued.add(task.id)
+                else:
+                    expected[(task.space, task.mailbox)] = (queued, running + 1)
+        assert kept == expected
+
+    @invariant()
     def core_agrees_with_the_model(self) -> None:
         state = self.h.state
         assert set(state.runs) == set(self.runs)

@@ -13,6 +13,7 @@ import pytest
 
 from tests._auth_world import OTHER_SPACE, PERMISSIONS, World, auth_world, concrete
 from tests._http import Api
+from tests._prometheus import scrape
 
 # Routes whose answer depends on no id of the caller's space: a key of another space uses them in
 # its own space, legitimately (and changes its own space's state), so the cross-space case skips them.
@@ -23,7 +24,7 @@ SPACELESS = {
     ("POST", "/v1/tasks/results"), ("POST", "/v1/permits"), ("GET", "/v1/permits"),
     ("PUT", "/v1/permits/by-name/{name}"), ("GET", "/v1/work-limits"), ("POST", "/v1/budgets"), ("GET", "/v1/budgets"),
     ("PUT", "/v1/budgets/by-name/{name}"),
-    ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"),
+    ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"), ("GET", "/metrics"),
     ("POST", "/v1/allowances"), ("GET", "/v1/allowances"), ("PUT", "/v1/allowances/by-name/{name}"),
     ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
 }
@@ -132,6 +133,10 @@ def test_a_key_of_another_space_sees_none_of_its_data_on_spaceless_routes(world:
     assert all(key["space"] == OTHER_SPACE for key in world.other.ok("GET", "/v1/keys")["keys"])
     assert world.other.error("GET", "/v1/keys?space=default") == (403, "FORBIDDEN")
     assert world.other.ok("GET", "/v1/whoami")["space"] == OTHER_SPACE
+    # GET /metrics: the per-space series of its own space only; the operator's show the world's space.
+    other_spaces = {dict(labels).get("space") for _, labels in scrape(world.node.url, world.other.headers["Authorization"].split()[1])[0]}
+    admin_spaces = {dict(labels).get("space") for _, labels in scrape(world.node.url, world.admin.headers["Authorization"].split()[1])[0]}
+    assert other_spaces <= {None, OTHER_SPACE} and "default" in admin_spaces, (other_spaces, admin_spaces)
 
 
 def test_a_space_header_other_than_the_keys_space_is_forbidden(world: World) -> None:

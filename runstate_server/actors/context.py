@@ -15,6 +15,9 @@ from runstate_server.actors.state import Space, State
 #                   ("resource", space, kind, name) or
 #                   ("api_key", key_id) (revoked: the long polls of the key end)
 #   ("arm", due_ms) the earliest due time of the state moved earlier: re-arm the ticker
+#   ("observe", what, ...) a figure for the node's metrics (node/api/metrics.py), e.g.
+#                   ("observe", "task_ended", space, mailbox, state, latency_ms, attempts) or
+#                   ("observe", "lease_expired", space, mailbox, taken_over); never read by the core
 Effect = tuple[Any, ...]
 
 
@@ -55,6 +58,10 @@ class Context:
     command_id: str
     effects: list[Effect] = field(default_factory=list)
     key_id: str | None = None  # the API key the command carries (checked by dispatch); None: keyless node
+
+    def observe(self, *figures: Any) -> None:
+        """A figure for the node's metrics; the node counts it, the state keeps nothing of it."""
+        self.effects.append(("observe", *figures))
 
     def wake(self, key: tuple[str, ...]) -> None:
         self.effects.append(("wake", key))

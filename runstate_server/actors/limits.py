@@ -154,6 +154,10 @@ messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
 ops_runs_max = 1_000
 ops_entries_max = 1_000
 
+# GET /metrics: per-queue and per-resource series it answers at most (each); past it, the deepest
+# queues and the resources with the most waiters are kept, and runstate_series_dropped counts the rest.
+metrics_series_max = 1_000
+
 # Idempotency keys (the `idempotency-key` header of a mutation): what a space remembers of them.
 idempotency_keys_per_space_max = 10_000  # the oldest is forgotten first
 idempotency_key_ttl_ms = 3_600_000  # a key is remembered for an hour after its first use

@@ -80,6 +80,16 @@ class Mailbox:
 
 
 @dataclass(slots=True)
+class QueueFigures:
+    """What one mailbox holds now, for the node's metrics (node/api/metrics.py). Derived: kept by
+    tasks.py as tasks change state, never written to a snapshot, recounted on restore."""
+
+    # Its QUEUED tasks: task id -> when it last became QUEUED (ms), in that order (oldest first).
+    queued: dict[str, int] = field(default_factory=dict)
+    running: int = 0  # its RUNNING tasks (in flight under a delivery lease)
+
+
+@dataclass(slots=True)
 class Space:
     id: str
     mailboxes: dict[str, Mailbox] = field(default_factory=dict)
@@ -297,6 +307,9 @@ class State:
     idempotency_bytes: dict[str, int] = field(default_factory=dict)
     # Derived: the bytes every space holds together (storage.py); recounted on restore.
     stored_bytes: int = 0
+    # Derived: (space, mailbox) -> its QUEUED and RUNNING tasks (tasks.py keeps them; only mailboxes
+    # that hold some have an entry); recounted on restore.
+    queue_figures: dict[tuple[str, str], QueueFigures] = field(default_factory=dict, compare=False)
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -496,6 +509,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
     recount(state)
+    recount_queue_figures(state)
     return state
 
 
@@ -570,6 +584,29 @@ def recount(state: State) -> None:
     state.idempotency_bytes = {
         space: sum(result_bytes(entry[2]) for entry in table.values()) for space, table in state.idempotency.items()
     }
+
+
+def recount_queue_figures(state: State) -> None:
+    """Every mailbox's QueueFigures from its tasks. When a restored task became QUEUED is not kept:
+    its creation, or the end of its last lease if it was delivered before, stands in for it."""
+    state.queue_figures = {}
+    queued: list[tuple[int, str, Task]] = []
+    for task in state.tasks.values():
+        if task.state == TaskState.RUNNING:
+            figures_of(state, task).running += 1
+        elif task.state == TaskState.QUEUED:
+            since_ms = max(task.created_ms, task.lease_expires_ms) if task.delivery_count else task.created_ms
+            queued.append((since_ms, task.id, task))
+    for since_ms, task_id, task in sorted(queued):
+        figures_of(state, task).queued[task_id] = since_ms
+
+
+def figures_of(state: State, task: Task) -> QueueFigures:
+    """The QueueFigures of the task's mailbox, made when it has none."""
+    figures = state.queue_figures.get((task.space, task.mailbox))
+    if figures is None:
+        figures = state.queue_figures[(task.space, task.mailbox)] = QueueFigures()
+    return figures
 
 
 def json_bytes(value: Any) -> bytes:

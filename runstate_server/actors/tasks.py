@@ -37,7 +37,7 @@ from runstate_server.actors import (
 )
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState
+from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState, figures_of
 
 MAILBOX_MODES = ("WORK", "INBOX")
 INBOX = "INBOX"  # takes messages only: a task (POST /tasks, admit) names a WORK mailbox
@@ -313,6 +313,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     run.task_count += 1
     ctx.space.task_count += 1
     _count_unfinished(ctx.state, task, 1)
+    _enter_figures(ctx.state, task, TaskState.QUEUED, ctx.now_ms)  # new, and QUEUED
     if deadline_ms is not None:
         ctx.state.arm(deadline_ms, DueKind.TASK_DEADLINE, task.id)
     if needs is not None:
@@ -383,8 +384,39 @@ def _set_state(ctx: Context, task: Task, state: str) -> None:
     runs.TASK_STOP_HOOKS): a job entering or leaving QUEUED counts as waiting on its resources."""
     if task.needs is not None and (task.state == TaskState.QUEUED) != (state == TaskState.QUEUED):
         resources.count_waiting(ctx.state, task, 1 if state == TaskState.QUEUED else -1)
+    if task.state != state:
+        _leave_figures(ctx.state, task)
+        _enter_figures(ctx.state, task, state, ctx.now_ms)
+    if state in TaskState.TERMINAL:
+        _observe_end(ctx, task, state)
     events.task_event(ctx, task, state)
     task.state = state
+
+
+def _enter_figures(state: State, task: Task, task_state: str, now_ms: int) -> None:
+    """The task enters `task_state`: its mailbox's QueueFigures count it (state.py)."""
+    if task_state == TaskState.QUEUED:
+        figures_of(state, task).queued[task.id] = now_ms
+    elif task_state == TaskState.RUNNING:
+        figures_of(state, task).running += 1
+
+
+def _leave_figures(state: State, task: Task) -> None:
+    """The task leaves its state: its mailbox's QueueFigures stop counting it (and go when empty)."""
+    if task.state not in (TaskState.QUEUED, TaskState.RUNNING):
+        return
+    figures = figures_of(state, task)
+    if task.state == TaskState.QUEUED:
+        del figures.queued[task.id]
+    else:
+        figures.running -= 1
+    if not figures.queued and not figures.running:
+        del state.queue_figures[(task.space, task.mailbox)]
+
+
+def _observe_end(ctx: Context, task: Task, task_state: str) -> None:
+    """The node's metrics observe a task's end: its state, time since it was submitted, attempts."""
+    ctx.observe("task_ended", task.space, task.mailbox, task_state, ctx.now_ms - task.created_ms, task.attempt)
 
 
 def _make_ready(ctx: Context, task: Task, queue: Queue) -> None:
@@ -662,6 +694,8 @@ def on_lease_due(ctx: Context, delivery_id: str, due_ms: int) -> None:
     resources.end_holds(ctx, task, 0)  # a lapse spends nothing: the reservation returns whole
     events.lease_lost(ctx, task)
     _fail_attempt(ctx, task, f"lease expired (holder {task.holder or 'unknown'})", 0, LEASE_EXPIRED)
+    # Queued again, the task is taken over by the next worker; out of attempts, it failed.
+    ctx.observe("lease_expired", task.space, task.mailbox, task.state == TaskState.QUEUED)
 
 
 def on_ready_due(ctx: Context, task_id: str, due_ms: int) -> None:
@@ -681,6 +715,8 @@ def on_deadline_due(ctx: Context, task_id: str, due_ms: int) -> None:
 
 def _on_task_stopping(ctx: Context, task: Task, task_state: str) -> None:
     _count_unfinished(ctx.state, task, -1)
+    _leave_figures(ctx.state, task)
+    _observe_end(ctx, task, task_state)
 
 
 runs.TASK_STOP_HOOKS.append(_on_task_stopping)

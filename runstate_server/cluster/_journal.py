@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from pysyncobj.journal import FileJournal, Journal, MetaStorer
@@ -23,6 +24,10 @@ from pysyncobj.pickle import loads as pysyncobj_loads
 
 from runstate_server.cluster.private_files import make_private, open_private
 from runstate_server.cluster.snapshot import fsync_directory
+from runstate_server.histogram import Histogram
+
+# Bucket bounds (seconds) of the journal's fsync time, as the node's metrics show it.
+FSYNC_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +113,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
             inner.flush()  # the no-op entry SyncObj may have just added
         self._inner = inner
         self.compactions = 0
+        self.fsync_seconds = Histogram(FSYNC_SECONDS_BUCKETS)  # each flush of an append or a clear
         # Positions at and after this one are deleted for pysyncobj but still on disk (None: none
         # are). pysyncobj deletes a follower's whole suffix on every append that overlaps it and
         # re-appends what the leader resends, even when the entries match; Raft truncates only on
@@ -146,14 +152,19 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._inner.add(command, idx, term)
         self.command_bytes += len(command)
         if self._fsync:
-            self._inner.flush()
+            self._flush()
 
     def clear(self) -> None:
         self._visible = None
         self._inner.clear()
         self.command_bytes = 0
         if self._fsync:
-            self._inner.flush()
+            self._flush()
+
+    def _flush(self) -> None:
+        started = time.perf_counter()
+        self._inner.flush()
+        self.fsync_seconds.observe(time.perf_counter() - started)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         """pysyncobj's follower calls this on every append that overlaps its log, before re-adding

@@ -48,6 +48,7 @@ from runstate_server.cluster.snapshot import (
     fsync_directory,
     fsync_file,
 )
+from runstate_server.histogram import HistogramView
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +287,11 @@ class ReplicatedLog:
     @property
     def commit_index(self) -> int:
         return int(self._raft.raftCommitIndex) if self._raft is not None else 0
+
+    @property
+    def fsync_seconds(self) -> HistogramView | None:
+        """The journal's fsync times so far; None without a data dir (nothing is written)."""
+        return self._journal.fsync_seconds.view() if self._journal is not None else None
 
     # Proposing (loop thread).
 

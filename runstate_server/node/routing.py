@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json"})
+LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics"})
 FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 # On a forwarded answer: the leader's API URL, so a client can go there directly next time.
 LEADER_HEADER = "X-Runstate-Leader"

@@ -31,6 +31,7 @@ from runstate_server.node.config import (
 )
 from runstate_server.node.errors import ApiError, raise_for_result
 from runstate_server.node.http_server import Runner, Site, connections_max_for, limit_log_rate, raise_fd_limit
+from runstate_server.node.metrics import NodeMetrics
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
 from runstate_server.node.waiters import Waiters
@@ -79,6 +80,7 @@ class Node:
         self._build_app = build_app
         self.core = dispatch.Core()
         self.waiters = Waiters(config.long_polls_per_key_max, config.long_polls_max)
+        self.metrics = NodeMetrics()  # what this node observes (GET /metrics)
         self.ticker = Ticker(self)
         raft_address = config.raft_address or f"{DEFAULT_HOST}:{free_port(DEFAULT_HOST)}"
         raft_host, raft_port = split_address(raft_address, "the Raft address")
@@ -237,6 +239,8 @@ class Node:
                 self.waiters.wake(effect[1])
             elif effect[0] == "arm":
                 self.ticker.arm()
+            elif effect[0] == "observe":
+                self.metrics.observe(effect)
 
     def _on_role_change(self) -> None:
         self.ticker.arm()

@@ -20,6 +20,7 @@ from runstate_server.node.api import (
     health,
     mailboxes,
     messages,
+    metrics,
     once,
     openapi,
     ops,
@@ -41,6 +42,7 @@ from runstate_server.node.errors import (
     new_request_id,
 )
 from runstate_server.node.http_server import client_gone
+from runstate_server.node.metrics import UNMATCHED_ROUTE
 from runstate_server.node.routing import forwarded
 
 __all__ = ["ROUTES", "build_app"]
@@ -52,7 +54,7 @@ ROUTES: tuple[Route, ...] = tuple(
     for module in (
         health, cluster, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, permits,
-        work_limits, budgets, ops, allowances, events,
+        work_limits, budgets, ops, allowances, events, metrics,
     )
     for route in module.routes
 )
@@ -61,6 +63,24 @@ if TYPE_CHECKING:
     from runstate_server.node.server import Node
 
 log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """GET /metrics' runstate_http_requests_total: by the route's path template, never the raw
+    path (ids would make a series per request), and the status answered ("aborted": none was)."""
+    status = "aborted"
+    try:
+        response = await handler(request)
+        status = str(response.status)
+        return response
+    except web.HTTPException as error:
+        status = str(error.status)
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None and request.match_info.http_exception is None else UNMATCHED_ROUTE
+        request.app[NODE_KEY].metrics.count_request(request.method, route, status)
 
 
 @web.middleware
@@ -103,7 +123,7 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json, guard, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
+    app = web.Application(middlewares=[count_requests, errors_as_json, guard, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     app[ROUTES_KEY] = ROUTES
     app[ROUTE_BY_HANDLER_KEY] = {route.handler: route for route in ROUTES}

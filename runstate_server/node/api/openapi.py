@@ -99,7 +99,7 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
 def _success(entry: Route) -> dict[str, Any]:
     if entry.answer is None:
         return {"description": "success, no body"}
-    return {"description": "success", "content": {"application/json": {"schema": entry.answer}}}
+    return {"description": "success", "content": {entry.media_type: {"schema": entry.answer}}}
 
 
 @routes("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC, answer=obj({"openapi": STRING, "paths": {"type": "object"}}),)

@@ -55,6 +55,7 @@ class Route:
     answer: dict[str, Any] | None = None
     # The route may also answer 204 No Content ("nothing now", e.g. a receive that found nothing).
     empty: bool = False
+    media_type: str = "application/json"  # of the success answer (GET /metrics answers text)
 
 
 class RouteTable:
@@ -77,10 +78,11 @@ class RouteTable:
         errors: tuple[str, ...] = (),
         answer: dict[str, Any] | None = None,
         empty: bool = False,
+        media_type: str = "application/json",
     ) -> Callable[[Handler], Handler]:
         def add(handler: Handler) -> Handler:
             self.routes.append(
-                Route(method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty)
+                Route(method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty, media_type)
             )
             return handler
 

@@ -1,0 +1,131 @@
+"""GET /metrics on real nodes: the text format parses, and the figures move as the queue does
+(depth, in flight, a lapsed lease taken over, task histograms, requests by route template); in a
+cluster every node answers with its own role."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runstate_server.histogram import Histogram
+from runstate_server.node.api.metrics import Exposition
+from tests._cluster import Cluster
+from tests._http import Api, call, recv, settle_ok, submit_task
+from tests._nodes import DevNode
+from tests._prometheus import Samples, parse, scrape, value
+
+WAIT_S = 30.0  # how long a figure may take to move (a lapsed lease needs a tick); not asserted on
+def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
+    out = Exposition()
+    odd = 'a "quoted" back\\slash\nnew line'
+    out.metric("m", "gauge", "help with \\ and\nnewline", [((("label", odd),), 2.5)])
+    histogram = Histogram((1.0, 2.0))
+    for observed in (0.5, 1.0, 1.5, 9.0):
+        histogram.observe(observed)
+    out.histogram("h", "a histogram", [((), histogram.view())])
+    text = out.text()
+    assert "# HELP m help with \\\\ and\\nnewline\n" in text
+    samples, types = parse(text)
+    assert value(samples, "m", label=odd) == 2.5 and types == {"m": "gauge", "h": "histogram"}
+    buckets = [value(samples, "h_bucket", le=bound) for bound in ("1", "2", "+Inf")]
+    assert buckets == [2, 3, 4] and value(samples, "h_count") == 4 and value(samples, "h_sum") == 12
+
+
+def queue(samples: Samples, name: str) -> float:
+    return value(samples, name, space="default", mailbox="work")
+
+
+def wait_for(url: str, check: Callable[[Samples], bool]) -> Samples:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        samples, _ = scrape(url)
+        if check(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_the_figures_follow_the_queue(node_factory: Any) -> None:
+    node: DevNode = node_factory().start()
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    for number in range(3):
+        submit_task(api, run_id, {"n": number}, key=f"k{number}")
+    samples, types = scrape(node.url)
+    assert types["runstate_queue_depth"] == "gauge" and types["runstate_task_latency_seconds"] == "histogram"
+    assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (3, 0)
+    assert queue(samples, "runstate_queue_oldest_age_seconds") >= 0
+    assert value(samples, "runstate_raft_role", role="leader") == 1
+    assert value(samples, "runstate_raft_role", role="follower") == 0
+    assert value(samples, "runstate_raft_applied_index") > 0
+    assert value(samples, "runstate_raft_fsync_seconds_count") > 0  # a data dir, fsync always
+    assert value(samples, "runstate_raft_fsync_seconds_bucket", le="+Inf") == value(samples, "runstate_raft_fsync_seconds_count")
+
+    first, second = recv(api, run_id, leaseMs=60_000)[0], recv(api, run_id, leaseMs=100)[0]
+    samples, _ = scrape(node.url)
+    assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (1, 2)
+    settle_ok(api, first, "complete", {"result": {"ok": True}})
+    # The second delivery's lease lapses: the task is queued again for another worker.
+    samples = wait_for(node.url, lambda s: value(s, "runstate_takeovers_total") >= 1)
+    assert value(samples, "runstate_lease_expiries_total") == value(samples, "runstate_takeovers_total") == 1
+    assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (2, 0)
+    assert second["taskId"] != first["taskId"]
+    assert value(samples, "runstate_task_latency_seconds_count", state="SUCCEEDED") == 1
+    assert value(samples, "runstate_task_attempts_bucket", state="SUCCEEDED", le="1") == 1
+    assert value(samples, "runstate_task_attempts_bucket", state="SUCCEEDED", le="0") == 0
+    assert value(samples, "runstate_task_latency_seconds_count", state="FAILED") == 0
+
+    # Requests by route template (never a raw path with ids), and status.
+    assert value(samples, "runstate_http_requests_total", method="POST", route="/v1/spaces/{spaceId}/tasks", status="201") == 3
+    routes = {dict(labels).get("route", "") for name, labels in samples if name == "runstate_http_requests_total"}
+    assert any(route.endswith("/complete") and "{" in route for route in routes), routes
+    assert not any(run_id in route or first["taskId"] in route for route in routes)
+    api.error("GET", "/v1/no-such-route")
+    brewed, _ = call(node.url, "PROPFIND", "/v1/files")  # a client's own method: counted as "other"
+    samples, _ = scrape(node.url)
+    assert value(samples, "runstate_http_requests_total", method="GET", route="unmatched", status="404") >= 1
+    assert value(samples, "runstate_http_requests_total", method="other", route="unmatched", status=str(brewed)) == 1
+
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+    samples = wait_for(node.url, lambda s: value(s, "runstate_task_latency_seconds_count", state="CANCELLED") == 2)
+    assert value(samples, "runstate_task_latency_seconds_count", state="CANCELLED") == 2
+    assert ("runstate_queue_depth", frozenset({("space", "default"), ("mailbox", "work")})) not in samples
+
+
+def test_a_restarted_node_counts_its_queues_again(node_factory: Any) -> None:
+    node: DevNode = node_factory().start()
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    for number in range(3):
+        submit_task(api, run_id, {"n": number}, key=f"k{number}")
+    recv(api, run_id, leaseMs=600_000)
+    node.stop()
+    node.start()
+    samples, _ = scrape(node.url)
+    assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (2, 1)
+    assert value(samples, "runstate_lease_expiries_total") == 0
+
+
+def test_waiters_of_a_permit_are_counted(node_factory: Any) -> None:
+    node: DevNode = node_factory(in_memory=True).start()
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    permit = api.ok("POST", "/v1/permits", {"name": "gpu", "units": 1})["id"]
+    api.ok("POST", f"/v1/permits/{permit}/acquire", {"scopeId": run_id, "units": 1})
+    for _ in range(2):
+        api.ok("POST", f"/v1/permits/{permit}/wait", {"scopeId": run_id, "units": 1})
+    samples, _ = scrape(node.url)
+    labels = {"space": "default", "kind": "permit", "name": "gpu"}
+    assert value(samples, "runstate_resource_waiters", **labels, waiter="line") == 2
+    assert value(samples, "runstate_raft_fsync_seconds_count") == 0  # in memory: no journal
+
+
+def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    for index in range(cluster.size):
+        samples, _ = scrape(cluster.urls[index], cluster.admin_key)
+        role = "leader" if index == leader else "follower"
+        assert value(samples, "runstate_raft_role", role=role) == 1, (index, role)
+        assert value(samples, "runstate_raft_term") >= 1
+        assert value(samples, "runstate_raft_applied_index") <= value(samples, "runstate_raft_commit_index")
