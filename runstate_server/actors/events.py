@@ -79,9 +79,13 @@ def emit(
     ctx.wake(events_key(space.id))
 
 
-def run_event(ctx: Context, run: Run, event_type: str) -> None:
-    """scope.created, scope.cancelled, scope.completed, scope.expired."""
-    emit(ctx, event_type, run.id, "scope", run.id, {"scopeId": run.id, "parentId": run.parent_id})
+def run_event(ctx: Context, run: Run, event_type: str, stopped_by: Run | None = None) -> None:
+    """scope.created; scope.cancelled, scope.completed, scope.expired, naming the run whose stop
+    ended it (`stopped_by`: itself, or the run above it that was stopped)."""
+    payload: dict[str, Any] = {"scopeId": run.id, "parentId": run.parent_id}
+    if stopped_by is not None:
+        payload["stoppedBy"] = stopped_by.id
+    emit(ctx, event_type, run.id, "scope", run.id, payload)
 
 
 def task_event(ctx: Context, task: Task, state: str, event_type: str | None = None) -> None:
