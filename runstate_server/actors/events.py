@@ -26,8 +26,19 @@ What is emitted (type: aggregate, payload):
   group.finalized                                                     group: {groupId, outcome, outcomeReason}
   barrier.released                                                    barrier: {barrierId, epoch}
   timer.fired                                                         timer: {timerId}
-A run's stop emits one scope.* event for the run stopped (the runs below stop with it); the tasks
-it ends emit theirs after it. Payloads hold ids, states and numbers, never a user's payload.
+  permit.granted | permit.released | permit.lease_lost                permit: {permitId, grantId, units,
+                                                                        holder, waiterId | reason}
+  permit.waiter_signaled                                              permit: {permitId, waiterId, units, holder}
+  allowance.consumed | allowance.settled | allowance.cooldown         allowance: {allowanceId, consumptionId ...}
+  budget.reserved | budget.settled | budget.voided | budget.stale      budget: {budgetId, reservationId, taskId,
+                                                                        state, amounts as strings ...}
+A run's stop (runs.py) emits a scope.* event for every run it ends, once, parents first, each
+naming the run stopped (stoppedBy); then the tasks it ends emit theirs, then what else it ends
+(grants released, reservations voided: reason scope_stopped). A job's slots, units and
+reservations taken with its delivery and returned at its end emit nothing: the task's own events
+record them (a busy queue with requirements would otherwise multiply the log's entries per task).
+Payloads hold ids, states and numbers, never a user's payload (a cooldown's reason, bounded, is
+the one text).
 """
 
 from __future__ import annotations
