@@ -1029,7 +1029,7 @@ def test_events_a_lease_lost_before_the_lease_ran_out() -> None:
         assert len(found) == expected and all("lease was acknowledged valid until 12000" in v.message for v in found), found
 
 
-def resource_event(seq: int, event_type: str, run: str = "run1", **payload: Any) -> dict[str, Any]:
+def resource_event(seq: int, event_type: str, run: str | None = "run1", **payload: Any) -> dict[str, Any]:
     """An event of a permit, an allowance or a budget (aggregate from the type; ids prm_1, alw_1, bdg_1)."""
     kind = event_type.split(".")[0]
     entity = {"permit": "prm_1", "allowance": "alw_1", "budget": "bdg_1"}[kind]
