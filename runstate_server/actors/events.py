@@ -33,8 +33,8 @@ What is emitted (type: aggregate, payload):
   budget.reserved | budget.settled | budget.voided | budget.stale      budget: {budgetId, reservationId, taskId,
                                                                         state, amounts as strings ...}
 A run's stop (runs.py) emits a scope.* event for every run it ends, once, parents first, each
-naming the run stopped (stoppedBy); then the tasks it ends emit theirs, then what else it ends
-(grants released, reservations voided: reason scope_stopped). A job's slots, units and
+naming the run stopped (stoppedBy); then, run by run, the tasks it ends emit theirs and so does
+what else it ends (grants released, reservations voided: reason scope_stopped). A job's slots, units and
 reservations taken with its delivery and returned at its end emit nothing: the task's own events
 record them (a busy queue with requirements would otherwise multiply the log's entries per task).
 Payloads hold ids, states and numbers, never a user's payload (a cooldown's reason, bounded, is
