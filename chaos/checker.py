@@ -1549,6 +1549,23 @@ def check_events(history: History) -> list[Violation]:
     barrier seen RELEASED; and when one such change was acknowledged before another was first
     called, its event comes first in the log.
 
+    Permits, allowances and budgets (the workload's clients of checks 10 and 11), the same way:
+    (b) permit.granted of a grant an acknowledged acquire named (with its units; no more unnamed
+    ones than acquires of unknown outcome), and not after its run stopped; permit.released after a
+    release of the grant (acknowledged or unknown), or with reason scope_stopped after its run's
+    stop; permit.lease_lost not before the lease's end the acquire acknowledged;
+    permit.waiter_signaled of a waiter a wait named (or after a wait of unknown outcome);
+    allowance.consumed of a consume's consumption, or of a waiter a wait named; budget.reserved of
+    an acknowledged reserve's reservation (its amount); budget.settled after a settle of that
+    reservation and workKey; budget.voided after a void of it, or with reason scope_stopped after
+    its run's stop; budget.stale not before an hour after its reserve; allowance.settled and
+    allowance.cooldown never (the workload calls neither); per grant and reservation: granted
+    (reserved) first, one end (released or lease_lost; voided, or a settle that ends it), nothing
+    after it; a consumption consumed once. (c) an acknowledged acquire, release, consume, reserve,
+    settle (per workKey) and void each has its event once; and an acknowledged cancel of a run
+    has a stop event of every run known below it (scope.cancelled naming it as stoppedBy, or the
+    run's own earlier stop).
+
     Unknown operations are never violations: they explain events (b) and need none (c). An event
     an acknowledged change needs is a violation only when the pages saw the log whole from its
     first event (else it may have fallen out of the bounded log: a note). Pages refused with
@@ -1764,7 +1781,13 @@ def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
         elif kind == "scope.cancelled":
             finalized = [other for other in log.events.values() if other.type == "group.finalized"
                          and other.scope == entity and other.seq < event.seq]
-            if not _may_have(cancels.get(entity, [])) and not finalized:
+            stopped_by = event.payload.get("stoppedBy")
+            if stopped_by not in (None, entity):
+                above = log.run_and_ancestors(log.parent.get(entity))
+                stop = log.stopped_before(stopped_by, event.seq) if stopped_by in above else None
+                if stop is None or stop.entity != stopped_by:
+                    wrong(event, f"scope.cancelled by the stop of run {stopped_by}, which is not a run above it stopped before it")
+            elif not _may_have(cancels.get(entity, [])) and not finalized:
                 wrong(event, "scope.cancelled without a cancel of the run (acknowledged or unknown) or its group's decision",
                       *cancels.get(entity, []))
         elif kind == "task.cancelled":
@@ -1792,7 +1815,13 @@ def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
             stop = log.stopped_before(event.scope, event.seq)
             if stop is not None:
                 wrong(event, f"timer.fired after its run stopped (event {stop.seq} {stop.type})")
-    for kind, budget in (("scope.created", unknown_runs), ("task.created", unknown_tasks)):
+    violations += _resource_events_unexplained(history, log, unnamed)
+    unknown_grants = _unresolved(history.by_kind["permit_acquire"], lambda op: op.id)
+    unknown_consumes = _unresolved(history.by_kind["allowance_consume"], lambda op: op.id)
+    unknown_reserves = _unresolved(history.by_kind["budget_reserve"], lambda op: op.id)
+    for kind, budget in (("scope.created", unknown_runs), ("task.created", unknown_tasks),
+                         ("permit.granted", unknown_grants), ("allowance.consumed", unknown_consumes),
+                         ("budget.reserved", unknown_reserves)):
         if len(unnamed[kind]) > budget:
             shown = unnamed[kind][:REPORT_OPS_MAX]
             violations.append(Violation(
@@ -1801,6 +1830,174 @@ def _events_unexplained(history: History, log: _EventLog) -> list[Violation]:
                 _ops([event.op for event in shown]),
             ))
     return violations
+
+
+# The events of permits, allowances and budgets are about the resource (aggregate permit:<id>,
+# allowance:<id>, budget:<id>); their payloads name the item they change.
+RESOURCE_ITEMS = {"permit": "grantId", "allowance": "consumptionId", "budget": "reservationId"}
+GRANT_ENDS = ("permit.released", "permit.lease_lost")
+BUDGET_SETTLE_BY_DEFAULT_MS = 3_600_000  # the workload reserves with the default settleBy: now + 1 h
+
+
+def _resource_events_unexplained(history: History, log: _EventLog, unnamed: dict[str, list[LoggedEvent]]) -> list[Violation]:
+    """(b) for permits, allowances and budgets (see check_events). Events of items no answer named
+    go to `unnamed`, to be weighed against the calls of unknown outcome."""
+    violations: list[Violation] = []
+
+    def wrong(event: LoggedEvent, message: str, *ops: Op) -> None:
+        violations.append(Violation(CHECK_EVENTS, f"{event.aggregate[0]} {event.entity}", f"{message}: {event}",
+                                    _ops([event.op], ops)))
+
+    def named(kind: str, id_name: str) -> dict[str, Op]:
+        return {str(op.result[id_name]): op for op in history.by_kind[kind] if op.ok and op.result and op.result.get(id_name)}
+
+    grants, consumes, reserves = named("permit_acquire", "grantId"), named("allowance_consume", "consumptionId"), named(
+        "budget_reserve", "reservationId")
+    permit_waits, allowance_waits = named("permit_wait", "waiterId"), named("allowance_wait", "waiterId")
+    unknown_waits = {kind: any(op.status == STATUS_UNKNOWN for op in history.by_kind[kind])
+                     for kind in ("permit_wait", "allowance_wait")}
+    releases: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["permit_release"]:
+        releases[str(op.args.get("grantId"))].append(op)
+    settles: dict[tuple[str, str], list[Op]] = defaultdict(list)
+    for op in history.by_kind["budget_settle"]:
+        settles[(str(op.args.get("reservationId")), str(op.args.get("workKey")))].append(op)
+    voids: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["budget_void"]:
+        voids[str(op.args.get("reservationId"))].append(op)
+    reserved_at = {str(event.payload.get("reservationId")): event for event in log.events.values() if event.type == "budget.reserved"}
+
+    def after_stop(event: LoggedEvent, what: str) -> None:
+        if log.complete and log.stopped_before(event.scope, event.seq) is None:
+            wrong(event, f"{what} with reason scope_stopped, but no stop of its run precedes it in the log")
+
+    for event in log.events.values():
+        kind, payload = event.type, event.payload
+        if kind == "permit.granted":
+            acquire = grants.get(str(payload.get("grantId")))
+            if acquire is None:
+                unnamed[kind].append(event)
+            elif payload.get("units") != (acquire.result or {}).get("units"):
+                wrong(event, f"permit.granted of {payload.get('units')} units, the acquire got {(acquire.result or {}).get('units')}",
+                      acquire)
+            stop = log.stopped_before(event.scope, event.seq)
+            if stop is not None:
+                wrong(event, f"permit.granted after its run stopped (event {stop.seq} {stop.type})")
+        elif kind == "permit.released":
+            reason = payload.get("reason")
+            if reason == "scope_stopped":
+                after_stop(event, "permit.released")
+            elif reason != "released" or not _may_have(releases.get(str(payload.get("grantId")), [])):
+                wrong(event, f"permit.released ({reason}) without a release of the grant (acknowledged or unknown)")
+        elif kind == "permit.lease_lost":
+            acquire = grants.get(str(payload.get("grantId")))
+            expires = (acquire.result or {}).get("leaseExpiresAt") if acquire is not None else None
+            if expires is not None and event.created_ms is not None and event.created_ms < float(expires):
+                wrong(event, f"permit.lease_lost at {event.created_ms:.0f}, but the grant was acknowledged valid until "
+                      f"{float(expires):.0f}", acquire)  # type: ignore[arg-type]
+        elif kind == "permit.waiter_signaled":
+            if str(payload.get("waiterId")) not in permit_waits and not unknown_waits["permit_wait"]:
+                wrong(event, "permit.waiter_signaled of a waiter no wait named")
+        elif kind == "allowance.consumed":
+            waiter = payload.get("waiterId")
+            if waiter is not None:
+                if str(waiter) not in allowance_waits and not unknown_waits["allowance_wait"]:
+                    wrong(event, "allowance.consumed for a waiter no wait named")
+            else:
+                consume = consumes.get(str(payload.get("consumptionId")))
+                if consume is None:
+                    unnamed[kind].append(event)
+                elif payload.get("units") != (consume.result or {}).get("units"):
+                    wrong(event, f"allowance.consumed of {payload.get('units')} units, the consume took "
+                          f"{(consume.result or {}).get('units')}", consume)
+        elif kind in ("allowance.settled", "allowance.cooldown"):
+            wrong(event, f"{kind} although the workload neither settles consumptions nor cools allowances down")
+        elif kind == "budget.reserved":
+            reserve = reserves.get(str(payload.get("reservationId")))
+            if reserve is None:
+                unnamed[kind].append(event)
+            elif int(payload.get("amountMinor") or -1) != int((reserve.result or {}).get("reservedMinor", -2)):
+                wrong(event, f"budget.reserved of {payload.get('amountMinor')}, the reserve held "
+                      f"{(reserve.result or {}).get('reservedMinor')}", reserve)
+        elif kind == "budget.settled":
+            if not _may_have(settles.get((str(payload.get("reservationId")), str(payload.get("workKey"))), [])):
+                wrong(event, "budget.settled without a settle of the reservation under that workKey (acknowledged or unknown)")
+        elif kind == "budget.voided":
+            reason = payload.get("reason")
+            if reason == "scope_stopped":
+                after_stop(event, "budget.voided")
+            elif reason != "voided" or not _may_have(voids.get(str(payload.get("reservationId")), [])):
+                wrong(event, f"budget.voided ({reason}) without a void of the reservation (acknowledged or unknown)")
+        elif kind == "budget.stale":
+            reserved = reserved_at.get(str(payload.get("reservationId")))
+            if reserved is not None and reserved.created_ms is not None and event.created_ms is not None and (
+                event.created_ms < reserved.created_ms + BUDGET_SETTLE_BY_DEFAULT_MS
+            ):
+                wrong(event, f"budget.stale before its settleBy (reserved at event {reserved.seq})")
+    return violations
+
+
+def _item_order(kind: str, events: list[LoggedEvent], log: _EventLog, wrong: Callable[[LoggedEvent, str], None]) -> None:
+    """(b), per grant, consumption or reservation of one resource: made first, one end, nothing after."""
+    items: dict[str, list[LoggedEvent]] = defaultdict(list)
+    for event in events:
+        if RESOURCE_ITEMS[kind] in event.payload:
+            items[str(event.payload[RESOURCE_ITEMS[kind]])].append(event)
+    first_type = {"permit": "permit.granted", "allowance": "allowance.consumed", "budget": "budget.reserved"}[kind]
+    for item_events in items.values():
+        ended: LoggedEvent | None = None
+        for index, event in enumerate(item_events):
+            if event.type == first_type and index > 0:
+                wrong(event, f"{first_type} again (first event of it: {item_events[0].seq})")
+            elif index == 0 and event.type != first_type and log.complete:
+                wrong(event, f"the first event of {RESOURCE_ITEMS[kind]} {event.payload[RESOURCE_ITEMS[kind]]} is not {first_type}")
+            if ended is not None:
+                wrong(event, f"an event after it ended (event {ended.seq} {ended.type})")
+            if event.type in GRANT_ENDS or event.type == "budget.voided" or (
+                event.type == "budget.settled" and event.payload.get("state") in ("SETTLED", "VOIDED")
+            ):
+                ended = ended or event
+
+
+def _resource_changes(history: History, need: Callable[..., LoggedEvent | None]) -> None:
+    """(c) for permits, allowances and budgets: each acknowledged change has its event once."""
+    for op in history.by_kind["permit_acquire"]:
+        grant = (op.result or {}).get("grantId") if op.ok else None
+        if grant is not None:
+            need("an acknowledged grant", "permit", op.args.get("permit"), "permit.granted", [op],
+                 match=lambda event, grant=grant: event.payload.get("grantId") == grant)
+    releases: dict[Any, list[Op]] = defaultdict(list)
+    for op in history.by_kind["permit_release"]:
+        releases[op.args.get("grantId")].append(op)
+    acquired = {(op.result or {}).get("grantId"): op.args.get("permit") for op in history.by_kind["permit_acquire"] if op.ok}
+    for grant, ops in releases.items():
+        if any(op.ok for op in ops) and grant in acquired:
+            need("an acknowledged release", "permit", acquired[grant], "permit.released", ops,
+                 match=lambda event, grant=grant: event.payload.get("grantId") == grant)
+    for op in history.by_kind["allowance_consume"]:
+        consumption = (op.result or {}).get("consumptionId") if op.ok else None
+        if consumption is not None:
+            need("an acknowledged consume", "allowance", op.args.get("allowance"), "allowance.consumed", [op],
+                 match=lambda event, consumption=consumption: event.payload.get("consumptionId") == consumption)
+    for op in history.by_kind["budget_reserve"]:
+        reservation = (op.result or {}).get("reservationId") if op.ok else None
+        if reservation is not None:
+            need("an acknowledged reserve", "budget", op.args.get("budget"), "budget.reserved", [op],
+                 match=lambda event, reservation=reservation: event.payload.get("reservationId") == reservation)
+    by_key: dict[tuple[Any, ...], list[Op]] = defaultdict(list)
+    for op in history.by_kind["budget_settle"]:
+        by_key[("settle", op.args.get("budget"), op.args.get("reservationId"), op.args.get("workKey"))].append(op)
+    for op in history.by_kind["budget_void"]:
+        by_key[("void", op.args.get("budget"), op.args.get("reservationId"))].append(op)
+    for key, ops in by_key.items():
+        if not any(op.ok for op in ops):
+            continue
+        if key[0] == "settle":
+            need("an acknowledged settle", "budget", key[1], "budget.settled", ops,
+                 match=lambda event, key=key: (event.payload.get("reservationId"), event.payload.get("workKey")) == key[2:])
+        else:
+            need("an acknowledged void", "budget", key[1], "budget.voided", ops,
+                 match=lambda event, key=key: event.payload.get("reservationId") == key[2])
 
 
 def _lease_valid_until(history: History, deliveries: list[Delivery]) -> float | None:
@@ -1836,6 +2033,8 @@ def _events_out_of_order(log: _EventLog) -> list[Violation]:
                     stopped = stopped or event
                 if index == 0 and event.type != "scope.created" and log.complete:
                     wrong(event, "the run's first event is not scope.created")
+        elif kind in RESOURCE_ITEMS:
+            _item_order(kind, events, log, wrong)
         else:
             seen: dict[Any, LoggedEvent] = {}
             for event in events:
@@ -1966,7 +2165,16 @@ def _changes_without_event(history: History, log: _EventLog) -> list[Violation]:
     for run, ops in cancels.items():
         if any(op.ok and (op.result or {}).get("storedState") in (None, CANCELLED) for op in ops):
             by_group = any(event.type == "group.finalized" for event in log.events.values() if event.scope == run)
-            need("an acknowledged cancel", "scope", run, "scope.cancelled", ops, ordered=not by_group)
+            from_above = any(event.payload.get("stoppedBy") not in (None, run) for event in log.typed("scope", run, "scope.cancelled"))
+            need("an acknowledged cancel", "scope", run, "scope.cancelled", ops, ordered=not by_group and not from_above)
+            if log.complete:
+                for below in (other for other in log.parent if run in log.run_and_ancestors(log.parent[other])):
+                    if not any(event.type in RUN_STOP_EVENTS for event in log.of("scope", below)):
+                        violations.append(Violation(
+                            CHECK_EVENTS, f"scope {below}", f"run {below}, below the cancelled run {run}, has no stop event",
+                            _ops([op for op in ops if op.ok][:1]),
+                        ))
+    _resource_changes(history, need)
     for delivery in history.deliveries.values():
         attempt = next((item.get("attempt") for item in (delivery.receive.result or {}).get("deliveries") or []
                         if item.get("id") == delivery.id), None)

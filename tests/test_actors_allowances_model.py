@@ -7,6 +7,7 @@ takes of the limit routes, time passing and run stops (hypothesis stateful). Aft
   has left the line, and the line holds only WAITING waiters of active runs;
 - no lost wake-up: a head that cannot be granted now has a wake armed no later than the ms its
   window opens (or its cooldown ends);
+- the event log tells each consumption (a waiter's grant naming the waiter) and each settle once;
 - a snapshot round-trips.
 """
 
@@ -144,6 +145,25 @@ class AllowanceMachine(RuleBasedStateMachine):
             assert limit.wake_ms is not None and limit.wake_ms <= max(ready_ms, now_ms), (limit.wake_ms, ready_ms)
             due = [entry[0] for entry in state.due if entry[2] == "limit_window" and entry[0] == limit.wake_ms]
             assert due, "the limit's wake is armed"
+
+    @invariant()
+    def the_log_tells_each_consumption_and_settle_once(self) -> None:
+        consumed: dict[str, str | None] = {}
+        settled: set[str] = set()
+        for event in self.h.state.spaces[self.h.space].events:
+            if event.type == "allowance.consumed":
+                assert event.payload["consumptionId"] not in consumed
+                consumed[event.payload["consumptionId"]] = event.payload["waiterId"]
+            elif event.type == "allowance.settled":
+                assert event.payload["consumptionId"] not in settled
+                settled.add(event.payload["consumptionId"])
+        state = self.h.state
+        for consumption in state.allowance_consumptions.values():
+            assert consumption.id in consumed
+            assert (consumption.id in settled) == (consumption.settled_units is not None)
+        for waiter in state.allowance_waiters.values():
+            if waiter.state == "GRANTED":
+                assert consumed[waiter.consumption_id] == waiter.id
 
     @invariant()
     def snapshot_round_trips(self) -> None:

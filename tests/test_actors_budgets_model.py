@@ -9,6 +9,7 @@ After every step, on the core's state:
   reservation and the budget could cover;
 - nothing is leaked: no open reservation belongs to a stopped run, and a job's open reservation
   belongs to its running delivery or to the delivery that completed it;
+- the event log ends each reservation's events with the state it is in;
 - a snapshot round-trips.
 """
 
@@ -178,6 +179,27 @@ class BudgetMachine(RuleBasedStateMachine):
                 assert own and task.state in (TaskState.RUNNING, TaskState.SUCCEEDED), (rid, task.state)
                 if task.state == TaskState.RUNNING:
                     assert self.h.now_ms < task.lease_expires_ms or task.delivery_id is not None
+
+    @invariant()
+    def the_log_tells_each_reservation_s_state(self) -> None:
+        """A reservation's events (a job's begin only after its delivery completed) end with the
+        state it is in; a settle is told once per workKey; a direct reservation is told from its reserve."""
+        last: dict[str, str] = {}
+        settled: set[tuple[str, str]] = set()
+        for event in self.h.state.spaces[self.h.space].events:
+            if event.aggregate_type != "budget":
+                continue
+            reservation_id = event.payload["reservationId"]
+            assert event.type != "budget.reserved" or reservation_id not in last
+            last[reservation_id] = event.payload["state"]
+            if event.type == "budget.settled":
+                assert (reservation_id, event.payload["workKey"]) not in settled
+                settled.add((reservation_id, event.payload["workKey"]))
+        for reservation in self.h.state.budget_reservations.values():
+            if reservation.task_id is None:
+                assert last[reservation.id] == reservation.state, (reservation.id, reservation.state)
+            elif reservation.id in last:
+                assert last[reservation.id] == reservation.state, (reservation.id, reservation.state)
 
     @invariant()
     def snapshot_round_trips(self) -> None:

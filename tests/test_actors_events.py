@@ -45,16 +45,54 @@ def test_a_refused_command_leaves_no_event(h: Harness, run_id: str) -> None:
     assert h.state.spaces[SPACE].event_seq == before
 
 
-def test_a_stop_tells_the_run_then_its_tasks_and_those_below(h: Harness, run_id: str) -> None:
+def test_a_stop_tells_every_run_it_ends_once_then_their_tasks(h: Harness, run_id: str) -> None:
     child = h.create_run(parent_id=run_id)
-    a, b = h.submit(run_id, "a"), h.submit(child, "b")
+    grandchild = h.create_run(parent_id=child)
+    a, b = h.submit(run_id, "a"), h.submit(grandchild, "b")
     h.cancel(run_id)
-    tail = [(e.type, e.aggregate_id) for e in log(h)][-3:]
-    assert tail == [("scope.cancelled", run_id), ("task.cancelled", a), ("task.cancelled", b)]
-    found, _ = events.read(h.state.spaces[SPACE], None, 100, events.matcher(h.state, None, None, child))
-    assert [e.type for e in found] == ["scope.created", "task.created", "task.cancelled"]
+    tail = [(e.type, e.aggregate_id, e.payload.get("stoppedBy")) for e in log(h)][-5:]
+    assert tail == [
+        ("scope.cancelled", run_id, run_id), ("scope.cancelled", child, run_id), ("scope.cancelled", grandchild, run_id),
+        ("task.cancelled", a, None), ("task.cancelled", b, None),
+    ]
+    # The watch of a run below sees its own stop (scopeId: that run and those below it).
+    found, _ = events.read(h.state.spaces[SPACE], None, 100, events.matcher(h.state, None, None, grandchild))
+    assert [e.type for e in found] == ["scope.created", "task.created", "scope.cancelled", "task.cancelled"]
     found, _ = events.read(h.state.spaces[SPACE], None, 100, events.matcher(h.state, frozenset({"scope.cancelled"}), None, run_id))
-    assert [e.aggregate_id for e in found] == [run_id]
+    assert [e.aggregate_id for e in found] == [run_id, child, grandchild]
+    # A stopped run stops no more: cancelling a run below, or its deadline, tells nothing again.
+    seq = h.state.spaces[SPACE].event_seq
+    h.cancel(child)
+    assert h.state.spaces[SPACE].event_seq == seq
+
+
+def test_a_run_stopped_before_is_not_told_again_by_the_stop_above(h: Harness, run_id: str) -> None:
+    early = h.create_run(parent_id=run_id)
+    below_early = h.create_run(parent_id=early)
+    late = h.create_run(parent_id=run_id, deadline_ms=h.now_ms + 1_000)
+    h.cancel(early)
+    assert [(e.type, e.aggregate_id) for e in log(h)][-2:] == [("scope.cancelled", early), ("scope.cancelled", below_early)]
+    h.complete_run(run_id)  # a complete cancels what is below it
+    assert [(e.type, e.aggregate_id, e.payload["stoppedBy"]) for e in log(h)[-2:]] == [
+        ("scope.completed", run_id, run_id), ("scope.cancelled", late, run_id),
+    ]
+    h.advance(1_000)
+    h.tick()  # the deadline of a run stopped already: nothing
+    stops = [(e.type, e.aggregate_id) for e in log(h) if e.type.startswith("scope.") and e.type != "scope.created"]
+    assert sorted(stops, key=str) == sorted([
+        ("scope.cancelled", early), ("scope.cancelled", below_early), ("scope.completed", run_id),
+        ("scope.cancelled", late),
+    ], key=str)
+
+
+def test_a_deadline_expires_the_runs_below(h: Harness) -> None:
+    root = h.create_run(deadline_ms=h.now_ms + 1_000)
+    child = h.create_run(parent_id=root)
+    h.advance(1_000)
+    h.tick()
+    assert [(e.type, e.aggregate_id, e.payload["stoppedBy"]) for e in log(h)[-2:]] == [
+        ("scope.expired", root, root), ("scope.expired", child, root),
+    ]
 
 
 def test_deadline_and_complete(h: Harness) -> None:
@@ -173,3 +211,110 @@ def test_every_change_of_a_task_has_its_event_once_in_order(ops: list[tuple[str,
     assert restored == h.state
     assert restored.spaces[SPACE].event_bytes == h.state.spaces[SPACE].event_bytes
     assert events.read(restored.spaces[SPACE], None, 1_000) == events.read(h.state.spaces[SPACE], None, 1_000)
+
+
+# -- permits, allowances, budgets ----------------------------------------------------------------
+
+
+def told(h: Harness, since: int, kind: str) -> list[tuple[str, dict[str, Any]]]:
+    """The events of aggregate type `kind` after event `since`, as (type, payload)."""
+    return [(e.type, dict(e.payload)) for e in log(h) if e.seq > since and e.aggregate_type == kind]
+
+
+def test_a_permit_tells_its_grants_their_ends_and_its_signals(h: Harness, run_id: str) -> None:
+    permit_id = h.ok("permit.create", name="gpu", units=2)["permit_id"]
+    grant_args = {"permit_id": permit_id, "run_id": run_id, "lease_ms": 1_000, "holder": "w", "nonce": "ab" * 12}
+    first = h.ok("permit.acquire", **grant_args, units=2)
+    assert h.ok("permit.acquire", **grant_args, units=1)["granted"] is False  # nothing changed: no event
+    waiter = h.ok("permit.wait", permit_id=permit_id, run_id=run_id, units=1, holder="v", ttl_ms=None)
+    since = h.state.spaces[SPACE].event_seq
+    h.ok("permit.release", grant_id=first["grant_id"], token=first["token"])
+    second = h.ok("permit.acquire", **grant_args, units=1, waiter_id=waiter["waiter_id"])
+    h.advance(1_000)
+    h.tick()  # the second grant's lease lapses
+    third = h.ok("permit.acquire", **grant_args, units=2)
+    h.cancel(run_id)
+    run_event = next(e for e in log(h) if e.type == "scope.cancelled")
+    assert [(kind, p.get("grantId") or p.get("waiterId"), p.get("reason")) for kind, p in told(h, since, "permit")] == [
+        ("permit.released", first["grant_id"], "released"),
+        ("permit.waiter_signaled", waiter["waiter_id"], None),
+        ("permit.granted", second["grant_id"], None),
+        ("permit.lease_lost", second["grant_id"], None),
+        ("permit.granted", third["grant_id"], None),
+        ("permit.released", third["grant_id"], "scope_stopped"),
+    ]
+    assert all(e.aggregate_id == permit_id and e.run_id == run_id for e in log(h) if e.aggregate_type == "permit")
+    assert told(h, since, "permit")[2][1] == {
+        "permitId": permit_id, "grantId": second["grant_id"], "units": 1, "holder": "w", "waiterId": waiter["waiter_id"],
+    }
+    assert log(h)[-1].type == "permit.released" and run_event.seq < log(h)[-1].seq  # the stop first
+
+
+def test_an_allowance_tells_its_consumptions_settles_and_cooldowns(h: Harness, run_id: str) -> None:
+    allowance_id = h.ok("allowance.create", name="llm", units=2, interval_ms=1_000)["allowance_id"]
+    args = {"allowance_id": allowance_id, "run_id": run_id, "holder": "w"}
+    consumed = h.ok("allowance.consume", **args, units=2)
+    waiter = h.ok("allowance.wait", **args, units=1, ttl_ms=None)
+    h.ok("allowance_consumption.settle", consumption_id=consumed["consumption_id"], units=1)  # one back: the waiter goes
+    h.ok("allowance_consumption.settle", consumption_id=consumed["consumption_id"], units=1)  # a repeat: no event
+    h.ok("allowance.cooldown", allowance_id=allowance_id, cooldown_ms=5_000, reason="429 upstream")
+    h.ok("allowance.cooldown", allowance_id=allowance_id, cooldown_ms=1_000, reason=None)  # shorter: nothing
+    assert [(kind, p.get("consumptionId"), p.get("waiterId")) for kind, p in told(h, 0, "allowance")] == [
+        ("allowance.consumed", consumed["consumption_id"], None),
+        ("allowance.settled", consumed["consumption_id"], None),
+        ("allowance.consumed", "acn_" + waiter["waiter_id"][len("awt_"):], waiter["waiter_id"]),
+        ("allowance.cooldown", None, None),
+    ]
+    _, settled = told(h, 0, "allowance")[1]
+    assert (settled["settledUnits"], settled["returnedUnits"], settled["overrunUnits"]) == (1, 1, 0)
+    _, cooled = told(h, 0, "allowance")[3]
+    assert cooled == {"allowanceId": allowance_id, "cooldownUntilMs": h.now_ms + 5_000, "reason": "429 upstream"}
+    assert [e.run_id for e in log(h) if e.aggregate_type == "allowance"] == [run_id, run_id, run_id, None]
+
+
+def test_a_budget_tells_its_money_but_not_a_jobs_admission(h: Harness, run_id: str) -> None:
+    budget_id = h.ok("budget.create", name="usd", limit_minor=200)["budget_id"]
+    args = {"budget_id": budget_id, "run_id": run_id, "holder": "w"}
+    first = h.ok("budget_reservation.reserve", **args, amount_minor=30)["reservation_id"]
+    stale = h.ok("budget_reservation.reserve", **args, amount_minor=10, settle_by_ms=h.now_ms + 1_000)["reservation_id"]
+    h.ok("budget_reservation.settle", budget_id=budget_id, reservation_id=first, amount_minor=20, work_key="a")
+    h.ok("budget_reservation.settle", budget_id=budget_id, reservation_id=first, amount_minor=20, work_key="a")  # a repeat
+    h.ok("budget_reservation.void", budget_id=budget_id, reservation_id=first, work_key="v")
+    h.advance(1_000)
+    h.tick()
+    # A job's reservation: taken and given back with its delivery, told by the task's events only.
+    h.ok("mailbox.declare", name="jobs", requirements={"budgets": [{"name": "usd", "reserveMinor": "40"}]})
+    h.ok("task.submit", **{**h.submit_args(run_id, "a"), "mailbox": "jobs"})
+    h.ok("task.submit", **{**h.submit_args(run_id, "b"), "mailbox": "jobs"})
+    done, running = h.ok("task.receive", run_id=run_id, mailbox="jobs", max=2, lease_ms=10_000, holder="w")["deliveries"]
+    h.delivery("complete", done["token"], payload=1)
+    before_settle = h.state.spaces[SPACE].event_seq
+    (job_reservation,) = done["budget_reservations"]
+    h.ok("budget_reservation.settle", budget_id=budget_id, reservation_id=job_reservation, amount_minor=5, work_key="j")
+    h.cancel(run_id)  # the stop voids what is open: the stale one, the completed job's rest (and the running one's, silently)
+    assert [(kind, p["reservationId"], p["state"], p.get("reason")) for kind, p in told(h, 0, "budget")] == [
+        ("budget.reserved", first, "ACTIVE", None),
+        ("budget.reserved", stale, "ACTIVE", None),
+        ("budget.settled", first, "ACTIVE", None),
+        ("budget.voided", first, "SETTLED", "voided"),
+        ("budget.stale", stale, "STALE", None),
+        ("budget.settled", job_reservation, "ACTIVE", None),
+        ("budget.voided", stale, "VOIDED", "scope_stopped"),
+        ("budget.voided", job_reservation, "SETTLED", "scope_stopped"),
+    ]
+    assert told(h, before_settle, "budget")[0][1] == {
+        "budgetId": budget_id, "reservationId": job_reservation, "taskId": done["task_id"], "state": "ACTIVE",
+        "workKey": "j", "chargedMinor": "5", "releasedMinor": "5", "heldMinor": "35",
+    }
+    assert running["budget_reservations"][0] not in {p["reservationId"] for _, p in told(h, 0, "budget")}
+
+
+def test_a_jobs_slots_and_units_add_no_event(h: Harness, run_id: str) -> None:
+    h.ok("permit.create", name="browser", units=1)
+    h.ok("allowance.create", name="api", units=5, interval_ms=1_000)
+    needs = {"slots": ["browser"], "limit": ["api", 1]}
+    task_id = h.ok("task.submit", **{**h.submit_args(run_id, "a"), "needs": needs})["task_id"]
+    (delivery,) = h.receive(run_id)
+    h.delivery("complete", delivery)
+    assert [e.type for e in log(h) if e.aggregate_type != "scope"] == ["task.created", "task.running", "task.succeeded"]
+    assert all(e.aggregate_id == task_id for e in log(h) if e.aggregate_type == "task")

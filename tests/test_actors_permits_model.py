@@ -4,11 +4,14 @@ expiries and run stops (hypothesis stateful). After every step, on the core's st
 - strict FIFO: the SIGNALED waiters of a line are a prefix of it;
 - no lost wake-up: a WAITING head does not fit in what is free;
 - nothing of a stopped run is held or in line;
+- the event log tells every grant and its end once (the grants it leaves live are those held), and
+  every waiter's signal once;
 - a snapshot round-trips.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -105,6 +108,24 @@ class PermitMachine(RuleBasedStateMachine):
             hold = state.slot_leases[hold_id]
             if hold.token is not None:
                 assert state.runs[hold.run_id].stored_state == "ACTIVE"
+
+    @invariant()
+    def the_log_tells_every_grant_and_signal_once(self) -> None:
+        live: set[str] = set()
+        signals: Counter[str] = Counter()
+        for event in self.h.state.spaces[self.h.space].events:
+            if event.type == "permit.granted":
+                assert event.payload["grantId"] not in live
+                live.add(event.payload["grantId"])
+            elif event.type in ("permit.released", "permit.lease_lost"):
+                live.remove(event.payload["grantId"])
+            elif event.type == "permit.waiter_signaled":
+                signals[event.payload["waiterId"]] += 1
+        state = self.h.state
+        assert live == {hold_id for hold_id in self.pool.holds if state.slot_leases[hold_id].token is not None}
+        assert set(signals.values()) <= {1}
+        signaled = {waiter_id for waiter_id in self.pool.waiters if state.permit_waiters[waiter_id].state == "SIGNALED"}
+        assert signaled <= set(signals)
 
     @invariant()
     def snapshot_round_trips(self) -> None:

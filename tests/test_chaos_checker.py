@@ -1027,3 +1027,87 @@ def test_events_a_lease_lost_before_the_lease_ran_out() -> None:
                  {**event(4, "delivery.lease_lost", "t1"), "createdAt": lost_at}, event(5, "task.queued", "t1")], None, 7)
         found = h.violations("events")
         assert len(found) == expected and all("lease was acknowledged valid until 12000" in v.message for v in found), found
+
+
+def resource_event(seq: int, event_type: str, run: str | None = "run1", **payload: Any) -> dict[str, Any]:
+    """An event of a permit, an allowance or a budget (aggregate from the type; ids prm_1, alw_1, bdg_1)."""
+    kind = event_type.split(".")[0]
+    entity = {"permit": "prm_1", "allowance": "alw_1", "budget": "bdg_1"}[kind]
+    return {"seq": seq, "eventId": f"evt_{seq}", "type": event_type, "aggregateType": kind, "aggregateId": entity,
+            "scopeId": run, "payload": payload, "createdAt": 1_000 + seq}
+
+
+def resourced() -> tuple[H, list[dict[str, Any]]]:
+    """run1 and a run below it (a group's); a grant released, a consume, a reservation settled then
+    voided, a second reservation and a grant ended by run1's cancel, which stops the run below too."""
+    h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"})
+    h.op("group_create", {"run": "run1"}, 1, 1.1, {"groupId": "grp_1", "scopeId": "run2"})
+    grant(h, "g1", 2, 2.1, units=2)
+    release(h, "g1", 2.2, 2.3)
+    h.op("allowance_consume", {"allowance": "alw_1", "run": "run1", "units": 1}, 2.4, 2.5,
+         {"consumptionId": "acn_1", "units": 1})
+    h.op("budget_reserve", {"budget": "bdg_1", "run": "run1", "amountMinor": 40}, 2.6, 2.7,
+         {"reservationId": "rsv_1", "reservedMinor": 40})
+    h.op("budget_settle", {"budget": "bdg_1", "reservationId": "rsv_1", "amountMinor": 10, "workKey": "settle:0",
+                           "allowOverrun": False}, 2.8, 2.9, {"chargedMinor": 10, "state": "ACTIVE"})
+    h.op("budget_void", {"budget": "bdg_1", "reservationId": "rsv_1"}, 3.0, 3.1, {"state": "SETTLED"})
+    h.op("budget_reserve", {"budget": "bdg_1", "run": "run1", "amountMinor": 5}, 3.2, 3.3,
+         {"reservationId": "rsv_2", "reservedMinor": 5})
+    grant(h, "g2", 3.4, 3.5)
+    h.op("cancel_run", {"run": "run1"}, 4, 4.1, {"storedState": "CANCELLED", "finishedAt": 2_000})
+    log = [
+        event(1, "scope.created", "run1"), event(2, "scope.created", "run2", run="run2", parentId="run1"),
+        resource_event(3, "permit.granted", permitId="prm_1", grantId="g1", units=2),
+        resource_event(4, "permit.released", permitId="prm_1", grantId="g1", units=2, reason="released"),
+        resource_event(5, "allowance.consumed", allowanceId="alw_1", consumptionId="acn_1", units=1, waiterId=None),
+        resource_event(6, "budget.reserved", budgetId="bdg_1", reservationId="rsv_1", state="ACTIVE", amountMinor="40"),
+        resource_event(7, "budget.settled", budgetId="bdg_1", reservationId="rsv_1", state="ACTIVE", workKey="settle:0",
+                       chargedMinor="10"),
+        resource_event(8, "budget.voided", budgetId="bdg_1", reservationId="rsv_1", state="SETTLED", reason="voided"),
+        resource_event(9, "budget.reserved", budgetId="bdg_1", reservationId="rsv_2", state="ACTIVE", amountMinor="5"),
+        resource_event(10, "permit.granted", permitId="prm_1", grantId="g2", units=1),
+        event(11, "scope.cancelled", "run1", stoppedBy="run1"),
+        event(12, "scope.cancelled", "run2", run="run2", parentId="run1", stoppedBy="run1"),
+        resource_event(13, "permit.released", permitId="prm_1", grantId="g2", units=1, reason="scope_stopped"),
+        resource_event(14, "budget.voided", budgetId="bdg_1", reservationId="rsv_2", state="VOIDED", reason="scope_stopped"),
+    ]
+    return h, log
+
+
+def test_events_of_permits_allowances_budgets_and_a_stops_cascade_pass() -> None:
+    h, log = resourced()
+    page(h, log, None, 5)
+    assert h.violations("events") == []
+
+
+def test_events_of_resources_without_a_cause_or_out_of_their_order() -> None:
+    h, log = resourced()
+    log[3] = {**log[3], "payload": {**log[3]["payload"], "grantId": "g9"}}  # a release of a grant never released
+    log += [
+        resource_event(15, "permit.granted", permitId="prm_1", grantId="g1", units=2),  # g1 again, after its end
+        resource_event(16, "allowance.cooldown", run=None, allowanceId="alw_1", cooldownUntilMs=9, reason=None),
+        resource_event(17, "budget.settled", budgetId="bdg_1", reservationId="rsv_1", state="SETTLED", workKey="x"),
+        event(18, "scope.cancelled", "run3", run="run3", stoppedBy="run1"),  # not below run1
+    ]
+    page(h, log, None, 5)
+    found = messages(h.violations("events"))
+    assert "permit.released (released) without a release of the grant" in found
+    assert "the first event of grantId g9 is not permit.granted" in found
+    assert "permit.granted again" in found and "an event after it ended" in found
+    assert "allowance.cooldown although the workload" in found
+    assert "budget.settled without a settle of the reservation under that workKey" in found
+    assert "scope.cancelled by the stop of run run1, which is not a run above it" in found
+
+
+def test_events_an_acknowledged_resource_change_or_a_run_below_a_cancel_without_its_event() -> None:
+    h, log = resourced()
+    kept = [item for item in log if item["seq"] not in (5, 7, 12)]  # the consume, the settle, run2's stop
+    page(h, [{**item, "seq": index + 1, "eventId": f"evt_{index + 1}"} for index, item in enumerate(kept)], None, 5)
+    found = messages(h.violations("events"))
+    assert "an acknowledged consume has no allowance.consumed event" in found
+    assert "an acknowledged settle has no budget.settled event" in found
+    assert "run run2, below the cancelled run run1, has no stop event" in found
+    twice, log = resourced()
+    log.append(resource_event(15, "budget.reserved", budgetId="bdg_1", reservationId="rsv_2", state="ACTIVE", amountMinor="5"))
+    page(twice, log, None, 5)
+    assert "has 2 budget.reserved events" in messages(twice.violations("events"))

@@ -1,6 +1,6 @@
 """Events over HTTP (the published protocol's §5.13), against a real dev node: a page from a
 cursor, a watch that answers at once or when a change lands, its filters (types, aggregate, a run
-and the runs below it), and the cursor's errors."""
+and the runs below it), the cursor's errors; and what permits, allowances and budgets tell."""
 
 from __future__ import annotations
 
@@ -88,10 +88,15 @@ def test_watch_filters_by_type_aggregate_and_run_with_the_runs_below_it(api: Api
     page = api.ok("GET", f"/v1/watch?scopeId={parent}")
     assert [(e["type"], e["scopeId"]) for e in page["events"]] == [
         ("scope.created", parent), ("scope.created", child), ("task.created", child), ("scope.cancelled", parent),
-        ("task.cancelled", child),
+        ("scope.cancelled", child), ("task.cancelled", child),
     ]
     page = api.ok("GET", f"/v1/watch?scopeId={parent}&types=scope.cancelled")
-    assert [(e["type"], e["scopeId"]) for e in page["events"]] == [("scope.cancelled", parent)]
+    assert [(e["type"], e["scopeId"], e["payload"]["stoppedBy"]) for e in page["events"]] == [
+        ("scope.cancelled", parent, parent), ("scope.cancelled", child, parent),
+    ]
+    # The watch of the run below sees its own stop.
+    page = api.ok("GET", f"/v1/watch?scopeId={child}&types=scope.cancelled")
+    assert [(e["type"], e["scopeId"]) for e in page["events"]] == [("scope.cancelled", child)]
     page = api.ok("GET", f"/v1/watch?aggregate=task:{task_id}")
     assert types_of(page) == ["task.created", "task.cancelled"]
     # A filtered empty page moves the cursor past what it skipped.
@@ -169,3 +174,34 @@ def test_the_sdk_watches_resumes_and_lists(dev_node: DevNode) -> None:
         assert event["type"] == "scope.cancelled"
         assert rs.events.list(limit=1)["events"][0]["cursor"] == cursor
     assert isinstance(error_from_response(410, "CURSOR_EXPIRED", "gone"), CursorExpiredError)
+
+
+def test_permits_allowances_and_budgets_tell_their_changes(api: Api) -> None:
+    run_id = new_run(api)
+    permit_id = api.ok("POST", "/v1/permits", {"name": "gpu", "units": 2})["id"]
+    grant = api.ok("POST", f"/v1/permits/{permit_id}/acquire", {"scopeId": run_id, "units": 2, "holder": "w"})
+    api.ok("POST", f"/v1/grants/{grant['grantId']}/release", {"token": grant["token"]})
+    allowance_id = api.ok("POST", "/v1/allowances", {"name": "llm", "unitsLimit": 3, "windowSeconds": 60})["id"]
+    consumed = api.ok("POST", f"/v1/allowances/{allowance_id}/consume", {"scopeId": run_id, "units": 2, "holder": "w"})
+    api.ok("POST", f"/v1/allowances/{allowance_id}/cooldown", {"seconds": 30, "reason": "provider 429"})
+    budget_id = api.ok("POST", "/v1/budgets", {"name": "usd", "limitMinor": "100"})["id"]
+    reserved = api.ok("POST", f"/v1/budgets/{budget_id}/reserve", {"scopeId": run_id, "holder": "w", "amountMinor": "40"})
+    api.ok("POST", f"/v1/budgets/{budget_id}/settle",
+           {"reservationId": reserved["reservationId"], "amountMinor": "25", "workKey": "call-1"})
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})  # voids the rest
+    page = api.ok("GET", f"/v1/watch?aggregate=permit:{permit_id}")
+    assert [(e["type"], e["scopeId"], e["payload"]["grantId"], e["payload"]["units"]) for e in page["events"]] == [
+        ("permit.granted", run_id, grant["grantId"], 2), ("permit.released", run_id, grant["grantId"], 2),
+    ]
+    page = api.ok("GET", f"/v1/watch?aggregate=allowance:{allowance_id}")
+    assert types_of(page) == ["allowance.consumed", "allowance.cooldown"]
+    assert page["events"][0]["payload"]["consumptionId"] == consumed["consumptionId"]
+    assert page["events"][1]["scopeId"] is None and page["events"][1]["payload"]["reason"] == "provider 429"
+    page = api.ok("GET", f"/v1/watch?aggregate=budget:{budget_id}")
+    assert [(e["type"], e["payload"]["state"]) for e in page["events"]] == [
+        ("budget.reserved", "ACTIVE"), ("budget.settled", "ACTIVE"), ("budget.voided", "SETTLED"),
+    ]
+    assert page["events"][1]["payload"]["chargedMinor"] == "25" and page["events"][2]["payload"]["reason"] == "scope_stopped"
+    # A run's watch sees what was done in it, but not a cooldown (no run's).
+    page = api.ok("GET", f"/v1/watch?scopeId={run_id}&types=permit.granted,allowance.consumed,allowance.cooldown,budget.voided")
+    assert types_of(page) == ["permit.granted", "allowance.consumed", "budget.voided"]

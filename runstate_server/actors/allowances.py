@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs
+from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context, require_in_space
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.resources import LIMIT, RateLimit
@@ -165,8 +165,11 @@ def remaining(limit: RateLimit, now_ms: int) -> int:
     return max(limit.units - taken, 0)
 
 
-def _take(ctx: Context, limit: RateLimit, run_id: str, holder: Any, units: int, consumption_id: str) -> Consumption:
-    """Take `units` now as the consumption `consumption_id`, remembered to be settled."""
+def _take(
+    ctx: Context, limit: RateLimit, run_id: str, holder: Any, units: int, consumption_id: str, waiter_id: str | None = None,
+) -> Consumption:
+    """Take `units` now as the consumption `consumption_id` (for the waiter `waiter_id`, if one),
+    remembered to be settled."""
     assert consumption_id not in ctx.state.allowance_consumptions, "leader generated a duplicate consumption id"
     resources.record_take(limit, ctx.now_ms, units)
     _forget_consumptions(ctx.state, limit, ctx.now_ms, room=1)
@@ -174,6 +177,10 @@ def _take(ctx: Context, limit: RateLimit, run_id: str, holder: Any, units: int, 
     ctx.state.allowance_consumptions[consumption_id] = consumption
     limit.consumptions.append(consumption_id)
     assert len(limit.consumptions) <= limits.allowance_consumptions_per_allowance_max
+    events.emit(ctx, "allowance.consumed", run_id, "allowance", limit.public_id, {
+        "allowanceId": limit.public_id, "consumptionId": consumption_id, "units": units, "holder": holder,
+        "waiterId": waiter_id,
+    })
     return consumption
 
 
@@ -236,6 +243,9 @@ def cooldown(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if until_ms <= limit.cooldown_until_ms:
         return {"cooldown_until_ms": limit.cooldown_until_ms, "reason": limit.cooldown_reason, idempotency.UNCHANGED: True}
     limit.cooldown_until_ms, limit.cooldown_reason = until_ms, reason
+    events.emit(ctx, "allowance.cooldown", None, "allowance", limit.public_id, {
+        "allowanceId": limit.public_id, "cooldownUntilMs": until_ms, "reason": reason,
+    })
     # What waits for the limit has a wake armed no later than before; it re-arms for the new end.
     return {"cooldown_until_ms": until_ms, "reason": reason}
 
@@ -257,11 +267,15 @@ def settle(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     consumption.settled_units = actual
     if actual < consumption.units:
         consumption.returned_units = resources.give_back(limit, consumption.taken_ms, consumption.units - actual)
-        if consumption.returned_units:
-            resources.wake(ctx, LIMIT, limit)  # the line and the jobs that wait may go now
     elif actual > consumption.units:
         consumption.overrun_units = actual - consumption.units
         resources.record_take(limit, ctx.now_ms, consumption.overrun_units)
+    events.emit(ctx, "allowance.settled", consumption.run_id, "allowance", limit.public_id, {
+        "allowanceId": limit.public_id, "consumptionId": consumption.id, "units": consumption.units,
+        "settledUnits": actual, "returnedUnits": consumption.returned_units, "overrunUnits": consumption.overrun_units,
+    })
+    if consumption.returned_units:
+        resources.wake(ctx, LIMIT, limit)  # the line and the jobs that wait may go now (their events follow)
     return _settled(consumption)
 
 
@@ -357,7 +371,9 @@ def _serve_line(ctx: Context, limit: RateLimit) -> None:
             resources.arm_window(ctx, limit, ready_ms)
             return
         del limit.waiters[0]
-        consumption = _take(ctx, limit, head.run_id, head.holder, head.units, CONSUMPTION_PREFIX + head.id[len(WAITER_PREFIX):])
+        consumption = _take(
+            ctx, limit, head.run_id, head.holder, head.units, CONSUMPTION_PREFIX + head.id[len(WAITER_PREFIX):], head.id
+        )
         head.state, head.ended_ms, head.consumption_id = WaiterState.GRANTED, ctx.now_ms, consumption.id
 
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs
+from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.resources import BUDGET, Budget
@@ -167,7 +167,18 @@ def _open(
     budget.reserved_minor += amount_minor
     ctx.state.arm(settle_by_ms, DueKind.BUDGET_SETTLE_BY, reservation_id)
     _check(budget)
+    if task is None:  # a job's is taken with its delivery: task.running records it
+        _event(ctx, "budget.reserved", budget, reservation, amountMinor=str(amount_minor))
     return reservation
+
+
+def _event(ctx: Context, event_type: str, budget: Budget, reservation: BudgetReservation, **extra: Any) -> None:
+    """budget.reserved, budget.settled, budget.voided, budget.stale: about the budget, under the
+    reservation's run; minor units as decimal-digit strings, as the API shows them."""
+    events.emit(ctx, event_type, reservation.run_id, "budget", budget.public_id, {
+        "budgetId": budget.public_id, "reservationId": reservation.id, "taskId": reservation.task_id,
+        "state": reservation.state, **extra,
+    })
 
 
 def _check(budget: Budget) -> None:
@@ -256,6 +267,8 @@ def settle(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if reservation.held_minor == 0:
         _end(ctx, budget, reservation)
     _check(budget)
+    _event(ctx, "budget.settled", budget, reservation, workKey=work_key, chargedMinor=str(charged),
+           releasedMinor=str(released), heldMinor=str(reservation.held_minor))
     return _settled(reservation, charged)
 
 
@@ -269,8 +282,15 @@ def void(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
             return {**_settled(reservation, 0), idempotency.UNCHANGED: True}
         raise Rejected(errors.CONFLICT, f"reservation {reservation.id} is {reservation.state} already")
     reservation.void_key = work_key
-    _end(ctx, budget, reservation)
+    _void(ctx, budget, reservation, "voided")
     return _settled(reservation, 0)
+
+
+def _void(ctx: Context, budget: Budget, reservation: BudgetReservation, reason: str) -> None:
+    """End the reservation, releasing what it holds; budget.voided (reason: voided, scope_stopped)."""
+    released = reservation.held_minor
+    _end(ctx, budget, reservation)
+    _event(ctx, "budget.voided", budget, reservation, reason=reason, releasedMinor=str(released))
 
 
 def _end(ctx: Context, budget: Budget, reservation: BudgetReservation) -> None:
@@ -294,6 +314,8 @@ def on_settle_by_due(ctx: Context, reservation_id: str, due_ms: int) -> None:
     if reservation is None or reservation.state != ReservationState.ACTIVE or reservation.settle_by_ms != due_ms:
         return
     reservation.state = ReservationState.STALE
+    _event(ctx, "budget.stale", ctx.state.budgets[reservation.budget_id], reservation,
+           heldMinor=str(reservation.held_minor))
 
 
 # -- runs and jobs -------------------------------------------------------------------------------
@@ -310,7 +332,7 @@ def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
         if reservation.run_id == run.id
     ]
     for budget, reservation in stopped:
-        _end(ctx, budget, reservation)
+        _void(ctx, budget, reservation, "scope_stopped")
 
 
 runs.RUN_STOP_HOOKS.append(_on_run_stop)
@@ -332,8 +354,9 @@ def reserve_for_job(ctx: Context, task: Task, holder: Any) -> list[str]:
 
 
 def _on_delivery_end(ctx: Context, task: Task, completed: bool) -> None:
-    """A delivery that did not complete voids its open reservations; a completed one leaves them
-    to the worker's settle or void."""
+    """A delivery that did not complete voids its open reservations (no event: the task's own
+    end records it, as task.running recorded their reserve); a completed one leaves them to the
+    worker's settle or void."""
     if completed or task.needs is None or not task.needs.get("budgets"):
         return
     delivery = f"{task.id}.{task.delivery_count}"

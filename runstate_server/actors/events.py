@@ -26,8 +26,19 @@ What is emitted (type: aggregate, payload):
   group.finalized                                                     group: {groupId, outcome, outcomeReason}
   barrier.released                                                    barrier: {barrierId, epoch}
   timer.fired                                                         timer: {timerId}
-A run's stop emits one scope.* event for the run stopped (the runs below stop with it); the tasks
-it ends emit theirs after it. Payloads hold ids, states and numbers, never a user's payload.
+  permit.granted | permit.released | permit.lease_lost                permit: {permitId, grantId, units,
+                                                                        holder, waiterId | reason}
+  permit.waiter_signaled                                              permit: {permitId, waiterId, units, holder}
+  allowance.consumed | allowance.settled | allowance.cooldown         allowance: {allowanceId, consumptionId ...}
+  budget.reserved | budget.settled | budget.voided | budget.stale      budget: {budgetId, reservationId, taskId,
+                                                                        state, amounts as strings ...}
+A run's stop (runs.py) emits a scope.* event for every run it ends, once, parents first, each
+naming the run stopped (stoppedBy); then, run by run, the tasks it ends emit theirs and so does
+what else it ends (grants released, reservations voided: reason scope_stopped). A job's slots, units and
+reservations taken with its delivery and returned at its end emit nothing: the task's own events
+record them (a busy queue with requirements would otherwise multiply the log's entries per task).
+Payloads hold ids, states and numbers, never a user's payload (a cooldown's reason, bounded, is
+the one text).
 """
 
 from __future__ import annotations
@@ -79,9 +90,13 @@ def emit(
     ctx.wake(events_key(space.id))
 
 
-def run_event(ctx: Context, run: Run, event_type: str) -> None:
-    """scope.created, scope.cancelled, scope.completed, scope.expired."""
-    emit(ctx, event_type, run.id, "scope", run.id, {"scopeId": run.id, "parentId": run.parent_id})
+def run_event(ctx: Context, run: Run, event_type: str, stopped_by: Run | None = None) -> None:
+    """scope.created; scope.cancelled, scope.completed, scope.expired, naming the run whose stop
+    ended it (`stopped_by`: itself, or the run above it that was stopped)."""
+    payload: dict[str, Any] = {"scopeId": run.id, "parentId": run.parent_id}
+    if stopped_by is not None:
+        payload["stoppedBy"] = stopped_by.id
+    emit(ctx, event_type, run.id, "scope", run.id, payload)
 
 
 def task_event(ctx: Context, task: Task, state: str, event_type: str | None = None) -> None:

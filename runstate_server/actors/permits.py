@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, resources, runs
+from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context, require_in_space
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.resources import POOL, Hold, Pool
@@ -144,6 +144,7 @@ def acquire(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     _remember_grant(ctx.state, run, grant_id)
     assert resources.units_in_use(ctx.state, pool) <= pool.size
     ctx.state.arm(hold.lease_expires_ms, DueKind.SLOT_LEASE, grant_id)
+    grant_event(ctx, "permit.granted", pool, hold, waiterId=waiter_id)
     return {
         "granted": True, "grant_id": grant_id, "token": hold.token, "units": units,
         "lease_expires_ms": hold.lease_expires_ms,
@@ -199,8 +200,16 @@ def renew(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def release(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Give the grant's units back (allowed after its run stopped)."""
     hold = _require_grant(ctx, args)
-    resources.end_hold(ctx, POOL, hold)
+    grant_event(ctx, "permit.released", ctx.state.pools[hold.resource_id], hold, reason="released")
+    resources.end_hold(ctx, POOL, hold)  # (after its event: the waiters it signals come next)
     return {"released": True}
+
+
+def grant_event(ctx: Context, event_type: str, pool: Pool, hold: Hold, **extra: str | None) -> None:
+    """permit.granted, permit.released (reason: released, scope_stopped), permit.lease_lost."""
+    events.emit(ctx, event_type, hold.run_id, "permit", pool.public_id, {
+        "permitId": pool.public_id, "grantId": hold.id, "units": hold.amount, "holder": hold.holder, **extra,
+    })
 
 
 def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
@@ -217,6 +226,7 @@ def _on_run_stop(ctx: Context, run: Run, reason: str) -> None:
         hold = ctx.state.slot_leases.get(grant_id)
         if hold is not None:  # else it ended already (released or lapsed)
             assert hold.run_id == run.id and hold.token is not None
+            grant_event(ctx, "permit.released", ctx.state.pools[hold.resource_id], hold, reason="scope_stopped")
             resources.end_hold(ctx, POOL, hold)
             run.stopped_grants.append(grant_id)
             ctx.state.stopped_grant_runs[grant_id] = run.id
@@ -305,6 +315,9 @@ def _serve_line(ctx: Context, pool: Pool) -> None:
         waiter.state = WaiterState.SIGNALED
         waiter.expires_ms = ctx.now_ms + limits.permit_waiter_signaled_ms
         ctx.state.arm(waiter.expires_ms, DueKind.PERMIT_WAITER, waiter.id)
+        events.emit(ctx, "permit.waiter_signaled", waiter.run_id, "permit", pool.public_id, {
+            "permitId": pool.public_id, "waiterId": waiter.id, "units": waiter.units, "holder": waiter.holder,
+        })
 
 
 def on_waiter_due(ctx: Context, waiter_id: str, due_ms: int) -> None:

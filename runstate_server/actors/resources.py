@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from runstate_server.actors import errors, idempotency, limits, runs
+from runstate_server.actors import errors, events, idempotency, limits, runs
 from runstate_server.actors.context import Context, queue_key, resource_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, State, Task, TaskState, register_table
@@ -1094,6 +1094,11 @@ def _on_hold_due(kind: str) -> Callable[[Context, str, int], None]:
         if hold.lease_expires_ms > due_ms:
             ctx.state.arm(hold.lease_expires_ms, _HOLD_DUE[kind], hold_id)  # renewed: look again then
             return
+        if hold.token is not None:  # a permit grant (permits.py; the pool routes' leases are not logged)
+            pool = ctx.state.pools[hold.resource_id]
+            events.emit(ctx, "permit.lease_lost", hold.run_id, "permit", pool.public_id, {
+                "permitId": pool.public_id, "grantId": hold.id, "units": hold.amount, "holder": hold.holder,
+            })
         _end_hold(ctx, kind, hold, 0)
 
     return on_due

@@ -173,8 +173,7 @@ def _close(ctx: Context, args: dict[str, Any], final_state: str, *, reason: str 
     if run.stored_state == RunState.ACTIVE:
         run.stored_state = final_state
         run.reason = reason
-        events.run_event(ctx, run, "scope." + final_state.lower())
-        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"])
+        _stop(ctx, run, TaskState.CANCELLED, args["retention_ms"], "scope." + final_state.lower())
     return {"run_id": run.id, "run": describe(ctx.state, run, ctx.now_ms)}
 
 
@@ -182,8 +181,7 @@ def on_deadline(ctx: Context, run_id: str, retention_ms: int) -> None:
     run = ctx.state.runs.get(run_id)
     if run is None or run.stored_state != RunState.ACTIVE:
         return  # already stopped (or removed): its tasks are final already
-    events.run_event(ctx, run, "scope.expired")
-    _stop(ctx, run, TaskState.EXPIRED, retention_ms)
+    _stop(ctx, run, TaskState.EXPIRED, retention_ms, "scope.expired")
 
 
 def on_retention(ctx: Context, run_id: str) -> None:
@@ -218,9 +216,47 @@ def subtree(state: State, run: Run) -> list[Run]:
     return found
 
 
-def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int) -> None:
-    """Stop `run` and everything below it in this one step."""
+# The event of a run below the one stopped, by the state the stop ends tasks in: a cancel and a
+# complete cancel what is below (its tasks end CANCELLED), a deadline expires it.
+CASCADE_EVENTS = {TaskState.CANCELLED: "scope.cancelled", TaskState.EXPIRED: "scope.expired"}
+
+
+def _stopped_already(state: State, run: Run) -> bool:
+    """Whether a stop reached `run` before: its own (its finished_ms is set by the stop that
+    started at it) or one of a run above it."""
+    current: Run | None = run
+    depth = 0
+    while current is not None and depth <= limits.run_depth_max:
+        if current.finished_ms is not None:
+            return True
+        current = state.runs.get(current.parent_id) if current.parent_id else None
+        depth += 1
+    return False
+
+
+def ended_by_stop(state: State, run: Run) -> list[Run]:
+    """The runs a stop of `run` ends, parents before children: `run` and those below it, except
+    the ones a stop reached before (and everything below them)."""
+    if _stopped_already(state, run):
+        return []
+    found = [run]
+    index = 0
+    while index < len(found):
+        for child_id in found[index].children:
+            child = state.runs[child_id]
+            if child.finished_ms is None:
+                found.append(child)
+        index += 1
+    return found
+
+
+def _stop(ctx: Context, run: Run, task_state: str, retention_ms: int, event_type: str) -> None:
+    """Stop `run` and everything below it in this one step. Each run it ends (not stopped before)
+    has its event once, parents first: `event_type` for `run`, CASCADE_EVENTS for those below,
+    each naming `run` as stoppedBy; then the tasks it ends have theirs."""
     now_ms = ctx.now_ms
+    for ended in ended_by_stop(ctx.state, run):
+        events.run_event(ctx, ended, event_type if ended is run else CASCADE_EVENTS[task_state], stopped_by=run)
     for member in subtree(ctx.state, run):
         for mailbox, queue in member.queues.items():
             for task_id in queue.by_key.values():
