@@ -57,7 +57,11 @@ FD_LIMIT_UNLIMITED_TARGET = 1 << 20
 LOG_RECORDS_PER_WINDOW_MAX = 10
 LOG_WINDOW_S = 10.0
 LOG_TEMPLATES_MAX = 1_000  # templates tracked at once; past it the table starts again
-RATE_LIMITED_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", __name__)
+# The loggers a stranger can make noisy: accept and parser errors on the API, and the Raft port's
+# refused connections and frames (one stranger opening connections in a loop wrote 700 KB/s).
+RATE_LIMITED_LOGGERS = (
+    "asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", __name__, "runstate_server.cluster._transport",
+)
 CLIENT_GONE = (ConnectionError, asyncio.CancelledError)  # a client closed its side mid-request
 # Out of file descriptors or memory at accept: wait this long before accepting again.
 ACCEPT_RETRY_S = 0.1
@@ -130,7 +134,8 @@ class LogRateLimit(logging.Filter):
 
 
 def limit_log_rate() -> None:
-    """Rate-limit the loggers a client can make noisy (accept errors, parser errors); idempotent."""
+    """Rate-limit the loggers a client can make noisy (accept errors, parser errors, the Raft port's
+    refusals); idempotent."""
     for name in RATE_LIMITED_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, LogRateLimit) for existing in logger.filters):
