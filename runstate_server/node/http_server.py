@@ -46,6 +46,7 @@ from runstate_server.node.config import (
     HttpLimits,
 )
 from runstate_server.node.errors import ApiError, error_response, new_request_id
+from runstate_server.node.waiters import Waiter
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class Admission(enum.Enum):
 class Connection(RequestHandler):
     """One client connection (aiohttp's protocol), under the server's deadlines and cap."""
 
-    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed")
+    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed", "_parked")
 
     def __init__(self, manager: LimitedServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -159,6 +160,11 @@ class Connection(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_started = False  # bytes of a request's head arrived, not all of it yet
         self._shed = False
+        self._parked: Waiter | None = None  # the long poll its request waits in, if any
+
+    def parked_on(self, waiter: Waiter | None) -> None:
+        """Its request's long poll waits in `waiter` (None: no longer); a lost connection ends it."""
+        self._parked = waiter
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         admission = self._limited_server.admit(self)
@@ -173,6 +179,9 @@ class Connection(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._limited_server.forget(self)
+        if self._parked is not None:  # nobody left to answer: the poll ends now, not at its waitMs
+            self._parked.interrupt()
+            self._parked = None
         self._cancel_head_timer()
         super().connection_lost(exc)
 
