@@ -132,6 +132,15 @@ def test_a_long_poll_whose_client_went_away_stops_waiting(node_factory: type[Dev
             client.close()
     # Well before their waitMs (30 s) runs out.
     wait_until(lambda: long_polls(node) == 0, "the polls of the clients that left ended", ANSWER_TIMEOUT_S)
+    # Clients that leave before their poll is parked: it is not (a poll that stays parked is seen
+    # beside the one parked after them).
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", node.port)) as client:
+            client.sendall(request)
+    with socket.create_connection(("127.0.0.1", node.port)) as staying:
+        staying.sendall(request)
+        wait_until(lambda: long_polls(node) >= 1, "the staying client's poll parked")
+        wait_until(lambda: long_polls(node) == 1, "only the staying client's poll parked", ANSWER_TIMEOUT_S)
     log = node.log_path.read_text(errors="replace")
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "QUEUED"  # nothing was handed to them

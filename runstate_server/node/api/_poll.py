@@ -59,6 +59,8 @@ async def wait(request: web.Request, waiter: Waiter, timeout_s: float) -> None:
     revoked meanwhile, end the poll with UNAUTHENTICATED instead of showing what came after. A
     client that goes away ends the wait at once (ConnectionResetError, logged at debug): else its
     poll would stay parked, counted against the bounds, until its wait ran out."""
+    if client_gone(request):  # before it parks: its connection's loss would never wake it
+        raise ConnectionResetError("the client went away before its long poll waited")
     connection = request.protocol if isinstance(request.protocol, Connection) else None
     if connection is not None:
         connection.parked_on(waiter)
