@@ -27,6 +27,7 @@ from runstate_server.cluster.config import (
     UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX,
     LogConfig,
 )
+from runstate_server.node.http_server import LOG_RECORDS_PER_WINDOW_MAX
 from tests._cluster import LEADER_TIMEOUT_S, Cluster
 from tests._http import Api
 
@@ -187,6 +188,28 @@ def test_connections_beyond_the_per_address_cap_are_closed_at_once(cluster: Clus
         assert closed_by_peer(extra, CLOSE_TIMEOUT_S), "a connection beyond the cap was kept"
         assert all(still_open(connection) for connection in held), "the connections within the cap were closed"
     # The peers' own connections were never touched.
+    leader = cluster.wait_healthy()
+    assert write(cluster, leader)[0] in (200, 201)
+
+
+def test_a_flood_of_refused_connections_is_logged_a_few_times_not_once_each(cluster: Cluster) -> None:
+    """Each refused connection logged a WARNING line: one stranger opening connections in a loop
+    wrote 3.5 MB of log in 5 s. The Raft port's log is rate-limited like the API's."""
+    flood = 100  # within the listen backlog: accepted, and refused, at once
+    address = raft_endpoint(cluster, 0)
+    log_path = cluster.log_path(0)
+    log_bytes_before = log_path.stat().st_size
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(socket.create_connection(address)) for _ in range(flood)]
+        # Once the node has closed every one (beyond the cap at once, the rest at the handshake
+        # deadline), it has logged whatever it logs for them.
+        assert all(closed_by_peer(connection, CLOSE_TIMEOUT_S) for connection in held), "a connection was kept"
+    with open(log_path, "rb") as log_file:
+        log_file.seek(log_bytes_before)
+        new_log = log_file.read().decode(errors="replace")
+    refusals_logged = new_log.count("Raft port: refusing a connection")
+    # At most a window's worth of lines (a few windows if this test is slow), not one per refusal.
+    assert 0 < refusals_logged <= 3 * LOG_RECORDS_PER_WINDOW_MAX < flood // 2, new_log[-3000:]
     leader = cluster.wait_healthy()
     assert write(cluster, leader)[0] in (200, 201)
 

@@ -4,6 +4,9 @@
   done future until its waitMs ran out, a whole core for each).
 - A long poll parked under an API key that is revoked meanwhile ends UNAUTHENTICATED; it never
   shows what was written after the revoke.
+- A long poll whose client went away ends then, not at its waitMs: else clients that send a poll
+  and leave, holding no connection, fill the bounds (10,000 such polls on one task stayed parked,
+  138 MB, for their 30 s).
 - Command ids (and the tokens derived from them) come from the OS's CSPRNG.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -99,6 +103,47 @@ def test_polls_parked_under_a_revoked_key_end_unauthenticated(
         assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED"), answer
     if not then_finish:
         admin.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
+
+
+@pytest.mark.parametrize("kind", ["task", "receive", "watch"])
+def test_a_long_poll_whose_client_went_away_stops_waiting(node_factory: type[DevNode], kind: str) -> None:
+    node = node_factory(in_memory=True).start()
+    api = Api(node.url)
+    run_id, task_id = queued_task(api)
+    mailbox = api.ok("PUT", "/v1/mailboxes/by-name/empty", {})["id"]
+    if kind == "task":
+        head, body = f"GET {api.space_path(f'/v1/tasks/{task_id}?waitMs={POLL_WAIT_MS}')}", b""
+    elif kind == "receive":
+        head = f"POST {api.space_path(f'/v1/mailboxes/{mailbox}/recv')}"
+        body = f'{{"scopeId": "{run_id}", "waitMs": {POLL_WAIT_MS}}}'.encode()
+    else:
+        head, body = f"GET {api.space_path(f'/v1/watch?types=task.completed&waitSeconds={POLL_WAIT_MS // 1000}')}", b""
+    request = (
+        f"{head} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    clients = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(5)]
+    try:
+        for client in clients:
+            client.sendall(request)
+        wait_until(lambda: long_polls(node) == len(clients), "the polls parked")
+    finally:
+        for client in clients:
+            client.close()
+    # Well before their waitMs (30 s) runs out.
+    wait_until(lambda: long_polls(node) == 0, "the polls of the clients that left ended", ANSWER_TIMEOUT_S)
+    # Clients that leave before their poll is parked: it is not (a poll that stays parked is seen
+    # beside the one parked after them).
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", node.port)) as client:
+            client.sendall(request)
+    with socket.create_connection(("127.0.0.1", node.port)) as staying:
+        staying.sendall(request)
+        wait_until(lambda: long_polls(node) >= 1, "the staying client's poll parked")
+        wait_until(lambda: long_polls(node) == 1, "only the staying client's poll parked", ANSWER_TIMEOUT_S)
+    log = node.log_path.read_text(errors="replace")
+    assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+    assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "QUEUED"  # nothing was handed to them
 
 
 def test_waiters_past_a_bound_are_not_parked_and_do_not_wait() -> None:

@@ -28,9 +28,11 @@ CHECKS = (
     "response_headers_conformance",
     "response_schema_conformance",
 )
-# Long polls would hold each generated request for its waitMs; revoking would revoke the very key
-# the run uses (both are covered by their own tests).
-EXCLUDED_PATHS = r"/wait$|/watch$|/receive$|/recv$|/admit$|/acquire$|/take$|/reserve$|/result|/revoke$"
+# Revoking would revoke the very key the run uses (covered by its own tests).
+EXCLUDED_PATHS = r"/revoke$"
+# A long poll would hold each generated request for its wait: the document the run uses allows
+# only 0 (the routes are fuzzed all the same; parking is covered by test_node_long_polls.py).
+WAIT_FIELDS = ("waitMs", "waitSeconds")
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +48,58 @@ def in_one_space(document: dict[str, Any], space: str) -> dict[str, Any]:
     return document
 
 
+def without_waits(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with every wait (a query parameter or a body field) at most 0."""
+
+    def clamp(schema: Any) -> None:
+        if isinstance(schema, dict):
+            for name in WAIT_FIELDS:
+                if isinstance(schema.get("properties"), dict) and name in schema["properties"]:
+                    schema["properties"][name] = {**schema["properties"][name], "maximum": 0}
+            for value in schema.values():
+                clamp(value)
+        elif isinstance(schema, list):
+            for value in schema:
+                clamp(value)
+
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for parameter in operation["parameters"]:
+                if parameter["name"] in WAIT_FIELDS:
+                    parameter["schema"] = {**parameter["schema"], "maximum": 0}
+            clamp(operation.get("requestBody"))
+    return document
+
+
+def test_the_fuzzed_document_waits_nowhere(dev_node: Any) -> None:
+    with urllib.request.urlopen(f"{dev_node.url}/v1/openapi.json", timeout=30) as answer:
+        document = without_waits(json.loads(answer.read()))
+    waits: list[dict[str, Any]] = []
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("in") == "query" and node.get("name") in WAIT_FIELDS:
+                waits.append(node["schema"])
+            for name, value in node.items():
+                if name == "properties" and isinstance(value, dict):
+                    waits.extend(value[field] for field in WAIT_FIELDS if field in value)
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(document["paths"])
+    assert len(waits) > 10  # the long polls are in the run
+    assert all(wait["maximum"] == 0 for wait in waits), waits
+
+
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(node_factory: Any, tmp_path: Path) -> None:
     node = node_factory("--auth").start()
     key = read_bootstrap_key(node)
     with urllib.request.urlopen(f"{node.url}/v1/openapi.json", timeout=30) as answer:
         document = json.loads(answer.read())
     schema_file = tmp_path / "openapi.json"
-    schema_file.write_text(json.dumps(in_one_space(document, "default")))
+    schema_file.write_text(json.dumps(without_waits(in_one_space(document, "default"))))
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", str(schema_file), "--url", node.url,
         "-H", f"Authorization: Bearer {key}", "--checks", ",".join(CHECKS),

@@ -46,6 +46,7 @@ from runstate_server.node.config import (
     HttpLimits,
 )
 from runstate_server.node.errors import ApiError, error_response, new_request_id
+from runstate_server.node.waiters import Waiter
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,11 @@ FD_LIMIT_UNLIMITED_TARGET = 1 << 20
 LOG_RECORDS_PER_WINDOW_MAX = 10
 LOG_WINDOW_S = 10.0
 LOG_TEMPLATES_MAX = 1_000  # templates tracked at once; past it the table starts again
-RATE_LIMITED_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", __name__)
+# The loggers a stranger can make noisy: accept and parser errors on the API, and the Raft port's
+# refused connections and frames (one stranger opening connections in a loop wrote 700 KB/s).
+RATE_LIMITED_LOGGERS = (
+    "asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", __name__, "runstate_server.cluster._transport",
+)
 CLIENT_GONE = (ConnectionError, asyncio.CancelledError)  # a client closed its side mid-request
 # Out of file descriptors or memory at accept: wait this long before accepting again.
 ACCEPT_RETRY_S = 0.1
@@ -130,7 +135,8 @@ class LogRateLimit(logging.Filter):
 
 
 def limit_log_rate() -> None:
-    """Rate-limit the loggers a client can make noisy (accept errors, parser errors); idempotent."""
+    """Rate-limit the loggers a client can make noisy (accept errors, parser errors, the Raft port's
+    refusals); idempotent."""
     for name in RATE_LIMITED_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, LogRateLimit) for existing in logger.filters):
@@ -146,7 +152,7 @@ class Admission(enum.Enum):
 class Connection(RequestHandler):
     """One client connection (aiohttp's protocol), under the server's deadlines and cap."""
 
-    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed")
+    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed", "_parked")
 
     def __init__(self, manager: LimitedServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -154,6 +160,11 @@ class Connection(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_started = False  # bytes of a request's head arrived, not all of it yet
         self._shed = False
+        self._parked: Waiter | None = None  # the long poll its request waits in, if any
+
+    def parked_on(self, waiter: Waiter | None) -> None:
+        """Its request's long poll waits in `waiter` (None: no longer); a lost connection ends it."""
+        self._parked = waiter
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         admission = self._limited_server.admit(self)
@@ -168,6 +179,9 @@ class Connection(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._limited_server.forget(self)
+        if self._parked is not None:  # nobody left to answer: the poll ends now, not at its waitMs
+            self._parked.interrupt()
+            self._parked = None
         self._cancel_head_timer()
         super().connection_lost(exc)
 

@@ -46,6 +46,12 @@ class Waiter:
     def close(self) -> None:
         self._registry._discard(self)
 
+    def interrupt(self) -> None:
+        """End the wait now (its client went away): it returns as if woken."""
+        if not self.future.done():
+            self.future.set_result(None)
+        self.close()
+
     def __enter__(self) -> Waiter:
         return self
 

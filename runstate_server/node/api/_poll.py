@@ -14,6 +14,7 @@ from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import CALLER_KEY, caller_of, node_of
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
+from runstate_server.node.http_server import Connection
 from runstate_server.node.waiters import Waiter
 
 if TYPE_CHECKING:
@@ -55,8 +56,21 @@ def park(request: web.Request, key: Hashable) -> Waiter:
 
 async def wait(request: web.Request, waiter: Waiter, timeout_s: float) -> None:
     """Wait for a wake of the waiter (at most `timeout_s`); then, if the request's API key was
-    revoked meanwhile, end the poll with UNAUTHENTICATED instead of showing what came after."""
-    await waiter.wait(timeout_s)
+    revoked meanwhile, end the poll with UNAUTHENTICATED instead of showing what came after. A
+    client that goes away ends the wait at once (ConnectionResetError, logged at debug): else its
+    poll would stay parked, counted against the bounds, until its wait ran out."""
+    if client_gone(request):  # before it parks: its connection's loss would never wake it
+        raise ConnectionResetError("the client went away before its long poll waited")
+    connection = request.protocol if isinstance(request.protocol, Connection) else None
+    if connection is not None:
+        connection.parked_on(waiter)
+    try:
+        await waiter.wait(timeout_s)
+    finally:
+        if connection is not None:
+            connection.parked_on(None)
+    if client_gone(request):
+        raise ConnectionResetError("the client went away while its long poll waited")
     caller = request.get(CALLER_KEY)
     if caller is None or caller.key_id is None:
         return
