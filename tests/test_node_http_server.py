@@ -16,6 +16,7 @@ import pytest
 
 from runstate_server.node.config import HttpLimits
 from runstate_server.node.http_server import LogRateLimit, connections_max_for
+from tests._http import Api
 from tests._nodes import DevNode
 
 ANSWER_TIMEOUT_S = 15.0  # far above every deadline the nodes here are given
@@ -71,10 +72,10 @@ def get_health(node: DevNode) -> tuple[int, dict[str, str], bytes]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevNode]:
-    """A node with short deadlines (idle 3 s, head 1 s, body 1 s), logging at debug."""
+    """A node with short deadlines (idle 3 s, head 1 s, body 1 s, send 1 s), logging at debug."""
     started = DevNode(
         None, "--http-idle-timeout", "3s", "--http-header-timeout", "1s", "--http-body-timeout", "1s",
-        "--log-level", "DEBUG",
+        "--http-send-timeout", "1s", "--log-level", "DEBUG",
     )
     started.log_path = tmp_path_factory.mktemp("http-node") / "node.log"
     try:
@@ -139,6 +140,43 @@ def test_a_body_shorter_than_its_content_length_is_answered_408_and_closed(node:
     )
     assert status == 408
     assert "body" in assert_envelope(headers, body, "REQUEST_TIMEOUT")["message"]
+
+
+BIG_INPUT_CHARS = 60_000  # a task input just under the 64 KB bound
+BIG_TASKS = 150  # their list is about 9 MB: more than the kernel's socket buffers take (4 MB)
+
+
+def test_an_answer_its_client_does_not_take_is_dropped(node: DevNode) -> None:
+    """A client that asks for a large answer and never reads kept what the kernel could not take
+    in the node's memory, and a close of the connection waited for it. The node drops it after
+    the send deadline: what the client reads afterwards is cut short."""
+    api = Api(node.url)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = api.ok("PUT", "/v1/mailboxes/by-name/big", {})["id"]
+    tasks = [{"scopeId": run_id, "mailboxId": mailbox, "input": f"{n:06d}" + "x" * BIG_INPUT_CHARS} for n in range(BIG_TASKS)]
+    for start in range(0, BIG_TASKS, 4):  # a body is at most 256 KiB
+        api.ok("POST", "/v1/tasks/batch", {"tasks": tasks[start:start + 4]})
+    request = f"GET /v1/spaces/default/mailboxes/{mailbox}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    whole = send(node, request.encode())[2]
+    assert len(whole) > BIG_TASKS * BIG_INPUT_CHARS
+    dropped_before = Path(node.log_path).read_text(errors="replace").count("was not taken within")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        sock.connect(("127.0.0.1", node.port))
+        sock.sendall(request.encode())
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while Path(node.log_path).read_text(errors="replace").count("was not taken within") == dropped_before:
+            assert time.monotonic() < deadline, f"the node kept the unread answer: {node.log()}"
+            time.sleep(0.1)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass  # dropped: what was unsent is gone
+    assert len(received) < len(whole), len(received)
+    assert get_health(node)[0] == 200
 
 
 def test_an_idle_connection_is_closed(node: DevNode) -> None:

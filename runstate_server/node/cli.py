@@ -26,6 +26,7 @@ from runstate_server.node.config import (
     HTTP_CONNECTIONS_MAX,
     HTTP_HEADER_TIMEOUT_MS,
     HTTP_IDLE_TIMEOUT_MS,
+    HTTP_SEND_TIMEOUT_MS,
     SECRET_CHARS_MIN,
     SECRET_ENV,
     ConfigError,
@@ -107,6 +108,9 @@ _HTTP_FLAGS = (
      f"a request's line and headers must arrive within this of its first byte (default {HTTP_HEADER_TIMEOUT_MS // 1000}s)"),
     ("--http-body-timeout", "body_timeout_ms", positive_duration_ms,
      f"a request's body must arrive within this of its headers (default {HTTP_BODY_TIMEOUT_MS // 1000}s)"),
+    ("--http-send-timeout", "send_timeout_ms", positive_duration_ms,
+     f"an answer must be taken by its client within this, else the connection is dropped (default "
+     f"{HTTP_SEND_TIMEOUT_MS // 1000}s)"),
 )
 
 

@@ -30,12 +30,13 @@ BOOTSTRAP_KEY_CHARS_MAX = 256
 BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
 CLUSTER_NODES_MAX = 7
 
-# The HTTP server's bounds (node/http_server.py). The first four are settings (HttpLimits); a
+# The HTTP server's bounds (node/http_server.py). The first five are settings (HttpLimits); a
 # client holding a connection past any of them is answered and disconnected, never waited for.
 HTTP_CONNECTIONS_MAX = 10_000  # open API connections per node; never more than half the fd limit
 HTTP_IDLE_TIMEOUT_MS = 60_000  # a connection with no request in progress is closed after this
 HTTP_HEADER_TIMEOUT_MS = 10_000  # from a request's first byte to its last header line
 HTTP_BODY_TIMEOUT_MS = 30_000  # from a request's last header line to the end of its body
+HTTP_SEND_TIMEOUT_MS = 30_000  # from the start of an answer to its last byte handed to the kernel
 HTTP_SHED_CONNECTIONS_MAX = 64  # connections past the cap (all busy) answered 503; more are closed at once
 HTTP_LINE_BYTES_MAX = 8_190  # a request line or header line
 HTTP_HEADERS_MAX = 128  # header lines in a request
@@ -54,6 +55,7 @@ class HttpLimits:
     idle_timeout_ms: int = HTTP_IDLE_TIMEOUT_MS
     header_timeout_ms: int = HTTP_HEADER_TIMEOUT_MS
     body_timeout_ms: int = HTTP_BODY_TIMEOUT_MS
+    send_timeout_ms: int = HTTP_SEND_TIMEOUT_MS
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,11 @@ answering anyone once 1,100 idle connections had used up its file descriptors. H
   server accepts up to its backlog at once, a burst that alone can exhaust the descriptors.
 - Deadlines: an idle connection is closed after `idle_timeout_ms`; a request's line and headers
   must arrive within `header_timeout_ms` of its first byte, its body within `body_timeout_ms` of
-  its headers; either late one is answered `408 REQUEST_TIMEOUT` and its connection closed.
+  its headers; either late one is answered `408 REQUEST_TIMEOUT` and its connection closed. What
+  the kernel's socket buffer cannot take of an answer waits in the transport's buffer: if some is
+  still there `send_timeout_ms` after the answer began, the connection is dropped with it (a
+  client that asks for large answers and never reads would otherwise keep them in memory, and a
+  close waits for the buffer to drain).
 - aiohttp's own answers (a malformed request; an exception no middleware caught) are the JSON
   error envelope with X-Request-Id.
 - A client that goes away mid-request is logged at debug, and asyncio's and aiohttp's logs are
@@ -152,7 +156,7 @@ class Admission(enum.Enum):
 class Connection(RequestHandler):
     """One client connection (aiohttp's protocol), under the server's deadlines and cap."""
 
-    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed", "_parked")
+    __slots__ = ("_limited_server", "_head_timer", "_head_started", "_shed", "_parked", "_send_timer")
 
     def __init__(self, manager: LimitedServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -161,6 +165,7 @@ class Connection(RequestHandler):
         self._head_started = False  # bytes of a request's head arrived, not all of it yet
         self._shed = False
         self._parked: Waiter | None = None  # the long poll its request waits in, if any
+        self._send_timer: asyncio.TimerHandle | None = None  # the send deadline of an answer
 
     def parked_on(self, waiter: Waiter | None) -> None:
         """Its request's long poll waits in `waiter` (None: no longer); a lost connection ends it."""
@@ -183,6 +188,9 @@ class Connection(RequestHandler):
             self._parked.interrupt()
             self._parked = None
         self._cancel_head_timer()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -204,6 +212,10 @@ class Connection(RequestHandler):
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        # aiohttp hands an answer to the transport and returns (or waits within, for a stream):
+        # the deadline bounds how long the unsent rest may stay in the transport's buffer.
+        if self._send_timer is None:
+            self._send_timer = self._loop.call_later(self._limited_server.send_timeout_s, self._send_timed_out)
         answered = await super().finish_response(request, resp, start_time)
         self._limited_server.mark_idle(self)
         return answered
@@ -262,6 +274,16 @@ class Connection(RequestHandler):
             transport.write(_serialize(response))  # the transport sends it before it closes
         self.force_close()
 
+    def _send_timed_out(self) -> None:
+        """An answer began `send_timeout_s` ago: if the transport still holds bytes the client has
+        not taken, drop the connection and them (a write waiting for the client ends with
+        ConnectionResetError, a client gone); else the next answer arms the deadline again."""
+        self._send_timer = None
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size() > 0:
+            log.debug("an answer was not taken within %g s; the connection is dropped", self._limited_server.send_timeout_s)
+            transport.abort()
+
     def body_timed_out(self, payload: StreamReader) -> None:
         """The body did not arrive in time: whoever reads it gets REQUEST_TIMEOUT (answered as
         any ApiError), and the connection is closed after that answer."""
@@ -308,6 +330,7 @@ class LimitedServer(web.Server):
         self.connections_max = connections_max
         self.header_timeout_s = limits.header_timeout_ms / 1000
         self.body_timeout_s = limits.body_timeout_ms / 1000
+        self.send_timeout_s = limits.send_timeout_ms / 1000
         self._serving: dict[Connection, None] = {}  # in the order they connected
         self._idle: dict[Connection, None] = {}  # served and waiting for a request, longest first
         self._shed: set[Connection] = set()

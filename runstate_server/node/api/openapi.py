@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -16,6 +17,9 @@ from runstate_server.node.errors import STATUS_BY_CODE
 
 routes = RouteTable()
 
+# The encoded document of each route table served (one per application; a few in a test process).
+_ENCODED: dict[int, tuple[tuple[Route, ...], bytes]] = {}
+_ENCODED_MAX = 16
 _PARAM = re.compile(r"{(\w+)(?::[^}]+)?}")
 
 
@@ -104,4 +108,12 @@ def _success(entry: Route) -> dict[str, Any]:
 
 @routes("GET", "/v1/openapi.json", "This OpenAPI document", permission=PUBLIC, answer=obj({"openapi": STRING, "paths": {"type": "object"}}),)
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.json_response(document(request.app[ROUTES_KEY]))
+    # Built once per application: it is the same for every caller, and building it anew for each
+    # request (about 0.5 MB) cost every anonymous caller that much memory churn.
+    table = request.app[ROUTES_KEY]
+    cached = _ENCODED.get(id(table))
+    if cached is None or cached[0] is not table:
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        cached = _ENCODED[id(table)] = (table, json.dumps(document(table)).encode())
+    return web.Response(body=cached[1], content_type="application/json")
