@@ -261,6 +261,15 @@ def test_python_worker_serves_a_typescript_queue(dev_node: DevNode, procs: Proce
     assert worker.wait(PROCESS_TIMEOUT_S) == 0
 
 
+def test_queue_with_slots_limit_and_budget(dev_node: DevNode, procs: Processes) -> None:
+    """The "Queues that need resources" sample, served: each job takes a slot, a unit and a budget
+    reservation, settled whole (0.40) or with what the handler reported with spend() (0.10)."""
+    ran = last_json(output(procs.tsx("once-and-queues/resources_run.ts", ts_env(dev_node))))
+    assert ran == {
+        "page": "<html>https://example.com/</html>", "settledMinor": "500000", "reservedMinor": "0", "scale": 6, "inUse": 0,
+    }
+
+
 @pytest.mark.parametrize("first", ["python", "typescript"])
 def test_once_is_shared_between_languages(dev_node: DevNode, procs: Processes, first: str) -> None:
     """A once result recorded by one SDK is returned to the other without running its function."""

@@ -6,6 +6,7 @@ import { ConfigError } from './errors.js';
 import { Groups } from './groups.js';
 import { Mailbox } from './mailbox.js';
 import { Mailboxes } from './mailboxes.js';
+import { Budgets, Limits, Pools } from './resources.js';
 import { Ticket } from './tickets.js';
 import { Timers } from './timers.js';
 import { type DateLike, formatTime } from './time.js';
@@ -176,6 +177,12 @@ export class Scope {
 export class Runstate {
   readonly mailboxes: Mailboxes;
   readonly scopes: Scopes;
+  /** Pools of slots (on the wire: permits). */
+  readonly pools: Pools;
+  /** Rate limits (on the wire: allowances). */
+  readonly limits: Limits;
+  /** Spend budgets. */
+  readonly budgets: Budgets;
   /** @internal */
   readonly transport: Transport;
 
@@ -193,6 +200,9 @@ export class Runstate {
     });
     this.mailboxes = new Mailboxes(this.transport);
     this.scopes = new Scopes(this.transport);
+    this.pools = new Pools(this.transport);
+    this.limits = new Limits(this.transport);
+    this.budgets = new Budgets(this.transport);
   }
 
   get holder(): string {

@@ -16,6 +16,12 @@ export interface Context {
   readonly key: string;
   /** The run the call belongs to. */
   readonly runId: string;
+  /**
+   * In a queue handler: report `amount` more spent of the job's budget reservation (a decimal);
+   * the sum is charged when the job completes, the rest returns to the budget. Without it the
+   * whole reservation counts as spent. ConfigError outside a queue handler.
+   */
+  spend(amount: number): void;
 }
 
 const storage = new AsyncLocalStorage<Context>();

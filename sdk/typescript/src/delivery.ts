@@ -4,6 +4,7 @@ import { leaseSeconds, requireInt } from './_checks.js';
 import { ConflictError, NotFoundError } from './errors.js';
 import { type Json, type Transport, field, segment } from './transport.js';
 import { parseTime } from './time.js';
+import { settleJobReservations, spentMicros } from './resources.js';
 
 // Error messages sent with a retry (the server's bound is 2 KiB).
 export const ERROR_MESSAGE_CHARS_MAX = 2_000;
@@ -27,6 +28,7 @@ export function givenFromAdmitted(admitted: Json): Given {
       attempts: admitted.attempts,
       workKey: admitted.taskKey,
       scopeId: admitted.scopeId,
+      needs: admitted.needs,
       reservations: reservations.filter((id) => id !== holds?.reservationId),
     },
     token: field<string>(admitted, 'token'),
@@ -48,11 +50,16 @@ export class Delivery<T = unknown> {
   readonly attempt: number;
   readonly attempts: number | undefined;
   readonly scopeId: string | undefined;
+  /** What the task needs (`{slots, limit, budget, budgets: [{name, reserveMinor}]}`), or undefined. */
+  readonly needs: Json | undefined;
+  /** The budget reservations of the job's `requirements.budgets`, settled by `complete`. */
+  readonly reservations: readonly string[];
   leaseExpiresAt: Date | undefined;
   readonly signal: AbortSignal;
   private readonly controller = new AbortController();
   private readonly path: string;
   private settledFlag = false;
+  private spentTotalMicros: number | undefined;
 
   constructor(
     private readonly transport: Transport,
@@ -67,6 +74,8 @@ export class Delivery<T = unknown> {
     this.attempt = typeof message.attempt === 'number' ? message.attempt : 0;
     this.attempts = typeof message.attempts === 'number' ? message.attempts : undefined;
     this.scopeId = typeof message.scopeId === 'string' ? message.scopeId : undefined;
+    this.needs = message.needs && typeof message.needs === 'object' ? (message.needs as Json) : undefined;
+    this.reservations = Array.isArray(message.reservations) ? (message.reservations as string[]) : [];
     this.leaseExpiresAt = parseTime(given.leaseExpiresAt);
     this.signal = this.controller.signal;
   }
@@ -74,6 +83,27 @@ export class Delivery<T = unknown> {
   /** True once complete/retry/reject/release was accepted, or the server said the lease is gone. */
   get settled(): boolean {
     return this.settledFlag;
+  }
+
+  /**
+   * Report `amount` more spent of the job's budget reservation (a decimal, e.g. 0.12; no request).
+   * `complete` settles the sum (without it, the whole reservation); retry and reject charge it
+   * only when reported. ConfigError for a negative amount.
+   */
+  spend(amount: number): void {
+    this.spentTotalMicros = (this.spentTotalMicros ?? 0) + spentMicros(amount);
+  }
+
+  /** The sum reported with `spend()`, or undefined if it was never called. */
+  get spent(): number | undefined {
+    return this.spentTotalMicros === undefined ? undefined : this.spentTotalMicros / 1_000_000;
+  }
+
+  private async settleReservations(whenNothingReported: 'whole' | 'nothing'): Promise<void> {
+    if (this.reservations.length === 0) return;
+    if (this.spentTotalMicros === undefined && whenNothingReported === 'nothing') return;
+    const failures = await settleJobReservations(this.transport, this.reservations, this.needs, this.spentTotalMicros);
+    for (const failure of failures) if (process.env.RUNSTATE_SDK_QUIET !== '1') console.warn(`runstate: ${failure}`);
   }
 
   /** Abort `signal` (used by the consume loop). */
@@ -100,7 +130,11 @@ export class Delivery<T = unknown> {
    */
   async complete(result: { payload?: unknown } = { payload: null }): Promise<Json> {
     const payload = result.payload === undefined ? null : result.payload;
-    return this.settle('complete', { result: { ...result, payload } });
+    const answer = await this.settle('complete', { result: { ...result, payload } });
+    // Completed: the worker settles the job's reservations with what was spent (else the whole
+    // reserve) and voids the rest, as the published worker does.
+    await this.settleReservations('whole');
+    return answer;
   }
 
   /**
@@ -111,6 +145,7 @@ export class Delivery<T = unknown> {
     const body: Json = { retry: true };
     if (options.error !== undefined) body.error = String(options.error).slice(0, ERROR_MESSAGE_CHARS_MAX);
     if (options.delayMs !== undefined) body.delayMs = requireInt(options.delayMs, 'delayMs', 0);
+    await this.settleReservations('nothing'); // a failed attempt is charged only what it reported
     return this.settle('nack', body);
   }
 
@@ -118,6 +153,7 @@ export class Delivery<T = unknown> {
   async reject(options: { error?: string } = {}): Promise<Json> {
     const body: Json = { retry: false };
     if (options.error !== undefined) body.error = String(options.error).slice(0, ERROR_MESSAGE_CHARS_MAX);
+    await this.settleReservations('nothing');
     return this.settle('nack', body);
   }
 

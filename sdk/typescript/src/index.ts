@@ -20,6 +20,8 @@ import * as errors from './errors.js';
 export { Runstate, Scope, Scopes } from './client.js';
 export type { RunstateOptions, RunOptions, RunView } from './client.js';
 export { Mailboxes } from './mailboxes.js';
+export { Budgets, Limits, Pools } from './resources.js';
+export type { Needs } from './resources.js';
 export type { MailboxView } from './mailboxes.js';
 export { Mailbox } from './mailbox.js';
 export type { SubmitOptions } from './mailbox.js';

@@ -161,7 +161,15 @@ class OnceSpec<A extends unknown[], R> {
     const entry = { scopeId: grant.scopeId, key, token: grant.token };
     let value: R;
     try {
-      const context = { signal: controller.signal, attempt: grant.attempt, key, runId: grant.scopeId };
+      const context = {
+        signal: controller.signal,
+        attempt: grant.attempt,
+        key,
+        runId: grant.scopeId,
+        spend: () => {
+          throw new ConfigError('context().spend() is only available inside a queue handler');
+        },
+      };
       value = await runInContext(context, () => this.fn(...args));
     } catch (error) {
       stopRenewing();

@@ -18,10 +18,18 @@ import { resultValue } from './_results.js';
 import { CONCURRENCY_MAX, DRAIN_TIMEOUT_MS } from './consume.js';
 import { runInContext } from './context.js';
 import type { Delivery } from './delivery.js';
-import { ConfigError, DeadlineExceededError, ResultTimeoutError, RunstateError, ScopeCancelledError, TaskFailedError } from './errors.js';
+import {
+  ConfigError,
+  ConflictError,
+  DeadlineExceededError,
+  NotFoundError,
+  ResultTimeoutError,
+  RunstateError,
+  ScopeCancelledError,
+  TaskFailedError,
+} from './errors.js';
 import { makeKey } from './keys.js';
-import { taskBody } from './mailbox.js';
-import { mailboxId } from './mailboxes.js';
+import { type Needs, checkNeeds, requirements } from './resources.js';
 import { type Runtime, runtime } from './runtime.js';
 import type { Ticket, TaskView } from './tickets.js';
 import { type Duration, durationMs } from './time.js';
@@ -32,7 +40,7 @@ const QUEUE_LEASE_DEFAULT = '30s';
 // One wait for a job's result when no timeout is given (then waited again).
 const RESULT_SLICE_MS = 3_600_000;
 
-export interface QueueOptions<I> {
+export interface QueueOptions<I> extends Needs {
   /** Attempts before the job is FAILED (1 to 100, default 5). */
   attempts?: number;
   /** After this a dead worker's job is taken over: ms or `'60s'` (default 30 s). */
@@ -41,12 +49,6 @@ export interface QueueOptions<I> {
   concurrency?: number;
   /** What identifies the job instead of the whole input. */
   key?: (input: I) => unknown;
-  /** A pool name (or names) each job holds a slot of while it runs. */
-  slots?: string | string[];
-  /** A rate limit each job takes units of: a name (one unit) or `{ name, units }`. */
-  limit?: string | { name: string; units?: number };
-  /** A budget each job reserves from: `{ name, reserve }`. */
-  budget?: { name: string; reserve: number };
 }
 
 /** A submitted job: `id` (the task id), `key`, `created` (false when the same work was already submitted in the run). */
@@ -138,6 +140,7 @@ export class QueueSpec<I, O> {
     this.attempts = requireInt(options.attempts ?? QUEUE_ATTEMPTS_DEFAULT, 'attempts', 1, 100);
     this.leaseMs = durationMs(options.lease ?? QUEUE_LEASE_DEFAULT, 'lease');
     this.concurrency = requireInt(options.concurrency ?? 1, 'concurrency', 1, CONCURRENCY_MAX);
+    checkNeeds(options); // ConfigError now, not at the first submit
   }
 
   keyOf(input: I): string {
@@ -145,33 +148,41 @@ export class QueueSpec<I, O> {
     return makeKey(this.name, value, `the key of ${this.name}`);
   }
 
-  private needs(): Json {
-    const needs: Json = {};
-    const { slots, limit, budget } = this.options;
-    if (slots !== undefined) needs.slots = slots;
-    if (limit !== undefined) needs.limit = typeof limit === 'string' ? { name: limit } : limit;
-    if (budget !== undefined) needs.budget = budget;
-    return needs;
-  }
-
   async send(input: I): Promise<Job<O>> {
     const key = this.keyOf(input);
     const rt = runtime();
     await rt.declareQueue(this.name);
-    const ticket = await rt.inRun(async (scopeId) => {
-      const mailbox = rt.client.scope(scopeId).mailbox(this.name);
-      const body = { input, key, attempts: this.attempts, keyOnly: this.options.key !== undefined };
-      const needs = this.needs();
-      if (Object.keys(needs).length === 0) return mailbox.submit(body.input, body);
-      // Our server's resource fields travel on the submit as they are.
-      const task = { ...taskBody(input, body), ...needs };
-      const answer = await rt.client.transport.request('POST', '/tasks', {
-        body: { scopeId, mailboxId: await mailboxId(rt.client.transport, this.name), ...task },
-        safe: true,
-      });
-      return rt.client.scope(scopeId).task(String(answer.taskId));
-    });
+    const needs = await requirements(rt.client.transport, this.options);
+    const ticket = await rt.inRun(async (scopeId) =>
+      rt.client.scope(scopeId).mailbox(this.name).submit(input, {
+        key,
+        attempts: this.attempts,
+        keyOnly: this.options.key !== undefined,
+        ...(needs !== undefined ? { requirements: needs } : {}),
+      }),
+    );
     return new Job<O>(ticket);
+  }
+
+  /**
+   * A worker declares the queue with its attempts and what its jobs need, so that jobs a producer
+   * submits without them (a published client's, or a producer that does not define the handler)
+   * still hold them. A queue declared with other settings keeps them (a warning).
+   */
+  async declare(rt: Runtime): Promise<void> {
+    let needs: Json | undefined;
+    try {
+      needs = await requirements(rt.client.transport, this.options);
+    } catch (error) {
+      if (!(error instanceof NotFoundError)) throw error;
+      warn(`serve: queue ${this.name} not declared with its needs: ${error.message}`);
+    }
+    try {
+      await rt.declareQueue(this.name, { maxAttempts: this.attempts, ...(needs !== undefined ? { requirements: needs } : {}) });
+    } catch (error) {
+      if (!(error instanceof ConflictError) || error.code !== 'CONFLICT') throw error;
+      warn(`serve: queue ${this.name} is declared with other settings, kept: ${error.message}`);
+    }
   }
 
   /** The handler given to `consume`: sets `context()`, runs the user's handler, checks the result. */
@@ -180,11 +191,21 @@ export class QueueSpec<I, O> {
     if (handler === undefined) throw new ConfigError(`queue ${this.name} has no handler to serve`);
     const what = `the result of queue ${this.name}`;
     return async (data, delivery) => {
-      const context = { signal: delivery.signal, attempt: delivery.attempt, key: delivery.key ?? '', runId: delivery.scopeId ?? scopeId };
+      const context = {
+        signal: delivery.signal,
+        attempt: delivery.attempt,
+        key: delivery.key ?? '',
+        runId: delivery.scopeId ?? scopeId,
+        spend: (amount: number) => delivery.spend(amount),
+      };
       const value = await runInContext(context, () => handler(data as I));
       return resultValue(value, what);
     };
   }
+}
+
+function warn(message: string): void {
+  if (process.env.RUNSTATE_SDK_QUIET !== '1') console.warn(`runstate: ${message}`);
 }
 
 // Every queue defined in this process with a handler, by name (the last definition of a name wins).
@@ -221,7 +242,7 @@ export interface ServeOptions {
 }
 
 async function serveIn(rt: Runtime, specs: QueueSpec<unknown, unknown>[], stop: AbortController): Promise<void> {
-  for (const spec of specs) await rt.declareQueue(spec.name, { maxAttempts: spec.attempts });
+  for (const spec of specs) await spec.declare(rt);
   const [scopeId, isDefault] = await rt.scopeId();
   const scope = rt.client.scope(scopeId);
   const consumers = specs.map((spec) =>

@@ -13,6 +13,7 @@
 
 import { Runstate, type RunstateOptions } from './client.js';
 import { ConfigError, DeadlineExceededError, NotFoundError, ScopeCancelledError } from './errors.js';
+import type { Json } from './transport.js';
 
 export const SCOPE_ID_ENV = 'RUNSTATE_SCOPE_ID';
 export const RUN_ENV = 'RUNSTATE_RUN';
@@ -93,8 +94,8 @@ export class Runtime {
   }
 
   /** Declare the work queue `name` once per process (created when missing). */
-  async declareQueue(name: string, options: { maxAttempts?: number } = {}): Promise<void> {
-    const tag = `${name}:${options.maxAttempts ?? ''}`;
+  async declareQueue(name: string, options: { maxAttempts?: number; requirements?: Json } = {}): Promise<void> {
+    const tag = `${name}:${options.maxAttempts ?? ''}:${JSON.stringify(options.requirements ?? null)}`;
     if (this.declared.has(tag)) return;
     await this.client.mailboxes.declare(name, options);
     this.declared.add(tag);

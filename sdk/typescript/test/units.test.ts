@@ -94,3 +94,14 @@ test('a server that does not answer is UnavailableError after a few seconds of r
   const rs = new Runstate({ baseURL: 'http://127.0.0.1:9', spaceId: 'spc_x' });
   await assert.rejects(rs.scope('run_x').status(), UnavailableError);
 });
+
+test('budget amounts convert exactly to minor units', async () => {
+  const { toMinor } = await import('../src/resources.ts');
+  assert.equal(toMinor(0.4, 6, 'reserve'), 400_000n);
+  assert.equal(toMinor(0.3, 2, 'reserve'), 30n);
+  assert.equal(toMinor(25, 6, 'total'), 25_000_000n);
+  assert.equal(toMinor(1e-6, 6, 'reserve'), 1n);
+  assert.equal(toMinor(1e21, 0, 'total'), 10n ** 21n);
+  assert.throws(() => toMinor(0.405, 2, 'reserve'), ConfigError);
+  assert.throws(() => toMinor(-1, 2, 'reserve'), ConfigError);
+});

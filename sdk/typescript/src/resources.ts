@@ -1,0 +1,249 @@
+/**
+ * Slots, rate limits and budgets of the space: `rs.pools`, `rs.limits`, `rs.budgets`, and what a
+ * queue's jobs need (the protocol's `requirements`).
+ *
+ * On the wire a pool is a *permit*, a rate limit an *allowance* and a budget a budget in exact
+ * integer minor units (`PUT /permits|allowances|budgets/by-name/{name}` declares one; a
+ * declaration never changes an existing one). Ids (and a budget's scale) are looked up once per
+ * name and client. A budget this SDK creates has scale 6 (millionths), as the Python SDK's, so that
+ * sub-cent costs stay exact; an existing budget keeps its own scale.
+ */
+
+import { requireInt } from './_checks.js';
+import { ConfigError, RunstateError } from './errors.js';
+import { type Duration, durationMs } from './time.js';
+import { type Json, type Transport, field, segment } from './transport.js';
+
+const BUDGET_SCALE = 6;
+const BUDGET_CURRENCY = 'USD';
+const UNITS_MAX = 1_000_000;
+// The protocol's allowance window: whole seconds, 1 s to a day.
+const WINDOW_S_MAX = 86_400;
+const MICROS_PER_UNIT = 1_000_000;
+
+interface BudgetRow {
+  id: string;
+  scale: number;
+}
+
+const permitIds = new WeakMap<Transport, Map<string, string>>();
+const allowanceIds = new WeakMap<Transport, Map<string, string>>();
+const budgetRows = new WeakMap<Transport, Map<string, BudgetRow>>();
+
+function cache<V>(map: WeakMap<Transport, Map<string, V>>, transport: Transport): Map<string, V> {
+  let found = map.get(transport);
+  if (found === undefined) {
+    found = new Map();
+    map.set(transport, found);
+  }
+  return found;
+}
+
+function amount(value: unknown, what: string): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) throw new ConfigError(`${what} must be a non-negative number, got ${String(value)}`);
+  return value;
+}
+
+/**
+ * `value` (a decimal, read exactly from its shortest form: 0.1 is one tenth) in minor units of a
+ * budget of `scale`. ConfigError when negative, not a number, or finer than the minor units.
+ */
+export function toMinor(value: number, scale: number, what: string): bigint {
+  amount(value, what);
+  const [mantissa = '0', exponentText] = String(value).toLowerCase().split('e');
+  const [whole = '0', fraction = ''] = mantissa.split('.');
+  const shift = scale + Number(exponentText ?? 0) - fraction.length;
+  const digits = BigInt(whole + fraction);
+  if (shift >= 0) return digits * 10n ** BigInt(shift);
+  const divisor = 10n ** BigInt(-shift);
+  if (digits % divisor !== 0n) throw new ConfigError(`${what} ${value} is finer than the budget's minor units (scale ${scale})`);
+  return digits / divisor;
+}
+
+async function declare(transport: Transport, route: string, name: string, what: string, body: Json): Promise<Json> {
+  return transport.request('PUT', `/${route}/by-name/${segment(name, `${what} name`)}`, { body, safe: true });
+}
+
+async function permitId(transport: Transport, name: string): Promise<string> {
+  const ids = cache(permitIds, transport);
+  let id = ids.get(name);
+  if (id === undefined) {
+    id = field<string>(await declare(transport, 'permits', name, 'pool', {}), 'id');
+    ids.set(name, id);
+  }
+  return id;
+}
+
+async function allowanceId(transport: Transport, name: string): Promise<string> {
+  const ids = cache(allowanceIds, transport);
+  let id = ids.get(name);
+  if (id === undefined) {
+    id = field<string>(await declare(transport, 'allowances', name, 'limit', {}), 'id');
+    ids.set(name, id);
+  }
+  return id;
+}
+
+/** The budget `name`'s id and scale (looked up once); NotFoundError when it does not exist. */
+async function budgetRow(transport: Transport, name: string): Promise<BudgetRow> {
+  const rows = cache(budgetRows, transport);
+  let row = rows.get(name);
+  if (row === undefined) {
+    const view = await declare(transport, 'budgets', name, 'budget', {});
+    row = { id: field<string>(view, 'id'), scale: Number(field(view, 'scale')) };
+    rows.set(name, row);
+  }
+  return row;
+}
+
+/** Pools of slots: `rs.pools`. */
+export class Pools {
+  constructor(private readonly transport: Transport) {}
+
+  /** Create the pool `name` with `size` slots; safe to call every time. ConflictError if it exists with another size. */
+  async ensure(name: string, options: { size: number }): Promise<Json> {
+    const view = await declare(this.transport, 'permits', name, 'pool', { units: requireInt(options.size, 'size', 1, UNITS_MAX) });
+    cache(permitIds, this.transport).set(name, field<string>(view, 'id'));
+    return view;
+  }
+
+  /** The pool's view (`unitsTotal`, `unitsInUse`, `grants`, ...). NotFoundError if it does not exist. */
+  async status(name: string): Promise<Json> {
+    return this.transport.request('GET', `/permits/${segment(await permitId(this.transport, name), 'permit id')}`, { safe: true });
+  }
+}
+
+/** Rate limits: `rs.limits`. */
+export class Limits {
+  constructor(private readonly transport: Transport) {}
+
+  /**
+   * Create the rate limit `name` of `units` per `per` (ms or `'1s'`, `'1m'`; whole seconds, 1 s to
+   * a day); safe to call every time. ConflictError if it exists with other sizes.
+   */
+  async ensure(name: string, options: { units: number; per?: Duration }): Promise<Json> {
+    const perMs = durationMs(options.per ?? '1s', 'per');
+    if (perMs % 1000 !== 0 || perMs / 1000 > WINDOW_S_MAX) throw new ConfigError(`per must be whole seconds from 1 s to ${WINDOW_S_MAX} s`);
+    const body = { unitsLimit: requireInt(options.units, 'units', 1, UNITS_MAX), windowSeconds: perMs / 1000 };
+    const view = await declare(this.transport, 'allowances', name, 'limit', body);
+    cache(allowanceIds, this.transport).set(name, field<string>(view, 'id'));
+    return view;
+  }
+
+  /** The limit's view (`unitsLimit`, `windowSeconds`, `remaining`, ...). NotFoundError if it does not exist. */
+  async status(name: string): Promise<Json> {
+    return this.transport.request('GET', `/allowances/${segment(await allowanceId(this.transport, name), 'allowance id')}`, { safe: true });
+  }
+}
+
+/** Spend budgets: `rs.budgets`. */
+export class Budgets {
+  constructor(private readonly transport: Transport) {}
+
+  /** Create the budget `name` with `total` (a decimal, e.g. 25.0); safe to call every time. ConflictError if it exists with another total. */
+  async ensure(name: string, options: { total: number }): Promise<Json> {
+    const limitMinor = toMinor(options.total, BUDGET_SCALE, 'total');
+    if (limitMinor < 1n) throw new ConfigError(`total must be more than 0, got ${options.total}`);
+    const view = await declare(this.transport, 'budgets', name, 'budget', { limitMinor: String(limitMinor), scale: BUDGET_SCALE, currency: BUDGET_CURRENCY });
+    cache(budgetRows, this.transport).set(name, { id: field<string>(view, 'id'), scale: Number(field(view, 'scale')) });
+    return view;
+  }
+
+  /** The budget's view (`limitMinor`, `reservedMinor`, `settledMinor`, `scale`, `reservations`, ...). NotFoundError if it does not exist. */
+  async status(name: string): Promise<Json> {
+    const row = await budgetRow(this.transport, name);
+    return this.transport.request('GET', `/budgets/${segment(row.id, 'budget id')}`, { safe: true });
+  }
+}
+
+/** What a queue's jobs need: pool slots, rate-limit units, a budget reservation. */
+export interface Needs {
+  /** A pool name, or several (a name given n times is n slots). */
+  slots?: string | string[];
+  /** A rate limit: a name (one unit) or `{ name, units }`. */
+  limit?: string | { name: string; units?: number };
+  /** A budget reservation: `{ name, reserve }` (a decimal amount). */
+  budget?: { name: string; reserve: number };
+}
+
+/** Check `needs` now (ConfigError), before the first submit. */
+export function checkNeeds(needs: Needs): void {
+  const { slots, limit, budget } = needs;
+  if (slots !== undefined) {
+    const names = typeof slots === 'string' ? [slots] : slots;
+    if (!Array.isArray(names) || names.length === 0) throw new ConfigError('slots must be a pool name or a non-empty list of them');
+    for (const name of names) segment(name, 'a pool name in slots');
+  }
+  if (limit !== undefined) {
+    const named = typeof limit === 'string' ? { name: limit } : limit;
+    segment(named?.name, 'limit name');
+    if (named.units !== undefined) requireInt(named.units, 'limit units', 1, UNITS_MAX);
+  }
+  if (budget !== undefined) {
+    segment(budget?.name, 'budget name');
+    amount(budget.reserve, 'budget reserve');
+  }
+}
+
+/**
+ * `needs` as the protocol's `requirements` (`{pools: [{name, units}], quotas: [{name, units}],
+ * budgets: [{name, reserveMinor}]}`), or undefined for nothing. A budget's reserve is converted
+ * exactly to its minor units (NotFoundError for an unknown budget).
+ */
+export async function requirements(transport: Transport, needs: Needs): Promise<Json | undefined> {
+  checkNeeds(needs);
+  const body: Json = {};
+  if (needs.slots !== undefined) {
+    const units = new Map<string, number>();
+    for (const name of typeof needs.slots === 'string' ? [needs.slots] : needs.slots) units.set(name, (units.get(name) ?? 0) + 1);
+    body.pools = [...units].map(([name, count]) => ({ name, units: count }));
+  }
+  if (needs.limit !== undefined) {
+    const named = typeof needs.limit === 'string' ? { name: needs.limit } : needs.limit;
+    body.quotas = [{ name: named.name, units: named.units ?? 1 }];
+  }
+  if (needs.budget !== undefined) {
+    const row = await budgetRow(transport, needs.budget.name);
+    const reserveMinor = toMinor(needs.budget.reserve, row.scale, 'budget reserve');
+    if (reserveMinor < 1n) throw new ConfigError(`budget reserve must be at least one minor unit of budget ${needs.budget.name}`);
+    body.budgets = [{ name: needs.budget.name, reserveMinor: String(reserveMinor) }];
+  }
+  return Object.keys(body).length > 0 ? body : undefined;
+}
+
+/** An amount spent, in micro-units (summed exactly). ConfigError if negative or not a number. */
+export function spentMicros(value: number): number {
+  return Math.round(amount(value, 'the amount spent') * MICROS_PER_UNIT);
+}
+
+/**
+ * After a job's delivery: settle each reservation of its `requirements.budgets` with `spentMicros`
+ * (undefined: the whole reservation; over it, up to what the budget still has) and void the rest,
+ * as the published worker does. Failures are returned as messages, never thrown (the job's outcome
+ * is recorded already).
+ */
+export async function settleJobReservations(transport: Transport, reservations: readonly string[], needs: Json | undefined, micros: number | undefined): Promise<string[]> {
+  const budgets = ((needs?.budgets as Json[] | undefined) ?? []).slice(0, reservations.length);
+  const failures: string[] = [];
+  for (const [index, need] of budgets.entries()) {
+    const reservationId = reservations[index] as string;
+    try {
+      const row = await budgetRow(transport, String(need.name));
+      let amountMinor = BigInt(String(need.reserveMinor));
+      if (micros !== undefined) amountMinor = toMinor(micros / MICROS_PER_UNIT, row.scale, 'the amount spent');
+      const path = `/budgets/${segment(row.id, 'budget id')}`;
+      const voidBody = { reservationId, workKey: `void:${reservationId}` };
+      if (amountMinor === 0n) {
+        await transport.request('POST', `${path}/void`, { body: voidBody, safe: true });
+        continue;
+      }
+      const settleBody = { reservationId, amountMinor: String(amountMinor), workKey: `settle:${reservationId}`, allowOverrun: true };
+      const answer = await transport.request('POST', `${path}/settle`, { body: settleBody, safe: true });
+      if (answer.state === 'ACTIVE' || answer.state === 'STALE') await transport.request('POST', `${path}/void`, { body: voidBody, safe: true }).catch(() => undefined);
+    } catch (error) {
+      // CONFLICT: it had ended (the delivery's end or its run's stop voided it).
+      failures.push(`settling reservation ${reservationId} of budget ${String(need.name)} failed: ${error instanceof RunstateError ? error.message : String(error)}`);
+    }
+  }
+  return failures;
+}
