@@ -15,7 +15,30 @@ import { context } from './context.js';
 import { once } from './once.js';
 import { queue, serve } from './queue.js';
 import { Runstate } from './client.js';
-import * as errors from './errors.js';
+import {
+  BacklogFullError,
+  ClaimHeldError,
+  ConfigError,
+  ConflictError,
+  CursorExpiredError,
+  DeadlineExceededError,
+  ForbiddenError,
+  KeyConflictError,
+  LeaseLostError,
+  LimitExceededError,
+  NotFoundError,
+  OnceFailedError,
+  OutcomeUnknownError,
+  ResultTimeoutError,
+  ResultTooLargeError,
+  RunstateError,
+  ScopeCancelledError,
+  TaskFailedError,
+  UnauthenticatedError,
+  UnavailableError,
+  ValidationError,
+  WaitTimeoutError,
+} from './errors.js';
 
 export { Runstate, Scope, Scopes } from './client.js';
 export type { RunstateOptions, RunOptions, RunView } from './client.js';
@@ -80,7 +103,28 @@ const runstate = {
   configure,
   close,
   Runstate,
-  ...errors,
+  BacklogFullError,
+  ClaimHeldError,
+  ConfigError,
+  ConflictError,
+  CursorExpiredError,
+  DeadlineExceededError,
+  ForbiddenError,
+  KeyConflictError,
+  LeaseLostError,
+  LimitExceededError,
+  NotFoundError,
+  OnceFailedError,
+  OutcomeUnknownError,
+  ResultTimeoutError,
+  ResultTooLargeError,
+  RunstateError,
+  ScopeCancelledError,
+  TaskFailedError,
+  UnauthenticatedError,
+  UnavailableError,
+  ValidationError,
+  WaitTimeoutError,
 };
 
 export default runstate;
