@@ -82,22 +82,25 @@ class Processes:
 
     def tsx(self, sample: str, env: dict[str, str]) -> subprocess.Popen[str]:
         command = [str(PACKAGE / "node_modules" / ".bin" / "tsx"), str(self.project / "samples" / sample)]
-        return self._start(command, env)
+        return self.start(command, env)
 
     def python(self, script: str | Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-        return self._start([sys.executable, str(script), *args], env)
+        return self.start([sys.executable, str(script), *args], env)
 
-    def _start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        # A process group of its own: tsx runs the script in a child node process, which a kill of
+        # tsx alone would leave running.
         process = subprocess.Popen(
-            command, cwd=self.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command, cwd=self.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
         )
         self.started.append(process)
         return process
 
     def close(self) -> None:
         for process in self.started:
-            if process.poll() is None:
-                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # the group this test started, children included
         for process in self.started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(PROCESS_TIMEOUT_S)
@@ -245,7 +248,7 @@ def test_python_worker_serves_a_typescript_queue(dev_node: DevNode, procs: Proce
         "    return {'company': input['company'], 'attempt': runstate.context().attempt, 'by': 'python'}\n"
         "runstate.serve()\n"
     )
-    worker = procs._start([sys.executable, "-c", worker_code], env)
+    worker = procs.start([sys.executable, "-c", worker_code], env)
     produced = last_json(output(procs.tsx("once-and-queues/producer.ts", env)))
     assert produced["report"] == {"company": "acme", "attempt": 1, "by": "python"}
     again = (
@@ -255,7 +258,7 @@ def test_python_worker_serves_a_typescript_queue(dev_node: DevNode, procs: Proce
         "job = research.send({'company': 'globex'})\n"
         "print(json.dumps({'created': job.created, 'result': job.result()}))\n"
     )
-    answer = last_json(output(procs._start([sys.executable, "-c", again], env)))
+    answer = last_json(output(procs.start([sys.executable, "-c", again], env)))
     assert answer == {"created": False, "result": {"company": "globex", "attempt": 1, "by": "python"}}
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(PROCESS_TIMEOUT_S) == 0
@@ -284,13 +287,13 @@ def test_once_is_shared_between_languages(dev_node: DevNode, procs: Processes, f
         "print(json.dumps({'report': researchCompany('acme'), 'ran': ran, 'key': researchCompany.once_key('acme')}))\n"
     )
     if first == "python":
-        from_python = last_json(output(procs._start([sys.executable, "-c", python_code], env)))
+        from_python = last_json(output(procs.start([sys.executable, "-c", python_code], env)))
         from_typescript = last_json(output(procs.tsx("once-and-queues/once.ts", env)))
         assert from_python["ran"] == ["acme"]
         assert from_typescript["report"] == {"name": "acme", "by": "python"} and from_typescript["calls"] == 0
     else:
         from_typescript = last_json(output(procs.tsx("once-and-queues/once.ts", env)))
-        from_python = last_json(output(procs._start([sys.executable, "-c", python_code], env)))
+        from_python = last_json(output(procs.start([sys.executable, "-c", python_code], env)))
         assert from_typescript["calls"] == 1
         assert from_python["report"] == {"name": "acme", "calls": 1} and from_python["ran"] == []
     assert from_python["key"] == from_typescript["key"] == "researchCompany:07fad54f7446269afc481e306a48f046"
