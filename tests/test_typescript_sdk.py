@@ -61,6 +61,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (app / "package.json").write_text(json.dumps({"name": "app", "private": True, "type": "module"}))
     run_npm("install", "--offline", "--no-package-lock", str(tarball), cwd=app)
     shutil.copytree(SAMPLES, app / "samples")
+    shutil.copytree(PACKAGE / "test" / "node", app / "samples" / "node")  # the tests' own scripts
     return app
 
 
@@ -297,6 +298,40 @@ def test_once_is_shared_between_languages(dev_node: DevNode, procs: Processes, f
         assert from_typescript["calls"] == 1
         assert from_python["report"] == {"name": "acme", "calls": 1} and from_python["ran"] == []
     assert from_python["key"] == from_typescript["key"] == "researchCompany:07fad54f7446269afc481e306a48f046"
+
+
+def test_a_dead_workers_task_is_taken_over_and_a_cancel_aborts_the_handler(dev_node: DevNode, procs: Processes) -> None:
+    env = ts_env(dev_node)
+    with Runstate(base_url=dev_node.url, space_id=env["RUNSTATE_SPACE_ID"]) as rs:
+        rs.mailboxes.ensure("work", mode="WORK")
+        run = rs.scopes.create()
+        ticket = run.mailbox("work").submit({"n": 1}, key="stuck")
+    stuck = procs.tsx("node/stuck_worker.ts", {**env, "RUNSTATE_SCOPE_ID": run.id, "LEASE_MS": "1000"})
+    assert read_line(stuck, "holding") == f"holding {ticket.id} attempt 1"
+    os.killpg(stuck.pid, signal.SIGKILL)  # kill -9: no renewals, no release
+    stuck.wait(PROCESS_TIMEOUT_S)
+    report = last_json(output(procs.tsx("node/leases.ts", {**env, "RUNSTATE_SCOPE_ID": run.id, "TASK_ID": ticket.id})))
+    assert report == {
+        "takeover": {"attempt": 2, "data": {"n": 1}}, "result": {"done": True},
+        "cancelled": {"seen": ["ScopeCancelledError"], "task": True},
+    }
+
+
+def test_a_stalled_once_holder_is_taken_over_and_its_late_result_refused(dev_node: DevNode, procs: Processes) -> None:
+    """The docs' "When a process dies": the second caller takes the work over once the first one's
+    lease lapsed; the first one, continued, sees its signal abort and gets LeaseLostError."""
+    env = ts_env(dev_node)
+    holder = procs.tsx("node/once_holder.ts", {**env, "HOLD": "1"})
+    assert read_line(holder, "running") == "running attempt 1"
+    os.killpg(holder.pid, signal.SIGSTOP)
+    try:
+        second = output(procs.tsx("node/once_holder.ts", env)).splitlines()
+    finally:
+        os.killpg(holder.pid, signal.SIGCONT)
+    assert second[0] == "running attempt 2"
+    taken = last_json(second[-1])["result"]
+    assert isinstance(taken, dict) and (taken["attempt"], taken["aborted"]) == (2, False)
+    assert last_json(output(holder)) == {"error": "LeaseLostError"}
 
 
 # -- task groups and cancellation -------------------------------------------------------------------
