@@ -334,6 +334,22 @@ def test_a_stalled_once_holder_is_taken_over_and_its_late_result_refused(dev_nod
     assert last_json(output(holder)) == {"error": "LeaseLostError"}
 
 
+def test_the_clients_other_calls(dev_node: DevNode, procs: Processes) -> None:
+    """Submit replays and key conflicts, release/reject/stale complete, task cancel, result
+    timeout, joinTask, verdicts, a group wait that times out, named barriers and timers, child runs
+    and cancellation (test/node/calls.ts)."""
+    report = last_json(output(procs.tsx("node/calls.ts", ts_env(dev_node))))
+    assert report == {
+        "ensureAgain": False, "otherMode": "ConflictError:CONFLICT", "submit": {"created": [True, False], "same": True},
+        "keyConflict": True, "unknownQueue": True, "released": {"sameTask": True, "attempt": 1},
+        "rejected": ["FAILED", "rejected: not for me"], "staleComplete": "LeaseLostError:STALE_CLAIM",
+        "cancelTask": "CANCELLED", "resultTimeout": "ResultTimeoutError:RESULT_TIMEOUT", "joined": True,
+        "waitTimeout": True, "group": ["FAILURE", "all_terminal", ["ACCEPTED", "REJECTED"]], "groupClosed": "GROUP_CLOSED",
+        "barrier": "RELEASED", "barrierOtherTarget": "ConflictError:CONFLICT", "timer": True, "child": True,
+        "afterCancel": True, "completeCancelled": "ConflictError:CONFLICT",
+    }
+
+
 # -- task groups and cancellation -------------------------------------------------------------------
 
 
