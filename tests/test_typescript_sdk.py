@@ -350,6 +350,21 @@ def test_the_clients_other_calls(dev_node: DevNode, procs: Processes) -> None:
     }
 
 
+def test_client_bound_queue_gather_and_once(dev_node: DevNode, procs: Processes) -> None:
+    """The surface the published 0.3.0 cross-language test drives (test/node/client_api.ts):
+    `new Runstate({ run, worker, timeout })`, a producer-only `rs.queue(name)` served by another
+    client's queue (whose declared attempts apply), gather with need and accept, `rs.once`."""
+    report = last_json(output(procs.tsx("node/client_api.ts", ts_env(dev_node))))
+    failure = report.pop("failure")
+    assert isinstance(failure, dict) and failure["tsClass"] is True and failure["attempts"] == 2
+    assert str(failure["message"]).endswith("failed after 2 attempts: Error: cannot review doc 99")
+    assert report == {
+        "called": {"doc": 1, "by": "worker"}, "sameJob": True, "sent": {"doc": 2, "by": "worker"}, "gathered": [4, 6],
+        "first": {"by": "ts", "args": ["acme", {"depth": 2}]}, "again": {"by": "ts", "args": ["acme", {"depth": 2}]},
+        "calls": 1,
+    }
+
+
 # -- task groups and cancellation -------------------------------------------------------------------
 
 

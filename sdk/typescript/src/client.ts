@@ -7,6 +7,10 @@ import { Groups } from './groups.js';
 import { Mailbox } from './mailbox.js';
 import { Mailboxes } from './mailboxes.js';
 import { Budgets, Limits, Pools } from './resources.js';
+import { type OnceFunction, type OnceOptions, onceOn } from './once.js';
+import { type Queue, type QueueOptions, type ServeOptions, queueOn, serveOn } from './queue.js';
+import { Runtime } from './runtime.js';
+import { type Duration, durationMs } from './time.js';
 import { Ticket } from './tickets.js';
 import { Timers } from './timers.js';
 import { type DateLike, formatTime } from './time.js';
@@ -34,6 +38,16 @@ export interface RunstateOptions {
   apiKey?: string;
   /** Bound on one ordinary request in milliseconds (long polls get their wait on top); default 10 000. */
   timeoutMs?: number;
+  /** `timeoutMs` as a duration (`'10s'`), as the published clients take it. */
+  timeout?: Duration;
+  /** `holder`, as the published clients name it. */
+  worker?: string;
+  /** `baseURL`, as the published clients name it. */
+  baseUrl?: string | readonly string[];
+  /** The run of this client's `once`, `queue` and `serve`: else RUNSTATE_SCOPE_ID. */
+  scopeId?: string;
+  /** The named run of this client's `once`, `queue` and `serve` when no run id is given: else RUNSTATE_RUN, else `default`. */
+  run?: string;
 }
 
 /** A run's view. */
@@ -186,8 +200,11 @@ export class Runstate {
   /** @internal */
   readonly transport: Transport;
 
-  constructor(options: RunstateOptions & { baseUrl?: string | readonly string[] } = {}) {
-    const holder = options.holder;
+  private readonly settings: RunstateOptions;
+  private runtimeInstance: Runtime | undefined;
+
+  constructor(options: RunstateOptions = {}) {
+    const holder = options.holder ?? options.worker;
     if (holder !== undefined && (typeof holder !== 'string' || !holder.trim())) throw new ConfigError('holder must be a non-empty string');
     const spaceId = resolveOptional(options.spaceId, SPACE_ID_ENV);
     const apiKey = resolveOptional(options.apiKey, API_KEY_ENV);
@@ -196,8 +213,9 @@ export class Runstate {
       ...(spaceId !== undefined ? { spaceId } : {}),
       ...(apiKey !== undefined ? { apiKey } : {}),
       holder: holder?.trim() || defaultHolder(),
-      timeoutMs: options.timeoutMs ?? REQUEST_TIMEOUT_MS_DEFAULT,
+      timeoutMs: options.timeoutMs ?? (options.timeout !== undefined ? durationMs(options.timeout, 'timeout') : REQUEST_TIMEOUT_MS_DEFAULT),
     });
+    this.settings = { ...options };
     this.mailboxes = new Mailboxes(this.transport);
     this.scopes = new Scopes(this.transport);
     this.pools = new Pools(this.transport);
@@ -221,6 +239,27 @@ export class Runstate {
   /** Re-attach to a task by id (no request). */
   task(taskId: string): Ticket {
     return new Ticket(this.transport, taskId);
+  }
+
+  /** The runtime of this client's `once`, `queue` and `serve` (made on first use). */
+  private runtime(): Runtime {
+    this.runtimeInstance ??= new Runtime(this.settings, this);
+    return this.runtimeInstance;
+  }
+
+  /** `runstate.once` on this client and its run (see `once`). */
+  once<A extends unknown[], R>(fn: (...args: A) => R | Promise<R>, options: OnceOptions<A> = {}): OnceFunction<A, Awaited<R>> {
+    return onceOn(() => this.runtime(), fn, options);
+  }
+
+  /** `runstate.queue` on this client and its run; without a handler, a producer-only queue. */
+  queue<I = unknown, O = unknown>(name: string, handler?: (input: I) => O | Promise<O>, options: QueueOptions<I> = {}): Queue<I, Awaited<O>> {
+    return queueOn(() => this.runtime(), this.runtime().queues, name, handler, options);
+  }
+
+  /** `runstate.serve` for the queues defined on this client (see `serve`). */
+  async serve(options: ServeOptions = {}): Promise<void> {
+    return serveOn(this.runtime(), this.runtime().queues, options);
   }
 
   /** The space's default run, the run named `default` (created on first use). */

@@ -61,7 +61,7 @@ export type { TimerView } from './timers.js';
 export { once } from './once.js';
 export type { OnceFunction, OnceOptions } from './once.js';
 export { Job, queue, serve } from './queue.js';
-export type { Queue, QueueOptions, ServeOptions } from './queue.js';
+export type { GatherOptions, Queue, QueueOptions, ServeOptions } from './queue.js';
 export { context } from './context.js';
 export type { Context } from './context.js';
 export { close, configure } from './runtime.js';

@@ -79,6 +79,7 @@ class OnceSpec<A extends unknown[], R> {
   readonly leaseSeconds: number;
 
   constructor(
+    readonly getRuntime: () => Runtime,
     readonly fn: (...args: A) => R | Promise<R>,
     readonly name: string,
     readonly keyFunction: ((...args: A) => unknown) | undefined,
@@ -153,7 +154,7 @@ class OnceSpec<A extends unknown[], R> {
 
   async call(args: A): Promise<R> {
     const key = this.key(args);
-    const rt = runtime();
+    const rt = this.getRuntime();
     const grant = await this.acquire(rt, key);
     if (grant.kind === 'done') return grant.result as R;
     const controller = new AbortController();
@@ -215,12 +216,21 @@ class OnceSpec<A extends unknown[], R> {
  * arguments or a result that are not JSON values.
  */
 export function once<A extends unknown[], R>(fn: (...args: A) => R | Promise<R>, options: OnceOptions<A> = {}): OnceFunction<A, Awaited<R>> {
+  return onceOn(runtime, fn, options);
+}
+
+/** `once` on the runtime `getRuntime` gives (the process-wide one, or a client's). */
+export function onceOn<A extends unknown[], R>(
+  getRuntime: () => Runtime,
+  fn: (...args: A) => R | Promise<R>,
+  options: OnceOptions<A> = {},
+): OnceFunction<A, Awaited<R>> {
   if (typeof fn !== 'function') throw new ConfigError('once() wraps a function');
   if (options.key !== undefined && typeof options.key !== 'function') throw new ConfigError('key must be a function of the same arguments');
   const name = options.name ?? fn.name;
   if (typeof name !== 'string' || !name || name === 'anonymous') throw new ConfigError('give once() a name for an anonymous function');
   const attempts = requireInt(options.attempts ?? ONCE_ATTEMPTS_DEFAULT, 'attempts', 1, ATTEMPTS_MAX);
-  const spec = new OnceSpec<A, Awaited<R>>(fn as (...args: A) => Awaited<R>, name, options.key, attempts, durationMs(options.lease ?? LEASE_DEFAULT, 'lease'));
+  const spec = new OnceSpec<A, Awaited<R>>(getRuntime, fn as (...args: A) => Awaited<R>, name, options.key, attempts, durationMs(options.lease ?? LEASE_DEFAULT, 'lease'));
   const wrapper = (...args: A): Promise<Awaited<R>> => spec.call(args);
   return Object.assign(wrapper, {
     onceName: name,

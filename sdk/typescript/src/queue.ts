@@ -108,6 +108,17 @@ export class Job<O = unknown> {
   }
 }
 
+/** How `gather` judges: `need` accepted results (default `'all'`), `accept(result, input)` (default: every result). */
+export interface GatherOptions<O, I> {
+  need?: number | 'all';
+  accept?: (result: O, input: I) => boolean | Promise<boolean>;
+  /** Bound on the wait for each member and for the decision (default an hour). */
+  timeoutMs?: number;
+}
+
+// The server's bound on a group's members.
+const GROUP_MEMBERS_MAX = 100;
+
 /** A queue: call it to submit and wait, `send` to submit only; `serve()` runs its handler in workers. */
 export interface Queue<I, O> {
   (input: I): Promise<O>;
@@ -115,6 +126,8 @@ export interface Queue<I, O> {
   send(input: I): Promise<Job<O>>;
   /** The job key `input` gets. */
   keyOf(input: I): string;
+  /** Submit the inputs as one task group and collect `need` accepted results (see `QueueSpec.gather`). */
+  gather(inputs: readonly I[], options?: GatherOptions<O, I>): Promise<O[]>;
   readonly queueName: string;
   readonly attempts: number;
   readonly leaseMs: number;
@@ -130,6 +143,7 @@ export class QueueSpec<I, O> {
   readonly concurrency: number;
 
   constructor(
+    readonly getRuntime: () => Runtime,
     readonly name: string,
     readonly handler: ((input: I) => O | Promise<O>) | undefined,
     readonly options: QueueOptions<I>,
@@ -143,6 +157,14 @@ export class QueueSpec<I, O> {
     checkNeeds(options); // ConfigError now, not at the first submit
   }
 
+  /**
+   * The attempts a submit names: this queue's when it has a handler or was given them; a
+   * producer-only queue without them leaves the queue's declared attempts (its worker's) to apply.
+   */
+  private submitAttempts(): { attempts?: number } {
+    return this.handler !== undefined || this.options.attempts !== undefined ? { attempts: this.attempts } : {};
+  }
+
   keyOf(input: I): string {
     const value = this.options.key ? this.options.key(input) : input;
     return makeKey(this.name, value, `the key of ${this.name}`);
@@ -150,18 +172,82 @@ export class QueueSpec<I, O> {
 
   async send(input: I): Promise<Job<O>> {
     const key = this.keyOf(input);
-    const rt = runtime();
+    const rt = this.getRuntime();
     await rt.declareQueue(this.name);
     const needs = await requirements(rt.client.transport, this.options);
     const ticket = await rt.inRun(async (scopeId) =>
       rt.client.scope(scopeId).mailbox(this.name).submit(input, {
         key,
-        attempts: this.attempts,
+        ...this.submitAttempts(),
         keyOnly: this.options.key !== undefined,
         ...(needs !== undefined ? { requirements: needs } : {}),
       }),
     );
     return new Job<O>(ticket);
+  }
+
+  /**
+   * Submit every input as a member of one task group and judge each result with `accept`, until
+   * `need` results are accepted (or, with `'all'`, every member finished). Resolves to the
+   * accepted results in the order they were accepted; the group's run is cancelled afterwards, so
+   * unfinished members stop. Rejects with TaskFailedError when `need` can no longer be reached.
+   */
+  async gather(inputs: readonly I[], options: GatherOptions<O, I> = {}): Promise<O[]> {
+    const need = options.need ?? 'all';
+    const byKey = new Map<string, I>();
+    for (const input of inputs) byKey.set(this.keyOf(input), input);
+    if (byKey.size === 0) return [];
+    if (byKey.size > GROUP_MEMBERS_MAX) throw new ConfigError(`gather takes at most ${GROUP_MEMBERS_MAX} distinct inputs`);
+    if (need !== 'all' && (!Number.isInteger(need) || need < 1 || need > byKey.size)) {
+      throw new ConfigError(`need must be 'all' or an integer from 1 to ${byKey.size} (the distinct inputs), got ${String(need)}`);
+    }
+    const accept = options.accept ?? (() => true);
+    const rt = this.getRuntime();
+    await rt.declareQueue(this.name);
+    const needs = await requirements(rt.client.transport, this.options);
+    const group = await rt.inRun((scopeId) =>
+      rt.client.scope(scopeId).groups.create({
+        mailbox: this.name,
+        condition: need === 'all' ? 'ALL_TERMINAL' : 'N_ACCEPTED',
+        ...(need === 'all' ? {} : { threshold: need }),
+        expectedMembers: byKey.size,
+        parentScopeId: scopeId,
+      }),
+    );
+    const accepted: O[] = [];
+    try {
+      const members = await Promise.all(
+        [...byKey].map(async ([key, input]) => ({
+          input,
+          ticket: await group.submit(input, { key, ...this.submitAttempts(), ...(needs !== undefined ? { requirements: needs } : {}) }),
+        })),
+      );
+      let decided = false;
+      await Promise.all(
+        members.map(async ({ input, ticket }) => {
+          const view = await ticket.result({ timeoutMs: options.timeoutMs ?? RESULT_SLICE_MS });
+          if (decided) return;
+          if (view.state === 'SUCCEEDED' && (await accept(view.outcome as O, input))) {
+            const verdict = await group.accept(ticket.id);
+            if (!verdict.late) accepted.push(view.outcome as O);
+            decided ||= verdict.groupState === 'FINALIZED';
+          } else {
+            decided ||= (await group.reject(ticket.id)).groupState === 'FINALIZED';
+          }
+        }),
+      );
+      const decision = await group.wait({ timeoutMs: options.timeoutMs ?? RESULT_SLICE_MS });
+      if (decision.outcome !== 'SUCCESS' && need !== 'all') {
+        throw new TaskFailedError(`gather of ${this.name} did not get ${need} accepted results (${decision.outcomeReason ?? 'undecided'})`, {
+          attempts: this.attempts,
+        });
+      }
+      return need === 'all' ? accepted : accepted.slice(0, need);
+    } finally {
+      // The group's own run: cancelling it stops what is still queued or running (best effort).
+      const groupRun = group.scopeId ?? (await group.status().catch(() => undefined))?.scopeId;
+      if (groupRun) await rt.client.scope(groupRun).cancel().catch(() => undefined);
+    }
   }
 
   /**
@@ -208,7 +294,8 @@ function warn(message: string): void {
   if (process.env.RUNSTATE_SDK_QUIET !== '1') console.warn(`runstate: ${message}`);
 }
 
-// Every queue defined in this process with a handler, by name (the last definition of a name wins).
+// Every queue defined in this process with the module-level `queue` and a handler, by name (the
+// last definition of a name wins): what the module-level `serve()` runs.
 const registry = new Map<string, QueueSpec<unknown, unknown>>();
 
 /**
@@ -218,11 +305,23 @@ const registry = new Map<string, QueueSpec<unknown, unknown>>();
  * `slots`, `limit`, `budget` (which must exist). Without a handler, a producer-only queue.
  */
 export function queue<I = unknown, O = unknown>(name: string, handler?: (input: I) => O | Promise<O>, options: QueueOptions<I> = {}): Queue<I, Awaited<O>> {
-  const spec = new QueueSpec<I, Awaited<O>>(name, handler as ((input: I) => Awaited<O>) | undefined, options);
-  if (handler !== undefined) registry.set(name, spec as QueueSpec<unknown, unknown>);
+  return queueOn(runtime, registry, name, handler, options);
+}
+
+/** `queue` on the runtime `getRuntime` gives, registered in `queues` for its `serve()`. */
+export function queueOn<I, O>(
+  getRuntime: () => Runtime,
+  queues: Map<string, unknown>,
+  name: string,
+  handler: ((input: I) => O | Promise<O>) | undefined,
+  options: QueueOptions<I>,
+): Queue<I, Awaited<O>> {
+  const spec = new QueueSpec<I, Awaited<O>>(getRuntime, name, handler as ((input: I) => Awaited<O>) | undefined, options);
+  if (handler !== undefined) queues.set(name, spec);
   const call = async (input: I): Promise<Awaited<O>> => (await spec.send(input)).result();
   return Object.assign(call, {
     send: (input: I) => spec.send(input),
+    gather: (inputs: readonly I[], gatherOptions?: GatherOptions<Awaited<O>, I>) => spec.gather(inputs, gatherOptions),
     keyOf: (input: I) => spec.keyOf(input),
     queueName: name,
     attempts: spec.attempts,
@@ -271,9 +370,13 @@ async function serveIn(rt: Runtime, specs: QueueSpec<unknown, unknown>[], stop: 
  * UnavailableError when no server answers for a long time.
  */
 export async function serve(options: ServeOptions = {}): Promise<void> {
-  const specs = options.queues ? options.queues.map((item) => item.spec as QueueSpec<unknown, unknown>) : [...registry.values()];
+  return serveOn(runtime(), registry, options);
+}
+
+/** `serve` on `rt`, running `queues` unless options name them. */
+export async function serveOn(rt: Runtime, queues: Map<string, unknown>, options: ServeOptions = {}): Promise<void> {
+  const specs = options.queues ? options.queues.map((item) => item.spec as QueueSpec<unknown, unknown>) : ([...queues.values()] as QueueSpec<unknown, unknown>[]);
   if (specs.length === 0) throw new ConfigError('serve() found no queue: define one with runstate.queue(name, handler) (import its module) first');
-  const rt = runtime();
   const stop = new AbortController();
   const onSignal = (): void => {
     if (process.env.RUNSTATE_SDK_QUIET !== '1') console.warn(`runstate: stopping: no new work, up to ${DRAIN_TIMEOUT_MS / 1000} s for running handlers`);

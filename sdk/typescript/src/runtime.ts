@@ -27,15 +27,20 @@ export interface Settings extends RunstateOptions {
   run?: string;
 }
 
+/** The runtime's queues with a handler, by name (the last definition of a name wins): what `serve()` runs. */
+export type QueueRegistry = Map<string, unknown>;
+
 export class Runtime {
+  /** Queues defined on this runtime's client (`rs.queue(...)`); the module-level ones are global. */
+  readonly queues: QueueRegistry = new Map();
   readonly client: Runstate;
   readonly explicitScopeId: string | undefined;
   readonly runName: string;
   private defaultScopeId: Promise<string> | undefined;
   private readonly declared = new Set<string>();
 
-  constructor(settings: Settings) {
-    this.client = new Runstate(settings);
+  constructor(settings: Settings, client?: Runstate) {
+    this.client = client ?? new Runstate(settings);
     const explicit = settings.scopeId ?? process.env[SCOPE_ID_ENV];
     this.explicitScopeId = explicit?.trim() || undefined;
     const named = settings.run ?? process.env[RUN_ENV];
