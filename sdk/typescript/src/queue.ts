@@ -92,7 +92,9 @@ export class Job<O = unknown> {
         const task = await this.ticket.status();
         const attempts = Number(task.attempt ?? 0);
         const reason = typeof view.error === 'string' ? view.error : undefined;
-        throw new TaskFailedError(`job ${name} (${this.id}) failed after ${attempts} attempts: ${reason ?? view.outcomeReason ?? ''}`, {
+        // The message is the handler's last error, as the published clients give it; the job is in
+        // `taskId`, `attempts` and `reason`.
+        throw new TaskFailedError(reason ?? `job ${name} (${this.id}) failed after ${attempts} attempts: ${view.outcomeReason ?? 'no error recorded'}`, {
           attempts,
           taskId: this.id,
           ...(reason !== undefined ? { reason } : {}),
@@ -166,6 +168,8 @@ export class QueueSpec<I, O> {
   }
 
   keyOf(input: I): string {
+    // The input itself is hashed, as the Python SDK does (the published 0.3.0 clients hash
+    // `[input]`: a job key differs from theirs for the same input).
     const value = this.options.key ? this.options.key(input) : input;
     return makeKey(this.name, value, `the key of ${this.name}`);
   }
