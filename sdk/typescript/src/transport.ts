@@ -209,8 +209,13 @@ export class Transport {
       const base = this.baseUrls[this.urlIndex] as string;
       let failure: string;
       let lastStatus: number | undefined;
-      const timeout = AbortSignal.timeout(timeoutMs);
-      const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;
+      // One controller per attempt, aborted by its timeout or the caller's signal (AbortSignal.any
+      // is Node 20.3+).
+      const attempt = new AbortController();
+      const timer = setTimeout(() => attempt.abort(new DOMException('the request timed out', 'TimeoutError')), timeoutMs);
+      const onAbort = (): void => attempt.abort(options.signal?.reason);
+      options.signal?.addEventListener('abort', onAbort, { once: true });
+      const signal = attempt.signal;
       try {
         const response = await fetch(base + path, { method, headers, body: data ?? null, signal });
         const text = await response.text();
@@ -235,6 +240,9 @@ export class Transport {
             });
           }
         }
+      } finally {
+        clearTimeout(timer);
+        options.signal?.removeEventListener('abort', onAbort);
       }
       const now = Date.now();
       giveUpAt ??= now + UNAVAILABLE_AFTER_MS;
