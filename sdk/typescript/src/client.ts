@@ -6,7 +6,7 @@ import { ConfigError } from './errors.js';
 import { Groups } from './groups.js';
 import { Mailbox } from './mailbox.js';
 import { Mailboxes } from './mailboxes.js';
-import { Budgets, Limits, Pools } from './resources.js';
+import { Budgets, Limits, Pools, ScopeLimits, ScopePools, type SlotLease, holdSlot } from './resources.js';
 import { type OnceFunction, type OnceOptions, onceOn } from './once.js';
 import { type Queue, type QueueOptions, type ServeOptions, queueOn, serveOn } from './queue.js';
 import { Runtime } from './runtime.js';
@@ -132,6 +132,10 @@ export class Scope {
   readonly groups: Groups;
   readonly barriers: Barriers;
   readonly timers: Timers;
+  /** Take slots of pools under this run. */
+  readonly pools: ScopePools;
+  /** Take units of rate limits under this run. */
+  readonly limits: ScopeLimits;
   private readonly scopes: Scopes;
 
   constructor(
@@ -146,6 +150,17 @@ export class Scope {
     this.groups = new Groups(transport, scopeId);
     this.barriers = new Barriers(transport, scopeId);
     this.timers = new Timers(transport, scopeId);
+    this.pools = new ScopePools(transport, scopeId);
+    this.limits = new ScopeLimits(transport, scopeId);
+  }
+
+  /**
+   * Hold a slot of pool `name` while `fn(lease)` runs (taken waiting up to `timeoutMs`, renewed,
+   * released afterwards); `lease.signal` aborts if the lease is lost or the run stops, and the
+   * refusal is thrown once `fn` returns.
+   */
+  async slot<T>(name: string, fn: (lease: SlotLease) => T | Promise<T>, options: { leaseMs?: number; timeoutMs?: number } = {}): Promise<T> {
+    return holdSlot(this.pools, name, fn, options);
   }
 
   /** The run's current view: `storedState` (ACTIVE, CANCELLED, COMPLETED) and `effective` (ACTIVE or INACTIVE). */

@@ -10,8 +10,8 @@
  */
 
 import { requireInt } from './_checks.js';
-import { ConfigError, RunstateError } from './errors.js';
-import { type Duration, durationMs } from './time.js';
+import { ConfigError, ConflictError, LeaseLostError, NotFoundError, RunstateError, WaitTimeoutError } from './errors.js';
+import { type Duration, durationMs, parseTime, sleep } from './time.js';
 import { type Json, type Transport, field, segment } from './transport.js';
 
 const BUDGET_SCALE = 6;
@@ -246,4 +246,227 @@ export async function settleJobReservations(transport: Transport, reservations: 
     }
   }
   return failures;
+}
+
+// -- what a run takes directly: slots and rate-limit units ----------------------------------------
+
+export const SLOT_LEASE_MS_DEFAULT = 30_000;
+const TAKE_TIMEOUT_MS_DEFAULT = 60_000;
+// Polling a waiter in a FIFO line: backing off from the first to the second.
+const WAITER_POLL_MS_MIN = 50;
+const WAITER_POLL_MS_MAX = 500;
+const WAITER_TTL_S_MAX = 3600;
+// Renewing: a third of the lease, but not more often than this.
+const RENEW_INTERVAL_MS_MIN = 50;
+const ALLOWANCE_REFUSALS: ReadonlySet<string> = new Set(['ALLOWANCE_EXHAUSTED', 'ALLOWANCE_COOLDOWN']);
+
+function waiterTtlSeconds(deadline: number): number {
+  return Math.min(WAITER_TTL_S_MAX, Math.max(1, Math.ceil((deadline - Date.now()) / 1000) + 1));
+}
+
+/**
+ * One slot of a pool, held by a run (on the wire a permit's grant: `id` is the grantId). `signal`
+ * aborts once a renewal is refused (the lease lapsed, or the run stopped); `lostError` is that
+ * refusal.
+ */
+export class SlotLease {
+  readonly signal: AbortSignal;
+  lostError: RunstateError | undefined;
+  leaseExpiresAt: Date | undefined;
+  private readonly controller = new AbortController();
+
+  constructor(
+    private readonly transport: Transport,
+    readonly id: string,
+    readonly name: string,
+    readonly scopeId: string,
+    readonly leaseMs: number,
+    private readonly token: string,
+    expires: unknown,
+  ) {
+    this.signal = this.controller.signal;
+    this.leaseExpiresAt = parseTime(expires);
+  }
+
+  get lost(): boolean {
+    return this.lostError !== undefined;
+  }
+
+  /** Extend the lease by `leaseMs` (default: the one it was taken with) from now. LeaseLostError / ScopeCancelledError mark it lost. */
+  async renew(leaseMs = this.leaseMs): Promise<Json> {
+    const body = { token: this.token, leaseSeconds: requireInt(leaseMs, 'leaseMs', 1) / 1000 };
+    try {
+      const answer = await this.transport.request('POST', `/grants/${segment(this.id, 'grant id')}/renew`, { body, safe: true });
+      this.leaseExpiresAt = parseTime(answer.leaseExpiresAt) ?? this.leaseExpiresAt;
+      return answer;
+    } catch (error) {
+      if (error instanceof ConflictError || error instanceof NotFoundError) {
+        this.lostError ??= error;
+        this.controller.abort(error);
+      }
+      throw error;
+    }
+  }
+
+  /** Give the slot back at once; `{released: false}` when it had lapsed or ended already. Allowed after the run stopped. */
+  async release(): Promise<{ released: boolean }> {
+    try {
+      const answer = await this.transport.request('POST', `/grants/${segment(this.id, 'grant id')}/release`, { body: { token: this.token }, safe: true });
+      return { released: Boolean(answer.released) };
+    } catch (error) {
+      if (error instanceof LeaseLostError) return { released: false };
+      throw error;
+    }
+  }
+}
+
+/** `run.pools`: take slots of pools under this run. */
+export class ScopePools {
+  constructor(
+    private readonly transport: Transport,
+    readonly scopeId: string,
+  ) {}
+
+  /**
+   * Take a slot of pool `name`, waiting up to `timeoutMs` (default 60 s) in the pool's FIFO line.
+   * Renew it within `leaseMs` (default 30 s) and release it, or use `run.slot(name, fn)`, which
+   * does both. WaitTimeoutError when no slot was free in time, ScopeCancelledError /
+   * DeadlineExceededError once the run stopped, NotFoundError for an unknown pool.
+   */
+  async acquire(name: string, options: { leaseMs?: number; timeoutMs?: number } = {}): Promise<SlotLease> {
+    const leaseMs = requireInt(options.leaseMs ?? SLOT_LEASE_MS_DEFAULT, 'leaseMs', 1);
+    const timeoutMs = requireInt(options.timeoutMs ?? TAKE_TIMEOUT_MS_DEFAULT, 'timeoutMs', 0);
+    const transport = this.transport;
+    const path = `/permits/${segment(await permitId(transport, name), 'permit id')}`;
+    const body: Json = { scopeId: this.scopeId, units: 1, holder: transport.holder, holderSession: transport.holderSession, leaseSeconds: leaseMs / 1000 };
+    const tryAcquire = async (extra: Json = {}): Promise<Json | undefined> => {
+      try {
+        return await transport.request('POST', `${path}/acquire`, { body: { ...body, ...extra }, safe: true });
+      } catch (error) {
+        if (error instanceof ConflictError && error.code === 'CAPACITY_UNAVAILABLE') return undefined;
+        throw error;
+      }
+    };
+    const deadline = Date.now() + timeoutMs;
+    let answer = await tryAcquire();
+    while (answer === undefined) {
+      // Full: join its FIFO line, and take the slot when it is our turn.
+      if (Date.now() >= deadline) throw new WaitTimeoutError(`a slot of pool ${name}`, timeoutMs);
+      const line = { scopeId: this.scopeId, units: 1, holder: transport.holder, ttlSeconds: waiterTtlSeconds(deadline) };
+      const waiter = await transport.request('POST', `${path}/wait`, { body: line, safe: true });
+      const waiterPath = `/permit-waiters/${segment(field<string>(waiter, 'waiterId'), 'waiter id')}`;
+      let state = waiter.state;
+      let pauseMs = WAITER_POLL_MS_MIN;
+      try {
+        for (;;) {
+          if (state === 'SIGNALED') {
+            answer = await tryAcquire({ waiterId: field<string>(waiter, 'waiterId') });
+            if (answer !== undefined) break;
+          } else if (state === 'CANCELLED') {
+            answer = await tryAcquire(); // its run stopped (the acquire says how), or it was cancelled
+            break;
+          } else if (state !== 'WAITING') {
+            break; // expired: join again
+          }
+          if (Date.now() >= deadline) break;
+          await sleep(Math.min(pauseMs, deadline - Date.now()));
+          pauseMs = Math.min(pauseMs * 1.5, WAITER_POLL_MS_MAX);
+          state = (await transport.request('GET', waiterPath, { safe: true })).state;
+        }
+      } finally {
+        if (answer === undefined) await transport.request('POST', `${waiterPath}/cancel`, { body: {}, safe: true }).catch(() => undefined);
+      }
+    }
+    return new SlotLease(transport, field<string>(answer, 'grantId'), name, this.scopeId, leaseMs, field<string>(answer, 'token'), answer.leaseExpiresAt);
+  }
+}
+
+/** `run.limits`: take units of rate limits under this run. */
+export class ScopeLimits {
+  constructor(
+    private readonly transport: Transport,
+    readonly scopeId: string,
+  ) {}
+
+  /**
+   * Take `units` (default 1) of the rate limit `name`, waiting up to `timeoutMs` (default 60 s)
+   * in its FIFO line until the window has room. Taken units are spent. Resolves to
+   * `{consumptionId, units}`. WaitTimeoutError when not granted in time, ValidationError for more
+   * units than the limit has, ScopeCancelledError once the run stopped, NotFoundError.
+   */
+  async take(name: string, options: { units?: number; timeoutMs?: number } = {}): Promise<{ consumptionId: string; units: number }> {
+    const units = requireInt(options.units ?? 1, 'units', 1, UNITS_MAX);
+    const timeoutMs = requireInt(options.timeoutMs ?? TAKE_TIMEOUT_MS_DEFAULT, 'timeoutMs', 0);
+    const transport = this.transport;
+    const path = `/allowances/${segment(await allowanceId(transport, name), 'allowance id')}`;
+    const body = { scopeId: this.scopeId, units, holder: transport.holder };
+    const tryConsume = async (): Promise<{ consumptionId: string; units: number } | undefined> => {
+      try {
+        const answer = await transport.request('POST', `${path}/consume`, { body, safe: true });
+        return { consumptionId: field<string>(answer, 'consumptionId'), units };
+      } catch (error) {
+        if (error instanceof RunstateError && ALLOWANCE_REFUSALS.has(error.code)) return undefined;
+        throw error;
+      }
+    };
+    const deadline = Date.now() + timeoutMs;
+    let taken = await tryConsume();
+    while (taken === undefined) {
+      // No room now: join its FIFO line, granted as the window opens.
+      if (Date.now() >= deadline) throw new WaitTimeoutError(`${units} units of limit ${name}`, timeoutMs);
+      let waiter = await transport.request('POST', `${path}/wait`, { body: { ...body, ttlSeconds: waiterTtlSeconds(deadline) }, safe: true });
+      const waiterPath = `/allowance-waiters/${segment(field<string>(waiter, 'waiterId'), 'waiter id')}`;
+      let pauseMs = WAITER_POLL_MS_MIN;
+      try {
+        for (;;) {
+          if (waiter.state === 'GRANTED') {
+            taken = { consumptionId: field<string>(waiter, 'consumptionId'), units };
+            break;
+          }
+          if (waiter.state !== 'WAITING') {
+            taken = await tryConsume(); // cancelled (its run stopped: the consume says how) or expired
+            break;
+          }
+          if (Date.now() >= deadline) break;
+          await sleep(Math.min(pauseMs, deadline - Date.now()));
+          pauseMs = Math.min(pauseMs * 1.5, WAITER_POLL_MS_MAX);
+          waiter = await transport.request('GET', waiterPath, { safe: true });
+        }
+      } finally {
+        if (taken === undefined) {
+          // Leave the line; a grant that came meanwhile counts as taken.
+          const answer = await transport.request('POST', `${waiterPath}/cancel`, { body: {}, safe: true }).catch(() => undefined);
+          if (answer?.state === 'GRANTED' && typeof answer.consumptionId === 'string') taken = { consumptionId: answer.consumptionId, units };
+        }
+      }
+    }
+    return taken;
+  }
+}
+
+/**
+ * Hold a slot of pool `name` while `fn(lease)` runs: taken (waiting up to `timeoutMs`), renewed
+ * every third of `leaseMs`, released afterwards. If a renewal is refused, `lease.signal` aborts;
+ * once `fn` returns, the refusal (LeaseLostError, ScopeCancelledError, ...) is thrown instead of
+ * its result.
+ */
+export async function holdSlot<T>(pools: ScopePools, name: string, fn: (lease: SlotLease) => T | Promise<T>, options: { leaseMs?: number; timeoutMs?: number } = {}): Promise<T> {
+  const lease = await pools.acquire(name, options);
+  let renewing = false;
+  const timer = setInterval(() => {
+    if (renewing || lease.lost) return;
+    renewing = true;
+    lease.renew().then(
+      () => (renewing = false),
+      () => (renewing = false), // a refusal marks it lost; anything else: next interval
+    );
+  }, Math.max(lease.leaseMs / 3, RENEW_INTERVAL_MS_MIN));
+  try {
+    const value = await fn(lease);
+    if (lease.lostError !== undefined) throw lease.lostError;
+    return value;
+  } finally {
+    clearInterval(timer);
+    await lease.release().catch(() => undefined);
+  }
 }
