@@ -365,11 +365,15 @@ def test_client_bound_queue_gather_and_once(dev_node: DevNode, procs: Processes)
     }
 
 
-def test_slots_and_rate_limit_units_taken_by_a_run(dev_node: DevNode, procs: Processes) -> None:
-    """run.slot / run.pools.acquire (a FIFO line when full, a refused renewal after a cancel) and
-    run.limits.take (a line until the window has room) (test/node/slots.ts)."""
+def test_slots_units_and_reservations_taken_by_a_run(dev_node: DevNode, procs: Processes) -> None:
+    """run.slot / run.pools.acquire (a FIFO line when full, a refused renewal after a cancel),
+    run.limits.take (a line until the window has room) and run.budget / run.budgets.reserve
+    (settled with what was spent, released whole) (test/node/slots.ts)."""
     report = last_json(output(procs.tsx("node/slots.ts", ts_env(dev_node))))
-    assert report == {"inside": True, "handedOver": True, "cancelled": True, "exhausted": True, "taken": True}
+    assert report == {
+        "inside": True, "handedOver": True, "cancelled": True, "exhausted": True, "taken": True,
+        "spentBlock": 0.1, "notEnough": True, "overTotal": True, "released": True, "budget": ["100000", "0"],
+    }
 
 
 # -- task groups and cancellation -------------------------------------------------------------------

@@ -6,7 +6,7 @@ import { ConfigError } from './errors.js';
 import { Groups } from './groups.js';
 import { Mailbox } from './mailbox.js';
 import { Mailboxes } from './mailboxes.js';
-import { Budgets, Limits, Pools, ScopeLimits, ScopePools, type SlotLease, holdSlot } from './resources.js';
+import { Budgets, Limits, Pools, type Reservation, ScopeBudgets, ScopeLimits, ScopePools, type SlotLease, holdBudget, holdSlot } from './resources.js';
 import { type OnceFunction, type OnceOptions, onceOn } from './once.js';
 import { type Queue, type QueueOptions, type ServeOptions, queueOn, serveOn } from './queue.js';
 import { Runtime } from './runtime.js';
@@ -136,6 +136,8 @@ export class Scope {
   readonly pools: ScopePools;
   /** Take units of rate limits under this run. */
   readonly limits: ScopeLimits;
+  /** Reserve amounts of spend budgets under this run. */
+  readonly budgets: ScopeBudgets;
   private readonly scopes: Scopes;
 
   constructor(
@@ -152,6 +154,15 @@ export class Scope {
     this.timers = new Timers(transport, scopeId);
     this.pools = new ScopePools(transport, scopeId);
     this.limits = new ScopeLimits(transport, scopeId);
+    this.budgets = new ScopeBudgets(transport, scopeId);
+  }
+
+  /**
+   * Reserve `amount` of budget `name` while `fn(reservation)` runs; settled afterwards with what
+   * `reservation.spend()` reported (else the whole reservation), or released if `fn` threw first.
+   */
+  async budget<T>(name: string, amount: number, fn: (reservation: Reservation) => T | Promise<T>, options: { leaseMs?: number; timeoutMs?: number } = {}): Promise<T> {
+    return holdBudget(this.budgets, name, amount, fn, options);
   }
 
   /**

@@ -43,7 +43,7 @@ import {
 export { Runstate, Scope, Scopes } from './client.js';
 export type { RunstateOptions, RunOptions, RunView } from './client.js';
 export { Mailboxes } from './mailboxes.js';
-export { Budgets, Limits, Pools, ScopeLimits, ScopePools, SlotLease } from './resources.js';
+export { Budgets, Limits, Pools, Reservation, ScopeBudgets, ScopeLimits, ScopePools, SlotLease } from './resources.js';
 export type { Needs } from './resources.js';
 export type { MailboxView } from './mailboxes.js';
 export { Mailbox } from './mailbox.js';

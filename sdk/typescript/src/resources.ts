@@ -10,7 +10,7 @@
  */
 
 import { requireInt } from './_checks.js';
-import { ConfigError, ConflictError, LeaseLostError, NotFoundError, RunstateError, WaitTimeoutError } from './errors.js';
+import { ConfigError, ConflictError, LeaseLostError, NotFoundError, RunstateError, ValidationError, WaitTimeoutError } from './errors.js';
 import { type Duration, durationMs, parseTime, sleep } from './time.js';
 import { type Json, type Transport, field, segment } from './transport.js';
 
@@ -217,6 +217,22 @@ export function spentMicros(value: number): number {
 }
 
 /**
+ * Charge `amountMinor` of a protocol reservation (workKey `settle:<id>`, allowOverrun: over the
+ * reservation up to what the budget can still cover) and void what it still holds, as the
+ * published worker does. A zero charge is a void. ConflictError (CONFLICT) once it had ended.
+ */
+async function settleReservation(transport: Transport, budgetPath: string, reservationId: string, amountMinor: bigint): Promise<Json> {
+  const voidBody = { reservationId, workKey: `void:${reservationId}` };
+  if (amountMinor === 0n) return transport.request('POST', `${budgetPath}/void`, { body: voidBody, safe: true });
+  const settleBody = { reservationId, amountMinor: String(amountMinor), workKey: `settle:${reservationId}`, allowOverrun: true };
+  const answer = await transport.request('POST', `${budgetPath}/settle`, { body: settleBody, safe: true });
+  if (answer.state === 'ACTIVE' || answer.state === 'STALE') {
+    await transport.request('POST', `${budgetPath}/void`, { body: voidBody, safe: true }).catch(() => undefined); // ended meanwhile: nothing more is held
+  }
+  return answer;
+}
+
+/**
  * After a job's delivery: settle each reservation of its `requirements.budgets` with `spentMicros`
  * (undefined: the whole reservation; over it, up to what the budget still has) and void the rest,
  * as the published worker does. Failures are returned as messages, never thrown (the job's outcome
@@ -231,15 +247,7 @@ export async function settleJobReservations(transport: Transport, reservations: 
       const row = await budgetRow(transport, String(need.name));
       let amountMinor = BigInt(String(need.reserveMinor));
       if (micros !== undefined) amountMinor = toMinor(micros / MICROS_PER_UNIT, row.scale, 'the amount spent');
-      const path = `/budgets/${segment(row.id, 'budget id')}`;
-      const voidBody = { reservationId, workKey: `void:${reservationId}` };
-      if (amountMinor === 0n) {
-        await transport.request('POST', `${path}/void`, { body: voidBody, safe: true });
-        continue;
-      }
-      const settleBody = { reservationId, amountMinor: String(amountMinor), workKey: `settle:${reservationId}`, allowOverrun: true };
-      const answer = await transport.request('POST', `${path}/settle`, { body: settleBody, safe: true });
-      if (answer.state === 'ACTIVE' || answer.state === 'STALE') await transport.request('POST', `${path}/void`, { body: voidBody, safe: true }).catch(() => undefined);
+      await settleReservation(transport, `/budgets/${segment(row.id, 'budget id')}`, reservationId, amountMinor);
     } catch (error) {
       // CONFLICT: it had ended (the delivery's end or its run's stop voided it).
       failures.push(`settling reservation ${reservationId} of budget ${String(need.name)} failed: ${error instanceof RunstateError ? error.message : String(error)}`);
@@ -469,4 +477,128 @@ export async function holdSlot<T>(pools: ScopePools, name: string, fn: (lease: S
     clearInterval(timer);
     await lease.release().catch(() => undefined);
   }
+}
+
+// A direct reservation's settleBy: now + its lease, within these bounds.
+const SETTLE_BY_S_MIN = 60;
+const SETTLE_BY_S_MAX = 86_400;
+// Polling while the budget has not enough left.
+const RESERVE_POLL_MS_MIN = 100;
+const RESERVE_POLL_MS_MAX = 1_000;
+
+/**
+ * An amount reserved from a budget by a run. `spend(amount)` reports what was actually spent;
+ * `settle()` charges it (default: the sum reported, else the whole reservation) and returns the
+ * rest; `release()` returns it whole. On the wire a protocol reservation: it has no lease; its run's
+ * stop voids it (a settle then throws LeaseLostError: nothing was charged).
+ */
+export class Reservation {
+  private spentTotalMicros: number | undefined;
+
+  constructor(
+    private readonly transport: Transport,
+    readonly id: string,
+    readonly name: string,
+    readonly scopeId: string,
+    /** What was reserved, as a decimal. */
+    readonly amount: number,
+    private readonly budgetPath: string,
+    private readonly scale: number,
+  ) {}
+
+  /** Report `amount` more spent (no request; `settle` sends the sum). ConfigError if negative. */
+  spend(amount: number): void {
+    this.spentTotalMicros = (this.spentTotalMicros ?? 0) + spentMicros(amount);
+  }
+
+  /** The sum reported with `spend()`, or undefined if it was never called. */
+  get spent(): number | undefined {
+    return this.spentTotalMicros === undefined ? undefined : this.spentTotalMicros / MICROS_PER_UNIT;
+  }
+
+  /** Charge `spent` (default: `this.spent`, else the whole reservation) and return the rest. LeaseLostError once it had ended. */
+  async settle(spent?: number): Promise<Json> {
+    const amountMinor = toMinor(spent ?? this.spent ?? this.amount, this.scale, 'the amount spent');
+    try {
+      return await settleReservation(this.transport, this.budgetPath, this.id, amountMinor);
+    } catch (error) {
+      if (error instanceof ConflictError && error.code === 'CONFLICT') {
+        throw new LeaseLostError(`reservation ${this.id} of ${this.name} had ended (its run stopped?): nothing was charged: ${error.message}`, {
+          status: error.status ?? null,
+        });
+      }
+      throw error;
+    }
+  }
+
+  /** Give it back whole; `{released: false}` when it had ended already. */
+  async release(): Promise<{ released: boolean }> {
+    try {
+      const answer = await this.transport.request('POST', `${this.budgetPath}/void`, { body: { reservationId: this.id, workKey: `void:${this.id}` }, safe: true });
+      return { released: answer.state === 'VOIDED' || answer.state === 'SETTLED' };
+    } catch (error) {
+      if (error instanceof ConflictError && error.code === 'CONFLICT') return { released: false };
+      throw error;
+    }
+  }
+}
+
+/** `run.budgets`: reserve amounts of spend budgets under this run. */
+export class ScopeBudgets {
+  constructor(
+    private readonly transport: Transport,
+    readonly scopeId: string,
+  ) {}
+
+  /**
+   * Reserve `amount` (a decimal) of budget `name`, waiting up to `timeoutMs` (default 60 s) until
+   * that much remains. Its settleBy is now + `leaseMs` (at least a minute). WaitTimeoutError when
+   * not enough remained in time, ValidationError for more than the budget's total, ConfigError
+   * for an amount finer than its minor units, ScopeCancelledError once the run stopped.
+   */
+  async reserve(name: string, options: { amount: number; leaseMs?: number; timeoutMs?: number }): Promise<Reservation> {
+    const leaseMs = requireInt(options.leaseMs ?? SLOT_LEASE_MS_DEFAULT, 'leaseMs', 1);
+    const timeoutMs = requireInt(options.timeoutMs ?? TAKE_TIMEOUT_MS_DEFAULT, 'timeoutMs', 0);
+    const row = await budgetRow(this.transport, name);
+    const amountMinor = toMinor(options.amount, row.scale, 'amount');
+    if (amountMinor < 1n) throw new ConfigError(`amount must be at least one minor unit of budget ${name}`);
+    const settleSeconds = Math.min(Math.max(leaseMs / 1000, SETTLE_BY_S_MIN), SETTLE_BY_S_MAX);
+    const path = `/budgets/${segment(row.id, 'budget id')}`;
+    const body = { scopeId: this.scopeId, amountMinor: String(amountMinor), holder: this.transport.holder };
+    const deadline = Date.now() + timeoutMs;
+    let pauseMs = RESERVE_POLL_MS_MIN;
+    for (;;) {
+      try {
+        const settleBy = new Date(Date.now() + settleSeconds * 1000).toISOString();
+        const answer = await this.transport.request('POST', `${path}/reserve`, { body: { ...body, settleBy }, safe: true });
+        return new Reservation(this.transport, field<string>(answer, 'reservationId'), name, this.scopeId, options.amount, path, row.scale);
+      } catch (error) {
+        if (!(error instanceof ConflictError) || error.code !== 'INSUFFICIENT_BUDGET') throw error;
+      }
+      const view = await this.transport.request('GET', path, { safe: true });
+      if (amountMinor > BigInt(String(view.limitMinor ?? 0))) throw new ValidationError(`a reserve of ${options.amount} is more than the total of budget ${name}`, { status: null });
+      if (Date.now() >= deadline) throw new WaitTimeoutError(`${options.amount} of budget ${name}`, timeoutMs);
+      await sleep(Math.min(pauseMs, deadline - Date.now()));
+      pauseMs = Math.min(pauseMs * 1.5, RESERVE_POLL_MS_MAX);
+    }
+  }
+}
+
+/**
+ * Reserve `amount` of budget `name` while `fn(reservation)` runs; afterwards it is settled with
+ * what `reservation.spend()` reported (else the whole reservation), or released whole if `fn`
+ * threw before reporting anything.
+ */
+export async function holdBudget<T>(budgets: ScopeBudgets, name: string, amount: number, fn: (reservation: Reservation) => T | Promise<T>, options: { leaseMs?: number; timeoutMs?: number } = {}): Promise<T> {
+  const reservation = await budgets.reserve(name, { amount, ...options });
+  let value: T;
+  try {
+    value = await fn(reservation);
+  } catch (error) {
+    if (reservation.spent === undefined) await reservation.release().catch(() => undefined);
+    else await reservation.settle().catch(() => undefined);
+    throw error;
+  }
+  await reservation.settle();
+  return value;
 }

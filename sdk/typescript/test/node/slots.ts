@@ -1,5 +1,5 @@
 // Slots and rate-limit units taken directly by a run; prints one JSON report.
-import { Runstate, ScopeCancelledError, WaitTimeoutError } from 'runstate-sdk';
+import { Runstate, ScopeCancelledError, ValidationError, WaitTimeoutError } from 'runstate-sdk';
 
 const rs = new Runstate({ holder: 'slots' });
 const report: Record<string, unknown> = {};
@@ -36,4 +36,17 @@ const taken = [await run.limits.take('api'), await run.limits.take('api')];
 report.exhausted = await run.limits.take('api', { timeoutMs: 0 }).catch((err) => err instanceof WaitTimeoutError);
 const third = await run.limits.take('api', { timeoutMs: 10_000 });
 report.taken = [...taken, third].every((take) => typeof take.consumptionId === 'string' && take.units === 1);
+
+// Budget reservations: settled with what was spent, a wait that times out, one over the total.
+await rs.budgets.ensure('usd', { total: 1 });
+report.spentBlock = await run.budget('usd', 0.4, (reservation) => {
+  reservation.spend(0.1);
+  return reservation.spent;
+});
+const held = await run.budgets.reserve('usd', { amount: 0.5 });
+report.notEnough = await run.budgets.reserve('usd', { amount: 0.5, timeoutMs: 0 }).catch((err) => err instanceof WaitTimeoutError);
+report.overTotal = await run.budgets.reserve('usd', { amount: 2, timeoutMs: 0 }).catch((err) => err instanceof ValidationError);
+report.released = (await held.release()).released;
+const budget = await rs.budgets.status('usd');
+report.budget = [budget.settledMinor, budget.reservedMinor];
 console.log(JSON.stringify(report));
