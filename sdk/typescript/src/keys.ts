@@ -1,0 +1,96 @@
+/**
+ * Keys of `once` calls and queue jobs: `<name>:<first 32 hex digits of sha256(canonical JSON)>`.
+ *
+ * Canonical JSON is RFC 8785 (JCS): object members sorted by their names' UTF-16 code units, no
+ * whitespace, strings and numbers as ECMAScript's JSON.stringify writes them. The Python SDK does
+ * the same, so equal names and arguments give equal keys in both (`tests/key_vectors.json` of the
+ * repository holds the shared vectors).
+ *
+ * What is hashed: for `once`, the call's arguments as a JSON list (trailing `undefined` arguments
+ * dropped), or `key(...args)` as it is; for a queue, the input, or `key(input)`.
+ */
+
+import { createHash } from 'node:crypto';
+import { ConfigError } from './errors.js';
+
+const HASH_HEX_CHARS = 32;
+// Nesting deeper than this is refused rather than recursing without bound.
+const DEPTH_MAX = 100;
+
+/** A JSON value as the SDK carries it. */
+export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+
+function isPlainObject(value: object): boolean {
+  const proto = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}
+
+function checkText(text: string, path: string): void {
+  if (!text.isWellFormed()) throw new ConfigError(`${path} holds a lone surrogate; it is not valid Unicode`);
+}
+
+function write(value: unknown, path: string, depth: number, out: string[]): void {
+  if (depth > DEPTH_MAX) throw new ConfigError(`${path} is nested more than ${DEPTH_MAX} levels deep`);
+  if (value === null) {
+    out.push('null');
+  } else if (typeof value === 'boolean') {
+    out.push(value ? 'true' : 'false');
+  } else if (typeof value === 'string') {
+    checkText(value, path);
+    out.push(JSON.stringify(value));
+  } else if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw new ConfigError(`${path} is ${value}, which JSON cannot carry`);
+    out.push(JSON.stringify(value)); // ECMAScript's Number::toString, as RFC 8785 requires; -0 is "0"
+  } else if (Array.isArray(value)) {
+    out.push('[');
+    value.forEach((item, index) => {
+      if (index) out.push(',');
+      write(item === undefined ? null : item, `${path}[${index}]`, depth + 1, out);
+    });
+    out.push(']');
+  } else if (typeof value === 'object' && value instanceof Date) {
+    out.push(JSON.stringify(value.toISOString()));
+  } else if (typeof value === 'object' && isPlainObject(value)) {
+    const record = value as Record<string, unknown>;
+    // Array.prototype.sort compares strings by UTF-16 code units, as RFC 8785 (3.2.3) requires.
+    const names = Object.keys(record).filter((name) => record[name] !== undefined).sort();
+    out.push('{');
+    names.forEach((name, index) => {
+      checkText(name, path);
+      if (index) out.push(',');
+      out.push(JSON.stringify(name), ':');
+      write(record[name], `${path}.${name}`, depth + 1, out);
+    });
+    out.push('}');
+  } else {
+    const kind = value === undefined ? 'undefined' : typeof value === 'object' ? (value.constructor?.name ?? 'object') : typeof value;
+    throw new ConfigError(
+      `${path} is ${kind}, not a JSON value (use strings, numbers, booleans, null, arrays and plain objects, ` +
+        `or pass key to choose what identifies the call)`,
+    );
+  }
+}
+
+/** The RFC 8785 (JCS) text of a JSON value; ConfigError for anything that is not one. */
+export function canonicalJson(value: unknown, what = 'value'): string {
+  const out: string[] = [];
+  write(value, what, 0, out);
+  return out.join('');
+}
+
+/** The first 32 hex digits of sha256 of the canonical JSON of `value` (UTF-8). */
+export function hashHex(value: unknown, what = 'value'): string {
+  return createHash('sha256').update(canonicalJson(value, what), 'utf8').digest('hex').slice(0, HASH_HEX_CHARS);
+}
+
+/** `<name>:<hashHex(value)>`: the key of a once call or a queue job. */
+export function makeKey(name: string, value: unknown, what = 'value'): string {
+  return `${name}:${hashHex(value, what)}`;
+}
+
+/** The arguments of a once call as the list that is hashed: trailing `undefined`s dropped. */
+export function argumentValues(args: readonly unknown[]): unknown[] {
+  let end = args.length;
+  while (end > 0 && args[end - 1] === undefined) end -= 1;
+  return args.slice(0, end);
+}
