@@ -104,7 +104,7 @@ def test_key_function_hashes_its_return_value() -> None:
     @runstate.once(name="research", key=lambda company, http: company.domain)
     def research(company: Company, http: object) -> None: ...
 
-    assert research.once_key(Company("acme.com", "Acme"), object()) == make_key("research", "acme.com")
+    assert research.once_key(Company("acme.com", "Acme"), object()) == "research:acme.com"  # as the published clients
     assert research.once_name == "research"
 
 
@@ -146,16 +146,31 @@ def test_arguments_that_are_not_json_raise_config_error(argument: Any) -> None:
         f(argument)
 
 
-def test_queue_keys_hash_the_input_or_its_key() -> None:
+def test_queue_keys_hash_the_input_or_take_its_key() -> None:
+    """As the published clients: `<name>:` and the hash of `[input]`, or the text `key(input)`
+    returns; a key function's other JSON values are hashed (an extension)."""
     @runstate.queue("keys-q", key=lambda input: input["company"])
     def research(input: dict[str, Any]) -> None: ...
 
-    assert research.key_of({"company": "acme", "at": 1}) == make_key("keys-q", "acme")
+    assert research.key_of({"company": "acme", "at": 1}) == "keys-q:acme"
 
     @runstate.queue("keys-q2")
     def plain(input: Any) -> None: ...
 
-    assert plain.key_of({"b": 1, "a": [1.0]}) == make_key("keys-q2", {"a": [1], "b": 1})
+    assert plain.key_of({"b": 1, "a": [1.0]}) == make_key("keys-q2", [{"a": [1], "b": 1}])
+    # The published 0.3.0 client's key of the quickstart's input, worked out by its own code.
+    assert plain.key_of({"n": 21}) == "keys-q2:" + hashlib.sha256(b'[{"n":21}]').hexdigest()[:32]
+
+    @runstate.queue("keys-q3", key=lambda input: [input["a"], input["b"]])
+    def pair(input: dict[str, Any]) -> None: ...
+
+    assert pair.key_of({"a": 1, "b": "x"}) == make_key("keys-q3", [1, "x"])
+    for bad in ("", "k" * 256):
+        @runstate.queue("keys-q4", key=lambda input, bad=bad: bad)
+        def refused(input: Any) -> None: ...
+
+        with pytest.raises(ConfigError):
+            refused.key_of(1)
     with pytest.raises(ConfigError):
         plain.send(object())
 

@@ -88,6 +88,24 @@ export function makeKey(name: string, value: unknown, what = 'value'): string {
   return `${name}:${hashHex(value, what)}`;
 }
 
+/** The text a key function returns, used as it is after `<name>:` (the published clients' bound). */
+export const KEY_TEXT_CHARS_MAX = 255;
+
+/**
+ * The key of what a `key` function returned: a string as it is (`<name>:<value>`, 1 to 255
+ * characters), as the published clients have it; any other JSON value hashed (an extension).
+ */
+export function customKey(name: string, value: unknown, what = 'value'): string {
+  if (typeof value === 'string') {
+    canonicalJson(value, what); // a lone surrogate is refused as in any key
+    if (value.length < 1 || value.length > KEY_TEXT_CHARS_MAX) {
+      throw new ConfigError(`${what} must be 1 to ${KEY_TEXT_CHARS_MAX} characters, got ${value.length}`);
+    }
+    return `${name}:${value}`;
+  }
+  return makeKey(name, value, what);
+}
+
 /** The arguments of a once call as the list that is hashed: trailing `undefined`s dropped. */
 export function argumentValues(args: readonly unknown[]): unknown[] {
   let end = args.length;

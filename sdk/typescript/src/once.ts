@@ -29,7 +29,7 @@ import {
   RunstateError,
   ScopeCancelledError,
 } from './errors.js';
-import { argumentValues, makeKey } from './keys.js';
+import { argumentValues, customKey, makeKey } from './keys.js';
 import { type Runtime, runtime } from './runtime.js';
 import { type Duration, durationMs } from './time.js';
 import type { Json } from './transport.js';
@@ -91,7 +91,7 @@ class OnceSpec<A extends unknown[], R> {
   }
 
   key(args: A): string {
-    if (this.keyFunction) return makeKey(this.name, this.keyFunction(...args), `the key of ${this.name}`);
+    if (this.keyFunction) return customKey(this.name, this.keyFunction(...args), `the key of ${this.name}`);
     return makeKey(this.name, argumentValues(args), `the arguments of ${this.name}`);
   }
 

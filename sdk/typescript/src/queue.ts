@@ -28,7 +28,7 @@ import {
   ScopeCancelledError,
   TaskFailedError,
 } from './errors.js';
-import { makeKey } from './keys.js';
+import { customKey, makeKey } from './keys.js';
 import { type Needs, checkNeeds, requirements } from './resources.js';
 import { type Runtime, runtime } from './runtime.js';
 import type { Ticket, TaskView } from './tickets.js';
@@ -168,10 +168,10 @@ export class QueueSpec<I, O> {
   }
 
   keyOf(input: I): string {
-    // The input itself is hashed, as the Python SDK does (the published 0.3.0 clients hash
-    // `[input]`: a job key differs from theirs for the same input).
-    const value = this.options.key ? this.options.key(input) : input;
-    return makeKey(this.name, value, `the key of ${this.name}`);
+    // As the published clients: the hash of `[input]`, or the text `key(input)` returns.
+    const what = `the key of ${this.name}`;
+    if (this.options.key) return customKey(this.name, this.options.key(input), what);
+    return makeKey(this.name, [input], what);
   }
 
   async send(input: I): Promise<Job<O>> {

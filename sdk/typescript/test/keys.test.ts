@@ -55,15 +55,26 @@ test('once keys: trailing undefined arguments do not count, key() is hashed as i
     name: 'research',
     key: (company) => company.domain,
   });
-  // As in Python, key()'s value is hashed as it is, not wrapped in a list.
-  assert.equal(byDomain.onceKey({ domain: 'acme.com' }, {}), makeKey('research', 'acme.com'));
+  // As in Python and the published clients: a string key() returns is the key's text as it is.
+  assert.equal(byDomain.onceKey({ domain: 'acme.com' }, {}), 'research:acme.com');
 });
 
-test('queue keys hash the input, or key(input)', () => {
+test('queue keys hash [input], or take the text key(input) returns', () => {
   const plain = queue('research', async (input: { company: string }) => input.company);
-  assert.equal(plain.keyOf({ company: 'acme' }), makeKey('research', { company: 'acme' }));
+  assert.equal(plain.keyOf({ company: 'acme' }), makeKey('research', [{ company: 'acme' }]));
+  // What the published 0.3.0 client computes for the quickstart's input.
+  assert.equal(
+    queue('q', async (input: { n: number }) => input.n).keyOf({ n: 21 }),
+    'q:' + createHash('sha256').update('[{"n":21}]').digest('hex').slice(0, 32),
+  );
   const keyed = queue('research', async (input: { company: string; at: string }) => input.company, { key: (input) => input.company });
-  assert.equal(keyed.keyOf({ company: 'acme', at: 'now' }), makeKey('research', 'acme'));
+  assert.equal(keyed.keyOf({ company: 'acme', at: 'now' }), 'research:acme');
+  const pair = queue('pair', async (input: { a: number; b: string }) => input.a, { key: (input) => [input.a, input.b] });
+  assert.equal(pair.keyOf({ a: 1, b: 'x' }), makeKey('pair', [1, 'x']));
+  for (const bad of ['', 'k'.repeat(256)]) {
+    const refused = queue('refused', async (input: number) => input, { key: () => bad });
+    assert.throws(() => refused.keyOf(1), ConfigError);
+  }
 });
 
 test('values JSON cannot carry are ConfigError', () => {

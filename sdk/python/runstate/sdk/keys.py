@@ -14,9 +14,11 @@ What is hashed:
   give the same key, and a TypeScript `f('acme')` gives it too. A `*args` parameter contributes one
   list at its position (`[]` when nothing extra was passed), a `**kwargs` parameter one object
   (`{}` when none), so `def f(*items)` called as `f(1, 2)` hashes `[[1, 2]]`.
-- `once` with `key=`: `key` is called with the same arguments and its return value is hashed
-  as it is (not wrapped in a list): `key=lambda company, http: company.domain` hashes `"acme.com"`.
-- `queue`: the input, or `key(input)` when the queue has `key=`.
+- `queue`: the input in a list, `[input]`, as the published clients hash it.
+- `key=` (of `once` or `queue`): called with the same arguments (the input); a string it returns
+  is the key's text as it is, `<name>:<text>` (1 to 255 characters), as the published clients
+  have it: `key=lambda company, http: company.domain` gives `research:acme.com`. Any other JSON
+  value it returns is hashed (a runstate extension; the published clients refuse it).
 
 JSON values are None, bool, int, float, str, list and dict with str keys. Also accepted and
 converted: tuples (lists), dataclass instances (objects of their fields) and objects with a
@@ -38,6 +40,8 @@ from typing import Any
 from runstate.sdk.errors import ConfigError
 
 HASH_HEX_CHARS = 32
+# The text a key function returns, used as it is after `<name>:` (the published clients' bound).
+KEY_TEXT_CHARS_MAX = 255
 # Beyond this, a JSON number is not an exact integer in a double.
 EXACT_INT_MAX = 2**53
 # Nesting deeper than this is refused rather than recursing without bound.
@@ -189,6 +193,17 @@ def make_key(name: str, value: Any) -> str:
     return f"{name}:{hash_hex(value)}"
 
 
+def custom_key(name: str, value: Any, what: str) -> str:
+    """The key of what a `key=` function returned: a string as it is (`<name>:<value>`), any
+    other JSON value hashed. ConfigError for an empty or over-long string, or a non-JSON value."""
+    value = json_value(value, what=what)
+    if isinstance(value, str):
+        if not 1 <= len(value) <= KEY_TEXT_CHARS_MAX:
+            raise ConfigError(f"{what} must be 1 to {KEY_TEXT_CHARS_MAX} characters, got {len(value)}")
+        return f"{name}:{value}"
+    return make_key(name, value)
+
+
 def argument_values(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The call's arguments as the list that is hashed: bound to `signature` with defaults applied,
     one value per parameter in declaration order (`*args` as a list, `**kwargs` as an object).
@@ -215,10 +230,11 @@ def call_key(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> str:
-    """The key of one call of a once function: hashes `key(*args, **kwargs)` when `key` is given,
-    else the bound argument values. ConfigError when what is hashed is not a JSON value."""
+    """The key of one call of a once function: of `key(*args, **kwargs)` when `key` is given (see
+    custom_key), else the hash of the bound argument values. ConfigError when what is hashed is not
+    a JSON value."""
     if key is not None:
-        return make_key(name, json_value(key(*args, **kwargs), what=f"the key of {name}"))
+        return custom_key(name, key(*args, **kwargs), f"the key of {name}")
     values = argument_values(signature, args, kwargs)
     parameter_names = list(signature.parameters)
     converted = [

@@ -42,7 +42,7 @@ from runstate.sdk.errors import (
     ScopeCancelledError,
     TaskFailedError,
 )
-from runstate.sdk.keys import json_value, make_key
+from runstate.sdk.keys import custom_key, json_value, make_key
 from runstate.sdk.once import DurationLike, check_attempts, result_value
 from runstate.sdk.resources import BudgetLike, LimitLike, SlotsLike, needs_body, requirements_body
 
@@ -109,8 +109,11 @@ class Job:
         if state == "FAILED":
             task = await self._ticket.status()
             attempts = int(task.get("attempt") or 0)
+            # The message is the last error, as the docs and the published clients give it; which
+            # job and how many attempts are the error's attributes.
+            error = view.get("error")
             raise TaskFailedError(
-                f"job {self.key} ({self.id}) failed after {attempts} attempts: {view.get('error')}",
+                str(error) if error else f"job {self.key} ({self.id}) failed after {attempts} attempts",
                 attempts=attempts,
                 task_id=self.id,
             )
@@ -162,8 +165,12 @@ class Queue:
         return f"<Queue {self.name} attempts={self.attempts} lease_ms={self.lease_ms} concurrency={self.concurrency}>"
 
     def key_of(self, input: Any) -> str:
-        """The job key `input` gets: `<name>:<hash>` of the input, or of `key(input)`."""
-        return make_key(self.name, json_value(self.key_function(input) if self.key_function else input, what=f"the key of {self.name}"))
+        """The job key `input` gets: `<name>:<hash>` of `[input]` (as the published clients hash
+        it), or what `key(input)` returns (see keys.custom_key)."""
+        what = f"the key of {self.name}"
+        if self.key_function is not None:
+            return custom_key(self.name, self.key_function(input), what)
+        return make_key(self.name, [json_value(input, what=what)])
 
     def __call__(self, input: Any) -> Any:
         """Submit `input` and wait for the handler's result (see `Job.result` for the errors).
