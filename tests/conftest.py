@@ -7,6 +7,7 @@ import pytest
 
 from tests._cluster import Cluster, cluster_factory
 from tests._nodes import DevNode, start_auth_node
+from tests._typescript import build_package
 from tests.test_actors_harness import Harness
 
 
@@ -66,3 +67,9 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     every process is killed at the end."""
     yield from cluster_factory(tmp_path)
 
+
+
+@pytest.fixture(scope="session")
+def typescript_package() -> Path:
+    """sdk/typescript, built (tests/_typescript.py): once per session, for whichever test needs it first."""
+    return build_package()

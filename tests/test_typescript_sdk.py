@@ -24,38 +24,21 @@ import pytest
 from runstate import Runstate
 
 from tests._nodes import DevNode
+from tests._typescript import PACKAGE, npm, run_npm
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "sdk" / "typescript"
 SAMPLES = PACKAGE / "samples"
 PY_QUICKSTART = Path(__file__).resolve().parent / "quickstart"
-NPM_TIMEOUT_S = 300.0  # npm ci downloads the dev dependencies on a cold cache
 PROCESS_TIMEOUT_S = 60.0
 
 pytestmark = pytest.mark.slow
 
 
-def npm() -> str:
-    found = shutil.which("npm")
-    assert found is not None, "npm is needed for the TypeScript SDK's tests (Node.js 20 or later)"
-    return found
-
-
-def run_npm(*args: str, cwd: Path) -> str:
-    done = subprocess.run(
-        [npm(), *args], cwd=cwd, capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
-        env={**os.environ, "NO_UPDATE_NOTIFIER": "1", "npm_config_fund": "false", "npm_config_audit": "false"},
-    )
-    assert done.returncode == 0, f"npm {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    return done.stdout
-
-
 @pytest.fixture(scope="session")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def project(tmp_path_factory: pytest.TempPathFactory, typescript_package: Path) -> Path:
     """A fresh project with the packed SDK installed and the samples copied in."""
-    run_npm("ci", cwd=PACKAGE)
     packed = tmp_path_factory.mktemp("ts-pack")
-    run_npm("pack", "--pack-destination", str(packed), cwd=PACKAGE)  # prepack builds dist/
+    # Built already (the typescript_package fixture): pack what was built.
+    run_npm("pack", "--ignore-scripts", "--pack-destination", str(packed), cwd=typescript_package)
     (tarball,) = packed.glob("runstate-sdk-*.tgz")
     app = tmp_path_factory.mktemp("ts-app")
     (app / "package.json").write_text(json.dumps({"name": "app", "private": True, "type": "module"}))
@@ -344,7 +327,7 @@ def test_the_clients_other_calls(dev_node: DevNode, procs: Processes) -> None:
         "keyConflict": True, "unknownQueue": True, "released": {"sameTask": True, "attempt": 1},
         "rejected": ["FAILED", "rejected: not for me"], "staleComplete": "LeaseLostError:STALE_CLAIM",
         "cancelTask": "CANCELLED", "resultTimeout": "ResultTimeoutError:RESULT_TIMEOUT", "joined": True,
-        "waitTimeout": True, "group": ["FAILURE", "all_terminal", ["ACCEPTED", "REJECTED"]], "groupClosed": "GROUP_CLOSED",
+        "waitTimeout": True, "group": ["FAILURE", "all_terminal", ["ACCEPTED", "REJECTED"]], "groupClosed": "CONFLICT",
         "barrier": "RELEASED", "barrierOtherTarget": "ConflictError:CONFLICT", "timer": True, "child": True,
         "afterCancel": True, "completeCancelled": "ConflictError:CONFLICT",
     }

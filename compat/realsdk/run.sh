@@ -181,6 +181,14 @@ find "$WORK/sdk/tests" -name __pycache__ -prune -exec rm -rf {} +
 # test_cross_language does `from .conftest import ...`: the folder is a package in the product repo.
 [ -f "$WORK/sdk/tests/__init__.py" ] || : >"$WORK/sdk/tests/__init__.py"
 cp "$HERE/conftest.py" "$WORK/sdk/tests/conftest.py"
+# test_cross_language loads the TypeScript SDK from <repo root>/packages/sdk-typescript/dist: ours
+# is sdk/typescript of this checkout, once built (npm ci && npm run build there; the test suite's
+# tests/test_realsdk.py builds it first).
+if [ -z "${REALSDK_REPO_ROOT:-}" ] && [ -f "$HERE/../../sdk/typescript/dist/index.js" ]; then
+  mkdir -p "$WORK/repo/packages"
+  ln -sfn "$(cd "$HERE/../../sdk/typescript" && pwd)" "$WORK/repo/packages/sdk-typescript"
+  export REALSDK_REPO_ROOT="$WORK/repo"
+fi
 cat >"$WORK/sdk/pytest.ini" <<EOF
 [pytest]
 asyncio_mode = auto

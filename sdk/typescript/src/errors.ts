@@ -199,7 +199,6 @@ const CLASS_BY_CODE: Record<string, ErrorClass> = {
   KEY_CONFLICT: KeyConflictError,
   LIMIT_EXCEEDED: LimitExceededError,
   BACKLOG_FULL: BacklogFullError,
-  GROUP_CLOSED: ConflictError,
   BARRIER_CANCELLED: ConflictError,
   BARRIER_RELEASED: ConflictError,
   IDEMPOTENCY_CONFLICT: ConflictError,

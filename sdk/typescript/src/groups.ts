@@ -128,7 +128,7 @@ export class Group {
 
   /**
    * Submit a member task; returns its Ticket (`created` false for an existing member). ConflictError
-   * GROUP_CLOSED for a new member of a closed group, KeyConflictError for a key with another input.
+   * ConflictError (CONFLICT) for a new member of a closed group, KeyConflictError for a key with another input.
    */
   async submit(input: unknown, options: Omit<SubmitOptions, 'keyOnly'> = {}): Promise<Ticket> {
     const answer = await this.transport.request('POST', `${this.path}/tasks`, { body: taskBody(input, options), safe: true });

@@ -43,7 +43,6 @@ test('the error envelope maps to classes by code, then by status, keeping code a
     [409, 'SCOPE_CANCELLED', ScopeCancelledError],
     [409, 'DEADLINE_EXCEEDED', DeadlineExceededError],
     [409, 'STALE_CLAIM', LeaseLostError],
-    [409, 'GROUP_CLOSED', ConflictError],
     [409, 'SOMETHING_NEW', ConflictError],
     [404, undefined, NotFoundError],
     [400, 'VALIDATION_FAILED', ValidationError],
