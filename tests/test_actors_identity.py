@@ -196,10 +196,10 @@ def test_a_snapshot_row_from_before_verdict_holders_still_loads() -> None:
     h, g, _ = identity_harness()
     snapshot = unpack(pack(to_snapshot(h.state)))
     assert snapshot["v"] == 1
-    snapshot["groups"] = [row[:-1] for row in snapshot["groups"]]  # the layout without verdict_by
+    snapshot["groups"] = [row[:-2] for row in snapshot["groups"]]  # the layout without verdict_by (and outside)
     restored = from_snapshot(snapshot)
     group = restored.groups[g.id]
-    assert group.verdict_by == {}
+    assert group.verdict_by == {} and group.outside == {}
     assert group.verdicts == h.state.groups[g.id].verdicts and group.late == h.state.groups[g.id].late
     # An old group takes verdicts with holders from then on, like a new one.
     twin = Harness()

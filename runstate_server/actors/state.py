@@ -335,7 +335,7 @@ _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms", "finished_by", "needs", "slot_leases", "reservation_id",
-    "deadline_ms", "outcome_reason", "subscribers", "holder_session", "work_limit",
+    "deadline_ms", "outcome_reason", "subscribers", "holder_session", "work_limit", "group_id",
 )
 # Task fields appended after the first snapshots: an older row stops before them (their defaults).
 _TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
