@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -28,8 +29,15 @@ def run_npm(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def build_package() -> Path:
-    """sdk/typescript with its dev dependencies installed and dist/ built from its sources."""
-    run_npm("ci", cwd=PACKAGE)
-    run_npm("run", "build", cwd=PACKAGE)
+def build_package(shared: Path) -> Path:
+    """sdk/typescript with its dev dependencies installed and dist/ built from its sources, once
+    per test run: `shared` is a folder every worker of the run sees; the first builds under its
+    lock and leaves a mark there, the others wait on the lock and find the mark."""
+    with open(shared / "typescript-build.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = shared / "typescript-built"
+        if not built.exists():
+            run_npm("ci", cwd=PACKAGE)
+            run_npm("run", "build", cwd=PACKAGE)
+            built.touch()
     return PACKAGE

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,6 +10,26 @@ from tests._cluster import Cluster, cluster_factory
 from tests._nodes import DevNode, start_auth_node
 from tests._typescript import build_package
 from tests.test_actors_harness import Harness
+
+
+@pytest.fixture(scope="session")
+def run_temp(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder of this test run that all its workers share: the parent of a worker's temporary
+    root under xdist, the root itself without it."""
+    root = tmp_path_factory.getbasetemp()
+    return root if worker_id == "master" else root.parent
+
+
+@pytest.fixture(autouse=True)
+def _serial_tests_run_alone(request: pytest.FixtureRequest, run_temp: Path) -> Iterator[None]:
+    """The suite runs on two workers (pyproject's addopts). Every test holds a lock shared by all
+    workers' tests; a test marked `serial` (timing-sensitive: no election may happen while a node
+    is paused, a flood must not depose the leader) holds it alone, so nothing else runs meanwhile.
+    The lock is a file in the run's shared temporary folder."""
+    exclusive = request.node.get_closest_marker("serial") is not None
+    with open(run_temp / "serial-tests.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -70,6 +91,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 
 
 @pytest.fixture(scope="session")
-def typescript_package() -> Path:
-    """sdk/typescript, built (tests/_typescript.py): once per session, for whichever test needs it first."""
-    return build_package()
+def typescript_package(run_temp: Path) -> Path:
+    """sdk/typescript, built (tests/_typescript.py) once per run, by whichever worker's test needs it
+    first (the others wait for it and use that build)."""
+    return build_package(run_temp)

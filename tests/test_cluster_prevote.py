@@ -27,6 +27,9 @@ from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
 from runstate_server.cluster.config import LogConfig
 from tests._cluster import Cluster
 
+# Timing-sensitive (no election may happen while a peer is paused, cut off or flooded): alone.
+pytestmark = pytest.mark.serial
+
 # How long the follower stays away: several election timeouts (0.3-0.6 s) and past pysyncobj's
 # connection timeout (1 s), so the other nodes drop it too.
 AWAY_S = 10 * LogConfig().raft_timeout_s_max

@@ -31,6 +31,9 @@ from runstate_server.node.http_server import LOG_RECORDS_PER_WINDOW_MAX
 from tests._cluster import LEADER_TIMEOUT_S, Cluster
 from tests._http import Api
 
+# Timing-sensitive (no election may happen while a peer is paused, cut off or flooded): alone.
+pytestmark = pytest.mark.serial
+
 # How long the stranger keeps sending (nothing is timed: this is how long the attack lasts).
 ATTACK_S = 3.0
 ATTACK_CHUNK = bytes(64 * 1024)
