@@ -309,6 +309,26 @@ def test_a_budget_tells_its_money_but_not_a_jobs_admission(h: Harness, run_id: s
     assert running["budget_reservations"][0] not in {p["reservationId"] for _, p in told(h, 0, "budget")}
 
 
+def test_a_jobs_reservation_the_log_told_of_has_its_end_told_when_its_delivery_ends(h: Harness, run_id: str) -> None:
+    """Settled in part while its delivery runs, the log knows it: the delivery's lapse voids it with
+    budget.voided (reason delivery_ended), so the log's last word on it is its state (the model
+    test found it left ACTIVE)."""
+    budget_id = h.ok("budget.create", name="usd", limit_minor=200)["budget_id"]
+    h.ok("mailbox.declare", name="jobs", requirements={"budgets": [{"name": "usd", "reserveMinor": "40"}]})
+    h.ok("task.submit", **{**h.submit_args(run_id, "a"), "mailbox": "jobs"})
+    h.ok("task.submit", **{**h.submit_args(run_id, "b"), "mailbox": "jobs"})
+    told_of, silent = h.ok("task.receive", run_id=run_id, mailbox="jobs", max=2, lease_ms=1_000, holder="w")["deliveries"]
+    (reservation,) = told_of["budget_reservations"]
+    h.ok("budget_reservation.settle", budget_id=budget_id, reservation_id=reservation, amount_minor=0, work_key="a")
+    h.advance(1_000)
+    h.tick()  # both leases lapse
+    assert [(kind, p["reservationId"], p["state"], p.get("reason")) for kind, p in told(h, 0, "budget")] == [
+        ("budget.settled", reservation, "ACTIVE", None),
+        ("budget.voided", reservation, "VOIDED", "delivery_ended"),
+    ]
+    assert h.state.budget_reservations[silent["budget_reservations"][0]].state == "VOIDED"
+
+
 def test_a_jobs_slots_and_units_add_no_event(h: Harness, run_id: str) -> None:
     h.ok("permit.create", name="browser", units=1)
     h.ok("allowance.create", name="api", units=5, interval_ms=1_000)

@@ -287,7 +287,8 @@ def void(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _void(ctx: Context, budget: Budget, reservation: BudgetReservation, reason: str) -> None:
-    """End the reservation, releasing what it holds; budget.voided (reason: voided, scope_stopped)."""
+    """End the reservation, releasing what it holds; budget.voided (reason: voided, scope_stopped,
+    delivery_ended)."""
     released = reservation.held_minor
     _end(ctx, budget, reservation)
     _event(ctx, "budget.voided", budget, reservation, reason=reason, releasedMinor=str(released))
@@ -355,8 +356,9 @@ def reserve_for_job(ctx: Context, task: Task, holder: Any) -> list[str]:
 
 def _on_delivery_end(ctx: Context, task: Task, completed: bool) -> None:
     """A delivery that did not complete voids its open reservations (no event: the task's own
-    end records it, as task.running recorded their reserve); a completed one leaves them to the
-    worker's settle or void."""
+    end records it, as task.running recorded their reserve; but one the log told of already, by
+    a settle or going STALE during the delivery, has its end told too: budget.voided, reason
+    delivery_ended); a completed one leaves them to the worker's settle or void."""
     if completed or task.needs is None or not task.needs.get("budgets"):
         return
     delivery = f"{task.id}.{task.delivery_count}"
@@ -367,7 +369,10 @@ def _on_delivery_end(ctx: Context, task: Task, completed: bool) -> None:
             if reservation.delivery == delivery
         ]
         for reservation in ended:
-            _end(ctx, budget, reservation)
+            if reservation.settles or reservation.state == ReservationState.STALE:
+                _void(ctx, budget, reservation, "delivery_ended")
+            else:
+                _end(ctx, budget, reservation)
 
 
 resources.DELIVERY_END_HOOKS.append(_on_delivery_end)
