@@ -362,7 +362,9 @@ def _on_delivery_end(ctx: Context, task: Task, completed: bool) -> None:
     if completed or task.needs is None or not task.needs.get("budgets"):
         return
     delivery = f"{task.id}.{task.delivery_count}"
-    for name in {name for name, _ in task.needs["budgets"]}:
+    # Each budget once, in the order the job names them (a set's order differs between processes,
+    # and every node must tell the same events in the same order).
+    for name in dict.fromkeys(name for name, _ in task.needs["budgets"]):
         budget: Budget = resources.find(ctx.state, BUDGET, task.space, name)
         ended = [
             reservation for reservation in (ctx.state.budget_reservations[rid] for rid in budget.reservations)
