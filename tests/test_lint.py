@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,21 @@ def test_no_layer_imports_a_layer_above_it() -> None:
                 if module.startswith(above):
                     broken.append(f"{relative} imports {module}")
     assert not broken, broken
+
+
+def test_the_core_never_iterates_a_set_it_builds() -> None:
+    """Every node applies the same commands to the same state, so the core must do the same steps
+    in the same order: a set of strings iterates in an order that differs between processes (hash
+    randomization), so `for x in {...}` in runstate_server/actors/ could make nodes tell events, or
+    fill lists, in different orders. Iterate a list or `dict.fromkeys(...)` instead."""
+    found = []
+    for path in sorted((ROOT / "runstate_server" / "actors").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            iterables = [node.iter] if isinstance(node, (ast.For, ast.comprehension)) else []
+            for iterable in iterables:
+                if isinstance(iterable, (ast.Set, ast.SetComp)) or (
+                    isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name)
+                    and iterable.func.id in ("set", "frozenset")
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{iterable.lineno}")
+    assert not found, found
