@@ -23,7 +23,7 @@ from pysyncobj.pickle import loads as pysyncobj_loads
 from runstate import Runstate
 
 from chaos.cluster import NODES, POLL_S, START_TIMEOUT_S, ChaosCluster
-from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
+from runstate_server.cluster._prevote import DUE_GUARD_S, PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
 from runstate_server.cluster.config import LogConfig
 from tests._cluster import Cluster
 
@@ -105,6 +105,17 @@ def test_a_due_election_becomes_a_pre_vote_round_and_a_majority_lets_it_start() 
     raft.term = 6
     pre_vote.before_tick(raft, now=101.0)
     assert raft.deadline > 101.0 and {message["term"] for _, message in raft.sent} == {7}
+
+
+def test_an_election_due_just_after_the_check_still_goes_through_a_round() -> None:
+    """pysyncobj reads its clock again after before_tick: an election due a moment later must not
+    start there without a round (under load it did, and deposed a live leader)."""
+    raft, pre_vote = FakeRaft(deadline=100.05), PreVote(SILENCE_S)
+    pre_vote.before_tick(raft, now=100.0)
+    assert raft.deadline > 100.4 and {message["term"] for _, message in raft.sent} == {6}  # a round began
+    far = FakeRaft(deadline=100.0 + 2 * DUE_GUARD_S)
+    pre_vote.before_tick(far, now=100.0)
+    assert far.deadline == 100.0 + 2 * DUE_GUARD_S and far.sent == []  # not due: untouched
 
 
 def test_a_won_round_expires_and_a_leader_message_cancels_it() -> None:

@@ -35,6 +35,12 @@ from typing import Any, Protocol
 # pysyncobj's clock (CLOCK_MONOTONIC_RAW), which its election deadline is measured on.
 from pysyncobj.monotonic import monotonic as raft_clock
 
+# An election pysyncobj would start within this of before_tick's clock reading starts a pre-vote
+# round now: pysyncobj reads its clock again later in the same tick (a thread switch or two under
+# load), and must never find the deadline passed without a round won. Less than the gap between
+# a leader's heartbeats and raft_timeout_s_min, so a live leader never lets a round start early.
+DUE_GUARD_S = 0.1
+
 logger = logging.getLogger(__name__)
 
 PRE_VOTE_REQUEST = "runstate_pre_vote"
@@ -108,7 +114,10 @@ class PreVote:
 
     def before_tick(self, raft: RaftView, now: float | None = None) -> None:
         now = raft_clock() if now is None else now
-        if not raft.election_due(now) or raft.transfer_in_progress():
+        # pysyncobj reads its clock again in _onTick, after this: an election due by then but not
+        # by `now` would start without a round (seen under load: a follower's election deposed a
+        # live leader). One due within DUE_GUARD_S is taken as due now.
+        if not raft.election_due(now + DUE_GUARD_S) or raft.transfer_in_progress():
             return
         if now - self._lower_leader_heard_at < self.silence_s:
             # A leader lives at a term below ours: we are ahead in term (an election of ours that
