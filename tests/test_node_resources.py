@@ -104,7 +104,9 @@ def test_an_allowance_is_changed_by_patch_and_takes_a_fraction_of_a_second(api: 
     assert api.ok("PATCH", f"/v1/allowances/{fast['id']}", {"unitsLimit": 5, "windowSeconds": 0.003})["windowSeconds"] == 0.003
     for bad in ({"unitsLimit": 1}, {"windowSeconds": 1}, {"unitsLimit": 1, "windowSeconds": 0.0005},
                 {"unitsLimit": 1, "windowSeconds": 0}, {"unitsLimit": 1, "windowSeconds": 86_401},
-                {"unitsLimit": 1, "windowSeconds": "1"}, {"unitsLimit": 1, "windowSeconds": True}):
+                {"unitsLimit": 1, "windowSeconds": "1"}, {"unitsLimit": 1, "windowSeconds": True},
+                {"unitsLimit": None, "windowSeconds": 2.9976404001213505e307},  # found by schemathesis: was a 500
+                {"unitsLimit": 1, "windowSeconds": 10**30}):
         assert api.error("PATCH", f"/v1/allowances/{allowance_id}", bad) == (400, "VALIDATION_FAILED"), bad
         assert api.error("POST", "/v1/allowances", {"name": "bad", **bad}) == (400, "VALIDATION_FAILED"), bad
     assert api.error("PATCH", "/v1/allowances/alw_nothing", {"unitsLimit": 1, "windowSeconds": 1}) == (404, "NOT_FOUND")

@@ -123,13 +123,13 @@ def _window_ms(body: dict[str, Any]) -> int | None:
     if window_s is None:
         return None
     low, high = limits.limit_interval_ms_min, limits.limit_interval_ms_max
-    window_ms = window_s * 1000 if type(window_s) in (int, float) and math.isfinite(window_s) else None
-    if window_ms is None or abs(window_ms - round(window_ms)) > _MS_TOLERANCE or not low <= round(window_ms) <= high:
+    in_range = type(window_s) in (int, float) and low <= window_s * 1000 <= high  # NaN and inf: False
+    if not in_range or abs(window_s * 1000 - round(window_s * 1000)) > _MS_TOLERANCE:
         raise ApiError(
             "VALIDATION_FAILED",
             f"windowSeconds must be a number of seconds from {low / 1000} to {high // 1000}, in whole milliseconds",
         )
-    return int(round(window_ms))
+    return int(round(window_s * 1000))
 
 
 @routes(
