@@ -23,7 +23,7 @@ from pysyncobj.pickle import loads as pysyncobj_loads
 from runstate import Runstate
 
 from chaos.cluster import NODES, POLL_S, START_TIMEOUT_S, ChaosCluster
-from runstate_server.cluster._prevote import DUE_GUARD_S, PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
+from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, PreVote
 from runstate_server.cluster.config import LogConfig
 from tests._cluster import Cluster
 
@@ -43,14 +43,14 @@ SILENCE_S = 0.3
 
 @dataclass
 class FakeRaft:
-    """The RaftView pre-vote drives: a follower at term 5 whose election deadline has passed."""
+    """The RaftView pre-vote drives: a follower at term 5 that pysyncobj is about to make a candidate
+    (may_elect is asked only then)."""
 
     state: int = 0
     term: int = 5
     log: tuple[int, int] = (10, 5)  # (index, term)
     nodes: set[str] = field(default_factory=lambda: {"b", "c"})
     deadline: float = 0.0
-    connected: bool = True
     sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def raft_state(self) -> int:
@@ -64,9 +64,6 @@ class FakeRaft:
 
     def peers(self) -> set[str]:
         return self.nodes
-
-    def election_due(self, now: float) -> bool:
-        return self.state != 2 and self.deadline < now and self.connected
 
     def transfer_in_progress(self) -> bool:
         return False
@@ -87,7 +84,7 @@ def grant(term: int, granted: bool = True) -> dict[str, Any]:
 
 def test_a_due_election_becomes_a_pre_vote_round_and_a_majority_lets_it_start() -> None:
     raft, pre_vote = FakeRaft(), PreVote(SILENCE_S)
-    pre_vote.before_tick(raft, now=100.0)
+    assert not pre_vote.may_elect(raft, now=100.0)
     # Held back: the deadline moved, the term did not, every peer was asked about term 6.
     assert raft.deadline > 100.0 and raft.term == 5
     assert sorted(node for node, _ in raft.sent) == ["b", "c"]
@@ -99,40 +96,60 @@ def test_a_due_election_becomes_a_pre_vote_round_and_a_majority_lets_it_start() 
     assert pre_vote.on_message(raft, "c", grant(6), now=100.1)
     assert raft.deadline == 0  # won: 2 of 3
     raft.sent.clear()
-    pre_vote.before_tick(raft, now=100.2)
-    assert raft.deadline == 0 and raft.sent == []  # pysyncobj elects in this tick
+    assert pre_vote.may_elect(raft, now=100.2)  # pysyncobj elects in this tick
+    assert raft.sent == []
     # Used once: the next due election (the real one failed, term now 6) needs a new round.
     raft.term = 6
-    pre_vote.before_tick(raft, now=101.0)
+    assert not pre_vote.may_elect(raft, now=101.0)
     assert raft.deadline > 101.0 and {message["term"] for _, message in raft.sent} == {7}
 
 
-def test_an_election_due_just_after_the_check_still_goes_through_a_round() -> None:
-    """pysyncobj reads its clock again after before_tick: an election due a moment later must not
-    start there without a round (under load it did, and deposed a live leader)."""
-    raft, pre_vote = FakeRaft(deadline=100.05), PreVote(SILENCE_S)
-    pre_vote.before_tick(raft, now=100.0)
-    assert raft.deadline > 100.4 and {message["term"] for _, message in raft.sent} == {6}  # a round began
-    far = FakeRaft(deadline=100.0 + 2 * DUE_GUARD_S)
-    pre_vote.before_tick(far, now=100.0)
-    assert far.deadline == 100.0 + 2 * DUE_GUARD_S and far.sent == []  # not due: untouched
+def test_every_election_pysyncobj_starts_goes_through_the_gate() -> None:
+    """Under load (two cores, three nodes, fsync always) an election checked before the tick but
+    started by pysyncobj's later clock reading went without a round and deposed a live leader. The
+    gate is pysyncobj's own last condition: with pre-vote on, a node never becomes a candidate
+    without a won round, whatever its deadline was at any earlier moment."""
+    from runstate_server.cluster._raft import RaftNode
+
+    class Gate(RaftNode):
+        def __init__(self, pre_vote: PreVote | None, connected: bool) -> None:  # no pysyncobj start
+            self.pre_vote = pre_vote
+            self._SyncObj__connectedNodes = {"b"} if connected else set()
+            self._SyncObj__otherNodes = {"b", "c"}
+            self._SyncObj__transferInProgress = False
+            self._SyncObj__raftCurrentTerm = 5
+            self._SyncObj__raftLog = [(b"", 10, 5)]
+            self._SyncObj__raftElectionDeadline = 0.0
+            self.sent: list[Any] = []
+
+        def _SyncObj__generateRaftTimeout(self) -> float:
+            return 0.45
+
+        def send(self, node: Any, message: dict[str, Any]) -> None:
+            self.sent.append((node, message))
+
+    held = Gate(PreVote(SILENCE_S), connected=True)
+    assert held._SyncObj__connectedToAnyone() is False  # what _onTick reads: no election
+    assert {message["term"] for _, message in held.sent} == {6}
+    assert held._SyncObj__raftElectionDeadline > 0
+    assert Gate(None, connected=True)._SyncObj__connectedToAnyone() is True  # pre-vote off: pysyncobj's
+    alone = Gate(PreVote(SILENCE_S), connected=False)
+    assert alone._SyncObj__connectedToAnyone() is False and alone.sent == []  # not connected: no round
 
 
 def test_a_won_round_expires_and_a_leader_message_cancels_it() -> None:
     raft, pre_vote = FakeRaft(), PreVote(SILENCE_S)
-    pre_vote.before_tick(raft, now=100.0)
+    assert not pre_vote.may_elect(raft, now=100.0)
     pre_vote.on_message(raft, "b", grant(6), now=100.1)
     assert raft.deadline == 0
-    raft.connected = False  # the election cannot start now; much later, the grant is stale
-    pre_vote.before_tick(raft, now=100.2)
-    raft.connected = True
-    pre_vote.before_tick(raft, now=100.1 + SILENCE_S + 0.01)
+    # The election could not start at once (no connection); much later, the grant is stale.
+    assert not pre_vote.may_elect(raft, now=100.1 + SILENCE_S + 0.01)
     assert raft.deadline > 100.4  # a new round instead
     pre_vote.on_message(raft, "b", grant(6), now=100.5)
     assert raft.deadline == 0
     # A leader's heartbeat (at our term) cancels the won round: no election.
     assert not pre_vote.on_message(raft, "b", {"type": "append_entries", "term": 5}, now=100.55)
-    pre_vote.before_tick(raft, now=100.6)
+    assert not pre_vote.may_elect(raft, now=100.6)
     assert raft.deadline > 100.6
 
 
@@ -143,20 +160,19 @@ def test_a_node_ahead_of_a_live_leader_in_term_elects_without_a_pre_vote() -> No
     and the cluster elects again with it."""
     raft, pre_vote = FakeRaft(term=9, log=(10, 5)), PreVote(SILENCE_S)
     assert not pre_vote.on_message(raft, "b", {"type": "append_entries", "term": 8}, now=100.0)
-    pre_vote.before_tick(raft, now=100.1)
-    assert raft.deadline == 0 and raft.sent == []  # pysyncobj's election starts in this tick
+    assert pre_vote.may_elect(raft, now=100.1)
+    assert raft.sent == []
     assert pre_vote.counters.rounds_skipped_behind_leader == 1
     # Once that leader is silent (stepped down), due elections need pre-votes again.
-    pre_vote.before_tick(raft, now=100.0 + SILENCE_S + 0.01)
+    assert not pre_vote.may_elect(raft, now=100.0 + SILENCE_S + 0.01)
     assert raft.deadline > 100.0 and {message["term"] for _, message in raft.sent} == {10}
 
 
 def test_a_single_node_wins_its_own_round() -> None:
     raft, pre_vote = FakeRaft(nodes=set()), PreVote(SILENCE_S)
-    pre_vote.before_tick(raft, now=100.0)
-    assert raft.deadline == 0 and raft.sent == []
-    pre_vote.before_tick(raft, now=100.0)
-    assert raft.deadline == 0
+    assert pre_vote.may_elect(raft, now=100.0)
+    assert raft.sent == []
+    assert pre_vote.may_elect(raft, now=100.0)
 
 
 def test_a_peer_grants_only_without_a_live_leader_and_with_a_log_as_up_to_date() -> None:

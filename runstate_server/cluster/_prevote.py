@@ -14,10 +14,12 @@ request_vote). Pre-vote only ever holds an election back; it decides nothing: th
 every safety rule (DESIGN.md, "Pre-vote").
 
 How it is wired (RaftNode, _raft.py; the pysyncobj internals are listed in DESIGN.md):
-- `before_tick` runs before SyncObj._onTick. When pysyncobj is about to start an election (its
-  `__raftElectionDeadline` passed, a follower or candidate connected to someone), it moves that
-  deadline by a fresh election timeout and sends the pre-vote requests instead, unless a round won
-  within `silence_s` for exactly term + 1 is pending: then it lets pysyncobj elect.
+- `may_elect` is asked at the very moment SyncObj._onTick decides to start an election (its
+  `__raftElectionDeadline` passed, a follower or candidate; RaftNode answers pysyncobj's own
+  "connected to anyone?" check, the last condition it evaluates, with it). Unless a round won
+  within `silence_s` for exactly term + 1 is pending, it moves that deadline by a fresh election
+  timeout, sends the pre-vote requests and answers no: pysyncobj does not elect. Asked at the
+  decision itself, not before the tick, so no clock reading can differ from pysyncobj's.
 - `on_message` sees every message before pysyncobj. It consumes our two message types (pysyncobj's
   own handler ignores any type it does not know, so a node without pre-vote ignores them too) and
   notes when a leader's append_entries is accepted. A won round sets the election deadline to 0, so
@@ -34,12 +36,6 @@ from typing import Any, Protocol
 
 # pysyncobj's clock (CLOCK_MONOTONIC_RAW), which its election deadline is measured on.
 from pysyncobj.monotonic import monotonic as raft_clock
-
-# An election pysyncobj would start within this of before_tick's clock reading starts a pre-vote
-# round now: pysyncobj reads its clock again later in the same tick (a thread switch or two under
-# load), and must never find the deadline passed without a round won. Less than the gap between
-# a leader's heartbeats and raft_timeout_s_min, so a live leader never lets a round start early.
-DUE_GUARD_S = 0.1
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +56,6 @@ class RaftView(Protocol):
     def last_log(self) -> tuple[int, int]: ...  # (index, term) of the last entry
 
     def peers(self) -> set[Any]: ...  # pysyncobj Node objects of the voting peers
-
-    def election_due(self, now: float) -> bool: ...  # pysyncobj would start an election this tick
 
     def transfer_in_progress(self) -> bool: ...
 
@@ -112,13 +106,12 @@ class PreVote:
 
     # Candidate side.
 
-    def before_tick(self, raft: RaftView, now: float | None = None) -> None:
+    def may_elect(self, raft: RaftView, now: float | None = None) -> bool:
+        """pysyncobj is starting an election now (tick thread): True lets it, False holds it back
+        (a round was started instead, or is under way)."""
         now = raft_clock() if now is None else now
-        # pysyncobj reads its clock again in _onTick, after this: an election due by then but not
-        # by `now` would start without a round (seen under load: a follower's election deposed a
-        # live leader). One due within DUE_GUARD_S is taken as due now.
-        if not raft.election_due(now + DUE_GUARD_S) or raft.transfer_in_progress():
-            return
+        if raft.transfer_in_progress():
+            return True
         if now - self._lower_leader_heard_at < self.silence_s:
             # A leader lives at a term below ours: we are ahead in term (an election of ours that
             # reached nobody, before a kill or a partition) and drop its messages, and the peers
@@ -127,13 +120,24 @@ class PreVote:
             # lets the cluster elect again at once: one election, never a node stuck outside.
             self._round = None
             self.counters.rounds_skipped_behind_leader += 1
-            return
-        round_ = self._round
-        if round_ is not None and round_.won_at is not None and round_.term == raft.current_term() + 1:
-            if now - round_.won_at <= self.silence_s:
-                self._round = None  # used once: the next election needs a new round
-                return  # pysyncobj starts the election in this tick
+            return True
+        if self._won_round_usable(raft, now):
+            self._round = None  # used once: the next election needs a new round
+            return True
         self._start_round(raft, now)
+        if self._won_round_usable(raft, now):  # a single node wins with its own vote
+            self._round = None
+            return True
+        return False
+
+    def _won_round_usable(self, raft: RaftView, now: float) -> bool:
+        round_ = self._round
+        return (
+            round_ is not None
+            and round_.won_at is not None
+            and round_.term == raft.current_term() + 1
+            and now - round_.won_at <= self.silence_s
+        )
 
     def _start_round(self, raft: RaftView, now: float) -> None:
         raft.postpone_election(now)
@@ -148,7 +152,7 @@ class PreVote:
         }
         for node in raft.peers():
             raft.send(node, request)
-        self._check_won(raft, now)  # a single node wins with its own vote
+        self._check_won(raft, now)
 
     def _on_response(self, raft: RaftView, node: Any, message: dict[str, Any], now: float) -> None:
         round_ = self._round

@@ -24,7 +24,6 @@ class Bridge(Protocol):
     def apply_batch(self, batch: bytes) -> list[Any]: ...
 
 
-_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
 
 
 def without_snapshot_commit(message: Any, commit_index: int) -> Any:
@@ -83,14 +82,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._reject_queued_commands()
         super()._checkCommandsToApply()
 
-    # Pre-vote (_prevote.py). pysyncobj starts an election inside _onTick, and its transport calls
-    # the handler it was given in SyncObj.__init__, `self.__onMessageReceived`, which resolves to
-    # the name-mangled attribute below: defining it here puts pre-vote in front of pysyncobj's own.
+    # Pre-vote (_prevote.py). pysyncobj's methods call `self.__connectedToAnyone()` and its transport
+    # calls the handler it was given in SyncObj.__init__, `self.__onMessageReceived`; both resolve
+    # to the name-mangled attributes below: defining them here puts pre-vote in front of pysyncobj.
 
-    def _onTick(self, timeToWait: float = 0.0) -> None:
-        if self.pre_vote is not None and self._SyncObj__transport.ready and not self._SyncObj__needLoadDumpFile:
-            self.pre_vote.before_tick(self)
-        super()._onTick(timeToWait)
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        # pysyncobj evaluates this last, and only here, when it starts an election: its deadline
+        # passed and this node is a follower or candidate. Pre-vote decides at that very moment.
+        connected = bool(SyncObj._SyncObj__connectedToAnyone(self))
+        return connected and (self.pre_vote is None or self.pre_vote.may_elect(self))
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
@@ -111,14 +111,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def peers(self) -> set[Any]:
         return self._SyncObj__otherNodes  # type: ignore[no-any-return]
-
-    def election_due(self, now: float) -> bool:
-        # SyncObj._onTick's own condition for starting an election (its selfNode is never None here).
-        return (
-            self._SyncObj__raftState != _LEADER
-            and self._SyncObj__raftElectionDeadline < now
-            and bool(self._SyncObj__connectedToAnyone())
-        )
 
     def transfer_in_progress(self) -> bool:
         return bool(self._SyncObj__transferInProgress)
