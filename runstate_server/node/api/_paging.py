@@ -22,7 +22,6 @@ from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
-from runstate_server.node.api.routes import STRING
 from runstate_server.node.errors import ApiError
 
 T = TypeVar("T")
@@ -118,4 +117,3 @@ def bool_filter(request: web.Request, field: str) -> bool | None:
     return value == "true"
 
 
-STATE_QUERY = STRING

@@ -11,9 +11,9 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
+from runstate_server.actors.runs import subtree
 from runstate_server.actors.state import State, Task, TaskState
 from runstate_server.actors.storage import json_value
-from runstate_server.actors.runs import subtree
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
