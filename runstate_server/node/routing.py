@@ -2,7 +2,7 @@
 
 Any node accepts every call. The leader serves it; a follower forwards it whole (method, path,
 query, body, the client's headers) to the leader's API and relays the answer, so clients never
-need to know who leads. Node-local routes (health, cluster view, OpenAPI) are always served where
+need to know who leads. Node-local routes (health, cluster view, OpenAPI, the console's files) are always served where
 they arrive. A forwarded request is never forwarded again: a node that receives one and does not
 lead answers UNAVAILABLE, and the client retries (safely: writes carry keys or delivery ids).
 """
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from runstate_server.node.api.console import is_console_path
 from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
 from runstate_server.node.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 
@@ -61,7 +62,7 @@ class Router:
             self._session = None
 
     def serves_here(self, request: web.Request) -> bool:
-        return request.path in LOCAL_PATHS or self._node.log.is_leader
+        return request.path in LOCAL_PATHS or is_console_path(request.path) or self._node.log.is_leader
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         if FORWARDED_HEADER in request.headers:
