@@ -3,7 +3,7 @@
 
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
-import { currentSession, hasPermission, isNodeDown, signOut, subscribe } from "./api";
+import { currentSession, get, hasPermission, isNodeDown, signOut, subscribe } from "./api";
 import { SignInPage } from "./pages/SignIn";
 import { match, navigate, useHashPath } from "./router";
 import { HOME, ROUTES, type RouteEntry } from "./routes";
@@ -14,6 +14,24 @@ function useStore<T>(read: () => T): T {
   const [value, setValue] = useState(read);
   useEffect(() => subscribe(() => setValue(read)), []);
   return value;
+}
+
+// How often the shell asks GET /v1/whoami: a revoked key signs out, a node that stopped answering
+// raises the banner, even on a page that makes no call of its own meanwhile.
+const HEARTBEAT_MS = 5000;
+
+function useHeartbeat(signedIn: boolean): void {
+  useEffect(() => {
+    if (!signedIn) return;
+    const controller = new AbortController();
+    const id = window.setInterval(() => {
+      get("/v1/whoami", { signal: controller.signal }).catch(() => undefined);
+    }, HEARTBEAT_MS);
+    return () => {
+      window.clearInterval(id);
+      controller.abort();
+    };
+  }, [signedIn]);
 }
 
 function allowed(route: RouteEntry): boolean {
@@ -27,6 +45,7 @@ function App() {
   const down = useStore(isNodeDown);
   const path = useHashPath();
   const [menuOpen, setMenuOpen] = useState(false);
+  useHeartbeat(session !== null);
   useEffect(() => setMenuOpen(false), [path]);
   const banner = down ? (
     <div class="banner" role="status" data-banner="down">
