@@ -644,6 +644,18 @@ class CoreMachine(RuleBasedStateMachine):
         assert kept == expected
 
     @invariant()
+    def ended_figures_are_what_the_state_holds(self) -> None:
+        """The mailbox stats' counts of ended tasks kept step by step equal a count of the tasks."""
+        kept = {key: (dict(figures.by_state), figures.attempts) for key, figures in self.h.state.ended_figures.items()}
+        expected: dict[tuple[str, str], tuple[dict[str, int], int]] = {}
+        for task in self.h.state.tasks.values():
+            if task.state in TaskState.TERMINAL:
+                by_state, attempts = expected.get((task.space, task.mailbox), ({}, 0))
+                by_state[task.state] = by_state.get(task.state, 0) + 1
+                expected[(task.space, task.mailbox)] = (by_state, attempts + task.attempt)
+        assert kept == expected
+
+    @invariant()
     def core_agrees_with_the_model(self) -> None:
         state = self.h.state
         assert set(state.runs) == set(self.runs)

@@ -150,6 +150,12 @@ backlog_limit_max = 1_000_000  # a mailbox's backlogLimit
 subscribers_per_task_max = 100  # join/detach: subscribers of one task
 wait_ms_max = 3_600_000  # the largest waitMs a request may name (the node holds it at most LONG_POLL_MS_MAX)
 messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
+# The list reads (GET /scopes, /tasks, /task-groups, /barriers, /timers): a page holds at most
+# list_page_max entries, list_page_default when the request names no limit; a cursor is at most
+# list_cursor_chars_max characters.
+list_page_max = 500
+list_page_default = 50
+list_cursor_chars_max = 256
 # Diagnostics (ops.py): the runs of a subtree one view walks; the entries of each list it answers.
 ops_runs_max = 1_000
 ops_entries_max = 1_000

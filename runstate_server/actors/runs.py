@@ -13,7 +13,7 @@ from typing import Any
 from runstate_server.actors import errors, events, limits, storage
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState
+from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState, count_ended
 
 # What other kinds of work do when a run stops or is removed, registered by their rule modules
 # (once, claims, groups, barriers, timers), called in this same step for the run and every run below it.
@@ -196,7 +196,10 @@ def on_retention(ctx: Context, run_id: str) -> None:
         space = state.spaces[member.space]
         for queue in member.queues.values():
             for task_id in queue.by_key.values():
-                storage.charge(state, space.id, -storage.task_bytes(state.tasks.pop(task_id)))
+                task = state.tasks.pop(task_id)
+                storage.charge(state, space.id, -storage.task_bytes(task))
+                if task.state in TaskState.TERMINAL:
+                    count_ended(state, task, task.state, -1)
         for remove_hook in RUN_REMOVE_HOOKS:
             remove_hook(state, member)
         space.task_count -= member.task_count

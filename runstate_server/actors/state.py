@@ -90,6 +90,17 @@ class QueueFigures:
 
 
 @dataclass(slots=True)
+class EndedFigures:
+    """The ended tasks one mailbox still holds (their runs not yet removed), for its stats
+    (node/api/mailboxes.py). Derived like QueueFigures: kept by tasks.py as tasks end and by
+    runs.py as ended tasks go with their run, never written to a snapshot, recounted on restore."""
+
+    # Final state (SUCCEEDED, FAILED, CANCELLED, EXPIRED) -> how many.
+    by_state: dict[str, int] = field(default_factory=dict)
+    attempts: int = 0  # the deliveries they had, together
+
+
+@dataclass(slots=True)
 class Space:
     id: str
     mailboxes: dict[str, Mailbox] = field(default_factory=dict)
@@ -310,6 +321,9 @@ class State:
     # Derived: (space, mailbox) -> its QUEUED and RUNNING tasks (tasks.py keeps them; only mailboxes
     # that hold some have an entry); recounted on restore.
     queue_figures: dict[tuple[str, str], QueueFigures] = field(default_factory=dict, compare=False)
+    # Derived: (space, mailbox) -> its ended tasks still held (only mailboxes with some have an
+    # entry); recounted on restore.
+    ended_figures: dict[tuple[str, str], EndedFigures] = field(default_factory=dict, compare=False)
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -590,15 +604,33 @@ def recount_queue_figures(state: State) -> None:
     """Every mailbox's QueueFigures from its tasks. When a restored task became QUEUED is not kept:
     its creation, or the end of its last lease if it was delivered before, stands in for it."""
     state.queue_figures = {}
+    state.ended_figures = {}
     queued: list[tuple[int, str, Task]] = []
     for task in state.tasks.values():
-        if task.state == TaskState.RUNNING:
+        if task.state in TaskState.TERMINAL:
+            count_ended(state, task, task.state, 1)
+        elif task.state == TaskState.RUNNING:
             figures_of(state, task).running += 1
         elif task.state == TaskState.QUEUED:
             since_ms = max(task.created_ms, task.lease_expires_ms) if task.delivery_count else task.created_ms
             queued.append((since_ms, task.id, task))
     for since_ms, task_id, task in sorted(queued):
         figures_of(state, task).queued[task_id] = since_ms
+
+
+def count_ended(state: State, task: Task, final_state: str, sign: int) -> None:
+    """The task ended in `final_state` (sign 1), or, ended, goes with its run (sign -1): its
+    mailbox's EndedFigures count it (and go when empty)."""
+    key = (task.space, task.mailbox)
+    figures = state.ended_figures.get(key)
+    if figures is None:
+        figures = state.ended_figures[key] = EndedFigures()
+    figures.by_state[final_state] = figures.by_state.get(final_state, 0) + sign
+    if not figures.by_state[final_state]:
+        del figures.by_state[final_state]
+    figures.attempts += sign * task.attempt
+    if not figures.by_state:
+        del state.ended_figures[key]
 
 
 def figures_of(state: State, task: Task) -> QueueFigures:

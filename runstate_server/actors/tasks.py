@@ -37,7 +37,17 @@ from runstate_server.actors import (
 )
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, Mailbox, Queue, Run, State, Task, TaskState, figures_of
+from runstate_server.actors.state import (
+    DueKind,
+    Mailbox,
+    Queue,
+    Run,
+    State,
+    Task,
+    TaskState,
+    count_ended,
+    figures_of,
+)
 
 MAILBOX_MODES = ("WORK", "INBOX")
 INBOX = "INBOX"  # takes messages only: a task (POST /tasks, admit) names a WORK mailbox
@@ -415,7 +425,10 @@ def _leave_figures(state: State, task: Task) -> None:
 
 
 def _observe_end(ctx: Context, task: Task, task_state: str) -> None:
-    """The node's metrics observe a task's end: its state, time since it was submitted, attempts."""
+    """The node's metrics observe a task's end: its state, time since it was submitted, attempts;
+    its mailbox's stats count it (state.ended_figures)."""
+    if task.state not in TaskState.TERMINAL:  # every end passes here once (_set_state, _on_task_stopping)
+        count_ended(ctx.state, task, task_state, 1)
     ctx.observe("task_ended", task.space, task.mailbox, task_state, ctx.now_ms - task.created_ms, task.attempt)
 
 

@@ -29,6 +29,13 @@ MAILBOX = obj({
     "maxAttempts": INTEGER_OR_NULL, "requirements": nullable({"type": "object"}),
 })
 MAILBOXES = obj({"mailboxes": array(MAILBOX)})
+# Extension: what a mailbox holds now (as the queue metrics count it) and its ended tasks still held.
+MAILBOX_STATS = obj({
+    "queued": INTEGER, "inFlight": INTEGER, "oldestQueuedAgeSeconds": nullable({"type": "number"}),
+    "succeeded": INTEGER, "failed": INTEGER, "cancelled": INTEGER, "expired": INTEGER, "attemptsTotal": INTEGER,
+})
+MAILBOX_WITH_STATS = obj({**MAILBOX["properties"], "stats": MAILBOX_STATS})
+MAILBOXES_WITH_STATS = obj({"mailboxes": array(MAILBOX_WITH_STATS)})
 TASK_STATE = enum("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED")
 SUBMITTED = obj({"taskId": STRING, "id": STRING, "taskKey": STRING, "created": BOOLEAN, "state": TASK_STATE})
 SENT = obj({"id": STRING, "taskId": STRING, "state": TASK_STATE, "created": BOOLEAN})

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from runstate_server.actors import barriers, limits
 from runstate_server.actors.barriers import Barrier
+from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.routes import (
@@ -33,6 +34,7 @@ from runstate_server.node.api.schemas import (
     STRING_OR_NULL,
     TIME,
     TIME_OR_NULL,
+    array,
     enum,
     obj,
 )
@@ -193,3 +195,42 @@ async def next_epoch(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     await req.propose(request, "barrier.next_epoch", {"barrier_id": barrier_id})
     return web.json_response(_render(node, caller.space, barrier_id))
+
+
+# -- the list (an extension for the console) -------------------------------------------------------
+
+_BARRIER_STATES = (barriers.WAITING, barriers.RELEASED, barriers.CANCELLED)
+BARRIERS_PAGE = obj({"barriers": array(BARRIER), "nextCursor": STRING_OR_NULL})
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/barriers",
+    f"Extension: the space's barriers, newest first, {limits.list_page_default} a page (limit: at most "
+    f"{limits.list_page_max}); scopeId (its run) and state filter them; nextCursor resumes",
+    query={**paging.PAGE_QUERY, "scopeId": STRING, "state": {"type": "string", "enum": list(_BARRIER_STATES)}},
+    errors=("VALIDATION_FAILED",), permission=READ, answer=BARRIERS_PAGE,
+)
+async def list_barriers(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    limit, after = paging.page_args(request)
+    wanted_state = paging.state_filter(request, _BARRIER_STATES)
+    scope_id = paging.text_filter(request, "scopeId")
+    space = caller.space
+
+    def matches(barrier: Barrier) -> bool:
+        return barrier.space == space and (wanted_state is None or barrier.state == wanted_state)
+
+    def key(barrier: Barrier) -> paging.Cursor:
+        return (barrier.created_ms, barrier.id)
+
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        if scope_id is not None:  # the run's own (at most barriers_per_run_max)
+            run = state.runs.get(scope_id)
+            ids = run.barriers if run is not None and run.space == space else []
+            chosen = (state.barriers[barrier_id] for barrier_id in ids if barrier_id in state.barriers)
+            found, next_cursor = paging.page_sorted(chosen, key, matches, limit, after)
+        else:
+            found, next_cursor = paging.page(reversed(state.barriers.values()), key, matches, limit, after)
+        views = [barrier_view(barrier) for barrier in found]
+    return web.json_response({"barriers": views, "nextCursor": next_cursor})

@@ -19,6 +19,7 @@ from aiohttp import web
 from runstate_server.actors import groups, limits
 from runstate_server.actors.groups import Group, GroupState
 from runstate_server.actors.state import State
+from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.mailboxes import REQUIREMENTS
@@ -281,3 +282,40 @@ async def protocol_join(request: web.Request) -> web.Response:
     args = {"group_id": request.match_info["groupId"], "task_id": _task_id(body)}
     result = await req.propose(request, "group.join", args)
     return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
+
+
+# -- the list (an extension for the console) -------------------------------------------------------
+
+_GROUP_STATES = (GroupState.OPEN, GroupState.SEALED, GroupState.FINALIZED)
+GROUPS_PAGE = obj({"taskGroups": array(GROUP), "nextCursor": STRING_OR_NULL})
+
+
+@routes(
+    "GET", _PROTOCOL,
+    f"Extension: the space's task groups, newest first, {limits.list_page_default} a page (limit: at most "
+    f"{limits.list_page_max}); scopeId (the run it was created from, or its own run) and state filter them; "
+    "nextCursor resumes",
+    query={**paging.PAGE_QUERY, "scopeId": STRING, "state": {"type": "string", "enum": list(_GROUP_STATES)}},
+    errors=("VALIDATION_FAILED",), permission=READ, answer=GROUPS_PAGE,
+)
+async def list_groups(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    limit, after = paging.page_args(request)
+    wanted_state = paging.state_filter(request, _GROUP_STATES)
+    scope_id = paging.text_filter(request, "scopeId")
+    space = caller.space
+
+    def matches(group: Group) -> bool:
+        return (
+            group.space == space
+            and (wanted_state is None or group.state == wanted_state)
+            and (scope_id is None or scope_id in (group.parent_id, group.run_id))
+        )
+
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        found, next_cursor = paging.page(
+            reversed(state.groups.values()), lambda group: (group.created_ms, group.id), matches, limit, after
+        )
+        views = [group_view(state, group) for group in found]
+    return web.json_response({"taskGroups": views, "nextCursor": next_cursor})

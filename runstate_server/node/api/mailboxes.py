@@ -4,16 +4,18 @@ recv)."""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from aiohttp import web
 
 from runstate_server.actors import limits, tasks
-from runstate_server.actors.state import State, TaskState
+from runstate_server.actors.state import Mailbox, State, TaskState
 from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
+from runstate_server.node.api.metrics import queue_now
 from runstate_server.node.api.routes import (
     ANY_JSON,
     INTEGER,
@@ -44,14 +46,37 @@ REQUIREMENTS = {"type": "object", "properties": {
 _MESSAGE_STATES = {TaskState.QUEUED: "QUEUED", TaskState.RUNNING: "LEASED", TaskState.SUCCEEDED: "ACKED"}
 
 
+def stats_of(state: State, space: str, name: str, now_ms: int) -> dict[str, Any]:
+    """A mailbox's stats: what it holds now as the queue metrics count it (metrics.queue_now), and
+    the ended tasks it still holds (those of runs not yet removed; state.ended_figures)."""
+    depth, running, age_s = queue_now(state.queue_figures.get((space, name)), now_ms)
+    ended = state.ended_figures.get((space, name))
+    by_state = ended.by_state if ended is not None else {}
+    return {
+        "queued": depth,
+        "inFlight": running,
+        "oldestQueuedAgeSeconds": age_s,
+        "succeeded": by_state.get(TaskState.SUCCEEDED, 0),
+        "failed": by_state.get(TaskState.FAILED, 0),
+        "cancelled": by_state.get(TaskState.CANCELLED, 0),
+        "expired": by_state.get(TaskState.EXPIRED, 0),
+        "attemptsTotal": ended.attempts if ended is not None else 0,
+    }
+
+
+def _with_stats(state: State, space: str, mailbox: Mailbox, now_ms: int) -> dict[str, Any]:
+    return {**mailbox_view(tasks.describe_mailbox(mailbox)), "stats": stats_of(state, space, mailbox.name, now_ms)}
+
+
 def _mailboxes(state: State, space: str) -> list[dict[str, Any]]:
     found = state.spaces.get(space)
-    return [mailbox_view(tasks.describe_mailbox(m)) for m in found.mailboxes.values()] if found else []
+    now_ms = int(time.time() * 1000)
+    return [_with_stats(state, space, m, now_ms) for m in found.mailboxes.values()] if found else []
 
 
 @routes(
-    "GET", SPACE_PREFIX + "/mailboxes", "The space's mailboxes (at most 1000); ?name= picks one by name",
-    query={"name": STRING}, permission=READ, answer=A.MAILBOXES,
+    "GET", SPACE_PREFIX + "/mailboxes", "The space's mailboxes (at most 1000), each with its stats (an extension); ?name= picks one by name",
+    query={"name": STRING}, permission=READ, answer=A.MAILBOXES_WITH_STATS,
 )
 async def list_mailboxes(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
@@ -106,13 +131,17 @@ def _mailbox_named(state: State, space: str, mailbox_id: str) -> str:
     return name
 
 
-@routes("GET", SPACE_PREFIX + "/mailboxes/{id}", "A mailbox", errors=("NOT_FOUND",), permission=READ, answer=A.MAILBOX,)
+@routes(
+    "GET", SPACE_PREFIX + "/mailboxes/{id}", "A mailbox, with its stats (an extension)", errors=("NOT_FOUND",),
+    permission=READ, answer=A.MAILBOX_WITH_STATS,
+)
 async def get_mailbox(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
     with node.read() as state:
         name = _mailbox_named(state, caller.space, request.match_info["id"])
-        return web.json_response(mailbox_view(tasks.describe_mailbox(state.spaces[caller.space].mailboxes[name])))
+        mailbox = state.spaces[caller.space].mailboxes[name]
+        return web.json_response(_with_stats(state, caller.space, mailbox, int(time.time() * 1000)))
 
 
 @routes(

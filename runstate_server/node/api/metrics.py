@@ -25,7 +25,7 @@ from runstate_server.node.api.routes import READ, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING
 
 if TYPE_CHECKING:
-    from runstate_server.actors.state import State
+    from runstate_server.actors.state import QueueFigures, State
     from runstate_server.node.caller import Caller
     from runstate_server.node.server import Node
 
@@ -87,6 +87,16 @@ def _number(value: float) -> str:
 # -- the figures ---------------------------------------------------------------------------------
 
 
+def queue_now(figures: QueueFigures | None, now_ms: int) -> tuple[int, int, float | None]:
+    """(depth, in flight, oldest QUEUED task's age in s or None) of a mailbox's QueueFigures (None:
+    it holds no QUEUED or RUNNING task): the queue series here and a mailbox's stats show the same."""
+    if figures is None:
+        return 0, 0, None
+    oldest_ms = next(iter(figures.queued.values()), None)
+    age_s = None if oldest_ms is None else max(now_ms - oldest_ms, 0) / 1000
+    return len(figures.queued), figures.running, age_s
+
+
 def _queue_rows(state: State, spaces: set[str] | None, now_ms: int) -> tuple[list[tuple[Labels, int, int, float]], int]:
     """(labels, depth, in flight, oldest age in s) of the mailboxes with QUEUED or RUNNING tasks,
     the deepest metrics_series_max of them; and how many were dropped."""
@@ -98,9 +108,8 @@ def _queue_rows(state: State, spaces: set[str] | None, now_ms: int) -> tuple[lis
     )
     rows: list[tuple[Labels, int, int, float]] = []
     for (space, mailbox), value in sorted(kept, key=lambda item: item[0]):
-        oldest_ms = next(iter(value.queued.values()), None)
-        age_s = 0.0 if oldest_ms is None else max(now_ms - oldest_ms, 0) / 1000
-        rows.append(((("space", space), ("mailbox", mailbox)), len(value.queued), value.running, age_s))
+        depth, running, age_s = queue_now(value, now_ms)
+        rows.append(((("space", space), ("mailbox", mailbox)), depth, running, 0.0 if age_s is None else age_s))
     return rows, len(figures) - len(kept)
 
 

@@ -9,7 +9,9 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import limits, runs
+from runstate_server.actors.state import Run
 from runstate_server.node.api import _answers as A
+from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     INTEGER,
@@ -22,6 +24,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import STRING_OR_NULL, array, obj
 from runstate_server.node.api.views import in_space, run_view
 
 routes = RouteTable()
@@ -63,6 +66,56 @@ async def named_run(request: web.Request) -> web.Response:
     args = {"name": request.match_info["name"], "deadline_ms": req.timestamp_ms(body, "deadline")}
     result = await req.propose(request, "run.named", args)
     return run_response(result, 201 if result["created"] else 200)
+
+
+_RUN_STATES = ("ACTIVE", "CANCELLED", "COMPLETED")
+RUNS_PAGE = obj({"scopes": array(A.RUN), "nextCursor": STRING_OR_NULL})
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/scopes",
+    f"Extension: the space's runs, newest first, {limits.list_page_default} a page (limit: at most "
+    f"{limits.list_page_max}); state (stored), name (a case-insensitive part of it), parentId, root=true "
+    "(runs without a parent) filter them; nextCursor resumes",
+    query={
+        **paging.PAGE_QUERY, "state": {"type": "string", "enum": list(_RUN_STATES)}, "name": STRING, "parentId": STRING,
+        "root": {"type": "string", "enum": ["true", "false"]},
+    },
+    errors=("VALIDATION_FAILED",), permission=READ, answer=RUNS_PAGE,
+)
+async def list_runs(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    limit, after = paging.page_args(request)
+    wanted_state = paging.state_filter(request, _RUN_STATES)
+    name = paging.text_filter(request, "name")
+    folded = name.casefold() if name is not None else None
+    parent_id = paging.text_filter(request, "parentId")
+    root = paging.bool_filter(request, "root")
+    space = caller.space
+
+    def matches(run: Run) -> bool:
+        return (
+            run.space == space
+            and (wanted_state is None or run.stored_state == wanted_state)
+            and (folded is None or (run.name is not None and folded in run.name.casefold()))
+            and (root is None or (run.parent_id is None) == root)
+            and (parent_id is None or run.parent_id == parent_id)
+        )
+
+    def key(run: Run) -> paging.Cursor:
+        return (run.created_ms, run.id)
+
+    await node.confirm_leadership(caller)
+    now_ms = int(time.time() * 1000)
+    with node.read() as state:
+        if parent_id is not None:
+            parent = state.runs.get(parent_id)
+            children = [state.runs[child] for child in parent.children] if parent is not None and parent.space == space else []
+            found, next_cursor = paging.page_sorted(children, key, matches, limit, after)
+        else:
+            found, next_cursor = paging.page(reversed(state.runs.values()), key, matches, limit, after)
+        views = [run_view(runs.describe(state, run, now_ms)) for run in found]
+    return web.json_response({"scopes": views, "nextCursor": next_cursor})
 
 
 @routes("GET", SPACE_PREFIX + "/scopes/{id}", "A run's status", errors=("NOT_FOUND",), permission=READ, answer=A.RUN,)

@@ -11,9 +11,11 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
+from runstate_server.actors.runs import subtree
 from runstate_server.actors.state import State, Task, TaskState
 from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _answers as A
+from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll, park, wait
 from runstate_server.node.api.mailboxes import REQUIREMENTS
@@ -30,6 +32,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import STRING_OR_NULL, array, obj
 from runstate_server.node.api.views import in_space, iso, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
@@ -123,6 +126,81 @@ async def submit_batch(request: web.Request) -> web.Response:
 def _view(state: State, task: Task) -> dict[str, Any]:
     mailbox = state.spaces[task.space].mailboxes.get(task.mailbox)
     return task_view(task, mailbox.id if mailbox is not None else None)
+
+
+_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, *sorted(TaskState.TERMINAL))
+TASKS_PAGE = obj({"tasks": array(A.TASK), "nextCursor": STRING_OR_NULL})
+
+
+def _task_key(task: Task) -> paging.Cursor:
+    return (task.created_ms, task.id)
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/tasks",
+    f"Extension: the space's tasks and messages, newest first, {limits.list_page_default} a page (limit: at most "
+    f"{limits.list_page_max}); mailboxId, scopeId (with includeDescendants=true: and the runs below it), state "
+    "and groupId filter them; nextCursor resumes",
+    query={
+        **paging.PAGE_QUERY, "mailboxId": STRING, "scopeId": STRING,
+        "includeDescendants": {"type": "string", "enum": ["true", "false"]},
+        "state": {"type": "string", "enum": list(_TASK_STATES)}, "groupId": STRING,
+    },
+    errors=("VALIDATION_FAILED",), permission=READ, answer=TASKS_PAGE,
+)
+async def list_tasks(request: web.Request) -> web.Response:
+    """With groupId only the group's members are read, with scopeId only the tasks of those runs
+    (from their queues); otherwise the space's tasks from the newest (_paging.py)."""
+    node, caller = node_of(request), caller_of(request)
+    limit, after = paging.page_args(request)
+    wanted_state = paging.state_filter(request, _TASK_STATES)
+    mailbox_id = paging.text_filter(request, "mailboxId")
+    scope_id = paging.text_filter(request, "scopeId")
+    descendants = paging.bool_filter(request, "includeDescendants") or False
+    group_id = paging.text_filter(request, "groupId")
+    space = caller.space
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        found_space = state.spaces.get(space)
+        mailbox: str | None = None
+        if mailbox_id is not None:
+            mailbox = found_space.mailbox_names.get(mailbox_id) if found_space is not None else None
+            if mailbox is None:
+                return web.json_response({"tasks": [], "nextCursor": None})
+        group = state.groups.get(group_id) if group_id is not None else None
+        if group_id is not None and (group is None or group.space != space):
+            return web.json_response({"tasks": [], "nextCursor": None})
+
+        run_ids: set[str] | None = None
+        if scope_id is not None:
+            run = state.runs.get(scope_id)
+            if run is None or run.space != space:
+                return web.json_response({"tasks": [], "nextCursor": None})
+            run_ids = {member.id for member in subtree(state, run)} if descendants else {run.id}
+
+        def matches(task: Task) -> bool:
+            return (
+                task.space == space
+                and (mailbox is None or task.mailbox == mailbox)
+                and (wanted_state is None or task.state == wanted_state)
+                and (run_ids is None or task.run_id in run_ids)
+            )
+
+        if group is not None:  # its members (at most group_members_max)
+            chosen = (state.tasks[task_id] for task_id in group.members if task_id in state.tasks)
+            found, next_cursor = paging.page_sorted(chosen, _task_key, matches, limit, after)
+        elif run_ids is not None:  # the tasks of those runs, from their queues
+            chosen = (
+                state.tasks[task_id]
+                for run_id in run_ids
+                for name, queue in state.runs[run_id].queues.items() if mailbox is None or name == mailbox
+                for task_id in queue.by_key.values()
+            )
+            found, next_cursor = paging.page_sorted(chosen, _task_key, matches, limit, after)
+        else:
+            found, next_cursor = paging.page(reversed(state.tasks.values()), _task_key, matches, limit, after)
+        views = [_view(state, task) for task in found]
+    return web.json_response({"tasks": views, "nextCursor": next_cursor})
 
 
 @routes(

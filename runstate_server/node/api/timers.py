@@ -18,6 +18,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, timers
 from runstate_server.actors.timers import Timer
+from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.barriers import path_name
@@ -212,3 +213,42 @@ async def cancel(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     await req.propose(request, "timer.cancel", {"timer_id": timer_id})
     return web.json_response(_render(node, caller.space, timer_id))
+
+
+# -- the list (an extension for the console) -------------------------------------------------------
+
+_TIMER_STATES = (timers.ARMED, timers.FIRED, timers.ACKED, timers.CANCELLED)
+TIMERS_PAGE = obj({"timers": array(TIMER), "nextCursor": STRING_OR_NULL})
+
+
+@routes(
+    "GET", SPACE_PREFIX + "/timers",
+    f"Extension: the space's timers, newest first, {limits.list_page_default} a page (limit: at most "
+    f"{limits.list_page_max}); scopeId (its run) and state filter them; nextCursor resumes",
+    query={**paging.PAGE_QUERY, "scopeId": STRING, "state": {"type": "string", "enum": list(_TIMER_STATES)}},
+    errors=("VALIDATION_FAILED",), permission=READ, answer=TIMERS_PAGE,
+)
+async def list_timers(request: web.Request) -> web.Response:
+    node, caller = node_of(request), caller_of(request)
+    limit, after = paging.page_args(request)
+    wanted_state = paging.state_filter(request, _TIMER_STATES)
+    scope_id = paging.text_filter(request, "scopeId")
+    space = caller.space
+
+    def matches(timer: Timer) -> bool:
+        return timer.space == space and (wanted_state is None or timer.state == wanted_state)
+
+    def key(timer: Timer) -> paging.Cursor:
+        return (timer.created_ms, timer.id)
+
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        if scope_id is not None:  # the run's own (at most timers_per_run_max)
+            run = state.runs.get(scope_id)
+            ids = run.timers if run is not None and run.space == space else []
+            chosen = (state.timers[timer_id] for timer_id in ids if timer_id in state.timers)
+            found, next_cursor = paging.page_sorted(chosen, key, matches, limit, after)
+        else:
+            found, next_cursor = paging.page(reversed(state.timers.values()), key, matches, limit, after)
+        views = [timer_view(timer) for timer in found]
+    return web.json_response({"timers": views, "nextCursor": next_cursor})

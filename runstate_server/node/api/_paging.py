@@ -1,0 +1,119 @@
+"""Paging of the list reads (GET /scopes, /tasks, /task-groups, /barriers, /timers): newest first,
+by (createdAt, id) descending, `limit` entries a page and an opaque `cursor` to resume after.
+
+The cursor names the last entry a page showed, (its creation ms, its id); the next page holds the
+entries strictly below it in that order. An entry created later sorts above every cursor already
+given (the state's clock never goes backwards), so paging on while entries are added shows each
+entry that existed at the first page exactly once, and one removed meanwhile simply no longer shows.
+
+The state keeps each table in creation order (a dict in insertion order, the order of the log), so
+a page walks the table from its newest end and stops once it has `limit` matches and has passed
+their creation ms: it reads what lies above the cursor and the page, not the whole table (unless
+the filter matches little of it)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from runstate_server.actors import limits
+from runstate_server.node.api import _request as req
+from runstate_server.node.errors import ApiError
+
+T = TypeVar("T")
+Cursor = tuple[int, str]
+
+PAGE_QUERY: dict[str, Any] = {
+    "limit": {"type": "integer", "minimum": 1, "maximum": limits.list_page_max},
+    "cursor": {"type": "string", "maxLength": limits.list_cursor_chars_max},
+}
+_BAD_CURSOR = "cursor must be a nextCursor an earlier page of this list answered"
+
+
+def page_args(request: web.Request) -> tuple[int, Cursor | None]:
+    """The request's limit and cursor (None: from the newest); VALIDATION_FAILED if malformed."""
+    limit = req.query_integer(request, "limit", minimum=1, maximum=limits.list_page_max, default=limits.list_page_default)
+    raw = request.query.get("cursor") or None  # an empty cursor is none
+    if raw is None:
+        return limit, None
+    if len(raw) > limits.list_cursor_chars_max:
+        raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
+    try:
+        text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+        ms_text, entity_id = text.split(":", 1)
+        created_ms = int(ms_text)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ApiError("VALIDATION_FAILED", _BAD_CURSOR) from None
+    if not ms_text.isdigit() or not entity_id or len(entity_id) > limits.name_chars_max:
+        raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
+    return limit, (created_ms, entity_id)
+
+
+def cursor_of(created_ms: int, entity_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_ms}:{entity_id}".encode()).decode().rstrip("=")
+
+
+def page(
+    newest_first: Iterable[T], key: Callable[[T], Cursor], matches: Callable[[T], bool], limit: int, after: Cursor | None
+) -> tuple[list[T], str | None]:
+    """One page of `newest_first` (entities in non-increasing creation ms, as a table kept in
+    creation order walked from its end): the `limit` matching entities below `after`, highest
+    (created ms, id) first, and the cursor of the next page (None: this is the last)."""
+    found: list[T] = []
+    boundary_ms: int | None = None
+    for entity in newest_first:
+        entity_key = key(entity)
+        if boundary_ms is not None and entity_key[0] < boundary_ms:
+            break  # everything further is older than the page's last entry
+        if after is not None and entity_key >= after:
+            continue
+        if not matches(entity):
+            continue
+        found.append(entity)
+        if boundary_ms is None and len(found) > limit:
+            # One more than a page: the rest of the page shares this creation ms at the least; the
+            # entries of the same ms further on may still sort above it (by id).
+            boundary_ms = entity_key[0]
+    found.sort(key=key, reverse=True)
+    if len(found) <= limit:
+        return found, None
+    last = key(found[limit - 1])
+    return found[:limit], cursor_of(*last)
+
+
+def page_sorted(
+    entities: Iterable[T], key: Callable[[T], Cursor], matches: Callable[[T], bool], limit: int, after: Cursor | None
+) -> tuple[list[T], str | None]:
+    """As page(), for entities in any order (a small set: it is sorted whole)."""
+    return page(sorted(entities, key=key, reverse=True), key, matches, limit, after)
+
+
+def state_filter(request: web.Request, allowed: Iterable[str]) -> str | None:
+    """The `state` query value, one of `allowed`; VALIDATION_FAILED otherwise."""
+    value = request.query.get("state") or None
+    allowed = tuple(allowed)
+    if value is not None and value not in allowed:
+        raise ApiError("VALIDATION_FAILED", f"state must be one of {', '.join(allowed)}")
+    return value
+
+
+def text_filter(request: web.Request, field: str) -> str | None:
+    value = request.query.get(field) or None
+    if value is not None and len(value) > limits.run_name_chars_max:
+        raise ApiError("VALIDATION_FAILED", f"{field} must be at most {limits.run_name_chars_max} characters")
+    return value
+
+
+def bool_filter(request: web.Request, field: str) -> bool | None:
+    value = request.query.get(field)
+    if value is None or value == "":
+        return None
+    if value not in ("true", "false"):
+        raise ApiError("VALIDATION_FAILED", f"{field} must be true or false")
+    return value == "true"
+
+
