@@ -6,6 +6,7 @@ answering, and every page at 1280 and 390 px without sideways scrolling of the p
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -141,7 +142,7 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
     assert api.ok("GET", f"/v1/scopes/{run['id']}")["storedState"] == "CANCELLED"
 
 
-def test_a_node_that_stops_answering_shows_a_banner_and_recovers(console: Console, node_factory: type[DevNode]) -> None:
+def test_a_node_that_stops_answering_shows_a_banner_and_recovers(console: Console, node_factory: Callable[..., DevNode]) -> None:
     node = node_factory(in_memory=True).start()
     page = console.open(node.url)
     page.locator('[data-page="runs"]').wait_for()
