@@ -23,7 +23,7 @@ def test_the_cluster_page_shows_a_killed_node_down(console: Console, make_cluste
     cluster.kill(dead)
     page.locator(f'[data-table="nodes"] [data-row="{cluster.ids[dead]}"] [data-node-state="down"]').wait_for()
     assert page.locator('[data-node-state="up"]').count() == 2
-    console.screenshot(page, "cluster")
+    console.screenshot(page, "cluster-node-down")
 
     cluster.kill(leader)  # no quorum now: the survivor still serves the console's files itself
     with urllib.request.urlopen(f"{cluster.urls[follower]}/console/", timeout=30) as answer:
