@@ -119,10 +119,10 @@ export function Age(props: { since: string | null | undefined }) {
 }
 
 const STATE_CLASS: Record<string, string> = {
-  ACTIVE: "info", RUNNING: "info", QUEUED: "muted", PENDING: "muted", WAITING: "warn", IN_FLIGHT: "info", DELIVERED: "info",
+  INACTIVE: "warn", REVOKED: "bad", ACTIVE: "info", RUNNING: "info", QUEUED: "muted", PENDING: "muted", WAITING: "warn", IN_FLIGHT: "info", DELIVERED: "info",
   COMPLETED: "ok", SUCCEEDED: "ok", DONE: "ok", RELEASED: "ok", FIRED: "ok", OPEN: "info",
   CANCELLED: "bad", FAILED: "bad", EXPIRED: "bad", DEAD: "bad", DOWN: "bad", TIMED_OUT: "bad",
-  LEADER: "ok", FOLLOWER: "muted", CANDIDATE: "warn", UP: "ok", INACTIVE: "warn", REVOKED: "bad",
+  LEADER: "ok", FOLLOWER: "muted", CANDIDATE: "warn", UP: "ok",
 };
 
 export function StateBadge(props: { state: string | null | undefined }) {
