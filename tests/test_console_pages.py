@@ -192,7 +192,7 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
     assert api.ok("GET", f"/v1/scopes/{run['id']}")["storedState"] == "CANCELLED"
 
 
-def test_a_node_that_stops_answering_shows_a_banner_and_recovers(console: Console, node_factory: Callable[..., DevNode]) -> None:
+def test_a_node_that_stops_answering_shows_a_banner_and_recovers(node_factory: Callable[..., DevNode], console: Console) -> None:
     node = node_factory(in_memory=True).start()
     page = console.open(node.url)
     page.locator('[data-page="runs"]').wait_for()
