@@ -135,6 +135,9 @@ def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_
     page.click('[data-action="confirm"]')
     page.locator('[data-stored="CANCELLED"]').wait_for()
     assert api.ok("GET", f"/v1/tasks/{tasks[0]}")["state"] == "CANCELLED"
+    page.click('[data-nav-entry="keys"]')  # such a node makes no keys: the page says so
+    page.locator('[data-page="keys"] [data-no-auth]').wait_for()
+    assert page.locator('[data-form="create-key"]').count() == 0
 
 
 def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:

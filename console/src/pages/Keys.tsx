@@ -54,6 +54,11 @@ export function KeysPage() {
           <span class="muted small">An operator admin key manages the keys of every space.</span>
         </form>
       ) : null}
+      {session && !session.auth ? (
+        <p class="notice" data-no-auth>
+          This node runs without auth: it neither needs nor makes keys (start it with <code>--auth</code> to use them).
+        </p>
+      ) : (
       <form class="card" data-form="create-key" onSubmit={create}>
         <h2>Create a key</h2>
         <label>
@@ -71,6 +76,7 @@ export function KeysPage() {
         <button type="submit" class="primary" data-action="create" disabled={chosen.length === 0}>Create key</button>
         <ErrorBox error={error} />
       </form>
+      )}
       {secret?.key ? (
         <div class="secret" data-secret={secret.id}>
           <p>
