@@ -7,8 +7,12 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable
 
+import pytest
+
 from tests._browser import Console
 from tests._cluster import Cluster
+
+pytestmark = pytest.mark.slow  # three real nodes
 
 
 def test_the_cluster_page_shows_a_killed_node_down(make_cluster: Callable[..., Cluster], console: Console) -> None:

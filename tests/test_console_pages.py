@@ -156,11 +156,17 @@ def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple
     who = Api(node.url, key=new_secret).ok("GET", "/v1/whoami")
     assert who["permissions"] == ["coordination_read"]
     assert page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]').count() == 1
-    console.screenshot(page, "keys")
+    console.screenshot(page, "keys-secret-once")
     page.reload()
     page.locator('[data-table="keys"]').wait_for()
     assert page.locator("[data-secret-value]").count() == 0
     assert new_secret not in page.content()
+    row = page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]')
+    row.locator('[data-action="revoke"]').click()
+    assert Api(node.url, key=new_secret).ok("GET", "/v1/whoami")["keyId"] == who["keyId"]  # not before the confirmation
+    row.locator('[data-action="confirm"]').click()
+    row.locator('[data-state="REVOKED"]').wait_for()
+    assert Api(node.url, key=new_secret)("GET", "/v1/whoami")[0] == 401
 
 
 def test_revoking_the_consoles_key_mid_session_signs_it_out(console: Console, auth_node: tuple[DevNode, str]) -> None:
@@ -216,6 +222,7 @@ def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, s
     for name, path in PAGES.items():
         page.goto(f"{node.url}/console/#{path.format(run=run['id'])}")
         page.locator(f'[data-page="{name}"] table, [data-page="{name}"] [data-empty]').first.wait_for()
+        page.wait_for_function("!document.querySelector('[data-loading]')")  # every part of the page loaded
         assert not page_overflows(page), f"the {name} page scrolls sideways at {viewport['width']} px"
         console.screenshot(page, name if viewport is WIDE else f"{name}-{viewport['width']}")
     if viewport is NARROW:  # the nav folds into a menu

@@ -6,7 +6,7 @@ import type { TargetedEvent } from "preact";
 import { useState } from "preact/hooks";
 import { currentSession, get, post } from "../api";
 import { useData } from "../live";
-import { ConfirmButton, CopyButton, ErrorBox, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import { Age, ConfirmButton, CopyButton, ErrorBox, Loadable, Page, StateBadge, Table, Time } from "../ui";
 
 export const PERMISSIONS = ["admin", "resource_config", "coordination_write", "coordination_read"];
 
@@ -107,15 +107,23 @@ export function KeysPage() {
                   </>
                 ),
               },
-              { title: "Permissions", cell: (key) => key.permissions.join(", ") },
+              { title: "Permissions", cell: (key) => key.permissions.join(", "), class: "key-permissions" },
               { title: "Created", cell: (key) => <Time value={key.createdAt} /> },
-              { title: "State", cell: (key) => <StateBadge state={key.revokedAt ? "REVOKED" : "ACTIVE"} /> },
+              {
+                title: "State",
+                cell: (key) =>
+                  key.revokedAt ? (
+                    <span title={key.revokedAt}>
+                      <StateBadge state="REVOKED" /> <Age since={key.revokedAt} /> ago
+                    </span>
+                  ) : (
+                    <StateBadge state="ACTIVE" />
+                  ),
+              },
               {
                 title: "",
                 cell: (key) =>
-                  key.revokedAt ? (
-                    <Time value={key.revokedAt} />
-                  ) : (
+                  key.revokedAt ? null : (
                     <ConfirmButton
                       action="revoke"
                       label="Revoke"
