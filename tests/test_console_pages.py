@@ -49,7 +49,7 @@ def test_sign_in_with_a_key_shows_the_runs_and_the_operator_nav(console: Console
 
 
 def test_a_bad_key_is_refused_with_a_clear_message(console: Console, auth_node: tuple[DevNode, str]) -> None:
-    node, _ = auth_node
+    node, secret = auth_node
     page = console.new_page()
     page.goto(f"{node.url}/console/")
     page.locator('[data-action="sign-in"]:not([disabled])').wait_for()
@@ -58,6 +58,11 @@ def test_a_bad_key_is_refused_with_a_clear_message(console: Console, auth_node: 
     error = page.locator("[data-error]")
     error.wait_for()
     assert "not valid" in error.inner_text()
+    assert page.locator("[data-nav]").count() == 0
+    page.fill('input[name="space"]', "another-space")  # a valid key of another space
+    page.fill('input[name="key"]', secret)
+    page.click('[data-action="sign-in"]')
+    page.locator('[data-error]:has-text("belongs to the space")').wait_for()
     assert page.locator("[data-nav]").count() == 0
 
 
