@@ -2,7 +2,7 @@
 
 Any node accepts every call. The leader serves it; a follower forwards it whole (method, path,
 query, body, the client's headers) to the leader's API and relays the answer, so clients never
-need to know who leads. Node-local routes (health, cluster view, OpenAPI) are always served where
+need to know who leads. Node-local routes (health, cluster view, OpenAPI, the console's files) are always served where
 they arrive. A forwarded request is never forwarded again: a node that receives one and does not
 lead answers UNAVAILABLE, and the client retries (safely: writes carry keys or delivery ids).
 """
@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics"})
+LOCAL_PATHS = frozenset({
+    "/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics",
+    "/", "/console", "/console/",  # the web console (api/console.py): the same files on every node
+})
+LOCAL_PREFIXES = ("/console/static/",)
 FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 # On a forwarded answer: the leader's API URL, so a client can go there directly next time.
 LEADER_HEADER = "X-Runstate-Leader"
@@ -61,7 +65,7 @@ class Router:
             self._session = None
 
     def serves_here(self, request: web.Request) -> bool:
-        return request.path in LOCAL_PATHS or self._node.log.is_leader
+        return request.path in LOCAL_PATHS or request.path.startswith(LOCAL_PREFIXES) or self._node.log.is_leader
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         if FORWARDED_HEADER in request.headers:

@@ -15,6 +15,7 @@ from runstate_server.node.api import (
     budgets,
     claims,
     cluster,
+    console,
     events,
     groups,
     health,
@@ -126,7 +127,9 @@ def build_app(node: Node) -> web.Application:
     app = web.Application(middlewares=[count_requests, errors_as_json, guard, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
     app[NODE_KEY] = node
     app[ROUTES_KEY] = ROUTES
-    app[ROUTE_BY_HANDLER_KEY] = {route.handler: route for route in ROUTES}
-    for route in ROUTES:
+    # The console's pages are served too, but are not API: outside ROUTES (the OpenAPI document).
+    app[console.CONSOLE_FILES_KEY] = console.load_files()
+    app[ROUTE_BY_HANDLER_KEY] = {route.handler: route for route in (*ROUTES, *console.CONSOLE_ROUTES)}
+    for route in (*ROUTES, *console.CONSOLE_ROUTES):
         app.router.add_route(route.method, route.path, route.handler)
     return app

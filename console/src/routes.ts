@@ -1,0 +1,30 @@
+// The page table: each entry is a hash path pattern (":name" matches one segment), the component
+// that renders it (given the matched params), and its nav label (none: not in the nav). `needs`
+// hides the nav entry from a key that lacks that permission ("operator": an operator admin key).
+// Add a page: write console/src/pages/<Name>.tsx and add its entries here.
+
+import type { FunctionComponent } from "preact";
+import { ClusterPage } from "./pages/Cluster";
+import { KeysPage } from "./pages/Keys";
+import { RunPage, RunsPage } from "./pages/Runs";
+import { SpacesPage } from "./pages/Spaces";
+
+export type Params = Record<string, string>;
+
+export interface RouteEntry {
+  path: string;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  component: FunctionComponent<{ params: any }>;
+  nav?: string;
+  needs?: string;
+}
+
+export const ROUTES: RouteEntry[] = [
+  { path: "/runs", component: RunsPage, nav: "Runs", needs: "coordination_read" },
+  { path: "/runs/:id", component: RunPage },
+  { path: "/cluster", component: ClusterPage, nav: "Cluster" },
+  { path: "/keys", component: KeysPage, nav: "API keys", needs: "admin" },
+  { path: "/spaces", component: SpacesPage, nav: "Spaces", needs: "operator" },
+];
+
+export const HOME = "/runs";
