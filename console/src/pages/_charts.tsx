@@ -1,0 +1,211 @@
+// Small SVG charts of the Queues and Capacity pages (no library): a time series kept while the
+// page is open (useSeries), a sparkline, a line chart with axes, and a tally of events per
+// interval read from the space's event log (useEventRate).
+
+import { useEffect, useRef, useState } from "preact/hooks";
+import { ApiError, get, spacePath } from "../api";
+
+export interface Point {
+  at: number; // ms since the epoch
+  value: number;
+}
+
+const SERIES_POINTS_MAX = 600; // one sample a second for ten minutes at most
+
+/** Samples of a value over the last `windowMs`, kept client-side while the page is open: `add`
+ * records one (two samples closer than 250 ms: the later one wins). */
+export function useSeries(windowMs: number): { points: Point[]; add: (value: number) => void } {
+  const [points, setPoints] = useState<Point[]>([]);
+  const add = (value: number) => {
+    const at = Date.now();
+    setPoints((old) => {
+      const kept = old.filter((point) => at - point.at <= windowMs);
+      const last = kept[kept.length - 1];
+      if (last && at - last.at < 250) kept.pop();
+      kept.push({ at, value });
+      return kept.slice(-SERIES_POINTS_MAX);
+    });
+  };
+  return { points, add };
+}
+
+/** A keyed set of series (one per permit, allowance, budget), sampled together. */
+export function useSeriesMap(windowMs: number): { series: Record<string, Point[]>; add: (values: Record<string, number>) => void } {
+  const [series, setSeries] = useState<Record<string, Point[]>>({});
+  const add = (values: Record<string, number>) => {
+    const at = Date.now();
+    setSeries((old) => {
+      const next: Record<string, Point[]> = {};
+      for (const [key, value] of Object.entries(values)) {
+        const kept = (old[key] ?? []).filter((point) => at - point.at <= windowMs);
+        const last = kept[kept.length - 1];
+        if (last && at - last.at < 250) kept.pop();
+        kept.push({ at, value });
+        next[key] = kept.slice(-SERIES_POINTS_MAX);
+      }
+      return next;
+    });
+  };
+  return { series, add };
+}
+
+function path(points: Point[], x: (at: number) => number, y: (value: number) => number): string {
+  // A step line: a value holds until the next sample.
+  let d = "";
+  points.forEach((point, index) => {
+    const px = x(point.at).toFixed(1);
+    const py = y(point.value).toFixed(1);
+    if (index === 0) d += `M${px},${py}`;
+    else d += `H${px}V${py}`;
+  });
+  return d;
+}
+
+/** A sparkline of `points` over the last `windowMs` against `max` (usage of a capacity). */
+export function Sparkline(props: { points: Point[]; max: number; windowMs: number; name: string; label: string }) {
+  const width = 120;
+  const height = 28;
+  const now = Date.now();
+  const points = props.points.length ? [...props.points, { at: now, value: props.points[props.points.length - 1].value }] : [];
+  const max = Math.max(props.max, 1, ...points.map((point) => point.value));
+  const x = (at: number) => width - ((now - at) / props.windowMs) * width;
+  const y = (value: number) => height - 2 - (value / max) * (height - 4);
+  return (
+    <svg class="sparkline" data-sparkline={props.name} viewBox={`0 0 ${width} ${height}`} width={width} height={height}
+      role="img" aria-label={props.label}>
+      <title>{props.label}</title>
+      <line x1="0" x2={width} y1={y(props.max)} y2={y(props.max)} class="spark-limit" />
+      {points.length ? <path d={path(points, x, y)} class="spark-line" /> : null}
+    </svg>
+  );
+}
+
+export interface ChartLine {
+  name: string;
+  label: string;
+  points: Point[];
+  step?: boolean; // a sampled level (queue depth) rather than a count per interval
+}
+
+/** A line chart with a time axis over the last `windowMs` and a value axis from 0. */
+export function LineChart(props: { name: string; title: string; lines: ChartLine[]; windowMs: number }) {
+  const width = 600;
+  const height = 160;
+  const left = 36;
+  const bottom = 18;
+  const now = Date.now();
+  const all = props.lines.flatMap((line) => line.points.map((point) => point.value));
+  const max = Math.max(1, ...all);
+  const x = (at: number) => left + (1 - (now - at) / props.windowMs) * (width - left - 4);
+  const y = (value: number) => 4 + (1 - value / max) * (height - bottom - 8);
+  const minutes = Math.round(props.windowMs / 60_000);
+  return (
+    <figure class="chart" data-chart={props.name}>
+      <figcaption>
+        {props.title}
+        {props.lines.map((line, index) => (
+          <span class={`chart-key chart-key-${index}`}>{line.label}</span>
+        ))}
+      </figcaption>
+      <svg viewBox={`0 0 ${width} ${height}`} preserveAspectRatio="none" role="img" aria-label={props.title}>
+        <line x1={left} x2={width - 4} y1={y(0)} y2={y(0)} class="chart-axis" />
+        <line x1={left} x2={left} y1={4} y2={y(0)} class="chart-axis" />
+        <text x={left - 4} y={y(max) + 8} class="chart-label" text-anchor="end">{max}</text>
+        <text x={left - 4} y={y(0)} class="chart-label" text-anchor="end">0</text>
+        <text x={left} y={height - 4} class="chart-label">-{minutes} min</text>
+        <text x={width - 4} y={height - 4} class="chart-label" text-anchor="end">now</text>
+        {props.lines.map((line, index) => {
+          const points = line.points.filter((point) => now - point.at <= props.windowMs);
+          if (!points.length) return null;
+          const shown = line.step ? [...points, { at: now, value: points[points.length - 1].value }] : points;
+          const d = line.step
+            ? path(shown, x, y)
+            : shown.map((point, i) => `${i ? "L" : "M"}${x(point.at).toFixed(1)},${y(point.value).toFixed(1)}`).join("");
+          return <path d={d} class={`chart-line chart-line-${index}`} data-line={line.name} />;
+        })}
+      </svg>
+    </figure>
+  );
+}
+
+interface EventsPage {
+  events: { eventId: string; createdAt: string }[];
+  nextCursor: string;
+}
+
+const TALLY_PAGE_MAX = 1000;
+const TALLY_PAGES_MAX = 20; // the space's log keeps at most 10 000 events
+const TALLY_WAIT_S = 20;
+const TALLY_RETRY_MS = 2000;
+
+/** How many events of `types` the space's log records per `bucketMs` over the last `windowMs`:
+ * counted from the log's history when the page opens, then from the watch as they come. The
+ * total so far is `total` (the test hook reads it). */
+export function useEventRate(types: string[], bucketMs: number, windowMs: number): { points: Point[]; total: number } {
+  const [counts, setCounts] = useState<Map<number, number>>(new Map());
+  const [total, setTotal] = useState(0);
+  const key = types.join(",");
+  const seen = useRef(new Set<string>());
+  useEffect(() => {
+    const controller = new AbortController();
+    const signal = controller.signal;
+    seen.current = new Set();
+    setCounts(new Map());
+    setTotal(0);
+    const tally = (events: EventsPage["events"]) => {
+      const fresh = events.filter((event) => !seen.current.has(event.eventId));
+      if (!fresh.length) return;
+      for (const event of fresh) seen.current.add(event.eventId);
+      const oldest = Date.now() - windowMs - bucketMs;
+      setCounts((old) => {
+        const next = new Map([...old].filter(([bucket]) => bucket >= oldest));
+        for (const event of fresh) {
+          const at = Date.parse(event.createdAt);
+          if (Number.isNaN(at) || at < oldest) continue;
+          const bucket = Math.floor(at / bucketMs) * bucketMs;
+          next.set(bucket, (next.get(bucket) ?? 0) + 1);
+        }
+        return next;
+      });
+      setTotal((old) => old + fresh.length);
+    };
+    const page = (cursor: string | null, waitSeconds: number) =>
+      get<EventsPage>(spacePath("/watch"), { query: { types: key, cursor, waitSeconds, limit: TALLY_PAGE_MAX }, signal });
+    const sleep = (ms: number) => new Promise<void>((resolve) => {
+      const id = window.setTimeout(resolve, ms);
+      signal.addEventListener("abort", () => { window.clearTimeout(id); resolve(); });
+    });
+    (async () => {
+      let cursor: string | null = null;
+      let catchingUp = true; // reading the log's history, page after page, without waiting
+      let pages = 0;
+      while (!signal.aborted) {
+        try {
+          const found: EventsPage = await page(cursor, catchingUp ? 0 : TALLY_WAIT_S);
+          cursor = found.nextCursor;
+          tally(found.events);
+          pages += 1;
+          if (found.events.length < TALLY_PAGE_MAX || pages >= TALLY_PAGES_MAX) catchingUp = false;
+        } catch (error) {
+          if (signal.aborted) return;
+          if (error instanceof ApiError && error.code === "CURSOR_EXPIRED") {
+            cursor = null; // events were dropped: read again what the log keeps (seen dedupes)
+            catchingUp = true;
+            pages = 0;
+            continue;
+          }
+          if (error instanceof ApiError && error.status === 401) return; // signed out
+          await sleep(TALLY_RETRY_MS);
+        }
+      }
+    })();
+    return () => controller.abort();
+  }, [key, bucketMs, windowMs]);
+  const now = Date.now();
+  const points: Point[] = [];
+  const last = Math.floor(now / bucketMs) * bucketMs;
+  for (let bucket = last - Math.floor(windowMs / bucketMs) * bucketMs; bucket <= last; bucket += bucketMs) {
+    points.push({ at: bucket + bucketMs / 2, value: counts.get(bucket) ?? 0 });
+  }
+  return { points, total };
+}
