@@ -6,7 +6,7 @@ import type { ComponentChildren } from "preact";
 import { useEffect } from "preact/hooks";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
-import { href, navigate } from "../router";
+import { href } from "../router";
 import type { Params } from "../routes";
 import { Empty, Fields, Loadable, Page, StateBadge, Table, Time } from "../ui";
 import { type Point, Sparkline, useSeries, useSeriesMap } from "./_charts";
@@ -188,7 +188,6 @@ export function CapacityPage() {
                 name="permits"
                 rows={data.permits}
                 rowId={(permit) => permit.id}
-                onRow={(permit) => navigate(`/permits/${encodeURIComponent(permit.id)}`)}
                 empty="No permits."
                 columns={[
                   { title: "Permit", cell: (permit) => <ResourceLink kind="permits" id={permit.id} name={permit.name} /> },
@@ -203,7 +202,6 @@ export function CapacityPage() {
                 name="allowances"
                 rows={data.allowances}
                 rowId={(allowance) => allowance.id}
-                onRow={(allowance) => navigate(`/allowances/${encodeURIComponent(allowance.id)}`)}
                 empty="No allowances."
                 columns={[
                   { title: "Allowance", cell: (allowance) => <ResourceLink kind="allowances" id={allowance.id} name={allowance.name} /> },
@@ -220,7 +218,6 @@ export function CapacityPage() {
                 name="budgets"
                 rows={data.budgets}
                 rowId={(budget) => budget.id}
-                onRow={(budget) => navigate(`/budgets/${encodeURIComponent(budget.id)}`)}
                 empty="No budgets."
                 columns={[
                   { title: "Budget", cell: (budget) => <ResourceLink kind="budgets" id={budget.id} name={budget.name} /> },

@@ -6,7 +6,7 @@ import type { ComponentChildren } from "preact";
 import { useState } from "preact/hooks";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
-import { href, navigate } from "../router";
+import { href } from "../router";
 import type { Params } from "../routes";
 import { ErrorBox, Fields, Filters, Loadable, Page, StateBadge, Table, Time } from "../ui";
 import { hashParam, MailboxLink, type Paged, RunLink, TaskLink, TASK_EVENTS, useEvery, withHashParam } from "./_shared";
@@ -165,7 +165,6 @@ export function GroupsPage() {
               name="groups"
               rows={[...groups, ...list.more]}
               rowId={(group) => group.id}
-              onRow={(group) => navigate(`/groups/${encodeURIComponent(group.id)}`)}
               empty="No task groups."
               columns={[
                 { title: "Group", cell: (group) => <a href={href("groups", group.id)} class="mono">{group.id}</a> },
@@ -214,7 +213,6 @@ export function GroupPage(props: { params: Params }) {
               name="members"
               rows={group.members}
               rowId={(member) => member.taskId}
-              onRow={(member) => navigate(`/tasks/${encodeURIComponent(member.taskId)}`)}
               empty="No members yet."
               columns={[
                 { title: "Task", cell: (member) => <TaskLink id={member.taskId}>{member.key || member.taskId}</TaskLink> },

@@ -5,7 +5,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
-import { href, navigate } from "../router";
+import { href } from "../router";
 import type { Params } from "../routes";
 import { Age, ErrorBox, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
 import { LineChart, useEventRate, useSeries } from "./_charts";
@@ -56,7 +56,6 @@ export function QueuesPage() {
               name="mailboxes"
               rows={data.mailboxes}
               rowId={(mailbox) => mailbox.id}
-              onRow={(mailbox) => navigate(`/queues/${encodeURIComponent(mailbox.id)}`)}
               empty="No mailboxes yet: submitting a task or declaring a queue makes one."
               columns={[
                 { title: "Mailbox", cell: (mailbox) => <a href={href("queues", mailbox.id)}>{mailbox.name}</a> },
@@ -147,7 +146,6 @@ export function TaskTable(props: { tasks: Task[]; empty: string }) {
       name="tasks"
       rows={props.tasks}
       rowId={(task) => task.id}
-      onRow={(task) => navigate(`/tasks/${encodeURIComponent(task.id)}`)}
       empty={props.empty}
       columns={[
         { title: "Task", cell: (task) => <TaskLink id={task.id}>{task.taskKey || task.id}</TaskLink> },
