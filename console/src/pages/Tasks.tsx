@@ -80,7 +80,7 @@ export function TaskPage(props: { params: Params }) {
   // What a queued task waits for changes with other tasks' events (a grant released): follow its run.
   useLive(queued && scopeId ? { scopeId } : null, diagnostics.reload);
   return (
-    <Page name="task" title={<>Task <code>{task.data?.taskKey || id}</code></>}>
+    <Page name="task" title={<>Task <code>{id}</code></>}>
       <Loadable loaded={task}>
         {(data) => (
           <>
