@@ -11,6 +11,9 @@ from tests._nodes import DevNode, start_auth_node
 from tests._typescript import build_package
 from tests.test_actors_harness import Harness
 
+# The console's browser fixtures (`browser`, `console`): tests/_browser.py.
+pytest_plugins = ["tests._browser"]
+
 
 @pytest.fixture(scope="session")
 def run_temp(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:

@@ -47,7 +47,7 @@ export function ClusterPage() {
               </p>
               <Table
                 name="nodes"
-                rows={view.nodes}
+                rows={[...view.nodes].sort((a, b) => a.id.localeCompare(b.id))}
                 rowId={(node) => node.id}
                 columns={[
                   { title: "Node", cell: (node) => <strong>{node.id}</strong> },

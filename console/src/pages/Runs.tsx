@@ -126,12 +126,24 @@ function RunTable(props: { name: string; runs: Run[] }) {
             </>
           ),
         },
-        { title: "State", cell: (run) => <StateBadge state={run.effective} /> },
+        { title: "State", cell: (run) => <RunState run={run} /> },
         { title: "Children", cell: (run) => run.children, class: "num" },
         { title: "Age", cell: (run) => <Age since={run.createdAt} /> },
         { title: "Deadline", cell: (run) => <Time value={run.deadline} /> },
       ]}
     />
+  );
+}
+
+/** The stored state, and "INACTIVE" beside an ACTIVE one that a stopped parent or a passed
+ * deadline ended (what `effective` says). */
+function RunState(props: { run: { storedState: string; effective: string } }) {
+  const { storedState, effective } = props.run;
+  return (
+    <span class="run-state" data-run-state={storedState}>
+      <StateBadge state={storedState} />
+      {storedState === "ACTIVE" && effective !== "ACTIVE" ? <> <StateBadge state={effective} /></> : null}
+    </span>
   );
 }
 
@@ -162,7 +174,8 @@ interface Task {
   id: string;
   state: string;
   mailboxId?: string;
-  mailboxName?: string | null;
+  mailbox?: string | null;
+  scopeId?: string;
   attempt?: number;
   holder?: string | null;
   createdAt?: string;
@@ -206,8 +219,8 @@ export function RunPage(props: { params: { id: string } }) {
               name="run"
               rows={[
                 ["Id", <span class="mono">{data.id}</span>],
-                ["State", <span data-effective={data.effective}><StateBadge state={data.effective} /></span>],
                 ["Stored state", <span data-stored={data.storedState}><StateBadge state={data.storedState} /></span>],
+                ["Effective", <span data-effective={data.effective}><StateBadge state={data.effective} /></span>],
                 ["Parent", data.parentId ? <a href={href("runs", data.parentId)} class="mono">{data.parentId}</a> : "none (a top-level run)"],
                 ["Deadline", <Time value={data.deadline} />],
                 ["Created", <Time value={data.createdAt} />],
@@ -246,7 +259,8 @@ export function RunPage(props: { params: { id: string } }) {
             columns={[
               { title: "Task", cell: (task) => <a href={href("tasks", task.id)} class="mono">{task.id}</a> },
               { title: "State", cell: (task) => <StateBadge state={task.state} /> },
-              { title: "Mailbox", cell: (task) => (task.mailboxId ? <a href={href("queues", task.mailboxId)}>{task.mailboxName ?? task.mailboxId}</a> : "—") },
+              { title: "Mailbox", cell: (task) => (task.mailboxId ? <a href={href("queues", task.mailboxId)}>{task.mailbox ?? task.mailboxId}</a> : "—") },
+              { title: "Run", cell: (task) => (task.scopeId && task.scopeId !== id ? <a href={href("runs", task.scopeId)} class="mono">{task.scopeId}</a> : <span class="muted">this run</span>) },
               { title: "Attempt", cell: (task) => task.attempt ?? "—", class: "num" },
               { title: "Holder", cell: (task) => task.holder ?? <span class="muted">—</span> },
               { title: "Age", cell: (task) => <Age since={task.createdAt} /> },
@@ -270,7 +284,7 @@ function RunTree(props: { ops: OpsRun; current: string }) {
   const node = (scope: TreeScope, depth: number): JSX.Element => (
     <li data-tree-node={scope.id} key={scope.id}>
       <span class={scope.id === props.current ? "tree-label current" : "tree-label"}>
-        <a href={href("runs", scope.id)}>{scope.name ?? scope.id}</a> <StateBadge state={scope.effective} />
+        <a href={href("runs", scope.id)}>{scope.name ?? scope.id}</a> <RunState run={scope} />
       </span>
       {(byParent.get(scope.id) ?? []).length > 0 ? <ul>{(byParent.get(scope.id) ?? []).map((child) => node(child, depth + 1))}</ul> : null}
     </li>

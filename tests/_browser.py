@@ -1,0 +1,112 @@
+"""Browser tests of the web console: Python Playwright driving Debian's chromium (never a browser
+download). A session-scoped browser per test worker, a fresh context (cookies, sessionStorage) per
+test, closed after it.
+
+    def test_x(console: Console, dev_node: DevNode) -> None:
+        page = console.open(dev_node.url)           # signed in on a node without auth
+        page = console.open(url, key=secret)        # or with a key
+
+Screenshots: `console.screenshot(page, "runs")` saves <dir>/runs.png only when
+RUNSTATE_CONSOLE_SCREENSHOTS=<dir> is set (the committed ones live in docs/console/).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SCREENSHOTS_ENV = "RUNSTATE_CONSOLE_SCREENSHOTS"
+WIDE = {"width": 1280, "height": 860}
+NARROW = {"width": 390, "height": 844}
+# How long a page may take to show what a test waits for: the console's own polls (the shell's
+# whoami every 5 s, the cluster view every 2 s) plus a loaded machine.
+UI_TIMEOUT_MS = 20_000
+
+
+class Console:
+    """Opens the console of a node in a fresh browser context of the test."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.contexts: list[Any] = []
+
+    def new_page(self, viewport: dict[str, int] = WIDE) -> Any:
+        context = self.browser.new_context(viewport=viewport)
+        context.set_default_timeout(UI_TIMEOUT_MS)
+        self.contexts.append(context)
+        return context.new_page()
+
+    def open(self, base_url: str, *, key: str | None = None, space: str = "default", viewport: dict[str, int] = WIDE,
+             page: Any = None) -> Any:
+        """A page signed in to the console of the node at base_url (no key: a node without auth)."""
+        page = page or self.new_page(viewport)
+        page.goto(f"{base_url}/console/")
+        sign_in(page, key=key, space=space)
+        return page
+
+    def screenshot(self, page: Any, name: str) -> None:
+        folder = os.environ.get(SCREENSHOTS_ENV)
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+        self.contexts.clear()
+
+
+def sign_in(page: Any, *, key: str | None, space: str = "default") -> None:
+    """Fills the sign-in form (without a key on a node without auth) and waits for the shell."""
+    form = page.locator('[data-page="sign-in"]')
+    form.wait_for()
+    page.locator('[data-action="sign-in"]:not([disabled])').wait_for()
+    page.fill('input[name="space"]', space)
+    if key is not None:
+        page.fill('input[name="key"]', key)
+    page.click('[data-action="sign-in"]')
+    page.locator("[data-nav]").wait_for(state="attached")
+
+
+def page_overflows(page: Any) -> bool:
+    """The page itself scrolls sideways (a table's own scroll box may; the page may not)."""
+    return bool(page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1"))
+
+
+def chromium_missing_message() -> str:
+    return (
+        f"the console's browser tests need Debian's chromium at {CHROMIUM}: "
+        "apt-get update && apt-get install -y chromium (the README's test command and .ci/run do this)"
+    )
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(chromium_missing_message())
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def console(browser: Any) -> Iterator[Console]:
+    opened = Console(browser)
+    try:
+        yield opened
+    finally:
+        opened.close()

@@ -1,0 +1,171 @@
+"""The web console in a real browser against real nodes: sign-in (with a key, a bad key, a node
+without auth), API keys (the secret shown once, revoking the console's own key signs it out),
+a run's page (cancel with a confirmation: its tasks end CANCELLED), the banner when the node stops
+answering, and every page at 1280 and 390 px without sideways scrolling of the page itself."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests._browser import NARROW, WIDE, Console, page_overflows
+from tests._http import Api
+from tests._nodes import DevNode
+
+# The console's own pages (the page table in console/src/routes.ts); "{run}" is a run's id.
+PAGES = {"runs": "/runs", "run": "/runs/{run}", "cluster": "/cluster", "keys": "/keys", "spaces": "/spaces"}
+
+
+def _run_with_tasks(api: Api, tasks: int = 2) -> tuple[dict[str, Any], list[str]]:
+    run = api.ok("POST", "/v1/scopes", {"name": f"console-{uuid.uuid4().hex[:8]}"})
+    api.ok("POST", "/v1/scopes", {"name": "child", "parentId": run["id"]})
+    mailbox = api.ok("POST", "/v1/mailboxes", {"name": f"jobs-{uuid.uuid4().hex[:8]}"})
+    ids = [
+        api.ok("POST", "/v1/tasks", {"mailboxId": mailbox["id"], "scopeId": run["id"], "input": {"n": n}})["taskId"]
+        for n in range(tasks)
+    ]
+    return run, ids
+
+
+def test_sign_in_with_a_key_shows_the_runs_and_the_operator_nav(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    page = console.new_page()
+    page.goto(f"{node.url}/")  # the root redirects to the console
+    page.locator('[data-page="sign-in"]').wait_for()
+    console.screenshot(page, "sign-in")
+    console.open(node.url, key=secret, page=page)
+    page.locator('[data-page="runs"]').wait_for()
+    assert page.locator('[data-nav-entry="spaces"]').count() == 1  # an operator admin key
+    assert page.locator('[data-nav-entry="keys"]').count() == 1
+    # The key lives in this tab's sessionStorage only.
+    assert page.evaluate("Object.keys(localStorage).length") == 0
+    assert page.context.cookies() == []
+
+
+def test_a_bad_key_is_refused_with_a_clear_message(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, _ = auth_node
+    page = console.new_page()
+    page.goto(f"{node.url}/console/")
+    page.locator('[data-action="sign-in"]:not([disabled])').wait_for()
+    page.fill('input[name="key"]', "rsk_not-a-key-of-this-node")
+    page.click('[data-action="sign-in"]')
+    error = page.locator("[data-error]")
+    error.wait_for()
+    assert "not valid" in error.inner_text()
+    assert page.locator("[data-nav]").count() == 0
+
+
+def test_a_key_without_admin_sees_no_keys_or_spaces_entry(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    reader = Api(node.url, key=secret).ok(
+        "POST", "/v1/keys", {"space": "default", "name": "reader", "permissions": ["coordination_read"]}
+    )
+    page = console.open(node.url, key=reader["key"])
+    page.locator('[data-page="runs"]').wait_for()
+    assert page.locator('[data-nav-entry="keys"]').count() == 0
+    assert page.locator('[data-nav-entry="spaces"]').count() == 0
+
+
+def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_write(
+    console: Console, dev_node: DevNode
+) -> None:
+    api = Api(dev_node.url)
+    run, tasks = _run_with_tasks(api, tasks=1)
+    page = console.new_page()
+    page.goto(f"{dev_node.url}/console/")
+    page.locator("[data-no-auth]").wait_for()
+    assert page.locator('input[name="key"]').count() == 0
+    console.open(dev_node.url, page=page)
+    # A POST from the console passes the guard of a node without auth (a loopback Origin).
+    page.goto(f"{dev_node.url}/console/#/runs/{run['id']}")
+    page.click('[data-action="cancel"]')
+    page.click('[data-action="confirm"]')
+    page.locator('[data-stored="CANCELLED"]').wait_for()
+    assert api.ok("GET", f"/v1/tasks/{tasks[0]}")["state"] == "CANCELLED"
+
+
+def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    page = console.open(node.url, key=secret)
+    page.click('[data-nav-entry="keys"]')
+    page.locator('[data-page="keys"]').wait_for()
+    name = f"worker-{uuid.uuid4().hex[:6]}"
+    page.fill('[data-form="create-key"] input[name="name"]', name)
+    page.uncheck('input[name="coordination_write"]')
+    page.click('[data-form="create-key"] [data-action="create"]')
+    shown = page.locator("[data-secret-value]")
+    shown.wait_for()
+    new_secret = shown.inner_text().strip()
+    assert new_secret.startswith("rsk_")
+    who = Api(node.url, key=new_secret).ok("GET", "/v1/whoami")
+    assert who["permissions"] == ["coordination_read"]
+    assert page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]').count() == 1
+    console.screenshot(page, "keys")
+    page.reload()
+    page.locator('[data-table="keys"]').wait_for()
+    assert page.locator("[data-secret-value]").count() == 0
+    assert new_secret not in page.content()
+
+
+def test_revoking_the_consoles_key_mid_session_signs_it_out(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    admin = Api(node.url, key=secret)
+    made = admin.ok("POST", "/v1/keys", {"space": "default", "name": "short-lived", "permissions": ["admin", "coordination_read"]})
+    page = console.open(node.url, key=made["key"])
+    page.locator('[data-page="runs"]').wait_for()
+    admin.ok("POST", f"/v1/keys/{made['id']}/revoke")
+    message = page.locator("[data-signed-out]")
+    message.wait_for()  # the open watch, or the shell's next whoami, meets the 401
+    assert "Signed out" in message.inner_text() and "Sign in again" in message.inner_text()
+    assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    api = Api(node.url, key=secret)
+    run, tasks = _run_with_tasks(api, tasks=2)
+    page = console.open(node.url, key=secret)
+    page.locator(f'[data-table="runs"] [data-row="{run["id"]}"] a').click()
+    page.locator('[data-page="run"]').wait_for()
+    page.locator(f'[data-table="tasks"] [data-row="{tasks[0]}"]').wait_for()
+    assert page.locator("[data-tree-node]").count() == 2
+    page.click('[data-action="cancel"]')
+    page.locator('[data-confirm="cancel"]').wait_for()  # asks first
+    assert api.ok("GET", f"/v1/scopes/{run['id']}")["effective"] == "ACTIVE"
+    page.click('[data-action="confirm"]')
+    page.locator('[data-stored="CANCELLED"]').wait_for()
+    for task in tasks:
+        page.locator(f'[data-table="tasks"] [data-row="{task}"] [data-state="CANCELLED"]').wait_for()
+    assert api.ok("GET", f"/v1/scopes/{run['id']}")["storedState"] == "CANCELLED"
+
+
+def test_a_node_that_stops_answering_shows_a_banner_and_recovers(console: Console, node_factory: Callable[..., DevNode]) -> None:
+    node = node_factory(in_memory=True).start()
+    page = console.open(node.url)
+    page.locator('[data-page="runs"]').wait_for()
+    node.kill()
+    page.locator('[data-banner="down"]').wait_for()
+    assert node.url.replace("http://", "") in page.locator('[data-banner="down"]').inner_text()
+    assert page.locator('[data-page="runs"]').count() == 1  # not a blank page
+    node.start()
+    page.locator('[data-banner="down"]').wait_for(state="detached")
+    page.locator('[data-page="runs"]').wait_for()
+
+
+@pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1280", "390"])
+def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, str], viewport: dict[str, int]) -> None:
+    node, secret = auth_node
+    run, _ = _run_with_tasks(Api(node.url, key=secret), tasks=3)
+    page = console.open(node.url, key=secret, viewport=viewport)
+    for name, path in PAGES.items():
+        page.goto(f"{node.url}/console/#{path.format(run=run['id'])}")
+        page.locator(f'[data-page="{name}"] table, [data-page="{name}"] [data-empty]').first.wait_for()
+        assert not page_overflows(page), f"the {name} page scrolls sideways at {viewport['width']} px"
+        console.screenshot(page, name if viewport is WIDE else f"{name}-{viewport['width']}")
+    if viewport is NARROW:  # the nav folds into a menu
+        assert not page.locator("[data-nav]").is_visible()
+        page.click('[data-action="menu"]')
+        assert page.locator("[data-nav]").is_visible()
