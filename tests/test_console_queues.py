@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import expect
 from runstate import Runstate
 
-from tests._browser import NARROW, UI_TIMEOUT_MS, Console, browser, console, page_overflows  # noqa: F401  (until conftest loads them)
+from tests._browser import NARROW, UI_TIMEOUT_MS, Console, page_overflows
 from tests._nodes import DevNode
 
 _EXPECT_TIMEOUT_MS_DEFAULT = 5_000  # Playwright's own
@@ -57,11 +57,11 @@ def test_a_queue_drains_live_and_a_task_shows_its_history(console: Console, dev_
         expect(row.locator('[data-stat="queued"]')).to_have_text("5")
         page.evaluate("window.__notReloaded = true")
 
-        for delivery in jobs.receive(max=5, lease_ms=60_000):
+        # A worker takes them one by one; the page follows the watch down to 0, without a reload.
+        for left in range(4, -1, -1):
+            (delivery,) = jobs.receive(max=1, lease_ms=60_000)
             delivery.complete({"payload": {"double": delivery.input["n"] * 2}})
-
-        # The page follows the watch: depth to 0, five succeeded, without a reload.
-        expect(row.locator('[data-stat="queued"]')).to_have_text("0")
+            expect(row.locator('[data-stat="queued"]')).to_have_text(str(left))
         expect(row.locator('[data-stat="succeeded"]')).to_have_text("5")
         expect(page.locator('[data-chart="throughput"] figcaption')).to_contain_text("5 seen")
         assert page.evaluate("window.__notReloaded") is True

@@ -205,7 +205,7 @@ export function useEventRate(types: string[], bucketMs: number, windowMs: number
   const points: Point[] = [];
   const last = Math.floor(now / bucketMs) * bucketMs;
   for (let bucket = last - Math.floor(windowMs / bucketMs) * bucketMs; bucket <= last; bucket += bucketMs) {
-    points.push({ at: bucket + bucketMs / 2, value: counts.get(bucket) ?? 0 });
+    points.push({ at: Math.min(bucket + bucketMs / 2, now), value: counts.get(bucket) ?? 0 }); // the current one: at now
   }
   return { points, total };
 }
