@@ -3,15 +3,13 @@
 // arrivals of the target and epoch; timers with their fire time and state.
 
 import type { ComponentChildren } from "preact";
-import { useState } from "preact/hooks";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
 import { href } from "../router";
 import type { Params } from "../routes";
-import { ErrorBox, Fields, Filters, Loadable, Page, StateBadge, Table, Time } from "../ui";
-import { hashParam, MailboxLink, type Paged, RunLink, TaskLink, TASK_EVENTS, useEvery, withHashParam } from "./_shared";
+import { Fields, Filters, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import { hashParam, MailboxLink, RunLink, TaskLink, TASK_EVENTS, useEvery, usePaged, withHashParam } from "./_shared";
 
-const PAGE_SIZE = 100;
 const REFRESH_MS = 5_000; // arrivals and armed timers change without an event of their own
 
 interface Member {
@@ -64,38 +62,12 @@ interface Timer {
   createdAt: string;
 }
 
-/** A paged list route (GET /task-groups, /barriers, /timers) with "more". */
-function usePaged<T>(path: string, field: string, query: Record<string, string | null>, types: string[]) {
-  const [more, setMore] = useState<T[]>([]);
-  const [cursor, setCursor] = useState<string | null>(null);
-  const [moreError, setMoreError] = useState<unknown>(null);
-  const key = JSON.stringify(query);
-  const loaded = useData(async (signal) => {
-    const page = await get<Paged & Record<string, T[]>>(spacePath(path), { query: { ...query, limit: PAGE_SIZE }, signal });
-    setMore([]);
-    setCursor(page.nextCursor);
-    return page[field] as T[];
-  }, [path, key]);
-  useLive({ types, scopeId: query.scopeId ?? undefined }, loaded.reload);
-  useEvery(REFRESH_MS, loaded.reload);
-  const loadMore = async () => {
-    if (!cursor) return;
-    try {
-      const page = await get<Paged & Record<string, T[]>>(spacePath(path), { query: { ...query, limit: PAGE_SIZE, cursor } });
-      setMore((old) => [...old, ...(page[field] as T[])]);
-      setCursor(page.nextCursor);
-      setMoreError(null);
-    } catch (error) {
-      setMoreError(error);
-    }
-  };
-  const footer = (
-    <>
-      {cursor ? <button type="button" data-action="more" onClick={loadMore}>More</button> : null}
-      <ErrorBox error={moreError} />
-    </>
-  );
-  return { loaded, more, footer };
+/** A list read of this page, reloaded on `types` events of its run and every REFRESH_MS. */
+function useList<T>(path: string, field: string, query: Record<string, string | null>, types: string[]) {
+  const list = usePaged<T>(path, field, query);
+  useLive({ types, scopeId: query.scopeId ?? undefined }, list.loaded.reload);
+  useEvery(REFRESH_MS, list.loaded.reload);
+  return list;
 }
 
 /** The tabs between the three pages, keeping the run filter. */
@@ -153,7 +125,7 @@ function condition(group: Group): string {
 export function GroupsPage() {
   const scopeId = hashParam("scopeId");
   const state = hashParam("state");
-  const list = usePaged<Group>("/task-groups", "taskGroups", { scopeId, state }, ["group.finalized", ...TASK_EVENTS]);
+  const list = useList<Group>("/task-groups", "taskGroups", { scopeId, state }, ["group.finalized", ...TASK_EVENTS]);
   return (
     <Page name="groups" title={<Title what="Task groups" scopeId={scopeId} />}>
       <Tabs current="groups" scopeId={scopeId} />
@@ -163,7 +135,7 @@ export function GroupsPage() {
           <>
             <Table<Group>
               name="groups"
-              rows={[...groups, ...list.more]}
+              rows={list.rows(groups)}
               rowId={(group) => group.id}
               empty="No task groups."
               columns={[
@@ -231,7 +203,7 @@ export function GroupPage(props: { params: Params }) {
 
 export function BarriersPage() {
   const scopeId = hashParam("scopeId");
-  const list = usePaged<Barrier>("/barriers", "barriers", { scopeId }, ["barrier.released"]);
+  const list = useList<Barrier>("/barriers", "barriers", { scopeId }, ["barrier.released"]);
   return (
     <Page name="barriers" title={<Title what="Barriers" scopeId={scopeId} />}>
       <Tabs current="barriers" scopeId={scopeId} />
@@ -241,7 +213,7 @@ export function BarriersPage() {
           <>
             <Table<Barrier>
               name="barriers"
-              rows={[...barriers, ...list.more]}
+              rows={list.rows(barriers)}
               rowId={(barrier) => barrier.id}
               empty="No barriers."
               columns={[
@@ -265,7 +237,7 @@ export function BarriersPage() {
 export function TimersPage() {
   const scopeId = hashParam("scopeId");
   const state = hashParam("state");
-  const list = usePaged<Timer>("/timers", "timers", { scopeId, state }, ["timer.fired"]);
+  const list = useList<Timer>("/timers", "timers", { scopeId, state }, ["timer.fired"]);
   return (
     <Page name="timers" title={<Title what="Timers" scopeId={scopeId} />}>
       <Tabs current="timers" scopeId={scopeId} />
@@ -275,7 +247,7 @@ export function TimersPage() {
           <>
             <Table<Timer>
               name="timers"
-              rows={[...timers, ...list.more]}
+              rows={list.rows(timers)}
               rowId={(timer) => timer.id}
               empty="No timers."
               columns={[

@@ -2,18 +2,17 @@
 // outcomes, and a live plot of throughput and depth; a mailbox's page lists its tasks (filterable
 // by state) and its newest messages.
 
-import { useEffect, useState } from "preact/hooks";
+import { useEffect } from "preact/hooks";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
 import { href } from "../router";
 import type { Params } from "../routes";
-import { Age, ErrorBox, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
+import { Age, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
 import { LineChart, useEventRate, useSeries } from "./_charts";
 import {
   hashParam,
   JsonPreview,
   type Mailbox,
-  type Paged,
   RunLink,
   type Task,
   TASK_ENDED_EVENTS,
@@ -21,6 +20,7 @@ import {
   TASK_STATES,
   TaskLink,
   useEvery,
+  usePaged,
   withHashParam,
   WorkerLink,
 } from "./_shared";
@@ -28,7 +28,6 @@ import {
 const PLOT_WINDOW_MS = 5 * 60_000; // the live plot shows the last five minutes
 const THROUGHPUT_BUCKET_MS = 10_000; // tasks ended per 10 s
 const SAMPLE_EVERY_MS = 5_000; // without events, the page still samples depth (and ages grow)
-const TASKS_PAGE = 100;
 
 function Stat(props: { name: string; value: number | string | null | undefined }) {
   return <span data-stat={props.name}>{props.value ?? "—"}</span>;
@@ -101,10 +100,6 @@ export function QueuesPage() {
   );
 }
 
-interface TasksPage extends Paged {
-  tasks: Task[];
-}
-
 interface Message {
   id: string;
   scopeId: string;
@@ -113,31 +108,6 @@ interface Message {
   workKey: string;
   payload: unknown;
   createdAt: string;
-}
-
-/** A page of tasks (GET /tasks) with "more": the filters are the query. */
-export function useTaskList(query: Record<string, string | null>, deps: unknown[]) {
-  const [more, setMore] = useState<Task[]>([]);
-  const [cursor, setCursor] = useState<string | null>(null);
-  const [moreError, setMoreError] = useState<unknown>(null);
-  const loaded = useData(async (signal) => {
-    const page = await get<TasksPage>(spacePath("/tasks"), { query: { ...query, limit: TASKS_PAGE }, signal });
-    setMore([]);
-    setCursor(page.nextCursor);
-    return page;
-  }, deps);
-  const loadMore = async () => {
-    if (!cursor) return;
-    try {
-      const page = await get<TasksPage>(spacePath("/tasks"), { query: { ...query, limit: TASKS_PAGE, cursor } });
-      setMore((old) => [...old, ...page.tasks]);
-      setCursor(page.nextCursor);
-      setMoreError(null);
-    } catch (error) {
-      setMoreError(error);
-    }
-  };
-  return { loaded, more, cursor, loadMore, moreError };
 }
 
 export function TaskTable(props: { tasks: Task[]; empty: string }) {
@@ -180,7 +150,7 @@ export function MailboxPage(props: { params: Params }) {
   const id = props.params.id;
   const state = hashParam("state");
   const mailbox = useData((signal) => get<Mailbox>(spacePath(`/mailboxes/${encodeURIComponent(id)}`), { signal }), [id]);
-  const list = useTaskList({ mailboxId: id, state }, [id, state]);
+  const list = usePaged<Task>("/tasks", "tasks", { mailboxId: id, state });
   const messages = useData(
     (signal) => get<{ messages: Message[] }>(spacePath(`/mailboxes/${encodeURIComponent(id)}/messages`), { signal }), [id],
   );
@@ -214,11 +184,10 @@ export function MailboxPage(props: { params: Params }) {
       <h2>Tasks</h2>
       <StateFilter value={state} />
       <Loadable loaded={list.loaded}>
-        {(page) => (
+        {(tasks) => (
           <>
-            <TaskTable tasks={[...page.tasks, ...list.more]} empty={state ? `No ${state} tasks.` : "No tasks in this mailbox."} />
-            {list.cursor ? <button type="button" data-action="more" onClick={list.loadMore}>More</button> : null}
-            <ErrorBox error={list.moreError} />
+            <TaskTable tasks={list.rows(tasks)} empty={state ? `No ${state} tasks.` : "No tasks in this mailbox."} />
+            {list.footer}
           </>
         )}
       </Loadable>

@@ -12,20 +12,20 @@ export interface Point {
 
 const SERIES_POINTS_MAX = 600; // one sample a second for ten minutes at most
 
-/** Samples of a value over the last `windowMs`, kept client-side while the page is open: `add`
- * records one (two samples closer than 250 ms: the later one wins). */
+/** `points` with the sample (`at`, `value`) appended, those older than `windowMs` dropped (a
+ * sample closer than 250 ms to the previous one replaces it). */
+function appended(points: Point[], at: number, value: number, windowMs: number): Point[] {
+  const kept = points.filter((point) => at - point.at <= windowMs);
+  const last = kept[kept.length - 1];
+  if (last && at - last.at < 250) kept.pop();
+  kept.push({ at, value });
+  return kept.slice(-SERIES_POINTS_MAX);
+}
+
+/** Samples of a value over the last `windowMs`, kept client-side while the page is open. */
 export function useSeries(windowMs: number): { points: Point[]; add: (value: number) => void } {
   const [points, setPoints] = useState<Point[]>([]);
-  const add = (value: number) => {
-    const at = Date.now();
-    setPoints((old) => {
-      const kept = old.filter((point) => at - point.at <= windowMs);
-      const last = kept[kept.length - 1];
-      if (last && at - last.at < 250) kept.pop();
-      kept.push({ at, value });
-      return kept.slice(-SERIES_POINTS_MAX);
-    });
-  };
+  const add = (value: number) => setPoints((old) => appended(old, Date.now(), value, windowMs));
   return { points, add };
 }
 
@@ -34,17 +34,9 @@ export function useSeriesMap(windowMs: number): { series: Record<string, Point[]
   const [series, setSeries] = useState<Record<string, Point[]>>({});
   const add = (values: Record<string, number>) => {
     const at = Date.now();
-    setSeries((old) => {
-      const next: Record<string, Point[]> = {};
-      for (const [key, value] of Object.entries(values)) {
-        const kept = (old[key] ?? []).filter((point) => at - point.at <= windowMs);
-        const last = kept[kept.length - 1];
-        if (last && at - last.at < 250) kept.pop();
-        kept.push({ at, value });
-        next[key] = kept.slice(-SERIES_POINTS_MAX);
-      }
-      return next;
-    });
+    setSeries((old) => Object.fromEntries(
+      Object.entries(values).map(([key, value]) => [key, appended(old[key] ?? [], at, value, windowMs)]),
+    ));
   };
   return { series, add };
 }

@@ -2,8 +2,11 @@
 // answers them), links from one entity to another, and small renderers.
 
 import type { ComponentChildren } from "preact";
-import { useEffect, useRef } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
+import { get, spacePath } from "../api";
+import { type Loaded, useData } from "../live";
 import { href } from "../router";
+import { ErrorBox } from "../ui";
 
 // ---- the API's views (only the fields the pages read) -------------------------------------------
 
@@ -219,4 +222,45 @@ export function useEvery(ms: number, action: () => void): void {
     const id = window.setInterval(() => ref.current(), ms);
     return () => window.clearInterval(id);
   }, [ms]);
+}
+
+const LIST_PAGE = 100;
+
+/** A page of a list read (GET /tasks, /task-groups, /barriers, /timers: newest first, `field` the
+ * list, `nextCursor` to resume) for the filters in `query`, and a "More" footer that appends the
+ * next page. Reloading (a live update) starts again from the newest page. */
+export function usePaged<T>(path: string, field: string, query: Record<string, string | null>): {
+  loaded: Loaded<T[]>;
+  rows: (first: T[]) => T[];
+  footer: ComponentChildren;
+} {
+  const [more, setMore] = useState<T[]>([]);
+  const [cursor, setCursor] = useState<string | null>(null);
+  const [moreError, setMoreError] = useState<unknown>(null);
+  const fetchPage = (after: string | null, signal?: AbortSignal) =>
+    get<Paged & Record<string, T[]>>(spacePath(path), { query: { ...query, limit: LIST_PAGE, cursor: after }, signal });
+  const loaded = useData(async (signal) => {
+    const page = await fetchPage(null, signal);
+    setMore([]);
+    setCursor(page.nextCursor);
+    return page[field] as T[];
+  }, [path, JSON.stringify(query)]);
+  const loadMore = async () => {
+    if (!cursor) return;
+    try {
+      const page = await fetchPage(cursor);
+      setMore((old) => [...old, ...(page[field] as T[])]);
+      setCursor(page.nextCursor);
+      setMoreError(null);
+    } catch (error) {
+      setMoreError(error);
+    }
+  };
+  const footer = (
+    <>
+      {cursor ? <button type="button" data-action="more" onClick={loadMore}>More</button> : null}
+      <ErrorBox error={moreError} />
+    </>
+  );
+  return { loaded, rows: (first) => [...first, ...more], footer };
 }
