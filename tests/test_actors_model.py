@@ -656,6 +656,14 @@ class CoreMachine(RuleBasedStateMachine):
         assert kept == expected
 
     @invariant()
+    def mailbox_task_index_is_what_the_state_holds(self) -> None:
+        """The per-mailbox task index kept step by step holds each task once, in creation order."""
+        expected: dict[tuple[str, str], list[str]] = {}
+        for task in self.h.state.tasks.values():
+            expected.setdefault((task.space, task.mailbox), []).append(task.id)
+        assert {key: list(ids) for key, ids in self.h.state.mailbox_tasks.items()} == expected
+
+    @invariant()
     def core_agrees_with_the_model(self) -> None:
         state = self.h.state
         assert set(state.runs) == set(self.runs)

@@ -4,9 +4,14 @@ under concurrent inserts, bad query values, and space isolation."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
+import pytest
+
+from runstate_server.actors import limits
+from runstate_server.node.api import _paging as paging
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -176,3 +181,35 @@ def test_a_space_sees_only_its_own(dev_node: DevNode) -> None:
     assert mine.ok("GET", f"/v1/tasks?scopeId={run_id}")["tasks"] == []
     assert mine.ok("GET", f"/v1/tasks?mailboxId={mailbox_id}")["tasks"] == []
     assert mine.ok("GET", f"/v1/barriers?scopeId={run_id}")["barriers"] == []
+
+
+def test_paging_with_ties_inserts_and_a_small_scan_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_paging.page on its own: entries share creation ms (in an insertion order unlike their ids'),
+    new ones arrive between pages, and a scan budget far below the table ends pages early; every
+    matching entry that existed at the start shows exactly once, highest (ms, id) first."""
+    monkeypatch.setattr(limits, "list_scan_max", 3)
+    rng = random.Random(7)
+    table: list[tuple[int, str]] = []  # creation order: ms never decreases
+    ms = 0
+    for _ in range(200):
+        ms += rng.choice((0, 0, 1, 5))
+        table.append((ms, f"e{rng.randrange(10**6):06d}"))
+    start = list(table)
+
+    def matches(entry: tuple[int, str]) -> bool:
+        return entry[1][-1] in "0123"
+
+    for limit in (1, 2, 7):
+        seen: list[tuple[int, str]] = []
+        after: paging.Cursor | None = None
+        table[:] = start
+        while True:
+            found, cursor = paging.page(reversed(table), lambda e: e, matches, limit, after)
+            assert len(found) <= limit
+            seen.extend(found)
+            ms += 1
+            table.append((ms, f"n{len(table)}0"))  # a newer one, matching, between pages
+            if cursor is None:
+                break
+            after = paging.decode_cursor(cursor)
+        assert seen == sorted((e for e in start if matches(e)), reverse=True), limit

@@ -28,6 +28,8 @@ SPACELESS = {
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"), ("GET", "/metrics"),
     ("POST", "/v1/allowances"), ("GET", "/v1/allowances"), ("PUT", "/v1/allowances/by-name/{name}"),
     ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
+    # The list reads (extensions): their filters name ids only in the query, matching nothing of another space.
+    ("GET", "/v1/scopes"), ("GET", "/v1/tasks"), ("GET", "/v1/task-groups"), ("GET", "/v1/barriers"), ("GET", "/v1/timers"),
 }
 
 

@@ -67,6 +67,56 @@ def test_a_key_without_admin_sees_no_keys_or_spaces_entry(console: Console, auth
     page.locator('[data-page="runs"]').wait_for()
     assert page.locator('[data-nav-entry="keys"]').count() == 0
     assert page.locator('[data-nav-entry="spaces"]').count() == 0
+    page.goto(f"{node.url}/console/#/keys")  # typed in by hand: the page says what the key lacks
+    error = page.locator('[data-page="keys"] [data-error]')
+    error.wait_for()
+    assert "lacks admin" in error.inner_text()
+
+
+def test_the_runs_list_follows_the_event_log_and_filters(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    api = Api(node.url, key=secret)
+    page = console.open(node.url, key=secret)
+    page.locator('[data-page="runs"]').wait_for()
+    tag = uuid.uuid4().hex[:8]
+    made = api.ok("POST", "/v1/scopes", {"name": f"live-{tag}"})
+    page.locator(f'[data-table="runs"] [data-row="{made["id"]}"]').wait_for()  # no reload: the watch saw it
+    other = api.ok("POST", "/v1/scopes", {"name": f"other-{tag}"})
+    page.locator(f'[data-table="runs"] [data-row="{other["id"]}"]').wait_for()
+    page.fill('input[name="name"]', f"LIVE-{tag}")  # a case-insensitive part of the name
+    page.locator(f'[data-table="runs"] [data-row="{other["id"]}"]').wait_for(state="detached")
+    assert page.locator('[data-table="runs"] [data-row]').count() == 1
+    api.ok("POST", f"/v1/scopes/{made['id']}/cancel", {})
+    page.locator(f'[data-row="{made["id"]}"] [data-run-state="CANCELLED"]').wait_for()
+    page.select_option('select[name="state"]', "ACTIVE")
+    page.locator('[data-page="runs"] [data-empty]').wait_for()
+
+
+def test_complete_a_run_from_its_page(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    api = Api(node.url, key=secret)
+    run, _ = _run_with_tasks(api, tasks=0)
+    page = console.open(node.url, key=secret)
+    page.goto(f"{node.url}/console/#/runs/{run['id']}")
+    page.click('[data-action="complete"]')
+    page.click('[data-confirm="complete"] [data-action="confirm"]')
+    page.locator('[data-stored="COMPLETED"]').wait_for()
+    assert page.locator('[data-action="cancel"]').count() == 0
+    assert api.ok("GET", f"/v1/scopes/{run['id']}")["storedState"] == "COMPLETED"
+
+
+def test_an_operator_creates_a_space(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    page = console.open(node.url, key=secret)
+    page.click('[data-nav-entry="spaces"]')
+    space = f"team-{uuid.uuid4().hex[:8]}"
+    page.fill('[data-form="create-space"] input[name="id"]', space)
+    page.fill('[data-form="create-space"] input[name="name"]', "Team")
+    page.click('[data-form="create-space"] [data-action="create"]')
+    page.locator(f'[data-table="spaces"] [data-row="{space}"]').wait_for()
+    page.fill('[data-form="create-space"] input[name="id"]', space)  # again: the node's CONFLICT is shown
+    page.click('[data-form="create-space"] [data-action="create"]')
+    assert "CONFLICT" in page.locator('[data-page="spaces"] [data-error]').inner_text()
 
 
 def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_write(

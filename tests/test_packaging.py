@@ -41,6 +41,13 @@ def test_each_wheel_holds_one_package(wheels: dict[str, Path]) -> None:
     assert top_level(wheels["sdk"]) == {"runstate"}
 
 
+def test_the_server_wheel_holds_the_consoles_built_files(wheels: dict[str, Path]) -> None:
+    static = ROOT / "runstate_server" / "console" / "static"
+    with zipfile.ZipFile(wheels["server"]) as archive:
+        for name in ("index.html", "app.js", "app.css"):
+            assert archive.read(f"runstate_server/console/static/{name}") == (static / name).read_bytes()
+
+
 def test_the_published_sdk_installs_beside_the_server(wheels: dict[str, Path], tmp_path: Path) -> None:
     venv.create(tmp_path / "env", with_pip=True)
     python = tmp_path / "env" / "bin" / "python"

@@ -119,10 +119,10 @@ export function Age(props: { since: string | null | undefined }) {
 }
 
 const STATE_CLASS: Record<string, string> = {
-  ACTIVE: "info", RUNNING: "info", QUEUED: "muted", PENDING: "muted", WAITING: "warn", IN_FLIGHT: "info", DELIVERED: "info",
+  INACTIVE: "warn", REVOKED: "bad", ACTIVE: "info", RUNNING: "info", QUEUED: "muted", PENDING: "muted", WAITING: "warn", IN_FLIGHT: "info", DELIVERED: "info",
   COMPLETED: "ok", SUCCEEDED: "ok", DONE: "ok", RELEASED: "ok", FIRED: "ok", OPEN: "info",
   CANCELLED: "bad", FAILED: "bad", EXPIRED: "bad", DEAD: "bad", DOWN: "bad", TIMED_OUT: "bad",
-  LEADER: "ok", FOLLOWER: "muted", CANDIDATE: "warn", UP: "ok", INACTIVE: "warn", REVOKED: "bad",
+  LEADER: "ok", FOLLOWER: "muted", CANDIDATE: "warn", UP: "ok",
   // pages: groups, barriers, timers, capacity, messages
   SUCCESS: "ok", FAILURE: "bad", ACCEPTED: "ok", REJECTED: "bad", FINALIZED: "ok", SEALED: "warn", ARMED: "info",
   ACKED: "ok", LEASED: "info", SIGNALED: "info", GRANTED: "ok", SETTLED: "ok", VOIDED: "muted", STALE: "warn",

@@ -152,10 +152,12 @@ wait_ms_max = 3_600_000  # the largest waitMs a request may name (the node holds
 messages_list_max = 1_000  # GET /mailboxes/{id}/messages: the newest this many
 # The list reads (GET /scopes, /tasks, /task-groups, /barriers, /timers): a page holds at most
 # list_page_max entries, list_page_default when the request names no limit; a cursor is at most
-# list_cursor_chars_max characters.
+# list_cursor_chars_max characters. A page reads at most about list_scan_max entries below its
+# cursor (then it answers what it found, possibly nothing, with a nextCursor to read on from).
 list_page_max = 500
 list_page_default = 50
 list_cursor_chars_max = 256
+list_scan_max = 10_000
 # Diagnostics (ops.py): the runs of a subtree one view walks; the entries of each list it answers.
 ops_runs_max = 1_000
 ops_entries_max = 1_000

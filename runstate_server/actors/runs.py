@@ -13,7 +13,16 @@ from typing import Any
 from runstate_server.actors import errors, events, limits, storage
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, Run, RunState, State, Task, TaskState, count_ended
+from runstate_server.actors.state import (
+    DueKind,
+    Run,
+    RunState,
+    State,
+    Task,
+    TaskState,
+    count_ended,
+    index_task,
+)
 
 # What other kinds of work do when a run stops or is removed, registered by their rule modules
 # (once, claims, groups, barriers, timers), called in this same step for the run and every run below it.
@@ -197,6 +206,7 @@ def on_retention(ctx: Context, run_id: str) -> None:
         for queue in member.queues.values():
             for task_id in queue.by_key.values():
                 task = state.tasks.pop(task_id)
+                index_task(state, task, -1)
                 storage.charge(state, space.id, -storage.task_bytes(task))
                 if task.state in TaskState.TERMINAL:
                     count_ended(state, task, task.state, -1)

@@ -324,6 +324,10 @@ class State:
     # Derived: (space, mailbox) -> its ended tasks still held (only mailboxes with some have an
     # entry); recounted on restore.
     ended_figures: dict[tuple[str, str], EndedFigures] = field(default_factory=dict, compare=False)
+    # Derived: (space, mailbox) -> its tasks' ids in creation order (a dict used as an ordered set),
+    # so a list of a mailbox's or a space's tasks reads only theirs (node/api/tasks.py). Kept by
+    # tasks.submit and runs.on_retention; rebuilt on restore from `tasks`, which keeps creation order.
+    mailbox_tasks: dict[tuple[str, str], dict[str, None]] = field(default_factory=dict, compare=False)
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
@@ -601,12 +605,14 @@ def recount(state: State) -> None:
 
 
 def recount_queue_figures(state: State) -> None:
-    """Every mailbox's QueueFigures from its tasks. When a restored task became QUEUED is not kept:
+    """Every mailbox's QueueFigures, EndedFigures and task index from its tasks. When a restored task became QUEUED is not kept:
     its creation, or the end of its last lease if it was delivered before, stands in for it."""
     state.queue_figures = {}
     state.ended_figures = {}
+    state.mailbox_tasks = {}
     queued: list[tuple[int, str, Task]] = []
     for task in state.tasks.values():
+        index_task(state, task, 1)
         if task.state in TaskState.TERMINAL:
             count_ended(state, task, task.state, 1)
         elif task.state == TaskState.RUNNING:
@@ -616,6 +622,18 @@ def recount_queue_figures(state: State) -> None:
             queued.append((since_ms, task.id, task))
     for since_ms, task_id, task in sorted(queued):
         figures_of(state, task).queued[task_id] = since_ms
+
+
+def index_task(state: State, task: Task, sign: int) -> None:
+    """The task is created (sign 1) or removed with its run (sign -1): state.mailbox_tasks."""
+    key = (task.space, task.mailbox)
+    if sign > 0:
+        state.mailbox_tasks.setdefault(key, {})[task.id] = None
+        return
+    ids = state.mailbox_tasks[key]
+    del ids[task.id]
+    if not ids:
+        del state.mailbox_tasks[key]
 
 
 def count_ended(state: State, task: Task, final_state: str, sign: int) -> None:

@@ -47,6 +47,7 @@ from runstate_server.actors.state import (
     TaskState,
     count_ended,
     figures_of,
+    index_task,
 )
 
 MAILBOX_MODES = ("WORK", "INBOX")
@@ -318,6 +319,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if subscriber is not None:
         _subscribe(task, subscriber)
     ctx.state.tasks[task.id] = task
+    index_task(ctx.state, task, 1)
     run.queues[mailbox.name] = queue
     queue.by_key[key] = task.id
     run.task_count += 1

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from runstate_server.node.api.console import is_console_path
 from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
 from runstate_server.node.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 
@@ -25,7 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_PATHS = frozenset({"/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics"})
+LOCAL_PATHS = frozenset({
+    "/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics",
+    "/", "/console", "/console/",  # the web console (api/console.py): the same files on every node
+})
+LOCAL_PREFIXES = ("/console/static/",)
 FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 # On a forwarded answer: the leader's API URL, so a client can go there directly next time.
 LEADER_HEADER = "X-Runstate-Leader"
@@ -62,7 +65,7 @@ class Router:
             self._session = None
 
     def serves_here(self, request: web.Request) -> bool:
-        return request.path in LOCAL_PATHS or is_console_path(request.path) or self._node.log.is_leader
+        return request.path in LOCAL_PATHS or request.path.startswith(LOCAL_PREFIXES) or self._node.log.is_leader
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         if FORWARDED_HEADER in request.headers:

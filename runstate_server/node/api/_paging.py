@@ -38,8 +38,11 @@ def page_args(request: web.Request) -> tuple[int, Cursor | None]:
     """The request's limit and cursor (None: from the newest); VALIDATION_FAILED if malformed."""
     limit = req.query_integer(request, "limit", minimum=1, maximum=limits.list_page_max, default=limits.list_page_default)
     raw = request.query.get("cursor") or None  # an empty cursor is none
-    if raw is None:
-        return limit, None
+    return limit, None if raw is None else decode_cursor(raw)
+
+
+def decode_cursor(raw: str) -> Cursor:
+    """A cursor an answer named, decoded; VALIDATION_FAILED if it is none."""
     if len(raw) > limits.list_cursor_chars_max:
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
     try:
@@ -48,9 +51,10 @@ def page_args(request: web.Request) -> tuple[int, Cursor | None]:
         created_ms = int(ms_text)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR) from None
-    if not ms_text.isdigit() or not entity_id or len(entity_id) > limits.name_chars_max:
+    # An empty id: below every entry of that ms (a page that spent its scan budget).
+    if not ms_text.isdigit() or len(entity_id) > limits.name_chars_max:
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
-    return limit, (created_ms, entity_id)
+    return (created_ms, entity_id)
 
 
 def cursor_of(created_ms: int, entity_id: str) -> str:
@@ -62,22 +66,34 @@ def page(
 ) -> tuple[list[T], str | None]:
     """One page of `newest_first` (entities in non-increasing creation ms, as a table kept in
     creation order walked from its end): the `limit` matching entities below `after`, highest
-    (created ms, id) first, and the cursor of the next page (None: this is the last)."""
+    (created ms, id) first, and the cursor of the next page (None: this is the last).
+
+    A page reads at most about limits.list_scan_max entries below the cursor: past them it ends
+    with the entries of the creation ms it reached, and its cursor resumes below that ms, so a
+    filter that matches little answers short (even empty) pages with a nextCursor, not a walk of
+    everything."""
     found: list[T] = []
-    boundary_ms: int | None = None
+    boundary_ms: int | None = None  # the page is full: read on only the entries of this ms
+    stop_ms: int | None = None  # the scan budget is spent: read on only the entries of this ms
+    scanned = 0
     for entity in newest_first:
         entity_key = key(entity)
         if boundary_ms is not None and entity_key[0] < boundary_ms:
             break  # everything further is older than the page's last entry
         if after is not None and entity_key >= after:
             continue
-        if not matches(entity):
-            continue
-        found.append(entity)
-        if boundary_ms is None and len(found) > limit:
-            # One more than a page: the rest of the page shares this creation ms at the least; the
-            # entries of the same ms further on may still sort above it (by id).
-            boundary_ms = entity_key[0]
+        if stop_ms is not None and entity_key[0] < stop_ms:
+            found.sort(key=key, reverse=True)
+            return found, cursor_of(stop_ms, "")  # below every entry of stop_ms: all were read
+        scanned += 1
+        if matches(entity):
+            found.append(entity)
+            if boundary_ms is None and len(found) > limit:
+                # One more than a page: the rest of the page shares this creation ms at the least;
+                # the entries of the same ms further on may still sort above it (by id).
+                boundary_ms = entity_key[0]
+        if boundary_ms is None and stop_ms is None and scanned >= limits.list_scan_max:
+            stop_ms = entity_key[0]
     found.sort(key=key, reverse=True)
     if len(found) <= limit:
         return found, None

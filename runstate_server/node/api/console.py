@@ -2,7 +2,8 @@
 
 The files (runstate_server/console/static/, built from console/ and committed) are read once when
 the application is built, each bounded in size; they hold no data, so they are public (no key),
-and node-local (never forwarded to the leader: they are the same on every node). The console
+and node-local (never forwarded to the leader: they are the same on every node; routing.LOCAL_PATHS
+and LOCAL_PREFIXES name them). The console
 talks to the node it was loaded from with the published API and a key the user gives it.
 
 These routes are not API: they are outside the OpenAPI document (app.ROUTES), and the auth
@@ -108,7 +109,3 @@ async def console_static(request: web.Request) -> web.StreamResponse:
 
 CONSOLE_ROUTES: tuple[Route, ...] = tuple(routes)
 
-
-def is_console_path(path: str) -> bool:
-    """Served by every node itself (routing.py never forwards these)."""
-    return path in ("/", "/console", CONSOLE_PATH) or path.startswith(STATIC_PREFIX)

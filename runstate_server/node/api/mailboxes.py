@@ -68,6 +68,14 @@ def _with_stats(state: State, space: str, mailbox: Mailbox, now_ms: int) -> dict
     return {**mailbox_view(tasks.describe_mailbox(mailbox)), "stats": stats_of(state, space, mailbox.name, now_ms)}
 
 
+def _answer(request: web.Request, mailbox: dict[str, Any]) -> dict[str, Any]:
+    """A created or declared mailbox (tasks.describe_mailbox) as GET /mailboxes/{id} shows it."""
+    space = caller_of(request).space
+    with node_of(request).read() as state:
+        stats = stats_of(state, space, mailbox["name"], int(time.time() * 1000))
+    return {**mailbox_view(mailbox), "stats": stats}
+
+
 def _mailboxes(state: State, space: str) -> list[dict[str, Any]]:
     found = state.spaces.get(space)
     now_ms = int(time.time() * 1000)
@@ -90,7 +98,7 @@ async def list_mailboxes(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox (CONFLICT if the name exists)",
     body={"name": STRING, "mode": _MODE, "backlogLimit": INTEGER}, ok=201,
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=A.MAILBOX,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=A.MAILBOX_WITH_STATS,
 )
 async def create_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -100,14 +108,14 @@ async def create_mailbox(request: web.Request) -> web.Response:
         "backlog_limit": req.integer(body, "backlogLimit", minimum=1, maximum=limits.backlog_limit_max),
     }
     result = await req.propose(request, "mailbox.create", args)
-    return web.json_response(mailbox_view(result["mailbox"]), status=201)
+    return web.json_response(_answer(request, result["mailbox"]), status=201)
 
 
 @routes(
     "PUT", SPACE_PREFIX + "/mailboxes/by-name/{name}",
     "Declare a WORK mailbox (created when missing; a declared setting that differs is CONFLICT)",
     body={"maxAttempts": INTEGER, "requirements": REQUIREMENTS},
-    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.MAILBOX, ok=201,
+    errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.MAILBOX_WITH_STATS, ok=201,
 )
 async def declare_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -120,7 +128,7 @@ async def declare_mailbox(request: web.Request) -> web.Response:
         "requirements": requirements,
     }
     result = await req.propose(request, "mailbox.declare", args)
-    return web.json_response(mailbox_view(result["mailbox"]), status=201 if result["created"] else 200)
+    return web.json_response(_answer(request, result["mailbox"]), status=201 if result["created"] else 200)
 
 
 def _mailbox_named(state: State, space: str, mailbox_id: str) -> str:

@@ -4,7 +4,9 @@ the batch result wait."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
+from collections.abc import Reversible
 from typing import Any
 
 from aiohttp import web
@@ -149,8 +151,9 @@ def _task_key(task: Task) -> paging.Cursor:
     errors=("VALIDATION_FAILED",), permission=READ, answer=TASKS_PAGE,
 )
 async def list_tasks(request: web.Request) -> web.Response:
-    """With groupId only the group's members are read, with scopeId only the tasks of those runs
-    (from their queues); otherwise the space's tasks from the newest (_paging.py)."""
+    """With groupId only the group's members are read; with scopeId only the tasks of those runs
+    (their queues); else only the space's (its mailboxes' task index): each from its newest end,
+    until the page is full (_paging.py)."""
     node, caller = node_of(request), caller_of(request)
     limit, after = paging.page_args(request)
     wanted_state = paging.state_filter(request, _TASK_STATES)
@@ -189,16 +192,24 @@ async def list_tasks(request: web.Request) -> web.Response:
         if group is not None:  # its members (at most group_members_max)
             chosen = (state.tasks[task_id] for task_id in group.members if task_id in state.tasks)
             found, next_cursor = paging.page_sorted(chosen, _task_key, matches, limit, after)
-        elif run_ids is not None:  # the tasks of those runs, from their queues
-            chosen = (
-                state.tasks[task_id]
-                for run_id in run_ids
-                for name, queue in state.runs[run_id].queues.items() if mailbox is None or name == mailbox
-                for task_id in queue.by_key.values()
-            )
-            found, next_cursor = paging.page_sorted(chosen, _task_key, matches, limit, after)
         else:
-            found, next_cursor = paging.page(reversed(state.tasks.values()), _task_key, matches, limit, after)
+            # Streams of ids in creation order, each read from its newest end and merged: a run's
+            # queues (scopeId), else the space's mailboxes' task index (state.mailbox_tasks).
+            streams: list[Reversible[str]]
+            if run_ids is not None:
+                streams = [
+                    queue.by_key.values()
+                    for run_id in run_ids
+                    for name, queue in state.runs[run_id].queues.items() if mailbox is None or name == mailbox
+                ]
+            else:
+                names = [mailbox] if mailbox is not None else list(found_space.mailboxes) if found_space else []
+                streams = [state.mailbox_tasks.get((space, name), {}).keys() for name in names]
+            newest_first = heapq.merge(
+                *((state.tasks[task_id] for task_id in reversed(ids)) for ids in streams),
+                key=lambda task: task.created_ms, reverse=True,
+            )
+            found, next_cursor = paging.page(newest_first, _task_key, matches, limit, after)
         views = [_view(state, task) for task in found]
     return web.json_response({"tasks": views, "nextCursor": next_cursor})
 
