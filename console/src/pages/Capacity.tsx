@@ -17,6 +17,7 @@ import {
   type SpaceWaits,
   TaskLink,
   useEvery,
+  useThrottled,
   type Waiting,
   WorkerLink,
 } from "./_shared";
@@ -25,6 +26,7 @@ import { WaitingTable } from "./Waits";
 const SPARK_WINDOW_MS = 5 * 60_000;
 const SAMPLE_EVERY_MS = 5_000; // allowance windows slide and leases lapse without an event
 const DETAILS_MAX = 50; // allowances and budgets read one by one for their usage: the first 50
+const RELOAD_MS_MIN = 2_000; // a reload reads up to 2 + 2 x DETAILS_MAX views: not more often than this
 const CAPACITY_EVENTS = [
   "permit.granted", "permit.released", "permit.lease_lost", "permit.waiter_signaled",
   "allowance.consumed", "allowance.settled", "allowance.cooldown",
@@ -156,8 +158,9 @@ function Section(props: { title: string; children: ComponentChildren }) {
 
 export function CapacityPage() {
   const loaded = useData(loadCapacity, []);
-  useLive({ types: CAPACITY_EVENTS }, loaded.reload);
-  useEvery(SAMPLE_EVERY_MS, loaded.reload);
+  const reload = useThrottled(RELOAD_MS_MIN, loaded.reload);
+  useLive({ types: CAPACITY_EVENTS }, reload);
+  useEvery(SAMPLE_EVERY_MS, reload);
   const usage = useSeriesMap(SPARK_WINDOW_MS);
   useEffect(() => {
     const data = loaded.data;
@@ -248,8 +251,9 @@ function ResourcePage(props: { kind: Kind; id: string }) {
     ]);
     return { view, waits };
   }, [kind, id]);
-  useLive({ types: CAPACITY_EVENTS }, loaded.reload);
-  useEvery(SAMPLE_EVERY_MS, loaded.reload);
+  const reload = useThrottled(RELOAD_MS_MIN, loaded.reload);
+  useLive({ types: CAPACITY_EVENTS }, reload);
+  useEvery(SAMPLE_EVERY_MS, reload);
   const usage = useSeries(SPARK_WINDOW_MS);
   useEffect(() => {
     const view = loaded.data?.view;

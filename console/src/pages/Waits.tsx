@@ -17,6 +17,7 @@ import {
   type SpaceWaits,
   TaskLink,
   useEvery,
+  useThrottled,
   type Waiting,
   type WaitsFor,
   type Worker,
@@ -24,6 +25,7 @@ import {
 } from "./_shared";
 
 const REFRESH_MS = 5_000; // windows open and leases lapse without an event
+const RELOAD_MS_MIN = 1_000; // every event of the space may change what waits: a view a second at most
 
 function Holders(props: { holders: Holder[] | undefined }) {
   if (!props.holders?.length) return <span class="muted">nobody holds it</span>;
@@ -150,8 +152,9 @@ function RunWaits(props: { scopeId: string; holder: string | null }) {
   const loaded = useData(
     (signal) => get<RunDiagnostics>(spacePath(`/ops/runs/${encodeURIComponent(props.scopeId)}`), { signal }), [props.scopeId],
   );
-  useLive({ scopeId: props.scopeId }, loaded.reload);
-  useEvery(REFRESH_MS, loaded.reload);
+  const reload = useThrottled(RELOAD_MS_MIN, loaded.reload);
+  useLive({ scopeId: props.scopeId }, reload);
+  useEvery(REFRESH_MS, reload);
   return (
     <Loadable loaded={loaded}>
       {(view) => {
@@ -179,8 +182,9 @@ function RunWaits(props: { scopeId: string; holder: string | null }) {
 
 function SpaceWaitsView() {
   const loaded = useData((signal) => get<SpaceWaits>(spacePath("/ops/waits"), { signal }), []);
-  useLive({}, loaded.reload);
-  useEvery(REFRESH_MS, loaded.reload);
+  const reload = useThrottled(RELOAD_MS_MIN, loaded.reload);
+  useLive({}, reload);
+  useEvery(REFRESH_MS, reload);
   return (
     <Loadable loaded={loaded}>
       {(view) => (

@@ -224,6 +224,29 @@ export function useEvery(ms: number, action: () => void): void {
   }, [ms]);
 }
 
+/** `action`, called at most once every `ms` (a call within that time runs once it has passed):
+ * for pages whose reload costs many requests or a scan (capacity, waits) in a busy space. */
+export function useThrottled(ms: number, action: () => void): () => void {
+  const ref = useRef(action);
+  ref.current = action;
+  const last = useRef(0);
+  const pending = useRef<number | null>(null);
+  useEffect(() => () => {
+    if (pending.current !== null) window.clearTimeout(pending.current);
+  }, []);
+  return () => {
+    if (pending.current !== null) return;
+    const wait = last.current + ms - Date.now();
+    const run = () => {
+      pending.current = null;
+      last.current = Date.now();
+      ref.current();
+    };
+    if (wait <= 0) run();
+    else pending.current = window.setTimeout(run, wait);
+  };
+}
+
 const LIST_PAGE = 100;
 
 /** A page of a list read (GET /tasks, /task-groups, /barriers, /timers: newest first, `field` the
