@@ -122,37 +122,46 @@ function condition(group: Group): string {
   return group.threshold !== null ? `${group.condition} (${group.threshold})` : group.condition;
 }
 
+/** The task groups of a run (`scopeId`: created from it or its own) or of the space (null), live.
+ * Embeddable: a run's page may show it. */
+export function GroupsList(props: { scopeId: string | null; state?: string | null }) {
+  const list = useList<Group>("/task-groups", "taskGroups", { scopeId: props.scopeId, state: props.state ?? null },
+    ["group.finalized", ...TASK_EVENTS]);
+  return (
+    <Loadable loaded={list.loaded}>
+      {(groups) => (
+        <>
+          <Table<Group>
+            name="groups"
+            rows={list.rows(groups)}
+            rowId={(group) => group.id}
+            empty="No task groups."
+            columns={[
+              { title: "Group", cell: (group) => <a href={href("groups", group.id)} class="mono">{group.id}</a> },
+              { title: "State", cell: (group) => <StateBadge state={group.state} /> },
+              { title: "Condition", cell: condition },
+              { title: "Members", class: "num", cell: (group) => `${group.members.length}${group.expectedMembers ? ` of ${group.expectedMembers}` : ""}` },
+              { title: "Verdicts", cell: verdicts },
+              { title: "Outcome", cell: (group) => group.outcome ? <><StateBadge state={group.outcome} /> {group.outcomeReason}</> : <span class="muted">—</span> },
+              { title: "Run", cell: (group) => <RunLink id={group.parentScopeId ?? group.scopeId} /> },
+              { title: "Created", cell: (group) => <Time value={group.createdAt} /> },
+            ]}
+          />
+          {list.footer}
+        </>
+      )}
+    </Loadable>
+  );
+}
+
 export function GroupsPage() {
   const scopeId = hashParam("scopeId");
   const state = hashParam("state");
-  const list = useList<Group>("/task-groups", "taskGroups", { scopeId, state }, ["group.finalized", ...TASK_EVENTS]);
   return (
     <Page name="groups" title={<Title what="Task groups" scopeId={scopeId} />}>
       <Tabs current="groups" scopeId={scopeId} />
       <RunFilter scopeId={scopeId} state={{ value: state, options: ["OPEN", "SEALED", "FINALIZED"] }} />
-      <Loadable loaded={list.loaded}>
-        {(groups) => (
-          <>
-            <Table<Group>
-              name="groups"
-              rows={list.rows(groups)}
-              rowId={(group) => group.id}
-              empty="No task groups."
-              columns={[
-                { title: "Group", cell: (group) => <a href={href("groups", group.id)} class="mono">{group.id}</a> },
-                { title: "State", cell: (group) => <StateBadge state={group.state} /> },
-                { title: "Condition", cell: condition },
-                { title: "Members", class: "num", cell: (group) => `${group.members.length}${group.expectedMembers ? ` of ${group.expectedMembers}` : ""}` },
-                { title: "Verdicts", cell: verdicts },
-                { title: "Outcome", cell: (group) => group.outcome ? <><StateBadge state={group.outcome} /> {group.outcomeReason}</> : <span class="muted">—</span> },
-                { title: "Run", cell: (group) => <RunLink id={group.parentScopeId ?? group.scopeId} /> },
-                { title: "Created", cell: (group) => <Time value={group.createdAt} /> },
-              ]}
-            />
-            {list.footer}
-          </>
-        )}
-      </Loadable>
+      <GroupsList scopeId={scopeId} state={state} />
     </Page>
   );
 }
@@ -201,68 +210,82 @@ export function GroupPage(props: { params: Params }) {
   );
 }
 
+/** The barriers of a run or of the space (null), with their arrivals; embeddable. */
+export function BarriersList(props: { scopeId: string | null }) {
+  const list = useList<Barrier>("/barriers", "barriers", { scopeId: props.scopeId }, ["barrier.released"]);
+  return (
+    <Loadable loaded={list.loaded}>
+      {(barriers) => (
+        <>
+          <Table<Barrier>
+            name="barriers"
+            rows={list.rows(barriers)}
+            rowId={(barrier) => barrier.id}
+            empty="No barriers."
+            columns={[
+              { title: "Barrier", cell: (barrier) => barrier.name ?? <code>{barrier.id}</code> },
+              { title: "State", cell: (barrier) => <StateBadge state={barrier.state} /> },
+              { title: "Arrivals", class: "num", cell: (barrier) => <span data-arrivals={barrier.arrivals}>{barrier.arrivals} of {barrier.target}</span> },
+              { title: "Epoch", class: "num", cell: (barrier) => barrier.epoch },
+              { title: "Run", cell: (barrier) => <RunLink id={barrier.scopeId} /> },
+              { title: "Released", cell: (barrier) => <Time value={barrier.releasedAt} /> },
+              { title: "Created", cell: (barrier) => <Time value={barrier.createdAt} /> },
+            ]}
+          />
+          {list.footer}
+        </>
+      )}
+    </Loadable>
+  );
+}
+
 export function BarriersPage() {
   const scopeId = hashParam("scopeId");
-  const list = useList<Barrier>("/barriers", "barriers", { scopeId }, ["barrier.released"]);
   return (
     <Page name="barriers" title={<Title what="Barriers" scopeId={scopeId} />}>
       <Tabs current="barriers" scopeId={scopeId} />
       <RunFilter scopeId={scopeId} />
-      <Loadable loaded={list.loaded}>
-        {(barriers) => (
-          <>
-            <Table<Barrier>
-              name="barriers"
-              rows={list.rows(barriers)}
-              rowId={(barrier) => barrier.id}
-              empty="No barriers."
-              columns={[
-                { title: "Barrier", cell: (barrier) => barrier.name ?? <code>{barrier.id}</code> },
-                { title: "State", cell: (barrier) => <StateBadge state={barrier.state} /> },
-                { title: "Arrivals", class: "num", cell: (barrier) => <span data-arrivals={barrier.arrivals}>{barrier.arrivals} of {barrier.target}</span> },
-                { title: "Epoch", class: "num", cell: (barrier) => barrier.epoch },
-                { title: "Run", cell: (barrier) => <RunLink id={barrier.scopeId} /> },
-                { title: "Released", cell: (barrier) => <Time value={barrier.releasedAt} /> },
-                { title: "Created", cell: (barrier) => <Time value={barrier.createdAt} /> },
-              ]}
-            />
-            {list.footer}
-          </>
-        )}
-      </Loadable>
+      <BarriersList scopeId={scopeId} />
     </Page>
+  );
+}
+
+/** The timers of a run or of the space (null), with their fire times; embeddable. */
+export function TimersList(props: { scopeId: string | null; state?: string | null }) {
+  const list = useList<Timer>("/timers", "timers", { scopeId: props.scopeId, state: props.state ?? null }, ["timer.fired"]);
+  return (
+    <Loadable loaded={list.loaded}>
+      {(timers) => (
+        <>
+          <Table<Timer>
+            name="timers"
+            rows={list.rows(timers)}
+            rowId={(timer) => timer.id}
+            empty="No timers."
+            columns={[
+              { title: "Timer", cell: (timer) => timer.name ?? <code>{timer.id}</code> },
+              { title: "State", cell: (timer) => <StateBadge state={timer.state} /> },
+              { title: "Fires", cell: (timer) => <Time value={timer.fireAt} /> },
+              { title: "Fired", cell: (timer) => <Time value={timer.firedAt} /> },
+              { title: "Run", cell: (timer) => <RunLink id={timer.scopeId} /> },
+              { title: "Created", cell: (timer) => <Time value={timer.createdAt} /> },
+            ]}
+          />
+          {list.footer}
+        </>
+      )}
+    </Loadable>
   );
 }
 
 export function TimersPage() {
   const scopeId = hashParam("scopeId");
   const state = hashParam("state");
-  const list = useList<Timer>("/timers", "timers", { scopeId, state }, ["timer.fired"]);
   return (
     <Page name="timers" title={<Title what="Timers" scopeId={scopeId} />}>
       <Tabs current="timers" scopeId={scopeId} />
       <RunFilter scopeId={scopeId} state={{ value: state, options: ["ARMED", "FIRED", "ACKED", "CANCELLED"] }} />
-      <Loadable loaded={list.loaded}>
-        {(timers) => (
-          <>
-            <Table<Timer>
-              name="timers"
-              rows={list.rows(timers)}
-              rowId={(timer) => timer.id}
-              empty="No timers."
-              columns={[
-                { title: "Timer", cell: (timer) => timer.name ?? <code>{timer.id}</code> },
-                { title: "State", cell: (timer) => <StateBadge state={timer.state} /> },
-                { title: "Fires", cell: (timer) => <Time value={timer.fireAt} /> },
-                { title: "Fired", cell: (timer) => <Time value={timer.firedAt} /> },
-                { title: "Run", cell: (timer) => <RunLink id={timer.scopeId} /> },
-                { title: "Created", cell: (timer) => <Time value={timer.createdAt} /> },
-              ]}
-            />
-            {list.footer}
-          </>
-        )}
-      </Loadable>
+      <TimersList scopeId={scopeId} state={state} />
     </Page>
   );
 }

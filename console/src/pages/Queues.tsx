@@ -131,6 +131,11 @@ export function TaskTable(props: { tasks: Task[]; empty: string }) {
   );
 }
 
+/** A message's state in the message list as its task's: a completed message is ACKED, a leased one LEASED. */
+function messageState(state: string): string {
+  return state === "ACKED" ? "SUCCEEDED" : state === "LEASED" ? "RUNNING" : state;
+}
+
 export function StateFilter(props: { value: string | null }) {
   return (
     <Filters>
@@ -196,9 +201,9 @@ export function MailboxPage(props: { params: Params }) {
         {(data) => (
           <Table<Message>
             name="messages"
-            rows={[...data.messages].reverse()}
+            rows={[...data.messages].reverse().filter((message) => !state || messageState(message.state) === state)}
             rowId={(message) => message.id}
-            empty="No messages."
+            empty={state ? `No ${state} messages among the newest.` : "No messages."}
             columns={[
               { title: "Message", cell: (message) => <TaskLink id={message.id}>{message.workKey || message.id}</TaskLink> },
               { title: "State", cell: (message) => <StateBadge state={message.state} /> },

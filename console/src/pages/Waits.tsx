@@ -148,7 +148,9 @@ function Workers(props: { workers: Worker[]; selected: string | null; scopeId: s
   );
 }
 
-function RunWaits(props: { scopeId: string; holder: string | null }) {
+/** A run's diagnostics (GET /ops/runs/{id}), live: its workers and what they hold (only `holder`'s
+ * when given) and what waits in it. Embeddable: a run's page may show it. */
+export function RunWaits(props: { scopeId: string; holder: string | null }) {
   const loaded = useData(
     (signal) => get<RunDiagnostics>(spacePath(`/ops/runs/${encodeURIComponent(props.scopeId)}`), { signal }), [props.scopeId],
   );
