@@ -131,11 +131,19 @@ def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Co
         expect(page.locator('[data-page="waits"] [data-table="waiting"]')).to_contain_text(waiting.id)
         console.screenshot(page, "waits")
 
+        rs.limits.ensure("search", 10, per="60s")
+        run.limits.take("search", 3)
+        rs.budgets.ensure("spend", 5.0)
+        run.budgets.reserve("spend", 1.25)
         _go(page, "/capacity", "capacity")
         gpu = page.locator('[data-table="permits"] [data-row]').filter(has_text="gpu")
         expect(gpu.locator("[data-usage]")).to_have_attribute("data-usage", "1")
         expect(gpu.locator("[data-waiters]")).to_contain_text(waiting.id)
         expect(gpu.locator("[data-sparkline] path")).to_have_count(1)
+        search = page.locator('[data-table="allowances"] [data-row]').filter(has_text="search")
+        expect(search.locator("[data-usage]")).to_have_attribute("data-usage", "3")
+        spend = page.locator('[data-table="budgets"] [data-row]').filter(has_text="spend")
+        expect(spend.locator("[data-usage]")).to_contain_text("1.25")
         console.screenshot(page, "capacity")
 
         # Once the holder finishes, the waiting task runs: the permit page follows live.

@@ -53,21 +53,23 @@ function path(points: Point[], x: (at: number) => number, y: (value: number) => 
   return d;
 }
 
-/** A sparkline of `points` over the last `windowMs` against `max` (usage of a capacity). */
+/** A sparkline of `points` over the last `windowMs` against `max` (usage of a capacity); a dot
+ * marks the level now. */
 export function Sparkline(props: { points: Point[]; max: number; windowMs: number; name: string; label: string }) {
   const width = 120;
   const height = 28;
   const now = Date.now();
   const points = props.points.length ? [...props.points, { at: now, value: props.points[props.points.length - 1].value }] : [];
   const max = Math.max(props.max, 1, ...points.map((point) => point.value));
-  const x = (at: number) => width - ((now - at) / props.windowMs) * width;
-  const y = (value: number) => height - 2 - (value / max) * (height - 4);
+  const x = (at: number) => (width - 3) - ((now - at) / props.windowMs) * (width - 3);
+  const y = (value: number) => height - 3 - (value / max) * (height - 6);
   return (
     <svg class="sparkline" data-sparkline={props.name} viewBox={`0 0 ${width} ${height}`} width={width} height={height}
       role="img" aria-label={props.label}>
       <title>{props.label}</title>
       <line x1="0" x2={width} y1={y(props.max)} y2={y(props.max)} class="spark-limit" />
       {points.length ? <path d={path(points, x, y)} class="spark-line" /> : null}
+      {points.length ? <circle cx={x(now)} cy={y(points[points.length - 1].value)} r="2.5" class="spark-now" /> : null}
     </svg>
   );
 }

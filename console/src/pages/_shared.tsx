@@ -188,11 +188,13 @@ export function JsonBlock(props: { value: unknown; name?: string }) {
   return <pre class="json" data-json={props.name}>{JSON.stringify(props.value, null, 2)}</pre>;
 }
 
-/** Minor units (a decimal-digit string) as an amount with `scale` decimals: "12345", 2 -> "123.45". */
+/** Minor units (a decimal-digit string) as an exact amount of `scale` decimals, zeros past the
+ * second decimal dropped: "12345", 2 -> "123.45"; "1250000", 6 -> "1.25". */
 export function formatMinor(minor: string | null | undefined, scale: number, currency?: string): string {
   if (minor === null || minor === undefined) return "—";
   const digits = minor.replace(/^0+(?=\d)/, "").padStart(scale + 1, "0");
-  const amount = scale > 0 ? `${digits.slice(0, -scale)}.${digits.slice(-scale)}` : digits;
+  const fraction = scale > 0 ? digits.slice(-scale).replace(/0+$/, "").padEnd(Math.min(2, scale), "0") : "";
+  const amount = fraction ? `${digits.slice(0, digits.length - scale)}.${fraction}` : digits.slice(0, digits.length - scale);
   return currency ? `${amount} ${currency}` : amount;
 }
 
