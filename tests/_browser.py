@@ -1,6 +1,7 @@
 """Browser tests of the web console: Python Playwright driving Debian's chromium (never a browser
 download). A session-scoped browser per test worker, a fresh context (cookies, sessionStorage) per
-test, closed after it.
+test, closed after it. Ask for `console` after a test's own node fixture (`node_factory`,
+`make_cluster`), so its pages (and their open long polls) close before the nodes stop.
 
     def test_x(console: Console, dev_node: DevNode) -> None:
         page = console.open(dev_node.url)           # signed in on a node without auth

@@ -7,11 +7,15 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable
 
+import pytest
+
 from tests._browser import Console
 from tests._cluster import Cluster
 
+pytestmark = pytest.mark.slow  # three real nodes
 
-def test_the_cluster_page_shows_a_killed_node_down(console: Console, make_cluster: Callable[..., Cluster]) -> None:
+
+def test_the_cluster_page_shows_a_killed_node_down(make_cluster: Callable[..., Cluster], console: Console) -> None:
     cluster = make_cluster().start()
     leader = cluster.leader_index()
     follower, dead = (leader + 1) % cluster.size, (leader + 2) % cluster.size

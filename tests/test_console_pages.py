@@ -135,6 +135,9 @@ def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_
     page.click('[data-action="confirm"]')
     page.locator('[data-stored="CANCELLED"]').wait_for()
     assert api.ok("GET", f"/v1/tasks/{tasks[0]}")["state"] == "CANCELLED"
+    page.click('[data-nav-entry="keys"]')  # such a node makes no keys: the page says so
+    page.locator('[data-page="keys"] [data-no-auth]').wait_for()
+    assert page.locator('[data-form="create-key"]').count() == 0
 
 
 def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:
@@ -153,11 +156,17 @@ def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple
     who = Api(node.url, key=new_secret).ok("GET", "/v1/whoami")
     assert who["permissions"] == ["coordination_read"]
     assert page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]').count() == 1
-    console.screenshot(page, "keys")
+    console.screenshot(page, "keys-secret-once")
     page.reload()
     page.locator('[data-table="keys"]').wait_for()
     assert page.locator("[data-secret-value]").count() == 0
     assert new_secret not in page.content()
+    row = page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]')
+    row.locator('[data-action="revoke"]').click()
+    assert Api(node.url, key=new_secret).ok("GET", "/v1/whoami")["keyId"] == who["keyId"]  # not before the confirmation
+    row.locator('[data-action="confirm"]').click()
+    row.locator('[data-state="REVOKED"]').wait_for()
+    assert Api(node.url, key=new_secret)("GET", "/v1/whoami")[0] == 401
 
 
 def test_revoking_the_consoles_key_mid_session_signs_it_out(console: Console, auth_node: tuple[DevNode, str]) -> None:
@@ -192,7 +201,7 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
     assert api.ok("GET", f"/v1/scopes/{run['id']}")["storedState"] == "CANCELLED"
 
 
-def test_a_node_that_stops_answering_shows_a_banner_and_recovers(console: Console, node_factory: Callable[..., DevNode]) -> None:
+def test_a_node_that_stops_answering_shows_a_banner_and_recovers(node_factory: Callable[..., DevNode], console: Console) -> None:
     node = node_factory(in_memory=True).start()
     page = console.open(node.url)
     page.locator('[data-page="runs"]').wait_for()
@@ -213,6 +222,7 @@ def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, s
     for name, path in PAGES.items():
         page.goto(f"{node.url}/console/#{path.format(run=run['id'])}")
         page.locator(f'[data-page="{name}"] table, [data-page="{name}"] [data-empty]').first.wait_for()
+        page.wait_for_function("!document.querySelector('[data-loading]')")  # every part of the page loaded
         assert not page_overflows(page), f"the {name} page scrolls sideways at {viewport['width']} px"
         console.screenshot(page, name if viewport is WIDE else f"{name}-{viewport['width']}")
     if viewport is NARROW:  # the nav folds into a menu

@@ -4,14 +4,15 @@
 // reload runs, and reloads when the node answers again after the banner.
 // useLive(filter, reload): long-polls GET /v1/spaces/{space}/watch from the newest event on and
 // calls reload (debounced) when events match; resumes from its cursor, starts again from the
-// newest on CURSOR_EXPIRED, stops when the page unmounts.
+// newest on CURSOR_EXPIRED, stops when the page unmounts. Each open watch holds one of the
+// browser's (about six) connections to the node: use one per page, with a filter covering what
+// the page shows, rather than one per table.
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, get, recoveryCount, spacePath, subscribe } from "./api";
 
 const WATCH_WAIT_S = 20;
-const WATCH_PAGE_MAX = 1000; // events per page while catching up to the newest
-const CATCH_UP_PAGES_MAX = 100; // the space's event log is bounded; this bounds the catch-up too
+const NO_EVENT_TYPE = "console.none";
 const RELOAD_DEBOUNCE_MS = 300; // at most a few reloads a second
 const RETRY_MS = 2000;
 
@@ -90,17 +91,12 @@ export function useLive(filter: LiveFilter | null, reload: () => void): void {
       aggregate: filter.aggregate,
       scopeId: filter.scopeId,
     };
-    const page = (cursor: string | null, waitSeconds: number, limit?: number) =>
-      get<EventsPage>(spacePath("/watch"), { query: { ...query, cursor, waitSeconds, limit }, signal });
-    const newest = async (): Promise<string | null> => {
-      let cursor: string | null = null;
-      for (let pages = 0; pages < CATCH_UP_PAGES_MAX; pages++) {
-        const found: EventsPage = await page(cursor, 0, WATCH_PAGE_MAX);
-        cursor = found.nextCursor;
-        if (found.events.length < WATCH_PAGE_MAX) break;
-      }
-      return cursor;
-    };
+    const page = (cursor: string | null, waitSeconds: number) =>
+      get<EventsPage>(spacePath("/watch"), { query: { ...query, cursor, waitSeconds }, signal });
+    // The newest cursor in one call: a page that matches nothing ends at the latest event looked
+    // at, which is the newest (no event type is named this).
+    const newest = async (): Promise<string> =>
+      (await get<EventsPage>(spacePath("/watch"), { query: { types: NO_EVENT_TYPE, waitSeconds: 0, limit: 1 }, signal })).nextCursor;
     const sleep = (ms: number) =>
       new Promise<void>((resolve) => {
         const id = window.setTimeout(resolve, ms);
@@ -117,6 +113,7 @@ export function useLive(filter: LiveFilter | null, reload: () => void): void {
           if (!caughtUp) {
             cursor = await newest();
             caughtUp = true;
+            schedule(); // what changed between the page's load and this cursor is not missed
           }
           const found: EventsPage = await page(cursor, WATCH_WAIT_S);
           cursor = found.nextCursor;

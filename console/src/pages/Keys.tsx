@@ -6,7 +6,7 @@ import type { TargetedEvent } from "preact";
 import { useState } from "preact/hooks";
 import { currentSession, get, post } from "../api";
 import { useData } from "../live";
-import { ConfirmButton, CopyButton, ErrorBox, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import { Age, ConfirmButton, CopyButton, ErrorBox, Loadable, Page, StateBadge, Table, Time } from "../ui";
 
 export const PERMISSIONS = ["admin", "resource_config", "coordination_write", "coordination_read"];
 
@@ -54,6 +54,11 @@ export function KeysPage() {
           <span class="muted small">An operator admin key manages the keys of every space.</span>
         </form>
       ) : null}
+      {session && !session.auth ? (
+        <p class="notice" data-no-auth>
+          This node runs without auth: it neither needs nor makes keys (start it with <code>--auth</code> to use them).
+        </p>
+      ) : (
       <form class="card" data-form="create-key" onSubmit={create}>
         <h2>Create a key</h2>
         <label>
@@ -71,6 +76,7 @@ export function KeysPage() {
         <button type="submit" class="primary" data-action="create" disabled={chosen.length === 0}>Create key</button>
         <ErrorBox error={error} />
       </form>
+      )}
       {secret?.key ? (
         <div class="secret" data-secret={secret.id}>
           <p>
@@ -101,15 +107,23 @@ export function KeysPage() {
                   </>
                 ),
               },
-              { title: "Permissions", cell: (key) => key.permissions.join(", ") },
+              { title: "Permissions", cell: (key) => key.permissions.join(", "), class: "key-permissions" },
               { title: "Created", cell: (key) => <Time value={key.createdAt} /> },
-              { title: "State", cell: (key) => <StateBadge state={key.revokedAt ? "REVOKED" : "ACTIVE"} /> },
+              {
+                title: "State",
+                cell: (key) =>
+                  key.revokedAt ? (
+                    <span title={key.revokedAt}>
+                      <StateBadge state="REVOKED" /> <Age since={key.revokedAt} /> ago
+                    </span>
+                  ) : (
+                    <StateBadge state="ACTIVE" />
+                  ),
+              },
               {
                 title: "",
                 cell: (key) =>
-                  key.revokedAt ? (
-                    <Time value={key.revokedAt} />
-                  ) : (
+                  key.revokedAt ? null : (
                     <ConfirmButton
                       action="revoke"
                       label="Revoke"
