@@ -1,7 +1,8 @@
 """The console's Queues, Tasks, Groups, Capacity and Waits pages in a real browser against a real
 node, fed by the Python SDK: a queue drains live while the page is open (no reload); a task short
 of a permit leads from its page to the permit and the task holding it; a task's history shows its
-events; groups, barriers and timers show what the SDK made; every page fits 390 px."""
+events; groups, barriers and timers show what the SDK made; every page fits 390 px, and an
+unknown id shows an error, not a blank page."""
 
 from __future__ import annotations
 
@@ -214,3 +215,8 @@ def test_the_pages_fit_a_narrow_screen(console: Console, dev_node: DevNode) -> N
             root = _go(page, path, name)
             root.locator("[data-table], [data-empty], [data-fields]").first.wait_for()
             assert not page_overflows(page), path
+        # An id that is not there: the page says so (never a blank page).
+        for path, name in [("/tasks/tsk_missing", "task"), ("/permits/pmt_missing", "permit"),
+                           ("/groups/grp_missing", "group"), ("/waits?scopeId=run_missing", "waits")]:
+            root = _go(page, path, name)
+            expect(root.locator("[data-error]").first).to_contain_text("NOT_FOUND")
