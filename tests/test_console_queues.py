@@ -202,7 +202,7 @@ def test_the_pages_fit_a_narrow_screen(console: Console, dev_node: DevNode) -> N
         rs.pools.ensure("narrow-gpu", 2)
         rs.mailboxes.ensure("narrow-jobs")
         run = rs.scopes.create(name="narrow")
-        ticket = run.mailbox("narrow-jobs").submit({"a-rather-long-input-field": "x" * 80})
+        ticket = run.mailbox("narrow-jobs").submit({"a-rather-long-input-field": "x" * 80}, slots="narrow-gpu")
         mailbox_id = ticket.status()["mailboxId"]
         permit_id = rs.pools.status("narrow-gpu")["id"]
         page = console.open(dev_node.url, space=space, viewport=NARROW)

@@ -1,6 +1,7 @@
 // A task's page (#/tasks/<id>): its fields, why it waits (when it is queued) and its history from
 // the space's event log.
 
+import type { ComponentChildren } from "preact";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
 import type { Params } from "../routes";
@@ -61,6 +62,13 @@ export function EventTable(props: { events: Event[]; empty: string }) {
   );
 }
 
+const ALWAYS_SHOWN = new Set(["Id", "State", "Key", "Mailbox", "Run", "Attempt"]);
+
+/** The task's fields without the empty optional ones (a queued task has no holder, no result...). */
+function shown(rows: [string, ComponentChildren][]): [string, ComponentChildren][] {
+  return rows.filter(([label, value]) => ALWAYS_SHOWN.has(label) || (value !== null && value !== undefined && value !== ""));
+}
+
 export function TaskPage(props: { params: Params }) {
   const id = props.params.id;
   const task = useData((signal) => get<Task>(spacePath(`/tasks/${encodeURIComponent(id)}`), { signal }), [id]);
@@ -84,14 +92,22 @@ export function TaskPage(props: { params: Params }) {
       <Loadable loaded={task}>
         {(data) => (
           <>
-            <Fields name="task" rows={[
+            {data.state === "QUEUED" ? (
+              <section class="why-waiting" data-section="why-waiting">
+                <h2>Why is it waiting?</h2>
+                <Loadable loaded={diagnostics}>
+                  {(view) => <WaitReasons entry={view?.waiting.find((entry) => entry.kind === "task" && entry.taskId === id) ?? null} />}
+                </Loadable>
+              </section>
+            ) : null}
+            <Fields name="task" rows={shown([
               ["Id", <code data-task-id>{data.id}</code>],
               ["State", <StateBadge state={data.state} />],
               ["Key", <code>{data.taskKey}</code>],
               ["Mailbox", <MailboxLink id={data.mailboxId} name={data.mailbox} />],
               ["Run", <RunLink id={data.scopeId} />],
               ["Attempt", `${data.attempt}${data.attempts ? ` of ${data.attempts}` : ""}`],
-              ["Holder", <WorkerLink holder={data.holder} scopeId={data.scopeId} />],
+              ["Holder", data.holder ? <WorkerLink holder={data.holder} scopeId={data.scopeId} /> : null],
               ["Lease expires", data.leaseExpiresAt ? <Time value={data.leaseExpiresAt} /> : null],
               ["Error", data.error ? <span class="error-text" data-task-error>{data.error}</span> : null],
               ["Outcome reason", data.outcomeReason],
@@ -101,15 +117,7 @@ export function TaskPage(props: { params: Params }) {
               ["Finished", data.finishedAt ? <Time value={data.finishedAt} /> : null],
               ["Subscribers", data.subscribers.length ? data.subscribers.join(", ") : null],
               ["Needs", data.needs ? <JsonPreview value={data.needs} maxChars={120} /> : null],
-            ]} />
-            {data.state === "QUEUED" ? (
-              <section class="why-waiting" data-section="why-waiting">
-                <h2>Why is it waiting?</h2>
-                <Loadable loaded={diagnostics}>
-                  {(view) => <WaitReasons entry={view?.waiting.find((entry) => entry.kind === "task" && entry.taskId === id) ?? null} />}
-                </Loadable>
-              </section>
-            ) : null}
+            ])} />
             <div class="two-columns">
               <div>
                 <h2>Input</h2>
