@@ -84,14 +84,12 @@ export interface ChartLine {
 /** A line chart with a time axis over the last `windowMs` and a value axis from 0. */
 export function LineChart(props: { name: string; title: string; lines: ChartLine[]; windowMs: number }) {
   const width = 600;
-  const height = 160;
-  const left = 36;
-  const bottom = 18;
+  const height = 140;
   const now = Date.now();
   const all = props.lines.flatMap((line) => line.points.map((point) => point.value));
   const max = Math.max(1, ...all);
-  const x = (at: number) => left + (1 - (now - at) / props.windowMs) * (width - left - 4);
-  const y = (value: number) => 4 + (1 - value / max) * (height - bottom - 8);
+  const x = (at: number) => (1 - (now - at) / props.windowMs) * (width - 2);
+  const y = (value: number) => 4 + (1 - value / max) * (height - 6);
   const minutes = Math.round(props.windowMs / 60_000);
   return (
     <figure class="chart" data-chart={props.name}>
@@ -101,23 +99,26 @@ export function LineChart(props: { name: string; title: string; lines: ChartLine
           <span class={`chart-key chart-key-${index}`}>{line.label}</span>
         ))}
       </figcaption>
-      <svg viewBox={`0 0 ${width} ${height}`} preserveAspectRatio="none" role="img" aria-label={props.title}>
-        <line x1={left} x2={width - 4} y1={y(0)} y2={y(0)} class="chart-axis" />
-        <line x1={left} x2={left} y1={4} y2={y(0)} class="chart-axis" />
-        <text x={left - 4} y={y(max) + 8} class="chart-label" text-anchor="end">{max}</text>
-        <text x={left - 4} y={y(0)} class="chart-label" text-anchor="end">0</text>
-        <text x={left} y={height - 4} class="chart-label">-{minutes} min</text>
-        <text x={width - 4} y={height - 4} class="chart-label" text-anchor="end">now</text>
-        {props.lines.map((line, index) => {
-          const points = line.points.filter((point) => now - point.at <= props.windowMs);
-          if (!points.length) return null;
-          const shown = line.step ? [...points, { at: now, value: points[points.length - 1].value }] : points;
-          const d = line.step
-            ? path(shown, x, y)
-            : shown.map((point, i) => `${i ? "L" : "M"}${x(point.at).toFixed(1)},${y(point.value).toFixed(1)}`).join("");
-          return <path d={d} class={`chart-line chart-line-${index}`} data-line={line.name} />;
-        })}
-      </svg>
+      <div class="chart-plot">
+        <svg viewBox={`0 0 ${width} ${height}`} preserveAspectRatio="none" role="img" aria-label={props.title}>
+          <line x1="0" x2={width} y1={y(0)} y2={y(0)} class="chart-axis" />
+          <line x1="0" x2="0" y1="0" y2={y(0)} class="chart-axis" />
+          {props.lines.map((line, index) => {
+            const points = line.points.filter((point) => now - point.at <= props.windowMs);
+            if (!points.length) return null;
+            const shown = line.step ? [...points, { at: now, value: points[points.length - 1].value }] : points;
+            const d = line.step
+              ? path(shown, x, y)
+              : shown.map((point, i) => `${i ? "L" : "M"}${x(point.at).toFixed(1)},${y(point.value).toFixed(1)}`).join("");
+            return <path d={d} class={`chart-line chart-line-${index}`} data-line={line.name} />;
+          })}
+        </svg>
+        {/* Labels in HTML: the plot stretches to its box, text must not. */}
+        <span class="chart-label chart-max">{max}</span>
+        <span class="chart-label chart-zero">0</span>
+        <span class="chart-label chart-from">-{minutes} min</span>
+        <span class="chart-label chart-now">now</span>
+      </div>
     </figure>
   );
 }
