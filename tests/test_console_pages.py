@@ -19,7 +19,8 @@ from tests._nodes import DevNode
 PAGES = {"runs": "/runs", "run": "/runs/{run}", "cluster": "/cluster", "keys": "/keys", "spaces": "/spaces"}
 
 
-def _run_with_tasks(api: Api, tasks: int = 2) -> tuple[dict[str, Any], list[str]]:
+def _run_with_tasks(api: Api, tasks: int = 2, held_by: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A run with a child run and `tasks` queued tasks; `held_by` receives the first under a lease."""
     run = api.ok("POST", "/v1/scopes", {"name": f"console-{uuid.uuid4().hex[:8]}"})
     api.ok("POST", "/v1/scopes", {"name": "child", "parentId": run["id"]})
     mailbox = api.ok("POST", "/v1/mailboxes", {"name": f"jobs-{uuid.uuid4().hex[:8]}"})
@@ -27,6 +28,8 @@ def _run_with_tasks(api: Api, tasks: int = 2) -> tuple[dict[str, Any], list[str]
         api.ok("POST", "/v1/tasks", {"mailboxId": mailbox["id"], "scopeId": run["id"], "input": {"n": n}})["taskId"]
         for n in range(tasks)
     ]
+    if held_by is not None:
+        api.ok("POST", f"/v1/mailboxes/{mailbox['id']}/recv", {"scopeId": run["id"], "holder": held_by, "holderSession": "s1"})
     return run, ids
 
 
@@ -46,7 +49,7 @@ def test_sign_in_with_a_key_shows_the_runs_and_the_operator_nav(console: Console
 
 
 def test_a_bad_key_is_refused_with_a_clear_message(console: Console, auth_node: tuple[DevNode, str]) -> None:
-    node, _ = auth_node
+    node, secret = auth_node
     page = console.new_page()
     page.goto(f"{node.url}/console/")
     page.locator('[data-action="sign-in"]:not([disabled])').wait_for()
@@ -55,6 +58,11 @@ def test_a_bad_key_is_refused_with_a_clear_message(console: Console, auth_node: 
     error = page.locator("[data-error]")
     error.wait_for()
     assert "not valid" in error.inner_text()
+    assert page.locator("[data-nav]").count() == 0
+    page.fill('input[name="space"]', "another-space")  # a valid key of another space
+    page.fill('input[name="key"]', secret)
+    page.click('[data-action="sign-in"]')
+    page.locator('[data-error]:has-text("belongs to the space")').wait_for()
     assert page.locator("[data-nav]").count() == 0
 
 
@@ -185,12 +193,14 @@ def test_revoking_the_consoles_key_mid_session_signs_it_out(console: Console, au
 def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_node: tuple[DevNode, str]) -> None:
     node, secret = auth_node
     api = Api(node.url, key=secret)
-    run, tasks = _run_with_tasks(api, tasks=2)
+    run, tasks = _run_with_tasks(api, tasks=2, held_by="worker-7")
     page = console.open(node.url, key=secret)
     page.locator(f'[data-table="runs"] [data-row="{run["id"]}"] a').click()
     page.locator('[data-page="run"]').wait_for()
     page.locator(f'[data-table="tasks"] [data-row="{tasks[0]}"]').wait_for()
     assert page.locator("[data-tree-node]").count() == 2
+    # The worker and what it holds: the task it received.
+    page.locator(f'[data-table="workers"] [data-row="worker-7"] a[href="#/tasks/{tasks[0]}"]').wait_for()
     page.click('[data-action="cancel"]')
     page.locator('[data-confirm="cancel"]').wait_for()  # asks first
     assert api.ok("GET", f"/v1/scopes/{run['id']}")["effective"] == "ACTIVE"
@@ -217,7 +227,7 @@ def test_a_node_that_stops_answering_shows_a_banner_and_recovers(node_factory: C
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1280", "390"])
 def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, str], viewport: dict[str, int]) -> None:
     node, secret = auth_node
-    run, _ = _run_with_tasks(Api(node.url, key=secret), tasks=3)
+    run, _ = _run_with_tasks(Api(node.url, key=secret), tasks=3, held_by="worker-1")
     page = console.open(node.url, key=secret, viewport=viewport)
     for name, path in PAGES.items():
         page.goto(f"{node.url}/console/#{path.format(run=run['id'])}")

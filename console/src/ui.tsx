@@ -154,9 +154,16 @@ export function ErrorBox(props: { error: unknown; children?: ComponentChildren }
 
 /** Loading, error or the data (an error with data kept shows both: the last data and the box). */
 export function Loadable<T>(props: { loaded: Loaded<T>; children: (data: T) => ComponentChildren }) {
-  const { data, error, loading } = props.loaded;
+  const { data, error, loading, reload } = props.loaded;
   if (data === undefined) {
-    if (error) return <ErrorBox error={error} />;
+    if (error) {
+      return (
+        <ErrorBox error={error}>
+          {" "}
+          <button type="button" class="retry" data-action="retry" onClick={reload}>Retry</button>
+        </ErrorBox>
+      );
+    }
     if (loading) return <Loading />;
     return <Empty />;
   }

@@ -247,7 +247,19 @@ export function RunPage(props: { params: { id: string } }) {
       <h2>Tree</h2>
       <Loadable loaded={ops}>{(data) => <RunTree ops={data} current={id} />}</Loadable>
       <h2>Workers</h2>
-      <Loadable loaded={ops}>{(data) => <Workers workers={data.workers} />}</Loadable>
+      <Loadable loaded={ops}>
+        {(data) => (
+          <>
+            <Workers workers={data.workers} />
+            {data.waiting.length > 0 ? (
+              <p class="notice" data-waiting={data.waiting.length}>
+                {data.waiting.length} thing{data.waiting.length === 1 ? "" : "s"} in this run wait{data.waiting.length === 1 ? "s" : ""} for a
+                resource or a worker: see <a href="#/waits">why they wait</a> or each task's page.
+              </p>
+            ) : null}
+          </>
+        )}
+      </Loadable>
       <h2>Tasks</h2>
       <Loadable loaded={tasks}>
         {(data) => (
@@ -299,6 +311,7 @@ function RunTree(props: { ops: OpsRun; current: string }) {
 
 function Workers(props: { workers: Worker[] }) {
   if (props.workers.length === 0) return <Empty>No worker holds anything in this run.</Empty>;
+  const list = (items: unknown) => (Array.isArray(items) ? items : []);
   return (
     <Table
       name="workers"
@@ -307,19 +320,22 @@ function Workers(props: { workers: Worker[] }) {
       columns={[
         { title: "Holder", cell: (worker) => <strong>{worker.holder}</strong> },
         {
-          title: "Holds",
-          cell: (worker) => (
-            <ul class="holds">
-              {Object.entries(worker)
-                .filter(([field, value]) => field !== "holder" && Array.isArray(value) && value.length > 0)
-                .map(([field, value]) => (
-                  <li>
-                    {field}: {(value as unknown[]).length}
-                  </li>
+          title: "Tasks",
+          cell: (worker) =>
+            list(worker.tasks).length === 0 ? (
+              <span class="muted">—</span>
+            ) : (
+              <ul class="holds">
+                {list(worker.tasks).map((task) => (
+                  <li><a href={href("tasks", String(task))} class="mono">{String(task)}</a></li>
                 ))}
-            </ul>
-          ),
+              </ul>
+            ),
         },
+        { title: "Once keys", cell: (worker) => list(worker.keys).map(String).join(", ") || <span class="muted">—</span> },
+        { title: "Permit grants", cell: (worker) => list(worker.grants).length, class: "num" },
+        { title: "Budget reservations", cell: (worker) => list(worker.reservations).length, class: "num" },
+        { title: "Sessions", cell: (worker) => list(worker.sessions).length, class: "num" },
         { title: "Earliest lease expiry", cell: (worker) => <Time value={worker.earliestLeaseExpiry as string | null} /> },
       ]}
     />
