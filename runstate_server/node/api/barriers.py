@@ -225,11 +225,11 @@ async def list_barriers(request: web.Request) -> web.Response:
 
     await node.confirm_leadership(caller)
     with node.read() as state:
-        if scope_id is not None:  # the run's own (at most barriers_per_run_max)
+        if scope_id is not None:  # the run's own, in creation order (at most barriers_per_run_max)
             run = state.runs.get(scope_id)
             ids = run.barriers if run is not None and run.space == space else []
-            chosen = (state.barriers[barrier_id] for barrier_id in ids if barrier_id in state.barriers)
-            found, next_cursor = paging.page_sorted(chosen, key, matches, limit, after)
+            chosen = (state.barriers[barrier_id] for barrier_id in reversed(ids) if barrier_id in state.barriers)
+            found, next_cursor = paging.page(chosen, key, matches, limit, after)
         else:
             found, next_cursor = paging.page(reversed(state.barriers.values()), key, matches, limit, after)
         views = [barrier_view(barrier) for barrier in found]

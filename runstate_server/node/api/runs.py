@@ -110,8 +110,9 @@ async def list_runs(request: web.Request) -> web.Response:
     with node.read() as state:
         if parent_id is not None:
             parent = state.runs.get(parent_id)
-            children = [state.runs[child] for child in parent.children] if parent is not None and parent.space == space else []
-            found, next_cursor = paging.page_sorted(children, key, matches, limit, after)
+            # Its children, in creation order (appended as they are created), from the newest.
+            children = parent.children if parent is not None and parent.space == space else []
+            found, next_cursor = paging.page((state.runs[child] for child in reversed(children)), key, matches, limit, after)
         else:
             found, next_cursor = paging.page(reversed(state.runs.values()), key, matches, limit, after)
         views = [run_view(runs.describe(state, run, now_ms)) for run in found]

@@ -243,11 +243,11 @@ async def list_timers(request: web.Request) -> web.Response:
 
     await node.confirm_leadership(caller)
     with node.read() as state:
-        if scope_id is not None:  # the run's own (at most timers_per_run_max)
+        if scope_id is not None:  # the run's own, in creation order (at most timers_per_run_max)
             run = state.runs.get(scope_id)
             ids = run.timers if run is not None and run.space == space else []
-            chosen = (state.timers[timer_id] for timer_id in ids if timer_id in state.timers)
-            found, next_cursor = paging.page_sorted(chosen, key, matches, limit, after)
+            chosen = (state.timers[timer_id] for timer_id in reversed(ids) if timer_id in state.timers)
+            found, next_cursor = paging.page(chosen, key, matches, limit, after)
         else:
             found, next_cursor = paging.page(reversed(state.timers.values()), key, matches, limit, after)
         views = [timer_view(timer) for timer in found]
