@@ -124,7 +124,7 @@ export function LineChart(props: { name: string; title: string; lines: ChartLine
 }
 
 interface EventsPage {
-  events: { eventId: string; createdAt: string }[];
+  events: { eventId: string; cursor: string; createdAt: string }[];
   nextCursor: string;
 }
 
@@ -140,17 +140,17 @@ export function useEventRate(types: string[], bucketMs: number, windowMs: number
   const [counts, setCounts] = useState<Map<number, number>>(new Map());
   const [total, setTotal] = useState(0);
   const key = types.join(",");
-  const seen = useRef(new Set<string>());
+  const counted = useRef(0); // the log's number (cursor) of the last event counted: a re-read skips to after it
   useEffect(() => {
     const controller = new AbortController();
     const signal = controller.signal;
-    seen.current = new Set();
+    counted.current = 0;
     setCounts(new Map());
     setTotal(0);
     const tally = (events: EventsPage["events"]) => {
-      const fresh = events.filter((event) => !seen.current.has(event.eventId));
+      const fresh = events.filter((event) => Number(event.cursor) > counted.current);
       if (!fresh.length) return;
-      for (const event of fresh) seen.current.add(event.eventId);
+      counted.current = Math.max(counted.current, ...fresh.map((event) => Number(event.cursor)));
       const oldest = Date.now() - windowMs - bucketMs;
       setCounts((old) => {
         const next = new Map([...old].filter(([bucket]) => bucket >= oldest));
@@ -184,7 +184,7 @@ export function useEventRate(types: string[], bucketMs: number, windowMs: number
         } catch (error) {
           if (signal.aborted) return;
           if (error instanceof ApiError && error.code === "CURSOR_EXPIRED") {
-            cursor = null; // events were dropped: read again what the log keeps (seen dedupes)
+            cursor = null; // events were dropped: read again what the log keeps (counted skips what was)
             catchingUp = true;
             pages = 0;
             continue;
