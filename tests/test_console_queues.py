@@ -2,7 +2,8 @@
 node, fed by the Python SDK: a queue drains live while the page is open (no reload); a task short
 of a permit leads from its page to the permit and the task holding it; a task's history shows its
 events; groups, barriers and timers show what the SDK made; every page fits 390 px, and an
-unknown id shows an error, not a blank page."""
+unknown id shows an error, not a blank page; a read-only key sees the pages, a key without read is
+told what it lacks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from playwright.sync_api import expect
 from runstate import Runstate
 
 from tests._browser import NARROW, UI_TIMEOUT_MS, Console, page_overflows
+from tests._http import Api
 from tests._nodes import DevNode
 
 _EXPECT_TIMEOUT_MS_DEFAULT = 5_000  # Playwright's own
@@ -220,3 +222,22 @@ def test_the_pages_fit_a_narrow_screen(console: Console, dev_node: DevNode) -> N
                            ("/groups/grp_missing", "group"), ("/waits?scopeId=run_missing", "waits")]:
             root = _go(page, path, name)
             expect(root.locator("[data-error]").first).to_contain_text("NOT_FOUND")
+
+
+def test_a_reader_key_sees_the_pages_and_a_key_without_read_is_told(console: Console, auth_node: tuple[DevNode, str]) -> None:
+    node, secret = auth_node
+    admin = Api(node.url, key=secret)
+    tag = uuid.uuid4().hex[:8]
+    reader = admin.ok("POST", "/v1/keys", {"space": "default", "name": f"reader-{tag}", "permissions": ["coordination_read"]})
+    page = console.open(node.url, key=reader["key"])
+    for entry in ("queues", "groups", "capacity", "waits"):
+        expect(page.locator(f'[data-nav-entry="{entry}"]')).to_have_count(1)
+    page.click('[data-nav-entry="capacity"]')
+    page.locator('[data-page="capacity"] [data-table="permits"], [data-page="capacity"] [data-empty]').first.wait_for()
+    assert page.locator('[data-page="capacity"] [data-error]').count() == 0
+
+    configurer = admin.ok("POST", "/v1/keys", {"space": "default", "name": f"config-{tag}", "permissions": ["resource_config"]})
+    page = console.open(node.url, key=configurer["key"])
+    expect(page.locator('[data-nav-entry="queues"]')).to_have_count(0)
+    page.goto(f"{node.url}/console/#/queues")  # typed in by hand: the page says what the key lacks
+    expect(page.locator('[data-page="queues"] [data-error]').first).to_contain_text("lacks coordination_read")
