@@ -8,6 +8,12 @@ import { ClusterPage } from "./pages/Cluster";
 import { KeysPage } from "./pages/Keys";
 import { RunPage, RunsPage } from "./pages/Runs";
 import { SpacesPage } from "./pages/Spaces";
+// The pages of queues, tasks, groups, capacity and waits.
+import { AllowancePage, BudgetPage, CapacityPage, PermitPage } from "./pages/Capacity";
+import { BarriersPage, GroupPage, GroupsPage, TimersPage } from "./pages/Groups";
+import { MailboxPage, QueuesPage } from "./pages/Queues";
+import { TaskPage } from "./pages/Tasks";
+import { WaitsPage } from "./pages/Waits";
 
 export type Params = Record<string, string>;
 
@@ -22,6 +28,18 @@ export interface RouteEntry {
 export const ROUTES: RouteEntry[] = [
   { path: "/runs", component: RunsPage, nav: "Runs", needs: "coordination_read" },
   { path: "/runs/:id", component: RunPage },
+  { path: "/queues", component: QueuesPage, nav: "Queues", needs: "coordination_read" },
+  { path: "/queues/:id", component: MailboxPage },
+  { path: "/tasks/:id", component: TaskPage },
+  { path: "/groups", component: GroupsPage, nav: "Groups", needs: "coordination_read" },
+  { path: "/groups/:id", component: GroupPage },
+  { path: "/barriers", component: BarriersPage },
+  { path: "/timers", component: TimersPage },
+  { path: "/capacity", component: CapacityPage, nav: "Capacity", needs: "coordination_read" },
+  { path: "/permits/:id", component: PermitPage },
+  { path: "/allowances/:id", component: AllowancePage },
+  { path: "/budgets/:id", component: BudgetPage },
+  { path: "/waits", component: WaitsPage, nav: "Waits", needs: "coordination_read" },
   { path: "/cluster", component: ClusterPage, nav: "Cluster" },
   { path: "/keys", component: KeysPage, nav: "API keys", needs: "admin" },
   { path: "/spaces", component: SpacesPage, nav: "Spaces", needs: "operator" },

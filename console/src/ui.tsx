@@ -123,6 +123,9 @@ const STATE_CLASS: Record<string, string> = {
   COMPLETED: "ok", SUCCEEDED: "ok", DONE: "ok", RELEASED: "ok", FIRED: "ok", OPEN: "info",
   CANCELLED: "bad", FAILED: "bad", EXPIRED: "bad", DEAD: "bad", DOWN: "bad", TIMED_OUT: "bad",
   LEADER: "ok", FOLLOWER: "muted", CANDIDATE: "warn", UP: "ok",
+  // pages: groups, barriers, timers, capacity, messages
+  SUCCESS: "ok", FAILURE: "bad", ACCEPTED: "ok", REJECTED: "bad", FINALIZED: "ok", SEALED: "warn", ARMED: "info",
+  ACKED: "ok", LEASED: "info", SIGNALED: "info", GRANTED: "ok", SETTLED: "ok", VOIDED: "muted", STALE: "warn",
 };
 
 export function StateBadge(props: { state: string | null | undefined }) {

@@ -1,0 +1,140 @@
+// A task's page (#/tasks/<id>): its fields, why it waits (when it is queued) and its history from
+// the space's event log.
+
+import type { ComponentChildren } from "preact";
+import { get, spacePath } from "../api";
+import { useData, useLive } from "../live";
+import type { Params } from "../routes";
+import { Fields, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import {
+  JsonBlock,
+  JsonPreview,
+  MailboxLink,
+  RunLink,
+  type RunDiagnostics,
+  type Task,
+  WorkerLink,
+} from "./_shared";
+import { WaitReasons } from "./Waits";
+
+interface Event {
+  eventId: string;
+  cursor: string;
+  type: string;
+  createdAt: string;
+  scopeId: string | null;
+  payload: Record<string, unknown>;
+}
+
+const HISTORY_PAGE = 1000;
+const HISTORY_PAGES_MAX = 10; // the space's log keeps at most 10 000 events
+
+/** Every event of the aggregate the log still keeps, oldest first. */
+async function history(aggregate: string, signal: AbortSignal): Promise<Event[]> {
+  const found: Event[] = [];
+  let cursor: string | null = null;
+  for (let pages = 0; pages < HISTORY_PAGES_MAX; pages++) {
+    const page: { events: Event[]; nextCursor: string } = await get(spacePath("/events"), {
+      query: { aggregate, cursor, limit: HISTORY_PAGE }, signal,
+    });
+    found.push(...page.events);
+    cursor = page.nextCursor;
+    if (page.events.length < HISTORY_PAGE) break;
+  }
+  return found;
+}
+
+export function EventTable(props: { events: Event[]; empty: string }) {
+  return (
+    <Table<Event>
+      name="history"
+      rows={props.events}
+      rowId={(event) => event.eventId}
+      empty={props.empty}
+      columns={[
+        { title: "When", cell: (event) => <Time value={event.createdAt} /> },
+        { title: "Event", cell: (event) => <code data-event-type={event.type}>{event.type}</code> },
+        { title: "State", cell: (event) => (typeof event.payload.state === "string" ? <StateBadge state={event.payload.state} /> : null) },
+        { title: "Attempt", class: "num", cell: (event) => (event.payload.attempt as number | undefined) ?? "" },
+        { title: "Details", cell: (event) => <JsonPreview value={event.payload} maxChars={100} /> },
+      ]}
+    />
+  );
+}
+
+const ALWAYS_SHOWN = new Set(["Id", "State", "Key", "Mailbox", "Run", "Attempt"]);
+
+/** The task's fields without the empty optional ones (a queued task has no holder, no result...). */
+function shown(rows: [string, ComponentChildren][]): [string, ComponentChildren][] {
+  return rows.filter(([label, value]) => ALWAYS_SHOWN.has(label) || (value !== null && value !== undefined && value !== ""));
+}
+
+export function TaskPage(props: { params: Params }) {
+  const id = props.params.id;
+  const task = useData((signal) => get<Task>(spacePath(`/tasks/${encodeURIComponent(id)}`), { signal }), [id]);
+  const events = useData((signal) => history(`task:${id}`, signal), [id]);
+  const queued = task.data?.state === "QUEUED";
+  const scopeId = task.data?.scopeId ?? null;
+  const diagnostics = useData(
+    async (signal) => (queued && scopeId
+      ? get<RunDiagnostics>(spacePath(`/ops/runs/${encodeURIComponent(scopeId)}`), { signal })
+      : null),
+    [queued, scopeId, task.data],
+  );
+  useLive({ aggregate: `task:${id}` }, () => {
+    task.reload();
+    events.reload();
+  });
+  // What a queued task waits for changes with other tasks' events (a grant released): follow its run.
+  useLive(queued && scopeId ? { scopeId } : null, diagnostics.reload);
+  return (
+    <Page name="task" title={<>Task <code>{id}</code></>}>
+      <Loadable loaded={task}>
+        {(data) => (
+          <>
+            {data.state === "QUEUED" ? (
+              <section class="why-waiting" data-section="why-waiting">
+                <h2>Why is it waiting?</h2>
+                <Loadable loaded={diagnostics}>
+                  {(view) => <WaitReasons entry={view?.waiting.find((entry) => entry.kind === "task" && entry.taskId === id) ?? null} />}
+                </Loadable>
+              </section>
+            ) : null}
+            <Fields name="task" rows={shown([
+              ["Id", <code data-task-id>{data.id}</code>],
+              ["State", <StateBadge state={data.state} />],
+              ["Key", <code>{data.taskKey}</code>],
+              ["Mailbox", <MailboxLink id={data.mailboxId} name={data.mailbox} />],
+              ["Run", <RunLink id={data.scopeId} />],
+              ["Attempt", `${data.attempt}${data.attempts ? ` of ${data.attempts}` : ""}`],
+              ["Holder", data.holder ? <WorkerLink holder={data.holder} scopeId={data.scopeId} /> : null],
+              ["Lease expires", data.leaseExpiresAt ? <Time value={data.leaseExpiresAt} /> : null],
+              ["Error", data.error ? <span class="error-text" data-task-error>{data.error}</span> : null],
+              ["Outcome reason", data.outcomeReason],
+              ["Finished by", data.finishedBy],
+              ["Deadline", data.deadline ? <Time value={data.deadline} /> : null],
+              ["Created", <Time value={data.createdAt} />],
+              ["Finished", data.finishedAt ? <Time value={data.finishedAt} /> : null],
+              ["Subscribers", data.subscribers.length ? data.subscribers.join(", ") : null],
+              ["Needs", data.needs ? <JsonPreview value={data.needs} maxChars={120} /> : null],
+            ])} />
+            <div class="two-columns">
+              <div>
+                <h2>Input</h2>
+                <JsonBlock value={data.input} name="input" />
+              </div>
+              <div>
+                <h2>Result</h2>
+                <JsonBlock value={data.outcome} name="outcome" />
+              </div>
+            </div>
+          </>
+        )}
+      </Loadable>
+      <h2>History</h2>
+      <Loadable loaded={events}>
+        {(found) => <EventTable events={found} empty="The event log keeps no event of this task (it keeps the last hour)." />}
+      </Loadable>
+    </Page>
+  );
+}
