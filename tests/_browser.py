@@ -13,6 +13,8 @@ RUNSTATE_CONSOLE_SCREENSHOTS=<dir> is set (the committed ones live in docs/conso
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,10 +100,49 @@ def browser() -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        own_loop = asyncio.events._get_running_loop()
         try:
             yield launched
         finally:
+            # The session ends in some test's teardown, which may be one run with no running loop.
+            asyncio.events._set_running_loop(own_loop)
             launched.close()
+
+
+@contextlib.contextmanager
+def playwright_loop_set_aside(item: pytest.Item) -> Iterator[None]:
+    """Playwright's sync API leaves its event loop set as the thread's running loop while it runs
+    (here: the whole session, once a test started the browser), so a later test on the same worker
+    that called asyncio.run() failed ("cannot be called from a running event loop"). A test that
+    does not use the browser runs each phase with no running loop; after it, the loop that was
+    there is put back (or Playwright's, if the phase started it: its calls need it set)."""
+    if "browser" in getattr(item, "fixturenames", ()):
+        yield
+        return
+    before = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio.events._set_running_loop(asyncio.events._get_running_loop() or before)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with playwright_loop_set_aside(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with playwright_loop_set_aside(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with playwright_loop_set_aside(item):
+        return (yield)
 
 
 @pytest.fixture
