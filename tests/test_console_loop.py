@@ -17,9 +17,7 @@ async def _answer() -> int:
 def browser_started(request: pytest.FixtureRequest) -> Any:
     """The session's browser, started if it was not, without naming `browser` among this test's
     fixtures: as on a worker where a console test ran before a test that uses asyncio."""
-    browser = request.getfixturevalue("browser")
-    browser.new_page().close()
-    return browser
+    return request.getfixturevalue("browser")  # no call on it here: see playwright_loop_set_aside
 
 
 def test_asyncio_run_works_beside_a_started_browser(browser_started: Any) -> None:
