@@ -201,6 +201,13 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
     assert page.locator("[data-tree-node]").count() == 2
     # The worker and what it holds: the task it received.
     page.locator(f'[data-table="workers"] [data-row="worker-7"] a[href="#/tasks/{tasks[0]}"]').wait_for()
+    # The run's own groups, barriers, timers and waits are one click away.
+    for linked in ("groups", "barriers", "timers", "waits"):
+        assert page.get_attribute(f'[data-link="run-{linked}"]', "href") == f"#/{linked}?scopeId={run['id']}"
+    page.click('[data-link="run-groups"]')
+    page.locator('[data-page="groups"]').wait_for()
+    page.go_back()
+    page.locator('[data-page="run"] [data-action="cancel"]').wait_for()
     page.click('[data-action="cancel"]')
     page.locator('[data-confirm="cancel"]').wait_for()  # asks first
     assert api.ok("GET", f"/v1/scopes/{run['id']}")["effective"] == "ACTIVE"

@@ -246,6 +246,17 @@ export function RunPage(props: { params: { id: string } }) {
       </Loadable>
       <h2>Tree</h2>
       <Loadable loaded={ops}>{(data) => <RunTree ops={data} current={id} />}</Loadable>
+      <p class="crumbs" data-run-links>
+        In this run:{" "}
+        {(["groups", "barriers", "timers", "waits"] as const).map((page, index) => (
+          <>
+            {index > 0 ? " · " : null}
+            <a href={`#/${page}?scopeId=${encodeURIComponent(id)}`} data-link={`run-${page}`}>
+              {page === "groups" ? "task groups" : page === "waits" ? "why it waits" : page}
+            </a>
+          </>
+        ))}
+      </p>
       <h2>Workers</h2>
       <Loadable loaded={ops}>
         {(data) => (
@@ -254,7 +265,7 @@ export function RunPage(props: { params: { id: string } }) {
             {data.waiting.length > 0 ? (
               <p class="notice" data-waiting={data.waiting.length}>
                 {data.waiting.length} thing{data.waiting.length === 1 ? "" : "s"} in this run wait{data.waiting.length === 1 ? "s" : ""} for a
-                resource or a worker: see <a href="#/waits">why they wait</a> or each task's page.
+                resource or a worker: see <a href={`#/waits?scopeId=${encodeURIComponent(id)}`} data-link="run-waits">why they wait</a> or each task's page.
               </p>
             ) : null}
           </>
