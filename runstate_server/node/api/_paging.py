@@ -16,13 +16,18 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.node.api import _request as req
 from runstate_server.node.errors import ApiError
+
+if TYPE_CHECKING:
+    from runstate_server.actors.state import Run, State
+    from runstate_server.node.caller import Caller
+    from runstate_server.node.server import Node
 
 T = TypeVar("T")
 Cursor = tuple[int, str]
@@ -133,3 +138,51 @@ def bool_filter(request: web.Request, field: str) -> bool | None:
     return value == "true"
 
 
+
+
+class RunOwned(Protocol):
+    """A barrier or a timer: what run_owned_page reads of one."""
+
+    space: str
+    state: str
+    created_ms: int
+    id: str
+
+
+R = TypeVar("R", bound=RunOwned)
+
+
+async def run_owned_page(
+    request: web.Request,
+    node: Node,
+    caller: Caller,
+    states: tuple[str, ...],
+    table: Callable[[State], dict[str, R]],
+    of_run: Callable[[Run], list[str]],
+    view: Callable[[R], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the space's barriers or timers (GET /barriers, /timers), newest first, filtered
+    by `state` and `scopeId` (then only that run's own, which it keeps in creation order, bounded
+    per run): their views and the next page's cursor."""
+    limit, after = page_args(request)
+    wanted_state = state_filter(request, states)
+    scope_id = text_filter(request, "scopeId")
+    space = caller.space
+
+    def matches(entity: R) -> bool:
+        return entity.space == space and (wanted_state is None or entity.state == wanted_state)
+
+    def key(entity: R) -> Cursor:
+        return (entity.created_ms, entity.id)
+
+    await node.confirm_leadership(caller)
+    with node.read() as state:
+        entities = table(state)
+        if scope_id is not None:
+            run = state.runs.get(scope_id)
+            ids = of_run(run) if run is not None and run.space == space else []
+            newest_first: Iterable[R] = (entities[entity_id] for entity_id in reversed(ids) if entity_id in entities)
+        else:
+            newest_first = reversed(entities.values())
+        found, next_cursor = page(newest_first, key, matches, limit, after)
+        return [view(entity) for entity in found], next_cursor

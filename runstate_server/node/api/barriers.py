@@ -212,25 +212,7 @@ BARRIERS_PAGE = obj({"barriers": array(BARRIER), "nextCursor": STRING_OR_NULL})
 )
 async def list_barriers(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
-    limit, after = paging.page_args(request)
-    wanted_state = paging.state_filter(request, _BARRIER_STATES)
-    scope_id = paging.text_filter(request, "scopeId")
-    space = caller.space
-
-    def matches(barrier: Barrier) -> bool:
-        return barrier.space == space and (wanted_state is None or barrier.state == wanted_state)
-
-    def key(barrier: Barrier) -> paging.Cursor:
-        return (barrier.created_ms, barrier.id)
-
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        if scope_id is not None:  # the run's own, in creation order (at most barriers_per_run_max)
-            run = state.runs.get(scope_id)
-            ids = run.barriers if run is not None and run.space == space else []
-            chosen = (state.barriers[barrier_id] for barrier_id in reversed(ids) if barrier_id in state.barriers)
-            found, next_cursor = paging.page(chosen, key, matches, limit, after)
-        else:
-            found, next_cursor = paging.page(reversed(state.barriers.values()), key, matches, limit, after)
-        views = [barrier_view(barrier) for barrier in found]
+    views, next_cursor = await paging.run_owned_page(
+        request, node, caller, _BARRIER_STATES, lambda state: state.barriers, lambda run: run.barriers, barrier_view,
+    )
     return web.json_response({"barriers": views, "nextCursor": next_cursor})

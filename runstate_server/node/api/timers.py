@@ -230,25 +230,7 @@ TIMERS_PAGE = obj({"timers": array(TIMER), "nextCursor": STRING_OR_NULL})
 )
 async def list_timers(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
-    limit, after = paging.page_args(request)
-    wanted_state = paging.state_filter(request, _TIMER_STATES)
-    scope_id = paging.text_filter(request, "scopeId")
-    space = caller.space
-
-    def matches(timer: Timer) -> bool:
-        return timer.space == space and (wanted_state is None or timer.state == wanted_state)
-
-    def key(timer: Timer) -> paging.Cursor:
-        return (timer.created_ms, timer.id)
-
-    await node.confirm_leadership(caller)
-    with node.read() as state:
-        if scope_id is not None:  # the run's own, in creation order (at most timers_per_run_max)
-            run = state.runs.get(scope_id)
-            ids = run.timers if run is not None and run.space == space else []
-            chosen = (state.timers[timer_id] for timer_id in reversed(ids) if timer_id in state.timers)
-            found, next_cursor = paging.page(chosen, key, matches, limit, after)
-        else:
-            found, next_cursor = paging.page(reversed(state.timers.values()), key, matches, limit, after)
-        views = [timer_view(timer) for timer in found]
+    views, next_cursor = await paging.run_owned_page(
+        request, node, caller, _TIMER_STATES, lambda state: state.timers, lambda run: run.timers, timer_view,
+    )
     return web.json_response({"timers": views, "nextCursor": next_cursor})
