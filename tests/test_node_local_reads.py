@@ -25,7 +25,7 @@ def commit_index(url: str) -> int:
     return int(Api(url).ok("GET", "/v1/health")["commitIndex"])
 
 
-def test_a_dev_node_answers_reads_without_a_log_entry(node_factory: type[DevNode]) -> None:
+def test_a_dev_node_answers_reads_without_a_log_entry(node_factory: Callable[..., DevNode]) -> None:
     node = node_factory(in_memory=True).start()
     api = Api(node.url)
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
@@ -39,7 +39,7 @@ def test_a_dev_node_answers_reads_without_a_log_entry(node_factory: type[DevNode
     assert commit_index(node.url) > before
 
 
-def test_every_read_sees_the_writes_acknowledged_before_it(node_factory: type[DevNode]) -> None:
+def test_every_read_sees_the_writes_acknowledged_before_it(node_factory: Callable[..., DevNode]) -> None:
     """Clients write and read at once; each read starts after its write's answer, on another
     connection, and must see it."""
     node = node_factory(in_memory=True).start()
