@@ -154,6 +154,7 @@ def test_a_node_without_quorum_is_not_leader_and_never_ready() -> None:
             assert raised.value.leader_address is None
             with pytest.raises(LogUnavailable):
                 await log.wait_ready(timeout_s=0.3)
+            assert not log.reads_locally()
 
     asyncio.run(scenario())
 
@@ -190,9 +191,24 @@ def test_three_nodes_replicate_and_followers_refuse_proposals() -> None:
             with pytest.raises(NotLeader) as raised:
                 await follower.propose({"type": "add", "id": 99})
             assert raised.value.leader_address == leader.self_address
+            assert not any(log.reads_locally() for log in logs)  # a cluster's reads commit a barrier
         finally:
             for log in logs:
                 await log.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_single_voter_reads_locally_and_answers_a_write_only_after_applying_it() -> None:
+    """What lets a single node answer reads with no log entry (Node.confirm_leadership)."""
+    async def scenario() -> None:
+        async with running_log() as (log, machine):
+            assert log.reads_locally()
+            for command_id in range(50):
+                await log.propose({"type": "add", "id": command_id})
+                assert applied_ids(log, machine)[-1] == command_id  # applied before it was answered
+            assert log.reads_locally()
+        assert not log.reads_locally()  # stopped
 
     asyncio.run(scenario())
 

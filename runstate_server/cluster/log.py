@@ -259,6 +259,22 @@ class ReplicatedLog:
         # Stale when the tick thread is stuck, which is the point: then it stops counting.
         return self._leading_since >= since or self._quorum_heard_at >= since
 
+    def reads_locally(self) -> bool:
+        """Whether a linearizable read may be answered from this node's applied state with no log
+        entry: only on a single voter (no peers, and membership is static: no other node can ever
+        lead or commit) that runs, leads, and has applied its own no-op (so every entry committed
+        before it led, a restart's journal included). Every write it acknowledged was applied
+        before its answer (the callback runs after apply, in the tick thread), so such a read sees
+        it. Committed entries not yet applied were not acknowledged: concurrent with the read. On
+        a cluster a read commits a barrier (node layer); a read index is not built yet."""
+        raft = self._raft
+        if raft is None or self.peer_addresses or self._stopped or self._halt_reason is not None:
+            return False
+        if raft.raft_state() != _LEADER:
+            return False
+        noop_index = raft.noop_index()
+        return noop_index is not None and raft.raftLastApplied >= noop_index
+
     @property
     def leader_address(self) -> str | None:
         raft = self._raft

@@ -14,8 +14,9 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from runstate_server.actors import dispatch
+from runstate_server.actors import access, dispatch
 from runstate_server.actors.context import Effect
+from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import State
 from runstate_server.cluster.config import LogConfig
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
@@ -215,10 +216,23 @@ class Node:
     # -- reads -----------------------------------------------------------------------------------
 
     async def confirm_leadership(self, caller: Caller) -> None:
-        """Before a read a client acts on: commit a no-op through the log. Once it is committed
-        this node was still the leader and has applied every write acknowledged before the read
-        began, so the read that follows is linearizable. (pysyncobj has no read index.) The no-op
-        carries the caller's key: a key revoked before the read is refused by it."""
+        """Before a read a client acts on. On a cluster: commit a no-op through the log. Once it is
+        committed this node was still the leader and has applied every write acknowledged before
+        the read began, so the read that follows is linearizable. (pysyncobj has no read index.)
+        The no-op carries the caller's key: a key revoked before the read is refused by it.
+
+        On a single voter (`runstate dev`, a one-node cluster) no entry is needed: no other node can
+        lead, and this one applied every write it acknowledged before answering it
+        (`ReplicatedLog.reads_locally`). The caller's key is checked against the state at the read
+        instead, with the barrier's own check and error, so a revoke applied before the read holds."""
+        if self.log.reads_locally():
+            if caller.key_id is not None:
+                with self.read() as state:
+                    try:
+                        access.require_command_key(state, caller.key_id, caller.space)
+                    except Rejected as rejected:
+                        raise_for_result(rejected.as_result())
+            return
         await self.propose(caller, "barrier", {})
 
     @contextlib.contextmanager
