@@ -72,7 +72,11 @@ def test_quickstart_scripts_run_unchanged(dev_node: Any, tmp_path: Path) -> None
             stderr=subprocess.PIPE,
             text=True,
         )
-        out, err = producer.communicate(timeout=60)
+        # Not communicate(): it reads the pipe underneath the text buffer, and loses a line that
+        # readline() above had already buffered (the submit line, when it came with the first).
+        producer.wait(timeout=60)  # the output is a few lines: the pipe never fills
+        assert producer.stdout is not None and producer.stderr is not None
+        out, err = producer.stdout.read(), producer.stderr.read()
         assert producer.returncode == 0, err
         lines = out.strip().splitlines()
         assert lines[0].startswith("task ") and lines[0].endswith("submitted, waiting for a worker...")
