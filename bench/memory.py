@@ -6,7 +6,8 @@ Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data di
 and warms the node up with a few tasks submitted and completed (so the baseline already holds
 what any busy node holds: the HTTP machinery, a snapshot, the bounded event log and idempotency
 table). It then submits N tasks through the HTTP API in batch calls (`submit_many`, 100 per call,
-8 producers), each with an input of 100 bytes of canonical JSON and no key, and reads the node's
+8 producers), each with an input of 100 bytes of canonical JSON and no key of its own (the node
+gives it one), and reads the node's
 resident set size (VmRSS, /proc): the growth over the baseline divided by N is what one QUEUED task
 costs. Then it receives them (100 per call) and completes each with a result of 100 bytes, and
 reads the RSS again: what one SUCCEEDED task costs (its run still open, so the node keeps it).
@@ -49,8 +50,12 @@ PRODUCERS = 8
 RECEIVERS = 4  # each completes its batch of up to 100 deliveries concurrently
 RECEIVE_WAIT_MS = 1_000
 IDLE_RECEIVES_MAX = 30  # empty receives in a row (of RECEIVE_WAIT_MS each) before the benchmark gives up
-LEASE_MS = 300_000  # a delivery's lease: long enough for the whole batch to be completed
-WARMUP_TASKS = 500
+# A delivery's lease: the SDK's default. A completed task's lease entry stays in the node's due-time
+# heap until the lease would have ended, so the tasks completed in the last LEASE_MS carry it too.
+LEASE_MS = 30_000
+# Enough to fill what the node bounds by count, not by tasks (a space's event log and its remembered
+# idempotency results), so that the growth measured after the baseline is the tasks' own.
+WARMUP_TASKS = 10_000
 TOP_SITES = 15
 
 # Run in the node's process under --profile: the node, with SIGUSR1 dumping a tracemalloc snapshot
@@ -100,22 +105,24 @@ def start_node(fsync: str, data_dir: Path, profile: Path | None) -> tuple[subpro
     return node, f"http://127.0.0.1:{port}"
 
 
-async def submit(url: str, run_id: str, first: int, count: int) -> int:
-    """Submit tasks first .. first+count-1 in batch calls from PRODUCERS producers; how many were accepted."""
-    accepted = 0
+async def submit(url: str, run_id: str, first: int, count: int) -> tuple[int, int]:
+    """Submit tasks first .. first+count-1 in batch calls from PRODUCERS producers; how many were
+    accepted, and the longest key the node gave one."""
+    accepted = key_chars = 0
     async with AsyncRunstate(base_url=url, holder="bench-producer") as rs:
         queue = rs.scope(run_id).mailbox("bench")
         chunks = iter(range(first, first + count, SUBMIT_BATCH))
 
         async def producer() -> None:
-            nonlocal accepted
+            nonlocal accepted, key_chars
             for start in chunks:
                 inputs = [padded("n", i) for i in range(start, min(start + SUBMIT_BATCH, first + count))]
                 tickets = await queue.submit_many(inputs)
                 accepted += len(tickets)  # after the await: `accepted += len(await ...)` would lose updates
+                key_chars = max([key_chars, *(len(ticket.key or "") for ticket in tickets)])
 
         await asyncio.gather(*(producer() for _ in range(PRODUCERS)))
-    return accepted
+    return accepted, key_chars
 
 
 async def complete(url: str, run_id: str, count: int) -> dict[str, int]:
@@ -188,7 +195,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     # The tasks go to as many runs as a run's bound needs; the warm-up to a run of its own, left
     # out where it would pass the space's task bound.
-    warmup = min(WARMUP_TASKS, max(0, limits.tasks_per_space_max - args.tasks))
+    warmup = min(args.warmup, max(0, limits.tasks_per_space_max - args.tasks))
     shares = [min(limits.tasks_per_run_max, args.tasks - start) for start in range(0, args.tasks, limits.tasks_per_run_max)]
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
         trace_path = Path(scratch) / "trace" if args.profile else None
@@ -205,9 +212,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             base = await read_memory(node.pid, args.settle_s)
             before = await trace(node, trace_path) if trace_path else None
             started = time.perf_counter()
-            accepted = []
+            accepted: list[int] = []
+            key_chars = 0
             for run_id, share in zip(runs, shares, strict=True):
-                accepted.append(await submit(url, run_id, sum(accepted), share))
+                count, chars = await submit(url, run_id, sum(accepted), share)
+                accepted.append(count)
+                key_chars = max(key_chars, chars)
             submit_s = time.perf_counter() - started
             queued = await read_memory(node.pid, args.settle_s)
             started = time.perf_counter()
@@ -225,12 +235,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     accepted_total = sum(accepted)
     queued_per_task = per_task(queued["VmRSS"] - base["VmRSS"], accepted_total)
     done_per_task = per_task(done["VmRSS"] - base["VmRSS"], accepted_total)
-    charged = TASK_OVERHEAD_BYTES + 2 * PAYLOAD_BYTES  # no key, no error (state.task_bytes)
+    charged = TASK_OVERHEAD_BYTES + 2 * PAYLOAD_BYTES + key_chars  # no error (state.task_bytes)
     return {
         "benchmark": "memory_per_task",
         "nodes": 1,
         "tasks": args.tasks,
         "submitted": accepted_total,
+        "warmup_tasks": warmup,
         "runs": len(runs),
         "fsync": args.fsync,
         "profile": args.profile,
@@ -271,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true",
         help="run the node under tracemalloc and report the allocation sites that grew most, per task (slower)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=WARMUP_TASKS,
+        help=f"tasks submitted and completed before the baseline, in a run of their own (default {WARMUP_TASKS}; "
+        "fewer where the space's task bound leaves no room)",
     )
     parser.add_argument(
         "--settle-s", type=float, default=SETTLE_S,

@@ -48,12 +48,12 @@ def test_timer_bench_short_form() -> None:
 
 def test_memory_bench_short_form() -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "bench.memory", "--tasks", "2000", "--settle-s", "0.2"],
+        [sys.executable, "-m", "bench.memory", "--tasks", "2000", "--warmup", "200", "--settle-s", "0.2"],
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout.strip().splitlines()[-1])
-    assert report["submitted"] == 2000
+    assert report["submitted"] == 2000 and report["warmup_tasks"] == 200
     assert report["states"] == {"SUCCEEDED": 2000}
     assert report["fsync"] == "always"
     rss = report["rss_mib"]
