@@ -80,11 +80,12 @@ def padded(field: str, n: int) -> dict[str, Any]:
 
 
 def memory_kib(pid: int) -> dict[str, int]:
-    """The process's VmRSS and VmHWM (peak RSS), in KiB."""
+    """The process's VmRSS, VmHWM (peak RSS) and RssFile (the part of VmRSS that maps files: the
+    journal, which pysyncobj maps, and the code), in KiB."""
     found: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
+        if name in ("VmRSS", "VmHWM", "RssFile"):
             found[name] = int(value.split()[0])
     return found
 
@@ -255,6 +256,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "queued": round(queued["VmRSS"] / 1024, 1),
             "completed": round(done["VmRSS"] / 1024, 1),
             "peak": round(done["VmHWM"] / 1024, 1),
+        },
+        # The part of the RSS that maps files (in rss_mib): mostly the journal.
+        "file_backed_mib": {
+            name: round(reading.get("RssFile", 0) / 1024, 1)
+            for name, reading in (("baseline", base), ("queued", queued), ("completed", done))
         },
         "bytes_per_task": {"queued": queued_per_task, "completed": done_per_task},
         "peak_bytes_per_task": per_task(done["VmHWM"] - base["VmRSS"], accepted_total),

@@ -59,6 +59,7 @@ def test_memory_bench_short_form() -> None:
     rss = report["rss_mib"]
     assert 0 < rss["baseline"] <= rss["peak"]
     assert rss["queued"] <= rss["peak"] and rss["completed"] <= rss["peak"]
+    assert set(report["file_backed_mib"]) == {"baseline", "queued", "completed"}
     # Present and of the right kind; their size is measured, not judged (RSS may even shrink).
     assert set(report["bytes_per_task"]) == {"queued", "completed"}
     assert all(isinstance(value, int) for value in report["bytes_per_task"].values())
