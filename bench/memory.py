@@ -3,7 +3,7 @@
     python -m bench.memory --tasks 100000 --fsync always
 
 Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir, opens a run,
-and warms the node up with a few tasks submitted and completed (so the baseline already holds
+and warms the node up with 10,000 tasks submitted and completed (so the baseline already holds
 what any busy node holds: the HTTP machinery, a snapshot, the bounded event log and idempotency
 table). It then submits N tasks through the HTTP API in batch calls (`submit_many`, 100 per call,
 8 producers), each with an input of 100 bytes of canonical JSON and no key of its own (the node
@@ -39,9 +39,8 @@ from runstate import AsyncRunstate
 from bench.throughput import wait_healthy
 
 NODE_EXIT_TIMEOUT_S = 30.0
-SETTLE_S = 2.0  # default wait after a phase, before the RSS is read: a snapshot the node began ends
+SETTLE_S = 2.0  # default wait after a phase, before the RSS is read: the node ends what it was doing
 PROFILE_TIMEOUT_S = 600.0
-GIB = 1024**3
 NODE_MEMORY_BYTES = 24 * 10**9  # "24 GB", as a machine's memory is sold
 PAYLOAD_BYTES = 100
 SUBMIT_BATCH = 100
@@ -232,7 +231,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 profile["top_sites"] = top_sites(before, await trace(node, trace_path), max(sum(accepted), 1))
         finally:
             node.terminate()
-            node.wait(NODE_EXIT_TIMEOUT_S)
+            try:
+                node.wait(NODE_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
     accepted_total = sum(accepted)
     queued_per_task = per_task(queued["VmRSS"] - base["VmRSS"], accepted_total)
     done_per_task = per_task(done["VmRSS"] - base["VmRSS"], accepted_total)
