@@ -44,3 +44,25 @@ def test_timer_bench_short_form() -> None:
     assert set(report["fired_late_ms"]) == {"p50", "p99", "max"}
     assert report["fired_late_ms"]["p50"] >= 0  # never before its time
     assert 0 <= report["fired_within_100ms"] <= 5
+
+
+def test_memory_bench_short_form() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.memory", "--tasks", "2000", "--warmup", "200", "--settle-s", "0.2"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["submitted"] == 2000 and report["warmup_tasks"] == 200
+    assert report["states"] == {"SUCCEEDED": 2000}
+    assert report["fsync"] == "always"
+    rss = report["rss_mib"]
+    assert 0 < rss["baseline"] <= rss["peak"]
+    assert rss["queued"] <= rss["peak"] and rss["completed"] <= rss["peak"]
+    assert set(report["file_backed_mib"]) == {"baseline", "queued", "completed"}
+    # Present and of the right kind; their size is measured, not judged (RSS may even shrink).
+    assert set(report["bytes_per_task"]) == {"queued", "completed"}
+    assert all(isinstance(value, int) for value in report["bytes_per_task"].values())
+    assert set(report["tasks_in_24gb"]) == {"queued", "completed"}
+    assert all(value > 0 for value in report["tasks_in_24gb"].values())
+    assert report["charged_bytes_per_task"] > 2 * 100
