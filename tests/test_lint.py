@@ -79,3 +79,11 @@ def test_the_core_never_iterates_a_set_it_builds() -> None:
                 ):
                     found.append(f"{path.relative_to(ROOT)}:{iterable.lineno}")
     assert not found, found
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    """CI runs exactly what the README tells a new user to run (installs included)."""
+    root = Path(__file__).resolve().parent.parent
+    command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert "pytest" in command and "apt-get install" in command
+    assert command in (root / "README.md").read_text().splitlines()
