@@ -36,6 +36,7 @@ from typing import Any
 
 from runstate import AsyncRunstate
 
+from bench.throughput import start_node as throughput_node
 from bench.throughput import wait_healthy
 
 NODE_EXIT_TIMEOUT_S = 30.0
@@ -90,19 +91,11 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def start_node(fsync: str, data_dir: Path, profile: Path | None) -> tuple[subprocess.Popen[bytes], str]:
-    sys.path.insert(0, str(Path(__file__).parent.parent))
-    from tests._nodes import free_port
-
-    port = free_port()
-    flags = ["dev", "--port", str(port), "--data-dir", str(data_dir), "--fsync", fsync]
-    env = dict(os.environ)
     if profile is None:
-        command = [sys.executable, "-m", "runstate_server.node.cli", *flags]
-    else:
-        command = [sys.executable, "-c", _PROFILED_NODE, *flags]
-        env["RUNSTATE_BENCH_TRACE"] = str(profile)
-    node = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    return node, f"http://127.0.0.1:{port}"
+        return throughput_node(fsync, data_dir)
+    return throughput_node(
+        fsync, data_dir, python_args=("-c", _PROFILED_NODE), env={**os.environ, "RUNSTATE_BENCH_TRACE": str(profile)},
+    )
 
 
 async def submit(url: str, run_id: str, first: int, count: int) -> tuple[int, int]:

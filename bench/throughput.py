@@ -150,9 +150,13 @@ async def work(url: str, run_id: str, concurrency: int) -> None:
         await rs.scope(run_id).mailbox("bench").consume(handle, concurrency=concurrency)
 
 
-def start_node(fsync: str, data_dir: Path, *, auth: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+def start_node(
+    fsync: str, data_dir: Path, *, auth: bool = False, python_args: tuple[str, ...] = ("-m", "runstate_server.node.cli"),
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
     """A dev node; with `auth`, it requires keys and RUNSTATE_API_KEY (inherited by the workers)
-    is set to its first admin key."""
+    is set to its first admin key. `python_args` run the node's CLI (bench.memory runs it under
+    tracemalloc)."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._nodes import free_port
 
@@ -161,9 +165,8 @@ def start_node(fsync: str, data_dir: Path, *, auth: bool = False) -> tuple[subpr
     if auth:
         os.environ["RUNSTATE_BOOTSTRAP_KEY"] = os.environ["RUNSTATE_API_KEY"] = "rsk_" + secrets.token_urlsafe(32)
     node = subprocess.Popen(
-        [sys.executable, "-m", "runstate_server.node.cli", "dev", "--port", str(port), "--data-dir", str(data_dir),
-         "--fsync", fsync, *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, *python_args, "dev", "--port", str(port), "--data-dir", str(data_dir), "--fsync", fsync, *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
     return node, f"http://127.0.0.1:{port}"
 
