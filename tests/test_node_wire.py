@@ -10,6 +10,8 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests._http import Api
 from tests._nodes import DevNode
@@ -155,3 +157,16 @@ def test_times_are_rfc3339_for_every_year() -> None:
     assert iso(-1) == "1969-12-31T23:59:59.999Z"
     assert iso(-62135596800000) == "0001-01-01T00:00:00.000Z"  # a timer `at` the year 1 fires at once
     assert iso(-30610224000000) == "1000-01-01T00:00:00.000Z"
+
+
+@settings(max_examples=2_000, deadline=None)
+@given(st.integers(min_value=-62135596800000, max_value=253402300799999))
+def test_iso_gives_what_datetime_gives_for_every_millisecond(ms: int) -> None:
+    # iso() remembers the text of recent seconds; every millisecond still reads as datetime has it.
+    from datetime import datetime, timezone
+
+    from runstate_server.node.api.views import iso
+
+    moment = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+    assert iso(ms) == f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+    assert iso(ms) == iso(ms)  # answered from the cache the second time

@@ -36,6 +36,8 @@ async def long_poll(
     wait_ms = req.query_integer(request, "waitMs", minimum=0, maximum=LONG_POLL_MS_MAX, default=0)
     deadline = time.monotonic() + wait_ms / 1000
     await node.confirm_leadership(caller_of(request))
+    if wait_ms == 0:  # a plain read: nothing to wait for, so no waiter to register and drop
+        return look()
     while True:
         with park(request, key) as waiter:
             view = look()
