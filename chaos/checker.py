@@ -2388,7 +2388,7 @@ def format_report(report: Report) -> str:
         f"{counts.get('allowance_consumes', 0)} allowance consumes, "
         f"{counts.get('budget_settles', 0)} budget settles, "
         f"{counts.get('registers', 0)} task registers "
-        f"({counts.get('registers_undecided', 0)} undecided), {counts.get('events_seen', 0)} events in "
+        f"({counts.get('registers_undecided', 0)} undecided), {counts.get('task_reads', 0)} task reads, {counts.get('events_seen', 0)} events in "
         f"{counts.get('event_pages', 0)} pages ({counts.get('event_failover_resumes', 0)} resumed after a failover)",
     ]
     for number, (name, _) in enumerate(CHECKS, start=1):
