@@ -6,15 +6,19 @@ acknowledged before it through any other."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from runstate_server.cluster import LogUnavailable, NotLeader, ReplicatedLog
 from runstate_server.cluster._read_index import READ_INDEX_REQUEST, READ_INDEX_RESPONSE, ReadIndex
 from tests._cluster import Cluster
+from tests._cluster_log_child import RecordingMachine, free_port
 from tests._http import Api, mailbox_id
 
 READS = 100
@@ -118,6 +122,58 @@ def test_a_follower_acknowledges_only_at_its_own_term_and_only_as_follower() -> 
     assert reads.on_message(raft, "a", {"type": READ_INDEX_REQUEST, "term": "7", "seq": None})  # malformed: dropped
     assert not reads.on_message(raft, "a", {"type": "append_entries"})  # pysyncobj's
     assert not reads.on_message(raft, "a", "not a dict")
+
+
+# -- three logs in one process ----------------------------------------------------------------------
+
+CONCURRENT_READS = 200
+READY_TIMEOUT_S = 15.0
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_concurrent_reads_share_rounds_and_a_peer_without_the_read_index_counts_for_nothing() -> None:
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        logs = [
+            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
+                          password="cluster-password")
+            for address in addresses
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.reads_by_index() for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            followers = [log for log in logs if log is not leader]
+            await leader.propose({"type": "add", "id": 1})
+            commit_index = leader.commit_index
+            await asyncio.gather(*(leader.read_index(5.0) for _ in range(CONCURRENT_READS)))
+            assert leader.commit_index == commit_index
+            rounds = leader._read_index.counters.rounds
+            assert 0 < rounds < CONCURRENT_READS  # they shared rounds
+            with pytest.raises(NotLeader):
+                await followers[0].read_index(5.0)
+            # A peer that does not know the read index (an older version) never acks: one such
+            # peer leaves a majority (the leader and the other), two leave none.
+            assert followers[0]._raft is not None and followers[1]._raft is not None
+            followers[0]._raft.read_index = None
+            await leader.read_index(5.0)
+            followers[1]._raft.read_index = None
+            with pytest.raises(LogUnavailable):
+                await leader.read_index(0.5)
+            assert leader.commit_index == commit_index
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())
 
 
 # -- real clusters -------------------------------------------------------------------------------
