@@ -32,6 +32,9 @@ epoch milliseconds) only with each other. "B was called after A was acknowledged
    12 events           the event log is one sequence that pages resume without loss or repeat;
                        no event of something that did not happen; every acknowledged change
                        has its event, once, in the order the history proves
+   13 stale_reads      no task read misses a change acknowledged before the read was called
+                       (its submit, an accepted complete, its run's cancel, or what an earlier
+                       read returned)
 
 The final views (`final` lines, read after the faults healed) are the last observation of each
 entity; a check that needs them and finds none of a kind notes that it skipped that part.
@@ -63,6 +66,7 @@ CHECK_REPLAYS = "replays"
 CHECK_CAPACITY = "capacity"
 CHECK_MONEY = "money"
 CHECK_EVENTS = "events"
+CHECK_STALE_READS = "stale_reads"
 
 # How much earlier than `acquire.call + leaseMs` the capacity check ends a grant's certain holding:
 # the lease runs on the leader's clock from its command time (after the call), this clock runs
@@ -1232,6 +1236,85 @@ def _register_operation(task: str, op: Op) -> linearizability.Operation | None:
     return linearizability.Operation(op.client, op.call, op.ret, linearizability.Read(task), seen, op.id)
 
 
+# How far a task has come, as a read shows it: missing, there (queued, leased), finished.
+_TASK_MISSING, _TASK_PRESENT, _TASK_FINISHED = 0, 1, 2
+_TASK_LEVEL_NAMES = {_TASK_MISSING: "missing", _TASK_PRESENT: "not finished", _TASK_FINISHED: "finished"}
+
+
+def check_stale_reads(history: History) -> list[Violation]:
+    """No read of a task is stale: a read called after a change to the task was acknowledged
+    shows that change. A task only moves forward (missing, then there, then finished, for good), and
+    each acknowledged operation puts a floor under every read called after its answer:
+    - a submit (or group submit): the task exists;
+    - an accepted complete: the task is finished;
+    - the cancel of the task's run: the task is finished (a run's cancel finishes its tasks and
+      refuses new ones);
+    - a read: what it showed (a read never shows less than a read that returned before it was
+      called, whichever nodes answered them).
+    A read that shows less than a floor set before its call is a violation. A read shows
+    "missing" when it is refused with NOT_FOUND; for a task whose run had a cancel called before
+    the read answered (a stopped run is removed after its retention) that is not an observation.
+    Unknown operations set no floor and are no observation; a failed one neither.
+    Checks 1 and 8 cover which result a finished task shows; this one covers the reads that a
+    stale replica, or a leader serving a read after it was deposed, would answer: the ones that
+    miss an acknowledged write (cluster/DESIGN.md "Linearizable reads")."""
+    violations = []
+    cancels: dict[str, list[Op]] = defaultdict(list)
+    for op in history.by_kind["cancel_run"]:
+        if isinstance(op.args.get("run"), str):
+            cancels[op.args["run"]].append(op)
+    floors: dict[str, list[tuple[float, int, Op]]] = defaultdict(list)  # task -> (from, level, op)
+    for task, submit in history.submitted_tasks():
+        if submit.ret is not None:
+            floors[task].append((submit.ret, _TASK_PRESENT, submit))
+    reads: dict[str, list[tuple[Op, int]]] = defaultdict(list)
+    for task, ops in history.task_ops.items():
+        run = history.run_of_task.get(task)
+        for op in ops:
+            if op.op == "complete" and op.ok and op.ret is not None:
+                floors[task].append((op.ret, _TASK_FINISHED, op))
+            elif op.op == "read_task":
+                level = _read_level(op, cancels.get(run, []) if run is not None else [])
+                if level is not None:
+                    reads[task].append((op, level))
+                    if op.ret is not None:
+                        floors[task].append((op.ret, level, op))
+        for cancel in cancels.get(run, []) if run is not None else []:
+            if cancel.ok and cancel.ret is not None:
+                floors[task].append((cancel.ret, _TASK_FINISHED, cancel))
+    checked = 0
+    for task in sorted(reads):
+        task_floors = sorted(floors.get(task, []), key=lambda floor: floor[0])
+        for read, level in reads[task]:
+            checked += 1
+            before = [floor for floor in task_floors if floor[0] < read.call and floor[1] > level]
+            if not before:
+                continue
+            _, floor_level, witness = max(before, key=lambda floor: (floor[1], floor[0]))
+            violations.append(
+                Violation(
+                    CHECK_STALE_READS,
+                    task,
+                    f"read #{read.id} showed the task {_TASK_LEVEL_NAMES[level]}, but #{witness.id} {witness.op}, "
+                    f"answered before the read was called, had it {_TASK_LEVEL_NAMES[floor_level]}",
+                    (witness, read),
+                )
+            )
+    history.counts_extra["task_reads"] = checked
+    return violations
+
+
+def _read_level(read: Op, run_cancels: list[Op]) -> int | None:
+    if read.ok and read.result is not None:
+        return _TASK_FINISHED if read.result.get("state") in TASK_FINISHED else _TASK_PRESENT
+    if read.failed and read.error is not None and read.error.get("code") == NOT_FOUND:
+        answered = read.ret if read.ret is not None else math.inf
+        if any(cancel.call < answered for cancel in run_cancels):
+            return None  # the stopped run may have been removed
+        return _TASK_MISSING
+    return None
+
+
 # -- all of them ---------------------------------------------------------------------------------
 
 def check_replays(history: History) -> list[Violation]:
@@ -2238,6 +2321,7 @@ CHECKS: tuple[tuple[str, Callable[[History], list[Violation]]], ...] = (
     (CHECK_CAPACITY, check_capacity),
     (CHECK_MONEY, check_money),
     (CHECK_EVENTS, check_events),
+    (CHECK_STALE_READS, check_stale_reads),
 )
 
 
@@ -2304,7 +2388,7 @@ def format_report(report: Report) -> str:
         f"{counts.get('allowance_consumes', 0)} allowance consumes, "
         f"{counts.get('budget_settles', 0)} budget settles, "
         f"{counts.get('registers', 0)} task registers "
-        f"({counts.get('registers_undecided', 0)} undecided), {counts.get('events_seen', 0)} events in "
+        f"({counts.get('registers_undecided', 0)} undecided), {counts.get('task_reads', 0)} task reads, {counts.get('events_seen', 0)} events in "
         f"{counts.get('event_pages', 0)} pages ({counts.get('event_failover_resumes', 0)} resumed after a failover)",
     ]
     for number, (name, _) in enumerate(CHECKS, start=1):

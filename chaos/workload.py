@@ -25,7 +25,8 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   lease and then complete (a complete with `"stalled": true`, to be refused with STALE_CLAIM,
   unless an election meanwhile let the new leader extend the live lease, as it does for every
   lease). Workers serve the producers' runs and the task groups' runs.
-- readers: read_task of known tasks.
+- readers: read_task of known tasks, several a second, each through the next node (a follower
+  forwards it, the leader serves it): check 13 flags a read that misses an acknowledged change.
 - once callers: several threads call the same few `runstate.once` keys.
 - a grouper: N_ACCEPTED groups (threshold 2, four members), reviews finished members with accept
   or reject, reads the groups, and gives one late verdict after each decision.
@@ -138,6 +139,8 @@ ONCE_WORK_S = 0.3
 # Every this many seconds a new set of once keys, ONCE_KEYS of them.
 ONCE_GENERATION_S = 6.0
 ONCE_KEYS = 2
+
+READ_PAUSE_S = (0.1, 0.5)  # a reader's pause between two reads, drawn uniformly
 
 PERMIT_NAME = "chaos-permit"
 PERMIT_UNITS = 3
@@ -819,10 +822,13 @@ class _Reader(_Client):
     def loop(self) -> None:
         delay = 1.0
         while self.pause(delay):
-            delay = self.rng.uniform(2.0, 4.0)
+            delay = self.rng.uniform(*READ_PAUSE_S)
             task_id = self.shared.pick_task(self.rng)
             if task_id is not None:
                 self.call("read_task", {"taskId": task_id}, "GET", f"/v1/tasks/{_segment(task_id)}", shape=_task_shape)
+                # The next read through another node: a stale node or deposed leader would show
+                # an older state than this one's (check 13, stale_reads).
+                self.node = (self.node + 1) % len(self.shared.http.base_urls)
 
 
 def _task_shape(body: dict[str, Any]) -> dict[str, Any]:

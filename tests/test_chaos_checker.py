@@ -874,7 +874,7 @@ def test_check_history_and_its_report(tmp_path: Path) -> None:
 def test_every_check_is_named_in_the_contract_order() -> None:
     assert [name for name, _ in checker.CHECKS] == [
         "results", "leases", "once", "groups", "barriers", "timers", "cancel", "linearizability", "replays",
-        "capacity", "money", "events",
+        "capacity", "money", "events", "stale_reads",
     ]  # fmt: skip
     for _, function in checker.CHECKS:
         assert function.__doc__ and "unknown" in function.__doc__.lower(), function.__name__
@@ -1111,3 +1111,34 @@ def test_events_an_acknowledged_resource_change_or_a_run_below_a_cancel_without_
     log.append(resource_event(15, "budget.reserved", budgetId="bdg_1", reservationId="rsv_2", state="ACTIVE", amountMinor="5"))
     page(twice, log, None, 5)
     assert "has 2 budget.reserved events" in messages(twice.violations("events"))
+
+
+# -- 13. stale reads -----------------------------------------------------------------------------
+
+
+def test_stale_reads_pass_for_reads_that_move_forward() -> None:
+    history = completed_task().read_task("t1", 0.5, 0.8, "QUEUED").read_task("t1", 2.5, 3.5, "RUNNING")
+    history.fail("read_task", {"taskId": "t2"}, 0, 0.2, "NOT_FOUND").submit("t2", 0.1, 0.3)
+    assert history.violations("stale_reads") == []
+
+
+def test_stale_reads_a_read_that_misses_an_acknowledged_write() -> None:
+    missed_submit = H().submit("t1", 0, 1).fail("read_task", {"taskId": "t1"}, 2, 3, "NOT_FOUND")
+    missed_complete = completed_task().read_task("t1", 3.5, 4, "RUNNING")
+    missed_cancel = H().submit("t1", 0, 1).op("cancel_run", {"run": "run1"}, 2, 3, {"storedState": "CANCELLED", "finishedAt": 9})
+    missed_cancel.read_task("t1", 4, 5, "QUEUED")
+    missed_read = H().read_task("t1", 0, 1, "CANCELLED").read_task("t1", 2, 3, "QUEUED")
+    for history, witness in ((missed_submit, "submit"), (missed_complete, "complete"), (missed_cancel, "cancel_run"),
+                             (missed_read, "read_task")):
+        found = history.violations("stale_reads")
+        assert len(found) == 1, messages(found)
+        assert [op.op for op in found[0].ops] == [witness, "read_task"]
+
+
+def test_stale_reads_unknown_writes_and_a_stopped_runs_removal_are_no_floor() -> None:
+    history = H().receive("t1", "d1", 1, 2, 10_000)
+    history.unknown("complete", {"delivery": "d1", "taskId": "t1", "result": {"v": 1}}, 2)
+    history.read_task("t1", 30, 31, "RUNNING")  # the complete may never have been applied
+    removed = H().submit("t1", 0, 1).op("cancel_run", {"run": "run1"}, 2, 3, {"storedState": "CANCELLED", "finishedAt": 9})
+    removed.fail("read_task", {"taskId": "t1"}, 100, 101, "NOT_FOUND")  # past the run's retention
+    assert history.violations("stale_reads") == [] and removed.violations("stale_reads") == []

@@ -191,7 +191,7 @@ def test_three_nodes_replicate_and_followers_refuse_proposals() -> None:
             with pytest.raises(NotLeader) as raised:
                 await follower.propose({"type": "add", "id": 99})
             assert raised.value.leader_address == leader.self_address
-            assert not any(log.reads_locally() for log in logs)  # a cluster's reads commit a barrier
+            assert not any(log.reads_locally() for log in logs)  # a cluster confirms a read index instead
         finally:
             for log in logs:
                 await log.stop()

@@ -1,6 +1,6 @@
 """Reads on a single voter commit nothing (Node.confirm_leadership), and lose no guarantee the read
 barrier gave: a read sees every write acknowledged before it, and a key revoked before the read is
-refused with the barrier's own error. A three-node cluster still commits a barrier per read."""
+refused with the barrier's own error. A cluster's reads: tests/test_cluster_read_index.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests._cluster import Cluster
 from tests._http import Api, mailbox_id
 from tests._nodes import DevNode, read_bootstrap_key
 
@@ -105,16 +104,3 @@ def test_a_key_revoked_while_a_read_is_under_way_is_refused(tmp_path: Path) -> N
         assert reader.error("GET", f"/v1/tasks/{task_id}") == (401, "UNAUTHENTICATED")
     finally:
         node.stop()
-
-
-def test_a_cluster_read_still_commits_a_barrier(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster().start()
-    leader = cluster.leader_index()
-    api = cluster.api(leader)
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
-    reads = 20
-    before = commit_index(cluster.urls[leader])
-    for _ in range(reads):
-        api.ok("GET", f"/v1/scopes/{run_id}")
-    # One barrier per read (sequential reads share no batch); ticks may add more.
-    assert commit_index(cluster.urls[leader]) >= before + reads

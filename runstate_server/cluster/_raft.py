@@ -1,8 +1,9 @@
 """The thin pysyncobj subclass: one @replicated method taking one bytes batch, nothing else.
 
 Everything it needs arrives as `bridge` (the ReplicatedLog), set BEFORE SyncObj.__init__ so that
-pysyncobj counts it among its own properties and never serializes it; so does `pre_vote`
-(_prevote.py), which this class wires into pysyncobj's tick and message handler.
+pysyncobj counts it among its own properties and never serializes it; so do `pre_vote`
+(_prevote.py), which this class wires into pysyncobj's tick and message handler, and `read_index`
+(_read_index.py), which sees the messages before pysyncobj.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from runstate_server.cluster._prevote import PreVote
+from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster._transport import BoundedTransport
 
 
@@ -57,9 +59,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         conf: SyncObjConf,
         pre_vote: PreVote | None = None,
         handshake_timeout_s: float = 2.0,
+        read_index: ReadIndex | None = None,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
+        self.read_index = read_index
         try:
             # autoTick=False: binds the port here, synchronously. The transport bounds what an
             # unauthenticated peer can do (_transport.py).
@@ -95,10 +99,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
             return
+        if self.read_index is not None and self.read_index.on_message(self, node, message):
+            return
         SyncObj._SyncObj__onMessageReceived(self, node, without_snapshot_commit(message, self.commit_index()))
 
     def commit_index(self) -> int:
         return int(self._SyncObj__raftCommitIndex)
+
+    def applied_index(self) -> int:
+        return int(self.raftLastApplied)
 
     # _prevote.RaftView: what pre-vote reads and changes in pysyncobj (tick thread only).
 

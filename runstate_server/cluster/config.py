@@ -24,6 +24,9 @@ BATCH_BYTES_MAX = 4 * MIB
 # Commands accepted by propose() and not yet put in a batch; beyond it propose() raises LogUnavailable.
 PENDING_COMMANDS_MAX = 10 * BATCH_COMMANDS_MAX
 PROPOSE_TIMEOUT_S_DEFAULT = 5.0
+# Reads waiting for a read index round (ReplicatedLog.read_index); beyond it a read raises
+# LogUnavailable.
+READS_WAITING_MAX = PENDING_COMMANDS_MAX
 
 # Fixed by the design of this package, not tunable (see DESIGN.md "Configuration"):
 # entries are sent as soon as they are appended, and the pipe notifier wakes our tick thread.

@@ -29,6 +29,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from runstate_server.cluster import _dumper, _journal
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._raft import RaftNode
+from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
 from runstate_server.cluster.config import (
     BATCH_BYTES_MAX,
@@ -37,6 +38,7 @@ from runstate_server.cluster.config import (
     MAX_BATCHES_IN_FLIGHT,
     PENDING_COMMANDS_MAX,
     PROPOSE_TIMEOUT_S_DEFAULT,
+    READS_WAITING_MAX,
     LogConfig,
 )
 from runstate_server.cluster.errors import LogUnavailable, NotLeader
@@ -153,6 +155,9 @@ class ReplicatedLog:
         self._batches_in_flight = 0
         self._in_flight: set[_InFlightBatch] = set()
         self._last_now_ms = 0
+        # Reads waiting for their read index round (read_index), by round number: oldest first.
+        self._read_index = ReadIndex()
+        self._reads_waiting: dict[int, asyncio.Future[None]] = {}
         # Batches of this node queued in pysyncobj and not yet called back (both threads).
         self._uncommitted_lock = threading.Lock()
         self._uncommitted = 0
@@ -193,7 +198,8 @@ class ReplicatedLog:
             # Reads the whole journal and binds the port: not on the loop.
             pre_vote = PreVote(silence_s=self._config.raft_timeout_s_min) if self._config.pre_vote else None
             raft = await asyncio.to_thread(
-                RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s
+                RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s,
+                self._read_index,
             )
         except Exception as error:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
@@ -210,6 +216,7 @@ class ReplicatedLog:
             return
         self._stopped = True
         self._fail_pending(LogUnavailable("the log is stopping"))
+        self._fail_reads(LogUnavailable("the log is stopping"))
         for in_flight in list(self._in_flight):
             _fail(in_flight.proposals, LogUnavailable("the log stopped; the outcome is unknown"))
         if self._raft is None:
@@ -266,7 +273,7 @@ class ReplicatedLog:
         before it led, a restart's journal included). Every write it acknowledged was applied
         before its answer (the callback runs after apply, in the tick thread), so such a read sees
         it. Committed entries not yet applied were not acknowledged: concurrent with the read. On
-        a cluster a read commits a barrier (node layer); a read index is not built yet."""
+        a cluster a leader confirms a read index instead (reads_by_index)."""
         raft = self._raft
         if raft is None or self.peer_addresses or self._stopped or self._halt_reason is not None:
             return False
@@ -274,6 +281,62 @@ class ReplicatedLog:
             return False
         noop_index = raft.noop_index()
         return noop_index is not None and raft.raftLastApplied >= noop_index
+
+    def reads_by_index(self) -> bool:
+        """Whether a linearizable read on this cluster node may wait for `read_index` instead of
+        committing a barrier: it runs, leads (check-quorum included) and has applied its own no-op."""
+        raft = self._raft
+        if raft is None or not self.peer_addresses or self._stopped or self._halt_reason is not None:
+            return False
+        if not self.is_leader:
+            return False
+        noop_index = raft.noop_index()
+        return noop_index is not None and raft.raftLastApplied >= noop_index
+
+    async def read_index(self, timeout_s: float) -> None:
+        """Return once a linearizable read that began before this call may look at the applied
+        state (Raft read index, _read_index.py): after the call began, a majority confirmed that
+        this node led in its term, and this node applied its commit index of that moment (which
+        holds every write acknowledged before the call). No log entry. Many calls share a round.
+
+        Raises NotLeader when this node stops leading meanwhile, LogUnavailable when no majority
+        confirmed within `timeout_s` (a leader cut off from its peers, or peers that do not know the
+        read index: the caller may fall back to a barrier entry)."""
+        self._check_running()
+        if not self.is_leader:
+            raise NotLeader(self.leader_address)
+        if len(self._reads_waiting) >= READS_WAITING_MAX:
+            raise LogUnavailable(f"{READS_WAITING_MAX} reads already wait for their read index")
+        assert self._loop is not None and self._raft is not None
+        seq, wake = self._read_index.request()
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._reads_waiting[seq] = future
+        if wake:
+            self._raft.wake()
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise LogUnavailable(f"no majority confirmed the read index within {timeout_s} s") from None
+        finally:
+            self._reads_waiting.pop(seq, None)
+
+    def _on_read_confirmed(self, seq: int) -> None:
+        """Loop thread: round `seq` is confirmed and applied; so is every read numbered up to it."""
+        waiting = self._reads_waiting
+        while waiting:
+            first = next(iter(waiting))
+            if first > seq:
+                return
+            future = waiting.pop(first)
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_reads(self, error: Exception) -> None:
+        futures = list(self._reads_waiting.values())
+        self._reads_waiting.clear()
+        for future in futures:
+            if not future.done():
+                future.set_exception(copy.copy(error))
 
     @property
     def leader_address(self) -> str | None:
@@ -450,6 +513,7 @@ class ReplicatedLog:
     def _on_role_changed(self) -> None:
         if not self.is_leader:
             self._fail_pending(NotLeader(self.leader_address))
+            self._fail_reads(NotLeader(self.leader_address))
         if self._on_role_change is not None:
             self._on_role_change()
 
@@ -481,6 +545,10 @@ class ReplicatedLog:
                     raft.doTick(0.0 if spin else self._config.tick_period_s)
                     if raft.raft_state() == _LEADER:
                         self._quorum_heard_at = raft.majority_heard_at(raft_clock())
+                    if not single_node:
+                        confirmed = self._read_index.on_tick(raft)
+                        if confirmed is not None:
+                            self._call_on_loop(self._on_read_confirmed, confirmed)
                 except _LogHalted:
                     break
                 except Exception:

@@ -20,6 +20,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_SPACE = "default"
 PROPOSE_TIMEOUT_S = 10.0  # a write whose outcome is not known by then answers UNAVAILABLE
+# A cluster read whose read index no majority confirmed by then commits a barrier instead (a leader
+# cut off from its peers steps down within leader_fallback_timeout_s = 1 s: then UNAVAILABLE).
+READ_INDEX_TIMEOUT_S = 1.0
 LONG_POLL_MS_MAX = 30_000  # the longest a result/receive long poll is held; the SDK re-issues
 READY_TIMEOUT_S = 30.0  # start-up: the longest to wait for the log to be replayed and a leader
 SECRET_ENV = "RUNSTATE_CLUSTER_SECRET"

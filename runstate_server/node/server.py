@@ -26,6 +26,7 @@ from runstate_server.node.caller import Caller
 from runstate_server.node.config import (
     DEFAULT_HOST,
     PROPOSE_TIMEOUT_S,
+    READ_INDEX_TIMEOUT_S,
     READY_TIMEOUT_S,
     NodeConfig,
     split_address,
@@ -216,24 +217,41 @@ class Node:
     # -- reads -----------------------------------------------------------------------------------
 
     async def confirm_leadership(self, caller: Caller) -> None:
-        """Before a read a client acts on. On a cluster: commit a no-op through the log. Once it is
-        committed this node was still the leader and has applied every write acknowledged before
-        the read began, so the read that follows is linearizable. (pysyncobj has no read index.)
-        The no-op carries the caller's key: a key revoked before the read is refused by it.
+        """Before a read a client acts on: return once this node may answer it from its applied
+        state, linearizably (cluster/DESIGN.md "Linearizable reads").
 
-        On a single voter (`runstate dev`, a one-node cluster) no entry is needed: no other node can
-        lead, and this one applied every write it acknowledged before answering it
-        (`ReplicatedLog.reads_locally`). The caller's key is checked against the state at the read
-        instead, with the barrier's own check and error, so a revoke applied before the read holds."""
+        On a single voter (`runstate dev`, a one-node cluster) at once: no other node can lead,
+        and this one applied every write it acknowledged before answering it
+        (`ReplicatedLog.reads_locally`). On a cluster's leader, once a majority confirmed after the
+        read began that it still leads and it applied its commit index of that moment (a Raft read
+        index, `ReplicatedLog.read_index`): no log entry either. Either way the caller's key is
+        checked against the state at the read with the core's own check and error, so a key revoked
+        before the read is refused. Otherwise (not leading yet or any more, or no majority
+        confirmed the read index in time, e.g. peers that do not know it) a no-op `barrier` entry,
+        carrying the caller's key, is committed through the log as before."""
         if self.log.reads_locally():
-            if caller.key_id is not None:
-                with self.read() as state:
-                    try:
-                        access.require_command_key(state, caller.key_id, caller.space)
-                    except Rejected as rejected:
-                        raise_for_result(rejected.as_result())
+            self._check_read_key(caller)
             return
+        if self.log.reads_by_index():
+            try:
+                await self.log.read_index(READ_INDEX_TIMEOUT_S)
+            except NotLeader as error:
+                raise ApiError("UNAVAILABLE", str(error)) from None
+            except LogUnavailable as error:
+                log.warning("read index not confirmed (%s); the read commits a barrier", error)
+            else:
+                self._check_read_key(caller)
+                return
         await self.propose(caller, "barrier", {})
+
+    def _check_read_key(self, caller: Caller) -> None:
+        if caller.key_id is None:
+            return
+        with self.read() as state:
+            try:
+                access.require_command_key(state, caller.key_id, caller.space)
+            except Rejected as rejected:
+                raise_for_result(rejected.as_result())
 
     @contextlib.contextmanager
     def read(self) -> Iterator[State]:

@@ -11,9 +11,9 @@ The key is checked where the request is served (this middleware runs after route
 follower forwards a request to the leader unchecked (its copy of the keys may lag a create or a
 revoke), and the leader checks it against its state. Every command then carries the key id, and
 the core refuses it if an earlier log entry revoked the key, so a revoke holds in log order for
-writes and for reads (which confirm leadership with a no-op that carries the key; a single node,
-which commits no no-op for a read, checks the key against its state at the read with the same
-check and error: Node.confirm_leadership). Node-local
+writes and for reads (a read commits no entry: once the node confirmed it may answer, with a read
+index on a cluster, it checks the key against its state at the read with the same check and error,
+and that state holds every revoke acknowledged before the read: Node.confirm_leadership). Node-local
 routes (the cluster view) are checked against the local copy.
 
 Without auth (`runstate dev` without --auth, loopback only) there is no key: the caller has every
