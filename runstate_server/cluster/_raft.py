@@ -2,7 +2,7 @@
 
 Everything it needs arrives as `bridge` (the ReplicatedLog), set BEFORE SyncObj.__init__ so that
 pysyncobj counts it among its own properties and never serializes it; so does `pre_vote`
-(_prevote.py), which this class wires into pysyncobj's tick and message handler.
+(_prevote.py), which this class wires into pysyncobj's tick, message and disconnection handlers.
 """
 
 from __future__ import annotations
@@ -92,6 +92,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         connected = bool(SyncObj._SyncObj__connectedToAnyone(self))
         return connected and (self.pre_vote is None or self.pre_vote.may_elect(self))
 
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:
+        if self.pre_vote is not None:
+            self.pre_vote.on_disconnected(self, node)
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
             return
@@ -111,6 +116,22 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def peers(self) -> set[Any]:
         return self._SyncObj__otherNodes  # type: ignore[no-any-return]
+
+    def leader(self) -> Any:
+        return self._SyncObj__raftLeader
+
+    def node_id(self, node: Any) -> str:
+        return str(node.id)
+
+    def self_id(self) -> str:
+        return str(self._SyncObj__selfNode.id)
+
+    def advance_election(self, deadline: float) -> None:
+        self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, deadline)
+
+    def election_deadline(self) -> float:
+        """When pysyncobj starts an election if no leader is heard from (its clock; tick thread)."""
+        return float(self._SyncObj__raftElectionDeadline)
 
     def transfer_in_progress(self) -> bool:
         return bool(self._SyncObj__transferInProgress)
