@@ -139,7 +139,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return str(self._SyncObj__selfNode.id)
 
     def advance_election(self, deadline: float) -> None:
-        self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, deadline)
+        self._SyncObj__raftElectionDeadline = min(self.election_deadline(), deadline)
 
     def election_deadline(self) -> float:
         """When pysyncobj starts an election if no leader is heard from (its clock; tick thread)."""
