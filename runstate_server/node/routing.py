@@ -80,16 +80,17 @@ class Router:
         if FORWARDED_HEADER in request.headers:
             raise ApiError("UNAVAILABLE", "the node this call was forwarded to is not the leader any more; retry")
         deadline = asyncio.get_running_loop().time() + LEADER_WAIT_S
-        unreachable: str | None = None
+        unreachable: tuple[str | None, int] | None = None
         while True:
             leader_address, leader_url = await self._leader(deadline, unreachable)
             if leader_url is None:  # this node became the leader meanwhile
                 return None  # type: ignore[return-value]
+            term = self._node.log.term
             try:
                 return await self._forward_to(request, leader_address, leader_url)
             except _LeaderUnreachable:
-                # Never sent: safe to send to the next leader, once one is elected.
-                unreachable = leader_address
+                # Never sent: safe to send to the next leader (another node, or a later term).
+                unreachable = (leader_address, term)
 
     async def _forward_to(self, request: web.Request, leader_address: str | None, leader_url: str) -> web.Response:
         body = await request.read()
@@ -133,17 +134,19 @@ class Router:
                 "UNAVAILABLE", f"the leader at {url} did not answer ({type(error).__name__}); retry"
             ) from None
 
-    async def _leader(self, deadline: float, unreachable: str | None = None) -> tuple[str | None, str | None]:
+    async def _leader(
+        self, deadline: float, unreachable: tuple[str | None, int] | None = None
+    ) -> tuple[str | None, str | None]:
         """The leader's Raft address and API URL; (None, None) if this node leads now. Waits out
         an election until `deadline` (the loop's clock), and for a leader other than `unreachable`
-        (one whose API could not be connected to)."""
+        (the leader, and the term, whose API could not be connected to)."""
         loop = asyncio.get_running_loop()
         while True:
             raft = self._node.log
             if raft.is_leader:
                 return None, None
             leader = raft.leader_address
-            if leader is not None and leader != unreachable:
+            if leader is not None and (leader, raft.term) != unreachable:
                 url = self._node.api_url_by_raft_address.get(leader)
                 if url is None:
                     raise ApiError("UNAVAILABLE", f"the leader {leader} is not among this node's peers")
