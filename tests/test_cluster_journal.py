@@ -97,3 +97,28 @@ def test_committed_entries_stay_visible_when_pysyncobj_truncates_an_overlap(tmp_
         journal.add(b"other", 7, 2)  # Raft never lets a committed entry change: a bug, loudly
     assert on_disk(path) == entries(10)
     journal._destroy()
+
+
+def test_a_leaders_deferred_appends_are_synced_once_when_the_block_ends(tmp_path: Path) -> None:
+    """The leader sends its new entries before it syncs its own copy (RaftNode._checkCommandsToApply):
+    inside deferred_flush() appends are written but synced once, at the end, even when it raises;
+    outside it every append is synced before it returns."""
+    path = tmp_path / "raft.journal"
+    journal = open_journal(path)
+    syncs = journal.fsync_seconds.view().count
+    journal.add(*entries(1)[0])
+    assert journal.fsync_seconds.view().count == syncs + 1
+    with journal.deferred_flush():
+        for entry in entries(3)[1:]:
+            journal.add(*entry)
+        assert journal.fsync_seconds.view().count == syncs + 1  # written, not synced yet
+    assert journal.fsync_seconds.view().count == syncs + 2  # one sync for both
+    with pytest.raises(RuntimeError), journal.deferred_flush():
+        journal.add(b"cmd-4", 4, 1)
+        raise RuntimeError("the tick failed halfway")
+    assert journal.fsync_seconds.view().count == syncs + 3
+    with journal.deferred_flush():
+        pass  # nothing appended: nothing to sync
+    assert journal.fsync_seconds.view().count == syncs + 3
+    assert on_disk(path) == [*entries(3), (b"cmd-4", 4, 1)]
+    journal._destroy()

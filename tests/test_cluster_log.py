@@ -345,3 +345,32 @@ def test_a_journal_past_its_bytes_bound_is_compacted_whatever_its_entry_count(tm
                 assert len(machine.values) == 100 and machine.values["k99"] == value
 
     asyncio.run(scenario())
+
+
+def test_a_follower_polls_no_longer_than_until_its_election_deadline() -> None:
+    """pysyncobj looks at the election deadline once per tick: a follower's tick thread wakes for
+    it instead of starting the election up to a poll period late; a leader, or a deadline already
+    passed (held by pre-vote, or no peer connected), polls the whole period (never a spin)."""
+    from pysyncobj.monotonic import monotonic as raft_clock
+
+    class Raft:
+        state = 0
+        deadline = 0.0
+
+        def raft_state(self) -> int:
+            return self.state
+
+        def election_deadline(self) -> float:
+            return self.deadline
+
+    log = ReplicatedLog(RecordingMachine(), self_address="127.0.0.1:1", data_dir=None, password="test-password",
+                        config=LogConfig(tick_period_s=0.05))
+    raft = Raft()
+    raft.deadline = raft_clock() + 0.01
+    assert 0 < log._poll_s(raft) <= 0.01  # type: ignore[arg-type]
+    raft.deadline = raft_clock() + 10.0
+    assert log._poll_s(raft) == 0.05  # type: ignore[arg-type]
+    raft.deadline = raft_clock() - 1.0
+    assert log._poll_s(raft) == 0.05  # type: ignore[arg-type]
+    raft.state, raft.deadline = 2, raft_clock() + 0.01
+    assert log._poll_s(raft) == 0.05  # type: ignore[arg-type]

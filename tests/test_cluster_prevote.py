@@ -52,6 +52,8 @@ class FakeRaft:
     nodes: set[str] = field(default_factory=lambda: {"b", "c"})
     deadline: float = 0.0
     sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    followed: str | None = "c"  # the leader this node follows
+    address: str = "a"
 
     def raft_state(self) -> int:
         return self.state
@@ -64,6 +66,18 @@ class FakeRaft:
 
     def peers(self) -> set[str]:
         return self.nodes
+
+    def leader(self) -> str | None:
+        return self.followed
+
+    def node_id(self, node: str) -> str:
+        return node
+
+    def self_id(self) -> str:
+        return self.address
+
+    def advance_election(self, deadline: float) -> None:
+        self.deadline = min(self.deadline, deadline)
 
     def transfer_in_progress(self) -> bool:
         return False
@@ -197,6 +211,91 @@ def test_a_peer_grants_only_without_a_live_leader_and_with_a_log_as_up_to_date()
     assert ask(10, 5, now=101.0)
     raft.state = 2
     assert not ask(10, 5, now=102.0)  # the leader never grants
+
+
+def test_a_closed_connection_to_the_live_leader_brings_the_election_forward_by_rank() -> None:
+    """kill -9 closes the leader's sockets: its followers need not wait out an election timeout of
+    silence. Each brings its election forward by its rank among the other voters (by address), so
+    two followers that saw the same close do not campaign at once."""
+    first, second = FakeRaft(deadline=1e9, address="a"), FakeRaft(deadline=1e9, address="b", nodes={"a", "c"})
+    pre_votes = [PreVote(SILENCE_S, lost_delay_s=0.02, lost_stagger_s=0.1) for _ in range(2)]
+    for raft, pre_vote in zip((first, second), pre_votes, strict=True):
+        pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.0)
+        pre_vote.on_disconnected(raft, "b" if raft is first else "a", now=100.01)  # not the leader
+        assert raft.deadline == 1e9
+        pre_vote.on_disconnected(raft, "c", now=100.01)
+    assert first.deadline == pytest.approx(100.03) and second.deadline == pytest.approx(100.13)
+    assert [pre_vote.counters.leaders_lost for pre_vote in pre_votes] == [1, 1]
+    # Reconnection attempts that fail close it again: counted once, the deadline is not moved again.
+    first.deadline = 1e9
+    pre_votes[0].on_disconnected(first, "c", now=100.05)
+    assert first.deadline == 1e9 and pre_votes[0].counters.leaders_lost == 1
+
+
+def test_a_closed_connection_reaches_pre_vote_before_pysyncobj() -> None:
+    from pysyncobj.node import TCPNode
+
+    from runstate_server.cluster._raft import RaftNode
+
+    leader, peer = TCPNode("127.0.0.1:3"), TCPNode("127.0.0.1:2")
+
+    class Wired(RaftNode):
+        def __init__(self, pre_vote: PreVote) -> None:  # no pysyncobj start
+            self.pre_vote = pre_vote
+            self._SyncObj__raftState = 0
+            self._SyncObj__raftCurrentTerm = 0
+            self._SyncObj__raftLeader = leader
+            self._SyncObj__selfNode = TCPNode("127.0.0.1:1")
+            self._SyncObj__otherNodes = {leader, peer}
+            self._SyncObj__connectedNodes = {leader, peer}
+            self._SyncObj__raftElectionDeadline = 1e12
+
+    pre_vote = PreVote(SILENCE_S, lost_delay_s=0.02, lost_stagger_s=0.1)
+    node = Wired(pre_vote)
+    pre_vote.on_message(node, leader, {"type": "append_entries", "term": 0})
+    node._SyncObj__onNodeDisconnected(leader)
+    assert node._SyncObj__connectedNodes == {peer}  # pysyncobj's own handler ran too
+    assert pre_vote.counters.leaders_lost == 1 and node.election_deadline() < 1e12
+
+
+def test_a_closed_connection_moves_nothing_for_a_silent_leader_or_a_leader_itself() -> None:
+    raft, pre_vote = FakeRaft(deadline=1e9), PreVote(SILENCE_S, lost_delay_s=0.02, lost_stagger_s=0.1)
+    pre_vote.on_disconnected(raft, "c", now=100.0)  # never heard from it: the timeout runs already
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.0)
+    pre_vote.on_disconnected(raft, "c", now=100.0 + SILENCE_S + 0.01)  # silent for long already
+    assert raft.deadline == 1e9
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=101.0)
+    raft.state, raft.followed = 2, None
+    pre_vote.on_disconnected(raft, "c", now=101.01)  # this node leads
+    assert raft.deadline == 1e9 and pre_vote.counters.leaders_lost == 0
+
+
+def test_a_peer_whose_leader_connection_closed_grants_until_it_hears_a_leader_again() -> None:
+    raft, pre_vote = FakeRaft(deadline=1e9), PreVote(SILENCE_S, lost_delay_s=0.02, lost_stagger_s=0.1)
+    request = {"type": PRE_VOTE_REQUEST, "term": 6, "last_log_index": 10, "last_log_term": 5}
+
+    def granted(now: float) -> bool:
+        raft.sent.clear()
+        assert pre_vote.on_message(raft, "b", request, now=now)
+        return bool(raft.sent[-1][1]["granted"])
+
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.0)
+    assert not granted(now=100.01)  # the leader lives
+    pre_vote.on_disconnected(raft, "c", now=100.02)
+    assert granted(now=100.03)  # its connection closed: lost, without waiting silence_s
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.1)  # back (reconnected)
+    assert not granted(now=100.11)
+
+
+def test_a_peer_that_refuses_a_shorter_log_without_a_leader_campaigns_at_once() -> None:
+    """The asker's election was due and ours is the longer log: ours should be the next election."""
+    raft, pre_vote = FakeRaft(deadline=1e9), PreVote(SILENCE_S)
+    behind = {"type": PRE_VOTE_REQUEST, "term": 6, "last_log_index": 9, "last_log_term": 5}
+    pre_vote.on_message(raft, "c", {"type": "append_entries", "term": 5}, now=100.0)
+    pre_vote.on_message(raft, "b", behind, now=100.1)  # refused: a leader lives
+    assert raft.deadline == 1e9
+    pre_vote.on_message(raft, "b", behind, now=100.0 + SILENCE_S + 0.01)  # refused: log behind
+    assert raft.sent[-1][1]["granted"] is False and raft.deadline == pytest.approx(100.0 + SILENCE_S + 0.01)
 
 
 def test_malformed_and_foreign_messages_are_dropped_or_passed_on() -> None:

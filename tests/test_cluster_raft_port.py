@@ -236,3 +236,42 @@ def test_a_leader_cut_off_from_both_followers_stops_calling_itself_leader(cluste
             cluster.resume(index)
     cluster.wait_healthy()
 
+
+
+def test_a_frame_larger_than_the_socket_buffer_is_sent_on_when_the_socket_is_writable() -> None:
+    """pysyncobj sends what the socket takes and kept the rest for its next send (a heartbeat, up
+    to a period later, once per socket buffer: a big append_entries crawled). The connection asks
+    the poller for the write event as soon as something is left, and drops it once all is sent."""
+    import os
+
+    from pysyncobj.poller import POLL_EVENT_TYPE
+
+    from runstate_server.cluster._transport import BoundedConnection
+
+    class Poller:
+        def __init__(self) -> None:
+            self.masks: dict[int, int] = {}
+
+        def subscribe(self, fileno: int, callback: object, mask: int) -> None:
+            self.masks[fileno] = mask
+
+        def unsubscribe(self, fileno: int) -> None:
+            self.masks.pop(fileno, None)
+
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        ours.setblocking(False)
+        peer.setblocking(False)
+        poller = Poller()
+        connection = BoundedConnection(poller=poller, socket=ours, timeout=10.0)
+        connection._TcpConnection__processConnection(ours.fileno(), POLL_EVENT_TYPE.WRITE)  # connected, idle
+        assert not poller.masks[ours.fileno()] & POLL_EVENT_TYPE.WRITE
+        connection.send(os.urandom(4 << 20))  # incompressible: far more than the socket takes
+        assert connection._TcpConnection__writeBuffer
+        assert poller.masks[ours.fileno()] & POLL_EVENT_TYPE.WRITE
+        while connection._TcpConnection__writeBuffer:
+            with contextlib.suppress(BlockingIOError):
+                while peer.recv(1 << 20):
+                    pass
+            connection._TcpConnection__processConnection(ours.fileno(), POLL_EVENT_TYPE.WRITE)
+        assert not poller.masks[ours.fileno()] & POLL_EVENT_TYPE.WRITE

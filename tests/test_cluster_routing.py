@@ -110,3 +110,28 @@ def test_a_client_learns_the_leader_from_a_forwarded_answer(make_cluster: Callab
             assert (await run.status())["storedState"] == "ACTIVE"
 
     asyncio.run(main())
+
+
+def test_a_call_forwarded_to_a_killed_leader_waits_for_the_next_one(make_cluster: Callable[..., Cluster]) -> None:
+    """kill -9 of the leader: a follower that forwards a call finds the leader's API closed (the
+    call never reached it), waits for the next leader and forwards it there, instead of answering
+    503 at once and leaving the client to back off. The other follower is frozen meanwhile, so no
+    leader can be elected before the call arrives; it resumes shortly after."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    follower, other = (leader + 1) % cluster.size, (leader + 2) % cluster.size
+    # Set up through the leader: the follower holds no kept-alive connection to its API, so the
+    # forward after the kill is refused at connect (a reused one may fail after sending instead).
+    direct = cluster.api(leader)
+    direct.ok("POST", "/v1/mailboxes", {"name": "work"})
+    path = direct.space_path("/v1/mailboxes")
+    cluster.pause(other)
+    cluster.kill(leader)
+    resume = threading.Timer(0.3, cluster.resume, (other,))
+    resume.start()
+    try:
+        status, body = call(cluster.urls[follower], "POST", path, {"name": "after-the-kill"}, headers=direct.headers)
+    finally:
+        resume.join()
+    assert status == 201, (status, body)
+    assert cluster.leader_index(exclude=[leader]) in (follower, other)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -233,6 +234,41 @@ def test_failover_on_503_and_dead_node_for_safe_calls() -> None:
 
     asyncio.run(main())
     assert calls == ["503", "ok", "ok"]
+
+
+def test_retries_pause_only_once_every_server_failed(caplog: pytest.LogCaptureFixture) -> None:
+    """After a leader is killed, the next listed server is tried at once (it may be about to lead,
+    or forwards to the next leader); only a round of failures on every server pauses, doubling."""
+    answers: dict[str, list[int]] = {"down": [], "first": [], "second": []}
+
+    def failing(name: str, failures: int) -> Route:
+        async def handler(request: web.Request) -> web.Response:
+            answers[name].append(503 if len(answers[name]) < failures else 200)
+            if answers[name][-1] == 503:
+                return error(503, "UNAVAILABLE", "no leader")
+            return web.json_response({"mailboxes": [{"id": "mbx_1", "name": "work", "mode": "WORK"}]})
+        return handler
+
+    def pauses() -> list[str]:
+        found = [record.getMessage() for record in caplog.records if "pausing" in record.getMessage()]
+        caplog.clear()
+        return [message.rsplit("pausing ", 1)[1] for message in found]
+
+    async def main() -> None:
+        route = ("GET", "/v1/spaces/sp/mailboxes")
+        async with fake_server({route: failing("down", 100)}) as down, \
+                fake_server({route: failing("first", 1)}) as first, fake_server({route: failing("second", 2)}) as second:
+            dead = f"http://127.0.0.1:{free_port()}"
+            async with AsyncRunstate(base_url=[dead, down, first], space_id="sp") as rs:
+                await rs.mailboxes.get("work")  # dead, down, first (503), a pause; dead, down, first
+                assert pauses() == ["0.05 s"]
+            async with AsyncRunstate(base_url=[second], space_id="sp") as rs:
+                await rs.mailboxes.get("work")  # one server: each failure is a round of its own
+                assert pauses() == ["0.05 s", "0.10 s"]
+
+    with caplog.at_level(logging.DEBUG, logger="runstate.sdk"):
+        asyncio.run(main())
+    assert answers == {"down": [503, 503], "first": [503, 200], "second": [503, 503, 200]}
 
 
 def test_every_mutation_carries_one_idempotency_key_across_its_retries() -> None:

@@ -3,7 +3,11 @@
 `DurableJournal` stands in for the FileJournal that SyncObj created (installed before the first
 tick) and adds three things:
 - every appended entry is msync'ed before `add` returns, so an entry is on disk before its
-  index can be counted towards a commit (leader) or acknowledged to the leader (follower);
+  index can be counted towards a commit (leader) or acknowledged to the leader (follower); inside
+  `deferred_flush()` (the leader appending its new entries, RaftNode._checkCommandsToApply) the
+  msync waits until the block ends, once for every entry appended in it: the leader sends each
+  entry to the followers first and writes its own copy while they write theirs (Raft allows it:
+  the leader counts itself towards a commit only in a later tick, after the block);
 - compaction (`deleteEntriesTo`) writes the kept entries to a new file and renames it over the
   journal, instead of pysyncobj's in-place rewrite, where a crash halfway loses the tail; before
   it, the directory is fsynced so the dump's rename is durable before the journal forgets entries;
@@ -13,9 +17,11 @@ With `fsync=False` only the crash-safe compaction remains.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pysyncobj.journal import FileJournal, Journal, MetaStorer
@@ -123,6 +129,9 @@ class DurableJournal(Journal):  # type: ignore[misc]
         # add that differs (a real conflict) truncates the disk there.
         self._visible: int | None = None
         self.skipped_rewrites = 0
+        # Inside deferred_flush(): appends are written, and msync'ed once when the block ends.
+        self._deferring = False
+        self._unflushed = False
         # The bytes of the commands it holds (in memory, and in its memory-mapped file).
         self.command_bytes = self._count_bytes()
 
@@ -152,7 +161,25 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._inner.add(command, idx, term)
         self.command_bytes += len(command)
         if self._fsync:
-            self._flush()
+            if self._deferring:
+                self._unflushed = True
+            else:
+                self._flush()
+
+    @contextlib.contextmanager
+    def deferred_flush(self) -> Iterator[None]:
+        """Appends inside the block are msync'ed once, when it ends (also when it raises). Only
+        for a leader's own new entries: nothing in the block may count them towards a commit or
+        acknowledge them."""
+        assert not self._deferring, "deferred_flush() does not nest"
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            if self._unflushed:
+                self._unflushed = False
+                self._flush()
 
     def clear(self) -> None:
         self._visible = None

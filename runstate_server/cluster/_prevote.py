@@ -26,6 +26,14 @@ How it is wired (RaftNode, _raft.py; the pysyncobj internals are listed in DESIG
   the election starts on the next tick.
 - A leadership transfer (pysyncobj's timeout_now, which we never send) skips pre-vote: the peers
   still hear from the old leader and would refuse.
+- `on_disconnected` is told when a connection to a peer closes. When it is the live leader this
+  node follows (its process died: kill -9, a crash and a stop close its sockets; a partition or a
+  pause closes nothing here), the leader is lost now, not after an election timeout of silence:
+  the election is moved to `lost_delay_s + rank * lost_stagger_s` from now (rank: this node's
+  place among the voters but the lost leader, by address, so that two followers that saw the same
+  close do not campaign at once and split the vote), and until a leader is heard again this node
+  grants pre-votes as if it had not heard from one for `silence_s`. A live leader whose connection
+  to one follower closed keeps leading: the other followers still hear it and refuse.
 """
 
 from __future__ import annotations
@@ -57,6 +65,14 @@ class RaftView(Protocol):
 
     def peers(self) -> set[Any]: ...  # pysyncobj Node objects of the voting peers
 
+    def leader(self) -> Any: ...  # the Node this node last followed (None: none, or itself)
+
+    def node_id(self, node: Any) -> str: ...  # a peer's address
+
+    def self_id(self) -> str: ...  # this node's address
+
+    def advance_election(self, deadline: float) -> None: ...  # deadline = min(deadline, the current one)
+
     def transfer_in_progress(self) -> bool: ...
 
     def postpone_election(self, now: float) -> None: ...  # deadline = now + a fresh election timeout
@@ -82,18 +98,25 @@ class PreVoteCounters:
     refused_leader_alive: int = 0  # refused: this node leads, or heard from a leader within silence_s
     refused_log_behind: int = 0  # refused: the asker's log is behind ours
     rounds_skipped_behind_leader: int = 0  # elections let through: a leader lives at a lower term
+    leaders_lost: int = 0  # the connection to the live leader this node followed closed
 
 
 class PreVote:
     """One node's pre-vote state. Runs in the tick thread only (pysyncobj's)."""
 
-    def __init__(self, silence_s: float) -> None:
-        assert silence_s > 0
+    def __init__(self, silence_s: float, lost_delay_s: float = 0.0, lost_stagger_s: float = 0.0) -> None:
+        assert silence_s > 0 and lost_delay_s >= 0 and lost_stagger_s >= 0
         # A peer grants only after this long without a leader; a won round stays usable this long.
         self.silence_s = silence_s
+        # After the leader's connection closed: the election of the voter of rank r (0, 1, ...) is
+        # due lost_delay_s + r * lost_stagger_s later.
+        self.lost_delay_s = lost_delay_s
+        self.lost_stagger_s = lost_stagger_s
         self.counters = PreVoteCounters()
         self._round: _Round | None = None
         self._leader_heard_at = _NEVER
+        # When the connection to the leader this node followed last closed (while it was live).
+        self._leader_lost_at = _NEVER
         # When a leader's append_entries at a term BELOW ours last arrived (pysyncobj drops it).
         self._lower_leader_heard_at = _NEVER
 
@@ -202,16 +225,40 @@ class PreVote:
         term, last_index, last_term = message.get("term"), message.get("last_log_index"), message.get("last_log_term")
         if not (isinstance(term, int) and isinstance(last_index, int) and isinstance(last_term, int)):
             return  # not from our version: no answer, like a lost message
+        behind_before = self.counters.refused_log_behind
         granted = self.would_grant(raft, (last_term, last_index), now)
+        if self.counters.refused_log_behind > behind_before:
+            # No live leader, and the asker's log is behind ours: we are the better candidate, and
+            # the asker's deadline passed already. Campaign now rather than after our own timeout.
+            raft.advance_election(now)
         if granted:
             logger.info("pre-vote for term %d granted to %s (a leader last heard %.3f s ago)",
                         term, node, now - self._leader_heard_at)
         raft.send(node, {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted})
 
+    def on_disconnected(self, raft: RaftView, node: Any, now: float | None = None) -> None:
+        """The connection to `node` closed (tick thread, before pysyncobj hears of it)."""
+        now = raft_clock() if now is None else now
+        if raft.raft_state() != _FOLLOWER or node is None or node != raft.leader():
+            return
+        if now - self._leader_heard_at >= self.silence_s or self._leader_lost_at >= self._leader_heard_at:
+            return  # silent for long (the election timeout runs already), or lost already
+        self._leader_lost_at = now
+        self.counters.leaders_lost += 1
+        others = sorted([raft.self_id(), *(raft.node_id(peer) for peer in raft.peers() if peer != node)])
+        rank = others.index(raft.self_id())
+        due_in = self.lost_delay_s + rank * self.lost_stagger_s
+        logger.info("lost the connection to the leader %s: election due in %.3f s (rank %d)", node, due_in, rank)
+        raft.advance_election(now + due_in)
+
+    def _leader_alive(self, now: float) -> bool:
+        """A leader was heard within silence_s, and its connection has not closed since."""
+        return now - self._leader_heard_at < self.silence_s and self._leader_lost_at < self._leader_heard_at
+
     def would_grant(self, raft: RaftView, asker_last: tuple[int, int], now: float) -> bool:
         """Raft's vote rule on the log, plus: no live leader. The term is not compared: a pre-vote
         changes no state, and a real request_vote at a lower term is ignored by pysyncobj anyway."""
-        if raft.raft_state() == _LEADER or now - self._leader_heard_at < self.silence_s:
+        if raft.raft_state() == _LEADER or self._leader_alive(now):
             self.counters.refused_leader_alive += 1
             return False
         own_index, own_term = raft.last_log()

@@ -2,8 +2,8 @@
 
 Everything it needs arrives as `bridge` (the ReplicatedLog), set BEFORE SyncObj.__init__ so that
 pysyncobj counts it among its own properties and never serializes it; so do `pre_vote`
-(_prevote.py), which this class wires into pysyncobj's tick and message handler, and `read_index`
-(_read_index.py), which sees the messages before pysyncobj.
+(_prevote.py), which this class wires into pysyncobj's tick, message and disconnection handlers,
+and `read_index` (_read_index.py), which sees the messages before pysyncobj.
 """
 
 from __future__ import annotations
@@ -84,7 +84,19 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # command queued just before this node lost leadership fails with NOT_LEADER instead.
         if not self._isLeader():
             self._reject_queued_commands()
-        super()._checkCommandsToApply()
+            super()._checkCommandsToApply()
+            return
+        # The leader appends each queued command and sends it to the followers at once; with a
+        # durable journal its own msync waits until the end of this call (one for all of them),
+        # so that it overlaps the followers' round trip instead of preceding it. Nothing in this
+        # call counts the new entries towards a commit: _onTick does, at the start of the next
+        # tick, after the msync.
+        deferred_flush = getattr(self._SyncObj__raftLog, "deferred_flush", None)
+        if deferred_flush is None:  # in-memory journal
+            super()._checkCommandsToApply()
+            return
+        with deferred_flush():
+            super()._checkCommandsToApply()
 
     # Pre-vote (_prevote.py). pysyncobj's methods call `self.__connectedToAnyone()` and its transport
     # calls the handler it was given in SyncObj.__init__, `self.__onMessageReceived`; both resolve
@@ -95,6 +107,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # passed and this node is a follower or candidate. Pre-vote decides at that very moment.
         connected = bool(SyncObj._SyncObj__connectedToAnyone(self))
         return connected and (self.pre_vote is None or self.pre_vote.may_elect(self))
+
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:
+        if self.pre_vote is not None:
+            self.pre_vote.on_disconnected(self, node)
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
@@ -120,6 +137,22 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def peers(self) -> set[Any]:
         return self._SyncObj__otherNodes  # type: ignore[no-any-return]
+
+    def leader(self) -> Any:
+        return self._SyncObj__raftLeader
+
+    def node_id(self, node: Any) -> str:
+        return str(node.id)
+
+    def self_id(self) -> str:
+        return str(self._SyncObj__selfNode.id)
+
+    def advance_election(self, deadline: float) -> None:
+        self._SyncObj__raftElectionDeadline = min(self.election_deadline(), deadline)
+
+    def election_deadline(self) -> float:
+        """When pysyncobj starts an election if no leader is heard from (its clock; tick thread)."""
+        return float(self._SyncObj__raftElectionDeadline)
 
     def transfer_in_progress(self) -> bool:
         return bool(self._SyncObj__transferInProgress)

@@ -18,6 +18,8 @@ anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft por
   `bytearray`: appending is not a copy of everything received so far.
 - An incoming connection that has not finished its handshake `handshake_timeout_s` after it was
   accepted is closed (checked every tick).
+- A frame larger than what the socket takes at once is sent on as soon as the socket is writable
+  (pysyncobj left the rest for the next send, a heartbeat later).
 - At most `UNAUTHENTICATED_CONNECTIONS_MAX` incoming connections are in their handshake at once,
   and `UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX` from one remote address; beyond either, an
   accepted connection is closed at once.
@@ -68,6 +70,20 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.handshake_deadline = float("inf")  # set by the transport on incoming connections
         self.frames_refused = 0
         super().__init__(*args, **kwargs)
+
+    def send(self, message: Any) -> None:
+        super().send(message)
+        # pysyncobj sends what the socket takes and keeps the rest, but asks the poller to say when
+        # the socket is writable again only from its own event handler, which unsubscribes once a
+        # write event found the buffer empty: the rest of a frame larger than the socket's buffer
+        # (an append_entries of big batches) waited for the next send, a heartbeat up to
+        # append_entries_period_s later, once per socket buffer. Ask for the write event now.
+        fileno = self._TcpConnection__fileno
+        if self._TcpConnection__writeBuffer and fileno is not None and self.state == CONNECTION_STATE.CONNECTED:
+            self._TcpConnection__poller.subscribe(
+                fileno, self._TcpConnection__processConnection,
+                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+            )
 
     def authenticated(self) -> None:
         """The handshake is done: the peer knows the cluster password and named itself."""

@@ -73,6 +73,13 @@ class LogConfig:
     # vote for it; a node says so only if it has not heard from a leader for raft_timeout_s_min.
     # Keeps a rejoining node from deposing a healthy leader. Off: pysyncobj's plain elections.
     pre_vote: bool = True
+    # With pre-vote: once the connection to the live leader a follower follows closes (its process
+    # died), the follower's election is due after lost_delay_s + rank * lost_stagger_s instead of
+    # a whole election timeout of silence (rank: its place by address among the voters but the
+    # leader; the stagger keeps two followers from campaigning at once and splitting the vote; the
+    # delay lets the peers see the same close first, or they would refuse the pre-vote).
+    leader_lost_delay_s: float = 0.02
+    leader_lost_stagger_s: float = 0.1
     # Heartbeat period of the leader.
     append_entries_period_s: float = 0.05
     # A leader that has heard from no majority for this long steps down (pysyncobj default: 30 s).
@@ -107,6 +114,7 @@ class LogConfig:
         assert self.leader_fallback_timeout_s > self.append_entries_period_s
         assert self.log_compaction_entries_min >= 2
         assert self.tick_period_s > 0
+        assert self.leader_lost_delay_s >= 0 and self.leader_lost_stagger_s > 0
         assert self.handshake_timeout_s > 0
 
     def syncobj_conf(

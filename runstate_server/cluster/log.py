@@ -196,7 +196,11 @@ class ReplicatedLog:
         )
         try:
             # Reads the whole journal and binds the port: not on the loop.
-            pre_vote = PreVote(silence_s=self._config.raft_timeout_s_min) if self._config.pre_vote else None
+            pre_vote = PreVote(
+                silence_s=self._config.raft_timeout_s_min,
+                lost_delay_s=self._config.leader_lost_delay_s,
+                lost_stagger_s=self._config.leader_lost_stagger_s,
+            ) if self._config.pre_vote else None
             raft = await asyncio.to_thread(
                 RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s,
                 self._read_index,
@@ -542,7 +546,7 @@ class ReplicatedLog:
                 spin = single_node and self._uncommitted > 0 and raft.raft_state() == _LEADER
                 self._compact_if_large()
                 try:
-                    raft.doTick(0.0 if spin else self._config.tick_period_s)
+                    raft.doTick(0.0 if spin else self._poll_s(raft))
                     if raft.raft_state() == _LEADER:
                         self._quorum_heard_at = raft.majority_heard_at(raft_clock())
                     if not single_node:
@@ -566,6 +570,17 @@ class ReplicatedLog:
             raft.close_pipe()
             if self._halt_reason is not None:
                 self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
+
+    def _poll_s(self, raft: RaftNode) -> float:
+        """How long the tick may wait for socket events: tick_period_s, but a follower or candidate
+        wakes at its election deadline (pysyncobj checks it once per tick), not up to a period late."""
+        period = self._config.tick_period_s
+        if raft.raft_state() == _LEADER:
+            return period
+        due_in = raft.election_deadline() - raft_clock()
+        # Passed: this tick's _onTick (before its poll) elects or holds it (pre-vote, no peer
+        # connected) and moves it, or leaves it behind: never spin on it.
+        return period if due_in <= 0 else min(period, due_in)
 
     def apply_batch(self, data: bytes) -> list[Any]:
         """The @replicated method's body, in the tick thread, on every replica."""

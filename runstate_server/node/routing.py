@@ -5,6 +5,11 @@ query, body, the client's headers) to the leader's API and relays the answer, so
 need to know who leads. Node-local routes (health, cluster view, OpenAPI, the console's files) are always served where
 they arrive. A forwarded request is never forwarded again: a node that receives one and does not
 lead answers UNAVAILABLE, and the client retries (safely: writes carry keys or delivery ids).
+
+A leader whose API refuses the connection (killed: the call never reached it) is a leader about to
+be replaced: the follower waits for the next one, within the same LEADER_WAIT_S as an election,
+and forwards the call there, instead of answering UNAVAILABLE at once and leaving the client to
+back off and come back after the election.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ FORWARDED_HEADER = "X-Runstate-Forwarded-By"
 LEADER_HEADER = "X-Runstate-Leader"
 # During an election a request waits this long for a leader before it answers UNAVAILABLE.
 LEADER_WAIT_S = 3.0
-LEADER_POLL_S = 0.02
+LEADER_POLL_S = 0.01
 # While a call is forwarded, how often to check that its leader still leads.
 LEADER_CHECK_S = 0.1
 # A forwarded call may be a long poll: its own bound plus the time a write may take.
@@ -47,6 +52,10 @@ _RELAYED_HEADERS = (REQUEST_ID_HEADER, "Retry-After")
 _HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer"}
 )
+
+
+class _LeaderUnreachable(Exception):
+    """The leader's API could not be connected to: the call never reached it."""
 
 
 def forwarded(request: web.Request) -> bool:
@@ -70,9 +79,20 @@ class Router:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         if FORWARDED_HEADER in request.headers:
             raise ApiError("UNAVAILABLE", "the node this call was forwarded to is not the leader any more; retry")
-        leader_address, leader_url = await self._leader()
-        if leader_url is None:  # this node became the leader meanwhile
-            return None  # type: ignore[return-value]
+        deadline = asyncio.get_running_loop().time() + LEADER_WAIT_S
+        unreachable: tuple[str | None, int] | None = None
+        while True:
+            leader_address, leader_url = await self._leader(deadline, unreachable)
+            if leader_url is None:  # this node became the leader meanwhile
+                return None  # type: ignore[return-value]
+            term = self._node.log.term
+            try:
+                return await self._forward_to(request, leader_address, leader_url)
+            except _LeaderUnreachable:
+                # Never sent: safe to send to the next leader (another node, or a later term).
+                unreachable = (leader_address, term)
+
+    async def _forward_to(self, request: web.Request, leader_address: str | None, leader_url: str) -> web.Response:
         body = await request.read()
         headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
         headers[FORWARDED_HEADER] = self._node.config.node_id
@@ -107,27 +127,36 @@ class Router:
                     content_type=None if answer.status == 204 else answer.content_type or "application/json",
                     headers={**relayed, LEADER_HEADER: leader_url},
                 )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
+            raise _LeaderUnreachable(f"{url}: {type(error).__name__}") from None
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise ApiError(
                 "UNAVAILABLE", f"the leader at {url} did not answer ({type(error).__name__}); retry"
             ) from None
 
-    async def _leader(self) -> tuple[str | None, str | None]:
+    async def _leader(
+        self, deadline: float, unreachable: tuple[str | None, int] | None = None
+    ) -> tuple[str | None, str | None]:
         """The leader's Raft address and API URL; (None, None) if this node leads now. Waits out
-        an election, bounded."""
+        an election until `deadline` (the loop's clock), and for a leader other than `unreachable`
+        (the leader, and the term, whose API could not be connected to)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LEADER_WAIT_S
         while True:
             raft = self._node.log
             if raft.is_leader:
                 return None, None
             leader = raft.leader_address
-            if leader is not None:
+            if leader is not None and (leader, raft.term) != unreachable:
                 url = self._node.api_url_by_raft_address.get(leader)
                 if url is None:
                     raise ApiError("UNAVAILABLE", f"the leader {leader} is not among this node's peers")
                 return leader, url
             if loop.time() >= deadline:
+                if leader is not None:
+                    raise ApiError(
+                        "UNAVAILABLE", f"the leader at {self._node.api_url_by_raft_address.get(leader)} cannot be "
+                        f"reached and no other was elected within {LEADER_WAIT_S} s; retry"
+                    )
                 raise ApiError("UNAVAILABLE", f"no leader elected within {LEADER_WAIT_S} s; retry")
             await asyncio.sleep(LEADER_POLL_S)
 

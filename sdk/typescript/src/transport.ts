@@ -8,7 +8,9 @@
  * complete, renew, ...). An unsafe one (a receive, creating a run) raises OutcomeUnknownError
  * instead. A `408 REQUEST_TIMEOUT` answer (the node applied nothing) is retried whatever the call.
  * Every mutation carries an `Idempotency-Key`, fresh per logical call and the same on each retry,
- * so the server applies a retried mutation once. Retries back off briefly and stop after
+ * so the server applies a retried mutation once. A retry goes to the next listed server at once
+ * while some server has not been tried since the last pause; once every one has failed, retries
+ * pause (RETRY_BACKOFF_MS_INITIAL, doubling up to RETRY_BACKOFF_MS_MAX) and stop after
  * `UNAVAILABLE_AFTER_MS` without an answer, with UnavailableError.
  */
 
@@ -25,6 +27,7 @@ export const SDK_VERSION = '0.4.0-dev.0';
 
 // How long the SDK keeps retrying without any answer before it raises UnavailableError.
 const UNAVAILABLE_AFTER_MS = 5_000;
+// The pause once every listed server failed since the last one (none before an untried server).
 const RETRY_BACKOFF_MS_INITIAL = 50;
 const RETRY_BACKOFF_MS_MAX = 500;
 /** Total time of one ordinary request (not a long poll). */
@@ -204,6 +207,7 @@ export class Transport {
     const timeoutMs = this.timeoutMs + (options.longPollMs && options.longPollMs > 0 ? options.longPollMs + LONG_POLL_MARGIN_MS : 0);
     let giveUpAt: number | undefined;
     let backoffMs = RETRY_BACKOFF_MS_INITIAL;
+    const failedSincePause = new Set<string>();
     for (;;) {
       options.signal?.throwIfAborted();
       const base = this.baseUrls[this.urlIndex] as string;
@@ -254,8 +258,14 @@ export class Transport {
       }
       // Move on from the node that failed, unless a concurrent call already did.
       if (this.baseUrls[this.urlIndex] === base) this.urlIndex = (this.urlIndex + 1) % this.baseUrls.length;
-      await sleep(Math.min(backoffMs, giveUpAt - now), options.signal);
-      backoffMs = Math.min(backoffMs * 2, RETRY_BACKOFF_MS_MAX);
+      failedSincePause.add(base);
+      if (failedSincePause.has(this.baseUrls[this.urlIndex] as string)) {
+        // Every server failed since the last pause (or the next one just did): pause before going
+        // round again. Before a server not yet tried, a pause would only add delay.
+        await sleep(Math.min(backoffMs, giveUpAt - now), options.signal);
+        backoffMs = Math.min(backoffMs * 2, RETRY_BACKOFF_MS_MAX);
+        failedSincePause.clear();
+      }
     }
   }
 

@@ -9,8 +9,10 @@ raises `OutcomeUnknownError` instead, so the caller decides. Every mutation of a
 Idempotency-Key, one per call and the same on its retries, so a safe call retried after a lost
 answer is applied once (a reserve reserves once). A `408 REQUEST_TIMEOUT` answer (the
 node did not receive the whole request in time, so it applied nothing) is retried whatever the
-call. Retries back off briefly and stop after `UNAVAILABLE_AFTER_S` seconds without an answer,
-with `UnavailableError`.
+call. A retry goes to the next listed server at once while some server has not been tried since
+the last pause; once every one has failed, retries pause (RETRY_BACKOFF_S_INITIAL, doubling up to
+RETRY_BACKOFF_S_MAX) and stop after `UNAVAILABLE_AFTER_S` seconds without an answer, with
+`UnavailableError`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ BASE_URL_DEFAULT = "http://localhost:8080"
 
 # How long the SDK keeps retrying without any answer before it raises UnavailableError.
 UNAVAILABLE_AFTER_S = 5.0
+# The pause once every listed server failed since the last one (none before an untried server).
 RETRY_BACKOFF_S_INITIAL = 0.05
 RETRY_BACKOFF_S_MAX = 0.5
 # Connecting to one server; past it, the next listed server is tried.
@@ -227,6 +230,7 @@ class Transport:
         loop = asyncio.get_running_loop()
         give_up_at: float | None = None
         backoff_s = RETRY_BACKOFF_S_INITIAL
+        failed_since_pause: set[str] = set()
         while True:
             base = self.base_urls[self._url_index]
             url = base + path
@@ -272,8 +276,14 @@ class Transport:
             # land on the dead node again).
             if self.base_urls[self._url_index] == base:
                 self._url_index = (self._url_index + 1) % len(self.base_urls)
-            await asyncio.sleep(min(backoff_s, give_up_at - now))
-            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+            failed_since_pause.add(base)
+            if self.base_urls[self._url_index] in failed_since_pause:
+                # Every server failed since the last pause (or the next one just did): pause before
+                # going round again. Before a server not yet tried, a pause would only add delay.
+                logger.debug("every server failed for %s %s: pausing %.2f s", method, path, backoff_s)
+                await asyncio.sleep(min(backoff_s, give_up_at - now))
+                backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
+                failed_since_pause.clear()
 
     async def space(self) -> str:
         """The space this client works in: `space_id` if given, else the API key's space (asked
