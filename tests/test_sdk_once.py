@@ -133,6 +133,55 @@ def test_async_functions(run_id: str) -> None:
     assert runs == ["raft"]
 
 
+def test_async_callers_on_several_loops_one_cancelled(run_id: str) -> None:
+    """Answers cross back to each caller's own loop (batched per loop); a cancelled caller gets
+    CancelledError and the others of its loop still get the result; an exception reaches its caller."""
+    started = threading.Event()
+    release = threading.Event()
+
+    @runstate.once(name="fan-out")
+    async def slow(topic: str) -> str:
+        started.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, BARRIER_TIMEOUT_S)
+        return f"report on {topic}"
+
+    @runstate.once(name="broken", attempts=1)
+    async def broken() -> str:
+        raise KeyError("nothing here")
+
+    runner: list[Any] = []
+    runner_thread = threading.Thread(target=lambda: runner.append(asyncio.run(slow("raft"))))
+    runner_thread.start()
+    assert started.wait(BARRIER_TIMEOUT_S)
+
+    async def callers(count: int, cancel_one: bool) -> list[Any]:
+        tasks = [asyncio.create_task(slow("raft")) for _ in range(count)]
+        if cancel_one:
+            await asyncio.sleep(0)
+            tasks[0].cancel()
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+    outcomes: dict[str, list[Any]] = {}
+
+    def in_own_loop(name: str, cancel_one: bool) -> None:
+        outcomes[name] = asyncio.run(callers(8, cancel_one))
+
+    loops = [threading.Thread(target=in_own_loop, args=(name, name == "a")) for name in ("a", "b")]
+    for thread in loops:
+        thread.start()
+    threading.Timer(0.3, release.set).start()
+    for thread in [*loops, runner_thread]:
+        thread.join()
+    assert runner == ["report on raft"]
+    assert isinstance(outcomes["a"][0], asyncio.CancelledError)
+    assert outcomes["a"][1:] == ["report on raft"] * 7
+    assert outcomes["b"] == ["report on raft"] * 8
+    with pytest.raises(KeyError, match="nothing here"):
+        asyncio.run(broken())
+    with pytest.raises(OnceFailedError):
+        asyncio.run(broken())
+
+
 def test_failures_go_to_their_caller_then_once_failed(run_id: str) -> None:
     attempts_seen: list[int] = []
 
