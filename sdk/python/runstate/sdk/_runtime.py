@@ -147,8 +147,12 @@ class Runtime:
             return
         batch = self._hand_backs.get(caller_loop)
         if batch is None:
+            try:
+                self.loop.call_soon(self._send_hand_backs, caller_loop)
+            except RuntimeError:  # our loop is closed (shutting down): no later turn to wait for
+                _call_on(caller_loop, _settle_answers, [(answer, future)])
+                return
             batch = self._hand_backs[caller_loop] = []
-            self.loop.call_soon(self._send_hand_backs, caller_loop)
         batch.append((answer, future))
 
     def _send_hand_backs(self, caller_loop: asyncio.AbstractEventLoop) -> None:
