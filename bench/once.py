@@ -8,9 +8,10 @@ Each round uses a fresh key. The benchmark process calls the once function first
 inside it, it releases the callers (spread over `--processes` processes, async, all at once),
 waits until every one of them has called and `--settle-s` more (so they are all waiting), notes
 the time and returns. Each caller notes when its call returned. Times are CLOCK_MONOTONIC
-(`time.perf_counter`), which all processes of one machine share. Callers of one process waiting
-for the same key share one long poll (the SDK does that), so the fan-out crosses the server once
-per process.
+(`time.perf_counter`), which all processes of one machine share. The async callers of one
+process (one event loop) waiting for the same key share one acquire and one long poll, and their
+results cross back to the loop together (the SDK does that), so the fan-out crosses the server
+once per process.
 """
 
 from __future__ import annotations

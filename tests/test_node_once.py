@@ -68,6 +68,22 @@ def test_one_holder_one_result_and_a_long_poll_wakes_on_complete(api: Api) -> No
     assert (again["state"], again["result"]) == ("DONE", {"report": "acme"})
 
 
+def test_a_result_reads_back_as_the_value_recorded(api: Api) -> None:
+    """GET /once answers the kept bytes of the result as they are: the same JSON value."""
+    run_id = new_run(api)
+    result = {"zeta": [1, 2.5, -0.0, None, True], "text": "caf\u00e9 \u2603 \"quoted\" \\ \n", "alpha": {"b": {}, "a": []}}
+    granted = acquire(api, run_id)
+    assert api.ok("POST", "/v1/once/complete", lease(run_id, granted, result=result))["result"] == result
+    shown = view(api, run_id)
+    assert (shown["state"], shown["result"], shown["finishedBy"], shown["scopeEffective"]) == (
+        "DONE", result, "w1", "ACTIVE"
+    )
+    for scalar in ("plain", 0, None, [1]):
+        other = acquire(api, run_id, key=f"scalar-{scalar!r}")
+        api.ok("POST", "/v1/once/complete", lease(run_id, other, key=f"scalar-{scalar!r}", result=scalar))
+        assert view(api, run_id, key=f"scalar-{scalar!r}")["result"] == scalar
+
+
 def test_the_attempt_limit_is_decided_at_fail_time(api: Api) -> None:
     run_id = new_run(api)
     first = acquire(api, run_id, key="k")

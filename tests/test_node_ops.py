@@ -74,6 +74,21 @@ def test_a_job_short_of_a_permit_names_the_permit_and_its_holder(api: Api) -> No
     assert [entry["taskId"] for entry in waiting_of(waits, "task")] == [task_id]
 
 
+def test_waits_lists_a_job_short_of_a_permit_before_any_worker_asked(api: Api) -> None:
+    run_id = new_run(api)
+    permit_id = api.ok("PUT", "/v1/permits/by-name/gpu", {"units": 1})["id"]
+    api.ok("POST", f"/v1/permits/{permit_id}/acquire", lease_body(run_id, "w1"))
+    needs = {"requirements": {"pools": [{"name": "gpu", "units": 1}]}}
+    task_id = task_ok(api, run_id, {"input": 1, "key": "needs-gpu", **needs})["id"]
+    task_ok(api, run_id, {"input": 2, "key": "plain"})
+
+    (entry,) = waiting_of(api.ok("GET", "/v1/ops/waits"), "task")  # no worker has received yet
+    assert entry["taskId"] == task_id and entry["mailbox"] == "work"
+    (permit,) = entry["waitsFor"]
+    assert (permit["kind"], permit["permitId"]) == ("permit", permit_id)
+    assert [holder["holder"] for holder in permit["heldBy"]] == ["w1"]
+
+
 def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
     run_id = new_run(api)
     permit_id = api.ok("PUT", "/v1/permits/by-name/one", {"units": 1})["id"]

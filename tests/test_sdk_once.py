@@ -133,6 +133,123 @@ def test_async_functions(run_id: str) -> None:
     assert runs == ["raft"]
 
 
+def test_async_callers_on_several_loops_one_cancelled(run_id: str) -> None:
+    """Answers cross back to each caller's own loop (batched per loop); a cancelled caller gets
+    CancelledError and the others of its loop still get the result; an exception reaches its caller."""
+    started = threading.Event()
+    release = threading.Event()
+
+    @runstate.once(name="fan-out")
+    async def slow(topic: str) -> str:
+        started.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, BARRIER_TIMEOUT_S)
+        return f"report on {topic}"
+
+    @runstate.once(name="broken", attempts=1)
+    async def broken() -> str:
+        raise KeyError("nothing here")
+
+    runner: list[Any] = []
+    runner_thread = threading.Thread(target=lambda: runner.append(asyncio.run(slow("raft"))))
+    runner_thread.start()
+    assert started.wait(BARRIER_TIMEOUT_S)
+
+    async def callers(count: int, cancel_one: bool) -> list[Any]:
+        tasks = [asyncio.create_task(slow("raft")) for _ in range(count)]
+        if cancel_one:
+            await asyncio.sleep(0)
+            tasks[0].cancel()
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+    outcomes: dict[str, list[Any]] = {}
+
+    def in_own_loop(name: str, cancel_one: bool) -> None:
+        outcomes[name] = asyncio.run(callers(8, cancel_one))
+
+    loops = [threading.Thread(target=in_own_loop, args=(name, name == "a")) for name in ("a", "b")]
+    for thread in loops:
+        thread.start()
+    threading.Timer(0.3, release.set).start()
+    for thread in [*loops, runner_thread]:
+        thread.join()
+    assert runner == ["report on raft"]
+    assert isinstance(outcomes["a"][0], asyncio.CancelledError)
+    assert outcomes["a"][1:] == ["report on raft"] * 7
+    assert outcomes["b"] == ["report on raft"] * 8
+    with pytest.raises(KeyError, match="nothing here"):
+        asyncio.run(broken())
+    with pytest.raises(OnceFailedError):
+        asyncio.run(broken())
+
+
+def test_async_callers_of_one_loop_share_one_acquire_and_retry_after_a_failure(
+    run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers of one loop waiting for a key held elsewhere send one acquire between them; after a
+    failed attempt of their own loop, the next of them tries and the rest get its result."""
+    acquires: list[str] = []
+    real_acquire = once_module.OnceCalls.acquire
+
+    async def counting_acquire(
+        self: once_module.OnceCalls, scope_id: str, key: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        acquires.append(key)
+        return await real_acquire(self, scope_id, key, *args, **kwargs)
+
+    monkeypatch.setattr(once_module.OnceCalls, "acquire", counting_acquire)
+    started = threading.Event()
+    release = threading.Event()
+    attempts_seen: list[int] = []
+
+    @runstate.once(name="shared-wait")
+    async def report(topic: str) -> str:
+        attempt = runstate.context().attempt
+        attempts_seen.append(attempt)
+        if attempt == 1:
+            started.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, BARRIER_TIMEOUT_S)
+            raise RuntimeError("first attempt breaks")
+        if attempt == 2:
+            return f"{topic} on attempt 2"
+        raise AssertionError("a third attempt")
+
+    async def failing_runner_and_callers() -> list[Any]:
+        runner = asyncio.create_task(report("raft"))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, BARRIER_TIMEOUT_S)
+        callers = [asyncio.create_task(report("raft")) for _ in range(6)]
+        threading.Timer(0.3, release.set).start()
+        return list(await asyncio.gather(runner, *callers, return_exceptions=True))
+
+    outcomes = asyncio.run(failing_runner_and_callers())
+    assert isinstance(outcomes[0], RuntimeError)
+    assert outcomes[1:] == ["raft on attempt 2"] * 6
+    assert attempts_seen == [1, 2]
+
+    acquires.clear()
+    first: list[Any] = []
+    runner_thread = threading.Thread(
+        target=lambda: first.append(_outcome(lambda: asyncio.run(report("paxos"))))
+    )
+    started.clear()
+    release.clear()
+    runner_thread.start()  # attempt 1 of "paxos" in another thread (its own loop) ...
+    assert started.wait(BARRIER_TIMEOUT_S)
+    acquires.clear()
+
+    async def waiting_callers() -> list[Any]:
+        callers = [asyncio.create_task(report("paxos")) for _ in range(6)]
+        threading.Timer(0.3, release.set).start()
+        return list(await asyncio.gather(*callers, return_exceptions=True))
+
+    # ... fails; one of these six gets attempt 2 and the other five its result.
+    assert sorted(map(str, asyncio.run(waiting_callers()))) == ["paxos on attempt 2"] * 6
+    runner_thread.join()
+    assert isinstance(first[0], RuntimeError)
+    # First one acquire for all six (HELD), then after the failure the next tries (GRANTED) and
+    # the other five acquire once more between them (HELD, then DONE through one long poll).
+    assert len(acquires) == 3
+
+
 def test_failures_go_to_their_caller_then_once_failed(run_id: str) -> None:
     attempts_seen: list[int] = []
 

@@ -161,6 +161,9 @@ list_scan_max = 10_000
 # Diagnostics (ops.py): the runs of a subtree one view walks; the entries of each list it answers.
 ops_runs_max = 1_000
 ops_entries_max = 1_000
+# GET /ops/waits looks for jobs short of a resource among the space's oldest QUEUED tasks, at most
+# this many (a task without needs costs a lookup; jobs with equal needs share one check).
+ops_queued_scan_max = 20_000
 
 # GET /metrics: per-queue and per-resource series it answers at most (each); past it, the deepest
 # queues and the resources with the most waiters are kept, and runstate_series_dropped counts the rest.

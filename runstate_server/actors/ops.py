@@ -21,7 +21,8 @@ past a bound the answer says `truncated`.
 
 from __future__ import annotations
 
-from collections import Counter
+import heapq
+from collections.abc import Iterator
 from typing import Any
 
 from runstate_server.actors import limits, resources, runs
@@ -118,16 +119,41 @@ def _resource_wait(state: State, kind: str, resource: Any, available_ms: int | N
             "scale": resource.scale, "currency": resource.currency}
 
 
-def _task_wait(state: State, task: Task, space_id: str, now_ms: int) -> dict[str, Any]:
-    """Why a QUEUED task has not started."""
+def _task_wait(
+    state: State, task: Task, space_id: str, now_ms: int, short_needs: dict[Any, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Why a QUEUED task has not started. `short_needs` remembers, for the one view being built,
+    what each distinct set of needs falls short of (the same for every job that names it)."""
     base = {"kind": "task", "taskId": task.id, "scopeId": task.run_id, "mailbox": task.mailbox, "attempt": task.attempt}
     if task.ready_at_ms > now_ms:
         return {**base, "waitsFor": [{"kind": "retry", "until": task.ready_at_ms}]}
     if task.needs is not None:
-        short = resources.shortfalls(state, space_id, now_ms, task.needs)
-        if short:
-            return {**base, "waitsFor": [_resource_wait(state, kind, resource, at) for kind, resource, at in short]}
+        key = _frozen(task.needs)
+        waits_for = short_needs.get(key)
+        if waits_for is None:
+            short = resources.shortfalls(state, space_id, now_ms, task.needs)
+            waits_for = short_needs[key] = [_resource_wait(state, kind, resource, at) for kind, resource, at in short]
+        if waits_for:
+            return {**base, "waitsFor": waits_for}
     return {**base, "waitsFor": [{"kind": "worker", "mailbox": task.mailbox}]}
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value as a hashable one (needs as a key of `short_needs`)."""
+    if isinstance(value, dict):
+        return tuple(sorted((key, _frozen(item)) for key, item in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _queued_oldest_first(state: State, space_id: str) -> Iterator[str]:
+    """The ids of the space's QUEUED tasks, oldest first (by when each became QUEUED) across its
+    mailboxes, from the index of QUEUED tasks each mailbox keeps (state.queue_figures)."""
+    mailboxes = sorted(key for key in state.queue_figures if key[0] == space_id)
+    streams = [((since_ms, task_id) for task_id, since_ms in state.queue_figures[key].queued.items()) for key in mailboxes]
+    for _since_ms, task_id in heapq.merge(*streams):
+        yield task_id
 
 
 def _permit_waiter_wait(state: State, waiter: Any) -> dict[str, Any]:
@@ -155,6 +181,7 @@ def run_view(state: State, root: Run, now_ms: int) -> dict[str, Any]:
     tree, truncated = subtree(state, root)
     holds: dict[str, dict[str, Any]] = {}
     waiting = _Page()
+    short_needs: dict[Any, list[dict[str, Any]]] = {}
     in_tree = {run.id for run in tree}
     for run in tree:
         for task in _tasks(state, run):
@@ -164,7 +191,7 @@ def run_view(state: State, root: Run, now_ms: int) -> dict[str, Any]:
                 entry["keys"].append(task.key)
                 _lease(entry, task.holder_session, task.lease_expires_ms)
             elif task.state == TaskState.QUEUED and not waiting.full:
-                waiting.add(_task_wait(state, task, root.space, now_ms))
+                waiting.add(_task_wait(state, task, root.space, now_ms, short_needs))
         for key, claim_id in run.claims.items():
             claim = state.claims.get(claim_id)
             if claim is not None and claim.token is not None and now_ms < claim.lease_expires_ms:
@@ -227,8 +254,9 @@ def run_view(state: State, root: Run, now_ms: int) -> dict[str, Any]:
 
 def waits_view(state: State, space_id: str, now_ms: int) -> dict[str, Any]:
     """Everything of the space that waits on a resource held by someone, oldest first (times in
-    ms): permit waiters in line, and QUEUED jobs whose needs fall short. (A task that only waits
-    for a worker, a barrier or a timer is in its run's view, not here.)"""
+    ms): permit and allowance waiters in line, and QUEUED jobs whose needs fall short (or that
+    wait out a retry backoff), found among the space's ops_queued_scan_max oldest QUEUED tasks. (A
+    task that only waits for a worker, a barrier or a timer is in its run's view, not here.)"""
     waiting = _Page()
     for waiter in state.permit_waiters.values():
         if waiter.space == space_id and waiter.state in ("WAITING", "SIGNALED") and not waiting.add(
@@ -240,23 +268,17 @@ def waits_view(state: State, space_id: str, now_ms: int) -> dict[str, Any]:
             _allowance_waiter_wait(state, allowance_waiter, now_ms)
         ):
             break
-    blocked: Counter[tuple[str, str]] = Counter()
-    for kind in (POOL, LIMIT, BUDGET):
-        table = {POOL: state.pools, LIMIT: state.rate_limits, BUDGET: state.budgets}[kind]
-        for resource in table.values():
-            if resource.space == space_id:
-                for run_id, mailbox in resource.blocked:
-                    blocked[(run_id, mailbox)] += 1
-    for run_id, mailbox in sorted(blocked):
-        run = state.runs.get(run_id)
-        queue = None if run is None else run.queues.get(mailbox)
-        if queue is None:
+    # Jobs whose needs fall short now, whether or not a worker asked for them yet (a resource
+    # remembers only the queues a receive found blocked on it).
+    short_needs: dict[Any, list[dict[str, Any]]] = {}
+    for examined, task_id in enumerate(_queued_oldest_first(state, space_id)):
+        if examined >= limits.ops_queued_scan_max:
+            waiting.truncated = True
+            break
+        task = state.tasks.get(task_id)
+        if task is None or task.needs is None:
             continue
-        for task_id in queue.ready:
-            task = state.tasks.get(task_id)
-            if task is None or task.state != TaskState.QUEUED or task.needs is None:
-                continue
-            wait = _task_wait(state, task, space_id, now_ms)
-            if wait["waitsFor"][0]["kind"] != "worker" and not waiting.add(wait):
-                break
+        wait = _task_wait(state, task, space_id, now_ms, short_needs)
+        if wait["waitsFor"][0]["kind"] != "worker" and not waiting.add(wait):
+            break
     return {"waiting": waiting.items, "truncated": waiting.truncated}

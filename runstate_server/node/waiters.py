@@ -23,7 +23,7 @@ class Waiter:
     __slots__ = ("_registry", "key", "owner", "future", "parked")
 
     def __init__(
-        self, registry: Waiters, key: Hashable, owner: Hashable | None, future: asyncio.Future[None], *, parked: bool
+        self, registry: Waiters, key: Hashable, owner: Hashable | None, future: asyncio.Future[bool], *, parked: bool
     ) -> None:
         self._registry = registry
         self.key = key
@@ -32,16 +32,25 @@ class Waiter:
         self.parked = parked  # False: over a bound; answer at once instead of waiting
 
     async def wait(self, timeout_s: float) -> bool:
-        """True if woken, False on timeout or at once when not parked. The waiter is spent either way."""
+        """True if woken, False on timeout or at once when not parked. The waiter is spent either way.
+
+        Awaits its own future, which only a wake, an interrupt or the timer below settles (no
+        wait_for and shield around it): a wake resumes the handler in the next turn of the loop,
+        not three turns later, which counts when one wake answers many long polls."""
         try:
-            if timeout_s <= 0 or not self.parked:
+            if timeout_s <= 0 or not self.parked or self.future.done():
                 return self.future.done()
-            await asyncio.wait_for(asyncio.shield(self.future), timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            timer = asyncio.get_running_loop().call_later(timeout_s, self._time_out)
+            try:
+                return await self.future
+            finally:
+                timer.cancel()
         finally:
             self.close()
+
+    def _time_out(self) -> None:
+        if not self.future.done():
+            self.future.set_result(False)
 
     def close(self) -> None:
         self._registry._discard(self)
@@ -49,7 +58,7 @@ class Waiter:
     def interrupt(self) -> None:
         """End the wait now (its client went away): it returns as if woken."""
         if not self.future.done():
-            self.future.set_result(None)
+            self.future.set_result(True)
         self.close()
 
     def __enter__(self) -> Waiter:
@@ -70,7 +79,7 @@ class Waiters:
     def register(self, key: Hashable, owner: Hashable | None = None) -> Waiter:
         """A waiter woken by a wake of `key` or of `owner`."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[bool] = loop.create_future()
         waiting = self._by_key.get(key)
         if (waiting is not None and len(waiting) >= self.per_key_max) or self._total >= self.total_max:
             return Waiter(self, key, None, future, parked=False)  # over a bound: answer now, the client polls again
@@ -91,7 +100,7 @@ class Waiters:
                 continue
             for waiter in list(waiting):
                 if not waiter.future.done():
-                    waiter.future.set_result(None)
+                    waiter.future.set_result(True)
                 waiter.close()
 
     def wake_all(self) -> None:

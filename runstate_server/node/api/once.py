@@ -6,6 +6,7 @@ never from a read of the state afterwards.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, once, runs
 from runstate_server.actors.context import once_key
-from runstate_server.actors.state import Once, OnceState
+from runstate_server.actors.state import Once, OnceState, json_bytes
 from runstate_server.actors.storage import json_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
@@ -114,10 +115,26 @@ def once_view(entry: Once | None, key: str) -> dict[str, Any]:
         "finishedBy": once.finisher(entry),
     }
     if entry.state == OnceState.DONE:
-        view["result"] = json_value(entry.result)
+        view["result"] = _Kept(json_bytes(entry.result))
     if entry.error is not None:
         view["lastError"] = entry.error
     return view
+
+
+class _Kept(bytes):
+    """A kept payload (canonical JSON bytes) that goes into an answer as it is (_json_answer)."""
+
+
+def _json_answer(view: dict[str, Any]) -> web.Response:
+    """`view` as a JSON answer, its `result` spliced in as the kept bytes: not decoded and encoded
+    again for each caller (a result is up to 64 KB, and one completion answers every long poll
+    parked on its entry)."""
+    result = view.get("result")
+    if not isinstance(result, _Kept):
+        return web.json_response(view)
+    rest = json.dumps({name: value for name, value in view.items() if name != "result"})
+    return web.Response(body=rest[:-1].encode() + b', "result": ' + result + b"}", content_type="application/json",
+                        charset="utf-8")
 
 
 _WAIT_QUERY = {"scopeId": STRING, "key": STRING, **WAIT_MS_QUERY}
@@ -148,7 +165,7 @@ async def get(request: web.Request) -> web.Response:
         # recorded, so waiting on for its lease to lapse would only delay them.
         return view["state"] != OnceState.HELD or view["scopeEffective"] != "ACTIVE"
 
-    return web.json_response(await long_poll(request, node, once_key(run_id, key), look, happened))
+    return _json_answer(await long_poll(request, node, once_key(run_id, key), look, happened))
 
 
 @routes(

@@ -3,7 +3,7 @@
 One `AsyncRunstate` per process, created on first use from `runstate.configure(...)` or the
 environment (RUNSTATE_BASE_URL, RUNSTATE_SPACE_ID, RUNSTATE_API_KEY, RUNSTATE_SCOPE_ID). Its
 requests run on an event loop in a daemon thread of its own, whatever the caller is: a sync caller
-blocks on the answer, an async caller awaits it from its own loop (`asyncio.wrap_future`), and the
+blocks on the answer, an async caller awaits it from its own loop (`Runtime.arun`), and the
 user's function always runs in the caller's thread or task. One session that outlives any caller's
 event loop means nothing is bound to a loop that `asyncio.run` closes; the daemon thread never
 keeps the interpreter alive, and an atexit hook closes the session. A forked child builds its own.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -37,6 +38,9 @@ RUN_ENV = "RUNSTATE_RUN"
 RUN_NAME_CHARS_MAX = 256  # the server's bound of a run name
 # Closing: how long the session gets to close, and the loop thread to end.
 CLOSE_TIMEOUT_S = 5.0
+
+_Outcome = concurrent.futures.Future[Any]  # a coroutine run on the runtime's loop (`Runtime.submit`)
+_HandBack = tuple[asyncio.Future[Any], _Outcome]  # a caller's future on its own loop, and what it awaits
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Runtime:
             base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
         )
         self._once_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
+        # Answers for callers' loops, sent at the end of this turn of our loop (`_hand_back`).
+        self._hand_backs: dict[asyncio.AbstractEventLoop, list[_HandBack]] = {}
         explicit = settings.scope_id if settings.scope_id is not None else os.environ.get(SCOPE_ID_ENV)
         self.explicit_scope_id = explicit.strip() if explicit and explicit.strip() else None
         named = settings.run if settings.run is not None else os.environ.get(RUN_ENV)
@@ -117,10 +123,40 @@ class Runtime:
             raise
 
     async def arun(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Await `coroutine` run on the loop, from any event loop."""
+        """Await `coroutine` run on the loop, from any event loop. Cancelling the await cancels it."""
         if self.in_loop_thread():
             return await coroutine
-        return await asyncio.wrap_future(self.submit(coroutine))
+        caller_loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = caller_loop.create_future()
+        future = self.submit(coroutine)
+        future.add_done_callback(functools.partial(self._hand_back, caller_loop, answer))
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    def _hand_back(self, caller_loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], future: _Outcome) -> None:
+        """`future` is done: settle `answer` on the caller's loop. The answers for one caller's loop
+        that are done in the same turn of our loop (the callers of a process waiting on one once
+        entry, woken by one long poll) cross to it in one `call_soon_threadsafe`, so its thread
+        wakes once for all of them instead of once each, taking the GIL back and forth."""
+        if not self.in_loop_thread():
+            # Cancelled by the caller (or done before the callback was added): no batch to join.
+            _call_on(caller_loop, _settle_answers, [(answer, future)])
+            return
+        batch = self._hand_backs.get(caller_loop)
+        if batch is None:
+            try:
+                self.loop.call_soon(self._send_hand_backs, caller_loop)
+            except RuntimeError:  # our loop is closed (shutting down): no later turn to wait for
+                _call_on(caller_loop, _settle_answers, [(answer, future)])
+                return
+            batch = self._hand_backs[caller_loop] = []
+        batch.append((answer, future))
+
+    def _send_hand_backs(self, caller_loop: asyncio.AbstractEventLoop) -> None:
+        _call_on(caller_loop, _settle_answers, self._hand_backs.pop(caller_loop, []))
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -213,6 +249,28 @@ class Runtime:
             await asyncio.wait(others, timeout=CLOSE_TIMEOUT_S)
         await self.client.aclose()
         await self.waits.aclose()
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass  # the caller's loop is closed: nobody awaits the answer any more
+
+
+def _settle_answers(batch: list[_HandBack]) -> None:
+    """On the caller's loop: each `answer` takes the outcome of its `future` (as asyncio.wrap_future)."""
+    for answer, future in batch:
+        if answer.done():
+            continue
+        if future.cancelled():
+            answer.cancel()
+            continue
+        error = future.exception()
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(future.result())
 
 
 _lock = threading.Lock()

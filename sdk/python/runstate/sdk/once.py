@@ -104,6 +104,9 @@ class _Grant:
     attempt: int
 
 
+_Slot = tuple[Runtime, asyncio.AbstractEventLoop, str]  # who acquires: the runtime, the caller's loop, a key
+
+
 def _failed(key: str, view: dict[str, Any]) -> OnceFailedError:
     attempts = int(view.get("attempts") or 0)
     error = view.get("lastError") or "no error message recorded"
@@ -124,6 +127,9 @@ class _OnceSpec:
         # Sent in whole seconds, as the published clients do: the lease is rounded up, to at least one.
         self.lease_seconds = max(1, math.ceil(lease_ms / 1000))
         self.signature = inspect.signature(fn)
+        # Async calls of one event loop acquiring the same key at once: (runtime, loop, key) -> the
+        # first one's outcome, a _Done the others take too (None: it was not one). See acquire_async.
+        self.acquiring: dict[_Slot, asyncio.Future[_Done | None]] = {}
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return call_key(self.name, self.signature, self.key_function, args, kwargs)
@@ -155,6 +161,32 @@ class _OnceSpec:
                     view = await rt.wait_once(scope_id, key)
 
         return await rt.in_run(in_run)
+
+    async def acquire_async(self, rt: Runtime, key: str) -> _Grant | _Done:
+        """`acquire` for an async caller, on its own loop. While a call of the same loop acquires the
+        key, others of that loop wait for it instead of acquiring too: if it gets the result (DONE),
+        so do they, from the one long poll and the one crossing back from the runtime's loop; if it
+        gets anything else (the grant, a failure, an error, cancelled), each acquires for itself."""
+        if rt.in_loop_thread():
+            return await self.acquire(rt, key)
+        loop = asyncio.get_running_loop()
+        slot = (rt, loop, key)
+        while True:
+            pending = self.acquiring.get(slot)
+            if pending is None:
+                break
+            done = await asyncio.shield(pending)
+            if done is not None:
+                return done
+        published: asyncio.Future[_Done | None] = loop.create_future()
+        self.acquiring[slot] = published
+        outcome: _Grant | _Done | None = None
+        try:
+            outcome = await rt.arun(self.acquire(rt, key))
+            return outcome
+        finally:
+            del self.acquiring[slot]
+            published.set_result(outcome if isinstance(outcome, _Done) else None)
 
     async def renew(self, rt: Runtime, grant: _Grant, signal: threading.Event) -> None:
         """Renew the lease every third of it until cancelled; set `signal` once a renewal is refused."""
@@ -228,7 +260,7 @@ def _call_sync(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 async def _call_async(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     key = spec.key(args, kwargs)
     rt = runtime()
-    grant = await rt.arun(spec.acquire(rt, key))
+    grant = await spec.acquire_async(rt, key)
     if isinstance(grant, _Done):
         return grant.result
     signal = threading.Event()
