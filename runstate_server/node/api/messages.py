@@ -235,8 +235,8 @@ async def complete_batch(request: web.Request) -> web.Response:
         for index, answer in enumerate(answers):
             if answer is None:
                 result = next(results)
-                error = result.get("error")
-                answers[index] = _settled_view(result) if error is None else _item_error(error["code"], error["message"])
+                refusal = result.get("error")
+                answers[index] = _settled_view(result) if refusal is None else _item_error(refusal["code"], refusal["message"])
     return web.json_response({"items": answers})
 
 

@@ -124,9 +124,9 @@ class Completes:
         for waiting, item in zip(batch, items, strict=True):
             if waiting.answer.done():
                 continue
-            error = item.get("error") if isinstance(item, dict) else None
-            if isinstance(error, dict):
-                waiting.answer.set_exception(error_from_item(error))
+            refusal = item.get("error") if isinstance(item, dict) else None
+            if isinstance(refusal, dict):
+                waiting.answer.set_exception(error_from_item(refusal))
             elif isinstance(item, dict):
                 waiting.answer.set_result(item)
             else:
