@@ -7,6 +7,7 @@ import asyncio
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +25,16 @@ RESULT_TIMEOUT_MS = 60_000
 CONSUMER_EXIT_TIMEOUT_S = 30.0
 SINGLE_ROUTE = "/messages/{id}/complete"
 BATCH_ROUTE = "/messages/complete"
+
+
+@pytest.fixture(scope="module")
+def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevNode]:
+    """A node of this module's own: its request counts are these tests' alone."""
+    node = DevNode(tmp_path_factory.mktemp("completes") / "data")
+    try:
+        yield node.start()
+    finally:
+        node.stop()
 
 
 def completes_answered(url: str) -> Counter[str]:
