@@ -187,6 +187,30 @@ def start_cluster(fsync: str, root: Path) -> Any:
     return cluster
 
 
+def http_requests(urls: list[str]) -> dict[str, float]:
+    """Requests the nodes answered so far, by method and route template, from their GET /metrics
+    (on a cluster a follower counts a request it forwards, and the leader counts it again)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests._prometheus import scrape
+
+    key = os.environ.get("RUNSTATE_API_KEY")
+    counts: dict[str, float] = {}
+    for node_url in urls:
+        samples, _ = scrape(node_url, key)
+        for (name, labels), count in samples.items():
+            label = dict(labels)
+            if name == "runstate_http_requests_total" and label["route"] != "/metrics":
+                route = f"{label['method']} {label['route'].removeprefix('/v1/spaces/{spaceId}')}"
+                counts[route] = counts.get(route, 0.0) + count
+    return counts
+
+
+def requests_per_task(before: dict[str, float], after: dict[str, float], tasks: int) -> dict[str, float]:
+    per_task = {route: round((count - before.get(route, 0.0)) / tasks, 3) for route, count in after.items()}
+    per_task = {route: share for route, share in per_task.items() if share > 0}
+    return {"all": round(sum(per_task.values()), 3), **dict(sorted(per_task.items(), key=lambda item: -item[1]))}
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     node = cluster = None
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
@@ -214,7 +238,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
+            requests_before = http_requests(url.split(","))
             result = await produce(url, run_id, args.tasks, args.producers, args.batch, args.needs)
+            result["requests_per_task"] = requests_per_task(requests_before, http_requests(url.split(",")), args.tasks)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
                 "workers": round(sum(cpu_s(worker.pid) or 0.0 for worker in workers), 2),

@@ -24,7 +24,9 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   work long and renew, some crash (a `crash` line, the delivery abandoned), some stall past the
   lease and then complete (a complete with `"stalled": true`, to be refused with STALE_CLAIM,
   unless an election meanwhile let the new leader extend the live lease, as it does for every
-  lease). Workers serve the producers' runs and the task groups' runs.
+  lease). Workers serve the producers' runs and the task groups' runs. Now and then a worker
+  receives a few and completes them in one batch call (`POST /messages/complete`), as the drain
+  does: each item is recorded as its own `complete` (`"batch": true`), ended by its own answer.
 - readers: read_task of known tasks, several a second, each through the next node (a follower
   forwards it, the leader serves it): check 13 flags a read that misses an acknowledged change.
 - once callers: several threads call the same few `runstate.once` keys.
@@ -108,6 +110,9 @@ DRAIN_TIMEOUT_S = 45.0
 # The drain ends once no delivery came for this long (a crashed lease lapses within LEASE_MS).
 DRAIN_QUIET_S = LEASE_MS / 1000 + 2.0
 DRAIN_RECEIVE_MAX = 10
+# How often a worker receives up to BATCH_RECEIVE_MAX and completes them in one call.
+BATCH_PROBABILITY = 0.25
+BATCH_RECEIVE_MAX = 3
 DRAIN_POLL_S = 1.0
 FINAL_RETRY_PAUSE_S = 0.5
 # How long after the last timer's time finalize waits before reading the timers.
@@ -682,9 +687,16 @@ class _Worker(_Client):
             if queue is None:
                 self.pause(0.5)
                 continue
-            deliveries = self.receive(queue, RECEIVE_WAIT_MS, 1)
-            for delivery in deliveries:
-                self.work(queue, delivery)
+            if self.rng.random() < BATCH_PROBABILITY:
+                deliveries = self.receive(queue, RECEIVE_WAIT_MS, BATCH_RECEIVE_MAX)
+                if deliveries and self.pause(self.rng.uniform(0.05, 0.3), paced=False):
+                    self.complete_many(queue, deliveries)
+                else:
+                    for delivery in deliveries:
+                        self.crash(delivery, "stopped")
+            else:
+                for delivery in self.receive(queue, RECEIVE_WAIT_MS, 1):
+                    self.work(queue, delivery)
             self.pause(self.rng.uniform(0.5, 1.2))
 
     def receive(self, queue: _Queue, wait_ms: int, count: int) -> list[dict[str, Any]]:
@@ -776,6 +788,53 @@ class _Worker(_Client):
         if answer.ok:
             self.shared.count_pending(queue, -1)
 
+    def complete_many(self, queue: _Queue, deliveries: list[dict[str, Any]]) -> None:
+        """Complete `deliveries` in one batch call: one recorded complete per item, each ended by
+        its own answer (all unknown when the call's answer is). An unknown call is sent again
+        whole, as new recorded completes (the server deduplicates completes)."""
+        left = list(deliveries)
+        for attempt in range(RETRIES_MAX):
+            if attempt and not self.pause(RETRY_PAUSE_S, paced=False):
+                return
+            payloads = [{"by": self.name, "delivery": delivery["id"]} for delivery in left]
+            operations = [
+                self.shared.history.record(
+                    self.name, "complete",
+                    {"delivery": delivery["id"], "taskId": delivery["taskId"], "result": payload, "batch": True},
+                )
+                for delivery, payload in zip(left, payloads, strict=True)
+            ]
+            items = [
+                {"id": delivery["taskId"], "token": delivery["id"], "result": {"payload": payload}}
+                for delivery, payload in zip(left, payloads, strict=True)
+            ]
+            answer = self.shared.http.call(
+                self.node, "POST", "/v1/messages/complete", {"items": items}, holder=self.name, timeout_s=REQUEST_TIMEOUT_S,
+            )
+            answers = answer.body.get("items") if answer.outcome == OK else None
+            if answer.outcome == OK and not (isinstance(answers, list) and len(answers) == len(left)):
+                answer = dataclasses.replace(answer, outcome=UNKNOWN, code="INVALID_RESPONSE", message="items do not match")
+            if answer.outcome == FAIL:
+                for operation in operations:
+                    operation.fail(answer.code or "UNKNOWN", answer.message)
+                return
+            if answer.outcome != OK:
+                for operation in operations:
+                    operation.unknown(answer.message, answer.code or "UNKNOWN")
+                self.node = (self.node + 1) % len(self.shared.http.base_urls)
+                continue
+            assert isinstance(answers, list)
+            for operation, item in zip(operations, answers, strict=True):
+                error = item.get("error") if isinstance(item, dict) else None
+                if isinstance(error, dict):
+                    operation.fail(str(error.get("code") or "UNKNOWN"), str(error.get("message") or ""))
+                elif isinstance(item, dict):
+                    operation.ok({"state": item.get("state")})
+                    self.shared.count_pending(queue, -1)
+                else:
+                    operation.unknown(f"an item that is not an object: {item!r}"[:200], "INVALID_RESPONSE")
+            return
+
     def drain(self, deadline: float) -> int:
         """Receive and complete from every active queue until none has had a delivery for
         DRAIN_QUIET_S, or the deadline. Returns how many deliveries it completed."""
@@ -789,9 +848,10 @@ class _Worker(_Client):
             for queue in queues:
                 if time.monotonic() >= deadline:
                     break
-                for delivery in self.receive(queue, 0, DRAIN_RECEIVE_MAX):
-                    self.complete(queue, delivery)
-                    completed += 1
+                deliveries = self.receive(queue, 0, DRAIN_RECEIVE_MAX)
+                if deliveries:
+                    self.complete_many(queue, deliveries)
+                    completed += len(deliveries)
                     got = True
             if got:
                 last_delivery = time.monotonic()

@@ -114,6 +114,7 @@ def build_world(node: DevNode, secret: str) -> World:
         ("POST", "/v1/timers/poll"): {"scopeId": run},
         ("POST", "/v1/timers/{id}/ack"): {"token": "t"},
         ("POST", "/v1/messages/{id}/complete"): {"token": delivery["token"], "result": {"payload": 1}},
+        ("POST", "/v1/messages/complete"): {"items": [{"id": delivery["taskId"], "token": delivery["token"]}]},
         ("POST", "/v1/once/acquire"): {"scopeId": run, "key": "c2"},
         ("GET", "/v1/once"): {"scopeId": run, "key": "c1"},  # GET bodies are sent as the query
         **{("POST", f"/v1/once/{action}"): {"scopeId": run, "key": "c1", "token": once_token}

@@ -464,22 +464,47 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(data=st.data(), payload=st.integers(0, 9))
     def complete(self, data: st.DataObject, payload: int) -> None:
         delivery_id = self.draw_delivery(data)
-
-        def model() -> ModelTask:
-            done = self.tasks.get(delivery_id.split(".", 1)[0])
-            if done is not None and done.state == "SUCCEEDED" and done.finished_by == delivery_id:
-                event("a repeated complete is answered again")
-                return done
-            task = self.require_delivery(delivery_id)
-            self.require_active(task.run)
-            self.require_live_lease(task)
-            self.finish(task, "SUCCEEDED")
-            task.outcome = payload
-            return task
-
-        result, task = self.execute("delivery.complete", {"delivery_id": delivery_id, "payload": payload}, model)
+        result, task = self.execute(
+            "delivery.complete", {"delivery_id": delivery_id, "payload": payload},
+            lambda: self.complete_model(delivery_id, payload),
+        )
         if task is not None:
             assert {"task_id": task.id, "state": "SUCCEEDED"}.items() <= result.items()
+
+    def complete_model(self, delivery_id: str, payload: int) -> ModelTask:
+        done = self.tasks.get(delivery_id.split(".", 1)[0])
+        if done is not None and done.state == "SUCCEEDED" and done.finished_by == delivery_id:
+            event("a repeated complete is answered again")
+            return done
+        task = self.require_delivery(delivery_id)
+        self.require_active(task.run)
+        self.require_live_lease(task)
+        self.finish(task, "SUCCEEDED")
+        task.outcome = payload
+        return task
+
+    @precondition(lambda self: len(self.deliveries) > 1)
+    @rule(data=st.data(), payload=st.integers(0, 9))
+    def complete_many(self, data: st.DataObject, payload: int) -> None:
+        """Each item as its own complete, in order; a refused one is its own error."""
+        count = data.draw(st.integers(1, 4), label="items")
+        delivery_ids = [self.draw_delivery(data) for _ in range(count)]
+        expected: list[ModelTask | str] = []
+
+        def model() -> None:
+            for delivery_id in delivery_ids:
+                try:
+                    expected.append(self.complete_model(delivery_id, payload))
+                except Rejection as rejection:
+                    expected.append(rejection.code)
+
+        items = [{"delivery_id": delivery_id, "payload": payload} for delivery_id in delivery_ids]
+        result, _ = self.execute("delivery.complete_many", {"items": items}, model)
+        for answer, want in zip(result["items"], expected, strict=True):
+            if isinstance(want, str):
+                assert answer["error"]["code"] == want, (answer, want)
+            else:
+                assert {"task_id": want.id, "state": "SUCCEEDED"}.items() <= answer.items()
 
     @precondition(lambda self: len(self.deliveries) > 1)
     @rule(data=st.data(), delay=st.sampled_from(["default", "zero", "later"]))

@@ -319,9 +319,14 @@ NO_FOREIGN_ID = {
 }
 
 
+# Batch commands answer each item on its own: each case of the single command, as an item.
+PER_ITEM = {"delivery.complete_many": "delivery.complete"}
+
+
 def test_every_handler_has_a_case() -> None:
-    assert set(CASES) | NO_FOREIGN_ID == set(dispatch.HANDLERS)
+    assert set(CASES) | NO_FOREIGN_ID | set(PER_ITEM) == set(dispatch.HANDLERS)
     assert not set(CASES) & NO_FOREIGN_ID
+    assert not set(PER_ITEM) & (set(CASES) | NO_FOREIGN_ID)
     assert all(CASES.values())
 
 
@@ -350,6 +355,22 @@ def test_an_id_of_another_space_is_not_found_and_changes_nothing(
     owner = harness(world)
     result = owner.apply(kind, space=A, api_key=a.admin_key if mode == "keyed" else None, **case.args(a, a))
     assert result.get("error", {}).get("code") != errors.NOT_FOUND, result
+
+
+@pytest.mark.parametrize("mode", ["keyed", "keyless", "new-space"])
+@pytest.mark.parametrize("kind", sorted(PER_ITEM))
+def test_a_batch_item_naming_another_space_is_not_found_and_changes_nothing(
+    world: tuple[bytes, int, Entities, Entities], kind: str, mode: str
+) -> None:
+    _, _, a, b = world
+    cases = CASES[PER_ITEM[kind]]
+    h = harness(world)
+    before = snapshot_bytes(h.state, without_clock=True)
+    api_key = b.admin_key if mode == "keyed" else None
+    result = h.ok(kind, space=NEW if mode == "new-space" else B, api_key=api_key, items=[case.args(a, b) for case in cases])
+    assert [item.get("error", {}).get("code") for item in result["items"]] == [case.code for case in cases]
+    assert snapshot_bytes(h.state, without_clock=True) == before
+    assert NEW not in h.state.spaces
 
 
 def test_the_audit_covers_every_kind_of_entity(world: tuple[bytes, int, Entities, Entities]) -> None:

@@ -282,6 +282,46 @@ def test_complete_records_the_outcome_once(h: Harness, run_id: str) -> None:
     assert h.err("delivery.retry", delivery_id=delivery) == errors.STALE_CLAIM
 
 
+def test_complete_many_answers_each_item_as_its_own_complete(h: Harness, run_id: str) -> None:
+    """A live delivery, a lapsed one, an unknown one, a repeated complete and the same live one
+    twice: each item is what its own complete answers; a refused item changes nothing."""
+    lapsed = h.submit(run_id, "lapsed")
+    (lapsed_delivery,) = h.receive(run_id)
+    h.advance(LEASE_MS)  # lapsed, not yet ticked
+    live, done = h.submit(run_id, "live"), h.submit(run_id, "done")
+    (live_delivery, done_delivery) = h.receive(run_id, max=2)
+    assert h.task(live).delivery_id == live_delivery and h.task(done).delivery_id == done_delivery
+    h.delivery("complete", done_delivery, payload="first")
+    items = [
+        {"delivery_id": live_delivery, "payload": {"n": 1}},
+        {"delivery_id": lapsed_delivery, "payload": "late"},
+        {"delivery_id": "tsk_nope.1.abc", "payload": 1},
+        {"delivery_id": done_delivery, "payload": "again"},
+        {"delivery_id": live_delivery, "payload": "twice"},
+    ]
+    answers = h.ok("delivery.complete_many", items=items)["items"]
+    assert [answer.get("state") or answer["error"]["code"] for answer in answers] == [
+        "SUCCEEDED", errors.STALE_CLAIM, errors.NOT_FOUND, "SUCCEEDED", "SUCCEEDED",
+    ]
+    assert answers[0] == answers[4] == {"task_id": live, "state": "SUCCEEDED", "attempt": 1, "outcome_reason": None}
+    assert json_value(h.task(live).outcome) == {"n": 1}  # the repeat recorded nothing more
+    assert json_value(h.task(done).outcome) == "first"
+    assert h.task(lapsed).state == TaskState.RUNNING and h.task(lapsed).outcome is None
+    assert ("task", live) in h.woken() and ("task", lapsed) not in h.woken()
+
+
+def test_complete_many_whose_items_are_all_refused_changes_nothing(h: Harness, run_id: str) -> None:
+    h.submit(run_id, "k")
+    (delivery,) = h.receive(run_id)
+    h.advance(LEASE_MS)
+    before = snapshot_bytes(h.state, without_clock=True)
+    items = [{"delivery_id": delivery, "payload": 1}, {"delivery_id": None}]
+    answers = h.ok("delivery.complete_many", items=items)["items"]
+    assert [answer["error"]["code"] for answer in answers] == [errors.STALE_CLAIM, errors.NOT_FOUND]
+    assert h.effects == []
+    assert snapshot_bytes(h.state, without_clock=True) == before
+
+
 def test_retry_with_backoff_is_not_receivable_until_the_ready_tick(h: Harness, run_id: str) -> None:
     task_id = h.submit(run_id, "k")
     (delivery,) = h.receive(run_id)

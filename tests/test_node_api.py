@@ -121,6 +121,7 @@ def test_bad_bodies_are_400_never_500(api: Api, raw: bytes) -> None:
         recv_path(api),
         f"/v1/mailboxes/{mailbox_id(api)}/messages",
         "/v1/messages/tsk_x/complete",
+        "/v1/messages/complete",
         "/v1/messages/tsk_x/nack",
         "/v1/tasks/tsk_x/join",
     ]
@@ -401,6 +402,58 @@ def test_batch_submit_answers_each_task_on_its_own(api: Api) -> None:
     assert misspelt["error"]["code"] == "VALIDATION_FAILED"
     api.ok("POST", f"/v1/scopes/{run_id}/cancel")
     refused = api.ok("POST", path, {"tasks": [item(9)]})["tasks"][0]
+    assert refused["error"]["code"] == "SCOPE_CANCELLED"
+
+
+def test_batch_complete_answers_each_delivery_as_its_own_complete(api: Api) -> None:
+    """A good delivery, a stale token, an unknown id, a result too large and malformed items in
+    one call: each answers what its own complete answers, and a refused one changes nothing."""
+    run_id = new_run(api)
+    path = "/v1/messages/complete"
+    for n in range(3):
+        submit(api, run_id, {"n": n})
+    good, stale, big = receive(api, run_id, max=3)
+    settle_ok(api, stale, "release")  # its token is stale from now on
+    (fresh,) = receive(api, run_id)
+    assert fresh["taskId"] == stale["taskId"]
+
+    def item(delivery: dict[str, Any], payload: Any) -> dict[str, Any]:
+        return {"id": delivery["taskId"], "token": delivery["token"], "result": {"payload": payload}}
+
+    too_large = "x" * 70_000
+    items: list[Any] = [
+        item(good, "g"), item(stale, "late"), {"id": "tsk_nope", "token": "tsk_nope.1.x"}, item(big, too_large), 7,
+        {**item(fresh, 1), "extra": 1}, {"id": fresh["taskId"], "result": {"payload": 1}},
+    ]
+    answers = api.ok("POST", path, {"items": items})["items"]
+    assert answers[0] == {"taskId": good["taskId"], "state": "SUCCEEDED", "attempt": 1, "outcomeReason": None}
+    assert [answer["error"]["code"] for answer in answers[1:]] == [
+        "STALE_CLAIM", "NOT_FOUND", "VALIDATION_FAILED", "VALIDATION_FAILED", "VALIDATION_FAILED", "VALIDATION_FAILED",
+    ]
+    # The same refusals, word for word, as the single complete's.
+    for delivery, payload, answer in ((stale, "late", answers[1]), (big, too_large, answers[3])):
+        status, single = settle(api, delivery, "complete", {"result": {"payload": payload}})
+        assert status >= 400 and single["error"]["code"] == answer["error"]["code"]
+        assert single["error"]["message"] == answer["error"]["message"]
+    assert (task(api, good["taskId"])["state"], task(api, good["taskId"])["outcome"]) == ("SUCCEEDED", "g")
+    for held in (fresh, big):
+        view = task(api, held["taskId"])
+        assert (view["state"], view["outcome"]) == ("RUNNING", None)
+    # The same item again (a retry after a lost answer) gets the same answer, and records nothing more.
+    assert api.ok("POST", path, {"items": [item(good, "again")]})["items"] == answers[:1]
+    assert task(api, good["taskId"])["outcome"] == "g"
+
+    # The call itself: 1 to 100 items.
+    for body in ({"items": []}, {"items": [item(fresh, n) for n in range(101)]}, {"items": "x"}, {}):
+        assert api.error("POST", path, body) == (400, "VALIDATION_FAILED")
+    assert task(api, fresh["taskId"])["state"] == "RUNNING"
+    answered = api.ok("POST", path, {"items": [item(fresh, "f"), item(big, "b")]})["items"]
+    assert [answer["state"] for answer in answered] == ["SUCCEEDED", "SUCCEEDED"]
+    for n in range(2):
+        submit(api, run_id, {"late": n})
+    (held,) = receive(api, run_id)
+    api.ok("POST", f"/v1/scopes/{run_id}/cancel")
+    (refused,) = api.ok("POST", path, {"items": [item(held, 1)]})["items"]
     assert refused["error"]["code"] == "SCOPE_CANCELLED"
 
 

@@ -333,6 +333,13 @@ def test_the_clients_other_calls(dev_node: DevNode, procs: Processes) -> None:
     }
 
 
+def test_consume_settles_every_task_once_with_batch_completes(dev_node: DevNode, procs: Processes) -> None:
+    """consume() sends the completes that pile up while one is in flight together
+    (test/node/consume_many.ts)."""
+    report = last_json(output(procs.tsx("node/consume_many.ts", ts_env(dev_node))))
+    assert report == {"outcomes": True, "handledOnce": True, "singleCompletes": 0, "fewerBatches": True}
+
+
 def test_client_bound_queue_gather_and_once(dev_node: DevNode, procs: Processes) -> None:
     """The surface the published 0.3.0 cross-language test drives (test/node/client_api.ts):
     `new Runstate({ run, worker, timeout })`, a producer-only `rs.queue(name)` served by another

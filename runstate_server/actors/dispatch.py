@@ -55,6 +55,7 @@ HANDLERS: dict[str, Handler] = {
     "task.detach": tasks.detach,
     "delivery.renew": tasks.renew,
     "delivery.complete": tasks.complete,
+    "delivery.complete_many": tasks.complete_many,
     "delivery.retry": tasks.retry,
     "delivery.reject": tasks.reject,
     "delivery.release": tasks.release,

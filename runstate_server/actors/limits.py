@@ -81,9 +81,11 @@ retention_ms_default = 7 * 24 * 3_600_000
 # Ticks: how many due entries one tick command processes; the rest wait for the next tick.
 tick_entries_max = 10_000
 
-# Batch calls of the API: tasks per batch submit, task ids per batch result wait.
+# Batch calls of the API: tasks per batch submit, task ids per batch result wait, deliveries per
+# batch complete.
 submit_batch_max = 100
 results_batch_max = 100
+complete_batch_max = 100
 
 # One replicated batch.
 batch_commands_max = 1_000

@@ -627,6 +627,24 @@ def complete(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     return _settled(task)
 
 
+def complete_many(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Several completes in one command: `items` are complete's args, each applied as its own
+    complete would be, in order. A refused item changes nothing and answers its own error; the
+    others go on (one worker's batch mixes deliveries that are live and ones whose lease lapsed)."""
+    items = args["items"]
+    assert 1 <= len(items) <= limits.complete_batch_max
+    answers: list[dict[str, Any]] = []
+    for item in items:
+        effects_before = len(ctx.effects)
+        try:
+            answers.append(complete(ctx, item))
+        except Rejected as rejected:
+            # complete refuses before it changes anything: only its effects (none) to drop.
+            assert len(ctx.effects) == effects_before, "a refused complete left effects"
+            answers.append(rejected.as_result())
+    return {"items": answers}
+
+
 def retry(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """`nack {retry: true}`: another attempt after `delay_ms` (default: the backoff); FAILED with
     outcomeReason `handler_error: <error>` once the attempts are used. `spent_micros` as for

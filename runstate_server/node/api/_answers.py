@@ -76,3 +76,4 @@ MESSAGES = obj({"messages": array(obj({
 }))})
 RENEWED = obj({"taskId": STRING, "leaseExpiresAt": TIME})
 SETTLED = obj({"taskId": STRING, "state": TASK_STATE, "attempt": INTEGER, "outcomeReason": STRING_OR_NULL})
+SETTLED_MANY = obj({"items": array({"anyOf": [SETTLED, _ERROR_ITEM]})})

@@ -166,19 +166,82 @@ async def renew(request: web.Request) -> web.Response:
     return web.json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
 
 
-@routes(
-    "POST", SPACE_PREFIX + "/messages/{id}/complete", "Settle a delivery OK: result.payload becomes the task's outcome",
-    body={"token": STRING, "result": {"type": "object", "properties": {"payload": ANY_JSON}}},
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.SETTLED,
-)
-async def complete(request: web.Request) -> web.Response:
-    body = await req.json_body(request)
+_RESULT = {"type": "object", "properties": {"payload": ANY_JSON}}
+
+
+def _completed_payload(body: dict[str, Any]) -> Any:
+    """The payload a complete records: its body's `result.payload` (None without one)."""
     result = body.get("result") or {}
     if not isinstance(result, dict):
         raise ApiError("VALIDATION_FAILED", "result must be an object such as {\"payload\": ...}")
     _, payload = req.payload(result, "payload", code="VALIDATION_FAILED", required=False)
-    answer = await _delivery_command(request, "delivery.complete", body, {"payload": payload})
+    return payload
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/messages/{id}/complete", "Settle a delivery OK: result.payload becomes the task's outcome",
+    body={"token": STRING, "result": _RESULT},
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.SETTLED,
+)
+async def complete(request: web.Request) -> web.Response:
+    body = await req.json_body(request)
+    answer = await _delivery_command(request, "delivery.complete", body, {"payload": _completed_payload(body)})
     return web.json_response(_settled_view(answer))
+
+
+_COMPLETE_ITEM = {"id": STRING, "token": STRING, "result": _RESULT}
+
+
+def _complete_item_args(item: Any) -> dict[str, Any]:
+    """The core's complete of one item of a batch complete (what the single complete takes from
+    its path and body)."""
+    if not isinstance(item, dict):
+        raise ApiError("VALIDATION_FAILED", "each item must be an object such as {\"id\", \"token\", \"result\"}")
+    unknown = sorted(set(item) - set(_COMPLETE_ITEM))
+    if unknown:
+        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of an item")
+    return {
+        "message_id": req.text(item, "id", max_chars=limits.key_chars_max, required=True),
+        "delivery_id": req.text(item, "token", max_chars=limits.key_chars_max, required=True),
+        "payload": _completed_payload(item),
+    }
+
+
+@routes(
+    "POST", SPACE_PREFIX + "/messages/complete",
+    f"Extension: complete up to {limits.complete_batch_max} deliveries in one call; each answers on its own",
+    body={"items": {"type": "array", "maxItems": limits.complete_batch_max,
+                    "items": {"type": "object", "properties": _COMPLETE_ITEM}}},
+    errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SETTLED_MANY,
+)
+async def complete_batch(request: web.Request) -> web.Response:
+    """Each item is checked and applied as POST /messages/{id}/complete would (its answer, or its
+    own error: a refused item changes nothing); the items that pass the checks are committed as one
+    command. The answer lists them in order."""
+    body = await req.json_body(request)
+    items = body.get("items")
+    if not isinstance(items, list) or not 1 <= len(items) <= limits.complete_batch_max:
+        raise ApiError("VALIDATION_FAILED", f"items must be a list of 1 to {limits.complete_batch_max} deliveries")
+    answers: list[dict[str, Any] | None] = []
+    checked: list[dict[str, Any]] = []
+    for item in items:
+        try:
+            checked.append(_complete_item_args(item))
+            answers.append(None)  # the core's answer, below
+        except ApiError as error:
+            answers.append(_item_error(error.code, error.message))
+    if checked:
+        results = iter((await req.propose(request, "delivery.complete_many", {"items": checked}))["items"])
+        for index, answer in enumerate(answers):
+            if answer is None:
+                result = next(results)
+                refusal = result.get("error")
+                answers[index] = _settled_view(result) if refusal is None else _item_error(refusal["code"], refusal["message"])
+    return web.json_response({"items": answers})
+
+
+def _item_error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
 
 
 @routes(

@@ -4,10 +4,12 @@
  * The loop long-polls for as many deliveries as it has free handler slots; each delivery gets its
  * handler and a renewal timer. The renewer extends the lease every third of it and aborts the
  * delivery's signal when the lease is lost or the run stopped. Whatever the handler does not settle
- * itself is settled here: completed with its return value, retried with its error.
+ * itself is settled here: completed with its return value, retried with its error. The completes of
+ * the call's deliveries (the handler's own too) go out together while one is in flight (completes.ts).
  */
 
 import { requireInt } from './_checks.js';
+import type { Completes } from './completes.js';
 import { Delivery, ERROR_MESSAGE_CHARS_MAX } from './delivery.js';
 import {
   ConfigError,
@@ -76,6 +78,8 @@ export class Consumer<T> {
     private readonly receive: Receive,
     private readonly handler: Handler<T>,
     options: ConsumeOptions,
+    // The completes of this call's deliveries, sent together while one is in flight.
+    private readonly completes?: Completes,
   ) {
     if (typeof handler !== 'function') throw new ConfigError('handler must be a function');
     this.concurrency = requireInt(options.concurrency ?? 1, 'concurrency', 1, CONCURRENCY_MAX);
@@ -133,6 +137,7 @@ export class Consumer<T> {
         return;
       }
       for (const delivery of deliveries) {
+        if (this.completes) delivery.completeWith(this.completes);
         const task = this.handle(delivery as Delivery<T>).finally(() => {
           this.running.delete(task);
           this.deliveries.delete(delivery);

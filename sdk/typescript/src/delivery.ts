@@ -1,6 +1,7 @@
 /** A delivery: one task handed to this worker under a lease, and the calls that settle it. */
 
 import { leaseSeconds, requireInt } from './_checks.js';
+import type { Completes } from './completes.js';
 import { ConflictError, NotFoundError } from './errors.js';
 import { type Json, type Transport, field, segment } from './transport.js';
 import { parseTime } from './time.js';
@@ -60,6 +61,8 @@ export class Delivery<T = unknown> {
   private readonly path: string;
   private settledFlag = false;
   private spentTotalMicros: number | undefined;
+  // Set by consume(): its completes go out together with the other handlers' (completes.ts).
+  private completes: Completes | undefined;
 
   constructor(
     private readonly transport: Transport,
@@ -111,9 +114,16 @@ export class Delivery<T = unknown> {
     if (!this.controller.signal.aborted) this.controller.abort(reason);
   }
 
+  /** @internal Send this delivery's complete with `completes` (used by the consume loop). */
+  completeWith(completes: Completes): void {
+    this.completes = completes;
+  }
+
   private async settle(action: string, body: Json): Promise<Json> {
+    const wire = { token: this.id, ...body };
+    const single = () => this.transport.request('POST', `${this.path}/${action}`, { body: wire, safe: true });
     try {
-      const answer = await this.transport.request('POST', `${this.path}/${action}`, { body: { token: this.id, ...body }, safe: true });
+      const answer = action === 'complete' && this.completes ? await this.completes.complete(this.taskId, wire, single) : await single();
       this.settledFlag = true;
       return answer;
     } catch (error) {

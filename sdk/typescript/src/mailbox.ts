@@ -1,6 +1,7 @@
 /** A work queue within one run: submit tasks, receive or consume deliveries. */
 
 import { leaseSeconds, requireInt } from './_checks.js';
+import { Completes } from './completes.js';
 import { type ConsumeOptions, Consumer, type Handler, LEASE_MS_DEFAULT } from './consume.js';
 import { Delivery, type Given, givenFromAdmitted } from './delivery.js';
 import { ConfigError, OutcomeUnknownError } from './errors.js';
@@ -130,6 +131,7 @@ export class Mailbox {
       (max, leaseMs, waitMs, signal) => this.receiveOnce(max, leaseMs, waitMs, includeDescendants, signal),
       handler,
       options,
+      new Completes(this.transport),
     );
     await consumer.run();
   }

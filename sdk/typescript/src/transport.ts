@@ -50,6 +50,8 @@ export type Json = Record<string, unknown>;
 
 export interface RequestOptions {
   body?: Json;
+  /** A body already encoded with `encodeBody` (instead of `body`). */
+  encodedBody?: string;
   query?: Record<string, string | number | boolean | undefined>;
   /** Safe to repeat after it may have reached a server (see the module's comment). */
   safe: boolean;
@@ -188,7 +190,7 @@ export class Transport {
    * UnavailableError when no server answered within a few seconds.
    */
   async request(method: string, path: string, options: RequestOptions): Promise<Json> {
-    const data = options.body !== undefined ? encodeBody(options.body) : undefined; // ConfigError first
+    const data = options.body !== undefined ? encodeBody(options.body) : options.encodedBody; // ConfigError first
     if (!path.startsWith(API_ROOT)) path = `/v1/spaces/${encodeURIComponent(await this.space())}${path}`;
     if (options.query) {
       const params = new URLSearchParams();

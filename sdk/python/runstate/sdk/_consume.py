@@ -4,6 +4,8 @@ One `Consumer` per call. The loop long-polls for as many deliveries as it has fr
 each delivery gets a handler task and a renewer task. The renewer extends the lease every third of
 it and cancels the handler when the lease is lost or the run stopped. Whatever the handler does
 not settle itself is settled here: completed with its return value, retried with its exception.
+The completes of the call's deliveries (the handler's own too) go out together while one is in
+flight (_completes.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from runstate.sdk._completes import Completes
 from runstate.sdk._http import OutcomeUnknownError
 from runstate.sdk.errors import (
     ConfigError,
@@ -149,6 +152,8 @@ class Consumer:
         self._stopping = asyncio.Event()
         # Set (from a handler thread) whenever a sync handler's thread ends.
         self._thread_ended = asyncio.Event()
+        # The completes of this call's deliveries, sent together while one is in flight.
+        self._completes = Completes(mailbox._transport)
 
     async def run(self) -> None:
         stop_waiter = asyncio.create_task(self._stopping.wait())
@@ -214,6 +219,7 @@ class Consumer:
                 await asyncio.gather(*(self._release_quietly(delivery) for delivery in deliveries))
                 return
             for delivery in deliveries:
+                delivery._completes = self._completes
                 task = asyncio.create_task(self._handle(delivery), name=f"runstate-handler-{delivery.id}")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)

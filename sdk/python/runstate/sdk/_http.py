@@ -205,6 +205,7 @@ class Transport:
         path: str,
         *,
         body: Mapping[str, Any] | None = None,
+        encoded_body: bytes | None = None,
         params: Mapping[str, str] | None = None,
         safe: bool,
         long_poll_ms: int = 0,
@@ -215,11 +216,12 @@ class Transport:
         A `path` outside API_ROOT is relative to the client's space (see `space`). A call that is
         not a GET on a space's route carries an Idempotency-Key (`idempotency_key`, else a fresh
         one), the same on every retry of the call, so that the server applies it once.
+        `encoded_body` is a body already encoded with `encode_body` (instead of `body`).
         Raises the mapped RunstateError for an error answer, OutcomeUnknownError when an unsafe
         call may have been applied without an answer, UnavailableError when no server answered
         within UNAVAILABLE_AFTER_S.
         """
-        data = encode_body(body) if body is not None else None  # ConfigError before any request
+        data = encode_body(body) if body is not None else encoded_body  # ConfigError before any request
         if not path.startswith(API_ROOT):
             path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
         headers = {"Content-Type": "application/json"} if data is not None else {}

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from runstate.sdk._completes import Completes
 from runstate.sdk._consume import Consumer
 from runstate.sdk._http import (
     API_KEY_ENV,
@@ -693,6 +694,8 @@ class Delivery:
         self.holds: dict[str, Any] | None = holds
         self._spending = Spending()
         self._settled = False
+        # Set by consume(): its completes go out together with the other handlers' (_completes.py).
+        self._completes: Completes | None = None
         # Set by consume() when the lease is lost, the run stopped, or the handler is being
         # cancelled: a sync handler, which cannot be cancelled, checks it to stop early.
         self.signal = threading.Event()
@@ -725,8 +728,15 @@ class Delivery:
 
     async def _settle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
         body = {"token": self.id, **body}
+
+        def single() -> Awaitable[dict[str, Any]]:
+            return self._transport.request("POST", f"{self._path}/{action}", body=body, safe=True)
+
         try:
-            answer = await self._transport.request("POST", f"{self._path}/{action}", body=body, safe=True)
+            if action == "complete" and self._completes is not None:
+                answer = await self._completes.complete(self.task_id, body, single)
+            else:
+                answer = await single()
         except (ConflictError, NotFoundError):
             # STALE_CLAIM, SCOPE_CANCELLED, ...: this delivery is no longer ours to settle.
             self._settled = True
