@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -34,6 +34,9 @@ from runstate.sdk.errors import (
     UnavailableError,
     error_from_response,
 )
+
+if TYPE_CHECKING:
+    from runstate.sdk._coalesce import ResultBatcher, SubmitBatcher
 
 # The node did not receive the whole request in time and applied nothing: always safe to resend.
 NOT_RECEIVED_CODE = "REQUEST_TIMEOUT"
@@ -170,6 +173,9 @@ class Transport:
         # Mailbox names this client resolved to ids (a mailbox is never renamed or removed).
         self.mailbox_ids: dict[str, str] = {}
         self.timeout_s = timeout_s
+        # Set by the client when it coalesces concurrent submits and result waits (_coalesce.py).
+        self.submits: SubmitBatcher | None = None
+        self.results: ResultBatcher | None = None
         self._api_key = api_key
         self._space_lock = asyncio.Lock()
         self._url_index = 0
@@ -206,17 +212,20 @@ class Transport:
         safe: bool,
         long_poll_ms: int = 0,
         idempotency_key: str | None = None,
+        raw: bytes | None = None,
     ) -> dict[str, Any]:
         """Send one call and return its JSON object.
 
         A `path` outside API_ROOT is relative to the client's space (see `space`). A call that is
         not a GET on a space's route carries an Idempotency-Key (`idempotency_key`, else a fresh
         one), the same on every retry of the call, so that the server applies it once.
+        `raw` is the body already encoded (as `encode_body` does), sent instead of `body`.
         Raises the mapped RunstateError for an error answer, OutcomeUnknownError when an unsafe
         call may have been applied without an answer, UnavailableError when no server answered
         within UNAVAILABLE_AFTER_S.
         """
-        data = encode_body(body) if body is not None else None  # ConfigError before any request
+        # ConfigError before any request.
+        data = raw if raw is not None else encode_body(body) if body is not None else None
         if not path.startswith(API_ROOT):
             path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
         headers = {"Content-Type": "application/json"} if data is not None else {}
