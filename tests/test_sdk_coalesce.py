@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from runstate import AsyncRunstate, Runstate
 from runstate.sdk.client import Ticket
 
 from tests import _prometheus
+from tests._cluster import Cluster
 from tests._nodes import DevNode
 
 
@@ -154,7 +156,7 @@ def test_exactly_once_with_keys_under_coalescing(dev_node: DevNode) -> None:
             tickets = await asyncio.gather(*calls)
             by_key: dict[str, set[str]] = {}
             for ticket in tickets:
-                by_key.setdefault(ticket.key, set()).add(ticket.id)
+                by_key.setdefault(str(ticket.key), set()).add(ticket.id)
             assert {key: len(ids) for key, ids in by_key.items()} == {f"job-{n}": 1 for n in range(7)}
             assert sum(ticket.created is True for ticket in tickets) == 7
             listed = await first._transport.request("GET", "/tasks", params={"scopeId": run.id}, safe=True)
@@ -184,3 +186,50 @@ def test_blocking_client_coalesces_across_threads(dev_node: DevNode) -> None:
         assert all(ticket is not None and ticket.created for ticket in tickets)
         assert len({ticket.id for ticket in tickets}) == 40
         assert _requests(dev_node, "/tasks/batch") > batches_before
+
+
+def test_coalesced_submits_across_a_leader_kill(make_cluster: Callable[..., Cluster]) -> None:
+    """Coalesced submits of the same keys from many callers while the leader is killed: batches
+    are retried as single calls are, so each key is one task, created by at most one caller, and
+    every caller gets that task or UnavailableError."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    keys = [f"key-{n}" for n in range(60)]
+
+    async def main() -> None:
+        url = cluster.urls_from((leader + 1) % cluster.size)  # through a follower, then on
+        async with AsyncRunstate(api_key=cluster.admin_key, base_url=url) as rs:
+            await rs.mailboxes.ensure("work")
+            run = await rs.scopes.create()
+            queue = rs.scope(run.id).mailbox("work")
+            outcomes: list[tuple[str, Any]] = []
+
+            async def producer(offset: int) -> None:
+                for index in range(len(keys)):
+                    key = keys[(index + offset) % len(keys)]
+                    try:
+                        outcomes.append((key, await queue.submit({"key": key}, key=key)))
+                    except runstate.UnavailableError as error:
+                        outcomes.append((key, error))
+
+            producers = [asyncio.create_task(producer(offset * 7)) for offset in range(8)]
+            while len(outcomes) < 100:
+                await asyncio.sleep(0.01)
+            cluster.kill(leader)
+            await asyncio.wait_for(asyncio.gather(*producers), 120)
+
+            by_key: dict[str, set[str]] = {}
+            created: dict[str, int] = {}
+            for key, outcome in outcomes:
+                if isinstance(outcome, Ticket):
+                    by_key.setdefault(key, set()).add(outcome.id)
+                    created[key] = created.get(key, 0) + (outcome.created is True)
+            assert all(len(ids) == 1 for ids in by_key.values()), by_key
+            assert all(count <= 1 for count in created.values()), created
+            listed = await rs._transport.request("GET", "/tasks", params={"scopeId": run.id, "limit": "100"}, safe=True)
+            tasks = {task["taskKey"]: task["id"] for task in listed["tasks"]}
+            assert len(tasks) == len(listed["tasks"])  # one task per key
+            for key, ids in by_key.items():
+                assert ids == {tasks[key]}
+
+    asyncio.run(main())

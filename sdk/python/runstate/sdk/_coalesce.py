@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,8 @@ from runstate.sdk.errors import (
 
 if TYPE_CHECKING:
     from runstate.sdk._http import Transport
+
+logger = logging.getLogger("runstate.sdk")
 
 # The node's bounds a batch must fit (runstate_server/actors/limits.py): tasks per
 # POST /tasks/batch, ids per POST /tasks/results, bytes of a request body (256 KiB) and JSON nesting
@@ -258,9 +261,9 @@ class SubmitBatcher(_Batcher):
                     continue  # final: this round only replayed it
                 error_view = view.get("error") if isinstance(view, dict) else None
                 if error_view is not None:
-                    error = error_from_item(error_view)
-                    state.refused[index] = error
-                    if error.code in RETRIED_CODES:
+                    refusal = error_from_item(error_view)
+                    state.refused[index] = refusal
+                    if refusal.code in RETRIED_CODES:
                         retried.append(index)
                 elif isinstance(view, dict) and "taskId" in view:
                     state.accepted[index] = view
@@ -286,6 +289,7 @@ class SubmitBatcher(_Batcher):
                     )
                 self._finish(state, None)
                 return
+            logger.debug("sending a batch of %d tasks again: %d were answered UNAVAILABLE", len(batch), len(retried))
             await asyncio.sleep(min(backoff_s, give_up_at - now))
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_S_MAX)
 
