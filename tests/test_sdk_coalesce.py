@@ -56,12 +56,18 @@ def test_mixed_batch_each_caller_gets_its_own_outcome(dev_node: DevNode) -> None
             queue = run.mailbox("work")
             await queue.submit({"n": "taken"}, key="taken")
             await run.mailbox("small").submit("fills the backlog")
+            await rs.pools.ensure("coalesce-pool", size=2)
+            await rs.limits.ensure("coalesce-limit", units=5, per="1s")
 
             bad_calls = {
                 "conflict": lambda client: client.scope(run.id).mailbox("work").submit({"other": 1}, key="taken"),
                 "stopped": lambda client: client.scope(stopped.id).mailbox("work").submit({"n": 1}),
                 "backlog": lambda client: client.scope(run.id).mailbox("small").submit("one more"),
                 "attempts": lambda client: client.scope(run.id).mailbox("work").submit({"n": 2}, attempts=10_000),
+                "never": lambda client: client.scope(run.id).mailbox("work").submit(
+                    {"n": 3}, limit={"name": "coalesce-limit", "units": 6}
+                ),
+                "no pool": lambda client: client.scope(run.id).mailbox("work").submit({"n": 4}, slots="no-such-pool"),
             }
             expected: dict[str, tuple[Any, ...]] = {}
             for name, call in bad_calls.items():
@@ -70,7 +76,9 @@ def test_mixed_batch_each_caller_gets_its_own_outcome(dev_node: DevNode) -> None
                 expected[name] = _shape(raised.value)
 
             batches_before = _requests(dev_node, "/tasks/batch")
-            good = [queue.submit({"n": n}, key=f"good-{n}") for n in range(20)]
+            good = [
+                queue.submit({"n": n}, key=f"good-{n}", slots="coalesce-pool" if n % 2 else None) for n in range(20)
+            ]
             outcomes = await asyncio.gather(*good, *(call(rs) for call in bad_calls.values()), return_exceptions=True)
             assert _requests(dev_node, "/tasks/batch") > batches_before  # they did ride together
 
@@ -78,6 +86,8 @@ def test_mixed_batch_each_caller_gets_its_own_outcome(dev_node: DevNode) -> None
             for n, ticket in enumerate(tickets):
                 assert isinstance(ticket, Ticket), ticket
                 assert ticket.created is True and ticket.key == f"good-{n}" and ticket.state == "QUEUED"
+                needs = (await ticket.status())["needs"]
+                assert bool(needs and needs.get("pools")) is bool(n % 2), needs
             for name, error in zip(bad_calls, errors, strict=True):
                 assert isinstance(error, BaseException)
                 assert _shape(error) == expected[name], name

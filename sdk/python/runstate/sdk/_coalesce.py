@@ -370,8 +370,12 @@ class ResultBatcher(_Batcher):
         for task_id, view in zip(ids, views or [], strict=False):
             if isinstance(view, dict) and view.get("id") == task_id:
                 by_id[task_id] = view
+        handed: set[str] = set()
         for item in batch:
             view = by_id.get(item.task_id)
+            if view is not None and item.task_id in handed:
+                view = copy.deepcopy(view)  # a second wait of the same task gets a view of its own
+            handed.add(item.task_id)
             error_view = view.get("error") if view is not None and set(view) == {"id", "error"} else None
             if isinstance(error_view, dict):
                 if error_view.get("code") == "NOT_FOUND":
