@@ -238,16 +238,14 @@ class SubmitBatcher(_Batcher):
                 # No answer for UNAVAILABLE_AFTER_S (or a lost answer): what the single calls get.
                 self._finish(state, error)
                 return
-            except (ValidationError, NotFoundError) as error:
-                if error.code == "IDEMPOTENCY_CONFLICT" or any(state.accepted) or any(state.refused):
+            except RunstateError as error:
+                first_round = not any(state.accepted) and not any(state.refused)
+                if first_round and (isinstance(error, (ValidationError, NotFoundError)) or error.status == 405):
+                    # Refused as a whole, before any task was tried, for its shape (a bound, or a
+                    # node without the route: 404 or 405): each task goes alone.
+                    await asyncio.gather(*(self._send_alone(item) for item in batch))
+                else:  # UNAUTHENTICATED, FORBIDDEN, ...: what the single calls meet too
                     self._finish(state, error)
-                    return
-                # Refused as a whole for its shape (a node without the route, a bound): nothing
-                # was applied; each task goes alone.
-                await asyncio.gather(*(self._send_alone(item) for item in batch))
-                return
-            except RunstateError as error:  # UNAUTHENTICATED, FORBIDDEN, ...: as the single calls
-                self._finish(state, error)
                 return
             views = answer.get("tasks")
             if not isinstance(views, list) or len(views) != len(batch):
