@@ -85,11 +85,13 @@ async def ensure_needs(rs: Any, tasks: int) -> None:
     await rs.budgets.ensure("bench-budget", total=tasks * NEEDS["budget"]["reserve"] * 2)
 
 
-async def produce(url: str, run_id: str, tasks: int, producers: int, batch: int, needs: bool) -> dict[str, Any]:
+async def produce(
+    url: str, run_id: str, tasks: int, producers: int, batch: int, needs: bool, coalesce: bool = True
+) -> dict[str, Any]:
     """Submit `tasks` tasks from `producers` concurrent producers (one call per task, or
     `batch` tasks per call), then wait for every result the same way."""
     latencies_ms: list[float] = []
-    async with AsyncRunstate(base_url=url, holder="bench-producer") as rs:
+    async with AsyncRunstate(base_url=url, holder="bench-producer", coalesce=coalesce) as rs:
         queue = rs.scope(run_id).mailbox("bench")
         per_call = max(batch, 1)
         chunks = iter(range(0, tasks, per_call))
@@ -239,7 +241,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
             requests_before = http_requests(url.split(","))
-            result = await produce(url, run_id, args.tasks, args.producers, args.batch, args.needs)
+            result = await produce(
+                url, run_id, args.tasks, args.producers, args.batch, args.needs, coalesce=not args.no_coalesce
+            )
             result["requests_per_task"] = requests_per_task(requests_before, http_requests(url.split(",")), args.tasks)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
@@ -276,6 +280,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "fsync": args.fsync if known else "unknown (--url)",
         "auth": (args.auth or args.cluster) if known else "unknown (--url)",
         "needs": args.needs,
+        "coalesce": not args.no_coalesce,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         **result,
@@ -297,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--needs", action="store_true",
         help="every task needs a slot, a rate-limit unit and a budget reservation (none of them a bottleneck)",
+    )
+    parser.add_argument(
+        "--no-coalesce", action="store_true",
+        help="the producer's client sends one request per call (coalesce=False) instead of batching concurrent ones",
     )
     parser.add_argument(
         "--url",

@@ -14,7 +14,7 @@ BENCH_TIMEOUT_S = 180
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--auth",), ("--needs",), ("--cluster",)], ids=["plain", "auth", "needs", "cluster"]
+    "flags", [(), ("--auth", "--no-coalesce"), ("--needs",), ("--cluster",)], ids=["plain", "auth", "needs", "cluster"]
 )
 def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     finished = subprocess.run(
@@ -29,6 +29,7 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert report["fsync"] == "always"
     assert report["cpu_s"]["node"] > 0
     assert report["needs"] is ("--needs" in flags)
+    assert report["coalesce"] is ("--no-coalesce" not in flags)
     assert report["tasks_per_s"] > 0
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
 

@@ -476,6 +476,11 @@ def test_batch_results_wait_for_every_task(api: Api) -> None:
     unknown = api.ok("POST", "/v1/tasks/results", {"ids": ["tsk_nope"]})["results"][0]
     assert unknown["error"]["code"] == "NOT_FOUND"
     assert api.error("POST", "/v1/tasks/results", {"ids": "x"}) == (400, "VALIDATION_FAILED")
+    # view=task: each result is the task view GET /tasks/{id} answers.
+    whole = api.ok("POST", "/v1/tasks/results", {"ids": [*ids, "tsk_nope"], "view": "task"})["results"]
+    assert whole[:3] == [api.ok("GET", f"/v1/tasks/{task_id}") for task_id in ids]
+    assert whole[3] == unknown
+    assert api.error("POST", "/v1/tasks/results", {"ids": ids, "view": "full"}) == (400, "VALIDATION_FAILED")
 
 
 def test_key_only_returns_the_existing_task_whatever_the_input(api: Api) -> None:

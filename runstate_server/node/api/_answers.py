@@ -54,7 +54,7 @@ RESULT = obj({
     "id": STRING, "state": TASK_STATE, "done": BOOLEAN, "outcome": ANY_JSON, "outcomeReason": STRING_OR_NULL,
     "error": STRING_OR_NULL, "attempt": INTEGER,
 })
-RESULTS = obj({"results": array({"anyOf": [RESULT, obj({"id": STRING, **_ERROR_ITEM["properties"]})]})})
+RESULTS = obj({"results": array({"anyOf": [RESULT, TASK, obj({"id": STRING, **_ERROR_ITEM["properties"]})]})})
 _HOLDS = obj({"slots": array(STRING), "reservationId": STRING_OR_NULL})
 ADMITTED = obj({
     "taskId": STRING, "messageId": STRING, "token": STRING, "payload": ANY_JSON, "attempt": INTEGER,

@@ -334,14 +334,21 @@ def _result_view(task: Task) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/results",
-    "Extension: results of many tasks; answers when all are terminal, or after waitMs with what is known",
+    "Extension: results of many tasks; answers when all are terminal, or after waitMs with what is known; "
+    "with view=task each is the task's view as GET /tasks/{id} shows it",
     body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
-          "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX}},
+          "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX},
+          "view": {"type": "string", "enum": ["result", "task"]}},
     errors=("VALIDATION_FAILED",), permission=READ, answer=A.RESULTS,
 )
 async def task_results(request: web.Request) -> web.Response:
-    """One result view per id, in order (`{"id", "error"}` for an unknown id)."""
+    """One result view per id, in order (`{"id", "error"}` for an unknown id); with `view: task`
+    the whole task view instead (what the SDK's coalesced `Ticket.result()` hands each caller)."""
     body = await req.json_body(request)
+    view_kind = body.get("view", "result")
+    if view_kind not in ("result", "task"):
+        raise ApiError("VALIDATION_FAILED", "view must be \"result\" or \"task\"")
+    render = _result_view if view_kind == "result" else None
     ids = body.get("ids")
     if (
         not isinstance(ids, list)
@@ -362,7 +369,7 @@ async def task_results(request: web.Request) -> web.Response:
                 if task is None or task.space != caller.space:
                     views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
                     continue
-                views.append(_result_view(task))
+                views.append(render(task) if render is not None else _view(state, task))
                 if pending is None and task.state not in TaskState.TERMINAL:
                     pending = task_id
         remaining_s = deadline - time.monotonic()

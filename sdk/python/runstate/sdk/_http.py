@@ -24,7 +24,7 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -36,6 +36,9 @@ from runstate.sdk.errors import (
     UnavailableError,
     error_from_response,
 )
+
+if TYPE_CHECKING:
+    from runstate.sdk._coalesce import ResultBatcher, SubmitBatcher
 
 # The node did not receive the whole request in time and applied nothing: always safe to resend.
 NOT_RECEIVED_CODE = "REQUEST_TIMEOUT"
@@ -173,6 +176,9 @@ class Transport:
         # Mailbox names this client resolved to ids (a mailbox is never renamed or removed).
         self.mailbox_ids: dict[str, str] = {}
         self.timeout_s = timeout_s
+        # Set by the client when it coalesces concurrent submits and result waits (_coalesce.py).
+        self.submits: SubmitBatcher | None = None
+        self.results: ResultBatcher | None = None
         self._api_key = api_key
         self._space_lock = asyncio.Lock()
         self._url_index = 0

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from runstate.sdk._coalesce import ResultBatcher, SubmitBatcher
 from runstate.sdk._completes import Completes
 from runstate.sdk._consume import Consumer
 from runstate.sdk._http import (
@@ -436,8 +437,11 @@ class Mailbox:
         task = _task_body(input, key, attempts, key_only, None if requirements is None else {"requirements": requirements})
         encode_body(task)  # ConfigError for an input JSON cannot carry, before any request
         body = {**await self._where(), **task}
-        # Safe to repeat: the server deduplicates by key.
-        answer = await self._transport.request("POST", "/tasks", body=body, safe=True)
+        if self._transport.submits is not None:  # concurrent submits of this client ride together
+            answer = await self._transport.submits.submit(body)
+        else:
+            # Safe to repeat: the server deduplicates by key.
+            answer = await self._transport.request("POST", "/tasks", body=body, safe=True)
         return Ticket(
             self._transport,
             _field(answer, "taskId"),
@@ -619,6 +623,16 @@ class Ticket:
         _require_int(timeout_ms, "timeout_ms", 0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
+        if self._transport.results is not None:
+            # Waits that arrive together take their first look in one call (_coalesce.py); one
+            # still unfinished then waits alone, as below.
+            view = await self._transport.results.look(self.id)
+            if view is not None:
+                self.state = view.get("state", self.state)
+                if view.get("done") or self.state in TASK_STATES_DONE:
+                    return view
+                if loop.time() >= deadline:
+                    raise ResultTimeoutError(self.id, timeout_ms, self.state)
         while True:
             started = loop.time()
             wait_ms = min(max(0, int((deadline - started) * 1000)), RESULT_POLL_SLICE_MS)
@@ -837,8 +851,11 @@ class AsyncRunstate:
     Arguments fall back to the environment: `base_url` to RUNSTATE_BASE_URL (a comma-separated list
     of servers; default http://localhost:8080), `space_id` to RUNSTATE_SPACE_ID, `api_key` to
     RUNSTATE_API_KEY. `holder` names this client on leases (default `<hostname>:<pid>`).
-    `timeout_s` bounds each ordinary request (long polls get their wait on top). Raises ConfigError
-    for a malformed setting. Calls raise UnavailableError when no server answers for a few seconds.
+    `timeout_s` bounds each ordinary request (long polls get their wait on top). `coalesce`
+    (default True): concurrent `submit()` calls of this client ride together in one batch request,
+    and so do the first looks of concurrent `Ticket.result()` waits; each caller still gets
+    exactly its own answer or error (README, "Coalescing"). Raises ConfigError for a malformed
+    setting. Calls raise UnavailableError when no server answers for a few seconds.
     """
 
     def __init__(
@@ -848,9 +865,12 @@ class AsyncRunstate:
         api_key: str | None = None,
         holder: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+        coalesce: bool = True,
     ) -> None:
         if holder is not None and (not isinstance(holder, str) or not holder.strip()):
             raise ConfigError(f"holder must be a non-empty string, got {holder!r}")
+        if not isinstance(coalesce, bool):
+            raise ConfigError(f"coalesce must be True or False, got {coalesce!r}")
         self._transport = Transport(
             parse_base_urls(base_url),
             space_id=resolve_optional(space_id, SPACE_ID_ENV),
@@ -858,6 +878,9 @@ class AsyncRunstate:
             holder=holder.strip() if holder else default_holder(),
             timeout_s=timeout_s,
         )
+        if coalesce:
+            self._transport.submits = SubmitBatcher(self._transport)
+            self._transport.results = ResultBatcher(self._transport)
         self.mailboxes = Mailboxes(self._transport)
         self.scopes = Scopes(self._transport)
         self.claims = Claims(self._transport)
@@ -877,6 +900,11 @@ class AsyncRunstate:
     @property
     def base_urls(self) -> list[str]:
         return list(self._transport.base_urls)
+
+    @property
+    def coalesce(self) -> bool:
+        """Whether concurrent submits and result waits of this client ride together."""
+        return self._transport.submits is not None
 
     @property
     def space_id(self) -> str | None:

@@ -289,12 +289,26 @@ def error_from_response(status: int, code: str | None, message: str | None) -> R
     return cls(text, code=code, status=status)
 
 
-# The status each code comes with, for errors reported inside a 200 answer (batch calls).
+# The status each code comes with, for errors reported inside a 200 answer (batch calls): the
+# server's own (runstate_server/node/errors.py STATUS_BY_CODE), so that a task's error from a batch
+# is the error its single call raises. A code not listed is a 409 if the SDK knows it, else a 500.
 _STATUS_BY_CODE: dict[str, int] = {
     "VALIDATION_FAILED": 400,
     "UNAUTHENTICATED": 401,
     "FORBIDDEN": 403,
+    "FORBIDDEN_ORIGIN": 403,
     "NOT_FOUND": 404,
+    "METHOD_NOT_ALLOWED": 405,
+    "REQUEST_TIMEOUT": 408,
+    "AUTH_DISABLED": 409,
+    "CAPACITY_UNAVAILABLE": 409,
+    "INSUFFICIENT_BUDGET": 409,
+    "STALE_EPOCH": 409,
+    "CURSOR_EXPIRED": 410,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
+    "CONCURRENCY_LIMITED": 429,
+    "ALLOWANCE_EXHAUSTED": 429,
+    "ALLOWANCE_COOLDOWN": 429,
     "UNAVAILABLE": 503,
     "INTERNAL": 500,
 }

@@ -470,10 +470,12 @@ class Runstate:
         api_key: str | None = None,
         holder: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+        coalesce: bool = True,
     ) -> None:
         # Validate the settings before starting a thread.
         self._async = aio.AsyncRunstate(
-            base_url=base_url, space_id=space_id, api_key=api_key, holder=holder, timeout_s=timeout_s
+            base_url=base_url, space_id=space_id, api_key=api_key, holder=holder, timeout_s=timeout_s,
+            coalesce=coalesce,
         )
         self._portal_context = start_blocking_portal(name="runstate-portal")
         self._portal = self._portal_context.__enter__()
@@ -497,6 +499,11 @@ class Runstate:
     @property
     def base_urls(self) -> list[str]:
         return self._async.base_urls
+
+    @property
+    def coalesce(self) -> bool:
+        """Whether concurrent submits and result waits of this client (from any thread) ride together."""
+        return self._async.coalesce
 
     @property
     def space_id(self) -> str | None:
