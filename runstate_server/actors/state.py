@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SNAPSHOT_VERSION = 1
+# The empty value of a task's slot_leases and subscribers: one shared tuple, not an empty list per task.
+EMPTY: tuple[()] = ()
+DELIVERY_DIGEST_BYTES = 16
 
 
 class RunState:
@@ -222,16 +225,19 @@ class Task:
     outcome: bytes | None = None  # canonical JSON of the recorded result
     error: str | None = None
     finished_ms: int | None = None
-    finished_by: str | None = None  # the delivery that finished it (a repeated complete is answered again)
+    # The delivery that finished it, as its digest (delivery_digest): a repeated complete of that
+    # delivery is answered again. A snapshot from before digests holds the token; restore digests it.
+    finished_by: bytes | None = None
     # The resources each delivery needs (see resources.require_needs): None, or {"slots": [pool
     # names], "limit": [name, units] | None, "budget": [name, reserve micros] | None}.
     needs: dict[str, Any] | None = None
-    # What the current delivery holds of them: slot lease ids, and the reservation id.
-    slot_leases: list[str] = field(default_factory=list)
+    # What the current delivery holds of them: slot lease ids, and the reservation id. Empty, it is
+    # the shared EMPTY (no list per task: most tasks never hold one); a list only while it has some.
+    slot_leases: list[str] | tuple[()] = ()
     reservation_id: str | None = None
     deadline_ms: int | None = None  # the task's own deadline: EXPIRED when it passes unfinished
     outcome_reason: str | None = None  # why it ended (scope_cancelled, handler_error: ..., ...)
-    subscribers: list[str] = field(default_factory=list)  # who joined it (join/detach)
+    subscribers: list[str] | tuple[()] = ()  # who joined it (join/detach); empty: EMPTY, as slot_leases
     holder_session: str | None = None  # the session of the current or last delivery's holder
     work_limit: str | None = None  # the name of the work limit it counts toward (work_limits.py)
     # The task group it is a member of (groups.py): a task joins at most one. Last, with a
@@ -477,12 +483,16 @@ def from_snapshot(data: dict[str, Any]) -> State:
         run.allowance_waiters = list(run.allowance_waiters)
         run.queues = {name: Queue(deque(ready), dict(by_key)) for name, (ready, by_key) in queues.items()}
         state.runs[run.id] = run
+    shared: dict[str, str] = {}
     for row in data["tasks"]:
         if not _TASK_FIELDS_REQUIRED <= len(row) <= len(_TASK_FIELDS):
             raise ValueError(f"a task row has {len(row)} fields, Task has {len(_TASK_FIELDS)}")
         task = Task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
-        task.slot_leases = list(task.slot_leases)
-        task.subscribers = list(task.subscribers)
+        task.slot_leases = list(task.slot_leases) if task.slot_leases else EMPTY
+        task.subscribers = list(task.subscribers) if task.subscribers else EMPTY
+        if isinstance(task.finished_by, str):  # a snapshot from before digests: the token itself
+            task.finished_by = delivery_digest(task.finished_by)
+        _share_task_strings(state, task, shared)
         # Payloads were kept as parsed values before they were kept as their JSON bytes.
         task.input = json_bytes(task.input)
         task.outcome = None if task.outcome is None else json_bytes(task.outcome)
@@ -537,6 +547,40 @@ TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
 CLAIM_OVERHEAD_BYTES = 512
 EVENT_OVERHEAD_BYTES = 512
+
+
+def delivery_digest(token: str) -> bytes:
+    """What a finished task keeps of the token of the delivery that finished it (Task.finished_by):
+    128 bits of its BLAKE2b, 49 bytes in memory where the token takes 120; a complete with another
+    token cannot match it but by a collision of 128 bits."""
+    return hashlib.blake2b(token.encode(), digest_size=DELIVERY_DIGEST_BYTES).digest()
+
+
+def share_key_hash(task: Task) -> None:
+    """A task without a key of its own is keyed by its input's hash (the API): the two equal
+    strings are kept as one object."""
+    if task.input_hash == task.key:
+        task.input_hash = task.key
+
+
+def _share_task_strings(state: State, task: Task, shared: dict[str, str]) -> None:
+    """A restored task's strings that other objects hold too, as those objects (each row of a
+    snapshot decodes into strings of its own): its space's, run's and mailbox's names, and its
+    holder's and session's, alike across many tasks. Only the objects change, never a value."""
+    space = state.spaces.get(task.space)
+    if space is not None:
+        task.space = space.id
+        mailbox = space.mailboxes.get(task.mailbox)
+        if mailbox is not None:
+            task.mailbox = mailbox.name
+    run = state.runs.get(task.run_id)
+    if run is not None:
+        task.run_id = run.id
+    share_key_hash(task)
+    if task.holder is not None:
+        task.holder = shared.setdefault(task.holder, task.holder)
+    if task.holder_session is not None:
+        task.holder_session = shared.setdefault(task.holder_session, task.holder_session)
 
 
 def _size(value: bytes | str | None) -> int:
@@ -698,7 +742,7 @@ def _fields(cls: type) -> tuple[str, ...]:
 
 def _copied(value: Any) -> Any:
     """Lists and dicts of the live state, copied (a snapshot must not change with the state)."""
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a tuple: EMPTY, written as the empty list it stands for
         return list(value)
     if isinstance(value, dict):
         return dict(value)

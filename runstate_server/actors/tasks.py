@@ -43,11 +43,14 @@ from runstate_server.actors.state import (
     Queue,
     Run,
     State,
+    EMPTY,
     Task,
     TaskState,
     count_ended,
+    delivery_digest,
     figures_of,
     index_task,
+    share_key_hash,
 )
 
 MAILBOX_MODES = ("WORK", "INBOX")
@@ -312,6 +315,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         deadline_ms=deadline_ms,
         work_limit=work_limit,
     )
+    share_key_hash(task)
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     cost = storage.task_bytes(task)
     storage.require_room(ctx, cost, "task")
@@ -347,7 +351,10 @@ def _subscribe(task: Task, subscriber: str) -> None:
         return
     if len(task.subscribers) >= limits.subscribers_per_task_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a task has at most {limits.subscribers_per_task_max} subscribers")
-    task.subscribers.append(subscriber)
+    if task.subscribers:
+        task.subscribers.append(subscriber)
+    else:
+        task.subscribers = [subscriber]  # EMPTY is shared: never appended to
 
 
 def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -364,6 +371,8 @@ def detach(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     task = require_task(ctx, args.get("task_id"))
     if args["subscriber"] in task.subscribers:
         task.subscribers.remove(args["subscriber"])
+        if not task.subscribers:
+            task.subscribers = EMPTY
     return {"task_id": task.id, "state": task.state, "subscribers": list(task.subscribers)}
 
 
@@ -454,7 +463,7 @@ def _finish(
         task.error = error
     storage.charge(ctx.state, task.space, storage.task_bytes(task) - before)
     task.finished_ms = ctx.now_ms
-    task.finished_by = task.delivery_id
+    task.finished_by = None if task.delivery_id is None else delivery_digest(task.delivery_id)
     task.delivery_id = None
     ctx.wake(task_key(task.id))
     for finished_hook in TASK_FINISHED_HOOKS:
@@ -574,7 +583,7 @@ def _completed_by(ctx: Context, args: dict[str, Any]) -> Task | None:
     task = ctx.state.tasks.get(task_id) if isinstance(task_id, str) else None
     if task is None or task.space != ctx.space.id or task.state != TaskState.SUCCEEDED:
         return None
-    return task if task.finished_by == token else None
+    return task if isinstance(token, str) and task.finished_by == delivery_digest(token) else None
 
 
 def _require_live_lease(ctx: Context, task: Task) -> None:
