@@ -86,3 +86,19 @@ def test_a_snapshot_from_before_loads_into_the_same_state() -> None:
     assert restored.state.tasks[task_id].state == TaskState.SUCCEEDED
     assert [t.key for t in restored.state.tasks.values() if t.state == TaskState.QUEUED] == ["queued"]
     assert MAILBOX in restored.state.runs[run_id].queues
+
+
+def test_only_a_task_that_sets_a_rare_field_has_an_extra_object() -> None:
+    h, run_id = started()
+    plain = h.task(h.submit(run_id, "plain"))
+    assert plain.extra is None and plain.needs is None and plain.deadline_ms is None and plain.group_id is None
+    timed = h.task(h.submit(run_id, "timed", deadline_ms=h.now_ms + 60_000))
+    assert timed.extra is not None and timed.deadline_ms == h.now_ms + 60_000
+    # Back to every default: the object goes, so the task equals one that never had it.
+    h.ok("task.join", task_id=plain.id, run_id=run_id, subscriber="s1")
+    assert plain.extra is not None and plain.subscribers == ["s1"]
+    h.ok("task.detach", task_id=plain.id, subscriber="s1")
+    assert plain.extra is None
+    restored = from_snapshot(unpack(pack(to_snapshot(h.state))))
+    assert restored == h.state
+    assert restored.tasks[plain.id].extra is None and restored.tasks[timed.id].deadline_ms == timed.deadline_ms

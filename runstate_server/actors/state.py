@@ -228,22 +228,114 @@ class Task:
     # The delivery that finished it, as its digest (delivery_digest): a repeated complete of that
     # delivery is answered again. A snapshot from before digests holds the token; restore digests it.
     finished_by: bytes | None = None
+    outcome_reason: str | None = None  # why it ended (scope_cancelled, handler_error: ..., ...)
+    holder_session: str | None = None  # the session of the current or last delivery's holder
+    # Its fields that most tasks leave at their defaults (TaskExtra), read and written as its own
+    # (task.needs, task.group_id, ...: the properties below); None while all are.
+    extra: TaskExtra | None = None
+
+    def _set_extra(self, name: str, value: Any) -> None:
+        extra = self.extra
+        if extra is None:
+            if value is None or value is EMPTY:
+                return  # a default: nothing to keep
+            extra = self.extra = TaskExtra()
+        setattr(extra, name, value)
+        if extra == _NO_EXTRA:
+            self.extra = None
+
+    @property
+    def needs(self) -> dict[str, Any] | None:
+        return (self.extra or _NO_EXTRA).needs
+
+    @needs.setter
+    def needs(self, value: dict[str, Any] | None) -> None:
+        self._set_extra("needs", value)
+
+    @property
+    def slot_leases(self) -> list[str] | tuple[()]:
+        return (self.extra or _NO_EXTRA).slot_leases
+
+    @slot_leases.setter
+    def slot_leases(self, value: list[str] | tuple[()]) -> None:
+        self._set_extra("slot_leases", value)
+
+    @property
+    def reservation_id(self) -> str | None:
+        return (self.extra or _NO_EXTRA).reservation_id
+
+    @reservation_id.setter
+    def reservation_id(self, value: str | None) -> None:
+        self._set_extra("reservation_id", value)
+
+    @property
+    def deadline_ms(self) -> int | None:
+        return (self.extra or _NO_EXTRA).deadline_ms
+
+    @deadline_ms.setter
+    def deadline_ms(self, value: int | None) -> None:
+        self._set_extra("deadline_ms", value)
+
+    @property
+    def subscribers(self) -> list[str] | tuple[()]:
+        return (self.extra or _NO_EXTRA).subscribers
+
+    @subscribers.setter
+    def subscribers(self, value: list[str] | tuple[()]) -> None:
+        self._set_extra("subscribers", value)
+
+    @property
+    def work_limit(self) -> str | None:
+        return (self.extra or _NO_EXTRA).work_limit
+
+    @work_limit.setter
+    def work_limit(self, value: str | None) -> None:
+        self._set_extra("work_limit", value)
+
+    @property
+    def group_id(self) -> str | None:
+        return (self.extra or _NO_EXTRA).group_id
+
+    @group_id.setter
+    def group_id(self, value: str | None) -> None:
+        self._set_extra("group_id", value)
+
+
+@dataclass(slots=True)
+class TaskExtra:
+    """The fields of a Task that most tasks leave at their defaults, in an object of their own that
+    only the tasks that set one have: a task is 7 slots smaller. The properties Task.needs ...
+    Task.group_id read them (the default when the task has none) and write them (making the object
+    on the first value that is not a default, dropping it when all are defaults again, so equal
+    tasks are equal whichever way they were made)."""
+
     # The resources each delivery needs (see resources.require_needs): None, or {"slots": [pool
     # names], "limit": [name, units] | None, "budget": [name, reserve micros] | None}.
     needs: dict[str, Any] | None = None
     # What the current delivery holds of them: slot lease ids, and the reservation id. Empty, it is
-    # the shared EMPTY (no list per task: most tasks never hold one); a list only while it has some.
-    slot_leases: list[str] | tuple[()] = ()
+    # the shared EMPTY (no list per task); a list only while it has some.
+    slot_leases: list[str] | tuple[()] = EMPTY
     reservation_id: str | None = None
     deadline_ms: int | None = None  # the task's own deadline: EXPIRED when it passes unfinished
-    outcome_reason: str | None = None  # why it ended (scope_cancelled, handler_error: ..., ...)
-    subscribers: list[str] | tuple[()] = ()  # who joined it (join/detach); empty: EMPTY, as slot_leases
-    holder_session: str | None = None  # the session of the current or last delivery's holder
+    subscribers: list[str] | tuple[()] = EMPTY  # who joined it (join/detach); empty: EMPTY, as slot_leases
     work_limit: str | None = None  # the name of the work limit it counts toward (work_limits.py)
-    # The task group it is a member of (groups.py): a task joins at most one. Last, with a
-    # default: a snapshot from before it loads with None (a member of its group's own run is
-    # found through the run's group_id too).
+    # The task group it is a member of (groups.py): a task joins at most one. A snapshot from
+    # before it loads with None (a member of its group's own run is found through the run's
+    # group_id too).
     group_id: str | None = None
+
+
+_NO_EXTRA = TaskExtra()  # every default: what a task without one reads (never written)
+TASK_EXTRA_FIELDS = tuple(f.name for f in dataclasses.fields(TaskExtra))
+
+
+def new_task(**fields: Any) -> Task:
+    """A Task of all its fields, those of TaskExtra among them (the constructor takes the others)."""
+    extras = {name: fields.pop(name) for name in TASK_EXTRA_FIELDS if name in fields}
+    task = Task(**fields)
+    for name, value in extras.items():
+        setattr(task, name, value)
+    return task
 
 
 @dataclass(slots=True)
@@ -487,7 +579,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for row in data["tasks"]:
         if not _TASK_FIELDS_REQUIRED <= len(row) <= len(_TASK_FIELDS):
             raise ValueError(f"a task row has {len(row)} fields, Task has {len(_TASK_FIELDS)}")
-        task = Task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
+        task = new_task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
         task.slot_leases = list(task.slot_leases) if task.slot_leases else EMPTY
         task.subscribers = list(task.subscribers) if task.subscribers else EMPTY
         if isinstance(task.finished_by, str):  # a snapshot from before digests: the token itself

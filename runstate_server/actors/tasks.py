@@ -38,18 +38,19 @@ from runstate_server.actors import (
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import (
+    EMPTY,
     DueKind,
     Mailbox,
     Queue,
     Run,
     State,
-    EMPTY,
     Task,
     TaskState,
     count_ended,
     delivery_digest,
     figures_of,
     index_task,
+    new_task,
     share_key_hash,
 )
 
@@ -301,7 +302,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if work_limit is not None:
         work_limits.require_room(ctx, work_limit)
 
-    task = Task(
+    task = new_task(
         id="tsk_" + ctx.command_id,
         space=ctx.space.id,
         run_id=run.id,
@@ -369,9 +370,11 @@ def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def detach(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Unsubscribe (idempotent). A task without subscribers goes on: nothing is cancelled."""
     task = require_task(ctx, args.get("task_id"))
-    if args["subscriber"] in task.subscribers:
-        task.subscribers.remove(args["subscriber"])
-        if not task.subscribers:
+    subscribers = task.subscribers
+    if args["subscriber"] in subscribers:
+        assert isinstance(subscribers, list), "EMPTY holds nobody"
+        subscribers.remove(args["subscriber"])
+        if not subscribers:
             task.subscribers = EMPTY
     return {"task_id": task.id, "state": task.state, "subscribers": list(task.subscribers)}
 
@@ -523,6 +526,7 @@ def _deliver_from(
     # ids of runs and tasks show).
     secret = ctx.command_id + str(args.get("nonce") or "")
     session = args.get("holder_session")
+    expires_ms = ctx.now_ms + lease_ms  # one int object for the whole batch, not one per task
     unserved: list[str] = []  # jobs this receive could not serve, in order: they stay in front
     passed: set[tuple[str, str]] = set()  # the resources those jobs need
     scanned = 0
@@ -548,7 +552,7 @@ def _deliver_from(
         _set_state(ctx, task, TaskState.RUNNING)  # after the attempt's number: its event shows it
         task.delivery_id = delivery_id
         task.lease_ms = lease_ms
-        task.lease_expires_ms = ctx.now_ms + lease_ms
+        task.lease_expires_ms = expires_ms
         task.holder = holder
         task.holder_session = session
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
