@@ -85,10 +85,9 @@ class LogConfig:
     # Compact (dump the state, truncate the journal) after this many entries or this long, or once
     # the journal holds this many bytes of commands (it keeps them in memory too, and in its
     # memory-mapped file: 5,000 batches of up to 4 MiB would be 20 GiB). 16 MiB of commands is
-    # some 30,000 small tasks submitted and completed (bench.memory): the journal then costs at
-    # most ~32 MiB of memory, not ~130 (64 MiB, before), while a dump still comes no more often
-    # than every few seconds of full load, when the 5,000 entries of one-call-per-task load come
-    # about as often.
+    # some 17,000 small tasks submitted and completed with the batch calls (~1 KB of commands
+    # each): the journal then costs at most ~32 MiB of memory, not ~130 as at 64 MiB (DESIGN.md
+    # "Configuration").
     log_compaction_entries_min: int = 5_000
     log_compaction_time_s_min: float = 600.0
     log_compaction_bytes_min: int = 16 * MIB
