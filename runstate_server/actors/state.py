@@ -635,8 +635,8 @@ def from_snapshot(data: dict[str, Any]) -> State:
 
 # What a task's and a once entry's objects cost beyond their payloads, key and error (storage.py),
 # measured on CPython 3.11: the dataclass, its table and queue entries, its ids and small strings.
-# bench.memory (100-byte input and result, the node's 64-character key), 50,000 and 100,000 tasks:
-# 1,210 to 1,360 bytes of RSS per SUCCEEDED task, 950 to 1,100 of them beyond its payloads and
+# bench.memory (100-byte input and result, the node's 64-character key), 50,000 to 1,000,000 tasks:
+# 1,125 to 1,360 bytes of RSS per SUCCEEDED task, 860 to 1,100 of them beyond its payloads and
 # key; charged 1,288 (it was 2,400 before the Task shrank and the journal compacted at 16 MiB).
 TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
