@@ -552,7 +552,7 @@ def test_complete_returns_the_slots_and_charges_the_whole_reservation(resourced:
     assert (view["spent"], view["reserved"]) == (0.4, 0.0)
     assert {resource_key("pool", "gpu"), resource_key("budget", "usd")} <= set(h.woken())
     task = h.task_of(delivery)
-    assert task.slot_leases == [] and task.reservation_id is None
+    assert not task.slot_leases and task.reservation_id is None
     h.delivery("complete", delivery, payload=1)  # answered again, charged once
     assert budget_view(h)["spent"] == 0.4
 
@@ -591,7 +591,7 @@ def test_every_end_of_a_delivery_returns_its_holds_once(resourced: Harness, end:
         h.advance(5_000)
         h.tick()
     task = h.task(task_id)
-    assert task.slot_leases == [] and task.reservation_id is None
+    assert not task.slot_leases and task.reservation_id is None
     assert (pool_in_use(h, "browser"), pool_in_use(h, "gpu")) == (0, 0)
     assert not h.state.slot_leases and not h.state.reservations
     spent = {"retry": 0.1, "reject": 0.4}.get(end, 0.0)

@@ -931,7 +931,7 @@ class ResourcesMachine(RuleBasedStateMachine):
             assert (task.state, task.failures, task.delivery_id, task.needs) == (
                 expected.state, expected.failures, expected.delivery, expected.needs,
             ), task_id
-            assert (task.slot_leases, task.reservation_id) == (expected.slots, expected.reservation), task_id
+            assert (list(task.slot_leases), task.reservation_id) == (expected.slots, expected.reservation), task_id
             if task.state == "RUNNING":
                 assert task.lease_expires_ms == expected.lease_expires
         holds = {**state.slot_leases, **state.reservations}
@@ -982,7 +982,7 @@ class ResourcesMachine(RuleBasedStateMachine):
                     assert task.delivery_id not in hold_id
                     held_by_tasks.add(hold_id)
             else:
-                assert task.slot_leases == [] and task.reservation_id is None, task.id
+                assert not task.slot_leases and task.reservation_id is None, task.id
         job_holds = {h.id for h in [*state.slot_leases.values(), *state.reservations.values()] if h.task_id}
         assert job_holds == held_by_tasks
 

@@ -53,7 +53,7 @@ from typing import Any
 from runstate_server.actors import errors, events, idempotency, limits, runs
 from runstate_server.actors.context import Context, queue_key, resource_key
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, State, Task, TaskState, register_table
+from runstate_server.actors.state import EMPTY, DueKind, State, Task, TaskState, register_table
 
 POOL = "pool"
 LIMIT = "limit"
@@ -906,7 +906,7 @@ def take_needs(ctx: Context, task: Task, delivery_id: str, holder: Any) -> bool:
         _hold(ctx, POOL, find(ctx.state, POOL, space, name), f"slt_{delivery}.{index}", task.run_id, holder,
               task.id, 1, 0).id
         for index, name in enumerate(needs["slots"])
-    ]
+    ] or EMPTY
     if needs["limit"] is not None:
         name, units = needs["limit"]
         _record_take(find(ctx.state, LIMIT, space, name), ctx.now_ms, units)
@@ -932,7 +932,7 @@ def end_holds(ctx: Context, task: Task, spent_micros: int | None, *, completed: 
     if task.reservation_id is not None:
         reservation = ctx.state.reservations[task.reservation_id]
         _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_minor is None else spent_minor)
-    task.slot_leases = []
+    task.slot_leases = EMPTY
     task.reservation_id = None
     for hook in DELIVERY_END_HOOKS:
         hook(ctx, task, completed)

@@ -38,6 +38,7 @@ from runstate_server.actors import (
 from runstate_server.actors.context import Context, queue_key, task_key
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import (
+    EMPTY,
     DueKind,
     Mailbox,
     Queue,
@@ -46,8 +47,11 @@ from runstate_server.actors.state import (
     Task,
     TaskState,
     count_ended,
+    delivery_digest,
     figures_of,
     index_task,
+    new_task,
+    share_key_hash,
 )
 
 MAILBOX_MODES = ("WORK", "INBOX")
@@ -298,7 +302,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if work_limit is not None:
         work_limits.require_room(ctx, work_limit)
 
-    task = Task(
+    task = new_task(
         id="tsk_" + ctx.command_id,
         space=ctx.space.id,
         run_id=run.id,
@@ -312,6 +316,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         deadline_ms=deadline_ms,
         work_limit=work_limit,
     )
+    share_key_hash(task)
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     cost = storage.task_bytes(task)
     storage.require_room(ctx, cost, "task")
@@ -347,7 +352,10 @@ def _subscribe(task: Task, subscriber: str) -> None:
         return
     if len(task.subscribers) >= limits.subscribers_per_task_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a task has at most {limits.subscribers_per_task_max} subscribers")
-    task.subscribers.append(subscriber)
+    if task.subscribers:
+        task.subscribers.append(subscriber)
+    else:
+        task.subscribers = [subscriber]  # EMPTY is shared: never appended to
 
 
 def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
@@ -362,8 +370,12 @@ def join(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
 def detach(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     """Unsubscribe (idempotent). A task without subscribers goes on: nothing is cancelled."""
     task = require_task(ctx, args.get("task_id"))
-    if args["subscriber"] in task.subscribers:
-        task.subscribers.remove(args["subscriber"])
+    subscribers = task.subscribers
+    if args["subscriber"] in subscribers:
+        assert isinstance(subscribers, list), "EMPTY holds nobody"
+        subscribers.remove(args["subscriber"])
+        if not subscribers:
+            task.subscribers = EMPTY
     return {"task_id": task.id, "state": task.state, "subscribers": list(task.subscribers)}
 
 
@@ -454,7 +466,7 @@ def _finish(
         task.error = error
     storage.charge(ctx.state, task.space, storage.task_bytes(task) - before)
     task.finished_ms = ctx.now_ms
-    task.finished_by = task.delivery_id
+    task.finished_by = None if task.delivery_id is None else delivery_digest(task.delivery_id)
     task.delivery_id = None
     ctx.wake(task_key(task.id))
     for finished_hook in TASK_FINISHED_HOOKS:
@@ -514,6 +526,7 @@ def _deliver_from(
     # ids of runs and tasks show).
     secret = ctx.command_id + str(args.get("nonce") or "")
     session = args.get("holder_session")
+    expires_ms = ctx.now_ms + lease_ms  # one int object for the whole batch, not one per task
     unserved: list[str] = []  # jobs this receive could not serve, in order: they stay in front
     passed: set[tuple[str, str]] = set()  # the resources those jobs need
     scanned = 0
@@ -539,7 +552,7 @@ def _deliver_from(
         _set_state(ctx, task, TaskState.RUNNING)  # after the attempt's number: its event shows it
         task.delivery_id = delivery_id
         task.lease_ms = lease_ms
-        task.lease_expires_ms = ctx.now_ms + lease_ms
+        task.lease_expires_ms = expires_ms
         task.holder = holder
         task.holder_session = session
         ctx.state.arm(task.lease_expires_ms, DueKind.LEASE, task.delivery_id)
@@ -574,7 +587,7 @@ def _completed_by(ctx: Context, args: dict[str, Any]) -> Task | None:
     task = ctx.state.tasks.get(task_id) if isinstance(task_id, str) else None
     if task is None or task.space != ctx.space.id or task.state != TaskState.SUCCEEDED:
         return None
-    return task if task.finished_by == token else None
+    return task if isinstance(token, str) and task.finished_by == delivery_digest(token) else None
 
 
 def _require_live_lease(ctx: Context, task: Task) -> None:
