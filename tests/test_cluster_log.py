@@ -347,6 +347,30 @@ def test_a_journal_past_its_bytes_bound_is_compacted_whatever_its_entry_count(tm
     asyncio.run(scenario())
 
 
+def test_the_compaction_bound_grows_with_the_dump(tmp_path: Path) -> None:
+    """Each compaction writes the whole state: the journal's bound is log_compaction_bytes_min or
+    log_compaction_dump_fraction of the last dump, whichever is more, so a large state is not
+    written again after every few commands."""
+    bound = 64 * 1024
+    config = LogConfig(log_compaction_entries_min=1_000_000, log_compaction_bytes_min=bound,
+                       log_compaction_dump_fraction=2.0)
+    value = "v" * 16 * 1024
+
+    async def scenario() -> None:
+        async with running_log(tmp_path, config=config) as (log, machine):
+            journal = log._journal
+            assert journal is not None
+            assert log.compaction_bytes() == bound  # no dump yet
+            for command_id in range(12):  # every value stays in the state: the dump grows
+                await log.propose({"type": "set", "id": command_id, "key": f"k{command_id}", "value": value})
+            await eventually(lambda: journal.compactions >= 1)
+            dump_bytes = (tmp_path / "raft.dump").stat().st_size
+            assert dump_bytes >= 4 * len(value)  # the state at the first compaction
+            assert log.compaction_bytes() == int(2.0 * dump_bytes) > bound
+
+    asyncio.run(scenario())
+
+
 def test_a_follower_polls_no_longer_than_until_its_election_deadline() -> None:
     """pysyncobj looks at the election deadline once per tick: a follower's tick thread wakes for
     it instead of starting the election up to a poll period late; a leader, or a deadline already

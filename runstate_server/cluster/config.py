@@ -101,6 +101,11 @@ class LogConfig:
     log_compaction_entries_min: int = 5_000
     log_compaction_time_s_min: float = 600.0
     log_compaction_bytes_min: int = 16 * MIB
+    # ... but never before the journal holds this fraction of the last dump's size either: each
+    # compaction writes the whole state, so with a fixed bound a node holding a million tasks would
+    # write its whole state every 17,000 tasks. With a fraction, the work of dumping stays in
+    # proportion to the work journaled, and the journal's memory to the state's.
+    log_compaction_dump_fraction: float = 0.25
     # Address the Raft port binds; None binds self_address's host (pysyncobj alone would bind 0.0.0.0).
     bind_address: str | None = None
     # Raft entries (batches) queued in pysyncobj before its thread appends them.
@@ -116,6 +121,7 @@ class LogConfig:
         assert self.connection_timeout_s >= self.raft_timeout_s_max
         assert self.leader_fallback_timeout_s > self.append_entries_period_s
         assert self.log_compaction_entries_min >= 2
+        assert self.log_compaction_dump_fraction >= 0
         assert self.tick_period_s > 0
         assert self.leader_lost_delay_s >= 0 and self.leader_lost_stagger_s > 0
         assert self.handshake_timeout_s > 0

@@ -140,6 +140,7 @@ class ReplicatedLog:
         self._raft: RaftNode | None = None
         self._journal: _journal.DurableJournal | None = None
         self._compaction_forced_at: int | None = None  # journal.compactions when one was last asked for
+        self._dump_size_at: tuple[int, int] | None = None  # (journal.compactions, the dump's bytes) then
         self._dumper: _dumper.Dumper | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -523,12 +524,29 @@ class ReplicatedLog:
 
     # The tick thread.
 
+    def compaction_bytes(self) -> int:
+        """The journal's bytes of commands at which _compact_if_large asks for a compaction:
+        log_compaction_bytes_min, or log_compaction_dump_fraction of the last dump if that is more
+        (the dump's size is read once per compaction)."""
+        journal = self._journal
+        compactions = journal.compactions if journal is not None else 0
+        if self._dump_size_at is None or self._dump_size_at[0] != compactions:
+            try:
+                size = os.path.getsize(self.data_dir / DUMP_FILE_NAME) if self.data_dir is not None else 0
+            except OSError:  # none yet
+                size = 0
+            self._dump_size_at = (compactions, size)
+        dump_bound = int(self._dump_size_at[1] * self._config.log_compaction_dump_fraction)
+        return max(self._config.log_compaction_bytes_min, dump_bound)
+
     def _compact_if_large(self) -> None:
-        """Once the journal holds log_compaction_bytes_min of commands, ask pysyncobj for a
-        compaction (it starts one at its next chance); once per compaction, not on every tick
-        while one runs, which would start another right after it."""
+        """Once the journal holds compaction_bytes() of commands, ask pysyncobj for a compaction
+        (it starts one at its next chance); once per compaction, not on every tick while one runs,
+        which would start another right after it."""
         journal, raft = self._journal, self._raft
         if journal is None or raft is None or journal.command_bytes < self._config.log_compaction_bytes_min:
+            return
+        if journal.command_bytes < self.compaction_bytes():
             return
         if self._compaction_forced_at == journal.compactions:
             return  # asked already; wait for that compaction to finish
