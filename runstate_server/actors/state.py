@@ -13,9 +13,10 @@ import heapq
 import json
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 SNAPSHOT_VERSION = 1
+_Value = TypeVar("_Value")  # the type of a TaskExtra field (_ExtraField)
 # The empty value of a task's slot_leases and subscribers: one shared tuple, not an empty list per task.
 EMPTY: tuple[()] = ()
 DELIVERY_DIGEST_BYTES = 16
@@ -202,6 +203,29 @@ class Run:
     allowance_waiters: list[str] = field(default_factory=list)
 
 
+class _ExtraField(Generic[_Value]):
+    """A field of TaskExtra read and written as the Task's own (task.needs, ...): the default when
+    the task has no TaskExtra; a write goes through Task._set_extra."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, task: None, owner: type) -> _ExtraField[_Value]: ...
+
+    @overload
+    def __get__(self, task: Task, owner: type) -> _Value: ...
+
+    def __get__(self, task: Task | None, owner: type) -> _ExtraField[_Value] | _Value:
+        if task is None:
+            return self
+        value: _Value = getattr(task.extra or _NO_EXTRA, self.name)
+        return value
+
+    def __set__(self, task: Task, value: _Value) -> None:
+        task._set_extra(self.name, value)
+
+
 @dataclass(slots=True)
 class Task:
     id: str
@@ -244,61 +268,14 @@ class Task:
         if extra == _NO_EXTRA:
             self.extra = None
 
-    @property
-    def needs(self) -> dict[str, Any] | None:
-        return (self.extra or _NO_EXTRA).needs
-
-    @needs.setter
-    def needs(self, value: dict[str, Any] | None) -> None:
-        self._set_extra("needs", value)
-
-    @property
-    def slot_leases(self) -> list[str] | tuple[()]:
-        return (self.extra or _NO_EXTRA).slot_leases
-
-    @slot_leases.setter
-    def slot_leases(self, value: list[str] | tuple[()]) -> None:
-        self._set_extra("slot_leases", value)
-
-    @property
-    def reservation_id(self) -> str | None:
-        return (self.extra or _NO_EXTRA).reservation_id
-
-    @reservation_id.setter
-    def reservation_id(self, value: str | None) -> None:
-        self._set_extra("reservation_id", value)
-
-    @property
-    def deadline_ms(self) -> int | None:
-        return (self.extra or _NO_EXTRA).deadline_ms
-
-    @deadline_ms.setter
-    def deadline_ms(self, value: int | None) -> None:
-        self._set_extra("deadline_ms", value)
-
-    @property
-    def subscribers(self) -> list[str] | tuple[()]:
-        return (self.extra or _NO_EXTRA).subscribers
-
-    @subscribers.setter
-    def subscribers(self, value: list[str] | tuple[()]) -> None:
-        self._set_extra("subscribers", value)
-
-    @property
-    def work_limit(self) -> str | None:
-        return (self.extra or _NO_EXTRA).work_limit
-
-    @work_limit.setter
-    def work_limit(self, value: str | None) -> None:
-        self._set_extra("work_limit", value)
-
-    @property
-    def group_id(self) -> str | None:
-        return (self.extra or _NO_EXTRA).group_id
-
-    @group_id.setter
-    def group_id(self, value: str | None) -> None:
-        self._set_extra("group_id", value)
+    # TaskExtra's fields, read and written as the task's own.
+    needs = _ExtraField[dict[str, Any] | None]()
+    slot_leases = _ExtraField[list[str] | tuple[()]]()
+    reservation_id = _ExtraField[str | None]()
+    deadline_ms = _ExtraField[int | None]()
+    subscribers = _ExtraField[list[str] | tuple[()]]()
+    work_limit = _ExtraField[str | None]()
+    group_id = _ExtraField[str | None]()
 
 
 @dataclass(slots=True)

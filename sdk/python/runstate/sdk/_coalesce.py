@@ -35,8 +35,9 @@ import collections
 import copy
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstate.sdk._http import (
     IDEMPOTENCY_KEY_BYTES,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from runstate.sdk._http import Transport
 
 logger = logging.getLogger("runstate.sdk")
+_Item = TypeVar("_Item")
 
 # The node's bounds a batch must fit (runstate_server/actors/limits.py): tasks per
 # POST /tasks/batch, ids per POST /tasks/results, bytes of a request body (256 KiB) and JSON nesting
@@ -78,6 +80,28 @@ RETRIED_CODES = frozenset({"UNAVAILABLE", "REQUEST_TIMEOUT"})
 SUBMIT_PATH = "/tasks"
 SUBMIT_BATCH_PATH = "/tasks/batch"
 RESULTS_PATH = "/tasks/results"
+
+
+def take_batch(
+    queue: collections.deque[_Item], items_max: int, bytes_max: int, *,
+    encoded: Callable[[_Item], bytes], wanted: Callable[[_Item], bool],
+) -> list[_Item]:
+    """The oldest items of `queue` still `wanted` (a cancelled caller's are dropped), at most
+    `items_max` of them and `bytes_max` of their encodings joined by commas (a first item goes
+    whatever its size)."""
+    batch: list[_Item] = []
+    size = 0
+    while queue and len(batch) < items_max:
+        item = queue[0]
+        if not wanted(item):
+            queue.popleft()
+            continue
+        if batch and size + len(encoded(item)) + 1 > bytes_max:
+            break
+        queue.popleft()
+        batch.append(item)
+        size += len(encoded(item)) + 1
+    return batch
 
 
 @dataclass
@@ -129,6 +153,7 @@ class _Batcher:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        # One entry per caller awaiting its answer: bounded by the callers, who each wait on one.
         self._queue: collections.deque[Any] = collections.deque()
         self._in_flight = 0
         self._flush_scheduled = False
@@ -185,19 +210,10 @@ class SubmitBatcher(_Batcher):
         return await self._transport.request("POST", SUBMIT_PATH, encoded_body=encoded, safe=True)
 
     def _take(self) -> list[_Submit]:
-        batch: list[_Submit] = []
-        body_bytes = len(b'{"tasks":[]}')
-        while self._queue and len(batch) < SUBMIT_BATCH_MAX:
-            item: _Submit = self._queue[0]
-            if item.future.done():  # its caller was cancelled before it was sent
-                self._queue.popleft()
-                continue
-            if batch and body_bytes + len(item.encoded) + 1 > BATCH_BODY_BYTES_MAX:
-                break
-            self._queue.popleft()
-            batch.append(item)
-            body_bytes += len(item.encoded) + 1
-        return batch
+        return take_batch(
+            self._queue, SUBMIT_BATCH_MAX, BATCH_BODY_BYTES_MAX - len(b'{"tasks":[]}'),
+            encoded=lambda item: item.encoded, wanted=lambda item: not item.future.done(),
+        )
 
     async def _send(self, batch: list[_Submit]) -> None:
         try:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runstate.sdk._coalesce import take_batch
 from runstate.sdk._http import Transport, encode_body
 from runstate.sdk.errors import NotFoundError, RunstateError, error_from_item
 
@@ -47,6 +48,7 @@ class Completes:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        # One entry per delivery awaiting its settle: bounded by the handlers (consume's concurrency).
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._sender: asyncio.Task[None] | None = None
         self._batch_call = True  # False once the server answered that it has no batch complete
@@ -88,19 +90,10 @@ class Completes:
 
     def _take(self) -> list[_Waiting]:
         """The oldest waiting completes (those still wanted), up to a batch's bounds."""
-        batch: list[_Waiting] = []
-        size = 0
-        while self._waiting and len(batch) < COMPLETE_BATCH_MAX:
-            waiting = self._waiting[0]
-            if waiting.answer.done():  # its caller was cancelled
-                self._waiting.popleft()
-                continue
-            if batch and size + len(waiting.item) > COMPLETE_BATCH_BYTES_MAX:
-                break
-            self._waiting.popleft()
-            batch.append(waiting)
-            size += len(waiting.item) + 1
-        return batch
+        return take_batch(
+            self._waiting, COMPLETE_BATCH_MAX, COMPLETE_BATCH_BYTES_MAX,
+            encoded=lambda waiting: waiting.item, wanted=lambda waiting: not waiting.answer.done(),
+        )
 
     async def _send(self, batch: list[_Waiting]) -> None:
         body = b'{"items":[' + b",".join(waiting.item for waiting in batch) + b"]}"
