@@ -19,10 +19,12 @@ replicas agree.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from runstate_server.actors import errors, limits
 from runstate_server.actors.errors import Rejected
+from runstate_server.actors.state import IDEMPOTENCY_WEIGHT as WEIGHT
 from runstate_server.actors.state import State, result_bytes
 
 # A result that says "this command changed nothing": it is not remembered.
@@ -50,31 +52,39 @@ def record(state: State, space: str, idem: Any, result: Any, now_ms: int) -> Non
     if errors.is_error(result) or (isinstance(result, dict) and result.get(UNCHANGED)):
         return
     key, fingerprint = _parse(idem)
-    table = state.idempotency.setdefault(space, {})
+    table = state.idempotency.get(space)
+    if table is None:
+        table = state.idempotency[space] = OrderedDict()
     weights = state.idempotency_bytes
     previous = table.pop(key, None)  # an expired entry of the same key: the new one goes to the end
-    if previous is not None:
-        weights[space] -= result_bytes(previous[2])
-    table[key] = [now_ms, fingerprint, result]
-    weights[space] = weights.get(space, 0) + result_bytes(result)
+    weight = weights.get(space, 0) - (0 if previous is None else previous[WEIGHT])
+    entry_weight = result_bytes(result)
+    table[key] = [now_ms, fingerprint, result, entry_weight]
+    weight += entry_weight
+    # The oldest entry is the first: an OrderedDict finds it at once (a dict's first entry is
+    # found by skipping the slots its earlier evictions emptied, thousands of them).
+    oldest_allowed_ms = now_ms - limits.idempotency_key_ttl_ms
     while table:
-        oldest_key = next(iter(table))
-        created_ms = table[oldest_key][0]
+        oldest = table[next(iter(table))]
         if (
             len(table) <= limits.idempotency_keys_per_space_max
-            and weights[space] <= limits.idempotency_bytes_per_space_max
-            and created_ms + limits.idempotency_key_ttl_ms > now_ms
+            and weight <= limits.idempotency_bytes_per_space_max
+            and oldest[0] > oldest_allowed_ms
         ):
             break
-        weights[space] -= result_bytes(table.pop(oldest_key)[2])
+        weight -= table.popitem(last=False)[1][WEIGHT]
+    weights[space] = weight
 
 
 def _parse(idem: Any) -> tuple[str, str]:
-    if (
-        not isinstance(idem, (list, tuple))
-        or len(idem) != 2
-        or not all(isinstance(part, str) and part for part in idem)
-        or len(idem[0]) > limits.idempotency_key_chars_max
-    ):
-        raise Rejected(errors.VALIDATION_FAILED, "a command's idem must be [key, fingerprint]")
-    return idem[0], idem[1]
+    if isinstance(idem, (list, tuple)) and len(idem) == 2:
+        key, fingerprint = idem
+        if (
+            isinstance(key, str)
+            and isinstance(fingerprint, str)
+            and key
+            and fingerprint
+            and len(key) <= limits.idempotency_key_chars_max
+        ):
+            return key, fingerprint
+    raise Rejected(errors.VALIDATION_FAILED, "a command's idem must be [key, fingerprint]")

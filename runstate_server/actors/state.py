@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import heapq
 import json
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
@@ -20,6 +20,9 @@ _Value = TypeVar("_Value")  # the type of a TaskExtra field (_ExtraField)
 # The empty value of a task's slot_leases and subscribers: one shared tuple, not an empty list per task.
 EMPTY: tuple[()] = ()
 DELIVERY_DIGEST_BYTES = 16
+# Where an idempotency entry keeps its result's weight (State.idempotency), after the three columns a
+# snapshot holds.
+IDEMPOTENCY_WEIGHT = 3
 
 
 class RunState:
@@ -386,9 +389,9 @@ class State:
     # from_snapshot, never written to a snapshot.
     key_ids_by_hash: dict[str, str] = field(default_factory=dict)
     operator_space: str | None = None  # the space bootstrap created: its admin keys manage every space
-    # Idempotency keys (idempotency.py): space -> key -> [first use ms, request fingerprint, result],
-    # oldest first.
-    idempotency: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # Idempotency keys (idempotency.py): space -> key -> [first use ms, request fingerprint, result,
+    # result_bytes(result)], oldest first. The weight is derived: never in a snapshot.
+    idempotency: dict[str, OrderedDict[str, list[Any]]] = field(default_factory=dict)
     # Derived: the bytes each space's remembered results weigh (result_bytes); recounted on restore.
     idempotency_bytes: dict[str, int] = field(default_factory=dict)
     # Derived: the bytes every space holds together (storage.py); recounted on restore.
@@ -485,7 +488,9 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "operator_space": state.operator_space,
         # Rows in age order; a result is a value the state never changes, but copied all the same.
         "idempotency": [
-            [space, key, *copy.deepcopy(entry)] for space, table in state.idempotency.items() for key, entry in table.items()
+            [space, key, *copy.deepcopy(entry[:IDEMPOTENCY_WEIGHT])]
+            for space, table in state.idempotency.items()
+            for key, entry in table.items()
         ],
         # events.py: per space with a log, [space id, latest seq, [event rows, oldest first]].
         "events": [
@@ -507,7 +512,9 @@ def from_snapshot(data: dict[str, Any]) -> State:
     # resources (rows of 8 columns).
     state.operator_space = data.get("operator_space")
     for space, key, first_ms, fingerprint, result in data.get("idempotency", []):
-        state.idempotency.setdefault(space, {})[key] = [first_ms, fingerprint, copy.deepcopy(result)]
+        state.idempotency.setdefault(space, OrderedDict())[key] = [
+            first_ms, fingerprint, copy.deepcopy(result), result_bytes(result)
+        ]
     for row in data["spaces"]:
         space_id, mailboxes, run_count, task_count, run_names, *later = row
         later_defaults: list[Any] = [None, 0, 0, {}]  # name, created_ms, key_count, resource_counts
@@ -716,7 +723,7 @@ def recount(state: State) -> None:
         space.event_bytes = sum(event_bytes(event) for event in space.events)
     state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
     state.idempotency_bytes = {
-        space: sum(result_bytes(entry[2]) for entry in table.values()) for space, table in state.idempotency.items()
+        space: sum(entry[IDEMPOTENCY_WEIGHT] for entry in table.values()) for space, table in state.idempotency.items()
     }
 
 

@@ -2,10 +2,10 @@
 
 `DurableJournal` stands in for the FileJournal that SyncObj created (installed before the first
 tick) and adds three things:
-- every appended entry is msync'ed before `add` returns, so an entry is on disk before its
+- every appended entry is synced to disk before `add` returns, so an entry is on disk before its
   index can be counted towards a commit (leader) or acknowledged to the leader (follower); inside
   `deferred_flush()` (the leader appending its new entries, RaftNode._checkCommandsToApply) the
-  msync waits until the block ends, once for every entry appended in it: the leader sends each
+  sync waits until the block ends, once for every entry appended in it: the leader sends each
   entry to the followers first and writes its own copy while they write theirs (Raft allows it:
   the leader counts itself towards a commit only in a later tick, after the block);
 - compaction (`deleteEntriesTo`) writes the kept entries to a new file and renames it over the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +95,23 @@ class _PrivateMetaStorer(MetaStorer):  # type: ignore[misc]
             fsync_directory(os.path.dirname(path) or ".")
 
 
+def sync_without_the_gil(journal: FileJournal) -> None:
+    """Write the journal's memory-mapped file to disk, as pysyncobj's flush() does, but letting
+    the node's other thread run meanwhile. pysyncobj's flush is `mmap.flush()`, an msync that
+    CPython makes while holding the interpreter lock: the event loop (every HTTP request of the
+    node) stood still for each fsync of the log. On Linux, msync(MS_SYNC) of a shared file mapping
+    is an fdatasync of its range (the page cache holds the mapping's pages, dirty ones included),
+    and `os.fdatasync` releases the lock; elsewhere pysyncobj's msync is kept."""
+    if not _FDATASYNC_SYNCS_MAPPINGS:
+        journal.flush()
+        return
+    os.fdatasync(journal._FileJournal__journalFile._ResizableFile__f.fileno())
+
+
+# Linux only: the guarantee above is Linux's (other systems keep a mapping's dirty pages apart).
+_FDATASYNC_SYNCS_MAPPINGS = sys.platform.startswith("linux")
+
+
 def _open(path: str, *, fsync: bool) -> FileJournal:
     journal = FileJournal(path)  # creates the file if missing, with the umask's mode
     make_private(path)
@@ -116,7 +134,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         make_private(path)  # pysyncobj created it with the umask's mode
         inner._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
         if fsync:
-            inner.flush()  # the no-op entry SyncObj may have just added
+            sync_without_the_gil(inner)  # the no-op entry SyncObj may have just added
         self._inner = inner
         self.compactions = 0
         self.fsync_seconds = Histogram(FSYNC_SECONDS_BUCKETS)  # each flush of an append or a clear
@@ -129,7 +147,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         # add that differs (a real conflict) truncates the disk there.
         self._visible: int | None = None
         self.skipped_rewrites = 0
-        # Inside deferred_flush(): appends are written, and msync'ed once when the block ends.
+        # Inside deferred_flush(): appends are written, and synced to disk once when the block ends.
         self._deferring = False
         self._unflushed = False
         # The bytes of the commands it holds (in memory, and in its memory-mapped file).
@@ -168,7 +186,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
 
     @contextlib.contextmanager
     def deferred_flush(self) -> Iterator[None]:
-        """Appends inside the block are msync'ed once, when it ends (also when it raises). Only
+        """Appends inside the block are synced to disk once, when it ends (also when it raises). Only
         for a leader's own new entries: nothing in the block may count them towards a commit or
         acknowledge them."""
         assert not self._deferring, "deferred_flush() does not nest"
@@ -190,7 +208,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
 
     def _flush(self) -> None:
         started = time.perf_counter()
-        self._inner.flush()
+        sync_without_the_gil(self._inner)
         self.fsync_seconds.observe(time.perf_counter() - started)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
@@ -227,7 +245,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         make_private(new_path)
         for entry in kept:
             new_journal.add(*entry)
-        new_journal._destroy()  # msync + close
+        new_journal._destroy()  # sync + close
         self._inner._destroy()
         os.replace(new_path, self._path)
         if self._fsync:
@@ -249,7 +267,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._inner.onOneSecondTimer()
 
     def flush(self) -> None:
-        self._inner.flush()
+        sync_without_the_gil(self._inner)
 
     def _destroy(self) -> None:
         self._inner.onOneSecondTimer()  # store a pending commit index before closing

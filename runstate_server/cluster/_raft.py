@@ -87,10 +87,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             super()._checkCommandsToApply()
             return
         # The leader appends each queued command and sends it to the followers at once; with a
-        # durable journal its own msync waits until the end of this call (one for all of them),
+        # durable journal its own sync waits until the end of this call (one for all of them),
         # so that it overlaps the followers' round trip instead of preceding it. Nothing in this
         # call counts the new entries towards a commit: _onTick does, at the start of the next
-        # tick, after the msync.
+        # tick, after the sync.
         deferred_flush = getattr(self._SyncObj__raftLog, "deferred_flush", None)
         if deferred_flush is None:  # in-memory journal
             super()._checkCommandsToApply()
