@@ -35,7 +35,8 @@ def replayed(state: State, space: str, idem: Any, now_ms: int) -> Any | None:
     """The remembered result for `idem` (wrapped as `{"result": ...}`), or None when the key is new
     or expired. Raises IDEMPOTENCY_CONFLICT when the key came with another request."""
     key, fingerprint = _parse(idem)
-    entry = state.idempotency.get(space, {}).get(key)
+    table = state.idempotency.get(space)
+    entry = None if table is None else table.get(key)
     if entry is None or entry[0] + limits.idempotency_key_ttl_ms <= now_ms:
         return None
     if entry[1] != fingerprint:
