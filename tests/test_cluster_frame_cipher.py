@@ -1,0 +1,75 @@
+"""The Raft port's frame cipher makes and reads the same tokens as cryptography's Fernet, which
+pysyncobj uses on nodes without it; the transport's frames still read with pysyncobj's own code."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from cryptography.fernet import Fernet, InvalidToken
+from hypothesis import given
+from hypothesis import strategies as st
+from pysyncobj.encryptor import getEncryptor
+
+from runstate_server.cluster._frame_cipher import FrameCipher, InvalidFrame, frame_cipher
+from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, _frame_body
+
+FERNET = getEncryptor("the cluster password")
+OTHER = getEncryptor("another password")
+timestamps = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@given(st.binary(max_size=4096), timestamps)
+def test_fernet_reads_what_it_seals(data: bytes, timestamp: int) -> None:
+    token = FrameCipher(FERNET).seal(data, timestamp)
+    assert FERNET.extract_timestamp(token) == timestamp
+    assert FERNET.decrypt(token) == data
+
+
+@given(st.binary(max_size=4096), timestamps)
+def test_it_reads_what_fernet_encrypts(data: bytes, timestamp: int) -> None:
+    assert FrameCipher(FERNET).open(FERNET.encrypt_at_time(data, timestamp)) == (timestamp, data)
+
+
+@given(st.binary(min_size=1, max_size=512), st.data())
+def test_a_changed_token_is_refused_as_fernet_refuses_it(data: bytes, draw: st.DataObject) -> None:
+    token = bytearray(FERNET.encrypt_at_time(data, 7))
+    position = draw.draw(st.integers(min_value=0, max_value=len(token) - 1))
+    replacement = draw.draw(st.sampled_from(b"ABCDEFabcdef0123456789-_=!"))
+    token[position] = replacement
+    try:
+        expected: bytes | None = FERNET.decrypt(bytes(token))
+    except InvalidToken:
+        expected = None
+    try:
+        got: bytes | None = FrameCipher(FERNET).open(bytes(token))[1]
+    except InvalidFrame:
+        got = None
+    assert got == expected
+
+
+@pytest.mark.parametrize("token", [b"", b"garbage", b"gAAAAA", b"\xff\xfe", FERNET.encrypt(b"x")[:-4]])
+def test_garbage_is_refused(token: bytes) -> None:
+    with pytest.raises(InvalidFrame):
+        FrameCipher(FERNET).open(token)
+
+
+def test_another_password_is_refused() -> None:
+    with pytest.raises(InvalidFrame):
+        FrameCipher(FERNET).open(OTHER.encrypt(b"hello"))
+    with pytest.raises(InvalidToken):
+        OTHER.decrypt(FrameCipher(FERNET).seal(b"hello", 1))
+
+
+def test_one_cipher_per_encryptor() -> None:
+    assert frame_cipher(FERNET) is frame_cipher(FERNET)
+    assert frame_cipher(FERNET) is not frame_cipher(OTHER)
+
+
+@pytest.mark.parametrize("size", [0, 1, FRAME_DEFLATE_BYTES_MIN - 1, FRAME_DEFLATE_BYTES_MIN, 20_000])
+def test_frame_bodies_inflate_as_pysyncobj_reads_them(size: int) -> None:
+    pickled = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    body = _frame_body(pickled)
+    assert zlib.decompress(body) == pickled
+    if size >= FRAME_DEFLATE_BYTES_MIN:
+        assert len(body) < size  # deflated
