@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import InvalidToken
 from hypothesis import given
 from hypothesis import strategies as st
 from pysyncobj.encryptor import getEncryptor
