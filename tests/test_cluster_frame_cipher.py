@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
-from cryptography.fernet import InvalidToken
+from cryptography.fernet import Fernet, InvalidToken
 from hypothesis import given
 from hypothesis import strategies as st
 from pysyncobj.encryptor import getEncryptor
@@ -59,6 +59,21 @@ def test_another_password_is_refused() -> None:
         FrameCipher(FERNET).open(OTHER.encrypt(b"hello"))
     with pytest.raises(InvalidToken):
         OTHER.decrypt(FrameCipher(FERNET).seal(b"hello", 1))
+
+
+def test_without_fernets_key_attributes_it_uses_fernet_itself() -> None:
+    class Renamed(Fernet):
+        def __init__(self, key: bytes) -> None:
+            super().__init__(key)
+            del self._signing_key
+
+    renamed = Renamed(Fernet.generate_key())
+    cipher = frame_cipher(renamed)
+    assert not isinstance(cipher, FrameCipher)
+    assert cipher.open(renamed.encrypt_at_time(b"data", 9)) == (9, b"data")
+    assert renamed.decrypt(cipher.seal(b"more", 10)) == b"more"
+    with pytest.raises(InvalidFrame):
+        cipher.open(FERNET.encrypt(b"x"))
 
 
 def test_one_cipher_per_encryptor() -> None:

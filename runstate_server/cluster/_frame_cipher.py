@@ -18,7 +18,7 @@ import hmac
 import os
 import weakref
 
-from cryptography.fernet import Fernet
+from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 _VERSION = 0x80  # Fernet's version byte
@@ -41,8 +41,9 @@ class FrameCipher:
     """Fernet tokens under one Fernet key (the cluster password's)."""
 
     def __init__(self, fernet: Fernet) -> None:
-        # Fernet's own halves of its key (private attributes of cryptography's class; pinned range
-        # in pyproject.toml, and the tests check the tokens against Fernet itself).
+        # Fernet's own halves of its key: private attributes of cryptography's class, the same
+        # since its first release (the tests check the tokens against Fernet itself; frame_cipher
+        # falls back to Fernet's methods should a release rename them).
         self._signing_key: bytes = fernet._signing_key
         self._aes = algorithms.AES(fernet._encryption_key)
 
@@ -77,12 +78,32 @@ class FrameCipher:
         return int.from_bytes(raw[1:1 + _TIMESTAMP_BYTES], "big"), padded[:-pad]
 
 
-_CIPHERS: weakref.WeakKeyDictionary[Fernet, FrameCipher] = weakref.WeakKeyDictionary()
+class _FernetCipher:
+    """FrameCipher's interface on Fernet's own methods (pysyncobj's way: twice the work to read)."""
+
+    def __init__(self, fernet: Fernet) -> None:
+        self._fernet = fernet
+
+    def seal(self, data: bytes, timestamp: int) -> bytes:
+        return self._fernet.encrypt_at_time(data, timestamp)
+
+    def open(self, token: bytes) -> tuple[int, bytes]:
+        try:
+            return self._fernet.extract_timestamp(token), self._fernet.decrypt(token)
+        except InvalidToken as error:
+            raise InvalidFrame("not a token of this key") from error
 
 
-def frame_cipher(fernet: Fernet) -> FrameCipher:
-    """The FrameCipher of pysyncobj's encryptor (one per SyncObj, shared by its connections)."""
+_CIPHERS: weakref.WeakKeyDictionary[Fernet, FrameCipher | _FernetCipher] = weakref.WeakKeyDictionary()
+
+
+def frame_cipher(fernet: Fernet) -> FrameCipher | _FernetCipher:
+    """The cipher of pysyncobj's encryptor (one per SyncObj, shared by its connections)."""
     cipher = _CIPHERS.get(fernet)
     if cipher is None:
-        cipher = _CIPHERS[fernet] = FrameCipher(fernet)
+        try:
+            cipher = FrameCipher(fernet)
+        except AttributeError:  # a cryptography release without Fernet's key attributes
+            cipher = _FernetCipher(fernet)
+        _CIPHERS[fernet] = cipher
     return cipher
