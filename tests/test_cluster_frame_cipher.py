@@ -48,8 +48,10 @@ def test_a_changed_token_is_refused_as_fernet_refuses_it(data: bytes, draw: st.D
     assert got == expected
 
 
-@pytest.mark.parametrize("token", [b"", b"garbage", b"gAAAAA", b"\xff\xfe", FERNET.encrypt(b"x")[:-4]])
+@pytest.mark.parametrize("token", [b"", b"garbage", b"gAAAAA", b"\xff\xfe", b"cut short"])
 def test_garbage_is_refused(token: bytes) -> None:
+    if token == b"cut short":
+        token = FERNET.encrypt(b"x")[:-4]  # made here: a token's IV is random, a test id may not be
     with pytest.raises(InvalidFrame):
         FrameCipher(FERNET).open(token)
 
