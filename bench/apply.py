@@ -1,0 +1,192 @@
+"""CPU a replica spends applying committed commands, per task; prints one JSON object.
+
+    python -m bench.apply --tasks 10000 --preload 20000 --batch 50 --repeat 5
+
+In process, no node: the lifecycle submit -> receive (deliver) -> complete of `--batch` tasks at
+a time, as the cluster's batch load commits it (one log batch of `--batch` submits, each with
+its own idempotency key; one of receives of up to `--receive-max` tasks each; one of
+`complete_many` commands of up to `--complete-max` items each; and a tick), encoded as the
+leader encodes them (cluster/codec.py) and applied through `ReplicatedLog.apply_batch`, the
+body every replica runs, decode included. Before the measure, `--preload` tasks go through the
+same lifecycle, so the state is as a busy node's: its tasks, a full event log, a full
+idempotency table.
+
+Measured: `time.process_time()` around the applies only (the commands are encoded beforehand),
+per task; `--repeat` rounds over the same growing state, their median and each.
+Deterministic: ids come from a seeded generator, so two runs apply the same commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+from runstate_server.actors import dispatch
+from runstate_server.cluster import codec
+from runstate_server.cluster.log import ReplicatedLog
+
+SPACE = "bench-space"
+MAILBOX = "bench"
+HOLDER = "bench-worker"
+LEASE_MS = 30_000  # the SDK's default
+RETENTION_MS = 3_600_000
+START_MS = 1_700_000_000_000
+ROUND_MS = 20  # the clock advances this much per round: `--batch` tasks every 20 ms
+SEED = 18
+
+
+class Load:
+    """The cluster's commands for one space, one run and one mailbox, with seeded ids, applied
+    through apply_batch on one Core."""
+
+    def __init__(self, batch: int, receive_max: int, complete_max: int) -> None:
+        self.core = dispatch.Core()
+        # What apply_batch reads of its ReplicatedLog: the lock, the state machine, the counters.
+        self.log = types.SimpleNamespace(
+            _halt_reason=None,
+            lock=threading.Lock(),
+            _state_machine=self.core,
+            counters=types.SimpleNamespace(batches_applied=0, commands_failed_internal=0),
+            _on_applied=None,
+        )
+        self.random = random.Random(SEED)
+        self.now_ms = START_MS
+        self.epoch = 1
+        self.batch = batch
+        self.receive_max = receive_max
+        self.complete_max = complete_max
+        self.submitted = 0
+        self.mailbox_id = ""
+        self.run_id = ""
+
+    def command_id(self) -> str:
+        return "%032x" % self.random.getrandbits(128)
+
+    def command(self, kind: str, args: dict[str, Any], idem: bool = True) -> bytes:
+        command: dict[str, Any] = {"type": kind, "v": dispatch.COMMAND_VERSION, "space": SPACE,
+                                   "id": self.command_id(), "args": args}
+        if idem:
+            key = "%024x" % self.random.getrandbits(96)
+            command["idem"] = [key, hashlib.sha256(key.encode()).hexdigest()]
+        return codec.encode_command(command)
+
+    def batch_of(self, commands: list[bytes]) -> bytes:
+        return codec.encode_batch(self.now_ms, self.epoch, commands)
+
+    def apply(self, data: bytes) -> list[Any]:
+        results: list[Any] = ReplicatedLog.apply_batch(self.log, data)  # type: ignore[arg-type]
+        return results
+
+    def set_up(self) -> None:
+        for data in (
+            self.batch_of([codec.encode_command({"type": "leader.start", "v": 1, "space": "", "id": self.command_id(),
+                                                 "args": {}})]),
+            self.batch_of([self.command("mailbox.declare", {"name": MAILBOX})]),
+            self.batch_of([self.command("run.create", {"name": None})]),
+        ):
+            (result,) = self.apply(data)
+            assert "error" not in result, result
+            if "mailbox" in result:
+                self.mailbox_id = result["mailbox"]["id"]
+            elif "run_id" in result or "run" in result:
+                self.run_id = result.get("run_id") or result["run"]["id"]
+        assert self.mailbox_id and self.run_id
+
+    def round(self) -> list[bytes]:
+        """The log batches of one round of `batch` tasks, encoded; the receives' and completes'
+        commands are made when their turn comes (they name what the earlier batches produced)."""
+        submits = []
+        for _ in range(self.batch):
+            self.submitted += 1
+            encoded = json.dumps({"n": self.submitted}, separators=(",", ":")).encode()
+            input_hash = hashlib.sha256(encoded).hexdigest()
+            submits.append(self.command("task.submit", {
+                "run_id": self.run_id, "mailbox_id": self.mailbox_id, "key": input_hash, "input": encoded,
+                "input_hash": input_hash, "attempts": None, "key_only": False, "deadline_ms": None, "subscriber": None,
+            }))
+        return submits
+
+    def receives(self) -> bytes:
+        commands = []
+        remaining = self.batch
+        while remaining > 0:
+            count = min(remaining, self.receive_max)
+            remaining -= count
+            commands.append(self.command("task.receive", {
+                "run_id": self.run_id, "mailbox_id": self.mailbox_id, "max": count, "lease_ms": LEASE_MS,
+                "holder": HOLDER, "holder_session": None, "include_descendants": False, "tasks_only": False,
+                "nonce": "%024x" % self.random.getrandbits(96),
+            }))
+        return self.batch_of(commands)
+
+    def completes(self, deliveries: list[dict[str, Any]]) -> bytes:
+        items = [{"message_id": given["task_id"], "delivery_id": given["token"], "payload": b'{"ok":true}'}
+                 for given in deliveries]
+        commands = [self.command("delivery.complete_many", {"items": items[start:start + self.complete_max]})
+                    for start in range(0, len(items), self.complete_max)]
+        return self.batch_of(commands)
+
+    def tick(self) -> bytes:
+        return self.batch_of([codec.encode_command({"type": "tick", "v": 1, "space": "", "id": self.command_id(),
+                                                    "args": {"retention_ms": RETENTION_MS}})])
+
+    def run(self, tasks: int) -> float:
+        """Apply `tasks` tasks' lifecycles; the CPU seconds their applies took."""
+        cpu_s = 0.0
+        for _ in range(tasks // self.batch):
+            self.now_ms += ROUND_MS
+            submit_batch = self.batch_of(self.round())
+            started = time.process_time()
+            results = self.apply(submit_batch)
+            cpu_s += time.process_time() - started
+            assert all(result.get("created") for result in results), results[:1]
+            receive_batch = self.receives()
+            started = time.process_time()
+            results = self.apply(receive_batch)
+            cpu_s += time.process_time() - started
+            deliveries = [given for result in results for given in result["deliveries"]]
+            assert len(deliveries) == self.batch, results[:1]
+            complete_batch, tick_batch = self.completes(deliveries), self.tick()
+            started = time.process_time()
+            results = self.apply(complete_batch)
+            self.apply(tick_batch)
+            cpu_s += time.process_time() - started
+            assert all("error" not in answer for result in results for answer in result["items"]), results[:1]
+        return cpu_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=10_000, help="tasks measured per round (default 10000)")
+    parser.add_argument("--preload", type=int, default=20_000, help="tasks applied before the measure (default 20000)")
+    parser.add_argument("--batch", type=int, default=50, help="tasks per log batch (default 50)")
+    parser.add_argument("--receive-max", type=int, default=16, help="tasks per receive (default 16)")
+    parser.add_argument("--complete-max", type=int, default=25, help="items per complete_many (default 25)")
+    parser.add_argument("--repeat", type=int, default=5, help="measured rounds (default 5)")
+    args = parser.parse_args()
+    load = Load(args.batch, args.receive_max, args.complete_max)
+    load.set_up()
+    load.run(args.preload)
+    per_task_us = [load.run(args.tasks) / args.tasks * 1e6 for _ in range(args.repeat)]
+    json.dump({
+        "us_per_task": round(statistics.median(per_task_us), 1),
+        "us_per_task_each": [round(value, 1) for value in per_task_us],
+        "tasks": args.tasks, "preload": args.preload, "batch": args.batch,
+        "receive_max": args.receive_max, "complete_max": args.complete_max,
+        "state_tasks": len(load.core.state.tasks),
+        "python": platform.python_version(),
+    }, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
