@@ -12,13 +12,17 @@ same lifecycle, so the state is as a busy node's: its tasks, a full event log, a
 idempotency table.
 
 Measured: `time.process_time()` around the applies only (the commands are encoded beforehand),
-per task; `--repeat` rounds over the same growing state, their median and each.
+per task; `--repeat` rounds over the same growing state, their median and each. The garbage
+collector's share (its collections that start during an apply, timed through gc.callbacks) is
+given apart too: on a large state a full collection takes tens of milliseconds, so where one
+falls makes the total noisy.
 Deterministic: ids come from a seeded generator, so two runs apply the same commands.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import platform
@@ -67,15 +71,25 @@ class Load:
         self.submitted = 0
         self.mailbox_id = ""
         self.run_id = ""
+        self.gc_s = 0.0  # CPU seconds of the collections that started while measuring
+        self._gc_started: float | None = None
+        self._measuring = False
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.process_time() if self._measuring else None
+        elif self._gc_started is not None:
+            self.gc_s += time.process_time() - self._gc_started
+            self._gc_started = None
 
     def command_id(self) -> str:
-        return "%032x" % self.random.getrandbits(128)
+        return f"{self.random.getrandbits(128):032x}"
 
     def command(self, kind: str, args: dict[str, Any], idem: bool = True) -> bytes:
         command: dict[str, Any] = {"type": kind, "v": dispatch.COMMAND_VERSION, "space": SPACE,
                                    "id": self.command_id(), "args": args}
         if idem:
-            key = "%024x" % self.random.getrandbits(96)
+            key = f"{self.random.getrandbits(96):024x}"
             command["idem"] = [key, hashlib.sha256(key.encode()).hexdigest()]
         return codec.encode_command(command)
 
@@ -85,6 +99,15 @@ class Load:
     def apply(self, data: bytes) -> list[Any]:
         results: list[Any] = ReplicatedLog.apply_batch(self.log, data)  # type: ignore[arg-type]
         return results
+
+    def timed(self, data: bytes) -> tuple[list[Any], float]:
+        """apply(data), and the CPU seconds it took."""
+        self._measuring = True
+        started = time.process_time()
+        results = self.apply(data)
+        cpu_s = time.process_time() - started
+        self._measuring = False
+        return results, cpu_s
 
     def set_up(self) -> None:
         for data in (
@@ -124,7 +147,7 @@ class Load:
             commands.append(self.command("task.receive", {
                 "run_id": self.run_id, "mailbox_id": self.mailbox_id, "max": count, "lease_ms": LEASE_MS,
                 "holder": HOLDER, "holder_session": None, "include_descendants": False, "tasks_only": False,
-                "nonce": "%024x" % self.random.getrandbits(96),
+                "nonce": f"{self.random.getrandbits(96):024x}",
             }))
         return self.batch_of(commands)
 
@@ -144,23 +167,18 @@ class Load:
         cpu_s = 0.0
         for _ in range(tasks // self.batch):
             self.now_ms += ROUND_MS
-            submit_batch = self.batch_of(self.round())
-            started = time.process_time()
-            results = self.apply(submit_batch)
-            cpu_s += time.process_time() - started
+            results, spent_s = self.timed(self.batch_of(self.round()))
+            cpu_s += spent_s
             assert all(result.get("created") for result in results), results[:1]
-            receive_batch = self.receives()
-            started = time.process_time()
-            results = self.apply(receive_batch)
-            cpu_s += time.process_time() - started
+            results, spent_s = self.timed(self.receives())
+            cpu_s += spent_s
             deliveries = [given for result in results for given in result["deliveries"]]
             assert len(deliveries) == self.batch, results[:1]
-            complete_batch, tick_batch = self.completes(deliveries), self.tick()
-            started = time.process_time()
-            results = self.apply(complete_batch)
-            self.apply(tick_batch)
-            cpu_s += time.process_time() - started
+            tick = self.tick()
+            results, spent_s = self.timed(self.completes(deliveries))
+            cpu_s += spent_s
             assert all("error" not in answer for result in results for answer in result["items"]), results[:1]
+            cpu_s += self.timed(tick)[1]
         return cpu_s
 
 
@@ -176,10 +194,19 @@ def main() -> None:
     load = Load(args.batch, args.receive_max, args.complete_max)
     load.set_up()
     load.run(args.preload)
-    per_task_us = [load.run(args.tasks) / args.tasks * 1e6 for _ in range(args.repeat)]
+    gc.callbacks.append(load.on_gc)
+    per_task_us, gc_per_task_us = [], []
+    for _ in range(args.repeat):
+        load.gc_s = 0.0
+        per_task_us.append(load.run(args.tasks) / args.tasks * 1e6)
+        gc_per_task_us.append(load.gc_s / args.tasks * 1e6)
+    without_gc_us = [total - collecting for total, collecting in zip(per_task_us, gc_per_task_us, strict=True)]
     json.dump({
         "us_per_task": round(statistics.median(per_task_us), 1),
+        "us_per_task_without_gc": round(statistics.median(without_gc_us), 1),
+        "gc_us_per_task": round(statistics.median(gc_per_task_us), 1),
         "us_per_task_each": [round(value, 1) for value in per_task_us],
+        "us_per_task_without_gc_each": [round(value, 1) for value in without_gc_us],
         "tasks": args.tasks, "preload": args.preload, "batch": args.batch,
         "receive_max": args.receive_max, "complete_max": args.complete_max,
         "state_tasks": len(load.core.state.tasks),

@@ -626,6 +626,8 @@ TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
 CLAIM_OVERHEAD_BYTES = 512
 EVENT_OVERHEAD_BYTES = 512
+# What result_bytes counts for a value that is not a string or bytes, and for each container.
+SCALAR_BYTES = 8
 
 
 def delivery_digest(token: str) -> bytes:
@@ -678,22 +680,52 @@ def once_bytes(entry: Once) -> int:
 
 def result_bytes(value: Any) -> int:
     """What a remembered result weighs (idempotency.py): its strings and bytes, and 8 bytes for
-    every other value, container and key. Deterministic, so every replica evicts alike."""
+    every other value, container and key. Deterministic, so every replica evicts alike.
+
+    The members of a plain dict or list that are strings, bytes, None or integers are weighed in
+    place rather than pushed on the stack (results are mostly such flat dicts); anything else, a
+    subclass included, goes the general way: the same value either way."""
     weight = 0
     stack = [value]
+    push = stack.append
     while stack:
         item = stack.pop()
-        if isinstance(item, (str, bytes)):
+        kind = type(item)
+        if kind is dict:
+            weight += SCALAR_BYTES
+            for key, member in item.items():
+                if type(key) is str:
+                    weight += len(key)
+                else:
+                    push(key)
+                kind = type(member)
+                if kind is str or kind is bytes:
+                    weight += len(member)
+                elif member is None or kind is int or kind is bool:
+                    weight += SCALAR_BYTES
+                else:
+                    push(member)
+        elif kind is list:
+            weight += SCALAR_BYTES
+            for member in item:
+                kind = type(member)
+                if kind is str or kind is bytes:
+                    weight += len(member)
+                elif member is None or kind is int or kind is bool:
+                    weight += SCALAR_BYTES
+                else:
+                    push(member)
+        elif isinstance(item, (str, bytes)):
             weight += len(item)
         elif isinstance(item, dict):
-            weight += 8
+            weight += SCALAR_BYTES
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
-            weight += 8
+            weight += SCALAR_BYTES
             stack.extend(item)
         else:
-            weight += 8
+            weight += SCALAR_BYTES
     return weight
 
 
