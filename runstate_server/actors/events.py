@@ -77,12 +77,12 @@ def emit(
     space = ctx.space
     if not space.id:
         return  # a tick's entity whose space is gone: nothing of a space changed
-    assert all(value is None or isinstance(value, (str, int)) for value in payload.values()), payload
     had_events = bool(space.events)
     space.event_seq += 1
     event = Event(space.event_seq, ctx.now_ms, event_type, run_id, aggregate_type, aggregate_id, payload)
+    event.weight = event_bytes(event)  # asserts that the payload holds str, int or None values only
     space.events.append(event)
-    space.event_bytes += event_bytes(event)
+    space.event_bytes += event.weight
     _drop(space, ctx.now_ms)
     if not had_events:
         # A log that was empty has no due entry (the last one found it empty and stopped): arm one.
@@ -128,7 +128,7 @@ def _drop(space: Space, now_ms: int) -> None:
         or (space.event_bytes > limits.event_bytes_per_space_max and len(events) > 1)
         or events[0].created_ms <= oldest_kept_ms
     ):
-        space.event_bytes -= event_bytes(events.popleft())
+        space.event_bytes -= events.popleft().weight
 
 
 def on_age_due(ctx: Context, space_id: str, due_ms: int) -> None:

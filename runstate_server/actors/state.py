@@ -142,6 +142,9 @@ class Event:
     aggregate_type: str  # what it is about: "scope", "task", "group", ...
     aggregate_id: str
     payload: dict[str, Any]
+    # Derived: event_bytes(self), weighed once when it is appended (or restored) and subtracted as
+    # it is dropped; never in a snapshot (_EVENT_FIELDS).
+    weight: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -736,7 +739,21 @@ def claim_bytes(claim: Any) -> int:
 
 def event_bytes(event: Event) -> int:
     """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload."""
-    return EVENT_OVERHEAD_BYTES + _size(event.run_id) + _size(event.aggregate_id) + result_bytes(event.payload)
+    return EVENT_OVERHEAD_BYTES + _size(event.run_id) + _size(event.aggregate_id) + event_payload_bytes(event.payload)
+
+
+def event_payload_bytes(payload: dict[str, Any]) -> int:
+    """result_bytes(payload) of an event's payload, whose keys are strings and whose values are
+    strings, integers or None (asserted here, where each value is looked at anyway)."""
+    weight = SCALAR_BYTES
+    for key, value in payload.items():
+        weight += len(key)
+        if isinstance(value, str):
+            weight += len(value)
+        else:
+            assert value is None or isinstance(value, int), payload
+            weight += SCALAR_BYTES
+    return weight
 
 
 def recount(state: State) -> None:
@@ -752,7 +769,10 @@ def recount(state: State) -> None:
     for claim in state.claims.values():
         state.spaces[claim.space].stored_bytes += claim_bytes(claim)
     for space in state.spaces.values():
-        space.event_bytes = sum(event_bytes(event) for event in space.events)
+        space.event_bytes = 0
+        for event in space.events:
+            event.weight = event_bytes(event)
+            space.event_bytes += event.weight
     state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
     state.idempotency_bytes = {
         space: sum(entry[IDEMPOTENCY_WEIGHT] for entry in table.values()) for space, table in state.idempotency.items()
