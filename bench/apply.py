@@ -17,6 +17,13 @@ collector's share (its collections that start during an apply, timed through gc.
 given apart too: on a large state a full collection takes tens of milliseconds, so where one
 falls makes the total noisy.
 Deterministic: ids come from a seeded generator, so two runs apply the same commands.
+
+On a shared machine a run's figure moves with what else runs. `--against DIR` compares with
+another checkout (its `runstate_server`, this load): two processes, each with its own state, take
+turns applying `--chunk` tasks (a few tens of milliseconds), so both see the same conditions; it
+gives each side's median per chunk and the median of the chunks' ratios.
+
+    python -m bench.apply --against /tmp/main-checkout --tasks 20000
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ import argparse
 import gc
 import hashlib
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 from runstate_server.actors import dispatch
@@ -182,6 +192,63 @@ class Load:
         return cpu_s
 
 
+def serve(load: Load) -> None:
+    """--worker: apply as many tasks as each line of stdin says; answer each with a JSON line of
+    the CPU seconds the applies took and the collector's share of them."""
+    gc.callbacks.append(load.on_gc)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        load.gc_s = 0.0
+        cpu_s = load.run(int(line))
+        print(json.dumps({"cpu_s": cpu_s, "gc_s": load.gc_s}), flush=True)
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """--against: this checkout and `args.against` in turns, `args.chunk` tasks at a time."""
+    here = Path(__file__).resolve().parent.parent
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--preload", str(args.preload),
+               "--batch", str(args.batch), "--receive-max", str(args.receive_max), "--complete-max", str(args.complete_max)]
+    sides = {}
+    for name, root in (("against", Path(args.against).resolve()), ("this", here)):
+        # The other checkout's runstate_server is found first; this file's load drives it.
+        # One hash seed for both: the layout of their dicts, and so their probes, alike.
+        environment = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "18"}
+        sides[name] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env=environment, cwd=root)
+    for process in sides.values():
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    chunks: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    for index in range(args.tasks // args.chunk):
+        order = list(sides) if index % 2 == 0 else list(reversed(sides))
+        for name in order:
+            process = sides[name]
+            assert process.stdin is not None and process.stdout is not None
+            process.stdin.write(f"{args.chunk}\n")
+            process.stdin.flush()
+            chunks[name].append(json.loads(process.stdout.readline()))
+    for process in sides.values():
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait()
+
+    def per_task_us(seconds: float) -> float:
+        return round(seconds / args.chunk * 1e6, 1)
+
+    summary: dict[str, Any] = {}
+    for name, measured in chunks.items():
+        summary[name] = {
+            "us_per_task": per_task_us(statistics.median(chunk["cpu_s"] for chunk in measured)),
+            "us_per_task_without_gc": per_task_us(statistics.median(chunk["cpu_s"] - chunk["gc_s"] for chunk in measured)),
+            "gc_us_per_task_mean": per_task_us(sum(chunk["gc_s"] for chunk in measured) / len(measured)),
+        }
+    ratios = [
+        (this["cpu_s"] - this["gc_s"]) / (other["cpu_s"] - other["gc_s"])
+        for this, other in zip(chunks["this"], chunks["against"], strict=True)
+    ]
+    summary["this_over_against_without_gc"] = round(statistics.median(ratios), 3)
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks measured per round (default 10000)")
@@ -190,10 +257,21 @@ def main() -> None:
     parser.add_argument("--receive-max", type=int, default=16, help="tasks per receive (default 16)")
     parser.add_argument("--complete-max", type=int, default=25, help="items per complete_many (default 25)")
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (default 5)")
+    parser.add_argument("--against", help="another checkout to compare with, in turns (see above)")
+    parser.add_argument("--chunk", type=int, default=500, help="tasks per turn with --against (default 500)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.against:
+        json.dump({**compare(args), "tasks": args.tasks, "chunk": args.chunk, "preload": args.preload,
+                   "python": platform.python_version()}, sys.stdout)
+        print()
+        return
     load = Load(args.batch, args.receive_max, args.complete_max)
     load.set_up()
     load.run(args.preload)
+    if args.worker:
+        serve(load)
+        return
     gc.callbacks.append(load.on_gc)
     per_task_us, gc_per_task_us = [], []
     for _ in range(args.repeat):

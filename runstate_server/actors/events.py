@@ -122,10 +122,11 @@ def _drop(space: Space, now_ms: int) -> None:
     """Drop the oldest entries past the log's count, its weight or their age (the newest entry, just
     appended, is always kept)."""
     events = space.events
+    count_max, bytes_max = limits.events_per_space_max, limits.event_bytes_per_space_max
     oldest_kept_ms = now_ms - limits.event_age_ms_max
     while events and (
-        len(events) > limits.events_per_space_max
-        or (space.event_bytes > limits.event_bytes_per_space_max and len(events) > 1)
+        len(events) > count_max
+        or (space.event_bytes > bytes_max and len(events) > 1)
         or events[0].created_ms <= oldest_kept_ms
     ):
         space.event_bytes -= events.popleft().weight

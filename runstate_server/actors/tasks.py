@@ -50,7 +50,6 @@ from runstate_server.actors.state import (
     delivery_digest,
     figures_of,
     index_task,
-    new_task,
     share_key_hash,
 )
 
@@ -302,7 +301,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if work_limit is not None:
         work_limits.require_room(ctx, work_limit)
 
-    task = new_task(
+    task = Task(
         id="tsk_" + ctx.command_id,
         space=ctx.space.id,
         run_id=run.id,
@@ -312,10 +311,14 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         input_hash=input_hash,
         attempts=attempts,
         created_ms=ctx.now_ms,
-        needs=needs,
-        deadline_ms=deadline_ms,
-        work_limit=work_limit,
     )
+    # TaskExtra's fields, only those given: a default sets nothing (new_task, at a cost per field).
+    if needs is not None:
+        task.needs = needs
+    if deadline_ms is not None:
+        task.deadline_ms = deadline_ms
+    if work_limit is not None:
+        task.work_limit = work_limit
     share_key_hash(task)
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     cost = storage.task_bytes(task)
