@@ -742,20 +742,17 @@ def claim_bytes(claim: Any) -> int:
 
 
 def event_bytes(event: Event) -> int:
-    """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload."""
-    return EVENT_OVERHEAD_BYTES + _size(event.run_id) + _size(event.aggregate_id) + event_payload_bytes(event.payload)
-
-
-def event_payload_bytes(payload: dict[str, Any]) -> int:
-    """result_bytes(payload) of an event's payload, whose keys are strings and whose values are
-    strings, integers or None (asserted here, where each value is looked at anyway)."""
-    weight = SCALAR_BYTES
-    for key, value in payload.items():
+    """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload,
+    the payload as result_bytes weighs it. Its keys are strings and its values strings, integers
+    or None (asserted here, where each value is looked at anyway)."""
+    run_id = event.run_id
+    weight = EVENT_OVERHEAD_BYTES + (0 if run_id is None else len(run_id)) + len(event.aggregate_id) + SCALAR_BYTES
+    for key, value in event.payload.items():
         weight += len(key)
         if isinstance(value, str):
             weight += len(value)
         else:
-            assert value is None or isinstance(value, int), payload
+            assert value is None or isinstance(value, int), event.payload
             weight += SCALAR_BYTES
     return weight
 

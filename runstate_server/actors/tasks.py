@@ -539,8 +539,9 @@ def _deliver_from(
         if task.state != TaskState.QUEUED or task.ready_at_ms:
             continue  # stale entry: cancelled, or already handed out
         delivery_id = f"{task.id}.{task.delivery_count + 1}.{secret}"
-        if task.needs is not None:
-            needed = resources.needed(task.needs)
+        needs = task.needs
+        if needs is not None:
+            needed = resources.needed(needs)
             # An earlier job waits for one of its resources (it must not be passed), or they
             # cannot all be taken now (take_needs remembers this queue on what falls short).
             if needed & passed or not resources.take_needs(ctx, task, delivery_id, holder):
@@ -565,7 +566,7 @@ def _deliver_from(
             "task_id": task.id, "token": delivery_id, "attempt": task.attempt, "attempts": task.attempts,
             "lease_expires_ms": task.lease_expires_ms, "run_id": task.run_id, "key": task.key, "input": task.input,
             "slot_leases": list(task.slot_leases), "reservation_id": task.reservation_id,
-            "budget_reservations": budget_reservations, "needs": task.needs,
+            "budget_reservations": budget_reservations, "needs": needs,
         })
     queue.ready.extendleft(reversed(unserved))
 
