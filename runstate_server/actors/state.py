@@ -384,8 +384,10 @@ class State:
     allowance_waiters: dict[str, Any] = field(default_factory=dict)
     allowance_consumptions: dict[str, Any] = field(default_factory=dict)
     allowance_ids: dict[str, str] = field(default_factory=dict)
-    # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
-    due: list[list[Any]] = field(default_factory=list)
+    # Min-heap of (due_ms, seq, kind, entity id); seq keeps the order total and deterministic.
+    # Tuples, not lists: a tuple of ints and strings is left alone by the garbage collector after
+    # its first pass, and a busy node holds one entry per lease (tens of thousands).
+    due: list[tuple[int, int, str, str]] = field(default_factory=list)
     due_seq: int = 0
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
@@ -412,7 +414,7 @@ class State:
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
-        heapq.heappush(self.due, [due_ms, self.due_seq, kind, entity_id])
+        heapq.heappush(self.due, (due_ms, self.due_seq, kind, entity_id))
 
     def next_due_ms(self) -> int | None:
         return self.due[0][0] if self.due else None
@@ -508,7 +510,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         raise ValueError(f"unsupported snapshot version {data.get('v')!r}, expected {SNAPSHOT_VERSION}")
     # Copied for the same reason as in to_snapshot: two states restored from one snapshot must not
     # share a heap, a children list or a key map.
-    due = [list(entry) for entry in data["due"]]
+    due = [(due_ms, seq, kind, entity_id) for due_ms, seq, kind, entity_id in data["due"]]
     state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
     # Spaces, keys and the operator space came later: a snapshot from before them has rows of 5
     # columns, no keys and no operator space, and loads with the defaults; so does one from before
