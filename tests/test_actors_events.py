@@ -36,6 +36,8 @@ def test_a_task_s_life_is_told_once_each_step_in_order(h: Harness, run_id: str) 
     ]
     assert [e.seq for e in log(h)] == list(range(1, len(log(h)) + 1))
     assert log(h)[0].type == "scope.created" and log(h)[0].run_id == run_id
+    # Each event weighs what result_bytes makes of its payload (task events are weighed without it).
+    assert_stored_bytes_recount(h.state)
 
 
 def test_a_refused_command_leaves_no_event(h: Harness, run_id: str) -> None:
