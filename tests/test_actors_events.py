@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from runstate_server.actors import events, limits
 from runstate_server.actors.state import DueKind, TaskState, from_snapshot, to_snapshot
-from tests.test_actors_harness import MAILBOX, SPACE, Harness
+from tests.test_actors_harness import MAILBOX, SPACE, Harness, assert_stored_bytes_recount
 
 
 def log(h: Harness) -> list[Any]:
@@ -36,6 +36,8 @@ def test_a_task_s_life_is_told_once_each_step_in_order(h: Harness, run_id: str) 
     ]
     assert [e.seq for e in log(h)] == list(range(1, len(log(h)) + 1))
     assert log(h)[0].type == "scope.created" and log(h)[0].run_id == run_id
+    # Each event weighs what result_bytes makes of its payload (task events are weighed without it).
+    assert_stored_bytes_recount(h.state)
 
 
 def test_a_refused_command_leaves_no_event(h: Harness, run_id: str) -> None:
@@ -210,6 +212,8 @@ def test_every_change_of_a_task_has_its_event_once_in_order(ops: list[tuple[str,
     restored = from_snapshot(to_snapshot(h.state))
     assert restored == h.state
     assert restored.spaces[SPACE].event_bytes == h.state.spaces[SPACE].event_bytes
+    assert [e.weight for e in restored.spaces[SPACE].events] == [e.weight for e in log(h)]
+    assert_stored_bytes_recount(h.state)  # each event's weight as result_bytes weighs it
     assert events.read(restored.spaces[SPACE], None, 1_000) == events.read(h.state.spaces[SPACE], None, 1_000)
 
 

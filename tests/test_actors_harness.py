@@ -15,7 +15,15 @@ import msgpack
 import pytest
 
 from runstate_server.actors import dispatch, events, storage
-from runstate_server.actors.state import Run, State, Task, from_snapshot, to_snapshot
+from runstate_server.actors.state import (
+    EVENT_OVERHEAD_BYTES,
+    Run,
+    State,
+    Task,
+    from_snapshot,
+    result_bytes,
+    to_snapshot,
+)
 
 SPACE = "space-1"
 MAILBOX = "work"
@@ -269,11 +277,19 @@ def test_due_heap_stays_a_heap() -> None:
 def assert_stored_bytes_recount(state: State) -> None:
     """The charges kept step by step equal a recount of what the state holds (every replica, and
     every restore, must count the same: the bytes limits decide what is accepted)."""
+    for space in state.spaces.values():
+        for event in space.events:
+            # Weighed once, as it was appended: what result_bytes weighs its payload, as every version did.
+            assert event.weight == (
+                EVENT_OVERHEAD_BYTES + len(event.run_id or "") + len(event.aggregate_id) + result_bytes(event.payload)
+            )
     kept = (
-        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, dict(state.idempotency_bytes)
+        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, dict(state.idempotency_bytes),
+        {space.id: space.event_bytes for space in state.spaces.values()},
     )
     storage.recount(state)
     recounted = (
-        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, state.idempotency_bytes
+        state.stored_bytes, {space.id: space.stored_bytes for space in state.spaces.values()}, state.idempotency_bytes,
+        {space.id: space.event_bytes for space in state.spaces.values()},
     )
     assert recounted == kept

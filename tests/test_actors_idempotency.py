@@ -160,3 +160,54 @@ def test_every_history_applies_each_live_key_once(history: list[tuple[str, str, 
             model[key] = (h.now_ms, fingerprint, result)
         assert_stored_bytes_recount(h.state)
         h.advance(wait_ms)
+
+
+def _result_bytes_as_first_written(value: Any) -> int:
+    """result_bytes as it was first written (one generic stack walk): replicas of either version
+    must weigh a result alike, or they would evict different entries."""
+    weight = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            weight += len(item)
+        elif isinstance(item, dict):
+            weight += 8
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            weight += 8
+            stack.extend(item)
+        else:
+            weight += 8
+    return weight
+
+
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8),
+    st.text(max_size=8).map(_Text), st.integers().map(_Number),
+)
+_KEYS = st.one_of(st.text(max_size=8), st.integers(), st.text(max_size=8).map(_Text))
+_RESULTS = st.recursive(
+    _LEAVES,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=4).map(tuple),
+        st.dictionaries(_KEYS, children, max_size=4),
+    ),
+    max_leaves=24,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_RESULTS)
+def test_result_bytes_weighs_as_the_first_version_did(value: Any) -> None:
+    assert result_bytes(value) == _result_bytes_as_first_written(value)

@@ -67,3 +67,23 @@ def test_memory_bench_short_form() -> None:
     assert set(report["tasks_in_24gb"]) == {"queued", "completed"}
     assert all(value > 0 for value in report["tasks_in_24gb"].values())
     assert report["charged_bytes_per_task"] > 2 * 100
+
+
+def test_apply_bench_short_form() -> None:
+    root = Path(__file__).parent.parent
+
+    def run(*flags: str) -> dict[str, object]:
+        finished = subprocess.run(
+            [sys.executable, "-m", "bench.apply", "--tasks", "200", "--preload", "100", *flags],
+            cwd=root, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+        )
+        assert finished.returncode == 0, finished.stderr
+        report: dict[str, object] = json.loads(finished.stdout.strip().splitlines()[-1])
+        return report
+
+    report = run("--repeat", "2")
+    assert report["state_tasks"] == 100 + 2 * 200
+    assert isinstance(report["us_per_task"], float) and report["us_per_task"] > 0
+    # Against a checkout of its own: both sides run and compare.
+    compared = run("--against", str(root), "--chunk", "100")
+    assert set(compared) >= {"this", "against", "this_over_against_without_gc"}

@@ -49,7 +49,18 @@ from typing import Any
 
 from runstate_server.actors import limits
 from runstate_server.actors.context import Context
-from runstate_server.actors.state import DueKind, Event, Run, Space, State, Task, event_bytes
+from runstate_server.actors.state import (
+    EVENT_OVERHEAD_BYTES,
+    SCALAR_BYTES,
+    DueKind,
+    Event,
+    Run,
+    Space,
+    State,
+    Task,
+    TaskState,
+    event_bytes,
+)
 
 # Long polls on a space's log (GET /watch) park on this key; every append wakes it.
 EVENTS_WAKE = "events"
@@ -71,18 +82,21 @@ class CursorAhead(Exception):
 
 
 def emit(
-    ctx: Context, event_type: str, run_id: str | None, aggregate_type: str, aggregate_id: str, payload: dict[str, Any]
+    ctx: Context, event_type: str, run_id: str | None, aggregate_type: str, aggregate_id: str, payload: dict[str, Any],
+    weight: int | None = None,
 ) -> None:
-    """Append one event to the command's space, in this step."""
+    """Append one event to the command's space, in this step. `weight`: its event_bytes, when the
+    caller knows it (task_event); else weighed here."""
     space = ctx.space
     if not space.id:
         return  # a tick's entity whose space is gone: nothing of a space changed
-    assert all(value is None or isinstance(value, (str, int)) for value in payload.values()), payload
     had_events = bool(space.events)
     space.event_seq += 1
     event = Event(space.event_seq, ctx.now_ms, event_type, run_id, aggregate_type, aggregate_id, payload)
+    # event_bytes asserts that the payload holds str, int or None values only.
+    event.weight = event_bytes(event) if weight is None else weight
     space.events.append(event)
-    space.event_bytes += event_bytes(event)
+    space.event_bytes += event.weight
     _drop(space, ctx.now_ms)
     if not had_events:
         # A log that was empty has no due entry (the last one found it empty and stopped): arm one.
@@ -99,14 +113,25 @@ def run_event(ctx: Context, run: Run, event_type: str, stopped_by: Run | None = 
     emit(ctx, event_type, run.id, "scope", run.id, payload)
 
 
+# What event_bytes weighs of a task event besides its run id, its task id (twice: the aggregate's and
+# the payload's) and its state: the overhead, the payload's container, its three keys and the
+# attempt (an int). Three events per task: they are weighed without event_bytes's walk.
+_TASK_EVENT_WEIGHT = EVENT_OVERHEAD_BYTES + SCALAR_BYTES + len("taskId") + len("state") + len("attempt") + SCALAR_BYTES
+# task.<state> of each state, made once.
+_TASK_EVENT_TYPES = {state: "task." + state.lower() for state in (TaskState.QUEUED, TaskState.RUNNING, *TaskState.TERMINAL)}
+
+
 def task_event(ctx: Context, task: Task, state: str, event_type: str | None = None) -> None:
     """task.<state> as the task enters `state` (called before or after the assignment; nothing when
     the task is in that state already, unless `event_type` names the event: task.created)."""
     if event_type is None:
         if task.state == state:
             return
-        event_type = "task." + state.lower()
-    emit(ctx, event_type, task.run_id, "task", task.id, {"taskId": task.id, "state": state, "attempt": task.attempt})
+        event_type = _TASK_EVENT_TYPES[state]
+    task_id, run_id, attempt = task.id, task.run_id, task.attempt
+    assert type(attempt) is int
+    emit(ctx, event_type, run_id, "task", task_id, {"taskId": task_id, "state": state, "attempt": attempt},
+         _TASK_EVENT_WEIGHT + len(run_id) + 2 * len(task_id) + len(state))
 
 
 def lease_lost(ctx: Context, task: Task) -> None:
@@ -122,13 +147,14 @@ def _drop(space: Space, now_ms: int) -> None:
     """Drop the oldest entries past the log's count, its weight or their age (the newest entry, just
     appended, is always kept)."""
     events = space.events
+    count_max, bytes_max = limits.events_per_space_max, limits.event_bytes_per_space_max
     oldest_kept_ms = now_ms - limits.event_age_ms_max
     while events and (
-        len(events) > limits.events_per_space_max
-        or (space.event_bytes > limits.event_bytes_per_space_max and len(events) > 1)
+        len(events) > count_max
+        or (space.event_bytes > bytes_max and len(events) > 1)
         or events[0].created_ms <= oldest_kept_ms
     ):
-        space.event_bytes -= event_bytes(events.popleft())
+        space.event_bytes -= events.popleft().weight
 
 
 def on_age_due(ctx: Context, space_id: str, due_ms: int) -> None:

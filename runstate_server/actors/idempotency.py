@@ -64,15 +64,12 @@ def record(state: State, space: str, idem: Any, result: Any, now_ms: int) -> Non
     weight += entry_weight
     # The oldest entry is the first: an OrderedDict finds it at once (a dict's first entry is
     # found by skipping the slots its earlier evictions emptied, thousands of them).
+    # The count and the weight are looked at first: the oldest is looked up only when they are within bounds.
+    count_max, weight_max = limits.idempotency_keys_per_space_max, limits.idempotency_bytes_per_space_max
     oldest_allowed_ms = now_ms - limits.idempotency_key_ttl_ms
-    while table:
-        oldest = table[next(iter(table))]
-        if (
-            len(table) <= limits.idempotency_keys_per_space_max
-            and weight <= limits.idempotency_bytes_per_space_max
-            and oldest[0] > oldest_allowed_ms
-        ):
-            break
+    while table and (
+        len(table) > count_max or weight > weight_max or table[next(iter(table))][0] <= oldest_allowed_ms
+    ):
         weight -= table.popitem(last=False)[1][WEIGHT]
     weights[space] = weight
 

@@ -923,17 +923,18 @@ def end_holds(ctx: Context, task: Task, spent_micros: int | None, *, completed: 
     reservation is settled with `spent_micros` (None: all of it counts as spent; 0: it returns
     whole; VALIDATION_FAILED, before anything changes, when it is no whole number of the budget's
     minor units). Then DELIVERY_END_HOOKS (budgets.py: its requirements.budgets reservations)."""
-    spent_minor = None
-    if task.reservation_id is not None and spent_micros is not None:
-        reservation = ctx.state.reservations[task.reservation_id]
-        spent_minor = require_minor_of_micros(ctx.state.budgets[reservation.resource_id], spent_micros, "spent")
-    for lease_id in task.slot_leases:
-        _end_hold(ctx, POOL, ctx.state.slot_leases[lease_id], 0)
-    if task.reservation_id is not None:
-        reservation = ctx.state.reservations[task.reservation_id]
-        _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_minor is None else spent_minor)
-    task.slot_leases = EMPTY
-    task.reservation_id = None
+    if task.extra is not None:  # else its slot_leases and reservation_id are at their defaults: none held
+        spent_minor = None
+        if task.reservation_id is not None and spent_micros is not None:
+            reservation = ctx.state.reservations[task.reservation_id]
+            spent_minor = require_minor_of_micros(ctx.state.budgets[reservation.resource_id], spent_micros, "spent")
+        for lease_id in task.slot_leases:
+            _end_hold(ctx, POOL, ctx.state.slot_leases[lease_id], 0)
+        if task.reservation_id is not None:
+            reservation = ctx.state.reservations[task.reservation_id]
+            _end_hold(ctx, BUDGET, reservation, reservation.amount if spent_minor is None else spent_minor)
+        task.slot_leases = EMPTY
+        task.reservation_id = None
     for hook in DELIVERY_END_HOOKS:
         hook(ctx, task, completed)
 

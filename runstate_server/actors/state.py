@@ -142,6 +142,9 @@ class Event:
     aggregate_type: str  # what it is about: "scope", "task", "group", ...
     aggregate_id: str
     payload: dict[str, Any]
+    # Derived: event_bytes(self), weighed once when it is appended (or restored) and subtracted as
+    # it is dropped; never in a snapshot (_EVENT_FIELDS).
+    weight: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -381,8 +384,10 @@ class State:
     allowance_waiters: dict[str, Any] = field(default_factory=dict)
     allowance_consumptions: dict[str, Any] = field(default_factory=dict)
     allowance_ids: dict[str, str] = field(default_factory=dict)
-    # Min-heap of [due_ms, seq, kind, entity id]; seq keeps the order total and deterministic.
-    due: list[list[Any]] = field(default_factory=list)
+    # Min-heap of (due_ms, seq, kind, entity id); seq keeps the order total and deterministic.
+    # Tuples, not lists: a tuple of ints and strings is left alone by the garbage collector after
+    # its first pass, and a busy node holds one entry per lease (tens of thousands).
+    due: list[tuple[int, int, str, str]] = field(default_factory=list)
     due_seq: int = 0
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
@@ -409,7 +414,7 @@ class State:
 
     def arm(self, due_ms: int, kind: str, entity_id: str) -> None:
         self.due_seq += 1
-        heapq.heappush(self.due, [due_ms, self.due_seq, kind, entity_id])
+        heapq.heappush(self.due, (due_ms, self.due_seq, kind, entity_id))
 
     def next_due_ms(self) -> int | None:
         return self.due[0][0] if self.due else None
@@ -505,7 +510,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         raise ValueError(f"unsupported snapshot version {data.get('v')!r}, expected {SNAPSHOT_VERSION}")
     # Copied for the same reason as in to_snapshot: two states restored from one snapshot must not
     # share a heap, a children list or a key map.
-    due = [list(entry) for entry in data["due"]]
+    due = [(due_ms, seq, kind, entity_id) for due_ms, seq, kind, entity_id in data["due"]]
     state = State(clock_ms=data["clock_ms"], epoch=data["epoch"], due=due, due_seq=data["due_seq"])
     # Spaces, keys and the operator space came later: a snapshot from before them has rows of 5
     # columns, no keys and no operator space, and loads with the defaults; so does one from before
@@ -626,6 +631,8 @@ TASK_OVERHEAD_BYTES = 1_024
 ONCE_OVERHEAD_BYTES = 512
 CLAIM_OVERHEAD_BYTES = 512
 EVENT_OVERHEAD_BYTES = 512
+# What result_bytes counts for a value that is not a string or bytes, and for each container.
+SCALAR_BYTES = 8
 
 
 def delivery_digest(token: str) -> bytes:
@@ -667,8 +674,12 @@ def _size(value: bytes | str | None) -> int:
 
 
 def task_bytes(task: Task) -> int:
-    """What a task is charged (storage.py)."""
-    return TASK_OVERHEAD_BYTES + _size(task.input) + _size(task.outcome) + _size(task.key) + _size(task.error)
+    """What a task is charged (storage.py). (_size written out: this runs twice per settle.)"""
+    outcome, error = task.outcome, task.error
+    return (
+        TASK_OVERHEAD_BYTES + len(task.input) + len(task.key)
+        + (0 if outcome is None else len(outcome)) + (0 if error is None else len(error))
+    )
 
 
 def once_bytes(entry: Once) -> int:
@@ -678,22 +689,52 @@ def once_bytes(entry: Once) -> int:
 
 def result_bytes(value: Any) -> int:
     """What a remembered result weighs (idempotency.py): its strings and bytes, and 8 bytes for
-    every other value, container and key. Deterministic, so every replica evicts alike."""
+    every other value, container and key. Deterministic, so every replica evicts alike.
+
+    The members of a plain dict or list that are strings, bytes, None or integers are weighed in
+    place rather than pushed on the stack (results are mostly such flat dicts); anything else, a
+    subclass included, goes the general way: the same value either way."""
     weight = 0
     stack = [value]
+    push = stack.append
     while stack:
         item = stack.pop()
-        if isinstance(item, (str, bytes)):
+        kind = type(item)
+        if kind is dict:
+            weight += SCALAR_BYTES
+            for key, member in item.items():
+                if type(key) is str:
+                    weight += len(key)
+                else:
+                    push(key)
+                kind = type(member)
+                if kind is str or kind is bytes:
+                    weight += len(member)
+                elif member is None or kind is int or kind is bool:
+                    weight += SCALAR_BYTES
+                else:
+                    push(member)
+        elif kind is list:
+            weight += SCALAR_BYTES
+            for member in item:
+                kind = type(member)
+                if kind is str or kind is bytes:
+                    weight += len(member)
+                elif member is None or kind is int or kind is bool:
+                    weight += SCALAR_BYTES
+                else:
+                    push(member)
+        elif isinstance(item, (str, bytes)):
             weight += len(item)
         elif isinstance(item, dict):
-            weight += 8
+            weight += SCALAR_BYTES
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
-            weight += 8
+            weight += SCALAR_BYTES
             stack.extend(item)
         else:
-            weight += 8
+            weight += SCALAR_BYTES
     return weight
 
 
@@ -703,8 +744,19 @@ def claim_bytes(claim: Any) -> int:
 
 
 def event_bytes(event: Event) -> int:
-    """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload."""
-    return EVENT_OVERHEAD_BYTES + _size(event.run_id) + _size(event.aggregate_id) + result_bytes(event.payload)
+    """What an event weighs (events.py bounds a space's log by it): its objects, strings and payload,
+    the payload as result_bytes weighs it. Its keys are strings and its values strings, integers
+    or None (asserted here, where each value is looked at anyway)."""
+    run_id = event.run_id
+    weight = EVENT_OVERHEAD_BYTES + (0 if run_id is None else len(run_id)) + len(event.aggregate_id) + SCALAR_BYTES
+    for key, value in event.payload.items():
+        weight += len(key)
+        if isinstance(value, str):
+            weight += len(value)
+        else:
+            assert value is None or isinstance(value, int), event.payload
+            weight += SCALAR_BYTES
+    return weight
 
 
 def recount(state: State) -> None:
@@ -720,7 +772,10 @@ def recount(state: State) -> None:
     for claim in state.claims.values():
         state.spaces[claim.space].stored_bytes += claim_bytes(claim)
     for space in state.spaces.values():
-        space.event_bytes = sum(event_bytes(event) for event in space.events)
+        space.event_bytes = 0
+        for event in space.events:
+            event.weight = event_bytes(event)
+            space.event_bytes += event.weight
     state.stored_bytes = sum(space.stored_bytes for space in state.spaces.values())
     state.idempotency_bytes = {
         space: sum(entry[IDEMPOTENCY_WEIGHT] for entry in table.values()) for space, table in state.idempotency.items()

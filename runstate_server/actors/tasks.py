@@ -50,7 +50,6 @@ from runstate_server.actors.state import (
     delivery_digest,
     figures_of,
     index_task,
-    new_task,
     share_key_hash,
 )
 
@@ -302,7 +301,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     if work_limit is not None:
         work_limits.require_room(ctx, work_limit)
 
-    task = new_task(
+    task = Task(
         id="tsk_" + ctx.command_id,
         space=ctx.space.id,
         run_id=run.id,
@@ -312,10 +311,14 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         input_hash=input_hash,
         attempts=attempts,
         created_ms=ctx.now_ms,
-        needs=needs,
-        deadline_ms=deadline_ms,
-        work_limit=work_limit,
     )
+    # TaskExtra's fields, only those given: a default sets nothing (new_task, at a cost per field).
+    if needs is not None:
+        task.needs = needs
+    if deadline_ms is not None:
+        task.deadline_ms = deadline_ms
+    if work_limit is not None:
+        task.work_limit = work_limit
     share_key_hash(task)
     assert task.id not in ctx.state.tasks, "leader generated a duplicate task id"
     cost = storage.task_bytes(task)
@@ -536,8 +539,9 @@ def _deliver_from(
         if task.state != TaskState.QUEUED or task.ready_at_ms:
             continue  # stale entry: cancelled, or already handed out
         delivery_id = f"{task.id}.{task.delivery_count + 1}.{secret}"
-        if task.needs is not None:
-            needed = resources.needed(task.needs)
+        needs = task.needs
+        if needs is not None:
+            needed = resources.needed(needs)
             # An earlier job waits for one of its resources (it must not be passed), or they
             # cannot all be taken now (take_needs remembers this queue on what falls short).
             if needed & passed or not resources.take_needs(ctx, task, delivery_id, holder):
@@ -562,7 +566,7 @@ def _deliver_from(
             "task_id": task.id, "token": delivery_id, "attempt": task.attempt, "attempts": task.attempts,
             "lease_expires_ms": task.lease_expires_ms, "run_id": task.run_id, "key": task.key, "input": task.input,
             "slot_leases": list(task.slot_leases), "reservation_id": task.reservation_id,
-            "budget_reservations": budget_reservations, "needs": task.needs,
+            "budget_reservations": budget_reservations, "needs": needs,
         })
     queue.ready.extendleft(reversed(unserved))
 
