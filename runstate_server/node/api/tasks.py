@@ -3,7 +3,6 @@ the batch result wait."""
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import time
 from collections.abc import Reversible
@@ -104,25 +103,43 @@ async def submit_batch(request: web.Request) -> web.Response:
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
         raise ApiError("VALIDATION_FAILED", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
-    node, caller = node_of(request), caller_of(request)
     batch_idempotency = await req.idempotency(request)
-
-    async def one(index: int, item: Any) -> dict[str, Any]:
-        # Each task of a batch is its own command; a retried batch replays each one's first answer.
-        idempotency = None if batch_idempotency is None else (
-            f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
-        )
+    answers: list[dict[str, Any] | None] = []
+    args_list: list[dict[str, Any]] = []
+    idempotencies: list[tuple[str, str] | None] = []
+    for index, item in enumerate(items):
         try:
-            if not isinstance(item, dict):
-                raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
-            unknown = sorted(set(item) - set(_TASK_FIELDS))
-            if unknown:
-                raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
-            return _submitted(await node.propose(caller, "task.submit", _submit_args(item), idempotency=idempotency))
+            args_list.append(_submit_item_args(item))
         except ApiError as error:
-            return {"error": {"code": error.code, "message": error.message}}
+            answers.append(_item_error(error))
+            continue
+        answers.append(None)  # the commit's answer, below
+        # Each task of a batch is its own command; a retried batch replays each one's first answer.
+        idempotencies.append(None if batch_idempotency is None else (
+            f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
+        ))
+    if args_list:
+        # Committed together, with one wait for the whole batch (not a task and a timeout each).
+        outcomes = iter(await node_of(request).propose_many(caller_of(request), "task.submit", args_list, idempotencies))
+        for index, answer in enumerate(answers):
+            if answer is None:
+                outcome = next(outcomes)
+                answers[index] = _item_error(outcome) if isinstance(outcome, ApiError) else _submitted(outcome)
+    return web.json_response({"tasks": answers})
 
-    return web.json_response({"tasks": await asyncio.gather(*(one(index, item) for index, item in enumerate(items)))})
+
+def _submit_item_args(item: Any) -> dict[str, Any]:
+    """The core's submit of one task of a batch, or the ApiError that answers it."""
+    if not isinstance(item, dict):
+        raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
+    unknown = sorted(set(item) - set(_TASK_FIELDS))
+    if unknown:
+        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
+    return _submit_args(item)
+
+
+def _item_error(error: ApiError) -> dict[str, Any]:
+    return {"error": {"code": error.code, "message": error.message}}
 
 
 def _view(state: State, task: Task) -> dict[str, Any]:
