@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runstate_server.actors import limits
-from runstate_server.node._json import canonical_text, encoder
+from runstate_server.node._json import canonical_text, encoder, stored_value
 from runstate_server.node.api._request import _refuse_unstorable, _storable_canonical
 from runstate_server.node.errors import ApiError
 
@@ -90,3 +90,24 @@ class _no_error:
 
     def __exit__(self, *exc: object) -> bool:
         return False
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_a_stored_payload_reads_as_json_loads_reads_it(value: Any) -> None:
+    try:
+        data = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except ValueError:
+        return  # not storable (a lone surrogate, NaN)
+    assert stored_value(data) == json.loads(data)
+    assert json.dumps(stored_value(data)) == json.dumps(json.loads(data))
+
+
+def test_a_value_that_is_not_canonical_json_is_read_by_json_loads() -> None:
+    assert stored_value(None) is None
+    assert stored_value(b' {"a": 1} ') == {"a": 1}
+    assert stored_value('{"a":1}') == {"a": 1}
+    with pytest.raises(json.JSONDecodeError):
+        stored_value(b"{")
+    with pytest.raises(json.JSONDecodeError):
+        stored_value(b"1 2")

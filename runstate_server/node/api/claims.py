@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import claims, limits
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import stored_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -149,5 +149,5 @@ async def get(request: web.Request) -> web.Response:
             "holder": claim.holder if held else None,
             "holderSession": claim.holder_session if held else None,
             "leaseExpiresAt": iso(claim.lease_expires_ms) if held else None,
-            "observation": json_value(claim.observation),
+            "observation": stored_value(claim.observation),
         })

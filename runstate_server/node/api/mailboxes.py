@@ -11,7 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, tasks
 from runstate_server.actors.state import Mailbox, State, TaskState
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import stored_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
@@ -197,7 +197,7 @@ async def list_messages(request: web.Request) -> web.Response:
                 "state": _MESSAGE_STATES.get(task.state, task.state),
                 "attempt": task.attempt,
                 "workKey": task.key,
-                "payload": json_value(task.input),
+                "payload": stored_value(task.input),
                 "createdAt": iso(task.created_ms),
             }
             for task in itertools.islice(found, limits.messages_list_max)

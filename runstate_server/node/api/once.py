@@ -15,7 +15,7 @@ from aiohttp import web
 from runstate_server.actors import limits, once, runs
 from runstate_server.actors.context import once_key
 from runstate_server.actors.state import Once, OnceState, json_bytes
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import stored_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.routes import (
@@ -69,7 +69,7 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     `lastError` when an attempt failed, `token` and `leaseExpiresAt` while this caller holds it."""
     answer: dict[str, Any] = {"state": result["state"], "attempts": result["attempts"]}
     if result["state"] == OnceState.DONE:
-        answer["result"] = json_value(result["result"])
+        answer["result"] = stored_value(result["result"])
     if result["last_error"] is not None:
         answer["lastError"] = result["last_error"]
     if "token" in result:
