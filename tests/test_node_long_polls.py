@@ -192,3 +192,5 @@ def test_command_ids_come_from_the_os_csprng(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(os, "urandom", urandom)
     assert server.new_command_id() == bytes(range(10)).hex()
     assert len(drawn) == 1
+    assert server.new_command_ids(3) == [bytes(range(30))[start : start + 10].hex() for start in (0, 10, 20)]
+    assert len(drawn) == 2  # one draw for the three

