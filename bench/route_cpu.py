@@ -158,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
     parser.add_argument("--profile", type=Path, help="record the node with py-spy (--gil, raw) into this file")
     parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable (for --profile)")
-    parser.add_argument("--phases", default="batch,submit,recv,complete,results", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._nodes import free_port
