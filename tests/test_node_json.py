@@ -7,11 +7,12 @@ import math
 from typing import Any
 
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runstate_server.actors import limits
-from runstate_server.node._json import canonical_text, encoder, stored_value
+from runstate_server.node._json import canonical_text, encoder, json_response, stored_value
 from runstate_server.node.api._request import _refuse_unstorable, _storable_canonical
 from runstate_server.node.errors import ApiError
 
@@ -111,3 +112,12 @@ def test_a_value_that_is_not_canonical_json_is_read_by_json_loads() -> None:
         stored_value(b"{")
     with pytest.raises(json.JSONDecodeError):
         stored_value(b"1 2")
+
+
+@settings(max_examples=200, deadline=None)
+@given(_values, st.sampled_from([200, 201, 409]))
+def test_an_answer_is_the_bytes_and_headers_aiohttp_json_response_makes(value: Any, status: int) -> None:
+    headers = {"X-Request-Id": "req_1"}
+    expected = web.json_response(value, status=status, headers=headers)  # NaN too, as json.dumps writes it
+    answer = json_response(value, status=status, headers=headers)
+    assert (answer.status, answer.body, dict(answer.headers)) == (expected.status, expected.body, dict(expected.headers))

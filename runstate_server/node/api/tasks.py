@@ -14,7 +14,7 @@ from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
 from runstate_server.actors.runs import subtree
 from runstate_server.actors.state import State, Task, TaskState
-from runstate_server.node._json import stored_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
@@ -86,7 +86,7 @@ def _submitted(result: dict[str, Any]) -> dict[str, Any]:
 async def submit(request: web.Request) -> web.Response:
     args = _submit_args(await req.json_body(request))
     result = await req.propose(request, "task.submit", args)
-    return web.json_response(_submitted(result), status=201 if result["created"] else 200)
+    return json_response(_submitted(result), status=201 if result["created"] else 200)
 
 
 @routes(
@@ -125,7 +125,7 @@ async def submit_batch(request: web.Request) -> web.Response:
             if answer is None:
                 outcome = next(outcomes)
                 answers[index] = _item_error(outcome) if isinstance(outcome, ApiError) else _submitted(outcome)
-    return web.json_response({"tasks": answers})
+    return json_response({"tasks": answers})
 
 
 def _submit_item_args(item: Any) -> dict[str, Any]:
@@ -186,16 +186,16 @@ async def list_tasks(request: web.Request) -> web.Response:
         if mailbox_id is not None:
             mailbox = found_space.mailbox_names.get(mailbox_id) if found_space is not None else None
             if mailbox is None:
-                return web.json_response({"tasks": [], "nextCursor": None})
+                return json_response({"tasks": [], "nextCursor": None})
         group = state.groups.get(group_id) if group_id is not None else None
         if group_id is not None and (group is None or group.space != space):
-            return web.json_response({"tasks": [], "nextCursor": None})
+            return json_response({"tasks": [], "nextCursor": None})
 
         run_ids: set[str] | None = None
         if scope_id is not None:
             run = state.runs.get(scope_id)
             if run is None or run.space != space:
-                return web.json_response({"tasks": [], "nextCursor": None})
+                return json_response({"tasks": [], "nextCursor": None})
             run_ids = {member.id for member in subtree(state, run)} if descendants else {run.id}
 
         def matches(task: Task) -> bool:
@@ -228,7 +228,7 @@ async def list_tasks(request: web.Request) -> web.Response:
             )
             found, next_cursor = paging.page(newest_first, _task_key, matches, limit, after)
         views = [_view(state, task) for task in found]
-    return web.json_response({"tasks": views, "nextCursor": next_cursor})
+    return json_response({"tasks": views, "nextCursor": next_cursor})
 
 
 @routes(
@@ -243,7 +243,7 @@ async def task_status(request: web.Request) -> web.Response:
             return _view(state, in_space(state.tasks, caller.space, task_id, "task"))
 
     view = await long_poll(request, node, task_key(task_id), look, lambda view: bool(view["done"]))
-    return web.json_response(view)
+    return json_response(view)
 
 
 def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
 async def cancel(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     args = {"task_id": request.match_info["id"], "reason": req.text(body, "reason", max_chars=limits.error_message_chars_max)}
-    return web.json_response(_task_answer(await req.propose(request, "task.cancel", args)))
+    return json_response(_task_answer(await req.propose(request, "task.cancel", args)))
 
 
 @routes(
@@ -277,7 +277,7 @@ async def join(request: web.Request) -> web.Response:
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await req.propose(request, "task.join", args)))
+    return json_response(_task_answer(await req.propose(request, "task.join", args)))
 
 
 @routes(
@@ -290,7 +290,7 @@ async def detach(request: web.Request) -> web.Response:
         "task_id": request.match_info["id"],
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await req.propose(request, "task.detach", args)))
+    return json_response(_task_answer(await req.propose(request, "task.detach", args)))
 
 
 def _admitted(given: dict[str, Any]) -> dict[str, Any]:
@@ -332,8 +332,8 @@ async def admit(request: web.Request) -> web.StreamResponse:
     if not given:
         return web.Response(status=204)
     if "max" in body:  # the batch extension
-        return web.json_response({"tasks": [_admitted(one) for one in given]})
-    return web.json_response(_admitted(given[0]))
+        return json_response({"tasks": [_admitted(one) for one in given]})
+    return json_response(_admitted(given[0]))
 
 
 def _result_view(task: Task) -> dict[str, Any]:
@@ -391,13 +391,13 @@ async def task_results(request: web.Request) -> web.Response:
                     pending = task_id
         remaining_s = deadline - time.monotonic()
         if pending is None or remaining_s <= 0:
-            return web.json_response({"results": views})
+            return json_response({"results": views})
         # Wait for the first unfinished one; the others are looked at again when it is done.
         with park(request, task_key(pending)) as waiter:
             with node.read() as state:
                 task = state.tasks.get(pending)
                 finished = task is None or task.state in TaskState.TERMINAL
             if not finished and not waiter.parked:
-                return web.json_response({"results": views})  # too many wait here: answer now
+                return json_response({"results": views})  # too many wait here: answer now
             if not finished:
                 await wait(request, waiter, remaining_s)
