@@ -43,7 +43,7 @@ def test_route_cpu_bench_short_form() -> None:
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert set(report) == {"code", "batch", "submit", "recv", "complete", "results"}
     for route in ("batch", "submit", "recv", "complete", "results"):
-        assert set(report[route]) == {"us_per_request", "us_per_task"}
+        assert set(report[route]) == {"us_per_request", "us_per_task", "loop_us_per_request"}
 
 
 def test_timer_bench_short_form() -> None:
