@@ -72,6 +72,13 @@ def test_a_long_poll_past_the_per_key_bound_answers_at_once(node_factory: type[D
     assert (status, view["state"]) == (200, "QUEUED")
     assert time.monotonic() - started < ANSWER_TIMEOUT_S, "the poll past the bound waited instead of answering"
     assert long_polls(node) == 2  # the two parked ones still wait
+    # A results wait on the task (parked on the same key) answers at once too, with what is known.
+    started = time.monotonic()
+    body = {"ids": [task_id, "tsk_nope"], "waitMs": POLL_WAIT_MS}
+    status, answer = call(node.url, "POST", api.space_path("/v1/tasks/results"), body)
+    assert status == 200 and [view.get("state") for view in answer["results"]] == ["QUEUED", None]
+    assert answer["results"][1]["error"]["code"] == "NOT_FOUND"
+    assert time.monotonic() - started < ANSWER_TIMEOUT_S, "the results wait past the bound waited"
 
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     for thread, out in parked:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Reversible
+from collections.abc import Callable, Reversible
 from typing import Any
 
 from aiohttp import web
@@ -378,26 +378,45 @@ async def task_results(request: web.Request) -> web.Response:
     deadline = time.monotonic() + wait_ms / 1000
     await node.confirm_leadership(caller)
     while True:
-        pending: str | None = None
-        views: list[dict[str, Any]] = []
         with node.read() as state:
-            for task_id in ids:
-                task = state.tasks.get(task_id)
-                if task is None or task.space != caller.space:
-                    views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
-                    continue
-                views.append(render(task) if render is not None else _view(state, task))
-                if pending is None and task.state not in TaskState.TERMINAL:
-                    pending = task_id
-        remaining_s = deadline - time.monotonic()
-        if pending is None or remaining_s <= 0:
+            pending = _first_unfinished(state, caller.space, ids)
+            remaining_s = deadline - time.monotonic()
+            # Rendered only to answer: a wait whose tasks end one by one looks again at each end.
+            views = _results(state, caller.space, ids, render) if pending is None or remaining_s <= 0 else None
+        if views is not None:
             return json_response({"results": views})
+        assert pending is not None
         # Wait for the first unfinished one; the others are looked at again when it is done.
         with park(request, task_key(pending)) as waiter:
             with node.read() as state:
                 task = state.tasks.get(pending)
                 finished = task is None or task.state in TaskState.TERMINAL
-            if not finished and not waiter.parked:
-                return json_response({"results": views})  # too many wait here: answer now
+                if not finished and not waiter.parked:  # too many wait here: answer now
+                    views = _results(state, caller.space, ids, render)
+            if views is not None:
+                return json_response({"results": views})
             if not finished:
                 await wait(request, waiter, remaining_s)
+
+
+def _first_unfinished(state: State, space: str, ids: list[str]) -> str | None:
+    """The first of the ids that names a task of the space not yet terminal; None when none does."""
+    for task_id in ids:
+        task = state.tasks.get(task_id)
+        if task is not None and task.space == space and task.state not in TaskState.TERMINAL:
+            return task_id
+    return None
+
+
+def _results(
+    state: State, space: str, ids: list[str], render: Callable[[Task], dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One view per id, in order: `render`'s (None: the task view), or NOT_FOUND's."""
+    views: list[dict[str, Any]] = []
+    for task_id in ids:
+        task = state.tasks.get(task_id)
+        if task is None or task.space != space:
+            views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
+        else:
+            views.append(render(task) if render is not None else _view(state, task))
+    return views
