@@ -461,7 +461,8 @@ class ReplicatedLog:
     def _waiting(self, queued: list[bytes | BaseException]) -> _Waiting:
         """Queue the encoded commands (an exception: that command's outcome already) for one caller."""
         assert self._loop is not None
-        waiting = _Waiting(self._loop.create_future(), [_UNSETTLED if isinstance(item, bytes) else item for item in queued], 0, [])
+        outcomes = [_UNSETTLED if isinstance(item, bytes) else item for item in queued]
+        waiting = _Waiting(self._loop.create_future(), outcomes, 0, [])
         for index, item in enumerate(queued):
             if isinstance(item, bytes):
                 proposal = _Proposal(item, waiting, index)
