@@ -34,6 +34,18 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
 
 
+def test_route_cpu_bench_short_form() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.route_cpu", "--batches", "4", "--singles", "20", "--batch", "10"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert set(report) == {"code", "batch", "submit", "recv", "complete", "results"}
+    for route in ("batch", "submit", "recv", "complete", "results"):
+        assert set(report[route]) == {"us_per_request", "us_per_task", "loop_us_per_request"}
+
+
 def test_timer_bench_short_form() -> None:
     finished = subprocess.run(
         [sys.executable, "-m", "bench.timers", "--timers", "5"],

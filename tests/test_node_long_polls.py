@@ -72,6 +72,13 @@ def test_a_long_poll_past_the_per_key_bound_answers_at_once(node_factory: type[D
     assert (status, view["state"]) == (200, "QUEUED")
     assert time.monotonic() - started < ANSWER_TIMEOUT_S, "the poll past the bound waited instead of answering"
     assert long_polls(node) == 2  # the two parked ones still wait
+    # A results wait on the task (parked on the same key) answers at once too, with what is known.
+    started = time.monotonic()
+    body = {"ids": [task_id, "tsk_nope"], "waitMs": POLL_WAIT_MS}
+    status, answer = call(node.url, "POST", api.space_path("/v1/tasks/results"), body)
+    assert status == 200 and [view.get("state") for view in answer["results"]] == ["QUEUED", None]
+    assert answer["results"][1]["error"]["code"] == "NOT_FOUND"
+    assert time.monotonic() - started < ANSWER_TIMEOUT_S, "the results wait past the bound waited"
 
     api.ok("POST", f"/v1/scopes/{run_id}/cancel", {})
     for thread, out in parked:
@@ -192,3 +199,5 @@ def test_command_ids_come_from_the_os_csprng(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(os, "urandom", urandom)
     assert server.new_command_id() == bytes(range(10)).hex()
     assert len(drawn) == 1
+    assert server.new_command_ids(3) == [bytes(range(30))[start : start + 10].hex() for start in (0, 10, 20)]
+    assert len(drawn) == 2  # one draw for the three

@@ -88,16 +88,43 @@ class _LogHalted(Exception):
     """Raised in the tick thread to stop applying: the log cannot continue safely."""
 
 
+_UNSETTLED = object()  # an outcome not in yet
+
+
 @dataclass(eq=False)
+class _Waiting:
+    """One caller of propose or propose_many: the outcome of each of its commands (a result, or
+    the exception its propose raises), and one future, set once every outcome is in or the caller's
+    deadline passed. One future and one timer per caller, however many commands it proposes: a
+    batch route proposes up to fifty at once, and a future, a timeout and a done callback per
+    command cost more loop time than committing them."""
+
+    future: asyncio.Future[list[Any]]
+    outcomes: list[Any]
+    unsettled: int
+    proposals: list[_Proposal]
+
+    def settle(self, index: int, outcome: Any) -> None:
+        if self.future.done():  # the caller gave up (deadline, cancel): a late outcome is ignored
+            return
+        self.outcomes[index] = outcome
+        self.unsettled -= 1
+        if self.unsettled == 0:
+            self.future.set_result(self.outcomes)
+
+
+@dataclass(eq=False, slots=True)
 class _Proposal:
     command: bytes
-    future: asyncio.Future[Any]
+    waiting: _Waiting
+    index: int  # in waiting.outcomes
+    in_flight: _InFlightBatch | None = None  # the batch it was submitted in
 
 
 @dataclass(eq=False)
 class _InFlightBatch:
     proposals: list[_Proposal]
-    unresolved: int
+    abandoned: int = 0  # proposals whose caller gave up before the batch was called back
     released: bool = False
 
 
@@ -318,11 +345,13 @@ class ReplicatedLog:
         self._reads_waiting[seq] = future
         if wake:
             self._raft.wake()
+        # One timer on the future itself, not wait_for's second future and done callback: the
+        # results and status routes of a cluster's leader wait here on every call.
+        deadline = self._loop.call_later(timeout_s, _time_out_read, future, timeout_s)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise LogUnavailable(f"no majority confirmed the read index within {timeout_s} s") from None
+            await future
         finally:
+            deadline.cancel()
             self._reads_waiting.pop(seq, None)
 
     def _on_read_confirmed(self, seq: int) -> None:
@@ -394,15 +423,77 @@ class ReplicatedLog:
             raise ValueError(f"command of {len(encoded)} bytes exceeds {COMMAND_BYTES_MAX}")
         if len(self._pending) >= PENDING_COMMANDS_MAX:
             raise LogUnavailable(f"{PENDING_COMMANDS_MAX} commands already wait for a batch")
+        outcome = (await self._wait(self._waiting([encoded]), timeout_s))[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def propose_many(
+        self, commands: Sequence[dict[str, Any]], timeout_s: float = PROPOSE_TIMEOUT_S_DEFAULT
+    ) -> list[Any]:
+        """Replicate each command as `propose` would, together, and return, in order, each one's
+        result or the exception its own `propose` would have raised (a state machine's results
+        are never exceptions). The commands are queued in order, so they go into the same batch
+        while it has room; `timeout_s` bounds the whole call. Raises NotLeader or LogUnavailable
+        (not running) as `propose` does, for all of them."""
+        self._check_running()
+        if not self.is_leader:
+            raise NotLeader(self.leader_address)
+        queued: list[bytes | BaseException] = []
+        waiting_for = 0
+        for command in commands:
+            try:
+                encoded = encode_command(command)
+                if len(encoded) > COMMAND_BYTES_MAX:
+                    raise ValueError(f"command of {len(encoded)} bytes exceeds {COMMAND_BYTES_MAX}")
+            except (TypeError, ValueError) as error:
+                queued.append(error)
+                continue
+            if len(self._pending) + waiting_for >= PENDING_COMMANDS_MAX:
+                queued.append(LogUnavailable(f"{PENDING_COMMANDS_MAX} commands already wait for a batch"))
+                continue
+            queued.append(encoded)
+            waiting_for += 1
+        if waiting_for == 0:
+            return queued
+        return await self._wait(self._waiting(queued), timeout_s)
+
+    def _waiting(self, queued: list[bytes | BaseException]) -> _Waiting:
+        """Queue the encoded commands (an exception: that command's outcome already) for one caller."""
         assert self._loop is not None
-        proposal = _Proposal(encoded, self._loop.create_future())
-        self._pending.append(proposal)
-        self.counters.commands_proposed += 1
+        outcomes = [_UNSETTLED if isinstance(item, bytes) else item for item in queued]
+        waiting = _Waiting(self._loop.create_future(), outcomes, 0, [])
+        for index, item in enumerate(queued):
+            if isinstance(item, bytes):
+                proposal = _Proposal(item, waiting, index)
+                waiting.proposals.append(proposal)
+                self._pending.append(proposal)
+        waiting.unsettled = len(waiting.proposals)
+        assert len(self._pending) <= PENDING_COMMANDS_MAX
+        self.counters.commands_proposed += waiting.unsettled
         self._schedule_flush()
+        return waiting
+
+    async def _wait(self, waiting: _Waiting, timeout_s: float) -> list[Any]:
+        assert self._loop is not None
+        deadline = self._loop.call_later(timeout_s, self._time_out, waiting, timeout_s)
         try:
-            return await asyncio.wait_for(proposal.future, timeout_s)
-        except asyncio.TimeoutError:
-            raise LogUnavailable(f"not committed within {timeout_s} s; the outcome is unknown") from None
+            return await waiting.future
+        finally:
+            deadline.cancel()
+            if waiting.unsettled:  # timed out or cancelled
+                self._abandon(waiting)
+
+    @staticmethod
+    def _time_out(waiting: _Waiting, timeout_s: float) -> None:
+        if waiting.future.done():
+            return
+        for proposal in waiting.proposals:
+            if waiting.outcomes[proposal.index] is _UNSETTLED:
+                waiting.outcomes[proposal.index] = LogUnavailable(
+                    f"not committed within {timeout_s} s; the outcome is unknown"
+                )
+        waiting.future.set_result(waiting.outcomes)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
@@ -431,7 +522,7 @@ class ReplicatedLog:
         batch_bytes = 0
         while self._pending and len(proposals) < BATCH_COMMANDS_MAX:
             proposal = self._pending[0]
-            if proposal.future.done():  # timed out or cancelled before it was sent: never proposed
+            if proposal.waiting.future.done():  # timed out or cancelled before it was sent: never proposed
                 self._pending.popleft()
                 continue
             if proposals and batch_bytes + len(proposal.command) > BATCH_BYTES_MAX:
@@ -450,13 +541,13 @@ class ReplicatedLog:
         assert now_ms >= self._last_now_ms
         self._last_now_ms = now_ms
         batch = encode_batch(now_ms, raft.raftCurrentTerm, [proposal.command for proposal in proposals])
-        in_flight = _InFlightBatch(proposals, unresolved=len(proposals))
+        in_flight = _InFlightBatch(proposals)
         self._batches_in_flight += 1
         self._in_flight.add(in_flight)
         assert self._batches_in_flight <= MAX_BATCHES_IN_FLIGHT
         self.counters.batches_proposed += 1
         for proposal in proposals:
-            proposal.future.add_done_callback(functools.partial(self._on_proposal_done, in_flight))
+            proposal.in_flight = in_flight
         with self._uncommitted_lock:
             self._uncommitted += 1
         raft.apply_batch(batch, callback=functools.partial(self._on_batch_done_in_tick_thread, in_flight))
@@ -470,18 +561,20 @@ class ReplicatedLog:
         if reason == FAIL_REASON.SUCCESS:
             assert isinstance(results, list) and len(results) == len(in_flight.proposals)
             for proposal, result in zip(in_flight.proposals, results, strict=True):
-                if not proposal.future.done():  # a timed-out proposal ignores its late result
-                    proposal.future.set_result(result)
+                proposal.waiting.settle(proposal.index, result)  # ignored if its caller gave up
         else:
             _fail(in_flight.proposals, self._error_for(reason))
         self._release(in_flight)
 
-    def _on_proposal_done(self, in_flight: _InFlightBatch, _future: asyncio.Future[Any]) -> None:
-        # Once every command of a batch has its answer or gave up waiting, its slot is free even if
-        # pysyncobj never calls back (an entry stranded by a lost leadership).
-        in_flight.unresolved -= 1
-        if in_flight.unresolved == 0:
-            self._release(in_flight)
+    def _abandon(self, waiting: _Waiting) -> None:
+        # Once every command of a batch has its answer or its caller gave up waiting, its slot is
+        # free even if pysyncobj never calls back (an entry stranded by a lost leadership).
+        for proposal in waiting.proposals:
+            in_flight = proposal.in_flight
+            if in_flight is not None and not in_flight.released:
+                in_flight.abandoned += 1
+                if in_flight.abandoned == len(in_flight.proposals):
+                    self._release(in_flight)
 
     def _release(self, in_flight: _InFlightBatch) -> None:
         if in_flight.released:
@@ -717,7 +810,11 @@ def _entry(entry: Any) -> tuple[bytes, int, int]:
     return (bytes(command), int(index), int(term))
 
 
+def _time_out_read(future: asyncio.Future[None], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(LogUnavailable(f"no majority confirmed the read index within {timeout_s} s"))
+
+
 def _fail(proposals: list[_Proposal], error: Exception) -> None:
     for proposal in proposals:
-        if not proposal.future.done():
-            proposal.future.set_exception(copy.copy(error))  # one instance per waiter (tracebacks)
+        proposal.waiting.settle(proposal.index, copy.copy(error))  # one instance per waiter (tracebacks)

@@ -10,6 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
+from runstate_server.node._json import json_response
+
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
 REQUEST_ID_HEX_CHARS = 24
@@ -88,7 +90,7 @@ def error_response(code: str, message: str, request_id: str, *, retry_after_s: f
     headers = {REQUEST_ID_HEADER: request_id}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))  # whole seconds, at least 1
-    return web.json_response(
+    return json_response(
         {"error": {"code": code, "message": message, "requestId": request_id}},
         status=STATUS_BY_CODE.get(code, 500),
         headers=headers,

@@ -49,10 +49,30 @@ def new_command_id() -> str:
     return os.urandom(COMMAND_ID_BYTES).hex()
 
 
+def new_command_ids(count: int) -> list[str]:
+    """`count` command ids as new_command_id makes them, from one read of the CSPRNG (a read per
+    id costs a system call each: 1.25 us against 0.16 us)."""
+    drawn = os.urandom(COMMAND_ID_BYTES * count)
+    return [drawn[start : start + COMMAND_ID_BYTES].hex() for start in range(0, len(drawn), COMMAND_ID_BYTES)]
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def _api_error(error: BaseException) -> ApiError:
+    """What a client is answered when the log did not commit its command."""
+    if isinstance(error, NotLeader):
+        return ApiError("UNAVAILABLE", str(error))
+    if isinstance(error, LogUnavailable):
+        return ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}")
+    if isinstance(error, (TypeError, ValueError)):
+        # What a client sent cannot be stored: a string that is not valid Unicode (a lone
+        # surrogate, which JSON can escape), an integer beyond 64 bits, or a command too large.
+        return ApiError("VALIDATION_FAILED", f"the request holds a value that cannot be stored: {error}")
+    raise error
 
 
 LOCK_FILE_NAME = "LOCK"
@@ -192,27 +212,54 @@ class Node:
     async def propose_system(self, kind: str, args: dict[str, Any]) -> Any:
         return await self._propose(dispatch.SYSTEM_SPACE, None, kind, args)
 
+    async def propose_many(
+        self, caller: Caller, kind: str, args_list: list[dict[str, Any]], idempotencies: list[tuple[str, str] | None]
+    ) -> list[Any]:
+        """Commit one command of `kind` per args for `caller`, together, as `propose` would each
+        (`idempotencies[i]` that of args_list[i]); return, in order, each one's result or the
+        ApiError its own `propose` would have raised."""
+        commands = [
+            self._command(caller.space, caller.key_id, kind, args, idempotency, command_id)
+            for args, idempotency, command_id in zip(args_list, idempotencies, new_command_ids(len(args_list)), strict=True)
+        ]
+        try:
+            outcomes = await self.log.propose_many(commands, PROPOSE_TIMEOUT_S)
+        except (NotLeader, LogUnavailable) as error:
+            return [_api_error(error) for _ in commands]
+        answers: list[Any] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                answers.append(_api_error(outcome))
+                continue
+            try:
+                answers.append(raise_for_result(outcome))
+            except ApiError as error:
+                answers.append(error)
+        return answers
+
     async def _propose(
         self, space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None = None
     ) -> Any:
+        try:
+            command = self._command(space, key_id, kind, args, idempotency, new_command_id())
+            result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
+        except (TypeError, ValueError, NotLeader, LogUnavailable) as error:
+            raise _api_error(error) from None
+        return raise_for_result(result)
+
+    @staticmethod
+    def _command(
+        space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None,
+        command_id: str,
+    ) -> dict[str, Any]:
         command: dict[str, Any] = {
-            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": new_command_id(), "args": args,
+            "type": kind, "v": dispatch.COMMAND_VERSION, "space": space, "id": command_id, "args": args,
         }
         if key_id is not None:
             command["key"] = key_id
         if idempotency is not None:
             command["idem"] = list(idempotency)
-        try:
-            result = await self.log.propose(command, PROPOSE_TIMEOUT_S)
-        except (TypeError, ValueError) as error:
-            # What a client sent cannot be stored: a string that is not valid Unicode (a lone
-            # surrogate, which JSON can escape), an integer beyond 64 bits, or a command too large.
-            raise ApiError("VALIDATION_FAILED", f"the request holds a value that cannot be stored: {error}") from None
-        except NotLeader as error:
-            raise ApiError("UNAVAILABLE", str(error)) from None
-        except LogUnavailable as error:
-            raise ApiError("UNAVAILABLE", f"the write could not be confirmed: {error}") from None
-        return raise_for_result(result)
+        return command
 
     # -- reads -----------------------------------------------------------------------------------
 

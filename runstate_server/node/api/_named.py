@@ -12,6 +12,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, resources
 from runstate_server.actors.state import State
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import caller_of, node_of
 from runstate_server.node.errors import ApiError
@@ -34,7 +35,7 @@ async def look_up(
         public_id = None if resource is None else resource.public_id
     if public_id is None:
         raise ApiError("NOT_FOUND", f"{what} {name!r} not found")
-    return web.json_response({**row(request, public_id), "created": False})
+    return json_response({**row(request, public_id), "created": False})
 
 
 async def listed(request: web.Request, field: str, rows: Callable[[State, str], list[dict[str, Any]]]) -> web.Response:
@@ -43,7 +44,7 @@ async def listed(request: web.Request, field: str, rows: Callable[[State, str], 
     await node.confirm_leadership(caller)
     with node.read() as state:
         found = rows(state, caller.space)
-    return web.json_response({field: found})
+    return json_response({field: found})
 
 
 async def resized(
@@ -54,4 +55,4 @@ async def resized(
     config fields) and answer its row."""
     public_id = request.match_info[id_field]
     await req.propose(request, "resource.resize", {"resource": kind, "id": public_id, **sizes})
-    return web.json_response(row(request, public_id))
+    return json_response(row(request, public_id))

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import access, limits
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     ADMIN,
@@ -59,7 +60,7 @@ def space_view(view: dict[str, Any]) -> dict[str, Any]:
 )
 async def whoami(request: web.Request) -> web.Response:
     caller = caller_of(request)
-    return web.json_response({
+    return json_response({
         "auth": node_of(request).config.auth,
         "keyId": caller.key_id,
         "space": caller.space,
@@ -90,7 +91,7 @@ async def create_space(request: web.Request) -> web.Response:
         "name": req.text(body, "name", max_chars=limits.name_chars_max),
     }
     result = await node_of(request).propose(caller, "space.create", args)
-    return web.json_response(space_view(result), status=201)
+    return json_response(space_view(result), status=201)
 
 
 @routes("GET", "/v1/spaces", "The spaces this key sees (an operator admin: all)", permission=ADMIN, answer=obj({"spaces": array(SPACE)}),)
@@ -99,7 +100,7 @@ async def list_spaces(request: web.Request) -> web.Response:
     await node.confirm_leadership(caller)
     with node.read() as state:
         views = access.list_spaces(state, None if caller.operator else [caller.space])
-    return web.json_response({"spaces": [space_view(view) for view in views]})
+    return json_response({"spaces": [space_view(view) for view in views]})
 
 
 def _target_space(caller: Caller, space_id: str | None) -> str:
@@ -148,7 +149,7 @@ async def create_key(request: web.Request) -> web.Response:
         "permissions": permissions,
     }
     result = await node_of(request).propose(caller, "key.create", args)
-    return web.json_response({**key_view(result), "key": secret}, status=201)
+    return json_response({**key_view(result), "key": secret}, status=201)
 
 
 @routes(
@@ -163,7 +164,7 @@ async def list_keys(request: web.Request) -> web.Response:
         if space_id not in state.spaces and space_id != caller.space:
             raise ApiError("NOT_FOUND", f"space {space_id!r} not found")
         views = access.list_keys(state, space_id)
-    return web.json_response({"keys": [key_view(view) for view in views]})
+    return json_response({"keys": [key_view(view) for view in views]})
 
 
 @routes(
@@ -174,4 +175,4 @@ async def revoke_key(request: web.Request) -> web.Response:
     caller = caller_of(request)
     await req.json_body(request, required=False)
     result = await node_of(request).propose(caller, "key.revoke", {"key_id": request.match_info["id"]})
-    return web.json_response(key_view(result))
+    return json_response(key_view(result))

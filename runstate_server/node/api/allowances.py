@@ -19,6 +19,7 @@ from aiohttp import web
 
 from runstate_server.actors import allowances, limits
 from runstate_server.actors.resources import LIMIT
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.routes import (
@@ -146,7 +147,7 @@ async def create(request: web.Request) -> web.Response:
     if sizes is None:
         raise ApiError("VALIDATION_FAILED", "unitsLimit and windowSeconds are required")
     result = await req.propose(request, "allowance.create", {"name": name, **sizes})
-    return web.json_response(_row(request, result["allowance_id"]), status=201)
+    return json_response(_row(request, result["allowance_id"]), status=201)
 
 
 @routes(
@@ -175,7 +176,7 @@ async def declare(request: web.Request) -> web.Response:
         return await look_up(request, LIMIT, name, "allowance", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "allowance.declare", {"name": name, **sizes})
-    return web.json_response({**_row(request, result["allowance_id"]), "created": result["created"]})
+    return json_response({**_row(request, result["allowance_id"]), "created": result["created"]})
 
 
 @routes(
@@ -200,7 +201,7 @@ async def resize(request: web.Request) -> web.Response:
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
-    return web.json_response(_render(request, request.match_info["allowanceId"]))
+    return json_response(_render(request, request.match_info["allowanceId"]))
 
 
 def _use_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +224,7 @@ def _use_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
 async def consume(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     result = await req.propose(request, "allowance.consume", _use_args(request, body))
-    return web.json_response(
+    return json_response(
         {"consumptionId": result["consumption_id"], "units": result["units"],
          "windowStart": iso(result["window_start_ms"]), "remaining": result["remaining"]},
         status=201,
@@ -251,7 +252,7 @@ async def wait(request: web.Request) -> web.Response:
         )
     args = {**_use_args(request, body), "ttl_ms": None if ttl_s is None else round(ttl_s * 1000)}
     result = await req.propose(request, "allowance.wait", args)
-    return web.json_response(
+    return json_response(
         {"waiterId": result["waiter_id"], "state": result["state"], "consumptionId": result["consumption_id"]},
         status=201,
     )
@@ -280,7 +281,7 @@ async def cooldown(request: web.Request) -> web.Response:
         "reason": req.text(body, "reason", max_chars=limits.allowance_reason_chars_max),
     }
     result = await req.propose(request, "allowance.cooldown", args)
-    return web.json_response({"cooldownUntil": iso(result["cooldown_until_ms"]), "reason": result["reason"]})
+    return json_response({"cooldownUntil": iso(result["cooldown_until_ms"]), "reason": result["reason"]})
 
 
 @routes(
@@ -297,7 +298,7 @@ async def settle(request: web.Request) -> web.Response:
         raise ApiError("VALIDATION_FAILED", "units is required")
     args = {"consumption_id": request.match_info["consumptionId"], "units": units}
     result = await req.propose(request, "allowance_consumption.settle", args)
-    return web.json_response({
+    return json_response({
         "consumptionId": result["consumption_id"], "estimatedUnits": result["units"], "units": result["settled_units"],
         "returnedUnits": result["returned_units"], "overrunUnits": result["overrun_units"],
     })
@@ -319,7 +320,7 @@ async def get_waiter(request: web.Request) -> web.Response:
         view = allowances.waiter_view(state, caller.space, waiter_id)
     if view is None:
         raise ApiError("NOT_FOUND", f"allowance waiter {waiter_id!r} not found")
-    return web.json_response({**view, "expiresAt": iso(view["expiresAt"])})
+    return json_response({**view, "expiresAt": iso(view["expiresAt"])})
 
 
 @routes(
@@ -331,4 +332,4 @@ async def cancel_waiter(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     waiter_id = request.match_info["waiterId"]
     result = await req.propose(request, "allowance_waiter.cancel", {"waiter_id": waiter_id})
-    return web.json_response({"waiterId": waiter_id, "state": result["state"], "consumptionId": result["consumption_id"]})
+    return json_response({"waiterId": waiter_id, "state": result["state"], "consumptionId": result["consumption_id"]})

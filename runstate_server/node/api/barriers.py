@@ -15,6 +15,7 @@ from aiohttp import web
 
 from runstate_server.actors import barriers, limits
 from runstate_server.actors.barriers import Barrier
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
@@ -100,7 +101,7 @@ async def create_barrier_in(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {"run_id": _scope_id(body), "target": _target(body)}
     result = await req.propose(request, "barrier.create", args)
-    return web.json_response(_render(node, caller.space, result["barrier_id"]), status=201)
+    return json_response(_render(node, caller.space, result["barrier_id"]), status=201)
 
 
 @routes(
@@ -117,14 +118,14 @@ async def declare_barrier(request: web.Request) -> web.Response:
     name = path_name(request)
     args = {"run_id": _scope_id(body), "name": name, "target": _target(body)}
     result = await req.propose(request, "barrier.declare", args)
-    return web.json_response({**_render(node, caller.space, result["barrier_id"]), "created": result["created"]})
+    return json_response({**_render(node, caller.space, result["barrier_id"]), "created": result["created"]})
 
 
 @routes("GET", SPACE_PREFIX + "/barriers/{id}", "A barrier's state and arrivals", errors=("NOT_FOUND",), permission=READ, answer=BARRIER,)
 async def barrier_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
-    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
+    return json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
 @routes(
@@ -145,7 +146,7 @@ async def arrive(request: web.Request) -> web.Response:
     if not key:
         raise ApiError("VALIDATION_FAILED", "arrivalKey is required")
     result = await req.propose(request, "barrier.arrive", {"barrier_id": barrier_id, "key": key})
-    return web.json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
+    return json_response(_render(node, caller.space, barrier_id, arrived=result["arrived"]))
 
 
 # Epochs a waiter may name (a barrier starts at 1 and gains one per nextEpoch).
@@ -183,7 +184,7 @@ async def wait(request: web.Request) -> web.Response:
     view = await long_poll(
         request, node, barriers.barrier_key(barrier_id), look, lambda view: view["state"] == barriers.RELEASED
     )
-    return web.json_response(view)
+    return json_response(view)
 
 
 @routes(
@@ -194,7 +195,7 @@ async def next_epoch(request: web.Request) -> web.Response:
     node, caller, barrier_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
     await req.propose(request, "barrier.next_epoch", {"barrier_id": barrier_id})
-    return web.json_response(_render(node, caller.space, barrier_id))
+    return json_response(_render(node, caller.space, barrier_id))
 
 
 # -- the list (an extension for the console) -------------------------------------------------------
@@ -215,4 +216,4 @@ async def list_barriers(request: web.Request) -> web.Response:
     views, next_cursor = await paging.run_owned_page(
         request, node, caller, _BARRIER_STATES, lambda state: state.barriers, lambda run: run.barriers, barrier_view,
     )
-    return web.json_response({"barriers": views, "nextCursor": next_cursor})
+    return json_response({"barriers": views, "nextCursor": next_cursor})

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from runstate_server.actors import budgets, limits
 from runstate_server.actors.resources import BUDGET
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.routes import (
@@ -118,7 +119,7 @@ async def create(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {"name": resource_name(req.text(body, "name", max_chars=limits.name_chars_max, required=True)), **_sizes(body)}
     result = await req.propose(request, "budget.create", args)
-    return web.json_response(_row(request, result["budget_id"]), status=201)
+    return json_response(_row(request, result["budget_id"]), status=201)
 
 
 @routes(
@@ -148,7 +149,7 @@ async def declare(request: web.Request) -> web.Response:
         return await look_up(request, BUDGET, name, "budget", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "budget.declare", {"name": name, **_sizes(body)})
-    return web.json_response({**_row(request, result["budget_id"]), "created": result["created"]})
+    return json_response({**_row(request, result["budget_id"]), "created": result["created"]})
 
 
 @routes(
@@ -159,7 +160,7 @@ async def declare(request: web.Request) -> web.Response:
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
-    return web.json_response(render(request, request.match_info["budgetId"]))
+    return json_response(render(request, request.match_info["budgetId"]))
 
 
 @routes(
@@ -192,7 +193,7 @@ async def reserve(request: web.Request) -> web.Response:
         "settle_by_ms": req.timestamp_ms(body, "settleBy"),
     }
     result = await req.propose(request, "budget_reservation.reserve", args)
-    return web.json_response(
+    return json_response(
         {"reservationId": result["reservation_id"], "reservedMinor": str(result["reserved_minor"]),
          "state": result["state"], "settleBy": iso(result["settle_by_ms"])},
         status=201,
@@ -231,7 +232,7 @@ async def settle(request: web.Request) -> web.Response:
         "amount_minor": minor(body, "amountMinor", minimum=0, required=True),
         "allow_overrun": req.flag(body, "allowOverrun"),
     }
-    return web.json_response(_settled(await req.propose(request, "budget_reservation.settle", args)))
+    return json_response(_settled(await req.propose(request, "budget_reservation.settle", args)))
 
 
 @routes(
@@ -243,4 +244,4 @@ async def settle(request: web.Request) -> web.Response:
 )
 async def void(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    return web.json_response(_settled(await req.propose(request, "budget_reservation.void", _reservation_args(request, body))))
+    return json_response(_settled(await req.propose(request, "budget_reservation.void", _reservation_args(request, body))))

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import claims, limits
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -83,7 +83,7 @@ async def acquire(request: web.Request) -> web.Response:
         "holder": holder_of(request, body),
         "holder_session": req.holder_session(body),
     }
-    return web.json_response(_render(await req.propose(request, "claim.acquire", args)))
+    return json_response(_render(await req.propose(request, "claim.acquire", args)))
 
 
 @routes(
@@ -98,7 +98,7 @@ async def renew(request: web.Request) -> web.Response:
         "token": req.text(body, "token", max_chars=limits.name_chars_max, required=True),
         "lease_ms": req.optional_lease_seconds_ms(body),
     }
-    return web.json_response(_render(await req.propose(request, "claim.renew", args)))
+    return json_response(_render(await req.propose(request, "claim.renew", args)))
 
 
 @routes(
@@ -117,7 +117,7 @@ async def release(request: web.Request) -> web.Response:
         "observation": None if observation is None else encoded,  # kept as its canonical JSON bytes
     }
     result = await req.propose(request, "claim.release", args)
-    return web.json_response({**_render(result), "released": True})
+    return json_response({**_render(result), "released": True})
 
 
 @routes(
@@ -138,10 +138,10 @@ async def get(request: web.Request) -> web.Response:
             raise ApiError("NOT_FOUND", f"run {run_id!r} not found")
         claim = state.claims.get(run.claims.get(key, ""))
         if claim is None:
-            return web.json_response({"key": key, "scopeId": run_id, "generation": 0, "held": False, "holder": None,
+            return json_response({"key": key, "scopeId": run_id, "generation": 0, "held": False, "holder": None,
                                       "holderSession": None, "leaseExpiresAt": None, "observation": None})
         held = claims.is_held(claim, now_ms)
-        return web.json_response({
+        return json_response({
             "key": key,
             "scopeId": run_id,
             "generation": claim.generation,
@@ -149,5 +149,5 @@ async def get(request: web.Request) -> web.Response:
             "holder": claim.holder if held else None,
             "holderSession": claim.holder_session if held else None,
             "leaseExpiresAt": iso(claim.lease_expires_ms) if held else None,
-            "observation": json_value(claim.observation),
+            "observation": stored_value(claim.observation),
         })

@@ -11,6 +11,7 @@ import msgpack
 from aiohttp import web
 
 from runstate_server.actors.state import to_snapshot
+from runstate_server.node._json import json_response
 from runstate_server.node.api.health import health_view
 from runstate_server.node.api.routes import ANY_KEY, RouteTable, node_of
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, STRING_OR_NULL, array, obj
@@ -42,7 +43,7 @@ async def cluster_view(request: web.Request) -> web.Response:
     leader_id = next(
         (view["id"] for view in [own, *peers] if view["apiUrl"] == leader_url), None
     )
-    return web.json_response({"leader": leader_id, "nodes": [own, *peers]})
+    return json_response({"leader": leader_id, "nodes": [own, *peers]})
 
 
 @routes(
@@ -58,6 +59,6 @@ async def state_digest(request: web.Request) -> web.Response:
     digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
     # Every command moves the clock, a refused one and a read's no-op included; nothing else.
     data_digest = hashlib.sha256(msgpack.packb({**snapshot, "clock_ms": None}, use_bin_type=True)).hexdigest()
-    return web.json_response(
+    return json_response(
         {"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest, "dataDigest": data_digest}
     )

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from runstate_server.actors import events, limits
 from runstate_server.actors.state import Event
+from runstate_server.node._json import json_response
 from runstate_server.node.api._poll import park, wait
 from runstate_server.node.api.routes import READ, SPACE_PREFIX, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING, STRING_OR_NULL, TIME, array, obj
@@ -139,7 +140,7 @@ async def list_events(request: web.Request) -> web.Response:
     after_seq, limit = _cursor(request), _limit(request)
     await node.confirm_leadership(caller)
     found, next_seq = _page(request, after_seq, limit, filtered=True)
-    return web.json_response({"events": found, "nextCursor": str(next_seq)})
+    return json_response({"events": found, "nextCursor": str(next_seq)})
 
 
 def _wait_s(request: web.Request) -> float:
@@ -178,6 +179,6 @@ async def watch(request: web.Request) -> web.Response:
             found, next_seq = _page(request, after_seq, limit, filtered=True)
             remaining_s = deadline - time.monotonic()
             if found or remaining_s <= 0 or not waiter.parked:
-                return web.json_response({"events": found, "nextCursor": str(next_seq)})
+                return json_response({"events": found, "nextCursor": str(next_seq)})
             after_seq = next_seq  # what the filters skipped is not looked at again
             await wait(request, waiter, remaining_s)

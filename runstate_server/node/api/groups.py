@@ -19,6 +19,7 @@ from aiohttp import web
 from runstate_server.actors import groups, limits
 from runstate_server.actors.groups import Group, GroupState
 from runstate_server.actors.state import State
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
@@ -163,7 +164,7 @@ async def protocol_create(request: web.Request) -> web.Response:
         "retention_ms": node.config.retention_ms,
     }
     result = await req.propose(request, "group.create", args)
-    return web.json_response(_render(node, caller.space, result["group_id"]), status=201)
+    return json_response(_render(node, caller.space, result["group_id"]), status=201)
 
 
 @routes(
@@ -173,7 +174,7 @@ async def protocol_create(request: web.Request) -> web.Response:
 async def protocol_status(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
-    return web.json_response(_render(node, caller.space, request.match_info["groupId"]))
+    return json_response(_render(node, caller.space, request.match_info["groupId"]))
 
 
 @routes(
@@ -187,7 +188,7 @@ async def protocol_wait(request: web.Request) -> web.Response:
         request, node, groups.group_key(group_id), lambda: _render(node, caller.space, group_id),
         lambda view: view["state"] == GroupState.FINALIZED,
     )
-    return web.json_response(view)
+    return json_response(view)
 
 
 @routes(
@@ -212,7 +213,7 @@ async def protocol_submit(request: web.Request) -> web.Response:
         task = state.tasks[result["task_id"]]
         answer = {"taskId": task.id, "id": task.id, "taskKey": task.key, "created": result["created"],
                   "state": task.state, "groupState": result["group_state"]}
-    return web.json_response(answer, status=201 if result["created"] else 200)
+    return json_response(answer, status=201 if result["created"] else 200)
 
 
 @routes(
@@ -224,7 +225,7 @@ async def protocol_submit(request: web.Request) -> web.Response:
 async def protocol_close(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     result = await req.propose(request, "group.close", {"group_id": request.match_info["groupId"]})
-    return web.json_response(_decision(result))
+    return json_response(_decision(result))
 
 
 @routes(
@@ -235,7 +236,7 @@ async def protocol_close(request: web.Request) -> web.Response:
 async def protocol_seal(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     result = await req.propose(request, "group.seal", {"group_id": request.match_info["groupId"]})
-    return web.json_response(_decision(result))
+    return json_response(_decision(result))
 
 
 async def _protocol_judge(request: web.Request, kind: str) -> web.Response:
@@ -246,7 +247,7 @@ async def _protocol_judge(request: web.Request, kind: str) -> web.Response:
     with node.read() as state:
         group = state.groups.get(group_id)  # None only if its retention ended meanwhile
         verdict_by = group.verdict_by.get(result["task_id"]) if group is not None else None
-    return web.json_response({
+    return json_response({
         "taskId": result["task_id"], "verdict": result["verdict"], "verdictBy": verdict_by, "late": result["late"],
         "groupState": result["state"], "outcome": result["outcome"], "outcomeReason": result["outcome_reason"],
     })
@@ -281,7 +282,7 @@ async def protocol_join(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {"group_id": request.match_info["groupId"], "task_id": _task_id(body)}
     result = await req.propose(request, "group.join", args)
-    return web.json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
+    return json_response({"taskId": result["task_id"], "joined": result["joined"], "groupState": result["group_state"]})
 
 
 # -- the list (an extension for the console) -------------------------------------------------------
@@ -318,4 +319,4 @@ async def list_groups(request: web.Request) -> web.Response:
             reversed(state.groups.values()), lambda group: (group.created_ms, group.id), matches, limit, after
         )
         views = [group_view(state, group) for group in found]
-    return web.json_response({"taskGroups": views, "nextCursor": next_cursor})
+    return json_response({"taskGroups": views, "nextCursor": next_cursor})

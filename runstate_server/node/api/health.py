@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from runstate_server.node._json import json_response
 from runstate_server.node.api.routes import PUBLIC, RouteTable, node_of
 from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, enum, obj
 
@@ -41,4 +42,4 @@ def health_view(node: Node) -> dict[str, Any]:
 @routes("GET", "/v1/health", "Node health, role and log position", errors=("UNAVAILABLE",), permission=PUBLIC, answer=HEALTH,)
 async def health(request: web.Request) -> web.Response:
     view = health_view(node_of(request))
-    return web.json_response(view, status=200 if view["status"] == "ok" else 503)
+    return json_response(view, status=200 if view["status"] == "ok" else 503)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, tasks
 from runstate_server.actors.state import Mailbox, State, TaskState
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive, receive_args
@@ -92,7 +92,7 @@ async def list_mailboxes(request: web.Request) -> web.Response:
     await node.confirm_leadership(caller)
     with node.read() as state:
         views = _mailboxes(state, caller.space)
-    return web.json_response({"mailboxes": [view for view in views if name is None or view["name"] == name]})
+    return json_response({"mailboxes": [view for view in views if name is None or view["name"] == name]})
 
 
 @routes(
@@ -108,7 +108,7 @@ async def create_mailbox(request: web.Request) -> web.Response:
         "backlog_limit": req.integer(body, "backlogLimit", minimum=1, maximum=limits.backlog_limit_max),
     }
     result = await req.propose(request, "mailbox.create", args)
-    return web.json_response(_answer(request, result["mailbox"]), status=201)
+    return json_response(_answer(request, result["mailbox"]), status=201)
 
 
 @routes(
@@ -128,7 +128,7 @@ async def declare_mailbox(request: web.Request) -> web.Response:
         "requirements": requirements,
     }
     result = await req.propose(request, "mailbox.declare", args)
-    return web.json_response(_answer(request, result["mailbox"]), status=201 if result["created"] else 200)
+    return json_response(_answer(request, result["mailbox"]), status=201 if result["created"] else 200)
 
 
 def _mailbox_named(state: State, space: str, mailbox_id: str) -> str:
@@ -149,7 +149,7 @@ async def get_mailbox(request: web.Request) -> web.Response:
     with node.read() as state:
         name = _mailbox_named(state, caller.space, request.match_info["id"])
         mailbox = state.spaces[caller.space].mailboxes[name]
-        return web.json_response(_with_stats(state, caller.space, mailbox, int(time.time() * 1000)))
+        return json_response(_with_stats(state, caller.space, mailbox, int(time.time() * 1000)))
 
 
 @routes(
@@ -173,7 +173,7 @@ async def send(request: web.Request) -> web.Response:
     }
     result = await req.propose(request, "task.submit", args)
     answer = {"id": result["task_id"], "taskId": result["task_id"], "state": result["state"], "created": result["created"]}
-    return web.json_response(answer, status=201 if result["created"] else 200)
+    return json_response(answer, status=201 if result["created"] else 200)
 
 
 @routes(
@@ -197,12 +197,12 @@ async def list_messages(request: web.Request) -> web.Response:
                 "state": _MESSAGE_STATES.get(task.state, task.state),
                 "attempt": task.attempt,
                 "workKey": task.key,
-                "payload": json_value(task.input),
+                "payload": stored_value(task.input),
                 "createdAt": iso(task.created_ms),
             }
             for task in itertools.islice(found, limits.messages_list_max)
         ]
-    return web.json_response({"messages": views[::-1]})
+    return json_response({"messages": views[::-1]})
 
 
 @routes(
@@ -218,5 +218,5 @@ async def recv(request: web.Request) -> web.StreamResponse:
     if not given:
         return web.Response(status=204)
     if "max" in body:  # the batch extension
-        return web.json_response({"messages": [message_of(one) for one in given]})
-    return web.json_response(message_of(given[0]))
+        return json_response({"messages": [message_of(one) for one in given]})
+    return json_response(message_of(given[0]))

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, runs
 from runstate_server.actors.context import mailbox_key, queue_key
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import client_gone, park, wait
@@ -128,7 +128,7 @@ def message_of(given: dict[str, Any]) -> dict[str, Any]:
     return {
         "message": {
             "id": given["task_id"],
-            "payload": json_value(given["input"]),
+            "payload": stored_value(given["input"]),
             "attempt": given["attempt"],
             "attempts": given["attempts"],
             "scopeId": given["run_id"],
@@ -163,7 +163,7 @@ def _settled_view(result: dict[str, Any]) -> dict[str, Any]:
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     result = await _delivery_command(request, "delivery.renew", body, {"lease_ms": req.lease_seconds_ms(body)})
-    return web.json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
+    return json_response({"taskId": result["task_id"], "leaseExpiresAt": iso(result["lease_expires_ms"])})
 
 
 _RESULT = {"type": "object", "properties": {"payload": ANY_JSON}}
@@ -186,7 +186,7 @@ def _completed_payload(body: dict[str, Any]) -> Any:
 async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     answer = await _delivery_command(request, "delivery.complete", body, {"payload": _completed_payload(body)})
-    return web.json_response(_settled_view(answer))
+    return json_response(_settled_view(answer))
 
 
 _COMPLETE_ITEM = {"id": STRING, "token": STRING, "result": _RESULT}
@@ -237,7 +237,7 @@ async def complete_batch(request: web.Request) -> web.Response:
                 result = next(results)
                 refusal = result.get("error")
                 answers[index] = _settled_view(result) if refusal is None else _item_error(refusal["code"], refusal["message"])
-    return web.json_response({"items": answers})
+    return json_response({"items": answers})
 
 
 def _item_error(code: str, message: str) -> dict[str, Any]:
@@ -267,5 +267,5 @@ async def nack(request: web.Request) -> web.Response:
         kind, args = "delivery.retry", {"error": error, "delay_ms": delay_ms}
     else:
         kind, args = "delivery.release", {}
-    return web.json_response(_settled_view(await _delivery_command(request, kind, body, args)))
+    return json_response(_settled_view(await _delivery_command(request, kind, body, args)))
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from runstate_server.actors import limits, once, runs
 from runstate_server.actors.context import once_key
 from runstate_server.actors.state import Once, OnceState, json_bytes
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.routes import (
@@ -69,7 +69,7 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     `lastError` when an attempt failed, `token` and `leaseExpiresAt` while this caller holds it."""
     answer: dict[str, Any] = {"state": result["state"], "attempts": result["attempts"]}
     if result["state"] == OnceState.DONE:
-        answer["result"] = json_value(result["result"])
+        answer["result"] = stored_value(result["result"])
     if result["last_error"] is not None:
         answer["lastError"] = result["last_error"]
     if "token" in result:
@@ -97,7 +97,7 @@ async def acquire(request: web.Request) -> web.Response:
         "holder_session": req.holder_session(body),
         "max_attempts": req.integer(body, "maxAttempts", minimum=1, maximum=limits.attempts_max),
     }
-    return web.json_response(_render(await req.propose(request, "once.acquire", args)))
+    return json_response(_render(await req.propose(request, "once.acquire", args)))
 
 
 def once_view(entry: Once | None, key: str) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def _json_answer(view: dict[str, Any]) -> web.Response:
     parked on its entry)."""
     result = view.get("result")
     if not isinstance(result, _Kept):
-        return web.json_response(view)
+        return json_response(view)
     rest = json.dumps({name: value for name, value in view.items() if name != "result"})
     return web.Response(body=rest[:-1].encode() + b', "result": ' + result + b"}", content_type="application/json",
                         charset="utf-8")
@@ -176,7 +176,7 @@ async def get(request: web.Request) -> web.Response:
 async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {**_lease_args(body), "lease_ms": req.lease_seconds_ms(body)}
-    return web.json_response(_render(await req.propose(request, "once.renew", args)))
+    return json_response(_render(await req.propose(request, "once.renew", args)))
 
 
 @routes(
@@ -188,7 +188,7 @@ async def complete(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     _, result = req.payload(body, "result", code="VALIDATION_FAILED", required=False)
     args = {**_lease_args(body), "result": result}
-    return web.json_response(_render(await req.propose(request, "once.complete", args)))
+    return json_response(_render(await req.propose(request, "once.complete", args)))
 
 
 @routes(
@@ -206,7 +206,7 @@ async def fail(request: web.Request) -> web.Response:
             body, "maxAttempts", minimum=1, maximum=limits.attempts_max, default=limits.once_attempts_default
         ),
     }
-    return web.json_response(_render(await req.propose(request, "once.fail", args)))
+    return json_response(_render(await req.propose(request, "once.fail", args)))
 
 
 @routes(
@@ -215,4 +215,4 @@ async def fail(request: web.Request) -> web.Response:
 )
 async def release(request: web.Request) -> web.Response:
     body = await req.json_body(request)
-    return web.json_response(_render(await req.propose(request, "once.release", _lease_args(body))))
+    return json_response(_render(await req.propose(request, "once.release", _lease_args(body))))

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import ops
+from runstate_server.node._json import json_response
 from runstate_server.node.api.routes import READ, SPACE_PREFIX, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import (
     ANY_JSON,
@@ -71,7 +72,7 @@ async def run_diagnostics(request: web.Request) -> web.Response:
     with node.read() as state:
         run = in_space(state.runs, caller.space, request.match_info["scopeId"], "run")
         view = ops.run_view(state, run, _now_ms())
-    return web.json_response(_rendered(view))
+    return json_response(_rendered(view))
 
 
 @routes(
@@ -85,4 +86,4 @@ async def waits(request: web.Request) -> web.Response:
     await node.confirm_leadership(caller)
     with node.read() as state:
         view = ops.waits_view(state, caller.space, _now_ms())
-    return web.json_response(_rendered(view))
+    return json_response(_rendered(view))

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, permits
 from runstate_server.actors.resources import POOL
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._named import listed, look_up, resized, resource_name
 from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
@@ -101,7 +102,7 @@ async def create(request: web.Request) -> web.Response:
     if args["units"] is None:
         raise ApiError("VALIDATION_FAILED", "units is required")
     result = await req.propose(request, "permit.create", args)
-    return web.json_response(_row(request, result["permit_id"]), status=201)
+    return json_response(_row(request, result["permit_id"]), status=201)
 
 
 @routes(
@@ -129,7 +130,7 @@ async def declare(request: web.Request) -> web.Response:
         return await look_up(request, POOL, name, "permit", _row)
     require_permission(caller, RESOURCE_CONFIG)
     result = await req.propose(request, "permit.declare", {"name": name, "units": units})
-    return web.json_response({**_row(request, result["permit_id"]), "created": result["created"]})
+    return json_response({**_row(request, result["permit_id"]), "created": result["created"]})
 
 
 @routes(
@@ -153,7 +154,7 @@ async def resize(request: web.Request) -> web.Response:
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
-    return web.json_response(_render(request, request.match_info["permitId"]))
+    return json_response(_render(request, request.match_info["permitId"]))
 
 
 @routes(
@@ -182,7 +183,7 @@ async def acquire(request: web.Request) -> web.Response:
     result = await req.propose(request, "permit.acquire", args)
     if not result["granted"]:
         raise ApiError("CAPACITY_UNAVAILABLE", f"permit {args['permit_id']} has not {units} units free now")
-    return web.json_response(
+    return json_response(
         {"grantId": result["grant_id"], "token": result["token"], "units": result["units"],
          "leaseExpiresAt": iso(result["lease_expires_ms"])},
         status=201,
@@ -207,7 +208,7 @@ async def renew(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {**_grant_args(request, body), "lease_ms": req.optional_lease_seconds_ms(body)}
     result = await req.propose(request, "permit.renew", args)
-    return web.json_response({"leaseExpiresAt": iso(result["lease_expires_ms"])})
+    return json_response({"leaseExpiresAt": iso(result["lease_expires_ms"])})
 
 
 @routes(
@@ -223,7 +224,7 @@ async def release(request: web.Request) -> web.Response:
     if len(encoded) > limits.observation_bytes_max:
         raise ApiError("VALIDATION_FAILED", f"observation exceeds {limits.observation_bytes_max} bytes")
     result = await req.propose(request, "permit.release", _grant_args(request, body))
-    return web.json_response({"released": result["released"]})
+    return json_response({"released": result["released"]})
 
 
 # -- waiters ---------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ async def wait(request: web.Request) -> web.Response:
         "ttl_ms": None if ttl_s is None else round(ttl_s * 1000),
     }
     result = await req.propose(request, "permit.wait", args)
-    return web.json_response({"waiterId": result["waiter_id"], "state": result["state"]}, status=201)
+    return json_response({"waiterId": result["waiter_id"], "state": result["state"]}, status=201)
 
 
 @routes(
@@ -274,7 +275,7 @@ async def wait(request: web.Request) -> web.Response:
 async def get_waiter(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)
     await node.confirm_leadership(caller)
-    return web.json_response(_waiter_answer(request, request.match_info["waiterId"]))
+    return json_response(_waiter_answer(request, request.match_info["waiterId"]))
 
 
 @routes(
@@ -286,4 +287,4 @@ async def cancel_waiter(request: web.Request) -> web.Response:
     await req.json_body(request, required=False)
     waiter_id = request.match_info["waiterId"]
     result = await req.propose(request, "permit_waiter.cancel", {"waiter_id": waiter_id})
-    return web.json_response({"waiterId": waiter_id, "state": result["state"]})
+    return json_response({"waiterId": waiter_id, "state": result["state"]})

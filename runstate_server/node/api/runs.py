@@ -10,6 +10,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, runs
 from runstate_server.actors.state import Run
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
@@ -34,7 +35,7 @@ _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 
 def run_response(result: dict[str, Any], status: int = 200) -> web.Response:
     """A run as the command that created, found or stopped it described it."""
-    return web.json_response(run_view(result["run"]), status=status)
+    return json_response(run_view(result["run"]), status=status)
 
 
 @routes(
@@ -116,7 +117,7 @@ async def list_runs(request: web.Request) -> web.Response:
         else:
             found, next_cursor = paging.page(reversed(state.runs.values()), key, matches, limit, after)
         views = [run_view(runs.describe(state, run, now_ms)) for run in found]
-    return web.json_response({"scopes": views, "nextCursor": next_cursor})
+    return json_response({"scopes": views, "nextCursor": next_cursor})
 
 
 @routes("GET", SPACE_PREFIX + "/scopes/{id}", "A run's status", errors=("NOT_FOUND",), permission=READ, answer=A.RUN,)
@@ -125,7 +126,7 @@ async def run_status(request: web.Request) -> web.Response:
     await node.confirm_leadership(caller)
     with node.read() as state:
         run = in_space(state.runs, caller.space, request.match_info["id"], "run")
-        return web.json_response(run_view(runs.describe(state, run, int(time.time() * 1000))))
+        return json_response(run_view(runs.describe(state, run, int(time.time() * 1000))))
 
 
 async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Response:

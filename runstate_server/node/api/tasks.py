@@ -3,10 +3,9 @@ the batch result wait."""
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import time
-from collections.abc import Reversible
+from collections.abc import Callable, Reversible
 from typing import Any
 
 from aiohttp import web
@@ -15,7 +14,7 @@ from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
 from runstate_server.actors.runs import subtree
 from runstate_server.actors.state import State, Task, TaskState
-from runstate_server.actors.storage import json_value
+from runstate_server.node._json import json_response, stored_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
@@ -87,7 +86,7 @@ def _submitted(result: dict[str, Any]) -> dict[str, Any]:
 async def submit(request: web.Request) -> web.Response:
     args = _submit_args(await req.json_body(request))
     result = await req.propose(request, "task.submit", args)
-    return web.json_response(_submitted(result), status=201 if result["created"] else 200)
+    return json_response(_submitted(result), status=201 if result["created"] else 200)
 
 
 @routes(
@@ -104,25 +103,43 @@ async def submit_batch(request: web.Request) -> web.Response:
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
         raise ApiError("VALIDATION_FAILED", f"tasks must be a list of 1 to {limits.submit_batch_max} tasks")
-    node, caller = node_of(request), caller_of(request)
     batch_idempotency = await req.idempotency(request)
-
-    async def one(index: int, item: Any) -> dict[str, Any]:
-        # Each task of a batch is its own command; a retried batch replays each one's first answer.
-        idempotency = None if batch_idempotency is None else (
-            f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
-        )
+    answers: list[dict[str, Any] | None] = []
+    args_list: list[dict[str, Any]] = []
+    idempotencies: list[tuple[str, str] | None] = []
+    for index, item in enumerate(items):
         try:
-            if not isinstance(item, dict):
-                raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
-            unknown = sorted(set(item) - set(_TASK_FIELDS))
-            if unknown:
-                raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
-            return _submitted(await node.propose(caller, "task.submit", _submit_args(item), idempotency=idempotency))
+            args_list.append(_submit_item_args(item))
         except ApiError as error:
-            return {"error": {"code": error.code, "message": error.message}}
+            answers.append(_item_error(error))
+            continue
+        answers.append(None)  # the commit's answer, below
+        # Each task of a batch is its own command; a retried batch replays each one's first answer.
+        idempotencies.append(None if batch_idempotency is None else (
+            f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
+        ))
+    if args_list:
+        # Committed together, with one wait for the whole batch (not a task and a timeout each).
+        outcomes = iter(await node_of(request).propose_many(caller_of(request), "task.submit", args_list, idempotencies))
+        for index, answer in enumerate(answers):
+            if answer is None:
+                outcome = next(outcomes)
+                answers[index] = _item_error(outcome) if isinstance(outcome, ApiError) else _submitted(outcome)
+    return json_response({"tasks": answers})
 
-    return web.json_response({"tasks": await asyncio.gather(*(one(index, item) for index, item in enumerate(items)))})
+
+def _submit_item_args(item: Any) -> dict[str, Any]:
+    """The core's submit of one task of a batch, or the ApiError that answers it."""
+    if not isinstance(item, dict):
+        raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
+    unknown = sorted(set(item) - set(_TASK_FIELDS))
+    if unknown:
+        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
+    return _submit_args(item)
+
+
+def _item_error(error: ApiError) -> dict[str, Any]:
+    return {"error": {"code": error.code, "message": error.message}}
 
 
 def _view(state: State, task: Task) -> dict[str, Any]:
@@ -169,16 +186,16 @@ async def list_tasks(request: web.Request) -> web.Response:
         if mailbox_id is not None:
             mailbox = found_space.mailbox_names.get(mailbox_id) if found_space is not None else None
             if mailbox is None:
-                return web.json_response({"tasks": [], "nextCursor": None})
+                return json_response({"tasks": [], "nextCursor": None})
         group = state.groups.get(group_id) if group_id is not None else None
         if group_id is not None and (group is None or group.space != space):
-            return web.json_response({"tasks": [], "nextCursor": None})
+            return json_response({"tasks": [], "nextCursor": None})
 
         run_ids: set[str] | None = None
         if scope_id is not None:
             run = state.runs.get(scope_id)
             if run is None or run.space != space:
-                return web.json_response({"tasks": [], "nextCursor": None})
+                return json_response({"tasks": [], "nextCursor": None})
             run_ids = {member.id for member in subtree(state, run)} if descendants else {run.id}
 
         def matches(task: Task) -> bool:
@@ -211,7 +228,7 @@ async def list_tasks(request: web.Request) -> web.Response:
             )
             found, next_cursor = paging.page(newest_first, _task_key, matches, limit, after)
         views = [_view(state, task) for task in found]
-    return web.json_response({"tasks": views, "nextCursor": next_cursor})
+    return json_response({"tasks": views, "nextCursor": next_cursor})
 
 
 @routes(
@@ -226,7 +243,7 @@ async def task_status(request: web.Request) -> web.Response:
             return _view(state, in_space(state.tasks, caller.space, task_id, "task"))
 
     view = await long_poll(request, node, task_key(task_id), look, lambda view: bool(view["done"]))
-    return web.json_response(view)
+    return json_response(view)
 
 
 def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +262,7 @@ def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
 async def cancel(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
     args = {"task_id": request.match_info["id"], "reason": req.text(body, "reason", max_chars=limits.error_message_chars_max)}
-    return web.json_response(_task_answer(await req.propose(request, "task.cancel", args)))
+    return json_response(_task_answer(await req.propose(request, "task.cancel", args)))
 
 
 @routes(
@@ -260,7 +277,7 @@ async def join(request: web.Request) -> web.Response:
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
         "run_id": req.text(body, "scopeId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await req.propose(request, "task.join", args)))
+    return json_response(_task_answer(await req.propose(request, "task.join", args)))
 
 
 @routes(
@@ -273,7 +290,7 @@ async def detach(request: web.Request) -> web.Response:
         "task_id": request.match_info["id"],
         "subscriber": req.text(body, "subscriberId", max_chars=limits.name_chars_max, required=True),
     }
-    return web.json_response(_task_answer(await req.propose(request, "task.detach", args)))
+    return json_response(_task_answer(await req.propose(request, "task.detach", args)))
 
 
 def _admitted(given: dict[str, Any]) -> dict[str, Any]:
@@ -282,7 +299,7 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
         "taskId": given["task_id"],
         "messageId": given["task_id"],
         "token": given["token"],
-        "payload": json_value(given["input"]),
+        "payload": stored_value(given["input"]),
         "attempt": given["attempt"],
         "attempts": given["attempts"],
         "taskKey": given["key"],
@@ -315,8 +332,8 @@ async def admit(request: web.Request) -> web.StreamResponse:
     if not given:
         return web.Response(status=204)
     if "max" in body:  # the batch extension
-        return web.json_response({"tasks": [_admitted(one) for one in given]})
-    return web.json_response(_admitted(given[0]))
+        return json_response({"tasks": [_admitted(one) for one in given]})
+    return json_response(_admitted(given[0]))
 
 
 def _result_view(task: Task) -> dict[str, Any]:
@@ -325,7 +342,7 @@ def _result_view(task: Task) -> dict[str, Any]:
         "id": task.id,
         "state": task.state,
         "done": task.state in TaskState.TERMINAL,
-        "outcome": json_value(task.outcome),
+        "outcome": stored_value(task.outcome),
         "outcomeReason": task.outcome_reason,
         "error": task.error if task.state != TaskState.SUCCEEDED else None,
         "attempt": task.attempt,
@@ -361,26 +378,45 @@ async def task_results(request: web.Request) -> web.Response:
     deadline = time.monotonic() + wait_ms / 1000
     await node.confirm_leadership(caller)
     while True:
-        pending: str | None = None
-        views: list[dict[str, Any]] = []
         with node.read() as state:
-            for task_id in ids:
-                task = state.tasks.get(task_id)
-                if task is None or task.space != caller.space:
-                    views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
-                    continue
-                views.append(render(task) if render is not None else _view(state, task))
-                if pending is None and task.state not in TaskState.TERMINAL:
-                    pending = task_id
-        remaining_s = deadline - time.monotonic()
-        if pending is None or remaining_s <= 0:
-            return web.json_response({"results": views})
+            pending = _first_unfinished(state, caller.space, ids)
+            remaining_s = deadline - time.monotonic()
+            # Rendered only to answer: a wait whose tasks end one by one looks again at each end.
+            views = _results(state, caller.space, ids, render) if pending is None or remaining_s <= 0 else None
+        if views is not None:
+            return json_response({"results": views})
+        assert pending is not None
         # Wait for the first unfinished one; the others are looked at again when it is done.
         with park(request, task_key(pending)) as waiter:
             with node.read() as state:
                 task = state.tasks.get(pending)
                 finished = task is None or task.state in TaskState.TERMINAL
-            if not finished and not waiter.parked:
-                return web.json_response({"results": views})  # too many wait here: answer now
+                if not finished and not waiter.parked:  # too many wait here: answer now
+                    views = _results(state, caller.space, ids, render)
+            if views is not None:
+                return json_response({"results": views})
             if not finished:
                 await wait(request, waiter, remaining_s)
+
+
+def _first_unfinished(state: State, space: str, ids: list[str]) -> str | None:
+    """The first of the ids that names a task of the space not yet terminal; None when none does."""
+    for task_id in ids:
+        task = state.tasks.get(task_id)
+        if task is not None and task.space == space and task.state not in TaskState.TERMINAL:
+            return task_id
+    return None
+
+
+def _results(
+    state: State, space: str, ids: list[str], render: Callable[[Task], dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """One view per id, in order: `render`'s (None: the task view), or NOT_FOUND's."""
+    views: list[dict[str, Any]] = []
+    for task_id in ids:
+        task = state.tasks.get(task_id)
+        if task is None or task.space != space:
+            views.append({"id": task_id, "error": {"code": "NOT_FOUND", "message": f"task {task_id!r} not found"}})
+        else:
+            views.append(render(task) if render is not None else _view(state, task))
+    return views

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, timers
 from runstate_server.actors.timers import Timer
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
@@ -106,7 +107,7 @@ async def create_timer_in(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     args = {"run_id": _scope_id(body), **_time_args(body)}
     result = await req.propose(request, "timer.create", args)
-    return web.json_response(_render(node, caller.space, result["timer_id"]), status=201)
+    return json_response(_render(node, caller.space, result["timer_id"]), status=201)
 
 
 @routes(
@@ -127,7 +128,7 @@ async def declare_timer(request: web.Request) -> web.Response:
         if timer.state in (timers.FIRED, timers.ACKED):
             view["token"] = timers.token_of(timer)
         now_ms = max(int(time.time() * 1000), state.clock_ms)
-    return web.json_response({**view, "now": iso(now_ms)})
+    return json_response({**view, "now": iso(now_ms)})
 
 
 _FIRED = obj({"id": STRING, "token": STRING, "firedAt": TIME, "fireAt": TIME, "name": STRING_OR_NULL})
@@ -155,7 +156,7 @@ async def poll(request: web.Request) -> web.Response:
              "name": timer.name}
             for timer in found
         ]
-    return web.json_response({"timers": rows})
+    return json_response({"timers": rows})
 
 
 @routes(
@@ -170,14 +171,14 @@ async def ack(request: web.Request) -> web.Response:
     body = await req.json_body(request)
     token = req.text(body, "token", max_chars=limits.key_chars_max, required=True)
     await req.propose(request, "timer.ack", {"timer_id": timer_id, "token": token})
-    return web.json_response(_render(node, caller.space, timer_id))
+    return json_response(_render(node, caller.space, timer_id))
 
 
 @routes("GET", SPACE_PREFIX + "/timers/{id}", "Extension: a timer's state", errors=("NOT_FOUND",), permission=READ, answer=TIMER,)
 async def timer_status(request: web.Request) -> web.Response:
     node = node_of(request)
     await node.confirm_leadership(caller_of(request))
-    return web.json_response(_render(node, caller_of(request).space, request.match_info["id"]))
+    return json_response(_render(node, caller_of(request).space, request.match_info["id"]))
 
 
 @routes(
@@ -199,9 +200,9 @@ async def wait(request: web.Request) -> web.Response:
     fired = (timers.FIRED, timers.ACKED)
     view = await long_poll(request, node, timers.timer_key(timer_id), look, lambda view: view["state"] in fired)
     if view["state"] not in fired:
-        return web.json_response({**view, "done": False})
+        return json_response({**view, "done": False})
     await req.propose(request, "timer.acknowledge", {"timer_id": timer_id})
-    return web.json_response({**_render(node, caller.space, timer_id), "done": True})
+    return json_response({**_render(node, caller.space, timer_id), "done": True})
 
 
 @routes(
@@ -212,7 +213,7 @@ async def cancel(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
     await req.json_body(request, required=False)
     await req.propose(request, "timer.cancel", {"timer_id": timer_id})
-    return web.json_response(_render(node, caller.space, timer_id))
+    return json_response(_render(node, caller.space, timer_id))
 
 
 # -- the list (an extension for the console) -------------------------------------------------------
@@ -233,4 +234,4 @@ async def list_timers(request: web.Request) -> web.Response:
     views, next_cursor = await paging.run_owned_page(
         request, node, caller, _TIMER_STATES, lambda state: state.timers, lambda run: run.timers, timer_view,
     )
-    return web.json_response({"timers": views, "nextCursor": next_cursor})
+    return json_response({"timers": views, "nextCursor": next_cursor})

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from runstate_server.actors import limits, work_limits
+from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
     READ,
@@ -53,7 +54,7 @@ async def create(request: web.Request) -> web.Response:
     if args["max_outstanding"] is None:
         raise ApiError("VALIDATION_FAILED", "maxOutstanding is required")
     result = await req.propose(request, "work_limit.create", args)
-    return web.json_response(_row(request, result["name"]), status=201 if result["created"] else 200)
+    return json_response(_row(request, result["name"]), status=201 if result["created"] else 200)
 
 
 @routes(
@@ -65,4 +66,4 @@ async def list_work_limits(request: web.Request) -> web.Response:
     await node.confirm_leadership(caller)
     with node.read() as state:
         rows = work_limits.rows(state, caller.space)
-    return web.json_response({"workLimits": rows})
+    return json_response({"workLimits": rows})
