@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import re
 import signal
@@ -224,10 +225,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The garbage collector's thresholds in a node process (Python's defaults: 700, 10, 10). A node
+# allocates a few hundred objects per task it handles, nearly all freed at once by their reference
+# counts, while its state holds hundreds of thousands that live long: at 700 allocations a young
+# collection ran every few tasks and every tenth one walked the survivors again. Collecting the
+# young generation every 100,000 allocations lets the short-lived die first (they are never
+# scanned); cyclic garbage waits at most that long (a few MB). Full collections still follow
+# Python's own rule (when the objects added since the last one exceed a quarter of the total).
+# bench.throughput --cluster --batch 50: node CPU per task -5 to -25% in interleaved pairs.
+GC_YOUNG_ALLOCATIONS = 100_000
+GC_YOUNG_COLLECTIONS_PER_MIDDLE = 50
+GC_MIDDLE_COLLECTIONS_PER_OLD = 100
+
+
+def tune_garbage_collector() -> None:
+    gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_YOUNG_COLLECTIONS_PER_MIDDLE, GC_MIDDLE_COLLECTIONS_PER_OLD)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ADMIN_COMMANDS:
         return run_admin_command(args)
+    tune_garbage_collector()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "dev":
