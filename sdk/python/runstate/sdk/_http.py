@@ -126,10 +126,14 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# Made once: json.dumps with non-default options builds an encoder per call.
+_BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_body(body: Mapping[str, Any]) -> bytes:
     """Compact JSON for a request body; ConfigError for values JSON cannot carry."""
     try:
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _BODY_ENCODER.encode(body)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"request body is not JSON-serializable: {exc}") from exc
     return text.encode("utf-8")

@@ -669,6 +669,10 @@ class Ticket:
         return await self._transport.request("POST", f"{self._path}/detach", body=body, safe=True)
 
 
+# Guards making a Delivery's `signal` on first use (rare, and brief: one lock for all of them).
+_SIGNAL_MAKING = threading.Lock()
+
+
 class Delivery:
     """One task handed to this worker under a lease.
 
@@ -710,9 +714,9 @@ class Delivery:
         self._settled = False
         # Set by consume(): its completes go out together with the other handlers' (_completes.py).
         self._completes: Completes | None = None
-        # Set by consume() when the lease is lost, the run stopped, or the handler is being
-        # cancelled: a sync handler, which cannot be cancelled, checks it to stop early.
-        self.signal = threading.Event()
+        # `signal`, made on first use: a threading.Event costs a Condition and its lock, which
+        # most deliveries (a handler that never looks, and is never cancelled) do not need.
+        self._signal: threading.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Delivery {self.id} task={self.task_id} attempt={self.attempt} settled={self._settled}>"
@@ -720,6 +724,20 @@ class Delivery:
     @property
     def settled(self) -> bool:
         return self._settled
+
+    @property
+    def signal(self) -> threading.Event:
+        """Set by consume() when the lease is lost, the run stopped, or the handler is being
+        cancelled: a sync handler, which cannot be cancelled, checks it to stop early."""
+        signal = self._signal
+        if signal is None:
+            # The event loop (setting it) and a handler's thread (checking it) may both be first:
+            # both must get the same event.
+            with _SIGNAL_MAKING:
+                if self._signal is None:
+                    self._signal = threading.Event()
+                signal = self._signal
+        return signal
 
     def spend(self, amount: float) -> None:
         """Report `amount` more spent of the job's budget reservation (no request; safe from any
