@@ -1,11 +1,13 @@
 """The consume loop behind `Mailbox.consume`: receive, run handlers, keep leases, settle.
 
 One `Consumer` per call. The loop long-polls for as many deliveries as it has free handler slots;
-each delivery gets a handler task and a renewer task. The renewer extends the lease every third of
-it and cancels the handler when the lease is lost or the run stopped. Whatever the handler does
-not settle itself is settled here: completed with its return value, retried with its exception.
-The completes of the call's deliveries (the handler's own too) go out together while one is in
-flight (_completes.py).
+each delivery gets one task, which runs its handler and then settles it: completed with its return
+value, retried with its exception, unless the handler settled it itself. The leases of one receive
+started together, so one timer per receive starts their renewal: a delivery whose handler still
+runs a third of its lease later gets a renewer task, which extends the lease every third of it and
+cancels the handler when the lease is lost or the run stopped. A handler that returns before (the
+usual case) costs no timer and no task of its own beyond its one task. The completes of the call's
+deliveries (the handler's own too) go out together while one is in flight (_completes.py).
 """
 
 from __future__ import annotations
@@ -116,6 +118,35 @@ class _DaemonThreads(concurrent.futures.Executor):
         return future
 
 
+class _LeaseBatch:
+    """The deliveries of one receive whose handler still runs: their leases began together, so
+    one timer (`timer`) starts renewing all of them (a renewer task each) a third of a lease later."""
+
+    __slots__ = ("handlings", "timer")
+
+    def __init__(self) -> None:
+        self.handlings: set[_Handling] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Handling:
+    """One delivery in the hands of this consumer: its task (handler, then settle), the receive it
+    came with, its renewer once it has one, and why the handler was cancelled (`lost`)."""
+
+    __slots__ = ("delivery", "batch", "task", "renewer", "lost", "abandoned")
+
+    def __init__(self, delivery: Delivery, batch: _LeaseBatch) -> None:
+        self.delivery = delivery
+        self.batch = batch
+        self.task: asyncio.Task[None] | None = None
+        self.renewer: asyncio.Task[None] | None = None
+        # Set (by its renewer) before the handler is cancelled for a lost lease or a stopped run.
+        self.lost: str | None = None
+        # Set by the drain when the task did not end in time after its cancel: the delivery was
+        # handed back, so whatever the handler does later is not settled.
+        self.abandoned = False
+
+
 class Consumer:
     def __init__(
         self,
@@ -147,11 +178,18 @@ class Consumer:
         self._stop = stop
         self._include_descendants = include_descendants
         self._executor: _DaemonThreads | None = None
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], _Handling] = {}
+        # Renewer tasks of handlers that outlived a third of their lease.
+        self._renewers: set[asyncio.Task[None]] = set()
+        self._renew_interval_s = max(lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
         # Set when the user's stop is set or a renewal learns that the run stopped.
         self._stopping = asyncio.Event()
-        # Set (from a handler thread) whenever a sync handler's thread ends.
-        self._thread_ended = asyncio.Event()
+        # Set whenever a handler slot may have come free: a delivery's task ended, a sync
+        # handler's thread ended (from that thread), or consume() is stopping.
+        self._changed = asyncio.Event()
+        # Set once the drain cancels the running handlers (told apart from a handler's own
+        # CancelledError where tasks cannot say whether they were cancelled, before Python 3.11).
+        self._draining = False
         # The completes of this call's deliveries, sent together while one is in flight.
         self._completes = Completes(mailbox._transport)
 
@@ -174,7 +212,11 @@ class Consumer:
 
     async def _watch_stop(self, stop: asyncio.Event) -> None:
         await stop.wait()
+        self._stop_consuming()
+
+    def _stop_consuming(self) -> None:
         self._stopping.set()
+        self._changed.set()
 
     async def _loop(self, stop_waiter: asyncio.Task[Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -185,14 +227,10 @@ class Consumer:
         while not self._stopping.is_set():
             free = self._concurrency - len(self._running) - self._abandoned_over_bound()
             if free < free_min:
-                self._thread_ended.clear()
-                thread_ended = asyncio.ensure_future(self._thread_ended.wait())
-                try:
-                    await asyncio.wait(
-                        {*self._running, stop_waiter, thread_ended}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    thread_ended.cancel()
+                # One event for every way a slot comes free: waiting on each running task instead
+                # cost a callback per task on every wake-up.
+                self._changed.clear()
+                await self._changed.wait()
                 continue
             try:
                 deliveries = await self._receive_unless_stopped(free, stop_waiter)
@@ -218,11 +256,49 @@ class Consumer:
             if self._stopping.is_set():
                 await asyncio.gather(*(self._release_quietly(delivery) for delivery in deliveries))
                 return
-            for delivery in deliveries:
-                delivery._completes = self._completes
-                task = asyncio.create_task(self._handle(delivery), name=f"runstate-handler-{delivery.id}")
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
+            self._start(deliveries)
+
+    def _start(self, deliveries: list[Delivery]) -> None:
+        """A task for each delivery, and one timer for the renewal of all their leases."""
+        if not deliveries:
+            return
+        loop = asyncio.get_running_loop()
+        batch = _LeaseBatch()
+        for delivery in deliveries:
+            delivery._completes = self._completes
+            handling = _Handling(delivery, batch)
+            task = loop.create_task(self._handle(handling), name=f"runstate-handler-{delivery.id}")
+            handling.task = task
+            batch.handlings.add(handling)
+            self._running[task] = handling
+            task.add_done_callback(self._ended)
+        batch.timer = loop.call_later(self._renew_interval_s, self._start_renewing, batch)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        self._changed.set()
+
+    def _start_renewing(self, batch: _LeaseBatch) -> None:
+        """A third of the lease after the receive: a renewer for each handler still running."""
+        batch.timer = None
+        handlings, batch.handlings = batch.handlings, set()
+        for handling in handlings:
+            if handling.delivery.settled:
+                continue  # the handler settled it itself: its lease ended with that
+            renewer = asyncio.get_running_loop().create_task(self._renew_until_done(handling))
+            handling.renewer = renewer
+            self._renewers.add(renewer)
+            renewer.add_done_callback(self._renewers.discard)
+
+    @staticmethod
+    def _stop_renewing(handling: _Handling) -> None:
+        batch = handling.batch
+        batch.handlings.discard(handling)
+        if not batch.handlings and batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = None
+        if handling.renewer is not None:
+            handling.renewer.cancel()
 
     def _abandoned_over_bound(self) -> int:
         """Handler threads left running by handlers that are no longer ours (a thread per running
@@ -262,52 +338,83 @@ class Consumer:
             if self._running and grace_s > 0:
                 await asyncio.wait(set(self._running), timeout=grace_s)
         finally:
-            running = set(self._running)
+            running = dict(self._running)
+            self._draining = True
             for task in running:
                 task.cancel()
             if running:
-                await asyncio.wait(running)
+                # A cancelled handler gets HANDLER_CANCEL_WAIT_S to end, then its delivery is
+                # handed back (RELEASE_ON_EXIT_TIMEOUT_S).
+                _, stuck = await asyncio.wait(set(running), timeout=HANDLER_CANCEL_WAIT_S + RELEASE_ON_EXIT_TIMEOUT_S)
+                for task in stuck:
+                    await self._abandon(running[task])
 
-    async def _handle(self, delivery: Delivery) -> None:
+    async def _abandon(self, handling: _Handling) -> None:
+        """A handler that did not end after its cancel is left running; its delivery is handed back."""
+        handling.abandoned = True
+        self._running.pop(handling.task, None)  # type: ignore[arg-type]
+        self._stop_renewing(handling)
+        if not handling.delivery.settled and handling.lost is None:
+            await self._release_quietly(handling.delivery)
+
+    async def _handle(self, handling: _Handling) -> None:
         """Run one handler under a renewed lease and settle its delivery. Never raises (but cancels)."""
-        lost: list[str] = []
-        handler_task = asyncio.create_task(self._call_handler(delivery))
-        renewer = asyncio.create_task(self._renew_until_done(delivery, handler_task, lost))
+        delivery = handling.delivery
         try:
             try:
-                await asyncio.wait({handler_task})
-            except asyncio.CancelledError:
-                # consume() is shutting down: stop the handler and hand the task back at once.
-                delivery.signal.set()
-                handler_task.cancel()
-                await asyncio.wait({handler_task}, timeout=HANDLER_CANCEL_WAIT_S)
-                if not delivery.settled and not lost:
-                    await self._release_quietly(delivery)
-                raise
-        finally:
-            renewer.cancel()
-            await asyncio.wait({renewer})
+                value = await self._call_handler(delivery)
+            finally:
+                self._stop_renewing(handling)
+        except asyncio.CancelledError:
+            if handling.lost is not None or not self._cancelled(handling):
+                # Cancelled by its renewer, or the handler raised CancelledError itself: nothing
+                # to settle (the lease lapses).
+                logger.warning(
+                    "consume %s: handler of delivery %s cancelled: %s",
+                    self._mailbox,
+                    delivery.id,
+                    handling.lost or "cancelled",
+                )
+                return
+            # consume() is shutting down: hand the task back at once.
+            delivery.signal.set()
+            if not delivery.settled and not handling.abandoned:
+                await self._release_quietly(delivery)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the handler's error retries its delivery
+            self._forget_swallowed_cancel(handling)
+            if handling.abandoned:
+                return
+            try:
+                await self._settle_failed(delivery, exc)
+            except Exception:
+                logger.exception("consume %s: settling delivery %s failed", self._mailbox, delivery.id)
+            return
+        self._forget_swallowed_cancel(handling)
+        if handling.abandoned or delivery.settled:
+            return
         try:
-            await self._settle_after(delivery, handler_task, lost)
+            await self._complete(delivery, value)
         except Exception:
             logger.exception("consume %s: settling delivery %s failed", self._mailbox, delivery.id)
 
-    async def _settle_after(
-        self, delivery: Delivery, handler_task: asyncio.Task[Any], lost: list[str]
-    ) -> None:
-        if handler_task.cancelled():
-            logger.warning(
-                "consume %s: handler of delivery %s cancelled: %s",
-                self._mailbox,
-                delivery.id,
-                lost[0] if lost else "cancelled",
-            )
-            return
-        exc = handler_task.exception()
-        if exc is None:
-            if not delivery.settled:
-                await self._complete(delivery, handler_task.result())
-            return
+    def _cancelled(self, handling: _Handling) -> bool:
+        """Whether the delivery's task itself was cancelled (consume() is stopping), rather than
+        the handler raising CancelledError of its own."""
+        cancelling = getattr(handling.task, "cancelling", None)  # Python 3.11+
+        return cancelling() > 0 if cancelling is not None else self._draining
+
+    @staticmethod
+    def _forget_swallowed_cancel(handling: _Handling) -> None:
+        """A handler cancelled for a lost lease that swallowed the cancel and ended anyway: its
+        outcome is settled as it would be had it ended in time, in a task no longer marked as
+        being cancelled (else asyncio.timeout inside the settle would take its timeout for one)."""
+        if handling.lost is not None:
+            uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
+
+    async def _settle_failed(self, delivery: Delivery, exc: Exception) -> None:
         if isinstance(exc, LeaseLostError):
             logger.warning("consume %s: delivery %s: %s", self._mailbox, delivery.id, exc)
             return
@@ -328,7 +435,7 @@ class Consumer:
         loop = asyncio.get_running_loop()
         if self._executor is None:
             self._executor = _DaemonThreads(
-                "runstate-handler", functools.partial(_set_threadsafe, loop, self._thread_ended)
+                "runstate-handler", functools.partial(_set_threadsafe, loop, self._changed)
             )
         value = await loop.run_in_executor(
             self._executor, functools.partial(self._handler, delivery.input, delivery)
@@ -337,14 +444,11 @@ class Consumer:
             value = await value
         return value
 
-    async def _renew_until_done(
-        self, delivery: Delivery, handler_task: asyncio.Task[Any], lost: list[str]
-    ) -> None:
-        interval_s = max(self._lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
+    async def _renew_until_done(self, handling: _Handling) -> None:
+        """Renew now, then every third of the lease, until cancelled (the handler ended) or the
+        delivery is settled; cancel the handler when the lease is lost or the run stopped."""
+        delivery = handling.delivery
         while True:
-            await asyncio.sleep(interval_s)
-            if handler_task.done() or delivery.settled:
-                return
             try:
                 await delivery.renew(self._lease_ms)
             except (LeaseLostError, NotFoundError, ScopeCancelledError, DeadlineExceededError) as exc:
@@ -352,16 +456,20 @@ class Consumer:
                     # The handler settled it meanwhile; its lease ended with that.
                     return
                 if isinstance(exc, (ScopeCancelledError, DeadlineExceededError)):
-                    lost.append(f"the run stopped ({exc})")
-                    self._stopping.set()
+                    handling.lost = f"the run stopped ({exc})"
+                    self._stop_consuming()
                 else:
-                    lost.append(f"the lease is lost ({exc})")
+                    handling.lost = f"the lease is lost ({exc})"
                 delivery.signal.set()
-                handler_task.cancel()
+                assert handling.task is not None
+                handling.task.cancel()
                 return
             except RunstateError as exc:
                 # UNAVAILABLE and the like: try again at the next interval; the lease may still hold.
                 logger.warning("consume %s: renewing delivery %s failed: %s", self._mailbox, delivery.id, exc)
+            await asyncio.sleep(self._renew_interval_s)
+            if delivery.settled:
+                return
 
     async def _complete(self, delivery: Delivery, value: Any) -> None:
         try:
