@@ -31,6 +31,8 @@ from runstate import AsyncRunstate
 HEALTH_TIMEOUT_S = 30.0
 RESULT_TIMEOUT_MS = 120_000
 WORKER_EXIT_TIMEOUT_S = 30.0
+# What a worker process prints once it has started (imports alone take ~0.3 s of CPU).
+WORKER_READY = "ready"
 
 
 def rotated(url: str, by: int) -> str:
@@ -149,6 +151,8 @@ async def work(url: str, run_id: str, concurrency: int) -> None:
         async def handle(data: dict[str, Any], delivery: Any) -> dict[str, Any]:
             return {"doubled": data["n"] * 2}
 
+        # Imported and ready: the bench measures the CPU of the work from here on.
+        print(WORKER_READY, flush=True)
         await rs.scope(run_id).mailbox("bench").consume(handle, concurrency=concurrency)
 
 
@@ -233,10 +237,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 subprocess.Popen(
                     [sys.executable, "-m", "bench.throughput", "--role", "worker", "--url", rotated(url, index + 1),
                      "--run", run_id, "--concurrency", str(args.concurrency)],
-                    cwd=Path(__file__).parent.parent,
+                    cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
                 )
                 for index in range(args.workers)
             ]
+            for worker in workers:
+                assert worker.stdout is not None
+                if worker.stdout.readline().decode().strip() != WORKER_READY:
+                    raise RuntimeError(f"a worker exited while starting ({worker.wait()})")
+            worker_cpu_before = [cpu_s(worker.pid) or 0.0 for worker in workers]
             node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
@@ -247,7 +256,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             result["requests_per_task"] = requests_per_task(requests_before, http_requests(url.split(",")), args.tasks)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
-                "workers": round(sum(cpu_s(worker.pid) or 0.0 for worker in workers), 2),
+                # Under the load only; their start (imports, mostly) apart.
+                "workers": round(sum(
+                    (cpu_s(worker.pid) or 0.0) - before for worker, before in zip(workers, worker_cpu_before, strict=True)
+                ), 2),
+                "workers_startup": round(sum(worker_cpu_before), 2),
             }
             if node_pids and None not in node_cpu_before:
                 # One node, or the sum of a cluster's three.
@@ -263,6 +276,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 if worker.poll() is None:
                     worker.kill()
                     worker.wait()
+                if worker.stdout is not None:
+                    worker.stdout.close()
             if node is not None:
                 node.terminate()
                 node.wait(WORKER_EXIT_TIMEOUT_S)
