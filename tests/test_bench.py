@@ -99,3 +99,14 @@ def test_apply_bench_short_form() -> None:
     # Against a checkout of its own: both sides run and compare.
     compared = run("--against", str(root), "--chunk", "100")
     assert set(compared) >= {"this", "against", "this_over_against_without_gc"}
+
+
+def test_consume_cpu_bench_short_form() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.consume_cpu", "--tasks", "300", "--concurrency", "8"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert (report["tasks"], report["concurrency"]) == (300, 8)
+    assert report["us_per_task"] > 0
