@@ -5,10 +5,12 @@ its lease (sdk/_consume.py: one task per delivery, one renewal timer per receive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 from runstate import AsyncRunstate
+from runstate.sdk import _consume
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +125,42 @@ def test_a_delivery_signal_is_one_event_made_on_first_use(dev_node: Any) -> None
             signals = await asyncio.gather(*(asyncio.to_thread(lambda: delivery.signal) for _ in range(8)))
             assert all(signal is delivery.signal for signal in signals) and not delivery.signal.is_set()
             await delivery.complete()
+            await run.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_handler_that_ignores_its_cancel_is_left_running_and_its_delivery_handed_back(
+    dev_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_consume, "HANDLER_CANCEL_WAIT_S", 0.2)
+
+    async def scenario() -> None:
+        async with AsyncRunstate(base_url=dev_node.url) as rs:
+            await rs.mailboxes.ensure("leases", mode="WORK")
+            run = await rs.scopes.create()
+            mailbox = run.mailbox("leases")
+            await mailbox.submit({"n": 1})
+            started = asyncio.Event()
+            let_go = asyncio.Event()
+
+            async def handle(data: Any, delivery: Any) -> str:
+                started.set()
+                while not let_go.is_set():
+                    with contextlib.suppress(asyncio.CancelledError):  # deaf to its cancel
+                        await let_go.wait()
+                return "late"
+
+            consuming = asyncio.create_task(mailbox.consume(handle, lease_ms=60_000))
+            await asyncio.wait_for(started.wait(), WAIT_TIMEOUT_S)
+            consuming.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(consuming, WAIT_TIMEOUT_S)
+            again = await mailbox.receive(wait_ms=5_000)
+            assert len(again) == 1  # handed back although its handler still runs
+            let_go.set()
+            await asyncio.sleep(0.1)  # the late handler ends: its result is not settled
+            await again[0].complete(result={"payload": "second"})
             await run.cancel()
 
     asyncio.run(scenario())

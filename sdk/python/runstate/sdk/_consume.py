@@ -346,8 +346,7 @@ class Consumer:
                 # A cancelled handler gets HANDLER_CANCEL_WAIT_S to end, then its delivery is
                 # handed back (RELEASE_ON_EXIT_TIMEOUT_S).
                 _, stuck = await asyncio.wait(set(running), timeout=HANDLER_CANCEL_WAIT_S + RELEASE_ON_EXIT_TIMEOUT_S)
-                for task in stuck:
-                    await self._abandon(running[task])
+                await asyncio.gather(*(self._abandon(running[task]) for task in stuck))
 
     async def _abandon(self, handling: _Handling) -> None:
         """A handler that did not end after its cancel is left running; its delivery is handed back."""
