@@ -214,7 +214,9 @@ def test_a_leader_cut_off_from_its_followers_answers_no_read(make_cluster: Calla
             getattr(cluster, cut_off)(index)
     for _ in range(2):  # the first right away (the leader still believes it leads), then after
         status, answer = api("GET", f"/v1/scopes/{run_id}")
-        assert (status, answer["error"]["code"]) == (503, "UNAVAILABLE"), answer
+        # The whole answer on failure: once (CI, 2 loaded cores) the read right after the pause was
+        # answered without an error, and which answer it was is what tells a race from a bug.
+        assert (status, answer.get("error", {}).get("code")) == (503, "UNAVAILABLE"), (status, answer)
 
 
 def test_a_write_acknowledged_through_one_node_is_seen_by_reads_through_every_node(
