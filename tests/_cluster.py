@@ -37,6 +37,7 @@ CONVERGE_TIMEOUT_S = 60.0  # replicas reach one digest
 STOP_TIMEOUT_S = 15.0
 POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
+PAUSE_TIMEOUT_S = 10.0  # every thread of a SIGSTOPped process shows as stopped
 LOG_TAIL_CHARS = 3000
 SECRET = "cluster-test-secret-0123456789"
 ADMIN_KEY = "rsk_cluster-test-admin-key-0123456789abcdef"  # the bootstrap admin key of every test cluster
@@ -197,11 +198,15 @@ class Cluster:
             self.kill(index)
 
     def pause(self, index: int) -> None:
-        """SIGSTOP: the process is frozen, its sockets stay open."""
+        """SIGSTOP: the process is frozen, its sockets stay open. Returns once every thread of it
+        stopped: the kernel stops a process's threads one after another, after the thread it
+        woke first gets a core, so on loaded cores another thread (Raft's) may run on for a while
+        after kill() returned."""
         process = self.processes[index]
         assert process is not None and process.poll() is None, f"{self.ids[index]} is not running"
         process.send_signal(signal.SIGSTOP)
         self.paused.add(index)
+        wait_stopped(process.pid)
 
     def resume(self, index: int) -> None:
         process = self.processes[index]
@@ -351,3 +356,18 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
             cluster.stop()
         for cluster in made:
             print(cluster.logs())
+
+
+def wait_stopped(pid: int) -> None:
+    """Wait until every thread of process `pid` is stopped (state T in /proc: Linux only)."""
+    deadline = time.monotonic() + PAUSE_TIMEOUT_S
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                # "pid (comm) S ...": the state follows the last ")" (a comm may hold one).
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {PAUSE_TIMEOUT_S} s: {states}"
+        time.sleep(0.001)
