@@ -186,6 +186,9 @@ class ReplicatedLog:
         # Reads waiting for their read index round (read_index), by round number: oldest first.
         self._read_index = ReadIndex()
         self._reads_waiting: dict[int, asyncio.Future[None]] = {}
+        # Calls the tick thread gathered for the loop during a tick (_call_on_loop); tick thread only.
+        self._tick_thread_id: int | None = None
+        self._loop_calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         # Batches of this node queued in pysyncobj and not yet called back (both threads).
         self._uncommitted_lock = threading.Lock()
         self._uncommitted = 0
@@ -239,6 +242,7 @@ class ReplicatedLog:
             self._journal = _journal.DurableJournal(raft.get_journal(), journal_file, fsync=self._fsync)
             raft.set_journal(self._journal)
         self._raft = raft
+        raft.addOnTickCallback(self._hand_calls_to_loop)
         self._thread = threading.Thread(target=self._run_ticks, name=f"raft-{self.self_address}", daemon=True)
         self._thread.start()
 
@@ -556,6 +560,9 @@ class ReplicatedLog:
         with self._uncommitted_lock:
             self._uncommitted -= 1
         self._call_on_loop(self._on_batch_done, in_flight, results, reason)
+        # Its callers wait: hand over now (with the apply's effects, gathered just before), not
+        # after the rest of the tick (the leader's appends to its followers come next).
+        self._hand_calls_to_loop()
 
     def _on_batch_done(self, in_flight: _InFlightBatch, results: Any, reason: int) -> None:
         if reason == FAIL_REASON.SUCCESS:
@@ -650,6 +657,7 @@ class ReplicatedLog:
         raft = self._raft
         assert raft is not None
         single_node = not self.peer_addresses
+        self._tick_thread_id = threading.get_ident()
         try:
             while not self._stopping.is_set() and self._halt_reason is None:
                 # One node: an entry appended in tick T commits at the start of tick T+1, and nothing
@@ -664,6 +672,7 @@ class ReplicatedLog:
                         confirmed = self._read_index.on_tick(raft)
                         if confirmed is not None:
                             self._call_on_loop(self._on_read_confirmed, confirmed)
+                    self._hand_calls_to_loop()
                 except _LogHalted:
                     break
                 except Exception:
@@ -681,6 +690,7 @@ class ReplicatedLog:
             raft.close_pipe()
             if self._halt_reason is not None:
                 self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
+            self._hand_calls_to_loop()
 
     def _poll_s(self, raft: RaftNode) -> float:
         """How long the tick may wait for socket events: tick_period_s, but a follower or candidate
@@ -737,11 +747,34 @@ class ReplicatedLog:
             self._call_on_loop(self._on_role_changed)
 
     def _call_on_loop(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Run `callback(*args)` on the loop. From the tick thread the calls of one tick are
+        gathered and handed over together (`_hand_calls_to_loop`): one wake-up of the loop per
+        tick, not one per call (a commit's apply and its answer were two, each a self-pipe write
+        and a round of the two threads handing the interpreter lock back and forth)."""
+        if threading.get_ident() == self._tick_thread_id:
+            self._loop_calls.append((callback, args))
+            return
         loop = self._loop
         if loop is None:
             return
         try:
             loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the process is shutting down
+            pass
+
+    def _hand_calls_to_loop(self) -> None:
+        """Tick thread: hand the calls gathered so far to the loop, in order. Called when a batch's
+        callers are answered, before the tick's poll (pysyncobj's on-tick callbacks) and after
+        it, so no call waits out a poll."""
+        calls = self._loop_calls
+        if not calls:
+            return
+        self._loop_calls = []
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(_run_calls, calls)
         except RuntimeError:  # the loop is closed: the process is shutting down
             pass
 
@@ -818,3 +851,13 @@ def _time_out_read(future: asyncio.Future[None], timeout_s: float) -> None:
 def _fail(proposals: list[_Proposal], error: Exception) -> None:
     for proposal in proposals:
         proposal.waiting.settle(proposal.index, copy.copy(error))  # one instance per waiter (tracebacks)
+
+
+def _run_calls(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """Loop thread: the calls one tick gathered, in order; one that raises does not stop the rest
+    (each was its own loop callback before they were gathered)."""
+    for callback, args in calls:
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("a call from the Raft thread failed: %r", callback)
