@@ -134,6 +134,7 @@ class _Counters:
     batches_proposed: int = 0
     batches_applied: int = 0
     commands_failed_internal: int = 0
+    read_index_fallbacks: int = 0  # times a read index round went unconfirmed and reads fell back to barriers
 
 
 class ReplicatedLog:
@@ -186,6 +187,9 @@ class ReplicatedLog:
         # Reads waiting for their read index round (read_index), by round number: oldest first.
         self._read_index = ReadIndex()
         self._reads_waiting: dict[int, asyncio.Future[None]] = {}
+        # A read index round timed out under this leadership and none was confirmed since: reads
+        # commit a barrier at once (read_index). Loop thread.
+        self.read_index_unconfirmed = False
         # Calls the tick thread gathered for the loop during a tick (_call_on_loop); tick thread only.
         self._tick_thread_id: int | None = None
         self._loop_calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
@@ -337,13 +341,24 @@ class ReplicatedLog:
 
         Raises NotLeader when this node stops leading meanwhile, LogUnavailable when no majority
         confirmed within `timeout_s` (a leader cut off from its peers, or peers that do not know the
-        read index: the caller may fall back to a barrier entry)."""
+        read index: the caller may fall back to a barrier entry).
+
+        Once a round went unconfirmed under this leadership, LogUnavailable comes at once, until a
+        round is confirmed again (`read_index_unconfirmed`): peers of an older version, which never
+        acknowledge a round, would otherwise cost every read the whole timeout before its barrier
+        (a rolling upgrade whose first upgraded node leads). Each such call asks for a round that
+        no read waits on, so the first one its peers confirm (upgraded, or reachable again) ends it."""
         self._check_running()
         if not self.is_leader:
             raise NotLeader(self.leader_address)
+        assert self._loop is not None and self._raft is not None
+        if self.read_index_unconfirmed:
+            _, wake = self._read_index.request()
+            if wake:
+                self._raft.wake()
+            raise LogUnavailable("a read index round went unconfirmed; reads commit a barrier until one is confirmed")
         if len(self._reads_waiting) >= READS_WAITING_MAX:
             raise LogUnavailable(f"{READS_WAITING_MAX} reads already wait for their read index")
-        assert self._loop is not None and self._raft is not None
         seq, wake = self._read_index.request()
         future: asyncio.Future[None] = self._loop.create_future()
         self._reads_waiting[seq] = future
@@ -351,15 +366,30 @@ class ReplicatedLog:
             self._raft.wake()
         # One timer on the future itself, not wait_for's second future and done callback: the
         # results and status routes of a cluster's leader wait here on every call.
-        deadline = self._loop.call_later(timeout_s, _time_out_read, future, timeout_s)
+        deadline = self._loop.call_later(timeout_s, self._time_out_read, future, timeout_s)
         try:
             await future
         finally:
             deadline.cancel()
             self._reads_waiting.pop(seq, None)
 
+    def _time_out_read(self, future: asyncio.Future[None], timeout_s: float) -> None:
+        if future.done():
+            return
+        future.set_exception(LogUnavailable(f"no majority confirmed the read index within {timeout_s} s"))
+        if self.is_leader and not self.read_index_unconfirmed:
+            self.read_index_unconfirmed = True
+            self.counters.read_index_fallbacks += 1
+            logger.warning(
+                "no majority confirmed a read index round within %s s (peers of an older version, or "
+                "cut off): reads commit a barrier entry until a round is confirmed", timeout_s,
+            )
+
     def _on_read_confirmed(self, seq: int) -> None:
         """Loop thread: round `seq` is confirmed and applied; so is every read numbered up to it."""
+        if self.read_index_unconfirmed:
+            self.read_index_unconfirmed = False
+            logger.info("a read index round was confirmed: reads use the read index again")
         waiting = self._reads_waiting
         while waiting:
             first = next(iter(waiting))
@@ -616,6 +646,7 @@ class ReplicatedLog:
             raise LogUnavailable(f"the log halted: {self._halt_reason}")
 
     def _on_role_changed(self) -> None:
+        self.read_index_unconfirmed = False  # a new leadership tries the read index afresh
         if not self.is_leader:
             self._fail_pending(NotLeader(self.leader_address))
             self._fail_reads(NotLeader(self.leader_address))
@@ -841,11 +872,6 @@ class ReplicatedLog:
 def _entry(entry: Any) -> tuple[bytes, int, int]:
     command, index, term = entry
     return (bytes(command), int(index), int(term))
-
-
-def _time_out_read(future: asyncio.Future[None], timeout_s: float) -> None:
-    if not future.done():
-        future.set_exception(LogUnavailable(f"no majority confirmed the read index within {timeout_s} s"))
 
 
 def _fail(proposals: list[_Proposal], error: Exception) -> None:

@@ -274,8 +274,9 @@ class Node:
         index, `ReplicatedLog.read_index`): no log entry either. Either way the caller's key is
         checked against the state at the read with the core's own check and error, so a key revoked
         before the read is refused. Otherwise (not leading yet or any more, or no majority
-        confirmed the read index in time, e.g. peers that do not know it) a no-op `barrier` entry,
-        carrying the caller's key, is committed through the log as before."""
+        confirmed the read index in time, e.g. peers that do not know it, and then until a round is
+        confirmed again) a no-op `barrier` entry, carrying the caller's key, is committed through
+        the log as before."""
         if self.log.reads_locally():
             self._check_read_key(caller)
             return
@@ -285,7 +286,8 @@ class Node:
             except NotLeader as error:
                 raise ApiError("UNAVAILABLE", str(error)) from None
             except LogUnavailable as error:
-                log.warning("read index not confirmed (%s); the read commits a barrier", error)
+                # The log warns once when its rounds go unconfirmed (ReplicatedLog.read_index).
+                log.debug("read index not confirmed (%s); the read commits a barrier", error)
             else:
                 self._check_read_key(caller)
                 return
