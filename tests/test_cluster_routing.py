@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +18,8 @@ from typing import Any
 from runstate import AsyncRunstate
 
 from tests._cluster import Cluster
-from tests._http import call
+from tests._http import call, mailbox_id, recv, recv_path, task_ok
+from tests._prometheus import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # The SDK's own bound on an ordinary request (runstate.sdk._http.REQUEST_TIMEOUT_S_DEFAULT) plus a
@@ -45,6 +47,43 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     assert view["leader"] == cluster.ids[leader]
     assert sorted(node["id"] for node in view["nodes"]) == cluster.ids
     assert all(node["reachable"] for node in view["nodes"])
+
+
+def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Callable[..., Cluster]) -> None:
+    """SIGTERM of a follower with long polls forwarded to the leader: it answers them UNAVAILABLE
+    (their clients poll again at another node) and stops, instead of waiting out their 30 s."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    follower = (leader + 1) % cluster.size
+    api = cluster.api(follower)
+    mailbox_id(api)
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    task_id = task_ok(api, run_id, {"input": 1})["id"]
+    assert recv(api, run_id)  # the queue is empty now: a receive waits
+    polls = {
+        "task": ("GET", f"/v1/tasks/{task_id}?waitMs={LONG_POLL_WAIT_MS}", None),
+        "receive": ("POST", recv_path(api), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
+    }
+    answers: dict[str, tuple[int, Any]] = {}
+
+    def poll(name: str) -> None:
+        method, path, body = polls[name]
+        answers[name] = api(method, path, body)
+
+    threads = [threading.Thread(target=poll, args=(name,)) for name in polls]
+    for thread in threads:
+        thread.start()
+    parked_long_polls(cluster.urls[leader], len(polls), cluster.admin_key)  # forwarded: parked on the leader
+    process = cluster.processes[follower]
+    assert process is not None
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(STOP_WITH_LONG_POLLS_S) == 0
+    cluster.stopped.add(follower)
+    for thread in threads:
+        thread.join(ANSWER_BOUND_S)
+    assert {name: (status, answer["error"]["code"]) for name, (status, answer) in answers.items()} == {
+        "task": (503, "UNAVAILABLE"), "receive": (503, "UNAVAILABLE"),
+    }
 
 
 def test_a_forward_to_a_frozen_leader_does_not_outlive_the_next_election(

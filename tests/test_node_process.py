@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api, mailbox_id, recv, settle_ok, task_ok
+from tests._http import Api, mailbox_id, recv, recv_path, settle_ok, task_ok
 from tests._nodes import DevNode
+from tests._prometheus import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls
 
 HERE = Path(__file__).parent
 PROCESS_TIMEOUT_S = 60.0
@@ -67,6 +68,41 @@ def test_dev_prints_where_it_listens_and_stops_cleanly_on_ctrl_c(node_factory: A
     assert f"RUNSTATE_BASE_URL={node.url}" in log
     assert "RUNSTATE_SPACE_ID=default" in log
     assert "Traceback" not in log
+
+
+def test_sigterm_answers_the_parked_long_polls_at_once_and_stops(node_factory: Any) -> None:
+    """A long poll answers what it has when the node stops (its client polls again), instead of
+    holding the stop for the rest of its wait (30 s: a container's stop would end in SIGKILL)."""
+    node: DevNode = node_factory().start()
+    api = Api(node.url)
+    run_id = run_with_work_queue(api)
+    task_id = task_ok(api, run_id, {"input": 1})["id"]
+    (delivery,) = recv(api, run_id)  # the queue is empty now: a receive waits
+    api.ok("POST", "/v1/once/acquire", {"scopeId": run_id, "key": "k", "holder": "h", "leaseSeconds": 60})
+    polls = {
+        "task": ("GET", f"/v1/tasks/{task_id}?waitMs={LONG_POLL_WAIT_MS}", None),
+        "receive": ("POST", recv_path(api), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
+        "once": ("GET", f"/v1/once?scopeId={run_id}&key=k&waitMs={LONG_POLL_WAIT_MS}", None),
+    }
+    answers: dict[str, tuple[int, Any]] = {}
+
+    def poll(name: str) -> None:
+        method, path, body = polls[name]
+        answers[name] = api(method, path, body)
+
+    threads = [threading.Thread(target=poll, args=(name,)) for name in polls]
+    for thread in threads:
+        thread.start()
+    parked_long_polls(node.url, len(polls))
+    assert node.process is not None
+    node.process.send_signal(signal.SIGTERM)
+    assert node.process.wait(STOP_WITH_LONG_POLLS_S) == 0
+    for thread in threads:
+        thread.join(PROCESS_TIMEOUT_S)
+    assert answers["task"][0] == 200 and answers["task"][1]["state"] == "RUNNING"
+    assert answers["receive"][0] == 204
+    assert answers["once"][0] == 200 and answers["once"][1]["state"] == "HELD"
+    assert delivery["taskId"] == task_id
 
 
 def test_dev_refuses_a_non_loopback_address(tmp_path: Path) -> None:

@@ -45,6 +45,9 @@ LEADER_CHECK_S = 0.1
 # A forwarded call may be a long poll: its own bound plus the time a write may take.
 FORWARD_TIMEOUT_S = LONG_POLL_MS_MAX / 1000 + PROPOSE_TIMEOUT_S + 5.0
 FORWARD_CONNECT_TIMEOUT_S = 1.0
+# Once the node is stopping, a call still forwarded after this long (a long poll) is answered
+# UNAVAILABLE, so the stop does not wait out the poll; its client polls again at another node.
+FORWARD_STOP_GRACE_S = 1.0
 FORWARD_CONNECTIONS_MAX = 256
 # Headers of the leader's answer that the client must see.
 _RELAYED_HEADERS = (REQUEST_ID_HEADER, "Retry-After")
@@ -67,6 +70,11 @@ class Router:
     def __init__(self, node: Node) -> None:
         self._node = node
         self._session: aiohttp.ClientSession | None = None
+        self._stop_deadline: float | None = None  # the loop's clock; set once the node is stopping
+
+    def stopping(self) -> None:
+        """The node is stopping: calls still forwarded FORWARD_STOP_GRACE_S from now are given up."""
+        self._stop_deadline = asyncio.get_running_loop().time() + FORWARD_STOP_GRACE_S
 
     async def close(self) -> None:
         if self._session is not None:
@@ -111,6 +119,8 @@ class Router:
                     raise ApiError(
                         "UNAVAILABLE", f"the leader changed while the call was forwarded to {leader_url}; retry"
                     )
+                if self._stop_deadline is not None and asyncio.get_running_loop().time() >= self._stop_deadline:
+                    raise ApiError("UNAVAILABLE", "this node is stopping; retry at another node")
         finally:
             relay.cancel()
 

@@ -159,7 +159,10 @@ class Node:
         self.url = f"http://{self.config.host}:{self.config.port}"
 
     async def stop(self) -> None:
-        self.waiters.wake_all()
+        # The HTTP server's shutdown waits for every handler: long polls answer now, and calls
+        # forwarded to the leader (long polls among them) soon (Router.stopping).
+        self.waiters.close()
+        self.router.stopping()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.router.close()

@@ -2,8 +2,9 @@
 
 A handler registers its waiter *before* it looks at (or proposes against) the state, so a wake
 that lands in between is never missed; every wait has a timeout; every key and the whole table
-have a maximum. A waiter registered past either is not parked (`parked` is False): its handler
-answers at once with what it has, and the client simply polls again. (It must not loop: a wait
+have a maximum. A waiter registered past either, or once the node is stopping (`close`), is not
+parked (`parked` is False): its handler answers at once with what it has, and the client simply
+polls again. (It must not loop: a wait
 that is not parked returns at once, and a loop around it would spin until its deadline.)
 
 What a parked long poll costs (its request, its connection's buffers, the handler's coroutine and
@@ -75,14 +76,19 @@ class Waiters:
         self._total = 0
         self.per_key_max = per_key_max
         self.total_max = total_max
+        self.closed = False  # the node is stopping: no waiter is parked any more (close)
 
     def register(self, key: Hashable, owner: Hashable | None = None) -> Waiter:
         """A waiter woken by a wake of `key` or of `owner`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         waiting = self._by_key.get(key)
-        if (waiting is not None and len(waiting) >= self.per_key_max) or self._total >= self.total_max:
-            return Waiter(self, key, None, future, parked=False)  # over a bound: answer now, the client polls again
+        if (
+            self.closed
+            or (waiting is not None and len(waiting) >= self.per_key_max)
+            or self._total >= self.total_max
+        ):
+            return Waiter(self, key, None, future, parked=False)  # answer now, the client polls again
         waiter = Waiter(self, key, owner, future, parked=True)
         if waiting is None:
             waiting = self._by_key[key] = set()
@@ -106,6 +112,13 @@ class Waiters:
     def wake_all(self) -> None:
         for key in list(self._by_key):
             self.wake(key)
+
+    def close(self) -> None:
+        """The node is stopping: wake every long poll, and park none from now on, so each answers
+        at once with what it has (as at the end of its wait) instead of holding the stop until
+        its wait runs out; its client polls again, elsewhere or after the restart."""
+        self.closed = True
+        self.wake_all()
 
     def _discard(self, waiter: Waiter) -> None:
         waiting = self._by_key.get(waiter.key)

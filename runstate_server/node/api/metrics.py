@@ -159,6 +159,8 @@ def render(node: Node, caller: Caller) -> str:
                [((), observed.lease_expiries)])
     out.metric("runstate_takeovers_total", "counter",
                "Lapsed task deliveries whose task went back to its queue for another worker", [((), observed.takeovers)])
+    out.metric("runstate_long_polls", "gauge", "Long polls parked on this node now, waiting for a change",
+               [((), len(node.waiters))])
     raft = node.log
     role = raft.role
     out.metric("runstate_raft_role", "gauge", "This node's Raft role (1 for the role it has)",
