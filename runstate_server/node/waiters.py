@@ -4,8 +4,8 @@ A handler registers its waiter *before* it looks at (or proposes against) the st
 that lands in between is never missed; every wait has a timeout; every key and the whole table
 have a maximum. A waiter registered past either, or once the node is stopping (`close`), is not
 parked (`parked` is False): its handler answers at once with what it has, and the client simply
-polls again. (It must not loop: a wait
-that is not parked returns at once, and a loop around it would spin until its deadline.)
+polls again. (It must not loop: a wait that is not parked returns at once, and a loop around it
+would spin until its deadline.)
 
 What a parked long poll costs (its request, its connection's buffers, the handler's coroutine and
 its future), measured: about 14.5 KB, so the default table of 100,000 holds about 1.4 GB.
