@@ -8,6 +8,10 @@ runs a third of its lease later gets a renewer task, which extends the lease eve
 cancels the handler when the lease is lost or the run stopped. A handler that returns before (the
 usual case) costs no timer and no task of its own beyond its one task. The completes of the call's
 deliveries (the handler's own too) go out together while one is in flight (_completes.py).
+
+A handler slot is free again as soon as its handler returns: the delivery's settle goes on beside
+the next receive and handlers (at most SETTLING_PER_SLOT settles per slot), so a slot's round is
+a receive and a handler, not a receive, a handler and a complete one after the other.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ RECEIVE_BATCH_MAX = 100
 # Receive again once this fraction of the handler slots is free (at least one): under load a
 # receive then brings a batch instead of one delivery per finished handler.
 RECEIVE_FREE_FRACTION = 4
+# Deliveries whose handler returned and whose settle (complete or retry) is still on its way, per
+# handler slot, beyond the slot's running handler: at most concurrency * (1 + this) deliveries held.
+SETTLING_PER_SLOT = 1
 # How long a stopping consume() lets running handlers finish before it cancels them.
 CONSUME_DRAIN_TIMEOUT_S = 30.0
 # Backoff between receives while no server answers, and how long an outage is ridden out.
@@ -133,7 +140,7 @@ class _Handling:
     """One delivery in the hands of this consumer: its task (handler, then settle), the receive it
     came with, its renewer once it has one, and why the handler was cancelled (`lost`)."""
 
-    __slots__ = ("delivery", "batch", "task", "renewer", "lost", "abandoned")
+    __slots__ = ("delivery", "batch", "task", "renewer", "lost", "abandoned", "settling")
 
     def __init__(self, delivery: Delivery, batch: _LeaseBatch) -> None:
         self.delivery = delivery
@@ -145,6 +152,8 @@ class _Handling:
         # Set by the drain when the task did not end in time after its cancel: the delivery was
         # handed back, so whatever the handler does later is not settled.
         self.abandoned = False
+        # Its handler returned (or raised) and its settle is on its way: it holds no handler slot.
+        self.settling = False
 
 
 class Consumer:
@@ -178,7 +187,9 @@ class Consumer:
         self._stop = stop
         self._include_descendants = include_descendants
         self._executor: _DaemonThreads | None = None
+        # Every delivery's task, until it ended: its handler runs, or it settles (_settling of them).
         self._running: dict[asyncio.Task[None], _Handling] = {}
+        self._settling = 0
         # Renewer tasks of handlers that outlived a third of their lease.
         self._renewers: set[asyncio.Task[None]] = set()
         self._renew_interval_s = max(lease_ms / 3 / 1000, RENEW_INTERVAL_S_MIN)
@@ -225,7 +236,11 @@ class Consumer:
         backoff_s = CONSUME_BACKOFF_S_INITIAL
         free_min = max(1, self._concurrency // RECEIVE_FREE_FRACTION)
         while not self._stopping.is_set():
-            free = self._concurrency - len(self._running) - self._abandoned_over_bound()
+            held = len(self._running)
+            free = min(
+                self._concurrency - (held - self._settling),  # slots without a running handler
+                self._concurrency * (1 + SETTLING_PER_SLOT) - held,  # the bound on deliveries held
+            ) - self._abandoned_over_bound()
             if free < free_min:
                 # One event for every way a slot comes free: waiting on each running task instead
                 # cost a callback per task on every wake-up.
@@ -275,8 +290,17 @@ class Consumer:
         batch.timer = loop.call_later(self._renew_interval_s, self._start_renewing, batch)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
+        handling = self._running.pop(task, None)
+        if handling is not None and handling.settling:
+            self._settling -= 1
         self._changed.set()
+
+    def _handler_returned(self, handling: _Handling) -> None:
+        """Its handler is done: the slot is free for the next delivery while this one settles."""
+        if not handling.settling:
+            handling.settling = True
+            self._settling += 1
+            self._changed.set()
 
     def _start_renewing(self, batch: _LeaseBatch) -> None:
         """A third of the lease after the receive: a renewer for each handler still running."""
@@ -305,7 +329,7 @@ class Consumer:
         sync handler is expected), beyond the tolerated ABANDONED_HANDLERS_PER_SLOT per slot."""
         if self._executor is None:
             return 0
-        abandoned = self._executor.live - len(self._running)
+        abandoned = self._executor.live - (len(self._running) - self._settling)
         return max(0, abandoned - ABANDONED_HANDLERS_PER_SLOT * self._concurrency)
 
     async def _receive_unless_stopped(self, free: int, stop_waiter: asyncio.Task[Any]) -> list[Delivery] | None:
@@ -351,7 +375,8 @@ class Consumer:
     async def _abandon(self, handling: _Handling) -> None:
         """A handler that did not end after its cancel is left running; its delivery is handed back."""
         handling.abandoned = True
-        self._running.pop(handling.task, None)  # type: ignore[arg-type]
+        if self._running.pop(handling.task, None) is not None and handling.settling:  # type: ignore[arg-type]
+            self._settling -= 1
         self._stop_renewing(handling)
         if not handling.delivery.settled and handling.lost is None:
             await self._release_quietly(handling.delivery)
@@ -384,6 +409,7 @@ class Consumer:
             self._forget_swallowed_cancel(handling)
             if handling.abandoned:
                 return
+            self._handler_returned(handling)
             try:
                 await self._settle_failed(delivery, exc)
             except Exception:
@@ -392,6 +418,7 @@ class Consumer:
         self._forget_swallowed_cancel(handling)
         if handling.abandoned or delivery.settled:
             return
+        self._handler_returned(handling)
         try:
             await self._complete(delivery, value)
         except Exception:
