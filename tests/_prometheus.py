@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
@@ -12,11 +11,6 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
 ESCAPE = re.compile(r"\\(.)")  # in a label value: \\, \" and \n
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-LONG_POLL_WAIT_MS = 30_000  # the longest a long poll waits (LONG_POLL_MS_MAX)
-# A node's stop that waited out its long polls would take their 30 s: well past this.
-STOP_WITH_LONG_POLLS_S = 10.0
-PARKED_TIMEOUT_S = 60.0
 
 
 def _unescaped(match: re.Match[str]) -> str:
@@ -52,11 +46,3 @@ def scrape(url: str, key: str | None = None) -> tuple[Samples, dict[str, str]]:
 
 def value(samples: Samples, metric: str, /, **labels: str) -> float:
     return samples.get((metric, frozenset(labels.items())), 0.0)
-
-
-def parked_long_polls(url: str, count: int, key: str | None = None) -> None:
-    """Wait until `count` long polls are parked on the node at `url` (runstate_long_polls)."""
-    deadline = time.monotonic() + PARKED_TIMEOUT_S
-    while value(scrape(url, key)[0], "runstate_long_polls") < count:
-        assert time.monotonic() < deadline, f"{count} long polls never parked on {url}"
-        time.sleep(0.02)

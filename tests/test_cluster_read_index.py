@@ -7,9 +7,10 @@ acknowledged before it through any other."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,21 +138,30 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = READY_TIM
         await asyncio.sleep(0.01)
 
 
+@contextlib.asynccontextmanager
+async def three_logs() -> AsyncIterator[tuple[ReplicatedLog, list[ReplicatedLog]]]:
+    """Three in-process logs of one cluster, once one leads and reads by index: (leader, followers)."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    logs = [
+        ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
+                      password="cluster-password")
+        for address in addresses
+    ]
+    try:
+        for log in logs:
+            await log.start()
+        await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+        await eventually(lambda: sum(log.reads_by_index() for log in logs) == 1)
+        leader = next(log for log in logs if log.is_leader)
+        yield leader, [log for log in logs if log is not leader]
+    finally:
+        for log in logs:
+            await log.stop()
+
+
 def test_concurrent_reads_share_rounds_and_a_peer_without_the_read_index_counts_for_nothing() -> None:
     async def scenario() -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        logs = [
-            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
-                          password="cluster-password")
-            for address in addresses
-        ]
-        try:
-            for log in logs:
-                await log.start()
-            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-            await eventually(lambda: sum(log.reads_by_index() for log in logs) == 1)
-            leader = next(log for log in logs if log.is_leader)
-            followers = [log for log in logs if log is not leader]
+        async with three_logs() as (leader, followers):
             await leader.propose({"type": "add", "id": 1})
             commit_index = leader.commit_index
             await asyncio.gather(*(leader.read_index(5.0) for _ in range(CONCURRENT_READS)))
@@ -169,9 +179,40 @@ def test_concurrent_reads_share_rounds_and_a_peer_without_the_read_index_counts_
             with pytest.raises(LogUnavailable):
                 await leader.read_index(0.5)
             assert leader.commit_index == commit_index
-        finally:
-            for log in logs:
-                await log.stop()
+
+    asyncio.run(scenario())
+
+
+def test_after_an_unconfirmed_round_reads_fall_back_at_once_until_a_round_is_confirmed() -> None:
+    """Followers of an older version never acknowledge a round: the first read waits out its
+    timeout, the next ones are refused at once (the caller commits a barrier) instead of each
+    waiting it out, and once the followers answer (upgraded) a read uses the index again."""
+
+    async def scenario() -> None:
+        async with three_logs() as (leader, followers):
+            await leader.read_index(READY_TIMEOUT_S)
+            assert not leader.read_index_unconfirmed
+            # Older followers: their Raft node passes the read index's messages to pysyncobj, which
+            # drops a type it does not know.
+            read_indexes = []
+            for follower in followers:
+                assert follower._raft is not None
+                read_indexes.append(follower._raft.read_index)
+                follower._raft.read_index = None
+            with pytest.raises(LogUnavailable, match="within 0.3 s"):
+                await leader.read_index(0.3)
+            assert leader.read_index_unconfirmed and leader.counters.read_index_fallbacks == 1
+            for _ in range(3):  # at once, whatever the timeout (the bound only keeps a failure from hanging)
+                with pytest.raises(LogUnavailable, match="commit a barrier"):
+                    await asyncio.wait_for(leader.read_index(3600), READY_TIMEOUT_S)
+            for follower, read_index in zip(followers, read_indexes, strict=True):
+                assert follower._raft is not None
+                follower._raft.read_index = read_index
+            with pytest.raises(LogUnavailable):
+                await leader.read_index(3600)  # asks for the round that ends the fallback
+            await eventually(lambda: not leader.read_index_unconfirmed)
+            await leader.read_index(READY_TIMEOUT_S)
+            assert leader.counters.read_index_fallbacks == 1
 
     asyncio.run(scenario())
 

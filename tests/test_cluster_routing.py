@@ -19,7 +19,7 @@ from runstate import AsyncRunstate
 
 from tests._cluster import Cluster
 from tests._http import call, mailbox_id, recv, recv_path, task_ok
-from tests._prometheus import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls
+from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # The SDK's own bound on an ordinary request (runstate.sdk._http.REQUEST_TIMEOUT_S_DEFAULT) plus a
@@ -64,15 +64,7 @@ def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Cal
         "task": ("GET", f"/v1/tasks/{task_id}?waitMs={LONG_POLL_WAIT_MS}", None),
         "receive": ("POST", recv_path(api), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
     }
-    answers: dict[str, tuple[int, Any]] = {}
-
-    def poll(name: str) -> None:
-        method, path, body = polls[name]
-        answers[name] = api(method, path, body)
-
-    threads = [threading.Thread(target=poll, args=(name,)) for name in polls]
-    for thread in threads:
-        thread.start()
+    threads, answers = start_long_polls(api, polls)
     parked_long_polls(cluster.urls[leader], len(polls), cluster.admin_key)  # forwarded: parked on the leader
     process = cluster.processes[follower]
     assert process is not None

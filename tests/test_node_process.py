@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests._http import Api, mailbox_id, recv, recv_path, settle_ok, task_ok
+from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
 from tests._nodes import DevNode
-from tests._prometheus import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls
 
 HERE = Path(__file__).parent
 PROCESS_TIMEOUT_S = 60.0
@@ -84,15 +84,7 @@ def test_sigterm_answers_the_parked_long_polls_at_once_and_stops(node_factory: A
         "receive": ("POST", recv_path(api), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
         "once": ("GET", f"/v1/once?scopeId={run_id}&key=k&waitMs={LONG_POLL_WAIT_MS}", None),
     }
-    answers: dict[str, tuple[int, Any]] = {}
-
-    def poll(name: str) -> None:
-        method, path, body = polls[name]
-        answers[name] = api(method, path, body)
-
-    threads = [threading.Thread(target=poll, args=(name,)) for name in polls]
-    for thread in threads:
-        thread.start()
+    threads, answers = start_long_polls(api, polls)
     parked_long_polls(node.url, len(polls))
     assert node.process is not None
     node.process.send_signal(signal.SIGTERM)
