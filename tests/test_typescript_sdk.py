@@ -340,6 +340,13 @@ def test_consume_settles_every_task_once_with_batch_completes(dev_node: DevNode,
     assert report == {"outcomes": True, "handledOnce": True, "singleCompletes": 0, "fewerBatches": True}
 
 
+def test_consume_frees_a_slot_when_its_handler_returns(dev_node: DevNode, procs: Processes) -> None:
+    """With one slot, the second handler runs while the first delivery's complete is still on its
+    way (a proxy holds each complete's answer back; test/node/consume_settle.ts)."""
+    report = last_json(output(procs.tsx("node/consume_settle.ts", ts_env(dev_node))))
+    assert report == {"outcomes": True, "handlers": 2, "secondBeforeFirstCompleteAnswered": True}
+
+
 def test_client_bound_queue_gather_and_once(dev_node: DevNode, procs: Processes) -> None:
     """The surface the published 0.3.0 cross-language test drives (test/node/client_api.ts):
     `new Runstate({ run, worker, timeout })`, a producer-only `rs.queue(name)` served by another

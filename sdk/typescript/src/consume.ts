@@ -28,6 +28,10 @@ export const LEASE_MS_DEFAULT = 30_000;
 // Long-poll wait of one receive.
 const RECEIVE_WAIT_MS = 10_000;
 const RECEIVE_BATCH_MAX = 100;
+// Deliveries whose handler returned and whose settle (complete or retry) is still on its way, per
+// handler slot: a slot is free again once its handler returns, so at most concurrency * (1 + this)
+// deliveries are held.
+const SETTLING_PER_SLOT = 1;
 // How long a stopping consume() lets running handlers finish before it gives up on them.
 export const DRAIN_TIMEOUT_MS = 30_000;
 // Backoff between receives while no server answers, and how long an outage is ridden out.
@@ -70,6 +74,10 @@ export class Consumer<T> {
   private readonly leaseMs: number;
   private readonly running = new Set<Promise<void>>();
   private readonly deliveries = new Set<Delivery<unknown>>();
+  // Of `deliveries`, those whose handler is done and whose settle is on its way: they hold no slot.
+  private readonly settling = new Set<Delivery<unknown>>();
+  // Resolved when a handler returns (a slot came free while its delivery settles).
+  private handlerReturned: (() => void) | undefined;
   // Aborted when the user's signal aborts or a renewal learns that the run stopped.
   private readonly stopping = new AbortController();
 
@@ -106,9 +114,17 @@ export class Consumer<T> {
     let unavailableSince: number | undefined;
     let backoffMs = BACKOFF_MS_INITIAL;
     while (!stop.aborted) {
-      const free = this.concurrency - this.running.size;
+      const held = this.running.size;
+      const free = Math.min(
+        this.concurrency - (held - this.settling.size), // slots without a running handler
+        this.concurrency * (1 + SETTLING_PER_SLOT) - held, // the bound on deliveries held
+      );
       if (free < 1) {
-        await Promise.race([...this.running, stopped]);
+        const returned = new Promise<void>((resolve) => {
+          this.handlerReturned = resolve;
+        });
+        await Promise.race([...this.running, stopped, returned]);
+        this.handlerReturned = undefined;
         continue;
       }
       let deliveries: Delivery<unknown>[];
@@ -141,6 +157,7 @@ export class Consumer<T> {
         const task = this.handle(delivery as Delivery<T>).finally(() => {
           this.running.delete(task);
           this.deliveries.delete(delivery);
+          this.settling.delete(delivery);
         });
         this.running.add(task);
         this.deliveries.add(delivery);
@@ -205,6 +222,9 @@ export class Consumer<T> {
         warn(`consume ${this.name}: delivery ${delivery.taskId} abandoned: ${lost}`);
         return;
       }
+      // The handler is done: its slot is free for the next delivery while this one settles.
+      this.settling.add(delivery);
+      this.handlerReturned?.();
       if (!threw) {
         if (!delivery.settled) await this.complete(delivery, value);
         return;
