@@ -17,7 +17,7 @@ from runstate import AsyncRunstate
 pytestmark = pytest.mark.slow
 
 # The proxy holds each complete's answer this long: far longer than a receive and a handler take.
-COMPLETE_HELD_S = 1.0
+COMPLETE_HELD_S = 2.0
 RESULT_TIMEOUT_MS = 20_000
 STOP_TIMEOUT_S = 20.0
 

@@ -1,12 +1,12 @@
 // consume() frees a handler slot when the handler returns (src/consume.ts, SETTLING_PER_SLOT): with
 // one slot, the second task's handler starts while the first one's complete is still on its way. A
-// proxy in front of the node holds every complete's answer back for a second, so the order is not
+// proxy in front of the node holds every complete's answer back for two seconds, so the order is not
 // left to chance. Prints one JSON report.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Runstate } from 'runstate-sdk';
 
-const COMPLETE_HELD_MS = 1_000;
+const COMPLETE_HELD_MS = 2_000;
 const base = (process.env.RUNSTATE_BASE_URL ?? '').split(',')[0];
 const completesAnswered: number[] = [];
 
