@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runstate_server.node.config import LONG_POLL_MS_MAX
 from tests._prometheus import scrape, value
 
-LONG_POLL_WAIT_MS = 30_000  # the longest a long poll waits (LONG_POLL_MS_MAX)
+LONG_POLL_WAIT_MS = LONG_POLL_MS_MAX  # the longest a long poll waits
 # A node's stop that waited out its long polls would take their 30 s: well past this.
 STOP_WITH_LONG_POLLS_S = 10.0
 PARKED_TIMEOUT_S = 60.0

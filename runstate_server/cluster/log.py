@@ -778,10 +778,10 @@ class ReplicatedLog:
             self._call_on_loop(self._on_role_changed)
 
     def _call_on_loop(self, callback: Callable[..., Any], *args: Any) -> None:
-        """Run `callback(*args)` on the loop. From the tick thread the calls of one tick are
-        gathered and handed over together (`_hand_calls_to_loop`): one wake-up of the loop per
-        tick, not one per call (a commit's apply and its answer were two, each a self-pipe write
-        and a round of the two threads handing the interpreter lock back and forth)."""
+        """Run `callback(*args)` on the loop. From the tick thread the calls are gathered and
+        handed over together (`_hand_calls_to_loop`): one wake-up of the loop per answered batch
+        or tick, not one per call (a commit's apply and its answer were two, each a self-pipe
+        write and a round of the two threads handing the interpreter lock back and forth)."""
         if threading.get_ident() == self._tick_thread_id:
             self._loop_calls.append((callback, args))
             return

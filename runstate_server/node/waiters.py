@@ -76,7 +76,7 @@ class Waiters:
         self._total = 0
         self.per_key_max = per_key_max
         self.total_max = total_max
-        self.closed = False  # the node is stopping: no waiter is parked any more (close)
+        self._closed = False  # the node is stopping: no waiter is parked any more (close)
 
     def register(self, key: Hashable, owner: Hashable | None = None) -> Waiter:
         """A waiter woken by a wake of `key` or of `owner`."""
@@ -84,7 +84,7 @@ class Waiters:
         future: asyncio.Future[bool] = loop.create_future()
         waiting = self._by_key.get(key)
         if (
-            self.closed
+            self._closed
             or (waiting is not None and len(waiting) >= self.per_key_max)
             or self._total >= self.total_max
         ):
@@ -117,7 +117,7 @@ class Waiters:
         """The node is stopping: wake every long poll, and park none from now on, so each answers
         at once with what it has (as at the end of its wait) instead of holding the stop until
         its wait runs out; its client polls again, elsewhere or after the restart."""
-        self.closed = True
+        self._closed = True
         self.wake_all()
 
     def _discard(self, waiter: Waiter) -> None:
