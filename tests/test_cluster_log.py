@@ -129,24 +129,6 @@ def test_propose_many_answers_each_command_in_order_in_one_batch() -> None:
     asyncio.run(scenario())
 
 
-def test_a_timed_out_propose_many_answers_each_unknown_and_frees_its_batch() -> None:
-    """Every command of a call past its deadline is answered LogUnavailable (outcome unknown);
-    its result, arriving late, is dropped, and the log goes on."""
-
-    async def scenario() -> None:
-        machine = StallingMachine()
-        machine.armed = True
-        async with running_log(state_machine=machine) as (log, _):
-            outcomes = await log.propose_many([{"type": "stall", "id": 1}, {"type": "add", "id": 2}], timeout_s=0.2)
-            assert [type(outcome) for outcome in outcomes] == [LogUnavailable, LogUnavailable]
-            assert "outcome is unknown" in str(outcomes[0])
-            machine.release.set()
-            assert (await log.propose({"type": "add", "id": 3}))["id"] == 3
-            assert applied_ids(log, machine) == [1, 2, 3]
-
-    asyncio.run(scenario())
-
-
 def test_now_ms_never_goes_backwards_and_epoch_is_the_term() -> None:
     async def scenario() -> None:
         async with running_log() as (log, machine):

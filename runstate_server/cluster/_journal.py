@@ -150,6 +150,16 @@ class DurableJournal(Journal):  # type: ignore[misc]
         # Inside deferred_flush(): appends are written, and synced to disk once when the block ends.
         self._deferring = False
         self._unflushed = False
+        # With `sync_later` set (a single node, which ticks on its event loop), the end of a
+        # deferred_flush block only sets `sync_due`: the log calls `sync()` (on its loop or in a
+        # thread) before its next tick, which is the one that counts the entries towards a commit.
+        self.sync_later = False
+        self.sync_due = False
+        self.last_sync_s = 0.0  # how long the last sync took
+        # The first sync that failed: the log halts (its entries may or may not be on disk: the
+        # kernel may drop the dirty pages it could not write, and a retried sync can then succeed
+        # without them; committing them would acknowledge writes a crash can lose).
+        self.sync_error: BaseException | None = None
         # The bytes of the commands it holds (in memory, and in its memory-mapped file).
         self.command_bytes = self._count_bytes()
 
@@ -197,7 +207,10 @@ class DurableJournal(Journal):  # type: ignore[misc]
             self._deferring = False
             if self._unflushed:
                 self._unflushed = False
-                self._flush()
+                if self.sync_later:
+                    self.sync_due = True
+                else:
+                    self._flush()
 
     def clear(self) -> None:
         self._visible = None
@@ -208,8 +221,19 @@ class DurableJournal(Journal):  # type: ignore[misc]
 
     def _flush(self) -> None:
         started = time.perf_counter()
-        sync_without_the_gil(self._inner)
-        self.fsync_seconds.observe(time.perf_counter() - started)
+        try:
+            sync_without_the_gil(self._inner)
+        except BaseException as error:
+            self.sync_error = self.sync_error or error
+            raise
+        self.last_sync_s = time.perf_counter() - started
+        self.fsync_seconds.observe(self.last_sync_s)
+
+    def sync(self) -> None:
+        """The sync a deferred_flush block left due (`sync_later`): from any one thread at a time,
+        while nothing ticks."""
+        self.sync_due = False
+        self._flush()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         """pysyncobj's follower calls this on every append that overlaps its log, before re-adding

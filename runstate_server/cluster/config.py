@@ -90,8 +90,14 @@ class LogConfig:
     # An incoming Raft connection that has not finished its handshake this long after it was
     # accepted is closed (a peer's takes two round trips).
     handshake_timeout_s: float = 2.0
-    # How long the tick thread waits for socket events when nothing of ours is pending.
+    # How long the tick thread waits for socket events when nothing of ours is pending (a single
+    # node, which ticks on its event loop: how long until its next tick when nothing wakes it).
     tick_period_s: float = 0.05
+    # A single node syncs its journal on its event loop while the last sync took at most this long,
+    # else in a thread of its own while the loop serves on: a fast disk's sync costs less than the
+    # two thread switches that would hand it over, and a slow disk holds up the API for at most one
+    # slow sync (log.py, "Ticking").
+    loop_sync_s_max: float = 0.001
     # Compact (dump the state, truncate the journal) after this many entries or this long, or once
     # the journal holds this many bytes of commands (it keeps them in memory too, and in its
     # memory-mapped file: 5,000 batches of up to 4 MiB would be 20 GiB). 16 MiB of commands is
@@ -123,6 +129,7 @@ class LogConfig:
         assert self.log_compaction_entries_min >= 2
         assert self.log_compaction_dump_fraction >= 0
         assert self.tick_period_s > 0
+        assert self.loop_sync_s_max >= 0
         assert self.leader_lost_delay_s >= 0 and self.leader_lost_stagger_s > 0
         assert self.handshake_timeout_s > 0
 

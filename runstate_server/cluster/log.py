@@ -1,16 +1,19 @@
 """ReplicatedLog: commands in, results out, every replica applies the same batches in the same order.
 
-Threads: the asyncio event loop (propose, flush, futures, callbacks) and one daemon tick thread
-that owns pysyncobj (network, journal, commit, apply, snapshots). They meet at three points only:
-pysyncobj's thread-safe command queue (loop -> tick thread), `loop.call_soon_threadsafe`
-(tick thread -> loop) and `self.lock` (held while the state machine changes, taken by readers).
-See DESIGN.md for the why of each choice.
+Threads, on a cluster: the asyncio event loop (propose, flush, futures, callbacks) and one daemon
+tick thread that owns pysyncobj (network, journal, commit, apply, snapshots). They meet at three
+points only: pysyncobj's thread-safe command queue (loop -> tick thread),
+`loop.call_soon_threadsafe` (tick thread -> loop) and `self.lock` (held while the state machine
+changes, taken by readers). A single node has no tick thread: it ticks pysyncobj on its event
+loop (`ticks_on_loop`), and syncs its journal there too unless the disk is slow (then in a sync
+thread of its own). See DESIGN.md for the why of each choice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import functools
@@ -61,8 +64,13 @@ DUMP_FILE_NAME = "raft.dump"
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADER = 2
 
-# stop(): the longest to wait for the tick thread to close the port and the files.
+# stop(): the longest to wait for the tick thread to close the port and the files (a single node:
+# for a sync of its journal on its way).
 STOP_TIMEOUT_S = 10.0
+# A single node's ticks in one turn of its event loop, at most: an entry appended in one tick
+# commits in the next, and a command queued meanwhile is appended by the second and committed by a
+# third.
+LOOP_TICKS_MAX = 4
 # How often wait_ready looks at the Raft state (startup only).
 _READY_POLL_S = 0.01
 
@@ -171,6 +179,14 @@ class ReplicatedLog:
         self._dump_size_at: tuple[int, int] | None = None  # (journal.compactions, the dump's bytes) then
         self._dumper: _dumper.Dumper | None = None
         self._thread: threading.Thread | None = None
+        # One node (no peers): pysyncobj ticks on the event loop, with no tick thread (_tick_on_loop).
+        self.ticks_on_loop = not self.peer_addresses
+        self._tick_timer: asyncio.Handle | None = None  # the loop's next tick when nothing comes first
+        self._ticking = False  # the loop is inside _tick_on_loop
+        self._ticks_ended = False  # _end_ticks ran: pysyncobj is destroyed
+        # A sync of the journal in the sync thread, while which the loop does not tick (_sync_journal).
+        self._sync_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sync_future: asyncio.Future[None] | None = None
         self._stopping = threading.Event()
         self._stopped = False
         self._halt_reason: str | None = None
@@ -244,9 +260,13 @@ class ReplicatedLog:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
         if journal_file is not None:
             self._journal = _journal.DurableJournal(raft.get_journal(), journal_file, fsync=self._fsync)
+            self._journal.sync_later = self.ticks_on_loop
             raft.set_journal(self._journal)
         self._raft = raft
         raft.addOnTickCallback(self._hand_calls_to_loop)
+        if self.ticks_on_loop:
+            self._tick_timer = self._loop.call_soon(self._tick_on_loop)
+            return
         self._thread = threading.Thread(target=self._run_ticks, name=f"raft-{self.self_address}", daemon=True)
         self._thread.start()
 
@@ -262,6 +282,9 @@ class ReplicatedLog:
         if self._raft is None:
             return
         self._stopping.set()
+        if self.ticks_on_loop:
+            await self._stop_loop_ticks()
+            return
         self._raft.wake()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S)
@@ -536,20 +559,25 @@ class ReplicatedLog:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Turn the pending commands into batches while a slot is free (once per loop turn)."""
+        """Turn the pending commands into batches while a slot is free (once per loop turn); a
+        single node then ticks at once (no tick thread to wake)."""
         self._flush_scheduled = False
+        submitted = False
         while self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
             proposals = self._take_batch()
             if not proposals:
-                return
+                break
             if not self.is_leader or self._halt_reason is not None or self._stopped:
                 error: Exception = NotLeader(self.leader_address)
                 if self._halt_reason is not None or self._stopped:
                     error = LogUnavailable(self._halt_reason or "the log is stopping")
                 _fail(proposals, error)
                 self._fail_pending(error)
-                return
+                break
             self._submit(proposals)
+            submitted = True
+        if submitted and self.ticks_on_loop:
+            self._tick_on_loop()
 
     def _take_batch(self) -> list[_Proposal]:
         proposals: list[_Proposal] = []
@@ -684,26 +712,39 @@ class ReplicatedLog:
         self._compaction_forced_at = journal.compactions
         raft.forceLogCompaction()
 
+    def _tick(self, raft: RaftNode, timeout_s: float) -> None:
+        """One pysyncobj tick (its poll waits up to `timeout_s`) and what follows it, in the tick
+        thread or, on a single node, on the loop."""
+        self._compact_if_large()
+        try:
+            raft.doTick(timeout_s)
+        finally:
+            journal = self._journal
+            if journal is not None and journal.sync_error is not None and self._halt_reason is None:
+                # Before a next tick could count the unsynced entries towards a commit.
+                self._halt(f"cannot sync the Raft journal: {journal.sync_error!r}")
+        if raft.raft_state() == _LEADER:
+            self._quorum_heard_at = raft.majority_heard_at(raft_clock())
+        if self.peer_addresses:
+            confirmed = self._read_index.on_tick(raft)
+            if confirmed is not None:
+                self._call_on_loop(self._on_read_confirmed, confirmed)
+        self._hand_calls_to_loop()
+
+    def _ours_uncommitted(self, raft: RaftNode) -> bool:
+        """A batch of this leader waits for its commit. On one node an entry appended in tick T
+        commits at the start of tick T+1 and nothing wakes the poll in between: tick again at once."""
+        return self._uncommitted > 0 and raft.raft_state() == _LEADER
+
     def _run_ticks(self) -> None:
+        """The tick thread (a cluster node)."""
         raft = self._raft
         assert raft is not None
-        single_node = not self.peer_addresses
         self._tick_thread_id = threading.get_ident()
         try:
             while not self._stopping.is_set() and self._halt_reason is None:
-                # One node: an entry appended in tick T commits at the start of tick T+1, and nothing
-                # wakes the poll in between, so tick again at once while one of ours is uncommitted.
-                spin = single_node and self._uncommitted > 0 and raft.raft_state() == _LEADER
-                self._compact_if_large()
                 try:
-                    raft.doTick(0.0 if spin else self._poll_s(raft))
-                    if raft.raft_state() == _LEADER:
-                        self._quorum_heard_at = raft.majority_heard_at(raft_clock())
-                    if not single_node:
-                        confirmed = self._read_index.on_tick(raft)
-                        if confirmed is not None:
-                            self._call_on_loop(self._on_read_confirmed, confirmed)
-                    self._hand_calls_to_loop()
+                    self._tick(raft, self._poll_s(raft))
                 except _LogHalted:
                     break
                 except Exception:
@@ -712,16 +753,104 @@ class ReplicatedLog:
                     logger.exception("Raft tick failed on %s", self.self_address)
                     time.sleep(self._config.tick_period_s)
         finally:
-            if self._dumper is not None:
-                self._dumper.abort()
-            try:
-                raft.destroy()  # transport, then journal (msync + close)
-            except Exception:
-                logger.exception("closing the Raft node %s failed", self.self_address)
-            raft.close_pipe()
-            if self._halt_reason is not None:
-                self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
-            self._hand_calls_to_loop()
+            self._end_ticks()
+
+    def _tick_on_loop(self) -> None:
+        """A single node's ticks, on its event loop: tick until no batch of ours waits for its commit
+        (at most LOOP_TICKS_MAX), or until a sync of the journal goes to the sync thread; then again
+        when a batch is proposed (_flush), when that sync is done, or after `_poll_s` (timers,
+        elections, the Raft port's connections, a compaction's progress)."""
+        raft = self._raft
+        if raft is None or self._ticking or self._ticks_ended or self._sync_future is not None:
+            return
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
+            self._tick_timer = None
+        self._ticking = True
+        try:
+            for _ in range(LOOP_TICKS_MAX):
+                if self._stopping.is_set() or self._halt_reason is not None:
+                    break
+                self._tick(raft, 0.0)
+                journal = self._journal
+                if journal is not None and journal.sync_due and not self._sync_journal(journal):
+                    return  # _on_synced ticks on
+                if not self._ours_uncommitted(raft):
+                    break
+        except _LogHalted:
+            pass
+        except Exception:
+            logger.exception("Raft tick failed on %s", self.self_address)
+        finally:
+            self._ticking = False
+        if self._halt_reason is not None:
+            self._end_ticks()
+        elif not self._stopping.is_set():
+            assert self._loop is not None
+            self._tick_timer = self._loop.call_later(self._poll_s(raft), self._tick_on_loop)
+
+    def _sync_journal(self, journal: _journal.DurableJournal) -> bool:
+        """A single node: sync what its last tick appended, before any tick counts it towards a
+        commit. On the loop while the last sync took at most loop_sync_s_max (True: done), else in
+        the sync thread while the loop serves on (False: no tick until it is done, _on_synced)."""
+        if journal.last_sync_s <= self._config.loop_sync_s_max:
+            self._sync_or_halt(journal)
+            return True
+        assert self._loop is not None
+        if self._sync_thread is None:
+            self._sync_thread = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"journal-sync-{self.self_address}"
+            )
+        self._sync_future = self._loop.run_in_executor(self._sync_thread, self._sync_or_halt, journal)
+        self._sync_future.add_done_callback(self._on_synced)
+        return False
+
+    def _sync_or_halt(self, journal: _journal.DurableJournal) -> None:
+        """Sync the journal; a failed sync halts the log (DESIGN.md, "Durability")."""
+        try:
+            journal.sync()
+        except Exception as error:
+            self._halt(f"cannot sync the Raft journal: {error!r}")
+
+    def _on_synced(self, _: asyncio.Future[None]) -> None:
+        self._sync_future = None
+        if self._stopping.is_set():
+            return  # stop() ends the ticks
+        self._tick_on_loop()
+
+    async def _stop_loop_ticks(self) -> None:
+        """stop() of a single node: let a sync on its way finish (it writes the journal's file),
+        then close pysyncobj on the loop."""
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
+            self._tick_timer = None
+        if self._sync_future is not None:
+            done, _ = await asyncio.wait([self._sync_future], timeout=STOP_TIMEOUT_S)
+            if not done:
+                logger.error("a sync of the Raft journal of %s did not end within %s s", self.self_address, STOP_TIMEOUT_S)
+                return  # its file is still in use: leave pysyncobj open
+        self._end_ticks()
+        if self._sync_thread is not None:
+            self._sync_thread.shutdown(wait=False)
+
+    def _end_ticks(self) -> None:
+        """No tick comes after this: close pysyncobj (the Raft port, the journal) and, if the log
+        halted, fail what waits for a batch."""
+        if self._ticks_ended:
+            return
+        self._ticks_ended = True
+        raft = self._raft
+        assert raft is not None
+        if self._dumper is not None:
+            self._dumper.abort()
+        try:
+            raft.destroy()  # transport, then journal (msync + close)
+        except Exception:
+            logger.exception("closing the Raft node %s failed", self.self_address)
+        raft.close_pipe()
+        if self._halt_reason is not None:
+            self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
+        self._hand_calls_to_loop()
 
     def _poll_s(self, raft: RaftNode) -> float:
         """How long the tick may wait for socket events: tick_period_s, but a follower or candidate
@@ -781,22 +910,26 @@ class ReplicatedLog:
         """Run `callback(*args)` on the loop. From the tick thread the calls are gathered and
         handed over together (`_hand_calls_to_loop`): one wake-up of the loop per answered batch
         or tick, not one per call (a commit's apply and its answer were two, each a self-pipe
-        write and a round of the two threads handing the interpreter lock back and forth)."""
-        if threading.get_ident() == self._tick_thread_id:
+        write and a round of the two threads handing the interpreter lock back and forth). A
+        single node's tick on the loop gathers them too: they run after it, never inside it."""
+        if self._ticking or threading.get_ident() == self._tick_thread_id:
             self._loop_calls.append((callback, args))
             return
         loop = self._loop
         if loop is None:
             return
         try:
-            loop.call_soon_threadsafe(callback, *args)
+            if self.ticks_on_loop:
+                loop.call_soon(callback, *args)  # on the loop (a sync thread never calls this)
+            else:
+                loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed: the process is shutting down
             pass
 
     def _hand_calls_to_loop(self) -> None:
-        """Tick thread: hand the calls gathered so far to the loop, in order. Called when a batch's
-        callers are answered, before the tick's poll (pysyncobj's on-tick callbacks) and after
-        it, so no call waits out a poll."""
+        """Tick thread (a single node: its tick on the loop): hand the calls gathered so far to the
+        loop, in order. Called when a batch's callers are answered, before the tick's poll
+        (pysyncobj's on-tick callbacks) and after it, so no call waits out a poll."""
         calls = self._loop_calls
         if not calls:
             return
@@ -805,7 +938,10 @@ class ReplicatedLog:
         if loop is None:
             return
         try:
-            loop.call_soon_threadsafe(_run_calls, calls)
+            if self.ticks_on_loop:
+                loop.call_soon(_run_calls, calls)
+            else:
+                loop.call_soon_threadsafe(_run_calls, calls)
         except RuntimeError:  # the loop is closed: the process is shutting down
             pass
 

@@ -1,0 +1,189 @@
+"""A single node ticks pysyncobj on its event loop (no tick thread); it syncs its journal there, or
+in a sync thread of its own once a sync was slow, and never applies an entry before its sync; a
+failed sync halts the log (a single node, and a cluster's leader)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runstate_server.cluster import LogConfig, LogUnavailable, ReplicatedLog, _journal
+from tests._cluster_log_child import RecordingMachine, free_port
+from tests.test_cluster_log import READY_TIMEOUT_S, applied_ids, eventually, running_log
+
+# How long a test holds a sync back (a slow disk); the propose it holds waits longer than that.
+SYNC_HELD_S = 0.5
+PROPOSE_WAIT_S = 10.0
+ALWAYS_ON_THE_LOOP = LogConfig(loop_sync_s_max=float("inf"))
+ALWAYS_IN_THE_SYNC_THREAD = LogConfig(loop_sync_s_max=0.0)
+
+
+class ThreadRecordingMachine(RecordingMachine):
+    """Records the thread each command is applied in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Any]]:
+        self.threads.add(threading.get_ident())
+        return super().apply(command, now_ms, epoch)
+
+
+def thread_names() -> list[str]:
+    return [thread.name for thread in threading.enumerate()]
+
+
+def held_sync(log: ReplicatedLog, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[float]]:
+    """Hold the log's journal syncs until the event is set (a slow disk); the list gets the time
+    each one ended."""
+    journal = log._journal
+    assert journal is not None
+    release = threading.Event()
+    ended: list[float] = []
+    sync = journal.sync
+
+    def slow_sync() -> None:
+        release.wait(READY_TIMEOUT_S)
+        sync()
+        ended.append(time.monotonic())
+
+    monkeypatch.setattr(journal, "sync", slow_sync)
+    return release, ended
+
+
+def test_a_single_node_applies_on_its_event_loop_with_no_tick_thread(tmp_path: Path) -> None:
+    async def scenario(data_dir: Path | None) -> None:
+        machine = ThreadRecordingMachine()
+        async with running_log(data_dir, state_machine=machine) as (log, _):
+            assert log.ticks_on_loop
+            results = await asyncio.gather(*(log.propose({"type": "add", "id": i}) for i in range(20)))
+            assert [result["id"] for result in results] == list(range(20))
+            assert machine.threads == {threading.get_ident()}
+            assert not [name for name in thread_names() if name.startswith("raft-")]
+
+    asyncio.run(scenario(None))
+    asyncio.run(scenario(tmp_path))
+
+
+def test_a_fast_sync_stays_on_the_loop_and_a_slow_one_goes_to_the_sync_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        async with running_log(tmp_path / "fast", config=ALWAYS_ON_THE_LOOP) as (log, machine):
+            assert log._journal is not None
+            syncs = log._journal.fsync_seconds.view().count
+            await log.propose({"type": "add", "id": 1})
+            assert log._journal.fsync_seconds.view().count > syncs  # synced, on the loop
+            assert not [name for name in thread_names() if name.startswith("journal-sync-")]
+
+        async with running_log(tmp_path / "slow", config=ALWAYS_IN_THE_SYNC_THREAD) as (log, machine):
+            release, ended = held_sync(log, monkeypatch)
+            proposed = asyncio.ensure_future(log.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S))
+            # The loop serves on while the sync is held: here it sleeps and wakes, many times.
+            held_from = time.monotonic()
+            while time.monotonic() - held_from < SYNC_HELD_S:
+                await asyncio.sleep(0.01)
+                assert applied_ids(log, machine) == []  # not before its sync
+            assert not proposed.done()
+            assert [name for name in thread_names() if name.startswith("journal-sync-")]
+            release.set()
+            assert (await proposed)["id"] == 1
+            assert len(ended) == 1 and ended[0] >= held_from + SYNC_HELD_S
+
+    asyncio.run(scenario())
+
+
+def test_a_timed_out_propose_many_answers_each_unknown_and_frees_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command of a call past its deadline is answered LogUnavailable (outcome unknown);
+    its result, arriving late, is dropped, and the log goes on."""
+
+    async def scenario() -> None:
+        async with running_log(tmp_path, config=ALWAYS_IN_THE_SYNC_THREAD) as (log, machine):
+            release, _ = held_sync(log, monkeypatch)
+            outcomes = await log.propose_many([{"type": "add", "id": 1}, {"type": "add", "id": 2}], timeout_s=0.2)
+            assert [type(outcome) for outcome in outcomes] == [LogUnavailable, LogUnavailable]
+            assert "outcome is unknown" in str(outcomes[0])
+            release.set()
+            assert (await log.propose({"type": "add", "id": 3}))["id"] == 3
+            assert applied_ids(log, machine) == [1, 2, 3]
+
+    asyncio.run(scenario())
+
+
+def failing_sync(monkeypatch: pytest.MonkeyPatch, journal: _journal.DurableJournal) -> None:
+    """From now on the disk under `journal` fails every sync (EIO)."""
+    inner = journal._inner
+    sync = _journal.sync_without_the_gil
+
+    def sync_or_fail(target: Any) -> None:
+        if target is inner:
+            raise OSError(errno.EIO, "Input/output error")
+        sync(target)
+
+    monkeypatch.setattr(_journal, "sync_without_the_gil", sync_or_fail)
+
+
+@pytest.mark.parametrize("config", [ALWAYS_ON_THE_LOOP, ALWAYS_IN_THE_SYNC_THREAD], ids=["on-the-loop", "sync-thread"])
+def test_a_failed_sync_halts_a_single_node_and_nothing_after_it_is_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: LogConfig
+) -> None:
+    async def scenario() -> None:
+        async with running_log(tmp_path, config=config) as (log, machine):
+            await log.propose({"type": "add", "id": 1})
+            assert log._journal is not None
+            failing_sync(monkeypatch, log._journal)
+            with pytest.raises(LogUnavailable):
+                await log.propose({"type": "add", "id": 2}, timeout_s=1.0)
+            await eventually(lambda: log._ticks_ended)
+            with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
+                await log.propose({"type": "add", "id": 3})
+            assert applied_ids(log, machine) == [1]
+
+    asyncio.run(scenario())
+
+
+def test_a_cluster_leader_whose_sync_fails_halts_and_the_others_elect_a_leader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick thread's path: the leader's deferred sync fails inside a tick; without the halt
+    its next tick would count the unsynced entry towards a commit."""
+
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        logs = [
+            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses,
+                          data_dir=tmp_path / str(index), password="cluster-password")
+            for index, address in enumerate(addresses)
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            assert not leader.ticks_on_loop
+            assert leader._journal is not None
+            failing_sync(monkeypatch, leader._journal)
+            with pytest.raises(LogUnavailable):
+                await leader.propose({"type": "add", "id": 1}, timeout_s=1.0)
+            await eventually(lambda: leader._ticks_ended)
+            with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
+                await leader.propose({"type": "add", "id": 2})
+            others = [log for log in logs if log is not leader]
+            await eventually(lambda: any(log.is_leader for log in others))
+            new_leader = next(log for log in others if log.is_leader)
+            assert (await new_leader.propose({"type": "add", "id": 3}))["id"] == 3
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())
