@@ -147,6 +147,7 @@ def test_a_failed_sync_halts_a_single_node_and_nothing_after_it_is_applied(
             with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
                 await log.propose({"type": "add", "id": 3})
             assert applied_ids(log, machine) == [1]
+            assert not log.is_leader and log.leader_address is None  # its node's health answers 503
 
     asyncio.run(scenario())
 

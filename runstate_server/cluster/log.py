@@ -321,8 +321,8 @@ class ReplicatedLog:
         leader_fallback_timeout_s (check-quorum, DESIGN.md): a leader whose tick thread is stuck
         never runs pysyncobj's own check, and its followers may have elected another leader."""
         raft = self._raft
-        if raft is None or raft.raft_state() != _LEADER:
-            return False
+        if raft is None or self._halt_reason is not None or raft.raft_state() != _LEADER:
+            return False  # a halted log commits nothing more
         if not self.peer_addresses:
             return True  # a single node is its own majority
         since = raft_clock() - self._config.leader_fallback_timeout_s
@@ -432,8 +432,8 @@ class ReplicatedLog:
     @property
     def leader_address(self) -> str | None:
         raft = self._raft
-        if raft is None or (raft.raft_state() == _LEADER and not self.is_leader):
-            return None  # a leader without a quorum knows no leader
+        if raft is None or self._halt_reason is not None or (raft.raft_state() == _LEADER and not self.is_leader):
+            return None  # a leader without a quorum knows no leader; a halted log, none at all
         leader = raft._getLeader()
         return None if leader is None else str(leader.address)
 
