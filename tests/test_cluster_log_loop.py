@@ -188,3 +188,38 @@ def test_a_cluster_leader_whose_sync_fails_halts_and_the_others_elect_a_leader(
                 await log.stop()
 
     asyncio.run(scenario())
+
+
+def test_end_waits_answers_a_write_that_cannot_commit_at_once() -> None:
+    """What a stopping node does after its grace (Node.stop): a write its followers will never
+    acknowledge (they stopped) is answered now, outcome unknown, not at its timeout."""
+
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        logs = [
+            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
+                          password="cluster-password")
+            for address in addresses
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            for follower in (log for log in logs if log is not leader):
+                await follower.stop()
+            proposed = asyncio.ensure_future(leader.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S))
+            await eventually(lambda: bool(leader._in_flight))
+            ended_at = time.monotonic()
+            leader.end_waits()
+            with pytest.raises(LogUnavailable, match="the outcome is unknown"):
+                await proposed
+            assert time.monotonic() - ended_at < PROPOSE_WAIT_S / 2
+            with pytest.raises(LogUnavailable, match="stopping"):
+                await leader.propose({"type": "add", "id": 2})
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from runstate import AsyncRunstate
 
+from runstate_server.node.config import PROPOSE_TIMEOUT_S
 from tests._cluster import Cluster
 from tests._http import call, mailbox_id, recv, recv_path, task_ok
 from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
@@ -25,6 +27,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 # The SDK's own bound on an ordinary request (runstate.sdk._http.REQUEST_TIMEOUT_S_DEFAULT) plus a
 # margin: a follower that holds a call longer than this has already lost the client.
 ANSWER_BOUND_S = 12.0
+# How long a write sent to the leader takes at most to be read and proposed (it then waits).
+WRITE_ARRIVES_S = 0.5
 BENCH_TIMEOUT_S = 180
 
 
@@ -76,6 +80,38 @@ def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Cal
     assert {name: (status, answer["error"]["code"]) for name, (status, answer) in answers.items()} == {
         "task": (503, "UNAVAILABLE"), "receive": (503, "UNAVAILABLE"),
     }
+
+
+def test_a_stopping_leader_answers_a_write_no_majority_will_commit_and_stops(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """SIGTERM of the whole cluster at once (every container stopped together): the leader's
+    writes wait for a commit the stopping followers will never make. Its stop waited out their
+    PROPOSE_TIMEOUT_S (10 s, the SIGKILL grace of a container); after WRITE_STOP_GRACE_S they
+    answer UNAVAILABLE, outcome unknown (a keyed retry is safe), and the node stops."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    api = cluster.api(leader)
+    for follower in range(cluster.size):
+        if follower != leader:
+            cluster.pause(follower)  # they will never acknowledge the write
+    answers: list[tuple[int, Any]] = []
+    writer = threading.Thread(target=lambda: answers.append(api("POST", "/v1/scopes", {})))
+    writer.start()
+    time.sleep(WRITE_ARRIVES_S)  # read and proposed by then (an answer without "outcome" fails below)
+    process = cluster.processes[leader]
+    assert process is not None
+    signalled_at = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(ANSWER_BOUND_S) == 0
+    stop_s = time.monotonic() - signalled_at
+    cluster.stopped.add(leader)
+    writer.join(ANSWER_BOUND_S)
+    assert len(answers) == 1
+    status, body = answers[0]
+    assert (status, body["error"]["code"]) == (503, "UNAVAILABLE"), body
+    assert "the outcome is unknown" in body["error"]["message"]
+    assert stop_s < PROPOSE_TIMEOUT_S / 2, f"the leader took {stop_s:.1f} s to stop"
 
 
 def test_a_forward_to_a_frozen_leader_does_not_outlive_the_next_election(

@@ -189,6 +189,7 @@ class ReplicatedLog:
         self._sync_future: asyncio.Future[None] | None = None
         self._stopping = threading.Event()
         self._stopped = False
+        self._waits_ended = False  # end_waits ran: every call is refused
         self._halt_reason: str | None = None
         # When pysyncobj last made this node leader, and by when a majority last answered it (its
         # clock; both set in the tick thread, read by is_leader from any thread).
@@ -270,15 +271,25 @@ class ReplicatedLog:
         self._thread = threading.Thread(target=self._run_ticks, name=f"raft-{self.self_address}", daemon=True)
         self._thread.start()
 
-    async def stop(self) -> None:
-        """Stop ticking, close the port and the files; pending proposals fail with LogUnavailable."""
-        if self._stopped:
+    def end_waits(self) -> None:
+        """Answer every call that waits for the log now, and refuse new ones (LogUnavailable): the
+        first step of stop(). A stopping node takes it early, once its calls had a grace to end: a
+        write that cannot commit (the other nodes are stopping too) would hold the node's stop for
+        its whole timeout. A write already in a batch may still commit: its outcome is unknown."""
+        if self._waits_ended:
             return
-        self._stopped = True
+        self._waits_ended = True
         self._fail_pending(LogUnavailable("the log is stopping"))
         self._fail_reads(LogUnavailable("the log is stopping"))
         for in_flight in list(self._in_flight):
-            _fail(in_flight.proposals, LogUnavailable("the log stopped; the outcome is unknown"))
+            _fail(in_flight.proposals, LogUnavailable("the log is stopping; the outcome is unknown"))
+
+    async def stop(self) -> None:
+        """Stop ticking, close the port and the files; what waits fails with LogUnavailable."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.end_waits()
         if self._raft is None:
             return
         self._stopping.set()
@@ -668,8 +679,8 @@ class ReplicatedLog:
     def _check_running(self) -> None:
         if self._raft is None:
             raise LogUnavailable("the log is not started")
-        if self._stopped:
-            raise LogUnavailable("the log is stopped")
+        if self._stopped or self._waits_ended:
+            raise LogUnavailable("the log is stopping")
         if self._halt_reason is not None:
             raise LogUnavailable(f"the log halted: {self._halt_reason}")
 

@@ -20,6 +20,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_SPACE = "default"
 PROPOSE_TIMEOUT_S = 10.0  # a write whose outcome is not known by then answers UNAVAILABLE
+# Once the node is stopping, a write still waiting for its commit after this long answers
+# UNAVAILABLE (outcome unknown: keyed calls are safe to retry), so that the stop does not wait out
+# PROPOSE_TIMEOUT_S when no majority is left to commit it (the whole cluster stopping at once).
+WRITE_STOP_GRACE_S = 1.0
 # A cluster read whose read index no majority confirmed by then commits a barrier instead (a leader
 # cut off from its peers steps down within leader_fallback_timeout_s = 1 s: then UNAVAILABLE).
 READ_INDEX_TIMEOUT_S = 1.0

@@ -28,6 +28,7 @@ from runstate_server.node.config import (
     PROPOSE_TIMEOUT_S,
     READ_INDEX_TIMEOUT_S,
     READY_TIMEOUT_S,
+    WRITE_STOP_GRACE_S,
     NodeConfig,
     split_address,
 )
@@ -163,8 +164,12 @@ class Node:
         # forwarded to the leader (long polls among them) soon (Router.stopping).
         self.waiters.close()
         self.router.stopping()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        ending_waits = asyncio.get_running_loop().call_later(WRITE_STOP_GRACE_S, self.log.end_waits)
+        try:
+            if self._runner is not None:
+                await self._runner.cleanup()
+        finally:
+            ending_waits.cancel()
         await self.router.close()
         tasks = list(self._tasks)
         for task in tasks:
