@@ -223,3 +223,36 @@ def test_end_waits_answers_a_write_that_cannot_commit_at_once() -> None:
                 await log.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_leader_that_steps_down_answers_its_writes_in_flight_at_once() -> None:
+    """Check-quorum deposes a leader whose followers stopped answering (a partition): its writes
+    in flight answer then, outcome unknown (their entries may still be committed by a new
+    leader), instead of at their timeout; pysyncobj would call them back only once this node
+    applies their index again, after the partition heals."""
+
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        logs = [
+            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
+                          password="cluster-password")
+            for address in addresses
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            for follower in (log for log in logs if log is not leader):
+                await follower.stop()
+            proposed_at = time.monotonic()
+            with pytest.raises(LogUnavailable, match="stopped leading; the outcome is unknown"):
+                await leader.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S)
+            assert time.monotonic() - proposed_at < PROPOSE_WAIT_S / 2
+            assert not leader.is_leader
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())

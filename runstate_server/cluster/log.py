@@ -281,8 +281,7 @@ class ReplicatedLog:
         self._waits_ended = True
         self._fail_pending(LogUnavailable("the log is stopping"))
         self._fail_reads(LogUnavailable("the log is stopping"))
-        for in_flight in list(self._in_flight):
-            _fail(in_flight.proposals, LogUnavailable("the log is stopping; the outcome is unknown"))
+        self._fail_in_flight(LogUnavailable("the log is stopping; the outcome is unknown"))
 
     async def stop(self) -> None:
         """Stop ticking, close the port and the files; what waits fails with LogUnavailable."""
@@ -684,11 +683,22 @@ class ReplicatedLog:
         if self._halt_reason is not None:
             raise LogUnavailable(f"the log halted: {self._halt_reason}")
 
+    def _fail_in_flight(self, error: LogUnavailable) -> None:
+        """Answer the callers of every batch proposed and not yet called back with `error` (its
+        entry may still commit: the outcome is unknown), and free their slots."""
+        for in_flight in list(self._in_flight):
+            _fail(in_flight.proposals, error)
+            self._release(in_flight)
+
     def _on_role_changed(self) -> None:
         self.read_index_unconfirmed = False  # a new leadership tries the read index afresh
         if not self.is_leader:
             self._fail_pending(NotLeader(self.leader_address))
             self._fail_reads(NotLeader(self.leader_address))
+            # pysyncobj answers them only once this node applies their index again (committed by a
+            # new leader, or another entry there): in a partition, not before it heals. Their
+            # callers would wait out their whole timeout (10 s) before retrying elsewhere.
+            self._fail_in_flight(LogUnavailable("this node stopped leading; the outcome is unknown"))
         if self._on_role_change is not None:
             self._on_role_change()
 
