@@ -44,6 +44,28 @@ async def running_log(
         await log.stop()
 
 
+@contextlib.asynccontextmanager
+async def three_logs(data_root: Path | None = None) -> AsyncIterator[tuple[ReplicatedLog, list[ReplicatedLog]]]:
+    """Three in-process logs of one cluster, once one leads and reads by index (it applied its
+    no-op): (leader, followers). With `data_root` each journals in a directory of its own there."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    logs = [
+        ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses,
+                      data_dir=None if data_root is None else data_root / str(index), password="cluster-password")
+        for index, address in enumerate(addresses)
+    ]
+    try:
+        for log in logs:
+            await log.start()
+        await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+        await eventually(lambda: sum(log.reads_by_index() for log in logs) == 1)
+        leader = next(log for log in logs if log.is_leader)
+        yield leader, [log for log in logs if log is not leader]
+    finally:
+        for log in logs:
+            await log.stop()
+
+
 def applied_ids(log: ReplicatedLog, machine: RecordingMachine) -> list[int]:
     with log.lock:
         return [entry["id"] for entry in machine.applied]

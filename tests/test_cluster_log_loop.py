@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from runstate_server.cluster import LogConfig, LogUnavailable, ReplicatedLog, _journal
-from tests._cluster_log_child import RecordingMachine, free_port
-from tests.test_cluster_log import READY_TIMEOUT_S, applied_ids, eventually, running_log
+from tests._cluster_log_child import RecordingMachine
+from tests.test_cluster_log import READY_TIMEOUT_S, applied_ids, eventually, running_log, three_logs
 
 # How long a test holds a sync back (a slow disk); the propose it holds waits longer than that.
 SYNC_HELD_S = 0.5
@@ -132,6 +132,18 @@ def failing_sync(monkeypatch: pytest.MonkeyPatch, journal: _journal.DurableJourn
     monkeypatch.setattr(_journal, "sync_without_the_gil", sync_or_fail)
 
 
+async def fail_syncs_until_halted(log: ReplicatedLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk under `log` fails from now on: the next write is not acknowledged, the log halts
+    (pysyncobj closed) and refuses every write after it."""
+    assert log._journal is not None
+    failing_sync(monkeypatch, log._journal)
+    with pytest.raises(LogUnavailable):
+        await log.propose({"type": "add", "id": 1_000}, timeout_s=1.0)
+    await eventually(lambda: log._ticks_ended)
+    with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
+        await log.propose({"type": "add", "id": 1_001})
+
+
 @pytest.mark.parametrize("config", [ALWAYS_ON_THE_LOOP, ALWAYS_IN_THE_SYNC_THREAD], ids=["on-the-loop", "sync-thread"])
 def test_a_failed_sync_halts_a_single_node_and_nothing_after_it_is_applied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: LogConfig
@@ -139,13 +151,7 @@ def test_a_failed_sync_halts_a_single_node_and_nothing_after_it_is_applied(
     async def scenario() -> None:
         async with running_log(tmp_path, config=config) as (log, machine):
             await log.propose({"type": "add", "id": 1})
-            assert log._journal is not None
-            failing_sync(monkeypatch, log._journal)
-            with pytest.raises(LogUnavailable):
-                await log.propose({"type": "add", "id": 2}, timeout_s=1.0)
-            await eventually(lambda: log._ticks_ended)
-            with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
-                await log.propose({"type": "add", "id": 3})
+            await fail_syncs_until_halted(log, monkeypatch)
             assert applied_ids(log, machine) == [1]
             assert not log.is_leader and log.leader_address is None  # its node's health answers 503
 
@@ -159,33 +165,12 @@ def test_a_cluster_leader_whose_sync_fails_halts_and_the_others_elect_a_leader(
     its next tick would count the unsynced entry towards a commit."""
 
     async def scenario() -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        logs = [
-            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses,
-                          data_dir=tmp_path / str(index), password="cluster-password")
-            for index, address in enumerate(addresses)
-        ]
-        try:
-            for log in logs:
-                await log.start()
-            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
-            leader = next(log for log in logs if log.is_leader)
+        async with three_logs(tmp_path) as (leader, followers):
             assert not leader.ticks_on_loop
-            assert leader._journal is not None
-            failing_sync(monkeypatch, leader._journal)
-            with pytest.raises(LogUnavailable):
-                await leader.propose({"type": "add", "id": 1}, timeout_s=1.0)
-            await eventually(lambda: leader._ticks_ended)
-            with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
-                await leader.propose({"type": "add", "id": 2})
-            others = [log for log in logs if log is not leader]
-            await eventually(lambda: any(log.is_leader for log in others))
-            new_leader = next(log for log in others if log.is_leader)
+            await fail_syncs_until_halted(leader, monkeypatch)
+            await eventually(lambda: any(log.is_leader for log in followers))
+            new_leader = next(log for log in followers if log.is_leader)
             assert (await new_leader.propose({"type": "add", "id": 3}))["id"] == 3
-        finally:
-            for log in logs:
-                await log.stop()
 
     asyncio.run(scenario())
 
@@ -195,19 +180,8 @@ def test_end_waits_answers_a_write_that_cannot_commit_at_once() -> None:
     acknowledge (they stopped) is answered now, outcome unknown, not at its timeout."""
 
     async def scenario() -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        logs = [
-            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
-                          password="cluster-password")
-            for address in addresses
-        ]
-        try:
-            for log in logs:
-                await log.start()
-            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
-            leader = next(log for log in logs if log.is_leader)
-            for follower in (log for log in logs if log is not leader):
+        async with three_logs() as (leader, followers):
+            for follower in followers:
                 await follower.stop()
             proposed = asyncio.ensure_future(leader.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S))
             await eventually(lambda: bool(leader._in_flight))
@@ -218,9 +192,6 @@ def test_end_waits_answers_a_write_that_cannot_commit_at_once() -> None:
             assert time.monotonic() - ended_at < PROPOSE_WAIT_S / 2
             with pytest.raises(LogUnavailable, match="stopping"):
                 await leader.propose({"type": "add", "id": 2})
-        finally:
-            for log in logs:
-                await log.stop()
 
     asyncio.run(scenario())
 
@@ -232,27 +203,13 @@ def test_a_leader_that_steps_down_answers_its_writes_in_flight_at_once() -> None
     applies their index again, after the partition heals."""
 
     async def scenario() -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        logs = [
-            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
-                          password="cluster-password")
-            for address in addresses
-        ]
-        try:
-            for log in logs:
-                await log.start()
-            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
-            leader = next(log for log in logs if log.is_leader)
-            for follower in (log for log in logs if log is not leader):
+        async with three_logs() as (leader, followers):
+            for follower in followers:
                 await follower.stop()
             proposed_at = time.monotonic()
             with pytest.raises(LogUnavailable, match="stopped leading; the outcome is unknown"):
                 await leader.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S)
             assert time.monotonic() - proposed_at < PROPOSE_WAIT_S / 2
             assert not leader.is_leader
-        finally:
-            for log in logs:
-                await log.stop()
 
     asyncio.run(scenario())

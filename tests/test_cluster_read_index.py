@@ -7,20 +7,19 @@ acknowledged before it through any other."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from runstate_server.cluster import LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.cluster import LogUnavailable, NotLeader
 from runstate_server.cluster._read_index import READ_INDEX_REQUEST, READ_INDEX_RESPONSE, ReadIndex
 from tests._cluster import Cluster
-from tests._cluster_log_child import RecordingMachine, free_port
 from tests._http import Api, mailbox_id
+from tests.test_cluster_log import three_logs
 
 READS = 100
 CLIENTS = 3
@@ -136,27 +135,6 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = READY_TIM
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def three_logs() -> AsyncIterator[tuple[ReplicatedLog, list[ReplicatedLog]]]:
-    """Three in-process logs of one cluster, once one leads and reads by index: (leader, followers)."""
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    logs = [
-        ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
-                      password="cluster-password")
-        for address in addresses
-    ]
-    try:
-        for log in logs:
-            await log.start()
-        await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-        await eventually(lambda: sum(log.reads_by_index() for log in logs) == 1)
-        leader = next(log for log in logs if log.is_leader)
-        yield leader, [log for log in logs if log is not leader]
-    finally:
-        for log in logs:
-            await log.stop()
 
 
 def test_concurrent_reads_share_rounds_and_a_peer_without_the_read_index_counts_for_nothing() -> None:
