@@ -137,8 +137,8 @@ async def fail_syncs_until_halted(log: ReplicatedLog, monkeypatch: pytest.Monkey
     (pysyncobj closed) and refuses every write after it."""
     assert log._journal is not None
     failing_sync(monkeypatch, log._journal)
-    with pytest.raises(LogUnavailable):
-        await log.propose({"type": "add", "id": 1_000}, timeout_s=1.0)
+    with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
+        await log.propose({"type": "add", "id": 1_000}, timeout_s=PROPOSE_WAIT_S)  # answered at the halt
     await eventually(lambda: log._ticks_ended)
     with pytest.raises(LogUnavailable, match="halted: cannot sync the Raft journal"):
         await log.propose({"type": "add", "id": 1_001})

@@ -856,7 +856,7 @@ class ReplicatedLog:
 
     def _end_ticks(self) -> None:
         """No tick comes after this: close pysyncobj (the Raft port, the journal) and, if the log
-        halted, fail what waits for a batch."""
+        halted, answer what waits for a batch or its commit."""
         if self._ticks_ended:
             return
         self._ticks_ended = True
@@ -871,6 +871,9 @@ class ReplicatedLog:
         raft.close_pipe()
         if self._halt_reason is not None:
             self._call_on_loop(self._fail_pending, LogUnavailable(f"the log halted: {self._halt_reason}"))
+            self._call_on_loop(
+                self._fail_in_flight, LogUnavailable(f"the log halted: {self._halt_reason}; the outcome is unknown")
+            )
         self._hand_calls_to_loop()
 
     def _poll_s(self, raft: RaftNode) -> float:
