@@ -15,8 +15,12 @@ from runstate.sdk import _consume
 pytestmark = pytest.mark.slow
 
 LEASE_MS = 300
-# A handler this long outlives its lease several times: it keeps its delivery only if renewed.
-LONG_HANDLER_S = 1.2
+# The lease of the handler that must be renewed, and how long it runs: three and a half leases, so
+# it keeps its delivery only if renewed, while a stall of the test's loop or the node of up to two
+# thirds of a lease (the SDK renews every third: a loaded 2-core CI machine stalled one 200 ms)
+# does not lapse it.
+RENEWED_LEASE_MS = 1_000
+LONG_HANDLER_S = 3.5
 WAIT_TIMEOUT_S = 20.0
 RESULT_TIMEOUT_MS = 20_000
 
@@ -49,7 +53,7 @@ def test_a_long_handler_among_quick_ones_of_one_receive_keeps_its_lease(dev_node
                     renewed.append(delivery.lease_expires_at > first_expiry)
                 return int(data["n"]) * 2
 
-            outcomes = await consume_until_done(mailbox, handle, tickets, concurrency=4, lease_ms=LEASE_MS)
+            outcomes = await consume_until_done(mailbox, handle, tickets, concurrency=4, lease_ms=RENEWED_LEASE_MS)
             assert [(outcome["state"], outcome["attempt"]) for outcome in outcomes] == [("SUCCEEDED", 1)] * 4
             assert renewed == [True]
             await run.cancel()
