@@ -69,7 +69,7 @@ _LEADER = 2
 STOP_TIMEOUT_S = 10.0
 # A single node's ticks in one turn of its event loop, at most: an entry appended in one tick
 # commits in the next, and a command queued meanwhile is appended by the second and committed by a
-# third.
+# third; one more to spare (what is left waits for the next proposal or the tick timer).
 LOOP_TICKS_MAX = 4
 # How often wait_ready looks at the Raft state (startup only).
 _READY_POLL_S = 0.01
