@@ -163,6 +163,8 @@ def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple
     assert new_secret.startswith("rsk_")
     who = Api(node.url, key=new_secret).ok("GET", "/v1/whoami")
     assert who["permissions"] == ["coordination_read"]
+    # The list reloads after the secret is shown: wait for the new key's row (the reload races this test).
+    page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]').wait_for()
     assert page.locator(f'[data-table="keys"] [data-row="{who["keyId"]}"]').count() == 1
     console.screenshot(page, "keys-secret-once")
     page.reload()
