@@ -9,9 +9,11 @@ inside it, it releases the callers (spread over `--processes` processes, async, 
 waits until every one of them has called and `--settle-s` more (so they are all waiting), notes
 the time and returns. Each caller notes when its call returned. Times are CLOCK_MONOTONIC
 (`time.perf_counter`), which all processes of one machine share. The async callers of one
-process (one event loop) waiting for the same key share one acquire and one long poll, and their
-results cross back to the loop together (the SDK does that), so the fan-out crosses the server
-once per process.
+process (one event loop) waiting for the same key share one acquire and one long poll, sent from
+their own loop (the SDK does that), so the fan-out crosses the server once per process. Each
+process runs every round on one event loop, as a long-lived agent process would;
+`--loop-per-round` runs each round in a fresh loop (`asyncio.run` per round), whose connections
+then open before it and close right after it, while slower processes are still waiting.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ async def research(round_key: str) -> dict[str, Any]:
     return {"round": round_key, "report": "x" * 200, "returned_at": time.perf_counter()}
 
 
-def caller_process(connection: Connection, base_url: str, scope_id: str, callers: int) -> None:
+def caller_process(connection: Connection, base_url: str, scope_id: str, callers: int, loop_per_round: bool) -> None:
     """A process of callers: per round, call `research(key)` `callers` times at once; send back
     when each call returned (the latest) and the results seen."""
     runstate.configure(base_url=base_url, scope_id=scope_id, holder=f"bench-caller-{os.getpid()}")
@@ -58,17 +60,21 @@ def caller_process(connection: Connection, base_url: str, scope_id: str, callers
         return time.perf_counter(), result["returned_at"]
 
     async def every(round_key: str) -> list[tuple[float, float]]:
+        connection.send(("calling", None))
         calls = asyncio.gather(*(one(round_key) for _ in range(callers)))
         return list(await asyncio.wait_for(calls, CALL_TIMEOUT_S))
 
+    async def rounds() -> None:
+        loop = asyncio.get_running_loop()
+        while (round_key := await loop.run_in_executor(None, connection.recv)) is not None:
+            connection.send(("done", await every(round_key)))
+
     try:
-        while True:
-            round_key = connection.recv()
-            if round_key is None:
-                return
-            connection.send(("calling", None))
-            finished = asyncio.run(every(round_key))
-            connection.send(("done", finished))
+        if loop_per_round:
+            while (round_key := connection.recv()) is not None:
+                connection.send(("done", asyncio.run(every(round_key))))
+        else:
+            asyncio.run(rounds())
     finally:
         runstate.close()
         connection.close()
@@ -80,7 +86,6 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    global _runner_hook
     node = None
     if args.base_url is None:
         node = DevNode(None).start()
@@ -96,32 +101,46 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         processes = []
         for count in spread:
             parent_end, child_end = context.Pipe()
-            process = context.Process(target=caller_process, args=(child_end, base_url, run_id, count), daemon=True)
+            process = context.Process(
+                target=caller_process, args=(child_end, base_url, run_id, count, args.loop_per_round), daemon=True
+            )
             process.start()
             child_end.close()
             pipes.append(parent_end)
             processes.append(process)
         last_ms: list[float] = []
         every_ms: list[float] = []
-        try:
+
+        async def one_round() -> None:
+            global _runner_hook
+            round_key = uuid.uuid4().hex
+
+            async def release_callers() -> None:
+                for pipe in pipes:
+                    pipe.send(round_key)
+                for pipe in pipes:
+                    assert pipe.recv()[0] == "calling"
+                await asyncio.sleep(args.settle_s)  # every caller's acquire answered HELD: waiting
+
+            _runner_hook = release_callers
+            returned_at = (await research(round_key))["returned_at"]
+            loop = asyncio.get_running_loop()
+            finished = [item for pipe in pipes for item in (await loop.run_in_executor(None, pipe.recv))[1]]
+            assert all(seen == returned_at for _, seen in finished), "a caller got another result"
+            latencies = [(done_at - returned_at) * 1000 for done_at, _ in finished]
+            last_ms.append(max(latencies))
+            every_ms.extend(latencies)
+
+        async def rounds() -> None:
             for _ in range(args.rounds):
-                round_key = uuid.uuid4().hex
+                await one_round()
 
-                async def release_callers(key: str = round_key) -> None:
-                    for pipe in pipes:
-                        pipe.send(key)
-                    for pipe in pipes:
-                        assert pipe.recv()[0] == "calling"
-                    await asyncio.sleep(args.settle_s)  # every caller's acquire answered HELD: waiting
-
-                _runner_hook = release_callers
-                result = asyncio.run(research(round_key))
-                returned_at = result["returned_at"]
-                finished = [item for pipe in pipes for item in pipe.recv()[1]]
-                assert all(seen == returned_at for _, seen in finished), "a caller got another result"
-                latencies = [(done_at - returned_at) * 1000 for done_at, _ in finished]
-                last_ms.append(max(latencies))
-                every_ms.extend(latencies)
+        try:
+            if args.loop_per_round:
+                for _ in range(args.rounds):
+                    asyncio.run(one_round())
+            else:
+                asyncio.run(rounds())
         finally:
             for pipe in pipes:
                 pipe.send(None)
@@ -134,6 +153,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "callers": args.callers,
             "processes": args.processes,
             "rounds": args.rounds,
+            "loop_per_round": args.loop_per_round,
             "last_caller_ms": {
                 "median": round(statistics.median(last_ms), 2),
                 "p99": round(percentile(last_ms, 0.99), 2),
@@ -160,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--settle-s", type=float, default=0.5, help="wait after every caller called")
     parser.add_argument("--base-url", default=None, help="a running server (default: start a dev node)")
+    parser.add_argument(
+        "--loop-per-round", action="store_true",
+        help="every process runs each round in a fresh event loop (asyncio.run per round), so its "
+        "connections open and close every round; default: one loop per process for all rounds",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.callers < 1 or not 1 <= args.processes <= args.callers:
         parser.error("need rounds >= 1, callers >= 1 and 1 <= processes <= callers")

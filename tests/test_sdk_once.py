@@ -4,7 +4,10 @@ waiting callers, failures and attempts, results too large, a lease taken over, t
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +20,9 @@ from tests._http import Api, configured_run
 from tests._nodes import DevNode
 
 BARRIER_TIMEOUT_S = 30.0
+# An async function blocking its loop for over two of its leases (renewed every third of one).
+BLOCKING_LEASE_S = 2
+BLOCKING_S = 4.5
 
 
 @pytest.fixture
@@ -134,8 +140,8 @@ def test_async_functions(run_id: str) -> None:
 
 
 def test_async_callers_on_several_loops_one_cancelled(run_id: str) -> None:
-    """Answers cross back to each caller's own loop (batched per loop); a cancelled caller gets
-    CancelledError and the others of its loop still get the result; an exception reaches its caller."""
+    """Callers on several loops (each with its own clients) get the result; a cancelled caller gets
+    CancelledError and the others of its loop still get it; an exception reaches its caller."""
     started = threading.Event()
     release = threading.Event()
 
@@ -180,6 +186,64 @@ def test_async_callers_on_several_loops_one_cancelled(run_id: str) -> None:
         asyncio.run(broken())
     with pytest.raises(OnceFailedError):
         asyncio.run(broken())
+
+
+def _sdk_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "runstate-sdk"]
+
+
+def _open_sockets() -> int:
+    """The process's open sockets (Linux)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:  # the directory's own descriptor, closed once listed
+            continue
+    return count
+
+
+def test_async_calls_run_on_their_own_loop_and_its_end_closes_their_connections(run_id: str) -> None:
+    """An async call's requests run on the caller's loop, not on the SDK's thread, and the clients
+    made for that loop close when `asyncio.run` ends it."""
+
+    @runstate.once(name="on-the-loop")
+    async def report(topic: str) -> str:
+        return f"report on {topic}"
+
+    assert asyncio.run(report("raft")) == "report on raft"  # ran it: its renewals started the thread
+    runstate.close()  # ends the thread; the configured run stays
+    assert _sdk_threads() == []
+    sockets_before = _open_sockets()
+    for _ in range(3):  # three loops one after the other: clients of their own, closed at their end
+        assert asyncio.run(report("raft")) == "report on raft"
+    assert _sdk_threads() == []  # the recorded result came without the SDK's thread
+    gc.collect()
+    assert _open_sockets() == sockets_before
+
+
+def test_an_async_function_that_blocks_its_loop_keeps_its_lease(run_id: str) -> None:
+    """The lease of an async function is renewed from the SDK's thread: a blocking call inside it
+    (a sync client in `async def`), longer than the lease, does not let a waiter take the work over."""
+    started = threading.Event()
+
+    @runstate.once(name="blocking", lease=f"{BLOCKING_LEASE_S}s", attempts=5)
+    async def blocking(topic: str) -> str:
+        started.set()
+        time.sleep(BLOCKING_S)  # noqa: ASYNC251 - the loop does not turn: the point of the test
+        return f"{topic} on attempt {runstate.context().attempt}"
+
+    waiter: list[Any] = []
+
+    def wait_on_own_loop() -> None:
+        assert started.wait(BARRIER_TIMEOUT_S)
+        waiter.append(_outcome(lambda: asyncio.run(blocking("raft"))))
+
+    thread = threading.Thread(target=wait_on_own_loop)
+    thread.start()
+    assert asyncio.run(blocking("raft")) == "raft on attempt 1"
+    thread.join()
+    assert waiter == ["raft on attempt 1"]
 
 
 def test_async_callers_of_one_loop_share_one_acquire_and_retry_after_a_failure(

@@ -1,16 +1,23 @@
-"""The process-wide client behind `runstate.once`, `runstate.queue` and `runstate.serve`.
+"""The process-wide clients behind `runstate.once`, `runstate.queue` and `runstate.serve`.
 
-One `AsyncRunstate` per process, created on first use from `runstate.configure(...)` or the
-environment (RUNSTATE_BASE_URL, RUNSTATE_SPACE_ID, RUNSTATE_API_KEY, RUNSTATE_SCOPE_ID). Its
-requests run on an event loop in a daemon thread of its own, whatever the caller is: a sync caller
-blocks on the answer, an async caller awaits it from its own loop (`Runtime.arun`), and the
-user's function always runs in the caller's thread or task. One session that outlives any caller's
-event loop means nothing is bound to a loop that `asyncio.run` closes; the daemon thread never
-keeps the interpreter alive, and an atexit hook closes the session. A forked child builds its own.
+Created on first use from `runstate.configure(...)` or the environment (RUNSTATE_BASE_URL,
+RUNSTATE_SPACE_ID, RUNSTATE_API_KEY, RUNSTATE_SCOPE_ID). Two kinds:
+
+- `runtime()`: one per process, on an event loop in a daemon thread of its own. A sync caller
+  blocks on its answer; `serve()` runs there; so do the renewals of a once function's lease, so an
+  async function that blocks its own loop (a sync HTTP call inside `async def`) keeps its lease.
+- `loop_runtime()`: one per event loop, for async calls (an async once function, `queue.asend`,
+  `job.aresult`): their requests run on the caller's own loop, with no crossing to the thread and
+  back (two wake-ups of an idle thread, ~0.3-0.5 ms each on a small virtual machine). Its
+  connections close when that loop shuts down its async generators (`asyncio.run` does, and so do
+  asyncio.Runner, anyio and pytest-asyncio): the runtime holds one, parked until then.
+
+The user's function always runs in the caller's thread or task. The thread never keeps the
+interpreter alive, and an atexit hook closes the clients. A forked child builds its own.
 
 Which run: `configure(scope_id=...)`, else RUNSTATE_SCOPE_ID, else the active run named
 `configure(run=...)`, RUNSTATE_RUN or `default` (the space's default run; `PUT /runs/{name}`),
-asked once and cached. When a call answers SCOPE_CANCELLED,
+asked once and cached for every runtime of the process. When a call answers SCOPE_CANCELLED,
 DEADLINE_EXCEEDED or NOT_FOUND for the cached default run, the SDK asks for the default run again
 (the server has replaced it by then) and retries the call once, so after a stop the next call of
 every process lands in the same fresh run.
@@ -21,10 +28,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import functools
 import os
+import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,9 +46,6 @@ RUN_NAME_CHARS_MAX = 256  # the server's bound of a run name
 # Closing: how long the session gets to close, and the loop thread to end.
 CLOSE_TIMEOUT_S = 5.0
 
-_Outcome = concurrent.futures.Future[Any]  # a coroutine run on the runtime's loop (`Runtime.submit`)
-_HandBack = tuple[asyncio.Future[Any], _Outcome]  # a caller's future on its own loop, and what it awaits
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -53,11 +57,27 @@ class Settings:
     run: str | None = None
 
 
-class Runtime:
-    """The client, its loop thread, and the run the module-level API uses."""
+class RunChoice:
+    """Which run the module-level API uses, shared by every runtime of the process (the default
+    run is asked once, not once per event loop), and the queues created so far."""
 
     def __init__(self, settings: Settings) -> None:
-        # Validates the settings (ConfigError) before a thread starts.
+        explicit = settings.scope_id if settings.scope_id is not None else os.environ.get(SCOPE_ID_ENV)
+        self.explicit_scope_id = explicit.strip() if explicit and explicit.strip() else None
+        named = settings.run if settings.run is not None else os.environ.get(RUN_ENV)
+        # The named run used when no run id is given: RUNSTATE_RUN, else the space's default run.
+        self.run_name = named.strip() if named and named.strip() else DEFAULT_RUN_NAME
+        self.default_scope_id: str | None = None
+        self.ensured_mailboxes: set[str] = set()
+
+
+class LoopClients:
+    """The clients of one event loop, and the module-level API's steps that run on it."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def __init__(self, settings: Settings, choice: RunChoice) -> None:
+        # Validates the settings (ConfigError) before anything starts.
         self.client = AsyncRunstate(
             base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
         )
@@ -66,19 +86,90 @@ class Runtime:
         self.waits = AsyncRunstate(
             base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
         )
-        self._once_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
-        # Answers for callers' loops, sent at the end of this turn of our loop (`_hand_back`).
-        self._hand_backs: dict[asyncio.AbstractEventLoop, list[_HandBack]] = {}
-        explicit = settings.scope_id if settings.scope_id is not None else os.environ.get(SCOPE_ID_ENV)
-        self.explicit_scope_id = explicit.strip() if explicit and explicit.strip() else None
-        named = settings.run if settings.run is not None else os.environ.get(RUN_ENV)
-        # The named run used when no run id is given: RUNSTATE_RUN, else the space's default run.
-        self.run_name = named.strip() if named and named.strip() else DEFAULT_RUN_NAME
+        self.choice = choice
         self.pid = os.getpid()
-        self._default_scope_id: str | None = None
+        self._once_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
         self._default_lock: asyncio.Lock | None = None
-        self._ensured_mailboxes: set[str] = set()
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the run --------------------------------------------------------------------------------
+
+    async def scope_id(self) -> tuple[str, bool]:
+        """The run to use and whether it is the default run. On the loop."""
+        choice = self.choice
+        if choice.explicit_scope_id is not None:
+            return choice.explicit_scope_id, False
+        if choice.default_scope_id is None:
+            if self._default_lock is None:
+                self._default_lock = asyncio.Lock()
+            async with self._default_lock:
+                if choice.default_scope_id is None:
+                    choice.default_scope_id = (await self.client.scopes.named(choice.run_name)).id
+        return choice.default_scope_id, True
+
+    async def in_run(self, operation: Callable[[str], Awaitable[T]]) -> T:
+        """`operation(run id)`, asking for a fresh default run and retrying once if the cached
+        default run stopped (or is unknown). On the loop."""
+        scope_id, is_default = await self.scope_id()
+        try:
+            return await operation(scope_id)
+        except (ScopeCancelledError, DeadlineExceededError, NotFoundError):
+            if not is_default:
+                raise
+            self.forget_default(scope_id)
+            fresh_id, _ = await self.scope_id()
+            return await operation(fresh_id)
+
+    async def check_default_active(self, scope_id: str, effective: str | None = None) -> None:
+        """If `scope_id` is the cached default run and it is no longer active, raise
+        ScopeCancelledError (so `in_run` moves to the fresh default run). For answers that are
+        given whether or not the run is active: an acquire of a once entry already DONE or FAILED, which
+        says `effective` (asked with a read when it is not given). On the loop."""
+        if self.choice.explicit_scope_id is not None or self.choice.default_scope_id != scope_id:
+            return
+        if effective is None:
+            effective = (await self.client.scopes.status(scope_id)).get("effective", "ACTIVE")
+        if effective != "ACTIVE":
+            raise ScopeCancelledError(f"the default run {scope_id} is no longer active", status=None)
+
+    def forget_default(self, scope_id: str) -> None:
+        """The default run `scope_id` stopped: the next call asks for the current one."""
+        if self.choice.default_scope_id == scope_id:
+            self.choice.default_scope_id = None
+
+    async def wait_once(self, scope_id: str, key: str) -> dict[str, Any]:
+        """The once entry's view once it is not HELD (or after one long poll). Callers on this loop
+        waiting for the same entry share one long poll. On the loop."""
+        shared_key = (scope_id, key)
+        task = self._once_waits.get(shared_key)
+        if task is None:
+            task = asyncio.create_task(self.waits.once.wait(scope_id, key))
+            self._once_waits[shared_key] = task
+            task.add_done_callback(lambda done: self._once_waits.pop(shared_key, None))
+        # Shielded: one caller giving up does not cancel the others' wait.
+        return await asyncio.shield(task)
+
+    async def ensure_mailbox(self, name: str) -> None:
+        """Create the work queue `name` once per process. On the loop."""
+        if name not in self.choice.ensured_mailboxes:
+            await self.client.mailboxes.ensure(name, mode="WORK")
+            self.choice.ensured_mailboxes.add(name)
+
+    async def _close_clients(self) -> None:
+        await self.client.aclose()
+        await self.waits.aclose()
+
+
+class Runtime(LoopClients):
+    """The process's clients on an event loop in a daemon thread of their own: for sync callers,
+    `serve()`, and the renewals of once leases."""
+
+    def __init__(self, settings: Settings, choice: RunChoice) -> None:
+        super().__init__(settings, choice)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._main, name="runstate-sdk", daemon=True)
         self._thread.start()
@@ -92,10 +183,6 @@ class Runtime:
             self.loop.close()
 
     # -- running coroutines on the loop ---------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -126,99 +213,7 @@ class Runtime:
         """Await `coroutine` run on the loop, from any event loop. Cancelling the await cancels it."""
         if self.in_loop_thread():
             return await coroutine
-        caller_loop = asyncio.get_running_loop()
-        answer: asyncio.Future[T] = caller_loop.create_future()
-        future = self.submit(coroutine)
-        future.add_done_callback(functools.partial(self._hand_back, caller_loop, answer))
-        try:
-            return await answer
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-
-    def _hand_back(self, caller_loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], future: _Outcome) -> None:
-        """`future` is done: settle `answer` on the caller's loop. The answers for one caller's loop
-        that are done in the same turn of our loop (the callers of a process waiting on one once
-        entry, woken by one long poll) cross to it in one `call_soon_threadsafe`, so its thread
-        wakes once for all of them instead of once each, taking the GIL back and forth."""
-        if not self.in_loop_thread():
-            # Cancelled by the caller (or done before the callback was added): no batch to join.
-            _call_on(caller_loop, _settle_answers, [(answer, future)])
-            return
-        batch = self._hand_backs.get(caller_loop)
-        if batch is None:
-            try:
-                self.loop.call_soon(self._send_hand_backs, caller_loop)
-            except RuntimeError:  # our loop is closed (shutting down): no later turn to wait for
-                _call_on(caller_loop, _settle_answers, [(answer, future)])
-                return
-            batch = self._hand_backs[caller_loop] = []
-        batch.append((answer, future))
-
-    def _send_hand_backs(self, caller_loop: asyncio.AbstractEventLoop) -> None:
-        _call_on(caller_loop, _settle_answers, self._hand_backs.pop(caller_loop, []))
-
-    # -- the run --------------------------------------------------------------------------------
-
-    async def scope_id(self) -> tuple[str, bool]:
-        """The run to use and whether it is the default run. On the loop."""
-        if self.explicit_scope_id is not None:
-            return self.explicit_scope_id, False
-        if self._default_scope_id is None:
-            if self._default_lock is None:
-                self._default_lock = asyncio.Lock()
-            async with self._default_lock:
-                if self._default_scope_id is None:
-                    self._default_scope_id = (await self.client.scopes.named(self.run_name)).id
-        return self._default_scope_id, True
-
-    async def in_run(self, operation: Callable[[str], Awaitable[T]]) -> T:
-        """`operation(run id)`, asking for a fresh default run and retrying once if the cached
-        default run stopped (or is unknown). On the loop."""
-        scope_id, is_default = await self.scope_id()
-        try:
-            return await operation(scope_id)
-        except (ScopeCancelledError, DeadlineExceededError, NotFoundError):
-            if not is_default:
-                raise
-            self.forget_default(scope_id)
-            fresh_id, _ = await self.scope_id()
-            return await operation(fresh_id)
-
-    async def check_default_active(self, scope_id: str, effective: str | None = None) -> None:
-        """If `scope_id` is the cached default run and it is no longer active, raise
-        ScopeCancelledError (so `in_run` moves to the fresh default run). For answers that are
-        given whether or not the run is active: an acquire of a once entry already DONE or FAILED, which
-        says `effective` (asked with a read when it is not given). On the loop."""
-        if self.explicit_scope_id is not None or self._default_scope_id != scope_id:
-            return
-        if effective is None:
-            effective = (await self.client.scopes.status(scope_id)).get("effective", "ACTIVE")
-        if effective != "ACTIVE":
-            raise ScopeCancelledError(f"the default run {scope_id} is no longer active", status=None)
-
-    def forget_default(self, scope_id: str) -> None:
-        """The default run `scope_id` stopped: the next call asks for the current one."""
-        if self._default_scope_id == scope_id:
-            self._default_scope_id = None
-
-    async def wait_once(self, scope_id: str, key: str) -> dict[str, Any]:
-        """The once entry's view once it is not HELD (or after one long poll). Callers of this process
-        waiting for the same entry share one long poll. On the loop."""
-        shared_key = (scope_id, key)
-        task = self._once_waits.get(shared_key)
-        if task is None:
-            task = asyncio.create_task(self.waits.once.wait(scope_id, key))
-            self._once_waits[shared_key] = task
-            task.add_done_callback(lambda done: self._once_waits.pop(shared_key, None))
-        # Shielded: one caller giving up does not cancel the others' wait.
-        return await asyncio.shield(task)
-
-    async def ensure_mailbox(self, name: str) -> None:
-        """Create the work queue `name` once per process. On the loop."""
-        if name not in self._ensured_mailboxes:
-            await self.client.mailboxes.ensure(name, mode="WORK")
-            self._ensured_mailboxes.add(name)
+        return await asyncio.wrap_future(self.submit(coroutine))
 
     # -- closing --------------------------------------------------------------------------------
 
@@ -247,51 +242,134 @@ class Runtime:
             task.cancel()
         if others:
             await asyncio.wait(others, timeout=CLOSE_TIMEOUT_S)
-        await self.client.aclose()
-        await self.waits.aclose()
+        await self._close_clients()
 
 
-def _call_on(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass  # the caller's loop is closed: nobody awaits the answer any more
+class LoopRuntime(LoopClients):
+    """The clients of one caller's event loop, for its async calls (`loop_runtime()`)."""
+
+    def __init__(self, settings: Settings, choice: RunChoice, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(settings, choice)
+        self.loop = loop
+        # Parked until the loop shuts down its async generators, then closes the clients.
+        self._until_loop_ends: AsyncIterator[None] | None = None
+
+    async def hold_until_loop_ends(self) -> None:
+        """Start the async generator whose end closes the clients. The loop tracks it from its
+        first step (its first-iteration hook) and closes it in `shutdown_asyncgens`. Its finalizer,
+        should it be collected unfinished, skips a loop already closed (the loop's own would raise
+        there, printed as an ignored exception): its clients were never closed then, and aiohttp
+        says so."""
+        loop = self.loop
+        hooks = sys.get_asyncgen_hooks()
+        loop_finalizer = hooks.finalizer
+
+        def finalize(generator: Any) -> None:
+            if loop_finalizer is not None and not loop.is_closed():
+                loop_finalizer(generator)
+
+        self._until_loop_ends = self._close_at_loop_end()
+        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalize)
+        try:
+            step = self._until_loop_ends.__anext__()
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
+        await step
+
+    async def _close_at_loop_end(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            _forget_loop_runtime(self)
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the clients (idempotent). Calls still using them end with ConfigError."""
+        if not self._closed:
+            self._closed = True
+            await self._close_clients()
+
+    def close_soon(self) -> None:
+        """Close the clients from any thread: on the loop, soon (their close must run there)."""
+        if self._closed or os.getpid() != self.pid or self.loop.is_closed():
+            self._closed = True
+            return  # a closed loop cannot close them any more; a forked child's are not ours
+        try:
+            self.loop.call_soon_threadsafe(_start_closing, self)
+        except RuntimeError:
+            self._closed = True  # closed meanwhile
 
 
-def _settle_answers(batch: list[_HandBack]) -> None:
-    """On the caller's loop: each `answer` takes the outcome of its `future` (as asyncio.wrap_future)."""
-    for answer, future in batch:
-        if answer.done():
-            continue
-        if future.cancelled():
-            answer.cancel()
-            continue
-        error = future.exception()
-        if error is not None:
-            answer.set_exception(error)
-        else:
-            answer.set_result(future.result())
+def _start_closing(runtime: LoopRuntime) -> None:
+    task = runtime.loop.create_task(runtime.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 _lock = threading.Lock()
 _settings = Settings()
+_choice: RunChoice | None = None
 _runtime: Runtime | None = None
+# Loop runtimes by their loop; one leaves when its loop shuts down or at close().
+_loop_runtimes: dict[asyncio.AbstractEventLoop, LoopRuntime] = {}
+_closing: set[asyncio.Task[None]] = set()  # loop runtimes closing (close_soon): kept until done
 _atexit_registered = False
 
 
+def _run_choice() -> RunChoice:
+    """Under `_lock`: the process's run choice, made for the current settings on first use."""
+    global _choice
+    if _choice is None:
+        _choice = RunChoice(_settings)
+    return _choice
+
+
+def _on_first_runtime() -> None:
+    """Under `_lock`."""
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(close)
+        _atexit_registered = True
+
+
 def runtime() -> Runtime:
-    """The process-wide runtime, created on first use (and again in a forked child)."""
-    global _runtime, _atexit_registered
+    """The process-wide runtime on its own thread, created on first use (and again in a forked child)."""
+    global _runtime
     current = _runtime
     if current is not None and current.pid == os.getpid():
         return current
     with _lock:
         if _runtime is None or _runtime.pid != os.getpid():
-            _runtime = Runtime(_settings)
-            if not _atexit_registered:
-                atexit.register(close)
-                _atexit_registered = True
+            _runtime = Runtime(_settings, _run_choice())
+            _on_first_runtime()
         return _runtime
+
+
+async def loop_runtime() -> LoopClients:
+    """The runtime for an async call: the caller's loop's own (created on its first call there),
+    or the thread's runtime when the caller runs on its loop (an async handler of `serve()`)."""
+    loop = asyncio.get_running_loop()
+    found = _loop_runtimes.get(loop)
+    if found is not None and found.pid == os.getpid():
+        return found
+    current = _runtime
+    if current is not None and current.loop is loop:
+        return current
+    with _lock:
+        if any(made.pid != os.getpid() for made in _loop_runtimes.values()):
+            _loop_runtimes.clear()  # a forked child: its parent's loops are not its own
+        for closed in [other for other in _loop_runtimes if other.is_closed()]:
+            del _loop_runtimes[closed]  # closed without shutting down its async generators
+        made = _loop_runtimes[loop] = LoopRuntime(_settings, _run_choice(), loop)
+        _on_first_runtime()
+    await made.hold_until_loop_ends()
+    return made
+
+
+def _forget_loop_runtime(runtime: LoopRuntime) -> None:
+    with _lock:
+        if _loop_runtimes.get(runtime.loop) is runtime:
+            del _loop_runtimes[runtime.loop]
 
 
 def configure(
@@ -325,10 +403,15 @@ def configure(
 
 
 def close() -> None:
-    """Close the process-wide client (its connections and thread); the next call opens a new one.
-    Called at interpreter exit; calls still waiting are cancelled."""
-    global _runtime
+    """Close the process's clients (their connections and the SDK's thread); the next call opens
+    new ones. Called at interpreter exit. Calls still waiting on the thread are cancelled; async
+    calls still waiting on another loop end with ConfigError (its clients close on that loop)."""
+    global _runtime, _choice
     with _lock:
-        current, _runtime = _runtime, None
+        current, _runtime, _choice = _runtime, None, None
+        on_loops = list(_loop_runtimes.values())
+        _loop_runtimes.clear()
+    for made in on_loops:
+        made.close_soon()
     if current is not None:
         current.close()

@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from runstate.sdk import context as _context
-from runstate.sdk._runtime import Runtime, runtime
+from runstate.sdk._runtime import LoopClients, loop_runtime, runtime
 from runstate.sdk._time import parse_duration_ms
 from runstate.sdk.errors import (
     ConfigError,
@@ -104,7 +104,7 @@ class _Grant:
     attempt: int
 
 
-_Slot = tuple[Runtime, asyncio.AbstractEventLoop, str]  # who acquires: the runtime, the caller's loop, a key
+_Slot = tuple[LoopClients, str]  # who acquires: the runtime of the caller's loop, and the key
 
 
 def _failed(key: str, view: dict[str, Any]) -> OnceFailedError:
@@ -127,16 +127,17 @@ class _OnceSpec:
         # Sent in whole seconds, as the published clients do: the lease is rounded up, to at least one.
         self.lease_seconds = max(1, math.ceil(lease_ms / 1000))
         self.signature = inspect.signature(fn)
-        # Async calls of one event loop acquiring the same key at once: (runtime, loop, key) -> the
-        # first one's outcome, a _Done the others take too (None: it was not one). See acquire_async.
-        self.acquiring: dict[_Slot, asyncio.Future[_Done | None]] = {}
+        # Async calls of one event loop acquiring the same key at once: (runtime, key) -> the
+        # futures of the calls waiting for the first one's outcome, a _Done they take too (None: it
+        # was not one). See acquire_async.
+        self.acquiring: dict[_Slot, list[asyncio.Future[_Done | None]]] = {}
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return call_key(self.name, self.signature, self.key_function, args, kwargs)
 
-    # The steps below run on the runtime's loop.
+    # The steps below run on the loop of `rt`.
 
-    async def acquire(self, rt: Runtime, key: str) -> _Grant | _Done:
+    async def acquire(self, rt: LoopClients, key: str) -> _Grant | _Done:
         """Until this caller holds the entry or it has a result; OnceFailedError when out of attempts."""
 
         async def in_run(scope_id: str) -> _Grant | _Done:
@@ -162,40 +163,50 @@ class _OnceSpec:
 
         return await rt.in_run(in_run)
 
-    async def acquire_async(self, rt: Runtime, key: str) -> _Grant | _Done:
-        """`acquire` for an async caller, on its own loop. While a call of the same loop acquires the
+    async def acquire_async(self, rt: LoopClients, key: str) -> _Grant | _Done:
+        """`acquire` for an async caller, on its loop. While a call of the same loop acquires the
         key, others of that loop wait for it instead of acquiring too: if it gets the result (DONE),
-        so do they, from the one long poll and the one crossing back from the runtime's loop; if it
-        gets anything else (the grant, a failure, an error, cancelled), each acquires for itself."""
-        if rt.in_loop_thread():
-            return await self.acquire(rt, key)
+        so do they, from its one long poll; if it gets anything else (the grant, a failure, an
+        error, cancelled), each acquires for itself. Each waits on a future of its own, which the
+        first call settles directly (a hundred callers resume in one turn; with a shared future
+        behind `asyncio.shield` each took three)."""
+        slot = (rt, key)
         loop = asyncio.get_running_loop()
-        slot = (rt, loop, key)
         while True:
-            pending = self.acquiring.get(slot)
-            if pending is None:
+            waiting = self.acquiring.get(slot)
+            if waiting is None:
                 break
-            done = await asyncio.shield(pending)
+            mine: asyncio.Future[_Done | None] = loop.create_future()
+            waiting.append(mine)
+            done = await mine
             if done is not None:
                 return done
-        published: asyncio.Future[_Done | None] = loop.create_future()
-        self.acquiring[slot] = published
+        waiting = self.acquiring[slot] = []
         outcome: _Grant | _Done | None = None
         try:
-            outcome = await rt.arun(self.acquire(rt, key))
+            outcome = await self.acquire(rt, key)
             return outcome
         finally:
             del self.acquiring[slot]
-            published.set_result(outcome if isinstance(outcome, _Done) else None)
+            shared = outcome if isinstance(outcome, _Done) else None
+            for waiter in waiting:
+                if not waiter.done():  # not cancelled
+                    waiter.set_result(shared)
 
-    async def renew(self, rt: Runtime, grant: _Grant, signal: threading.Event) -> None:
-        """Renew the lease every third of it until cancelled; set `signal` once a renewal is refused."""
+    async def renew(
+        self, rt: LoopClients, grant: _Grant, signal: threading.Event, returned: threading.Event | None = None
+    ) -> None:
+        """Renew the lease every third of it until cancelled; set `signal` once a renewal is refused.
+        Once `returned` is set (the function returned; its result is on its way), a refused renewal
+        only ends the renewing: the result's own answer says whether the lease still held."""
         interval_s = max(self.lease_seconds / 3, RENEW_INTERVAL_S_MIN)
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await rt.client.once.renew(grant.scope_id, grant.key, grant.token, self.lease_seconds)
             except (LeaseLostError, NotFoundError, ScopeCancelledError, DeadlineExceededError) as exc:
+                if returned is not None and returned.is_set():
+                    return
                 logger.warning("once %s: renewing the lease was refused: %s", self.name, exc)
                 signal.set()
                 return
@@ -203,7 +214,7 @@ class _OnceSpec:
                 # UNAVAILABLE and the like: the lease may still hold; try at the next interval.
                 logger.warning("once %s: renewing the lease failed: %s", self.name, exc)
 
-    async def complete(self, rt: Runtime, grant: _Grant, key: str, value: Any, signal: threading.Event) -> Any:
+    async def complete(self, rt: LoopClients, grant: _Grant, key: str, value: Any, signal: threading.Event) -> Any:
         try:
             result = result_value(value, f"the result of {self.name}")
         except (ConfigError, ResultTooLargeError) as exc:
@@ -219,13 +230,13 @@ class _OnceSpec:
             ) from None
         return result
 
-    async def fail(self, rt: Runtime, grant: _Grant, exc: BaseException) -> None:
+    async def fail(self, rt: LoopClients, grant: _Grant, exc: BaseException) -> None:
         try:
             await rt.client.once.fail(grant.scope_id, grant.key, grant.token, describe(exc), self.attempts)
         except RunstateError as error:
             logger.warning("once %s: recording the failure was refused: %s", self.name, error)
 
-    async def release(self, rt: Runtime, grant: _Grant) -> None:
+    async def release(self, rt: LoopClients, grant: _Grant) -> None:
         try:
             await rt.client.once.release(grant.scope_id, grant.key, grant.token)
         except RunstateError as error:
@@ -259,28 +270,37 @@ def _call_sync(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 async def _call_async(spec: _OnceSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     key = spec.key(args, kwargs)
-    rt = runtime()
+    rt = await loop_runtime()
     grant = await spec.acquire_async(rt, key)
     if isinstance(grant, _Done):
         return grant.result
     signal = threading.Event()
-    renewer = rt.submit(spec.renew(rt, grant, signal))
+    returned = threading.Event()
+    # Renewed from the SDK's thread: a function that blocks its own loop keeps its lease.
+    renewing = runtime()
+    renewer = renewing.submit(spec.renew(renewing, grant, signal, returned))
     token = _context.enter(_context.Context(signal, grant.attempt, key, grant.scope_id))
     try:
         value = await spec.fn(*args, **kwargs)
     except Exception as exc:
         renewer.cancel()
-        await rt.arun(spec.fail(rt, grant, exc))
+        await spec.fail(rt, grant, exc)
         raise
     except BaseException:
-        # Cancelled: hand the entry back without counting an attempt (not awaited: we are cancelled).
+        # Cancelled: hand the entry back without counting an attempt, from the SDK's thread (not
+        # awaited: we are cancelled, and this loop may be ending).
         renewer.cancel()
-        rt.submit(spec.release(rt, grant))
+        renewing.submit(spec.release(renewing, grant))
         raise
     finally:
         _context.leave(token)
-    renewer.cancel()
-    return await rt.arun(spec.complete(rt, grant, key, value, signal))
+    # The renewer stops once the result is sent: stopping it first would wake the SDK's thread
+    # right then, and the two threads would trade the interpreter lock on the result's way out.
+    returned.set()
+    try:
+        return await spec.complete(rt, grant, key, value, signal)
+    finally:
+        renewer.cancel()
 
 
 def _wrap(fn: Callable[..., Any], name: str | None, key: Callable[..., Any] | None, attempts: int, lease: DurationLike) -> Any:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from runstate.sdk import context as _context
-from runstate.sdk._runtime import Runtime, runtime
+from runstate.sdk._runtime import LoopClients, Runtime, loop_runtime, runtime
 from runstate.sdk._time import parse_duration_ms
 from runstate.sdk.client import Delivery, Ticket
 from runstate.sdk.errors import (
@@ -64,10 +64,7 @@ class Job:
     """A submitted job. `id` is the task id, `key` its key, `created` False when the same input
     (or key) had already been submitted in the run."""
 
-    def __init__(self, rt: Runtime, ticket: Ticket) -> None:
-        self._runtime = rt
-        # Waiting for the result is a long poll: on the runtime's pool for those.
-        self._ticket = rt.waits.task(ticket.id)
+    def __init__(self, ticket: Ticket) -> None:
         self.id = ticket.id
         self.key = ticket.key
         self.created = ticket.created
@@ -82,32 +79,33 @@ class Job:
         ScopeCancelledError / DeadlineExceededError when its run was cancelled or ran out of time
         before it finished, ResultTimeoutError after `timeout` seconds (the job goes on).
         """
-        return self._runtime.run(self._result(timeout))
+        rt = runtime()
+        return rt.run(self._result(rt, timeout))
 
     async def aresult(self, timeout: float | None = None) -> Any:
         """`result()` for async code."""
-        return await self._runtime.arun(self._result(timeout))
+        return await self._result(await loop_runtime(), timeout)
 
-    async def _result(self, timeout: float | None) -> Any:
+    async def _result(self, rt: LoopClients, timeout: float | None) -> Any:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ConfigError(f"timeout must be None or a number of seconds, got {timeout!r}")
+        # Waiting for the result is a long poll: on the runtime's pool for those.
+        ticket = rt.waits.task(self.id)
         while True:
             try:
-                view = await self._ticket.result(
-                    timeout_ms=RESULT_SLICE_MS if timeout is None else int(timeout * 1000)
-                )
+                view = await ticket.result(timeout_ms=RESULT_SLICE_MS if timeout is None else int(timeout * 1000))
                 break
             except ResultTimeoutError:
                 if timeout is not None:
                     raise
-        return await self._outcome(view)
+        return await self._outcome(ticket, view)
 
-    async def _outcome(self, view: dict[str, Any]) -> Any:
+    async def _outcome(self, ticket: Ticket, view: dict[str, Any]) -> Any:
         state = view.get("state")
         if state == "SUCCEEDED":
             return view.get("outcome")
         if state == "FAILED":
-            task = await self._ticket.status()
+            task = await ticket.status()
             attempts = int(task.get("attempt") or 0)
             # The message is the last error, as the docs and the published clients give it; which
             # job and how many attempts are the error's attributes.
@@ -191,18 +189,17 @@ class Queue:
         explicitly chosen run stopped."""
         value, key = self._prepare(input)
         rt = runtime()
-        return Job(rt, rt.run(self._submit(rt, value, key)))
+        return Job(rt.run(self._submit(rt, value, key)))
 
     async def asend(self, input: Any) -> Job:
         """`send()` for async code."""
         value, key = self._prepare(input)
-        rt = runtime()
-        return Job(rt, await rt.arun(self._submit(rt, value, key)))
+        return Job(await self._submit(await loop_runtime(), value, key))
 
     def _prepare(self, input: Any) -> tuple[Any, str]:
         return json_value(input, what=f"the input of {self.name}"), self.key_of(input)
 
-    async def _submit(self, rt: Runtime, value: Any, key: str) -> Ticket:
+    async def _submit(self, rt: LoopClients, value: Any, key: str) -> Ticket:
         await rt.ensure_mailbox(self.name)
 
         async def in_run(scope_id: str) -> Ticket:
