@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from chaos.history import History, read_history
 from chaos.workload import Workload
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the run was cut short, its nodes killed
 HISTORY_FILE = "history.jsonl"
 SUMMARY_FILE = "summary.json"
 SEED_MAX = 2**31 - 1
@@ -84,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: the report folder {report} is not empty", file=sys.stderr)
         return EXIT_USAGE
     print(f"chaos: seed {seed}, {args.duration} s of {','.join(args.faults)}; report in {report}", flush=True)
-    summary = run(seed, args.duration, args.faults, report, args.log_level)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = run(seed, args.duration, args.faults, report, args.log_level)
+    except KeyboardInterrupt:
+        print(f"chaos: interrupted; the cluster's nodes are stopped; seed {seed}, report in {report}", flush=True)
+        return EXIT_INTERRUPTED
     print(format_report(check_history(read_history(report / HISTORY_FILE))), flush=True)
     faults = summary["faults"]
     print(json.dumps({
@@ -95,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     }), flush=True)
     print(f"chaos: seed {seed}; report in {report}", flush=True)
     return EXIT_OK if summary["violations"] == 0 and not summary["harness_errors"] else EXIT_VIOLATIONS
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does, through the cluster's close, which kills its nodes
+    (Python's own SIGTERM ends the process at once and left them running)."""
+    raise KeyboardInterrupt
 
 
 def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_level: str) -> dict[str, Any]:
