@@ -1,7 +1,7 @@
 """consume() frees a handler slot when the handler returns: the next delivery's handler runs while
-the previous one's complete is still on its way (sdk/_consume.py, SETTLING_PER_SLOT). The node is
-real; a small proxy in front of it holds every complete's answer back for a while, so the order
-of the two is not left to chance."""
+the previous one's complete is still on its way, up to SETTLING_PER_SLOT deliveries being settled
+per slot (sdk/_consume.py). The node is real; a small proxy in front of it holds every complete's
+answer back for a while, so the order of the two is not left to chance."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from runstate import AsyncRunstate
+from runstate.sdk._consume import SETTLING_PER_SLOT
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ async def start_proxy(node_url: str, completes_answered: list[float]) -> tuple[w
     return runner, f"http://127.0.0.1:{port}"
 
 
-def test_the_next_handler_runs_while_the_previous_complete_is_on_its_way(dev_node: Any) -> None:
+def test_the_next_handlers_run_while_the_previous_completes_are_on_their_way_up_to_the_bound(dev_node: Any) -> None:
     async def scenario() -> None:
         completes_answered: list[float] = []
         runner, proxy_url = await start_proxy(dev_node.url, completes_answered)
@@ -58,7 +59,9 @@ def test_the_next_handler_runs_while_the_previous_complete_is_on_its_way(dev_nod
                 await rs.mailboxes.ensure("settle", mode="WORK")
                 run = await rs.scopes.create()
                 mailbox = run.mailbox("settle")
-                tickets = await mailbox.submit_many([{"n": 0}, {"n": 1}])
+                # One slot: its handler and SETTLING_PER_SLOT deliveries being completed, then one more.
+                held_max = 1 + SETTLING_PER_SLOT
+                tickets = await mailbox.submit_many([{"n": n} for n in range(held_max + 1)])
                 started: list[float] = []
 
                 async def handle(data: dict[str, Any], _delivery: Any) -> int:
@@ -72,10 +75,11 @@ def test_the_next_handler_runs_while_the_previous_complete_is_on_its_way(dev_nod
                 finally:
                     stop.set()
                     await asyncio.wait_for(consuming, STOP_TIMEOUT_S)
-                assert [outcome["state"] for outcome in outcomes] == ["SUCCEEDED", "SUCCEEDED"]
-                assert len(started) == 2 and completes_answered
-                # One slot: the second handler started before the first complete was answered.
-                assert started[1] < completes_answered[0]
+                assert [outcome["state"] for outcome in outcomes] == ["SUCCEEDED"] * (held_max + 1)
+                assert len(started) == held_max + 1 and completes_answered
+                # The handlers after the first started before its complete was answered, as long as
+                # the deliveries held stayed within the bound; the next one only after that answer.
+                assert started[held_max - 1] < completes_answered[0] < started[held_max]
                 await run.cancel()
         finally:
             await runner.cleanup()

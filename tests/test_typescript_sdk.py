@@ -341,10 +341,11 @@ def test_consume_settles_every_task_once_with_batch_completes(dev_node: DevNode,
 
 
 def test_consume_frees_a_slot_when_its_handler_returns(dev_node: DevNode, procs: Processes) -> None:
-    """With one slot, the second handler runs while the first delivery's complete is still on its
-    way (a proxy holds each complete's answer back; test/node/consume_settle.ts)."""
+    """With one slot, the next handlers run while the first delivery's complete is still on its
+    way, up to the bound on deliveries held (1 + 3), the next one only after that complete is
+    answered (a proxy holds each complete's answer back; test/node/consume_settle.ts)."""
     report = last_json(output(procs.tsx("node/consume_settle.ts", ts_env(dev_node))))
-    assert report == {"outcomes": True, "handlers": 2, "secondBeforeFirstCompleteAnswered": True}
+    assert report == {"outcomes": True, "handlers": 5, "withinBoundBeforeFirstCompleteAnswered": True, "nextAfterIt": True}
 
 
 def test_client_bound_queue_gather_and_once(dev_node: DevNode, procs: Processes) -> None:

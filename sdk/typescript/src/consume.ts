@@ -30,8 +30,10 @@ const RECEIVE_WAIT_MS = 10_000;
 const RECEIVE_BATCH_MAX = 100;
 // Deliveries whose handler returned and whose settle (complete or retry) is still on its way, per
 // handler slot: a slot is free again once its handler returns, so at most concurrency * (1 + this)
-// deliveries are held.
-const SETTLING_PER_SLOT = 1;
+// deliveries are held. One complete call is in flight at a time and the next carries what piled up
+// meanwhile, so this is how deep a worker's pipeline is: with 1, a worker of quick handlers spent
+// every other round trip waiting for its complete to free deliveries for the next receive.
+const SETTLING_PER_SLOT = 3;
 // How long a stopping consume() lets running handlers finish before it gives up on them.
 export const DRAIN_TIMEOUT_MS = 30_000;
 // Backoff between receives while no server answers, and how long an outage is ridden out.

@@ -119,8 +119,8 @@ export class Mailbox {
    * delivery itself, the delivery is completed with `{payload: <return value>}`; when it throws,
    * the delivery is retried (attempt + 1, after a backoff). If the lease is lost or the run stops,
    * `delivery.signal` aborts and the delivery is left alone. A handler's slot takes the next task
-   * as soon as the handler returns, while its delivery is being completed (so at most twice
-   * `concurrency` deliveries are held, half of them being completed).
+   * as soon as the handler returns, while its delivery is being completed (so at most four times
+   * `concurrency` deliveries are held, those beyond `concurrency` being completed).
    *
    * Resolves when the run is cancelled, completed or past its deadline, or when `signal` aborts
    * (running handlers get up to 30 s). Rides out short outages; rejects with UnavailableError if

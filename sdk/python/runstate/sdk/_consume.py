@@ -52,7 +52,10 @@ RECEIVE_BATCH_MAX = 100
 RECEIVE_FREE_FRACTION = 4
 # Deliveries whose handler returned and whose settle (complete or retry) is still on its way, per
 # handler slot, beyond the slot's running handler: at most concurrency * (1 + this) deliveries held.
-SETTLING_PER_SLOT = 1
+# One complete call is in flight at a time and the next carries what piled up meanwhile, so this is
+# how deep a worker's pipeline is: with 1, a worker of quick handlers spent every other round trip
+# waiting for its complete to free deliveries for the next receive.
+SETTLING_PER_SLOT = 3
 # How long a stopping consume() lets running handlers finish before it cancels them.
 CONSUME_DRAIN_TIMEOUT_S = 30.0
 # Backoff between receives while no server answers, and how long an outage is ridden out.
