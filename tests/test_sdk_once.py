@@ -18,6 +18,7 @@ from runstate.sdk.errors import ConfigError, LeaseLostError, OnceFailedError, Re
 
 from tests._http import Api, configured_run
 from tests._nodes import DevNode
+from tests._prometheus import scrape, value
 
 BARRIER_TIMEOUT_S = 30.0
 # An async function blocking its loop for over two of its leases (renewed every third of one).
@@ -203,9 +204,17 @@ def _open_sockets() -> int:
     return count
 
 
-def test_async_calls_run_on_their_own_loop_and_its_end_closes_their_connections(run_id: str) -> None:
+def _whoami_asked(node: DevNode) -> float:
+    samples, _ = scrape(node.url)
+    return value(samples, "runstate_http_requests_total", method="GET", route="/v1/whoami", status="200")
+
+
+def test_async_calls_run_on_their_own_loop_and_its_end_closes_their_connections(
+    run_id: str, dev_node: DevNode
+) -> None:
     """An async call's requests run on the caller's loop, not on the SDK's thread, and the clients
-    made for that loop close when `asyncio.run` ends it."""
+    made for that loop close when `asyncio.run` ends it; the clients of later loops start with the
+    space the first ones learned."""
 
     @runstate.once(name="on-the-loop")
     async def report(topic: str) -> str:
@@ -214,12 +223,14 @@ def test_async_calls_run_on_their_own_loop_and_its_end_closes_their_connections(
     assert asyncio.run(report("raft")) == "report on raft"  # ran it: its renewals started the thread
     runstate.close()  # ends the thread; the configured run stays
     assert _sdk_threads() == []
-    sockets_before = _open_sockets()
+    assert asyncio.run(report("raft")) == "report on raft"
+    sockets_before, whoami_before = _open_sockets(), _whoami_asked(dev_node)
     for _ in range(3):  # three loops one after the other: clients of their own, closed at their end
         assert asyncio.run(report("raft")) == "report on raft"
     assert _sdk_threads() == []  # the recorded result came without the SDK's thread
     gc.collect()
     assert _open_sockets() == sockets_before
+    assert _whoami_asked(dev_node) == whoami_before
 
 
 def test_an_async_function_that_blocks_its_loop_keeps_its_lease(run_id: str) -> None:

@@ -69,6 +69,9 @@ class RunChoice:
         self.run_name = named.strip() if named and named.strip() else DEFAULT_RUN_NAME
         self.default_scope_id: str | None = None
         self.ensured_mailboxes: set[str] = set()
+        # The space, once a client learned it (from `GET /v1/whoami` when not configured): the
+        # clients of later loops start with it instead of asking again.
+        self.space_id: str | None = None
 
 
 class LoopClients:
@@ -77,14 +80,15 @@ class LoopClients:
     loop: asyncio.AbstractEventLoop
 
     def __init__(self, settings: Settings, choice: RunChoice) -> None:
+        space_id = settings.space_id if settings.space_id is not None else choice.space_id
         # Validates the settings (ConfigError) before anything starts.
         self.client = AsyncRunstate(
-            base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
+            base_url=settings.base_url, space_id=space_id, api_key=settings.api_key, holder=settings.holder
         )
         # Long polls (waiting for a once entry or a job) get a connection pool of their own, so however
         # many callers wait, renewals and results of running work always find a connection.
         self.waits = AsyncRunstate(
-            base_url=settings.base_url, space_id=settings.space_id, api_key=settings.api_key, holder=settings.holder
+            base_url=settings.base_url, space_id=space_id, api_key=settings.api_key, holder=settings.holder
         )
         self.choice = choice
         self.pid = os.getpid()
@@ -116,13 +120,16 @@ class LoopClients:
         default run stopped (or is unknown). On the loop."""
         scope_id, is_default = await self.scope_id()
         try:
-            return await operation(scope_id)
+            done = await operation(scope_id)
         except (ScopeCancelledError, DeadlineExceededError, NotFoundError):
             if not is_default:
                 raise
             self.forget_default(scope_id)
             fresh_id, _ = await self.scope_id()
-            return await operation(fresh_id)
+            done = await operation(fresh_id)
+        if self.choice.space_id is None:
+            self.choice.space_id = self.client.space_id
+        return done
 
     async def check_default_active(self, scope_id: str, effective: str | None = None) -> None:
         """If `scope_id` is the cached default run and it is no longer active, raise
