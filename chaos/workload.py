@@ -29,7 +29,9 @@ Roles (threads), each with its own seeded `random.Random`, so the same seed make
   does: each item is recorded as its own `complete` (`"batch": true`), ended by its own answer.
 - readers: read_task of known tasks, several a second, each through the next node (a follower
   forwards it, the leader serves it): check 13 flags a read that misses an acknowledged change.
-- once callers: several threads call the same few `runstate.once` keys.
+- once callers: several threads call the same few `runstate.once` keys; some through the sync
+  function (the SDK's own thread), some through an `async def` one of the same name, each from an
+  event loop of its thread (the SDK's clients of that loop).
 - a grouper: N_ACCEPTED groups (threshold 2, four members), reviews finished members with accept
   or reject, reads the groups, and gives one late verdict after each decision.
 - barrier clients: the first creates barriers (target 3); each arrives with its own key; the first
@@ -65,6 +67,7 @@ every request has a timeout, every list a bound (`*_MAX`).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -198,7 +201,8 @@ class WorkloadConfig:
     producers: int = 2
     workers: int = 3
     readers: int = 1
-    once_callers: int = 3
+    once_callers: int = 3  # sync callers
+    async_once_callers: int = 2  # callers of the async function of the same name
     groupers: int = 1
     barrier_clients: int = 3
     timer_clients: int = 1
@@ -898,6 +902,16 @@ def _task_shape(body: dict[str, Any]) -> dict[str, Any]:
 def _once_body(generation: int, index: int) -> dict[str, Any]:
     """What a `once` key runs: a short piece of work whose value names the caller that ran it."""
     time.sleep(ONCE_WORK_S)
+    return _once_value(generation, index)
+
+
+async def _once_body_async(generation: int, index: int) -> dict[str, Any]:
+    """`_once_body` for the async callers: the same keys, the same kind of value."""
+    await asyncio.sleep(ONCE_WORK_S)
+    return _once_value(generation, index)
+
+
+def _once_value(generation: int, index: int) -> dict[str, Any]:
     return {"by": threading.current_thread().name, "token": uuid.uuid4().hex, "call": [generation, index]}
 
 
@@ -912,27 +926,58 @@ class _OnceCaller(_Client):
     def loop(self) -> None:
         delay = 0.0  # every caller starts at once, on the same key
         while self.pause(delay):
-            delay = self.rng.uniform(3.0, 6.0)
-            generation = int((time.monotonic() - self.shared.started_at) / (ONCE_GENERATION_S * self.shared.config.pace))
-            index = self.rng.randrange(ONCE_KEYS)
-            key = str(self.function.once_key(generation, index))  # type: ignore[attr-defined]
-            with self.shared.lock:
-                self.shared.once_keys.track(key)
-            handle = self.shared.history.record(
-                self.name, "once", {"key": key, "name": ONCE_NAME, "call": [generation, index]}
-            )
+            delay = self.next_delay()
+            call, handle = self.begin()
             try:
-                value = self.function(generation, index)
-            except UnavailableError as error:
+                value = self.function(*call)
+            except Exception as error:  # noqa: BLE001 - recorded by what it says
+                self.failed(handle, error)
+            else:
+                handle.ok({"value": value})
+
+    def next_delay(self) -> float:
+        return self.rng.uniform(3.0, 6.0)
+
+    def begin(self) -> tuple[tuple[int, int], Any]:
+        """The next call's arguments (a key of the current generation) and its history record."""
+        generation = int((time.monotonic() - self.shared.started_at) / (ONCE_GENERATION_S * self.shared.config.pace))
+        index = self.rng.randrange(ONCE_KEYS)
+        key = str(self.function.once_key(generation, index))  # type: ignore[attr-defined]
+        with self.shared.lock:
+            self.shared.once_keys.track(key)
+        handle = self.shared.history.record(self.name, "once", {"key": key, "name": ONCE_NAME, "call": [generation, index]})
+        return (generation, index), handle
+
+    @staticmethod
+    def failed(handle: Any, error: Exception) -> None:
+        if isinstance(error, UnavailableError):
+            handle.unknown(error.message, error.code)
+        elif isinstance(error, RunstateError):
+            # A definite answer of the server (ONCE_FAILED, STALE_CLAIM, a 4xx), else unknown.
+            if error.code == "ONCE_FAILED" or (error.status is not None and 400 <= error.status < 500):
+                handle.fail(error.code, error.message)
+            else:
                 handle.unknown(error.message, error.code)
-            except RunstateError as error:
-                # A definite answer of the server (ONCE_FAILED, STALE_CLAIM, a 4xx), else unknown.
-                if error.code == "ONCE_FAILED" or (error.status is not None and 400 <= error.status < 500):
-                    handle.fail(error.code, error.message)
-                else:
-                    handle.unknown(error.message, error.code)
-            except Exception as error:  # noqa: BLE001 - whatever the SDK raised, the outcome is unknown
-                handle.unknown(f"{type(error).__name__}: {error}", "CLIENT_ERROR")
+        else:  # whatever else the SDK raised, the outcome is unknown
+            handle.unknown(f"{type(error).__name__}: {error}", "CLIENT_ERROR")
+
+
+class _AsyncOnceCaller(_OnceCaller):
+    """The same calls through the `async def` function of the same name, awaited on one event loop
+    of this thread: the SDK sends them from that loop, with clients of its own."""
+
+    def loop(self) -> None:
+        asyncio.run(self._calls())
+
+    async def _calls(self) -> None:
+        delay = 0.0
+        while await asyncio.to_thread(self.pause, delay):
+            delay = self.next_delay()
+            call, handle = self.begin()
+            try:
+                value = await self.function(*call)
+            except Exception as error:  # noqa: BLE001 - recorded by what it says
+                self.failed(handle, error)
             else:
                 handle.ok({"value": value})
 
@@ -1542,6 +1587,9 @@ class Workload:
         self._once_function: Callable[..., Any] = runstate.once(
             _once_body, name=ONCE_NAME, lease=ONCE_LEASE, attempts=ONCE_ATTEMPTS
         )
+        self._async_once_function: Callable[..., Any] = runstate.once(
+            _once_body_async, name=ONCE_NAME, lease=ONCE_LEASE, attempts=ONCE_ATTEMPTS
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -1609,6 +1657,10 @@ class Workload:
         ]
         clients += [_Reader(**common(f"reader-{i}")) for i in range(config.readers)]
         clients += [_OnceCaller(**common(f"once-{i}"), function=self._once_function) for i in range(config.once_callers)]
+        clients += [
+            _AsyncOnceCaller(**common(f"once-async-{i}"), function=self._async_once_function)
+            for i in range(config.async_once_callers)
+        ]
         clients += [_Grouper(**common(f"grouper-{i}")) for i in range(config.groupers)]
         clients += [_BarrierClient(**common(f"barrier-{i}"), creator=i == 0) for i in range(config.barrier_clients)]
         clients += [_TimerClient(**common(f"timers-{i}")) for i in range(config.timer_clients)]
