@@ -44,7 +44,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from runstate_server.actors import dispatch
+from runstate_server.actors import dispatch, limits
 from runstate_server.cluster import codec
 from runstate_server.cluster.log import ReplicatedLog
 
@@ -79,6 +79,7 @@ class Load:
         self.receive_max = receive_max
         self.complete_max = complete_max
         self.submitted = 0
+        self.in_run = 0  # tasks submitted into the current run (a run holds at most tasks_per_run_max)
         self.mailbox_id = ""
         self.run_id = ""
         self.gc_s = 0.0  # CPU seconds of the collections that started while measuring
@@ -124,15 +125,20 @@ class Load:
             self.batch_of([codec.encode_command({"type": "leader.start", "v": 1, "space": "", "id": self.command_id(),
                                                  "args": {}})]),
             self.batch_of([self.command("mailbox.declare", {"name": MAILBOX})]),
-            self.batch_of([self.command("run.create", {"name": None})]),
         ):
             (result,) = self.apply(data)
             assert "error" not in result, result
             if "mailbox" in result:
                 self.mailbox_id = result["mailbox"]["id"]
-            elif "run_id" in result or "run" in result:
-                self.run_id = result.get("run_id") or result["run"]["id"]
+        self.new_run()
         assert self.mailbox_id and self.run_id
+
+    def new_run(self) -> None:
+        """The runs the tasks go into (untimed): a new one when the current one is full."""
+        (result,) = self.apply(self.batch_of([self.command("run.create", {"name": None})]))
+        assert "error" not in result, result
+        self.run_id = result.get("run_id") or result["run"]["id"]
+        self.in_run = 0
 
     def round(self) -> list[bytes]:
         """The log batches of one round of `batch` tasks, encoded; the receives' and completes'
@@ -176,6 +182,9 @@ class Load:
         """Apply `tasks` tasks' lifecycles; the CPU seconds their applies took."""
         cpu_s = 0.0
         for _ in range(tasks // self.batch):
+            if self.in_run + self.batch > limits.tasks_per_run_max:
+                self.new_run()
+            self.in_run += self.batch
             self.now_ms += ROUND_MS
             results, spent_s = self.timed(self.batch_of(self.round()))
             cpu_s += spent_s

@@ -101,6 +101,19 @@ def test_apply_bench_short_form() -> None:
     assert set(compared) >= {"this", "against", "this_over_against_without_gc"}
 
 
+def test_apply_bench_moves_on_to_a_new_run_when_one_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--tasks 20000` with the default preload and repeat is 120,000 tasks: more than a run holds.
+    from bench.apply import Load
+    from runstate_server.actors import limits
+
+    monkeypatch.setattr(limits, "tasks_per_run_max", 120)
+    load = Load(batch=50, receive_max=16, complete_max=25)
+    load.set_up()
+    first_run = load.run_id
+    assert load.run(300) > 0  # asserts every submit was created
+    assert load.run_id != first_run and len(load.core.state.tasks) == 300
+
+
 def test_consume_cpu_bench_short_form() -> None:
     finished = subprocess.run(
         [sys.executable, "-m", "bench.consume_cpu", "--tasks", "300", "--concurrency", "8"],
