@@ -1,6 +1,6 @@
 """GET /metrics on real nodes: the text format parses, and the figures move as the queue does
 (depth, in flight, a lapsed lease taken over, task histograms, requests by route template); in a
-cluster every node answers with its own role."""
+cluster every node answers with its own role, and counts its Raft messages."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runstate_server.cluster.config import LogConfig
 from runstate_server.histogram import Histogram
 from runstate_server.node.api.metrics import Exposition
 from tests._cluster import Cluster
@@ -16,6 +17,8 @@ from tests._nodes import DevNode
 from tests._prometheus import Samples, parse, scrape, value
 
 WAIT_S = 30.0  # how long a figure may take to move (a lapsed lease needs a tick); not asserted on
+SEQUENTIAL_WRITES = 40
+MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
 def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
     out = Exposition()
     odd = 'a "quoted" back\\slash\nnew line'
@@ -129,3 +132,31 @@ def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[...
         assert value(samples, "runstate_raft_role", role=role) == 1, (index, role)
         assert value(samples, "runstate_raft_term") >= 1
         assert value(samples, "runstate_raft_applied_index") <= value(samples, "runstate_raft_commit_index")
+
+
+def test_a_cluster_write_costs_the_leader_one_append_per_follower(make_cluster: Callable[..., Cluster]) -> None:
+    """The commit index rides on the next append or heartbeat: a write is one append_entries to
+    each follower (and its answer), not a second one carrying the new commit index."""
+    cluster = make_cluster().start()
+    followers = cluster.size - 1
+    heartbeat_s = LogConfig().append_entries_period_s
+    for _ in range(MEASURE_ATTEMPTS):
+        leader = cluster.leader_index()
+        api = Api(cluster.urls[leader], key=cluster.admin_key)
+        before, _ = scrape(cluster.urls[leader], cluster.admin_key)
+        started = time.monotonic()
+        statuses = [api("POST", "/v1/scopes", {})[0] for _ in range(SEQUENTIAL_WRITES)]
+        elapsed_s = time.monotonic() - started
+        after, _ = scrape(cluster.urls[leader], cluster.admin_key)
+        if statuses != [201] * SEQUENTIAL_WRITES or value(after, "runstate_raft_term") != value(before, "runstate_raft_term"):
+            continue  # another leader meanwhile
+        sent = (value(after, "runstate_raft_messages_total", direction="sent", type="append_entries")
+                - value(before, "runstate_raft_messages_total", direction="sent", type="append_entries"))
+        answers = (value(after, "runstate_raft_messages_total", direction="received", type="next_node_idx")
+                   - value(before, "runstate_raft_messages_total", direction="received", type="next_node_idx"))
+        # Heartbeats go out only when no append went for a period: at most one per period elapsed.
+        heartbeats = followers * (elapsed_s / heartbeat_s + 1)
+        assert followers * SEQUENTIAL_WRITES <= sent <= followers * SEQUENTIAL_WRITES + heartbeats, (sent, elapsed_s)
+        assert answers <= followers * SEQUENTIAL_WRITES + heartbeats, (answers, elapsed_s)
+        return
+    raise AssertionError(f"no {SEQUENTIAL_WRITES} writes in a row under one leader in {MEASURE_ATTEMPTS} attempts")

@@ -23,6 +23,8 @@ anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft por
 - At most `UNAUTHENTICATED_CONNECTIONS_MAX` incoming connections are in their handshake at once,
   and `UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX` from one remote address; beyond either, an
   accepted connection is closed at once.
+- The Raft messages sent and received are counted by type (`messages`: GET /metrics'
+  runstate_raft_messages_total).
 
 The classes override pysyncobj methods by their name-mangled names (`_TcpConnection__processRead`
 ...), which is how pysyncobj's own code calls them. Pinned: pysyncobj 0.3.17.
@@ -46,6 +48,8 @@ from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
 from runstate_server.cluster._frame_cipher import frame_cipher
+from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
+from runstate_server.cluster._read_index import READ_INDEX_REQUEST, READ_INDEX_RESPONSE
 from runstate_server.cluster.config import (
     HANDSHAKE_FRAME_BYTES_MAX,
     PEER_FRAME_BYTES_MAX,
@@ -62,6 +66,14 @@ _HEADER = struct.Struct("i")  # pysyncobj's frame header: the body's length, nat
 FRAME_DEFLATE_BYTES_MIN = 512
 FRAME_DEFLATE_LEVEL = 3  # pysyncobj's level for the rest
 _FRAME_STORE_LEVEL = 0
+
+# The Raft messages a node sends and receives, counted by type (pysyncobj's, then ours); any other
+# is counted as "other". A fixed set: the counters' keys never change once made, so the loop may
+# copy them while the tick thread counts.
+MESSAGE_TYPES = (
+    "append_entries", "next_node_idx", "request_vote", "response_vote", "apply_command", "apply_command_response",
+    PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, "other",
+)
 
 
 def _frame_body(pickled: bytes) -> bytes:
@@ -233,7 +245,23 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         self.handshake_timeout_s = handshake_timeout_s
         self.connections_refused = 0
         self.handshakes_timed_out = 0
+        self.messages: dict[tuple[str, str], int] = {
+            (direction, kind): 0 for direction in ("sent", "received") for kind in MESSAGE_TYPES
+        }
         super().__init__(syncObj, selfNode, otherNodes)
+
+    def send(self, node: Any, message: Any) -> bool:
+        self._count("sent", message)
+        return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        self._count("received", message)
+        super()._onMessageReceived(node, message)
+
+    def _count(self, direction: str, message: Any) -> None:
+        kind = message.get("type") if isinstance(message, dict) else None
+        key = (direction, kind if kind in MESSAGE_TYPES else "other")
+        self.messages[key] += 1
 
     def _createServer(self) -> None:
         conf = self._syncObj.conf

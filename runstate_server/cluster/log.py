@@ -468,6 +468,11 @@ class ReplicatedLog:
     def commit_index(self) -> int:
         return int(self._raft.raftCommitIndex) if self._raft is not None else 0
 
+    def raft_messages(self) -> dict[tuple[str, str], int]:
+        """Raft messages sent and received so far, by (direction, type); empty on a single node."""
+        raft = self._raft
+        return raft.messages() if raft is not None else {}
+
     @property
     def fsync_seconds(self) -> HistogramView | None:
         """The journal's fsync times so far; None without a data dir (nothing is written)."""

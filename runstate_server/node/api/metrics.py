@@ -171,6 +171,10 @@ def render(node: Node, caller: Caller) -> str:
     out.metric("runstate_raft_applied_index", "gauge", "The highest log index this node applied", [((), raft.applied_index)])
     out.metric("runstate_raft_apply_lag", "gauge", "Committed entries this node has not applied yet",
                [((), max(raft.commit_index - raft.applied_index, 0))])
+    out.metric("runstate_raft_messages_total", "counter",
+               "Raft messages this node sent and received, by direction and type (none on a single node)",
+               [((("direction", direction), ("type", kind)), count)
+                for (direction, kind), count in sorted(raft.raft_messages().items())])
     fsync = raft.fsync_seconds
     out.histogram("runstate_raft_fsync_seconds", "Seconds per fsync of the Raft journal (none without a data dir)",
                   [] if fsync is None else [((), fsync)])
