@@ -193,25 +193,30 @@ def start_cluster(fsync: str, root: Path) -> Any:
     return cluster
 
 
-def http_requests(urls: list[str]) -> dict[str, float]:
-    """Requests the nodes answered so far, by method and route template, from their GET /metrics
-    (on a cluster a follower counts a request it forwards, and the leader counts it again)."""
+def node_counts(urls: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """From the nodes' GET /metrics, summed over the nodes: the requests they answered so far, by
+    method and route template (on a cluster a follower counts a request it forwards, and the
+    leader counts it again), and the Raft messages they sent, by type (none on one node)."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._prometheus import scrape
 
     key = os.environ.get("RUNSTATE_API_KEY")
-    counts: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    messages: dict[str, float] = {}
     for node_url in urls:
         samples, _ = scrape(node_url, key)
         for (name, labels), count in samples.items():
             label = dict(labels)
             if name == "runstate_http_requests_total" and label["route"] != "/metrics":
                 route = f"{label['method']} {label['route'].removeprefix('/v1/spaces/{spaceId}')}"
-                counts[route] = counts.get(route, 0.0) + count
-    return counts
+                requests[route] = requests.get(route, 0.0) + count
+            elif name == "runstate_raft_messages_total" and label["direction"] == "sent":
+                messages[label["type"]] = messages.get(label["type"], 0.0) + count
+    return requests, messages
 
 
 def requests_per_task(before: dict[str, float], after: dict[str, float], tasks: int) -> dict[str, float]:
+    """What grew between two counts, per task: in all, then by key, largest first."""
     per_task = {route: round((count - before.get(route, 0.0)) / tasks, 3) for route, count in after.items()}
     per_task = {route: share for route, share in per_task.items() if share > 0}
     return {"all": round(sum(per_task.values()), 3), **dict(sorted(per_task.items(), key=lambda item: -item[1]))}
@@ -249,11 +254,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
-            requests_before = http_requests(url.split(","))
+            requests_before, messages_before = node_counts(url.split(","))
             result = await produce(
                 url, run_id, args.tasks, args.producers, args.batch, args.needs, coalesce=not args.no_coalesce
             )
-            result["requests_per_task"] = requests_per_task(requests_before, http_requests(url.split(",")), args.tasks)
+            requests_after, messages_after = node_counts(url.split(","))
+            result["requests_per_task"] = requests_per_task(requests_before, requests_after, args.tasks)
+            if messages_after:
+                result["raft_messages_per_task"] = requests_per_task(messages_before, messages_after, args.tasks)
             cpu = {
                 "producer": round(time.process_time() - producer_cpu_before, 2),
                 # Under the load only; their start (imports, mostly) apart.

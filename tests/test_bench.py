@@ -32,6 +32,11 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert report["coalesce"] is ("--no-coalesce" not in flags)
     assert report["tasks_per_s"] > 0
     assert set(report["submit_latency_ms"]) == {"p50", "p99", "max"}
+    # Raft messages the nodes sent, per task: a cluster's appends at least; a dev node has no peers.
+    if "--cluster" in flags:
+        assert report["raft_messages_per_task"]["append_entries"] > 0
+    else:
+        assert "raft_messages_per_task" not in report
 
 
 def test_route_cpu_bench_short_form() -> None:

@@ -471,7 +471,7 @@ class ReplicatedLog:
     def raft_messages(self) -> dict[tuple[str, str], int]:
         """Raft messages sent and received so far, by (direction, type); empty on a single node."""
         raft = self._raft
-        return raft.messages() if raft is not None else {}
+        return raft.messages() if raft is not None and self.peer_addresses else {}
 
     @property
     def fsync_seconds(self) -> HistogramView | None:
