@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from tests._raw_http import Answer, send
 
 TIMEOUT_S = 60.0
+# A write answered 503 UNAVAILABLE (an election: the leader that took it stopped leading, the
+# outcome is unknown) is sent again with the same Idempotency-Key, which the server answers with
+# the first outcome, for at most UNAVAILABLE_RETRY_S.
+UNAVAILABLE_RETRY_S = 15.0
+UNAVAILABLE_RETRY_PAUSE_S = 0.2  # between two sends of one write
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+Sent = TypeVar("Sent")
 
 
 def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
@@ -28,6 +41,43 @@ def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes 
         return error.code, json.loads(payload or b"null")
 
 
+def unavailable(status: int, answer: Any) -> bool:
+    """The answer is a 503 UNAVAILABLE error envelope."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    return status == 503 and isinstance(error, dict) and error.get("code") == "UNAVAILABLE"
+
+
+def _resent_while_unavailable(send_once: Callable[[str], Sent], is_unavailable: Callable[[Sent], bool]) -> Sent:
+    """`send_once(key)` with a fresh idempotency key, and again with that key while it answers
+    503 UNAVAILABLE, for at most UNAVAILABLE_RETRY_S; the last answer, whatever it is."""
+    key = uuid.uuid4().hex
+    deadline = time.monotonic() + UNAVAILABLE_RETRY_S
+    while True:
+        answer = send_once(key)
+        if not is_unavailable(answer) or time.monotonic() >= deadline:
+            return answer
+        time.sleep(UNAVAILABLE_RETRY_PAUSE_S)
+
+
+def keyed_call(base_url: str, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None,
+               **kwargs: Any) -> tuple[int, Any]:
+    """`call` with an Idempotency-Key, sent again while it answers 503 UNAVAILABLE (see
+    UNAVAILABLE_RETRY_S): for a write that an election right after a cluster starts must not fail."""
+    return _resent_while_unavailable(
+        lambda key: call(base_url, method, path, body, headers={**(headers or {}), IDEMPOTENCY_HEADER: key}, **kwargs),
+        lambda answer: unavailable(*answer),
+    )
+
+
+def keyed_send(base_url: str, method: str, path: str, body: bytes | None = None,
+               headers: dict[str, bytes | str] | None = None) -> Answer:
+    """`keyed_call` through `tests._raw_http.send`: headers sent as given, the answer's kept."""
+    return _resent_while_unavailable(
+        lambda key: send(base_url, method, path, body, {**(headers or {}), IDEMPOTENCY_HEADER: key}),
+        lambda answer: (answer.status, answer.code) == (503, "UNAVAILABLE"),
+    )
+
+
 # Routes outside any space; every other `/v1/...` path a test names is sent under the space,
 # `/v1/spaces/{space}/...`.
 OPERATOR_PATHS = ("/v1/health", "/v1/cluster", "/v1/openapi.json", "/v1/whoami", "/v1/spaces", "/v1/keys")
@@ -43,6 +93,15 @@ class Api:
         if key is not None:
             self.headers["Authorization"] = f"Bearer {key}"
         self.space = space
+        self.resends_unavailable = False
+
+    def resending(self) -> Api:
+        """This client, its writes sent by `keyed_call` (again while they answer 503 UNAVAILABLE):
+        for a test's setup writes through a cluster."""
+        resending = Api(self.base_url, self.space)
+        resending.headers = dict(self.headers)
+        resending.resends_unavailable = True
+        return resending
 
     def space_path(self, path: str) -> str:
         if not path.startswith("/v1/") or path.startswith(OPERATOR_PATHS):
@@ -53,7 +112,8 @@ class Api:
         return f"/v1/spaces/{self.space}/{path[len('/v1/'):]}"
 
     def __call__(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
-        return call(self.base_url, method, self.space_path(path), body, headers=self.headers, **kwargs)
+        sender = keyed_call if self.resends_unavailable and method in WRITE_METHODS else call
+        return sender(self.base_url, method, self.space_path(path), body, headers=self.headers, **kwargs)
 
     def ok(self, method: str, path: str, body: Any = None) -> Any:
         status, answer = self(method, path, body)

@@ -204,12 +204,13 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
     cluster = make_cluster().start()
     old = cluster.leader_index()
     api_old = cluster.api(old)
-    run_id = api_old.ok("POST", "/v1/scopes", {})["id"]
-    read_task = task_ok(api_old, run_id, {"input": "read", "key": "read"})["id"]
-    (read_delivery,) = recv(api_old, run_id, leaseMs=60_000)
-    held_task = task_ok(api_old, run_id, {"input": "held", "key": "held"})["id"]
+    setup = api_old.resending()  # an election right after the start answers 503 UNAVAILABLE
+    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+    read_task = task_ok(setup, run_id, {"input": "read", "key": "read"})["id"]
+    (read_delivery,) = recv(setup, run_id, leaseMs=60_000)
+    held_task = task_ok(setup, run_id, {"input": "held", "key": "held"})["id"]
     received_at = time.monotonic()
-    (held,) = recv(api_old, run_id, leaseMs=2_000)
+    (held,) = recv(setup, run_id, leaseMs=2_000)
     assert (read_delivery["taskId"], held["taskId"]) == (read_task, held_task)
 
     cluster.pause(old)

@@ -448,7 +448,7 @@ def test_a_follower_ahead_of_the_leader_in_term_rejoins(make_cluster: Callable[.
     meta = pysyncobj_loads(meta_path.read_bytes())
     meta.update(currentTerm=ahead, votedForNodeId=None)
     meta_path.write_bytes(pysyncobj_dumps(meta))
-    api = cluster.api(leader)
+    api = cluster.api(leader).resending()
     for _ in range(20):  # the follower falls behind in the log as well
         api.ok("POST", "/v1/scopes", {})
     cluster.start(follower)  # healthy under one leader, or it times out

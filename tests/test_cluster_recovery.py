@@ -32,8 +32,9 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
 
     def writer(index: int) -> None:
         """Submit, receive, complete through its own node (forwarded to the leader when a follower);
-        every fourth delivery is held instead of completed."""
-        api = cluster.api(index)
+        every fourth delivery is held instead of completed. Writes are sent again while they answer
+        503 UNAVAILABLE (an election under load would end every writer at once)."""
+        api = cluster.api(index).resending()
         n = index
         while not stop.is_set():
             try:
@@ -65,6 +66,7 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
 
     cluster.start()
     api = cluster.api(cluster.leader_index())
+    resending = api.resending()  # an election right after the restart answers 503 UNAVAILABLE
     for task_id, n in submitted:
         view = api.ok("GET", f"/v1/tasks/{task_id}")
         assert (view["taskKey"], view["input"]) == (f"k{n}", n)
@@ -74,7 +76,7 @@ def test_every_acknowledged_result_survives_killing_all_three_nodes(make_cluster
     # Held leases survived too (the new leader extended them): their holders can complete.
     for task_id, delivery in held:
         assert api.ok("GET", f"/v1/tasks/{task_id}")["state"] == "RUNNING"
-        settle_ok(api, delivery, "complete", {"result": {"payload": "after restart"}})
+        settle_ok(resending, delivery, "complete", {"result": {"payload": "after restart"}})
     cluster.wait_same_digest()
 
 

@@ -37,8 +37,9 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     leader = cluster.leader_index()
     follower = (leader + 1) % cluster.size
     api = cluster.api(follower)
-    api.ok("POST", "/v1/mailboxes", {"name": "work"})
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
+    setup.ok("POST", "/v1/mailboxes", {"name": "work"})
+    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
     assert cluster.api(leader).ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
     hop = {"X-Runstate-Forwarded-By": cluster.ids[leader], "Authorization": f"Bearer {cluster.admin_key}"}
     run_path = api.space_path(f"/v1/scopes/{run_id}")
@@ -60,13 +61,14 @@ def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Cal
     leader = cluster.leader_index()
     follower = (leader + 1) % cluster.size
     api = cluster.api(follower)
-    mailbox_id(api)
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
-    task_id = task_ok(api, run_id, {"input": 1})["id"]
-    assert recv(api, run_id)  # the queue is empty now: a receive waits
+    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
+    mailbox_id(setup)
+    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+    task_id = task_ok(setup, run_id, {"input": 1})["id"]
+    assert recv(setup, run_id)  # the queue is empty now: a receive waits
     polls = {
         "task": ("GET", f"/v1/tasks/{task_id}?waitMs={LONG_POLL_WAIT_MS}", None),
-        "receive": ("POST", recv_path(api), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
+        "receive": ("POST", recv_path(setup), {"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}),
     }
     threads, answers = start_long_polls(api, polls)
     parked_long_polls(cluster.urls[leader], len(polls), cluster.admin_key)  # forwarded: parked on the leader
@@ -121,8 +123,9 @@ def test_a_forward_to_a_frozen_leader_does_not_outlive_the_next_election(
     old = cluster.leader_index()
     follower = (old + 1) % cluster.size
     api = cluster.api(follower)
-    api.ok("POST", "/v1/mailboxes", {"name": "work"})
-    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
+    setup.ok("POST", "/v1/mailboxes", {"name": "work"})
+    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
     answers: list[tuple[int, Any]] = []
     cluster.pause(old)
     reader = threading.Thread(target=lambda: answers.append(api("GET", f"/v1/scopes/{run_id}")))
@@ -190,7 +193,7 @@ def test_a_call_forwarded_to_a_killed_leader_waits_for_the_next_one(make_cluster
     # Set up through the leader: the follower holds no kept-alive connection to its API, so the
     # forward after the kill is refused at connect (a reused one may fail after sending instead).
     direct = cluster.api(leader)
-    direct.ok("POST", "/v1/mailboxes", {"name": "work"})
+    direct.resending().ok("POST", "/v1/mailboxes", {"name": "work"})
     path = direct.space_path("/v1/mailboxes")
     cluster.pause(other)
     cluster.kill(leader)

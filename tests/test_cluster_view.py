@@ -21,7 +21,7 @@ def test_the_cluster_view_shows_every_node_and_a_dead_one_as_unreachable(make_cl
     leader = cluster.leader_index()
     dead, asked = (leader + 1) % cluster.size, (leader + 2) % cluster.size
     cluster.kill(dead)
-    cluster.api(asked).ok("POST", "/v1/mailboxes", {"name": "work"})  # the two others still commit
+    cluster.api(asked).resending().ok("POST", "/v1/mailboxes", {"name": "work"})  # the two others still commit
     leader_health = cluster.health(leader)
     assert leader_health is not None
 
@@ -73,5 +73,5 @@ def test_a_raft_port_unpickles_nothing_from_a_sender_without_the_secret(
         send_raft_frame(cluster.rafts[index], payload)
     # Still one healthy cluster, and nothing was unpickled.
     cluster.wait_healthy(list(range(cluster.size)))
-    cluster.api(cluster.leader_index()).ok("POST", "/v1/mailboxes", {"name": "work"})
+    cluster.api(cluster.leader_index()).resending().ok("POST", "/v1/mailboxes", {"name": "work"})
     assert not marker.exists(), "a Raft port unpickled a message from a sender without the secret"

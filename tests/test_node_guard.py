@@ -5,16 +5,14 @@ Each refused request changes nothing."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
-from tests._http import Api
+from tests._http import Api, keyed_send
 from tests._nodes import DevNode, read_bootstrap_key
 from tests._raw_http import json_headers, send
 
 # The requests of the report (issue 13, finding 3), as `curl -d` sends them.
-UNAVAILABLE_RETRY_S = 15.0  # how long a write through a fresh cluster is retried while it answers 503
 CROSS_SITE = {"Content-Type": "text/plain", "Origin": "http://evil.example", "Host": "evil.example"}
 
 
@@ -111,16 +109,13 @@ def test_a_follower_forwards_json_and_bodiless_calls_and_refuses_the_rest_itself
     follower = (cluster.leader_index() + 1) % cluster.size
     url, key = cluster.urls[follower], cluster.admin_key
     scopes = "/v1/spaces/default/scopes"
-    # Keyed, and sent again while the answer is 503 (an election on a loaded machine: the outcome
-    # is unknown, the same key makes the retry safe).
-    headers = json_headers(key, Origin="http://evil.example", **{"Idempotency-Key": uuid.uuid4().hex[:24]})
-    deadline = time.monotonic() + UNAVAILABLE_RETRY_S
-    while (created := send(url, "POST", scopes, b"{}", headers)).status == 503 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # Keyed, and sent again while the answer is 503 UNAVAILABLE (an election on a loaded machine:
+    # the outcome is unknown, the same key makes the resend safe).
+    created = keyed_send(url, "POST", scopes, b"{}", json_headers(key, Origin="http://evil.example"))
     assert created.status == 201 and "X-Runstate-Leader" in created.headers, created  # served by the leader
     run_id = created.json()["id"]
     # A bodiless POST (as the 0.2 client cancels) needs no content type on either hop.
-    cancelled = send(url, "POST", f"{scopes}/{run_id}/cancel", None, {"Authorization": f"Bearer {key}"})
+    cancelled = keyed_send(url, "POST", f"{scopes}/{run_id}/cancel", None, {"Authorization": f"Bearer {key}"})
     assert cancelled.status == 200 and cancelled.json()["storedState"] == "CANCELLED", cancelled
     refused = send(url, "POST", scopes, b"{}", {"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})
     assert (refused.status, refused.code) == (415, "UNSUPPORTED_MEDIA_TYPE")

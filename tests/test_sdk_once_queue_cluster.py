@@ -33,7 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def new_run(cluster: Cluster) -> tuple[Api, str]:
     api = cluster.api(0)
-    return api, str(api.ok("POST", "/v1/scopes", {})["id"])
+    return api, str(api.resending().ok("POST", "/v1/scopes", {})["id"])
 
 
 def env_of(cluster: Cluster, run_id: str) -> Any:
