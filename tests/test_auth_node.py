@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, call
 from tests._nodes import DevNode, read_bootstrap_key
 
 RUN_TIMEOUT_S = 60.0
@@ -58,3 +58,25 @@ def test_a_malformed_bootstrap_key_is_refused_before_starting(tmp_path: Path, ke
     assert finished.returncode == 2, finished.stderr
     assert "bootstrap key must be" in finished.stderr
     assert not (tmp_path / "raft.journal").exists()
+
+
+def test_a_resent_space_creation_makes_one_space(node_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST /v1/spaces under an Idempotency-Key: its resend answers the space it made first (a
+    generated id included); the key with another body is IDEMPOTENCY_CONFLICT. POST /v1/keys is
+    applied on each request: its answer holds a new secret, which a replay could not repeat."""
+    monkeypatch.setenv("RUNSTATE_BOOTSTRAP_KEY", BOOTSTRAP_KEY)
+    node: DevNode = node_factory("--auth").start()
+    admin = {"Authorization": f"Bearer {BOOTSTRAP_KEY}"}
+    keyed = {**admin, "Idempotency-Key": "create-team"}
+    first = call(node.url, "POST", "/v1/spaces", {"name": "team"}, headers=keyed)
+    assert first[0] == 201 and first[1]["id"].startswith("spc_"), first
+    assert call(node.url, "POST", "/v1/spaces", {"name": "team"}, headers=keyed) == first
+    status, answer = call(node.url, "POST", "/v1/spaces", {"name": "other"}, headers=keyed)
+    assert (status, answer["error"]["code"]) == (409, "IDEMPOTENCY_CONFLICT")
+    spaces = Api(node.url, key=BOOTSTRAP_KEY).ok("GET", "/v1/spaces")["spaces"]
+    assert sorted(space["name"] or "" for space in spaces) == ["", "team"]  # the default space, and one team
+    made = [call(node.url, "POST", "/v1/keys", {"permissions": ["coordination_read"]},
+                 headers={**admin, "Idempotency-Key": "create-reader"}) for _ in range(2)]
+    assert [status for status, _ in made] == [201, 201] and made[0][1]["id"] != made[1][1]["id"]
+    for _, key in made:
+        assert Api(node.url, key=key["key"]).ok("GET", "/v1/whoami")["keyId"] == key["id"]

@@ -90,7 +90,8 @@ async def create_space(request: web.Request) -> web.Response:
         "space_id": space_id or "spc_" + secrets.token_hex(ID_HEX_CHARS // 2),
         "name": req.text(body, "name", max_chars=limits.name_chars_max),
     }
-    result = await node_of(request).propose(caller, "space.create", args)
+    # Under the request's Idempotency-Key: a resent creation answers the space it made first.
+    result = await req.propose(request, "space.create", args)
     return json_response(space_view(result), status=201)
 
 
