@@ -18,6 +18,7 @@ from tests._prometheus import Samples, parse, scrape, value
 
 WAIT_S = 30.0  # how long a figure may take to move (a lapsed lease needs a tick); not asserted on
 SEQUENTIAL_WRITES = 40
+APPENDS_PER_WRITE_MAX = 2  # to each follower: the entry, then the commit index
 MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
 def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
     out = Exposition()
@@ -134,9 +135,11 @@ def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[...
         assert value(samples, "runstate_raft_applied_index") <= value(samples, "runstate_raft_commit_index")
 
 
-def test_a_cluster_write_costs_the_leader_one_append_per_follower(make_cluster: Callable[..., Cluster]) -> None:
-    """The commit index rides on the next append or heartbeat: a write is one append_entries to
-    each follower (and its answer), not a second one carrying the new commit index."""
+def test_the_leader_counts_its_raft_messages_and_a_write_costs_at_most_two_appends_per_follower(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """runstate_raft_messages_total: a sequential write is one append_entries to each follower with
+    the entry and one with the new commit index (pysyncobj's; cluster/DESIGN.md), each answered."""
     cluster = make_cluster().start()
     followers = cluster.size - 1
     heartbeat_s = LogConfig().append_entries_period_s
@@ -156,7 +159,8 @@ def test_a_cluster_write_costs_the_leader_one_append_per_follower(make_cluster: 
                    - value(before, "runstate_raft_messages_total", direction="received", type="next_node_idx"))
         # Heartbeats go out only when no append went for a period: at most one per period elapsed.
         heartbeats = followers * (elapsed_s / heartbeat_s + 1)
-        assert followers * SEQUENTIAL_WRITES <= sent <= followers * SEQUENTIAL_WRITES + heartbeats, (sent, elapsed_s)
-        assert answers <= followers * SEQUENTIAL_WRITES + heartbeats, (answers, elapsed_s)
+        most = APPENDS_PER_WRITE_MAX * followers * SEQUENTIAL_WRITES + heartbeats
+        assert followers * SEQUENTIAL_WRITES <= sent <= most, (sent, elapsed_s)
+        assert followers * SEQUENTIAL_WRITES <= answers <= most, (answers, elapsed_s)
         return
     raise AssertionError(f"no {SEQUENTIAL_WRITES} writes in a row under one leader in {MEASURE_ATTEMPTS} attempts")
