@@ -19,6 +19,7 @@ from tests._prometheus import Samples, parse, scrape, value
 WAIT_S = 30.0  # how long a figure may take to move (a lapsed lease needs a tick); not asserted on
 SEQUENTIAL_WRITES = 40
 APPENDS_PER_WRITE_MAX = 2  # to each follower: the entry, then the commit index
+KEEPALIVE_WAIT_TIMEOUTS = 3  # connection timeouts of quiet: nine keepalive periods
 MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
 def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
     out = Exposition()
@@ -164,3 +165,19 @@ def test_the_leader_counts_its_raft_messages_and_a_write_costs_at_most_two_appen
         assert followers * SEQUENTIAL_WRITES <= answers <= most, (answers, elapsed_s)
         return
     raise AssertionError(f"no {SEQUENTIAL_WRITES} writes in a row under one leader in {MEASURE_ATTEMPTS} attempts")
+
+
+def test_followers_keep_their_idle_connection_alive(make_cluster: Callable[..., Cluster]) -> None:
+    """Two followers never talk in a steady cluster; pysyncobj closes a connection that read nothing
+    for its timeout when it next sends on it, so the first pre-vote after the leader died closed
+    theirs instead of reaching the other. Each sends a keepalive on a connection idle for a third
+    of that timeout, and so each reads one well within it."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    time.sleep(KEEPALIVE_WAIT_TIMEOUTS * LogConfig().connection_timeout_s)
+    for index in range(cluster.size):
+        if index == leader:
+            continue
+        samples, _ = scrape(cluster.urls[index], cluster.admin_key)
+        assert value(samples, "runstate_raft_messages_total", direction="received", type="runstate_keepalive") >= 1
+        assert value(samples, "runstate_raft_messages_total", direction="sent", type="runstate_keepalive") >= 1

@@ -19,7 +19,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._read_index import ReadIndex
-from runstate_server.cluster._transport import BoundedTransport
+from runstate_server.cluster._transport import KEEPALIVE, BoundedTransport
 
 
 class Bridge(Protocol):
@@ -114,6 +114,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         SyncObj._SyncObj__onNodeDisconnected(self, node)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == KEEPALIVE:
+            return  # it was read: that is all it is for (_transport.py)
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
             return
         if self.read_index is not None and self.read_index.on_message(self, node, message):

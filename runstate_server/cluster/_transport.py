@@ -25,6 +25,11 @@ anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft por
   accepted connection is closed at once.
 - The Raft messages sent and received are counted by type (`messages`: GET /metrics'
   runstate_raft_messages_total).
+- A peer connection on which this node sent nothing for a third of pysyncobj's connection timeout
+  gets a keepalive message. pysyncobj closes a connection that read nothing for that timeout, and
+  checks it only when the connection has an event or sends: two followers never talk in a steady
+  cluster, so when the leader died, the first pre-vote request closed their idle connection
+  instead of reaching the other follower, and the election waited for a reconnect and a timeout.
 
 The classes override pysyncobj methods by their name-mangled names (`_TcpConnection__processRead`
 ...), which is how pysyncobj's own code calls them. Pinned: pysyncobj 0.3.17.
@@ -70,10 +75,13 @@ _FRAME_STORE_LEVEL = 0
 # The Raft messages a node sends and receives, counted by type (pysyncobj's, then ours); any other
 # is counted as "other". A fixed set: the counters' keys never change once made, so the loop may
 # copy them while the tick thread counts.
+KEEPALIVE = "runstate_keepalive"  # read and dropped (RaftNode); pysyncobj ignores types it does not know
 MESSAGE_TYPES = (
     "append_entries", "next_node_idx", "request_vote", "response_vote", "apply_command", "apply_command_response",
-    PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, "other",
+    PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, KEEPALIVE, "other",
 )
+# A peer connection idle in sending for this share of the connection timeout gets a keepalive.
+KEEPALIVE_SHARE_OF_TIMEOUT = 1 / 3
 
 
 def _frame_body(pickled: bytes) -> bytes:
@@ -93,11 +101,14 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.remote_host = remote_host
         self.handshake_deadline = float("inf")  # set by the transport on incoming connections
         self.frames_refused = 0
+        self.peer = False  # the handshake is done (authenticated)
+        self.last_sent_at = float("-inf")  # pysyncobj's clock
         super().__init__(*args, **kwargs)
 
     def send(self, message: Any) -> None:
         # pysyncobj's send (its frame, byte for byte in format), with the frame encrypted by
         # FrameCipher and a small frame stored rather than deflated (_frame_body).
+        self.last_sent_at = raft_clock()
         if self.sendRandKey:
             message = (self.sendRandKey, message)
         data = _frame_body(pysyncobj_pickle.dumps(message))
@@ -122,6 +133,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         """The handshake is done: the peer knows the cluster password and named itself."""
         self.frame_bytes_max = PEER_FRAME_BYTES_MAX
         self.handshake_deadline = float("inf")
+        self.peer = True
 
     def connect(self, host: str, port: int) -> bool:
         # An outgoing connection object is reused for every reconnection: a new handshake each time.
@@ -330,6 +342,18 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             self.handshakes_timed_out += 1
             conn.disconnect()  # calls _onDisconnected, which forgets it
             self._unknownConnections.discard(conn)
+        self._keep_alive(now)
+
+    def _keep_alive(self, now: float) -> None:
+        """A keepalive on each peer connection this node sent nothing on for a while, so that the
+        peer reads something well within pysyncobj's connection timeout (module docstring)."""
+        idle_since = now - self._syncObj.conf.connectionTimeout * KEEPALIVE_SHARE_OF_TIMEOUT
+        for node, conn in list(self._connections.items()):
+            if (
+                isinstance(conn, BoundedConnection) and conn.peer and conn.last_sent_at < idle_since
+                and conn.state == CONNECTION_STATE.CONNECTED
+            ):
+                self.send(node, {"type": KEEPALIVE})
 
     def counts(self) -> dict[str, int]:
         hosts = collections.Counter(getattr(conn, "remote_host", None) for conn in self._unknownConnections)
