@@ -21,6 +21,8 @@ SEQUENTIAL_WRITES = 40
 APPENDS_PER_WRITE_MAX = 2  # to each follower: the entry, then the commit index
 KEEPALIVE_WAIT_TIMEOUTS = 3  # connection timeouts of quiet: nine keepalive periods
 MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
+
+
 def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
     out = Exposition()
     odd = 'a "quoted" back\\slash\nnew line'
@@ -136,6 +138,10 @@ def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[...
         assert value(samples, "runstate_raft_applied_index") <= value(samples, "runstate_raft_commit_index")
 
 
+def raft_messages(samples: Samples, direction: str, kind: str) -> float:
+    return value(samples, "runstate_raft_messages_total", direction=direction, type=kind)
+
+
 def test_the_leader_counts_its_raft_messages_and_a_write_costs_at_most_two_appends_per_follower(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -154,10 +160,8 @@ def test_the_leader_counts_its_raft_messages_and_a_write_costs_at_most_two_appen
         after, _ = scrape(cluster.urls[leader], cluster.admin_key)
         if statuses != [201] * SEQUENTIAL_WRITES or value(after, "runstate_raft_term") != value(before, "runstate_raft_term"):
             continue  # another leader meanwhile
-        sent = (value(after, "runstate_raft_messages_total", direction="sent", type="append_entries")
-                - value(before, "runstate_raft_messages_total", direction="sent", type="append_entries"))
-        answers = (value(after, "runstate_raft_messages_total", direction="received", type="next_node_idx")
-                   - value(before, "runstate_raft_messages_total", direction="received", type="next_node_idx"))
+        sent = raft_messages(after, "sent", "append_entries") - raft_messages(before, "sent", "append_entries")
+        answers = raft_messages(after, "received", "next_node_idx") - raft_messages(before, "received", "next_node_idx")
         # Heartbeats go out only when no append went for a period: at most one per period elapsed.
         heartbeats = followers * (elapsed_s / heartbeat_s + 1)
         most = APPENDS_PER_WRITE_MAX * followers * SEQUENTIAL_WRITES + heartbeats
@@ -179,5 +183,5 @@ def test_followers_keep_their_idle_connection_alive(make_cluster: Callable[..., 
         if index == leader:
             continue
         samples, _ = scrape(cluster.urls[index], cluster.admin_key)
-        assert value(samples, "runstate_raft_messages_total", direction="received", type="runstate_keepalive") >= 1
-        assert value(samples, "runstate_raft_messages_total", direction="sent", type="runstate_keepalive") >= 1
+        assert raft_messages(samples, "received", "runstate_keepalive") >= 1
+        assert raft_messages(samples, "sent", "runstate_keepalive") >= 1
