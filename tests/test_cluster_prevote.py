@@ -232,6 +232,17 @@ def test_a_closed_connection_to_the_live_leader_brings_the_election_forward_by_r
     assert first.deadline == 1e9 and pre_votes[0].counters.leaders_lost == 1
 
 
+def test_a_peer_is_redialled_before_the_second_follower_campaigns() -> None:
+    """Of two peers only the one with the higher address dials. When the leader dies just after a
+    follower restarted, the other follower may have last dialled it while it was down: until it
+    dials again, neither survivor reaches a majority, and both campaign at once when they connect
+    (a split vote: bench.failover's kills over 0.5 s, with a 0.5 s redial period)."""
+    config = LogConfig()
+    assert config.connection_retry_s <= config.leader_lost_stagger_s
+    with pytest.raises(AssertionError, match="redial"):
+        LogConfig(connection_retry_s=config.leader_lost_stagger_s * 2)
+
+
 def test_a_closed_connection_reaches_pre_vote_before_pysyncobj() -> None:
     from pysyncobj.node import TCPNode
 

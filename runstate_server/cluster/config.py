@@ -84,9 +84,13 @@ class LogConfig:
     append_entries_period_s: float = 0.05
     # A leader that has heard from no majority for this long steps down (pysyncobj default: 30 s).
     leader_fallback_timeout_s: float = 1.0
-    # A connection silent this long is dead (>= raft_timeout_s_max); reconnect attempts period.
+    # A connection silent this long is dead (>= raft_timeout_s_max).
     connection_timeout_s: float = 1.0
-    connection_retry_s: float = 0.5
+    # How often a node dials a peer it is not connected to (of two peers, only the one with the
+    # higher address dials). At most leader_lost_stagger_s: a follower restarted just before the
+    # leader died must be connected to the other follower before the second election is due, or
+    # neither can reach a majority (DESIGN.md, "A restarted peer is dialled again soon").
+    connection_retry_s: float = 0.1
     # An incoming Raft connection that has not finished its handshake this long after it was
     # accepted is closed (a peer's takes two round trips).
     handshake_timeout_s: float = 2.0
@@ -131,6 +135,7 @@ class LogConfig:
         assert self.tick_period_s > 0
         assert self.loop_sync_s_max >= 0
         assert self.leader_lost_delay_s >= 0 and self.leader_lost_stagger_s > 0
+        assert 0 < self.connection_retry_s <= self.leader_lost_stagger_s, "redial a peer before the next election"
         assert self.handshake_timeout_s > 0
 
     def syncobj_conf(
