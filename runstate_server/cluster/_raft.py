@@ -98,6 +98,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         with deferred_flush():
             super()._checkCommandsToApply()
 
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # pysyncobj (appendEntriesUseBatch=False) answers "send append_entries now" whenever a tick
+        # applied something, so a leader sent every follower a second append per commit, carrying
+        # nothing but the new commit index, and each follower answered it: half of the Raft
+        # messages of a write, on every node's tick thread. The commit index rides on the next
+        # append or heartbeat instead (DESIGN.md, "One append per write").
+        SyncObj._SyncObj__applyLogEntries(self)
+        return False
+
     # Pre-vote (_prevote.py). pysyncobj's methods call `self.__connectedToAnyone()` and its transport
     # calls the handler it was given in SyncObj.__init__, `self.__onMessageReceived`; both resolve
     # to the name-mangled attributes below: defining them here puts pre-vote in front of pysyncobj.
