@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ class Client:
 
 
 async def phase(
-    pid: int, concurrency: int, calls: list[Callable[[], Awaitable[Any]]], tasks: int
+    pid: int, concurrency: int, calls: Sequence[Callable[[], Awaitable[Any]]], tasks: int
 ) -> dict[str, float]:
     work = iter(calls)
 
@@ -107,9 +108,9 @@ async def drive(url: str, key: str, pid: int, args: argparse.Namespace) -> dict[
             ids.append((await client.space_call("POST", "/tasks", body))["taskId"])
 
         results["batch"] = await phase(
-            pid, args.concurrency, [lambda s=s: submit_batch(s) for s in range(0, batches * size, size)], batches * size
+            pid, args.concurrency, [partial(submit_batch, s) for s in range(0, batches * size, size)], batches * size
         )
-        results["submit"] = await phase(pid, args.concurrency, [lambda n=n: submit(n) for n in range(singles)], singles)
+        results["submit"] = await phase(pid, args.concurrency, [partial(submit, n) for n in range(singles)], singles)
 
         deliveries: list[dict[str, str]] = []
         receives = -(-len(ids) // args.receive)
@@ -129,13 +130,13 @@ async def drive(url: str, key: str, pid: int, args: argparse.Namespace) -> dict[
             assert all("error" not in item for item in answer["items"]), answer
 
         completes = range(0, len(deliveries), size)
-        results["complete"] = await phase(pid, args.concurrency, [lambda s=s: complete(s) for s in completes], len(ids))
+        results["complete"] = await phase(pid, args.concurrency, [partial(complete, s) for s in completes], len(ids))
 
         async def wait_results(start: int) -> None:
             answer = await client.space_call("POST", "/tasks/results", {"ids": ids[start : start + size], "waitMs": 0})
             assert all(one.get("done") for one in answer["results"]), answer
 
-        lookups = [lambda s=s: wait_results(s) for s in range(0, len(ids), size)]
+        lookups = [partial(wait_results, s) for s in range(0, len(ids), size)]
         results["results"] = await phase(pid, args.concurrency, lookups, len(ids))
         return results
 

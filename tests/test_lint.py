@@ -23,7 +23,7 @@ def test_ruff() -> None:
 
 
 def test_mypy() -> None:
-    finished = run_tool("mypy", "runstate_server", "sdk/python/runstate", "chaos")
+    finished = run_tool("mypy", "runstate_server", "sdk/python/runstate", "chaos", "bench")
     assert finished.returncode == 0, finished.stdout + finished.stderr
 
 
