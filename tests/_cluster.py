@@ -114,6 +114,7 @@ class Cluster:
         self.ids = [f"n{index + 1}" for index in range(size)]
         self.urls = [f"http://127.0.0.1:{port}" for port in self.api_ports]
         self.rafts = [f"127.0.0.1:{port}" for port in self.raft_ports]
+        self.node_args: list[tuple[str, ...]] = [()] * size  # one node's own flags, after extra_args
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         self.paused: set[int] = set()
         self.stopped: set[int] = set(range(size))  # not started, or killed on purpose
@@ -158,6 +159,7 @@ class Cluster:
             "--secret-file", str(self.secret_file),
             *(["--bootstrap-key-file", str(self.admin_key_file)] if self.admin_key_file else []),
             *self.extra_args,
+            *self.node_args[index],
         ]
         for other in range(self.size):
             if other != index:

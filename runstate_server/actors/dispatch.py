@@ -38,6 +38,12 @@ from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
 
 COMMAND_VERSION = 1
+# The commands this code applies, as a level: a leader proposes a command of a level above 1 only
+# when every node of the cluster told it that level or a higher one (cluster/_transport.py), for a
+# node of an older release would refuse a command type it does not know, and its state would
+# differ from the others'. Level 2: task.submit_many.
+COMMAND_LEVEL = 2
+SUBMIT_MANY_LEVEL = 2
 
 Handler = Callable[[Context, dict[str, Any]], Any]
 
@@ -49,6 +55,7 @@ HANDLERS: dict[str, Handler] = {
     "run.cancel": runs.cancel,
     "run.complete": runs.complete,
     "task.submit": tasks.submit,
+    "task.submit_many": tasks.submit_many,
     "task.receive": tasks.receive,
     "task.cancel": tasks.cancel,
     "task.join": tasks.join,

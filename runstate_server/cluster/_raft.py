@@ -19,7 +19,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._read_index import ReadIndex
-from runstate_server.cluster._transport import KEEPALIVE, BoundedTransport
+from runstate_server.cluster._transport import KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
 
 
 class Bridge(Protocol):
@@ -60,6 +60,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         pre_vote: PreVote | None = None,
         handshake_timeout_s: float = 2.0,
         read_index: ReadIndex | None = None,
+        command_level: int = LEVEL_UNTOLD,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
@@ -67,7 +68,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         try:
             # autoTick=False: binds the port here, synchronously. The transport bounds what an
             # unauthenticated peer can do (_transport.py).
-            transport_class = functools.partial(BoundedTransport, handshake_timeout_s=handshake_timeout_s)
+            transport_class = functools.partial(
+                BoundedTransport, handshake_timeout_s=handshake_timeout_s, command_level=command_level
+            )
             super().__init__(self_address, list(peer_addresses), conf, transportClass=transport_class)
         except BaseException:
             self.destroy_transport()
@@ -207,6 +210,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def transport_counts(self) -> dict[str, int]:
         transport = getattr(self, "_SyncObj__transport", None)
         return transport.counts() if isinstance(transport, BoundedTransport) else {}
+
+    def command_level_floor(self) -> int:
+        """The lowest command level of this node and its peers (_transport.py); any thread."""
+        transport = getattr(self, "_SyncObj__transport", None)
+        return transport.level_floor if isinstance(transport, BoundedTransport) else LEVEL_UNTOLD
 
     def messages(self) -> dict[tuple[str, str], int]:
         """The Raft messages sent and received so far, by (direction, type); empty without peers."""

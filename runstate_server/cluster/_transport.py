@@ -25,6 +25,10 @@ anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft por
   accepted connection is closed at once.
 - The Raft messages sent and received are counted by type (`messages`: GET /metrics'
   runstate_raft_messages_total).
+- Each node tells a peer its command level (`LEVEL`) as soon as their connection is up, and keeps
+  the lowest level of its peers (`level_floor`; a peer that is not connected, or that told none,
+  counts as level 1: an older release). A leader proposes a command of a higher level only when
+  every peer applies it (DESIGN.md, "Command levels").
 - A peer connection on which this node sent nothing for a third of pysyncobj's connection timeout
   gets a keepalive message. pysyncobj closes a connection that read nothing for that timeout, and
   checks it only when the connection has an event or sends: two followers never talk in a steady
@@ -76,10 +80,13 @@ _FRAME_STORE_LEVEL = 0
 # is counted as "other". A fixed set: the counters' keys never change once made, so the loop may
 # copy them while the tick thread counts.
 KEEPALIVE = "runstate_keepalive"  # read and dropped (RaftNode); pysyncobj ignores types it does not know
+LEVEL = "runstate_level"  # {"level": int}: the commands the sender applies (read here, never passed on)
 MESSAGE_TYPES = (
     "append_entries", "next_node_idx", "request_vote", "response_vote", "apply_command", "apply_command_response",
-    PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, KEEPALIVE, "other",
+    PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, KEEPALIVE, LEVEL, "other",
 )
+# The level of a peer that is not connected or told none (a release from before levels were told).
+LEVEL_UNTOLD = 1
 # A peer connection idle in sending for this share of the connection timeout gets a keepalive.
 KEEPALIVE_SHARE_OF_TIMEOUT = 1 / 3
 
@@ -252,14 +259,21 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
     """TCPTransport with BoundedServer/BoundedConnection, a handshake deadline and connection caps.
     Runs in the tick thread only, like pysyncobj's."""
 
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float) -> None:
-        assert handshake_timeout_s > 0
+    def __init__(
+        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float, command_level: int
+    ) -> None:
+        assert handshake_timeout_s > 0 and command_level >= LEVEL_UNTOLD
         self.handshake_timeout_s = handshake_timeout_s
         self.connections_refused = 0
         self.handshakes_timed_out = 0
         self.messages: dict[tuple[str, str], int] = {
             (direction, kind): 0 for direction in ("sent", "received") for kind in MESSAGE_TYPES
         }
+        self.command_level = command_level
+        self._peer_levels: dict[Any, int] = {}  # connected peers that told their level
+        # The lowest command level of this node and its peers: one int, replaced whole (other
+        # threads read it).
+        self.level_floor = LEVEL_UNTOLD if otherNodes else command_level
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
@@ -268,7 +282,26 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         self._count("received", message)
+        if isinstance(message, dict) and message.get("type") == LEVEL:
+            level = message.get("level")
+            if type(level) is int and level >= LEVEL_UNTOLD and node in self._nodes:
+                self._peer_levels[node] = level
+                self._update_level_floor()
+            return
         super()._onMessageReceived(node, message)
+
+    def _onNodeConnected(self, node: Any) -> None:
+        super()._onNodeConnected(node)
+        self.send(node, {"type": LEVEL, "level": self.command_level})
+
+    def _onNodeDisconnected(self, node: Any) -> None:
+        if self._peer_levels.pop(node, None) is not None:
+            self._update_level_floor()
+        super()._onNodeDisconnected(node)
+
+    def _update_level_floor(self) -> None:
+        levels = [self._peer_levels.get(node, LEVEL_UNTOLD) for node in self._nodes]
+        self.level_floor = min([self.command_level, *levels])
 
     def _count(self, direction: str, message: Any) -> None:
         kind = message.get("type") if isinstance(message, dict) else None

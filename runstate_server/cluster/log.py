@@ -33,6 +33,7 @@ from runstate_server.cluster import _dumper, _journal
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._raft import RaftNode
 from runstate_server.cluster._read_index import ReadIndex
+from runstate_server.cluster._transport import LEVEL_UNTOLD
 from runstate_server.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
 from runstate_server.cluster.config import (
     BATCH_BYTES_MAX,
@@ -158,6 +159,7 @@ class ReplicatedLog:
         on_applied: Callable[[list[Any]], None] | None = None,
         on_role_change: Callable[[], None] | None = None,
         config: LogConfig | None = None,
+        command_level: int = LEVEL_UNTOLD,
     ) -> None:
         if not password:
             raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
@@ -172,6 +174,8 @@ class ReplicatedLog:
         self._on_applied = on_applied
         self._on_role_change = on_role_change
         self._config = config or LogConfig()
+        # The commands this node's state machine applies (its peers are told: _transport.py).
+        self._command_level = command_level
         self._loop: asyncio.AbstractEventLoop | None = None
         self._raft: RaftNode | None = None
         self._journal: _journal.DurableJournal | None = None
@@ -255,7 +259,7 @@ class ReplicatedLog:
             ) if self._config.pre_vote else None
             raft = await asyncio.to_thread(
                 RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s,
-                self._read_index,
+                self._read_index, self._command_level,
             )
         except Exception as error:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
@@ -467,6 +471,12 @@ class ReplicatedLog:
     @property
     def commit_index(self) -> int:
         return int(self._raft.raftCommitIndex) if self._raft is not None else 0
+
+    def command_level(self) -> int:
+        """The highest command level this node may propose: its own, or the lowest a peer told
+        (a peer not connected, or of a release that tells none, counts as level 1). Any thread."""
+        raft = self._raft
+        return raft.command_level_floor() if raft is not None else LEVEL_UNTOLD
 
     def raft_messages(self) -> dict[tuple[str, str], int]:
         """Raft messages sent and received so far, by (direction, type); empty on a single node."""

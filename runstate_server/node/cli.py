@@ -14,6 +14,7 @@ from typing import Any
 
 from runstate_server._version import __version__
 from runstate_server.actors import limits
+from runstate_server.actors.dispatch import COMMAND_LEVEL
 from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from runstate_server.node.api.app import build_app
 from runstate_server.node.config import (
@@ -202,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--secret-file", help=f"file holding the cluster secret (or set {SECRET_ENV}); required, at least "
         f"{SECRET_CHARS_MIN} characters",
     )
+    node.add_argument(
+        "--command-level", type=int, default=None, metavar="N",
+        help=f"the highest command level this node tells its peers and proposes at, 1 to {COMMAND_LEVEL} "
+        f"(default {COMMAND_LEVEL}, this release's); the cluster uses the lowest of its nodes' levels. Keep it "
+        "at the older release's level during a rolling upgrade you may roll back",
+    )
     _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
     _add_long_poll_flags(node)
@@ -327,6 +334,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     retention = setting(args.retention, "retention")
     compact_after = setting(args.compact_after, "compact_after")
     data_dir = setting(args.data_dir, "data_dir")
+    command_level = setting(args.command_level, "command_level")
+    if command_level is None:
+        command_level = COMMAND_LEVEL
+    if type(command_level) is not int or not 1 <= command_level <= COMMAND_LEVEL:
+        raise ConfigError(f"command_level must be an integer from 1 to {COMMAND_LEVEL}, not {command_level!r}")
     return NodeConfig(
         node_id=node_id,
         host=host,
@@ -345,6 +357,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         long_polls_max=int(setting(args.long_polls, "long_polls") or WAITERS_TOTAL_MAX),
         long_polls_per_key_max=int(setting(args.long_polls_per_key, "long_polls_per_key") or WAITERS_PER_KEY_MAX),
         http=http_limits(args, file),
+        command_level=command_level,
     )
 
 

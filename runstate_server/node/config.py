@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate_server.actors import limits
+from runstate_server.actors.dispatch import COMMAND_LEVEL
 from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 
 if sys.version_info >= (3, 11):
@@ -96,6 +97,9 @@ class NodeConfig:
     long_polls_max: int = WAITERS_TOTAL_MAX
     long_polls_per_key_max: int = WAITERS_PER_KEY_MAX
     http: HttpLimits = field(default_factory=HttpLimits)
+    # The highest command level this node tells its peers and proposes at (DESIGN.md, "Command
+    # levels"): below this release's, the cluster keeps writing what the older release applies.
+    command_level: int = COMMAND_LEVEL
 
     @property
     def api_url(self) -> str:

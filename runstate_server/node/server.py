@@ -63,6 +63,19 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
+# A command that also comes as one command for many items (args {"items": [args, ...], "ids":
+# [command id, ...]}): its kind, and the command level from which every node applies that kind.
+MANY_KINDS = {"task.submit": ("task.submit_many", dispatch.SUBMIT_MANY_LEVEL)}
+
+
+def _outcome(result: Any) -> Any:
+    """One item's core result, or the ApiError it carries."""
+    try:
+        return raise_for_result(result)
+    except ApiError as error:
+        return error
+
+
 def _api_error(error: BaseException) -> ApiError:
     """What a client is answered when the log did not commit its command."""
     if isinstance(error, NotLeader):
@@ -122,6 +135,7 @@ class Node:
             on_applied=self._on_applied,
             on_role_change=self._on_role_change,
             config=LogConfig(log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind),
+            command_level=config.command_level,
         )
         self.router = Router(self)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -221,29 +235,37 @@ class Node:
         return await self._propose(dispatch.SYSTEM_SPACE, None, kind, args)
 
     async def propose_many(
-        self, caller: Caller, kind: str, args_list: list[dict[str, Any]], idempotencies: list[tuple[str, str] | None]
+        self,
+        caller: Caller,
+        kind: str,
+        args_list: list[dict[str, Any]],
+        idempotency: tuple[str, str] | None,
+        idempotencies: list[tuple[str, str] | None],
     ) -> list[Any]:
-        """Commit one command of `kind` per args for `caller`, together, as `propose` would each
-        (`idempotencies[i]` that of args_list[i]); return, in order, each one's result or the
-        ApiError its own `propose` would have raised."""
+        """Commit one command of `kind` per args for `caller`, together, as `propose` would each;
+        return, in order, each one's result or the ApiError its own `propose` would have raised.
+        When every node of the cluster applies it (the log's command level), they travel as one
+        command of MANY_KINDS (one envelope, and one idempotency record for all: `idempotency`,
+        the request's), else as one command each (`idempotencies[i]` that of args_list[i])."""
+        many = MANY_KINDS.get(kind)
+        if many is not None and self.log.command_level() >= many[1]:
+            args = {"items": args_list, "ids": new_command_ids(len(args_list))}
+            try:
+                items = (await self._propose(caller.space, caller.key_id, many[0], args, idempotency))["items"]
+            except ApiError as error:  # not committed, or refused whole: every item answers so
+                return [error] * len(args_list)
+            return [_outcome(item) for item in items]
         commands = [
-            self._command(caller.space, caller.key_id, kind, args, idempotency, command_id)
-            for args, idempotency, command_id in zip(args_list, idempotencies, new_command_ids(len(args_list)), strict=True)
+            self._command(caller.space, caller.key_id, kind, args, one_idempotency, command_id)
+            for args, one_idempotency, command_id in zip(
+                args_list, idempotencies, new_command_ids(len(args_list)), strict=True
+            )
         ]
         try:
             outcomes = await self.log.propose_many(commands, PROPOSE_TIMEOUT_S)
         except (NotLeader, LogUnavailable) as error:
             return [_api_error(error) for _ in commands]
-        answers: list[Any] = []
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                answers.append(_api_error(outcome))
-                continue
-            try:
-                answers.append(raise_for_result(outcome))
-            except ApiError as error:
-                answers.append(error)
-        return answers
+        return [_api_error(outcome) if isinstance(outcome, BaseException) else _outcome(outcome) for outcome in outcomes]
 
     async def _propose(
         self, space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None = None

@@ -175,6 +175,12 @@ def render(node: Node, caller: Caller) -> str:
                "Raft messages this node sent and received, by direction and type (none on a single node)",
                [((("direction", direction), ("type", kind)), count)
                 for (direction, kind), count in sorted(raft.raft_messages().items())])
+    out.metric("runstate_raft_commands_proposed_total", "counter",
+               "Commands this node proposed to the Raft log while it led (a batch submit is one command at "
+               "command level 2, one per task below)", [((), raft.counters.commands_proposed)])
+    out.metric("runstate_command_level", "gauge",
+               "The highest command level this node proposes at: its own, or the lowest its peers told (1 for a "
+               "peer not connected or of an older release)", [((), raft.command_level())])
     fsync = raft.fsync_seconds
     out.histogram("runstate_raft_fsync_seconds", "Seconds per fsync of the Raft journal (none without a data dir)",
                   [] if fsync is None else [((), fsync)])

@@ -114,13 +114,15 @@ async def submit_batch(request: web.Request) -> web.Response:
             answers.append(_item_error(error))
             continue
         answers.append(None)  # the commit's answer, below
-        # Each task of a batch is its own command; a retried batch replays each one's first answer.
+        # When each task of a batch is its own command; a retried batch replays each one's first answer.
         idempotencies.append(None if batch_idempotency is None else (
             f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
         ))
     if args_list:
         # Committed together, with one wait for the whole batch (not a task and a timeout each).
-        outcomes = iter(await node_of(request).propose_many(caller_of(request), "task.submit", args_list, idempotencies))
+        outcomes = iter(await node_of(request).propose_many(
+            caller_of(request), "task.submit", args_list, batch_idempotency, idempotencies
+        ))
         for index, answer in enumerate(answers):
             if answer is None:
                 outcome = next(outcomes)

@@ -1,0 +1,99 @@
+"""Command levels (cluster/DESIGN.md): each node tells its peers the commands it applies, and a
+leader proposes a batch submit as one `task.submit_many` command (level 2) only while every node
+told it level 2; otherwise as one `task.submit` per task, which a node of an older release applies
+too. On a real three-node cluster: a follower restarted with `--command-level 1` (as a node of
+the older release counts) brings the leader down to one command per task, and back up once it is
+restarted at this release's level; the answers are the same either way and the replicas agree."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from runstate_server.actors.dispatch import COMMAND_LEVEL, SUBMIT_MANY_LEVEL
+from tests._cluster import Cluster
+from tests._http import mailbox_id, task_body
+from tests._prometheus import scrape, value
+
+BATCH = 50
+LEVEL_TIMEOUT_S = 30.0  # until a restarted node is connected and has told its level
+MEASURE_ATTEMPTS = 3  # an election meanwhile (a loaded machine) spoils a measure: take it again
+START_TIMEOUT_S = 60.0  # a node that refuses its settings exits long before
+
+
+def level(cluster: Cluster, index: int) -> float:
+    samples, _ = scrape(cluster.urls[index], cluster.admin_key)
+    return value(samples, "runstate_command_level")
+
+
+def wait_level(cluster: Cluster, expected: int) -> int:
+    """The leader, once it proposes at `expected`."""
+    return int(cluster.wait_until(
+        f"command level {expected}",
+        lambda: next((index + 1 for index in [cluster.leader_index()] if level(cluster, index) == expected), None),
+        LEVEL_TIMEOUT_S,
+    )) - 1
+
+
+def submit_batch(cluster: Cluster, run_id: str, mailbox: str, prefix: str) -> tuple[list[dict[str, Any]], float]:
+    """POST /tasks/batch of BATCH new tasks to the leader: the answers, and the commands the leader
+    proposed meanwhile (it proposes nothing else here: nothing is due, every read is a read index)."""
+    for _ in range(MEASURE_ATTEMPTS):
+        leader = cluster.leader_index()
+        before, _ = scrape(cluster.urls[leader], cluster.admin_key)
+        tasks = [task_body(run_id, mailbox, {"n": n}, f"{prefix}-{n}") for n in range(BATCH)]
+        status, answer = cluster.api(leader)("POST", "/v1/tasks/batch", {"tasks": tasks})
+        after, _ = scrape(cluster.urls[leader], cluster.admin_key)
+        if status == 200 and value(after, "runstate_raft_term") == value(before, "runstate_raft_term"):
+            proposed = (value(after, "runstate_raft_commands_proposed_total")
+                        - value(before, "runstate_raft_commands_proposed_total"))
+            return answer["tasks"], proposed
+    raise AssertionError(f"no batch under one leader in {MEASURE_ATTEMPTS} attempts")
+
+
+def test_a_batch_submit_is_one_command_only_while_every_node_applies_it(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster().start()
+    leader = wait_level(cluster, COMMAND_LEVEL)
+    assert COMMAND_LEVEL >= SUBMIT_MANY_LEVEL
+    api = cluster.api(leader).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = mailbox_id(api)
+
+    answers, proposed = submit_batch(cluster, run_id, mailbox, "all-new")
+    assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
+    assert proposed < BATCH / 10, proposed  # one command for the batch
+
+    follower = next(index for index in range(cluster.size) if index != cluster.leader_index())
+    cluster.node_args[follower] = ("--command-level", "1")
+    cluster.kill(follower)
+    cluster.start(follower)
+    wait_level(cluster, 1)
+    answers, proposed = submit_batch(cluster, run_id, mailbox, "one-old")
+    assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
+    assert proposed >= BATCH, proposed  # one command per task
+    # Tasks submitted either way are the same tasks when submitted again either way.
+    resubmitted, _ = submit_batch(cluster, run_id, mailbox, "all-new")
+    assert [answer["created"] for answer in resubmitted] == [False] * BATCH
+    resubmitted, _ = submit_batch(cluster, run_id, mailbox, "one-old")
+    assert [answer["taskId"] for answer in resubmitted] == [answer["taskId"] for answer in answers]
+
+    cluster.node_args[follower] = ()
+    cluster.kill(follower)
+    cluster.start(follower)
+    wait_level(cluster, COMMAND_LEVEL)
+    answers, proposed = submit_batch(cluster, run_id, mailbox, "upgraded")
+    assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
+    assert proposed < BATCH / 10, proposed
+    cluster.wait_same_digest()
+
+
+def test_a_node_refuses_a_command_level_it_does_not_have(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    for level_text in (str(COMMAND_LEVEL + 1), "0"):
+        cluster.node_args[0] = ("--command-level", level_text)
+        finished = subprocess.run(cluster.command(0), capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
+        assert finished.returncode == 2, (finished.returncode, finished.stderr)
+        assert f"command_level must be an integer from 1 to {COMMAND_LEVEL}" in finished.stderr, finished.stderr
