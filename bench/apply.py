@@ -3,9 +3,12 @@
     python -m bench.apply --tasks 10000 --preload 20000 --batch 50 --repeat 5
 
 In process, no node: the lifecycle submit -> receive (deliver) -> complete of `--batch` tasks at
-a time, as the cluster's batch load commits it (one log batch of `--batch` submits, each with
-its own idempotency key; one of receives of up to `--receive-max` tasks each; one of
-`complete_many` commands of up to `--complete-max` items each; and a tick), encoded as the
+a time, as the cluster's batch load commits it (one log batch holding one `task.submit_many` of
+`--batch` tasks, with one idempotency key, as a cluster at command level 2 commits a batch
+submit; `--submits each` gives the level-1 form, one `task.submit` per task with a key each,
+which is also what an older checkout applies; one log batch of receives of up to
+`--receive-max` tasks each; one of `complete_many` commands of up to `--complete-max` items
+each; and a tick), encoded as the
 leader encodes them (cluster/codec.py) and applied through `ReplicatedLog.apply_batch`, the
 body every replica runs, decode included. Before the measure, `--preload` tasks go through the
 same lifecycle, so the state is as a busy node's: its tasks, a full event log, a full
@@ -24,6 +27,7 @@ turns applying `--chunk` tasks (a few tens of milliseconds), so both see the sam
 gives each side's median per chunk and the median of the chunks' ratios.
 
     python -m bench.apply --against /tmp/main-checkout --tasks 20000
+    python -m bench.apply --against /tmp/older-checkout --submits each
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ class Load:
     """The cluster's commands for one space, one run and one mailbox, with seeded ids, applied
     through apply_batch on one Core."""
 
-    def __init__(self, batch: int, receive_max: int, complete_max: int) -> None:
+    def __init__(self, batch: int, receive_max: int, complete_max: int, submits: str = "many") -> None:
         self.core = dispatch.Core()
+        self.submits = submits  # "many": one task.submit_many per batch; "each": a task.submit per task
         # What apply_batch reads of its ReplicatedLog: the lock, the state machine, the counters.
         self.log = types.SimpleNamespace(
             _halt_reason=None,
@@ -143,16 +148,19 @@ class Load:
     def round(self) -> list[bytes]:
         """The log batches of one round of `batch` tasks, encoded; the receives' and completes'
         commands are made when their turn comes (they name what the earlier batches produced)."""
-        submits = []
+        items = []
         for _ in range(self.batch):
             self.submitted += 1
             encoded = json.dumps({"n": self.submitted}, separators=(",", ":")).encode()
             input_hash = hashlib.sha256(encoded).hexdigest()
-            submits.append(self.command("task.submit", {
+            items.append({
                 "run_id": self.run_id, "mailbox_id": self.mailbox_id, "key": input_hash, "input": encoded,
                 "input_hash": input_hash, "attempts": None, "key_only": False, "deadline_ms": None, "subscriber": None,
-            }))
-        return submits
+            })
+        if self.submits == "each":
+            return [self.command("task.submit", item) for item in items]
+        ids = [self.command_id() for _ in items]
+        return [self.command("task.submit_many", {"items": items, "ids": ids})]
 
     def receives(self) -> bytes:
         commands = []
@@ -188,6 +196,8 @@ class Load:
             self.now_ms += ROUND_MS
             results, spent_s = self.timed(self.batch_of(self.round()))
             cpu_s += spent_s
+            if self.submits == "many":
+                results = results[0].get("items", results)  # an error: the assert below shows it
             assert all(result.get("created") for result in results), results[:1]
             results, spent_s = self.timed(self.receives())
             cpu_s += spent_s
@@ -216,7 +226,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     """--against: this checkout and `args.against` in turns, `args.chunk` tasks at a time."""
     here = Path(__file__).resolve().parent.parent
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--preload", str(args.preload),
-               "--batch", str(args.batch), "--receive-max", str(args.receive_max), "--complete-max", str(args.complete_max)]
+               "--batch", str(args.batch), "--receive-max", str(args.receive_max), "--complete-max", str(args.complete_max),
+               "--submits", args.submits]
     sides = {}
     for name, root in (("against", Path(args.against).resolve()), ("this", here)):
         # The other checkout's runstate_server is found first; this file's load drives it.
@@ -265,6 +276,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="tasks per log batch (default 50)")
     parser.add_argument("--receive-max", type=int, default=16, help="tasks per receive (default 16)")
     parser.add_argument("--complete-max", type=int, default=25, help="items per complete_many (default 25)")
+    parser.add_argument("--submits", choices=("many", "each"), default="many",
+                        help="a batch's submits as one task.submit_many (default: command level 2) or one task.submit "
+                        "each (level 1, and what a checkout from before level 2 applies)")
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds (default 5)")
     parser.add_argument("--against", help="another checkout to compare with, in turns (see above)")
     parser.add_argument("--chunk", type=int, default=500, help="tasks per turn with --against (default 500)")
@@ -272,10 +286,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.against:
         json.dump({**compare(args), "tasks": args.tasks, "chunk": args.chunk, "preload": args.preload,
-                   "python": platform.python_version()}, sys.stdout)
+                   "submits": args.submits, "python": platform.python_version()}, sys.stdout)
         print()
         return
-    load = Load(args.batch, args.receive_max, args.complete_max)
+    load = Load(args.batch, args.receive_max, args.complete_max, args.submits)
     load.set_up()
     load.run(args.preload)
     if args.worker:
@@ -294,7 +308,7 @@ def main() -> None:
         "gc_us_per_task": round(statistics.median(gc_per_task_us), 1),
         "us_per_task_each": [round(value, 1) for value in per_task_us],
         "us_per_task_without_gc_each": [round(value, 1) for value in without_gc_us],
-        "tasks": args.tasks, "preload": args.preload, "batch": args.batch,
+        "tasks": args.tasks, "preload": args.preload, "batch": args.batch, "submits": args.submits,
         "receive_max": args.receive_max, "complete_max": args.complete_max,
         "state_tasks": len(load.core.state.tasks),
         "python": platform.python_version(),

@@ -101,6 +101,9 @@ def test_apply_bench_short_form() -> None:
     report = run("--repeat", "2")
     assert report["state_tasks"] == 100 + 2 * 200
     assert isinstance(report["us_per_task"], float) and report["us_per_task"] > 0
+    # A batch's submits as one command (the default, command level 2) or as one command each.
+    each = run("--repeat", "1", "--submits", "each")
+    assert (report["submits"], each["submits"], each["state_tasks"]) == ("many", "each", 100 + 200)
     # Against a checkout of its own: both sides run and compare.
     compared = run("--against", str(root), "--chunk", "100")
     assert set(compared) >= {"this", "against", "this_over_against_without_gc"}
