@@ -320,7 +320,12 @@ NO_FOREIGN_ID = {
 
 
 # Batch commands answer each item on its own: each case of the single command, as an item.
-PER_ITEM = {"delivery.complete_many": "delivery.complete"}
+PER_ITEM = {"delivery.complete_many": "delivery.complete", "task.submit_many": "task.submit"}
+
+
+def batch_args(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch command's args: its items, and for task.submit_many a command id for each."""
+    return {"items": items, **({"ids": [f"item-{n}" for n in range(len(items))]} if kind == "task.submit_many" else {})}
 
 
 def test_every_handler_has_a_case() -> None:
@@ -367,7 +372,8 @@ def test_a_batch_item_naming_another_space_is_not_found_and_changes_nothing(
     h = harness(world)
     before = snapshot_bytes(h.state, without_clock=True)
     api_key = b.admin_key if mode == "keyed" else None
-    result = h.ok(kind, space=NEW if mode == "new-space" else B, api_key=api_key, items=[case.args(a, b) for case in cases])
+    result = h.ok(kind, space=NEW if mode == "new-space" else B, api_key=api_key,
+                  **batch_args(kind, [case.args(a, b) for case in cases]))
     assert [item.get("error", {}).get("code") for item in result["items"]] == [case.code for case in cases]
     assert snapshot_bytes(h.state, without_clock=True) == before
     assert NEW not in h.state.spaces
