@@ -125,6 +125,10 @@ TIMER_SETTLE_S = 1.0
 ENTITIES_TRACKED_MAX = 100_000
 RECENT_TASKS_MAX = 50
 TASKS_PER_RUN_MAX = 12
+# A producer's batch submit (POST /tasks/batch: one log command for all its tasks) holds this many.
+BATCH_SUBMIT_TASKS_MIN, BATCH_SUBMIT_TASKS_MAX = 2, 4
+# A per-item error of a batch submit whose outcome is unknown (the log did not commit the batch).
+ITEM_UNKNOWN_CODES = frozenset({"UNAVAILABLE", "INTERNAL", "TIMEOUT"})
 SUBMITS_AFTER_CANCEL = 2
 GROUPS_LIVE_MAX = 2
 GROUP_MEMBERS = 4
@@ -217,6 +221,7 @@ class WorkloadConfig:
     long_work_probability: float = 0.05
     run_cancel_probability: float = 0.25
     replay_probability: float = 0.2  # an acknowledged keyed create or submit is sent once more
+    batch_submit_probability: float = 0.3  # a producer submits 2 to 4 tasks in one POST /tasks/batch
     accept_probability: float = 0.7
 
 
@@ -609,6 +614,7 @@ class _Producer(_Client):
         super().__init__(*args, **kwargs)
         self.index = index
         self.submitted = 0
+        self.batches = 0  # batch submits sent
 
     def loop(self) -> None:
         config = self.shared.config
@@ -634,8 +640,18 @@ class _Producer(_Client):
                 runs_made += 1
                 in_run = 0
                 continue
-            answer = self.submit(run_id)
-            in_run += 1
+            # The first producer's first submit is always a batch, so a short run has one.
+            first_batch = self.index == 0 and self.batches == 0
+            if in_run + BATCH_SUBMIT_TASKS_MAX <= TASKS_PER_RUN_MAX and (
+                first_batch or self.rng.random() < config.batch_submit_probability
+            ):
+                count = self.rng.randint(BATCH_SUBMIT_TASKS_MIN, BATCH_SUBMIT_TASKS_MAX)
+                answer = self.submit_batch(run_id, count)
+                self.batches += 1
+                in_run += count
+            else:
+                answer = self.submit(run_id)
+                in_run += 1
             if answer.code in RUN_STOPPED_CODES:
                 self.shared.deactivate_queue(run_id, MAILBOX)
                 run_id = None
@@ -660,6 +676,77 @@ class _Producer(_Client):
             if answer.result["created"]:
                 self.shared.count_pending(self.shared.queue(run_id, MAILBOX), +1)
         return answer
+
+    def submit_batch(self, run_id: str, count: int) -> Answer:
+        """`count` tasks in one POST /tasks/batch (keyed; resent while an item's outcome is unknown,
+        and sometimes once more after: checker.check_replays). Each task is its own `submit` line
+        of the history, keyed `IDEM#i` (the batch's key and the item's place), so the checks of
+        single submits cover them; the answer returned is the first item's."""
+        keys, inputs = [], []
+        for _ in range(count):
+            self.submitted += 1
+            keys.append(f"{self.name}-{self.submitted}")
+            inputs.append({"n": self.submitted})
+        idem = self.idempotency_key()
+        body = {"tasks": [{"scopeId": run_id, "mailboxId": self.shared.mailbox_id, "input": task_input, "taskKey": key}
+                          for key, task_input in zip(keys, inputs, strict=True)]}
+        items = [{"run": run_id, "mailbox": MAILBOX, "key": key, "input": task_input, "idem": f"{idem}#{index}"}
+                 for index, (key, task_input) in enumerate(zip(keys, inputs, strict=True))]
+        answers = self._submit_batch_once(items, body, idem)
+        for _ in range(RETRIES_MAX - 1):
+            if all(answer.outcome != UNKNOWN for answer in answers) or not self.pause(RETRY_PAUSE_S, paced=False):
+                break
+            answers = self._submit_batch_once(items, body, idem)
+        if all(answer.ok for answer in answers) and self.rng.random() < self.shared.config.replay_probability:
+            self._submit_batch_once(items, body, idem)
+        for answer in answers:
+            if answer.ok and answer.result is not None:
+                self.shared.add_task(str(answer.result["taskId"]))
+                if answer.result["created"]:
+                    self.shared.count_pending(self.shared.queue(run_id, MAILBOX), +1)
+        return answers[0]
+
+    def _submit_batch_once(self, items: list[dict[str, Any]], body: dict[str, Any], idem: str) -> list[Answer]:
+        handles = [self.shared.history.record(self.name, "submit", item) for item in items]
+        answer = self.shared.http.call(
+            self.node, "POST", "/v1/tasks/batch", body, holder=self.name, timeout_s=REQUEST_TIMEOUT_S, idempotency_key=idem,
+        )
+        answered = answer.body.get("tasks") if answer.outcome == OK else None
+        if answer.outcome == OK and not (isinstance(answered, list) and len(answered) == len(items)):
+            answer = dataclasses.replace(answer, outcome=UNKNOWN, code="INVALID_RESPONSE",
+                                         message=f"unexpected answer: {json.dumps(answer.body)[:300]}")
+        outcomes: list[Answer] = []
+        for index, handle in enumerate(handles):
+            if answer.outcome == FAIL:
+                handle.fail(answer.code or "UNKNOWN", answer.message)
+                outcomes.append(answer)
+                continue
+            if answer.outcome != OK:
+                handle.unknown(answer.message, answer.code or "UNKNOWN")
+                outcomes.append(answer)
+                continue
+            found = answered[index] if isinstance(answered, list) else None
+            item: dict[str, Any] = found if isinstance(found, dict) else {}
+            error = item.get("error")
+            if isinstance(error, dict):
+                code, message = str(error.get("code")), str(error.get("message", ""))
+                if code in ITEM_UNKNOWN_CODES:
+                    handle.unknown(message, code)
+                    outcomes.append(Answer(UNKNOWN, answer.status, item, code, message))
+                else:
+                    handle.fail(code, message)
+                    outcomes.append(Answer(FAIL, answer.status, item, code, message))
+                continue
+            try:
+                result = _submit_shape(item)
+            except (KeyError, TypeError, ValueError) as shape_error:
+                message = f"unexpected item ({type(shape_error).__name__}: {shape_error}): {json.dumps(item)[:300]}"
+                handle.unknown(message, "INVALID_RESPONSE")
+                outcomes.append(Answer(UNKNOWN, answer.status, {}, "INVALID_RESPONSE", message))
+                continue
+            handle.ok(result)
+            outcomes.append(Answer(OK, answer.status, item, result=result))
+        return outcomes
 
     def cancel_and_submit(self, run_id: str) -> None:
         """Cancel the run, then submit to it a little longer: those submits must be refused."""

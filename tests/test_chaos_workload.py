@@ -228,6 +228,9 @@ def test_ten_seconds_of_workload_make_a_well_formed_history(make_cluster: Callab
     # Each kind happened; without faults an unknown outcome is rare, and refusals are the
     # workload's own: submits after a cancel, stalled completes, work of a stopped run or group.
     assert OPERATION_KINDS <= {op for (op, status) in counts if status == "ok"}, report
+    # Some submits went several to one POST /tasks/batch: each its own line, keyed IDEM#i.
+    batched = [o for o in operations if o["op"] == "submit" and "#" in o["args"]["idem"] and o["status"] == "ok"]
+    assert len(batched) >= 2, report
     unknown = [o for o in operations if o["status"] == "unknown"]
     if _term(cluster) == term_before:
         assert len(unknown) <= max(1, len(operations) // 50), [(o["op"], o["client"], o["error"]) for o in unknown]
