@@ -114,7 +114,8 @@ async def submit_batch(request: web.Request) -> web.Response:
             answers.append(_item_error(error))
             continue
         answers.append(None)  # the commit's answer, below
-        # When each task of a batch is its own command; a retried batch replays each one's first answer.
+        # Below command level 2 each task is its own command, keyed KEY#index (its place in the
+        # request); a retried batch replays each one's first answer either way.
         idempotencies.append(None if batch_idempotency is None else (
             f"{batch_idempotency[0]}#{index}", f"{batch_idempotency[1]}#{index}"
         ))
