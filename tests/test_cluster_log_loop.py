@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from runstate_server.cluster import LogConfig, LogUnavailable, ReplicatedLog, _journal
-from tests._cluster_log_child import RecordingMachine
+from tests._cluster_log_child import RecordingMachine, free_port
 from tests.test_cluster_log import READY_TIMEOUT_S, applied_ids, eventually, running_log, three_logs
 
 # How long a test holds a sync back (a slow disk); the propose it holds waits longer than that.
@@ -211,5 +211,56 @@ def test_a_leader_that_steps_down_answers_its_writes_in_flight_at_once() -> None
                 await leader.propose({"type": "add", "id": 1}, timeout_s=PROPOSE_WAIT_S)
             assert time.monotonic() - proposed_at < PROPOSE_WAIT_S / 2
             assert not leader.is_leader
+
+    asyncio.run(scenario())
+
+
+class OlderMachine(RecordingMachine):
+    """A state machine of an older release: it does not know the command type "future"."""
+
+    def unknown_kind(self, command: Any) -> str | None:
+        return "command type 'future'" if command.get("type") == "future" else None
+
+
+def test_a_committed_command_this_release_does_not_know_halts_the_log_before_its_batch(tmp_path: Path) -> None:
+    """Refusing it while the newer replicas apply it would part this replica's state from theirs
+    (a node downgraded after the cluster wrote a newer kind: cluster/DESIGN.md, "Command levels")."""
+
+    async def scenario() -> None:
+        async with running_log(tmp_path, state_machine=OlderMachine()) as (log, machine):
+            await log.propose({"type": "add", "id": 1})
+            outcomes = await log.propose_many([{"type": "add", "id": 2}, {"type": "future", "id": 3}],
+                                              timeout_s=PROPOSE_WAIT_S)
+            assert all(isinstance(outcome, LogUnavailable) for outcome in outcomes), outcomes
+            await eventually(lambda: log._ticks_ended)
+            assert applied_ids(log, machine) == [1]  # nothing of the batch that holds it
+            with pytest.raises(LogUnavailable, match="halted: a committed command has a command type 'future'"):
+                await log.propose({"type": "add", "id": 4})
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_of_an_older_release_halts_and_the_others_go_on() -> None:
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        machines = [RecordingMachine(), RecordingMachine(), OlderMachine()]
+        logs = [ReplicatedLog(machine, self_address=address, peer_addresses=addresses, data_dir=None,
+                              password="cluster-password")
+                for machine, address in zip(machines, addresses, strict=True)]
+        try:
+            for log in logs[:2]:  # a leader of this release first; the older one joins it
+                await log.start()
+            await eventually(lambda: any(log.is_leader for log in logs[:2]))
+            await logs[2].start()
+            await logs[2].wait_ready(READY_TIMEOUT_S)
+            leader = next(log for log in logs if log.is_leader)
+            assert (await leader.propose({"type": "future", "id": 1}, timeout_s=PROPOSE_WAIT_S))["id"] == 1
+            await eventually(lambda: logs[2]._ticks_ended)
+            assert logs[2]._halt_reason is not None and "command type 'future'" in logs[2]._halt_reason
+            assert (await leader.propose({"type": "add", "id": 2}, timeout_s=PROPOSE_WAIT_S))["id"] == 2
+            assert [entry["id"] for entry in machines[2].applied if entry["id"] in (1, 2)] == []
+        finally:
+            for log in logs:
+                await log.stop()
 
     asyncio.run(scenario())

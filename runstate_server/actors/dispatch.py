@@ -99,6 +99,23 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
 
 # Commands that are not about one space: driven by the leader itself.
 SYSTEM_SPACE = ""
+# The command types apply() knows besides HANDLERS: the leader's own.
+BUILT_IN_KINDS = frozenset({"tick", "leader.start", "access.bootstrap", "barrier"})
+
+
+def unknown_kind(command: Any) -> str | None:
+    """What in `command` this code cannot apply because a newer release wrote it (a higher command
+    version, or a type unknown here), in a few words; None otherwise. A merely malformed command is
+    not this: apply() refuses it, on every replica alike."""
+    if not isinstance(command, dict):
+        return None
+    version = command.get("v")
+    if type(version) is int and version > COMMAND_VERSION:
+        return f"command version {version}"
+    kind = command.get("type")
+    if isinstance(kind, str) and kind not in HANDLERS and kind not in BUILT_IN_KINDS:
+        return f"command type {kind!r}"
+    return None
 
 
 class Core:
@@ -113,6 +130,9 @@ class Core:
 
     def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Effect]]:
         return apply(self.state, command, now_ms, epoch)
+
+    def unknown_kind(self, command: Any) -> str | None:
+        return unknown_kind(command)
 
     def snapshot(self) -> dict[str, Any]:
         return to_snapshot(self.state)

@@ -84,6 +84,10 @@ class StateMachine(Protocol):
 
     def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> tuple[Any, list[Any]]: ...
 
+    # What in `command` only a newer release applies (a type or version unknown here), or None; a
+    # state machine without this method applies whatever it is given.
+    # def unknown_kind(self, command: Any) -> str | None: ...
+
     def snapshot(self) -> dict[str, Any]: ...
 
     def restore(self, snapshot: dict[str, Any]) -> None: ...
@@ -912,6 +916,16 @@ class ReplicatedLog:
             # Skipping the entry would diverge from replicas that can read it: stop instead.
             self._halt(f"cannot decode a committed batch: {error}")
             raise _LogHalted(str(error)) from error
+        unknown_kind: Callable[[Any], str | None] | None = getattr(self._state_machine, "unknown_kind", None)
+        if unknown_kind is not None:
+            for command in batch.commands:
+                unknown = unknown_kind(command)
+                if unknown is not None:
+                    # A newer release wrote it (a downgraded node: DESIGN.md, "Command levels").
+                    # Refusing it while the others apply it would diverge: stop before the batch.
+                    reason = f"a committed command has a {unknown} this release does not know: run the newer release"
+                    self._halt(reason)
+                    raise _LogHalted(reason)
         results: list[Any] = []
         effects: list[Any] = []
         with self.lock:

@@ -289,6 +289,8 @@ class Node:
             command["key"] = key_id
         if idempotency is not None:
             command["idem"] = list(idempotency)
+        # Committed, a kind no replica knows would halt every one of them (ReplicatedLog.apply_batch).
+        assert dispatch.unknown_kind(command) is None, f"proposing an unknown command: {kind!r}"
         return command
 
     # -- reads -----------------------------------------------------------------------------------
