@@ -24,6 +24,16 @@ def test_submit_many_and_results_async(dev_node: DevNode) -> None:
             assert [ticket.created for ticket in tickets] == [True] * 250
             again = await queue.submit_many(inputs[:3], keys=["k0", "k1", "k2"])
             assert [t.id for t in again] == [t.id for t in tickets[:3]]
+            # Each item carries the run, the mailbox and its own fields (spliced from its encoding).
+            other = run.mailbox("other")
+            await rs.mailboxes.ensure("other")
+            tried = await other.submit_many([{"m": 1}, "two", None], keys=["a", None, "c"], attempts=2)
+            views = [await ticket.status() for ticket in tried]
+            assert [(view["attempts"], view["input"]) for view in views] == [(2, {"m": 1}), (2, "two"), (2, None)]
+            assert [ticket.key for ticket in tried][0::2] == ["a", "c"]
+            with pytest.raises(runstate.ConfigError):  # not JSON: refused before any request
+                await other.submit_many([{"m": 2}, {"set": {1, 2}}])
+            assert len(await other.submit_many([{"m": 2}], keys=["m2"])) == 1
 
             async def double(data: dict[str, Any], delivery: Any) -> int:
                 return int(data["n"]) * 2

@@ -8,11 +8,13 @@ import logging
 import re
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import hypothesis
 import pytest
 import runstate
 from aiohttp import web
@@ -31,6 +33,22 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- settings ---------------------------------------------------------------------------------
+
+
+@hypothesis.given(hypothesis.strategies.text(min_size=1))
+def test_a_path_segment_is_what_quote_makes_of_it(value: str) -> None:
+    assert _http.path_segment(value, "id") == urllib.parse.quote(value, safe="")
+
+
+@pytest.mark.parametrize("value", ["tsk_0a1b", "a.b-c~d_e", "a b", "a/b", "é", "%41", "?", "#"])
+def test_path_segments_of_ids_and_of_other_names(value: str) -> None:
+    assert _http.path_segment(value, "id") == urllib.parse.quote(value, safe="")
+
+
+@pytest.mark.parametrize("value", ["", None, 3])
+def test_a_path_segment_is_a_non_empty_string(value: Any) -> None:
+    with pytest.raises(runstate.ConfigError, match="id must be a non-empty string"):
+        _http.path_segment(value, "id")
 
 
 def test_base_url_default_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

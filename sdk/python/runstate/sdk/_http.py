@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 from collections.abc import Mapping, Sequence
@@ -124,6 +125,20 @@ def resolve_optional(value: str | None, env: str) -> str | None:
 def default_holder() -> str:
     """The worker identity when none is given: `<hostname>:<pid>`."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# The characters quote(value, safe="") leaves as they are (RFC 3986's unreserved ones): a value
+# made of them only, as the ids the server hands out are, is its own path segment.
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
+def path_segment(value: str, what: str) -> str:
+    """One path segment (a name or an id), percent-encoded; ConfigError if empty or not a string."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+    if _UNRESERVED.fullmatch(value):
+        return value
+    return quote(value, safe="")
 
 
 # Made once: json.dumps with non-default options builds an encoder per call.
@@ -233,7 +248,7 @@ class Transport:
         """
         data = encode_body(body) if body is not None else encoded_body  # ConfigError before any request
         if not path.startswith(API_ROOT):
-            path = f"/v1/spaces/{quote(await self.space(), safe='')}{path}"
+            path = f"/v1/spaces/{path_segment(await self.space(), 'space id')}{path}"
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if method != "GET" and path.startswith("/v1/spaces/") and path.count("/") > 3:
             headers[IDEMPOTENCY_HEADER] = idempotency_key or secrets.token_hex(IDEMPOTENCY_KEY_BYTES)

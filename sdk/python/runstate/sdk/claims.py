@@ -14,21 +14,14 @@ the last grant's, so whatever the claim guards can refuse a write with an older 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-from runstate.sdk._http import Transport
+from runstate.sdk._http import Transport, path_segment
 
 if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal
-from runstate.sdk.errors import ConfigError
 
 LEASE_SECONDS_DEFAULT = 30
 
-
-def _segment(value: str, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
-    return quote(value, safe="")
 
 
 class Claims:
@@ -60,7 +53,7 @@ class Claims:
         body: dict[str, Any] = {"token": token}
         if lease_seconds is not None:
             body["leaseSeconds"] = lease_seconds
-        return await self._transport.request("POST", f"/claims/{_segment(key, 'claim key')}/renew", body=body, safe=True)
+        return await self._transport.request("POST", f"/claims/{path_segment(key, 'claim key')}/renew", body=body, safe=True)
 
     async def release(self, key: str, token: str, observation: Any = None) -> dict[str, Any]:
         """Free the claim at once, leaving `observation` (a JSON value of at most 4 KB) in its view.
@@ -68,13 +61,13 @@ class Claims:
         body: dict[str, Any] = {"token": token}
         if observation is not None:
             body["observation"] = observation
-        path = f"/claims/{_segment(key, 'claim key')}/release"
+        path = f"/claims/{path_segment(key, 'claim key')}/release"
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def get(self, scope_id: str, key: str) -> dict[str, Any]:
         """The claim's view: `generation`, `held`, `holder`, `holderSession`, `leaseExpiresAt`,
         `observation` (an unknown key: generation 0, not held)."""
-        path = f"/claims/{_segment(key, 'claim key')}"
+        path = f"/claims/{path_segment(key, 'claim key')}"
         return await self._transport.request("GET", path, params={"scopeId": scope_id}, safe=True)
 
 

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 from runstate.sdk._coalesce import ResultBatcher, SubmitBatcher
 from runstate.sdk._completes import Completes
@@ -26,6 +25,7 @@ from runstate.sdk._http import (
     default_holder,
     encode_body,
     parse_base_urls,
+    path_segment,
     resolve_optional,
 )
 from runstate.sdk._time import format_deadline, parse_time
@@ -89,12 +89,6 @@ RECEIVE_WAIT_MS_MAX = 30_000
 Handler = Callable[[Any, "Delivery"], Any]
 DeadlineLike = datetime | timedelta | str | None
 
-
-def _segment(value: str, what: str) -> str:
-    """One path segment (a name or an id), percent-encoded; ConfigError if empty or not a string."""
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
-    return quote(value, safe="")
 
 
 def _require_int(value: int, what: str, minimum: int, maximum: int | None = None) -> int:
@@ -169,7 +163,7 @@ class Mailboxes:
         Returns `{"id", "name", "mode", "created": bool, ...}`. Raises ConflictError if it exists
         with another mode, ValidationError for an unknown mode.
         """
-        _segment(name, "mailbox name")
+        path_segment(name, "mailbox name")
         body: dict[str, Any] = {"name": name, "mode": mode}
         if backlog_limit is not None:
             body["backlogLimit"] = _require_int(backlog_limit, "backlog_limit", 1)
@@ -200,14 +194,14 @@ class Mailboxes:
             body["maxAttempts"] = _require_int(max_attempts, "max_attempts", 1)
         if requirements is not None:
             body["requirements"] = requirements
-        path = f"/mailboxes/by-name/{_segment(name, 'mailbox name')}"
+        path = f"/mailboxes/by-name/{path_segment(name, 'mailbox name')}"
         view = await self._transport.request("PUT", path, body=body, safe=True)
         self._transport.mailbox_ids[name] = _field(view, "id")
         return view
 
     async def get(self, name: str) -> dict[str, Any]:
         """Returns `{"id", "name", "mode", ...}`; raises NotFoundError if there is no such queue."""
-        _segment(name, "mailbox name")
+        path_segment(name, "mailbox name")
         view = await _find_mailbox(self._transport, name)
         if view is None:
             raise NotFoundError(f"mailbox {name!r} not found", code="NOT_FOUND", status=404)
@@ -237,7 +231,7 @@ class Scopes:
         """
         body = _run_body(name, deadline, child_limit)
         if parent_scope_id is not None:
-            _segment(parent_scope_id, "parent_scope_id")
+            path_segment(parent_scope_id, "parent_scope_id")
             body["parentId"] = parent_scope_id
         view = await self._transport.request("POST", "/scopes", body=body, safe=False)
         return Scope(self._transport, _field(view, "id"), view)
@@ -260,14 +254,14 @@ class Scopes:
         formatted = format_deadline(deadline)
         if formatted is not None:
             body["deadline"] = formatted
-        view = await self._transport.request("PUT", f"/runs/{_segment(name, 'run name')}", body=body, safe=True)
+        view = await self._transport.request("PUT", f"/runs/{path_segment(name, 'run name')}", body=body, safe=True)
         return Scope(self._transport, _field(view, "id"), view)
 
     async def status(self, scope_id: str) -> dict[str, Any]:
         """The run's view: `storedState` (ACTIVE, CANCELLED, COMPLETED), `effective` (ACTIVE or
         INACTIVE, counting ancestors and deadlines), `name`, `deadline`, ... NotFoundError if unknown.
         """
-        return await self._transport.request("GET", f"/scopes/{_segment(scope_id, 'scope id')}", safe=True)
+        return await self._transport.request("GET", f"/scopes/{path_segment(scope_id, 'scope id')}", safe=True)
 
     async def cancel(self, scope_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel the run and every run below it; returns the run's view.
@@ -275,7 +269,7 @@ class Scopes:
         Idempotent on a cancelled run; ConflictError on a completed one.
         """
         body: dict[str, Any] = {} if reason is None else {"reason": reason}
-        path = f"/scopes/{_segment(scope_id, 'scope id')}/cancel"
+        path = f"/scopes/{path_segment(scope_id, 'scope id')}/cancel"
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def complete(self, scope_id: str) -> dict[str, Any]:
@@ -283,7 +277,7 @@ class Scopes:
 
         Idempotent on a completed run; ConflictError on a cancelled one.
         """
-        path = f"/scopes/{_segment(scope_id, 'scope id')}/complete"
+        path = f"/scopes/{path_segment(scope_id, 'scope id')}/complete"
         return await self._transport.request("POST", path, body={}, safe=True)
 
 
@@ -291,7 +285,7 @@ class Scope:
     """A handle on one run. `view` is the last view the SDK saw (None if it has not fetched one)."""
 
     def __init__(self, transport: Transport, scope_id: str, view: dict[str, Any] | None = None) -> None:
-        _segment(scope_id, "scope id")
+        path_segment(scope_id, "scope id")
         self._transport = transport
         self._scopes = Scopes(transport)
         self.id = scope_id
@@ -396,8 +390,8 @@ class Mailbox:
     """A work queue within one run: submit tasks, receive or consume deliveries."""
 
     def __init__(self, transport: Transport, scope_id: str, name: str) -> None:
-        _segment(scope_id, "scope id")
-        _segment(name, "mailbox name")
+        path_segment(scope_id, "scope id")
+        path_segment(name, "mailbox name")
         self._transport = transport
         self.scope_id = scope_id
         self.name = name
@@ -473,15 +467,16 @@ class Mailbox:
             _task_body(task_input, keys[index] if keys is not None else None, attempts, needs=needs)
             for index, task_input in enumerate(inputs)
         ]
-        for body in bodies:
-            encode_body(body)  # ConfigError before any request
-        where = await self._where() if inputs else {}
-        items = [{**where, **body} for body in bodies]
+        encoded = [encode_body(body) for body in bodies]  # ConfigError before any request
+        # Each item is {**where, **body}, spliced from the encoded parts: every body is an object
+        # that starts with its input, so each task is encoded once.
+        where = encode_body(await self._where())[:-1] + b"," if inputs else b""
+        items = [where + body[1:] for body in encoded]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
         for start in range(0, len(items), SUBMIT_BATCH_MAX):
-            chunk = items[start : start + SUBMIT_BATCH_MAX]
-            answer = await self._transport.request("POST", "/tasks/batch", body={"tasks": chunk}, safe=True)
+            chunk = b'{"tasks":[' + b",".join(items[start : start + SUBMIT_BATCH_MAX]) + b"]}"
+            answer = await self._transport.request("POST", "/tasks/batch", encoded_body=chunk, safe=True)
             for view in _field(answer, "tasks"):
                 error = view.get("error")
                 if error is not None:
@@ -593,7 +588,7 @@ class Ticket:
         state: str | None = None,
     ) -> None:
         self._transport = transport
-        self._path = f"/tasks/{_segment(task_id, 'task id')}"
+        self._path = f"/tasks/{path_segment(task_id, 'task id')}"
         self.id = task_id
         self.key = key
         self.created = created
@@ -696,7 +691,7 @@ class Delivery:
         # same task has another one), and names the delivery.
         self.id: str = _field(given, "token")
         self.task_id: str = _field(message, "id")
-        self._path = f"/messages/{_segment(self.task_id, 'message id')}"
+        self._path = f"/messages/{path_segment(self.task_id, 'message id')}"
         self.key: str | None = message.get("workKey")
         self.input: Any = message.get("payload")
         self.attempt: int = message.get("attempt", 0)

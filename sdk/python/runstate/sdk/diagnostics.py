@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runstate.sdk.claims import _segment
+from runstate.sdk._http import path_segment
 
 if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal
@@ -34,7 +34,7 @@ class Diagnostics:
         earliest lease expiry) and `waiting` (every queued task, waiter, barrier and timer, with
         what it waits for and who holds that). NotFoundError for an unknown run."""
         view: dict[str, Any] = await self._transport.request(
-            "GET", f"/ops/runs/{_segment(run_id, 'run id')}", safe=True
+            "GET", f"/ops/runs/{path_segment(run_id, 'run id')}", safe=True
         )
         return view
 

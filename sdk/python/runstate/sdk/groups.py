@@ -17,8 +17,8 @@ to the group's run. The calls are the published protocol's `/task-groups` routes
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
+from runstate.sdk._http import path_segment
 from runstate.sdk._time import format_deadline
 from runstate.sdk._waiting import wait_until
 from runstate.sdk.errors import ConfigError
@@ -35,11 +35,6 @@ CONDITIONS = ("FIRST_ACCEPTED", "N_ACCEPTED", "ALL_TERMINAL")
 GROUP_MEMBERS_MAX = 100  # the server's bound on members, threshold and expected_members
 WAIT_TIMEOUT_MS_DEFAULT = 60_000
 
-
-def _segment(value: str, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
-    return quote(value, safe="")
 
 
 def _count(value: int | None, what: str) -> int | None:
@@ -88,7 +83,7 @@ class Groups:
             raise ConfigError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
         from runstate.sdk.client import mailbox_id
 
-        _segment(mailbox, "mailbox")
+        path_segment(mailbox, "mailbox")
         # scopeId: the run the group is created from, which must be active (an extension field).
         body: dict[str, Any] = {"mailboxId": None, "condition": condition, "scopeId": self.scope_id}
         optional = {
@@ -114,7 +109,7 @@ class Group:
     its `verdict` and `verdictBy`), ..."""
 
     def __init__(self, transport: Transport, group_id: str, view: dict[str, Any] | None = None) -> None:
-        self._path = f"/task-groups/{_segment(group_id, 'group id')}"
+        self._path = f"/task-groups/{path_segment(group_id, 'group id')}"
         self._transport = transport
         self.id = group_id
         self.view = view
@@ -190,7 +185,7 @@ class Group:
     async def _judge(self, kind: str, task_id: Any) -> dict[str, Any]:
         holder = self._transport.holder
         body = {} if holder is None else {"holder": holder}
-        path = f"{self._path}/tasks/{_segment(_task_id(task_id), 'task id')}/{kind}"
+        path = f"{self._path}/tasks/{path_segment(_task_id(task_id), 'task id')}/{kind}"
         return await self._transport.request("POST", path, body=body, safe=True)
 
     async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from runstate.sdk._http import path_segment
 from runstate.sdk._time import format_time, parse_duration_ms, parse_time
-from runstate.sdk.claims import _segment
 from runstate.sdk.errors import (
     ConfigError,
     ConflictError,
@@ -160,21 +160,21 @@ def needs_body(slots: SlotsLike, limit: LimitLike, budget: BudgetLike) -> dict[s
         else:
             raise ConfigError(f"slots must be a pool name or a non-empty list of them, got {slots!r}")
         for name in [names] if isinstance(names, str) else names:
-            _segment(name, "a pool name in slots")
+            path_segment(name, "a pool name in slots")
         body["slots"] = names
     if limit is not None:
         if isinstance(limit, str):
             limit = {"name": limit}
         if not isinstance(limit, Mapping) or "name" not in limit or set(limit) - {"name", "units"}:
             raise ConfigError(f'limit must be a limit name or {{"name", "units"}}, got {limit!r}')
-        _segment(limit["name"], "limit name")
+        path_segment(limit["name"], "limit name")
         body["limit"] = {"name": limit["name"]}
         if "units" in limit:
             body["limit"]["units"] = _count(limit["units"], "limit units")
     if budget is not None:
         if not isinstance(budget, Mapping) or set(budget) != {"name", "reserve"}:
             raise ConfigError(f'budget must be {{"name", "reserve"}}, got {budget!r}')
-        _segment(budget["name"], "budget name")
+        path_segment(budget["name"], "budget name")
         body["budget"] = {"name": budget["name"], "reserve": _amount(budget["reserve"], "budget reserve")}
     return body
 
@@ -224,7 +224,7 @@ async def settle_job_reservations(
                     amount_minor = to_minor(spent, row["scale"], "the amount spent")
                 except ConfigError as exc:
                     logger.error("settling reservation %s with its whole reserve: %s", reservation_id, exc)
-            await settle_reservation(transport, f"/budgets/{_segment(row['id'], 'budget id')}", reservation_id, amount_minor)
+            await settle_reservation(transport, f"/budgets/{path_segment(row['id'], 'budget id')}", reservation_id, amount_minor)
         except RunstateError as exc:
             # CONFLICT: it had ended (the delivery's end or its run's stop voided it).
             logger.warning("settling reservation %s of budget %s failed: %s", reservation_id, need.get("name"), exc)
@@ -272,7 +272,7 @@ async def _declare(
     except ConflictError as exc:
         if exc.code != "CONFLICT":
             raise
-        resource_id = _segment(await id_of(transport, name), f"{route} id")
+        resource_id = path_segment(await id_of(transport, name), f"{route} id")
         await transport.request("PATCH", f"/{route}/{resource_id}", body=body, safe=True)
         return {"created": False}
     ids[name] = _field(declared, "id")
@@ -303,7 +303,7 @@ class Pools(_Resources):
         """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
         permit_id = await _permit_id(self._transport, name)
         try:
-            view = await self._transport.request("GET", f"/permits/{_segment(permit_id, 'permit id')}", safe=True)
+            view = await self._transport.request("GET", f"/permits/{path_segment(permit_id, 'permit id')}", safe=True)
         except NotFoundError:
             _permit_ids(self._transport).pop(name, None)  # forget an id the server no longer knows
             raise
@@ -342,7 +342,7 @@ class Limits(_Resources):
         """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
         allowance_id = await _allowance_id(self._transport, name)
         try:
-            view = await self._transport.request("GET", f"/allowances/{_segment(allowance_id, 'allowance id')}", safe=True)
+            view = await self._transport.request("GET", f"/allowances/{path_segment(allowance_id, 'allowance id')}", safe=True)
         except NotFoundError:
             _allowance_ids(self._transport).pop(name, None)  # forget an id the server no longer knows
             raise
@@ -380,7 +380,7 @@ class Budgets(_Resources):
             row = await _budget_row(self._transport, name, fresh=True)
             limit_minor = to_minor(total, row["scale"], "total")
             if limit_minor != int(row["limitMinor"]):
-                budget_id = _segment(row["id"], "budget id")
+                budget_id = path_segment(row["id"], "budget id")
                 await self._transport.request(
                     "PATCH", f"/budgets/{budget_id}", body={"limitMinor": str(limit_minor)}, safe=True
                 )
@@ -395,7 +395,7 @@ class Budgets(_Resources):
         """The view of `name` (see `ensure` for its fields). NotFoundError if it does not exist."""
         row = await _budget_row(self._transport, name)
         try:
-            view = await self._transport.request("GET", f"/budgets/{_segment(row['id'], 'budget id')}", safe=True)
+            view = await self._transport.request("GET", f"/budgets/{path_segment(row['id'], 'budget id')}", safe=True)
         except NotFoundError:
             _budget_rows(self._transport).pop(name, None)  # forget an id the server no longer knows
             raise
@@ -421,7 +421,7 @@ class Held:
         self, transport: Transport, held_id: str, name: str, scope_id: str, lease_ms: int, expires: Any
     ) -> None:
         self._transport = transport
-        self._path = f"/{self._route}/{_segment(held_id, f'{self._kind} id')}"
+        self._path = f"/{self._route}/{path_segment(held_id, f'{self._kind} id')}"
         self.id = held_id
         self.name = name
         self.scope_id = scope_id
@@ -528,7 +528,7 @@ class Reservation(Held):
         amount: float, budget_id: str = "", scale: int = BUDGET_SCALE,
     ) -> None:
         super().__init__(transport, held_id, name, scope_id, lease_ms, expires)
-        self._path = f"/budgets/{_segment(budget_id or 'unknown', 'budget id')}"
+        self._path = f"/budgets/{path_segment(budget_id or 'unknown', 'budget id')}"
         self.amount = amount
         self._scale = scale
         self._spending = Spending()
@@ -551,7 +551,7 @@ class Reservation(Held):
         """
         if lease_ms is not None:
             _count(lease_ms, "lease_ms")
-        view = await self._transport.request("GET", f"/scopes/{_segment(self.scope_id, 'scope id')}", safe=True)
+        view = await self._transport.request("GET", f"/scopes/{path_segment(self.scope_id, 'scope id')}", safe=True)
         if view.get("effective", "ACTIVE") != "ACTIVE":
             error = ScopeCancelledError(
                 f"run {self.scope_id} stopped ({view.get('storedState')}): its reservations were voided", status=None
@@ -641,7 +641,7 @@ async def settle_reservation(transport: Transport, budget_path: str, reservation
 
 
 def _permit_path(name: str) -> str:
-    return f"/permits/by-name/{_segment(name, 'pool name')}"
+    return f"/permits/by-name/{path_segment(name, 'pool name')}"
 
 
 # The permit id of each pool name, per transport (one client's): looked up once, then reused.
@@ -678,7 +678,7 @@ def _pool_view(view: dict[str, Any]) -> dict[str, Any]:
 
 
 def _allowance_path(name: str) -> str:
-    return f"/allowances/by-name/{_segment(name, 'limit name')}"
+    return f"/allowances/by-name/{path_segment(name, 'limit name')}"
 
 
 # The allowance id of each limit name, per transport (one client's): looked up once, then reused.
@@ -719,7 +719,7 @@ class _Allowance:
 
     def __init__(self, transport: Transport, allowance_id: str) -> None:
         self._transport = transport
-        self._path = f"/allowances/{_segment(allowance_id, 'allowance id')}"
+        self._path = f"/allowances/{path_segment(allowance_id, 'allowance id')}"
 
     async def try_consume(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """`{"consumptionId", "units"}`, or None when the window has not room now (or a cooldown
@@ -740,7 +740,7 @@ class _Allowance:
         loop = asyncio.get_running_loop()
         ttl_s = min(WAITER_TTL_S_MAX, max(1, math.ceil(deadline - loop.time()) + 1))
         waiter = await self._transport.request("POST", f"{self._path}/wait", body={**body, "ttlSeconds": ttl_s}, safe=True)
-        waiter_id = _segment(_field(waiter, "waiterId"), "waiter id")
+        waiter_id = path_segment(_field(waiter, "waiterId"), "waiter id")
         pause_s, done = WAITER_POLL_S_MIN, False
         try:
             while True:
@@ -776,7 +776,7 @@ class _Allowance:
 
 
 def _budget_path(name: str) -> str:
-    return f"/budgets/by-name/{_segment(name, 'budget name')}"
+    return f"/budgets/by-name/{path_segment(name, 'budget name')}"
 
 
 # The protocol row ({"id", "scale", "limitMinor", ...}) of each budget name, per transport.
@@ -827,7 +827,7 @@ class _Permit:
 
     def __init__(self, transport: Transport, permit_id: str) -> None:
         self._transport = transport
-        self._path = f"/permits/{_segment(permit_id, 'permit id')}"
+        self._path = f"/permits/{path_segment(permit_id, 'permit id')}"
 
     async def try_acquire(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The grant, or None when the permit has not the units free now (CAPACITY_UNAVAILABLE)."""
@@ -847,7 +847,7 @@ class _Permit:
         ttl_s = min(WAITER_TTL_S_MAX, max(1, math.ceil(deadline - loop.time()) + 1))
         line_body = {"scopeId": body["scopeId"], "units": body["units"], "holder": body["holder"], "ttlSeconds": ttl_s}
         waiter = await self._transport.request("POST", f"{self._path}/wait", body=line_body, safe=True)
-        waiter_id = _segment(_field(waiter, "waiterId"), "waiter id")
+        waiter_id = path_segment(_field(waiter, "waiterId"), "waiter id")
         state, pause_s, granted = waiter.get("state"), WAITER_POLL_S_MIN, False
         try:
             while True:
@@ -884,7 +884,7 @@ class _InScope:
     def __init__(self, transport: Transport, scope_id: str) -> None:
         self._transport = transport
         self.scope_id = scope_id
-        self._path = f"/scopes/{_segment(scope_id, 'scope id')}"
+        self._path = f"/scopes/{path_segment(scope_id, 'scope id')}"
 
 
 class ScopePools(_InScope):
@@ -960,7 +960,7 @@ class ScopeLimits(_InScope):
         ConflictError for other units than a first settle; NotFoundError past an hour."""
         if isinstance(units, bool) or not isinstance(units, int) or units < 0:
             raise ConfigError(f"units must be a non-negative integer, got {units!r}")
-        path = f"/allowance-consumptions/{_segment(consumption_id, 'consumption id')}/settle"
+        path = f"/allowance-consumptions/{path_segment(consumption_id, 'consumption id')}/settle"
         return await self._transport.request("POST", path, body={"units": units}, safe=True)
 
 
@@ -996,7 +996,7 @@ class ScopeBudgets(_InScope):
         body = {
             "scopeId": self.scope_id, "amountMinor": str(amount_minor), "holder": holder or self._transport.holder,
         }
-        path = f"/budgets/{_segment(row['id'], 'budget id')}"
+        path = f"/budgets/{path_segment(row['id'], 'budget id')}"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         pause_s = RESERVE_POLL_S_MIN
