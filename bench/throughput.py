@@ -43,13 +43,22 @@ def rotated(url: str, by: int) -> str:
     return ",".join(urls[by:] + urls[:by])
 
 
-def cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) a live process has used so far; None where /proc is missing."""
+def cpu_s(pid: int, thread: int | None = None) -> float | None:
+    """CPU seconds (user + system) a live process (or one of its threads) has used so far; None
+    where /proc is missing."""
+    stat = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loop_cpu_s(pid: int) -> float | None:
+    """CPU seconds of a live process's main thread (a node's event loop: HTTP and, on a single
+    node, Raft); the rest of the process is its other threads (a cluster node's Raft tick thread,
+    which applies the log, and the journal's sync thread). None where /proc is missing."""
+    return cpu_s(pid, thread=pid)
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -193,6 +202,19 @@ def start_cluster(fsync: str, root: Path) -> Any:
     return cluster
 
 
+def node_roles(urls: list[str]) -> list[str]:
+    """Each node's Raft role now, from its GET /metrics ("leader" for a dev node)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests._prometheus import scrape
+
+    roles = []
+    for node_url in urls:
+        samples, _ = scrape(node_url, os.environ.get("RUNSTATE_API_KEY"))
+        held = [dict(labels)["role"] for (name, labels), value in samples.items() if name == "runstate_raft_role" and value]
+        roles.append(held[0] if held else "unknown")
+    return roles
+
+
 def node_counts(urls: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """From the nodes' GET /metrics, summed over the nodes: the requests they answered so far, by
     method and route template (on a cluster a follower counts a request it forwards, and the
@@ -253,6 +275,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             worker_cpu_before = [cpu_s(worker.pid) or 0.0 for worker in workers]
             node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
+            node_loop_cpu_before = [loop_cpu_s(pid) for pid in node_pids]  # after the process's (see below)
             producer_cpu_before = time.process_time()
             requests_before, messages_before = node_counts(url.split(","))
             result = await produce(
@@ -271,10 +294,21 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "workers_startup": round(sum(worker_cpu_before), 2),
             }
             if node_pids and None not in node_cpu_before:
+                # Each node's share: its event loop's (HTTP; a single node's Raft too) and its
+                # other threads' (a cluster node's Raft tick thread, which applies the log). The
+                # loop's is read before the process's and after it before: never more than it.
+                loop_used = [(loop_cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_loop_cpu_before, strict=True)]
                 # One node, or the sum of a cluster's three.
                 used = [(cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_cpu_before, strict=True)]
                 cpu["node"] = round(sum(used), 2)
+                roles = node_roles(url.split(",")) if cluster else ["dev"]
+                result["node_cpu_s"] = [
+                    {"role": role, "loop": round(loop, 2), "other_threads": round(total - loop, 2)}
+                    for role, loop, total in zip(roles, loop_used, used, strict=True)
+                ]
             result["cpu_s"] = cpu
+            result["cpu_us_per_task"] = {role: round(seconds * 1e6 / args.tasks) for role, seconds in cpu.items()
+                                         if role != "workers_startup"}
             async with AsyncRunstate(base_url=url) as rs:
                 await rs.scopes.cancel(run_id)
             for worker in workers:

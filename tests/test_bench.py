@@ -28,6 +28,14 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert report["nodes"] == (3 if "--cluster" in flags else 1)
     assert report["fsync"] == "always"
     assert report["cpu_s"]["node"] > 0
+    assert set(report["cpu_us_per_task"]) == {"producer", "workers", "node"}
+    # Each node's CPU, its event loop's and its other threads': a cluster's one leader and two
+    # followers (whose Raft thread applies the log: most of their CPU).
+    nodes = report["node_cpu_s"]
+    assert sorted(node["role"] for node in nodes) == (["follower", "follower", "leader"] if "--cluster" in flags else ["dev"])
+    assert all(node["loop"] > 0 and node["other_threads"] >= 0 for node in nodes)
+    if "--cluster" in flags:
+        assert all(node["other_threads"] > node["loop"] for node in nodes if node["role"] == "follower")
     assert report["needs"] is ("--needs" in flags)
     assert report["coalesce"] is ("--no-coalesce" not in flags)
     assert report["tasks_per_s"] > 0
