@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 LEASE_SECONDS_DEFAULT = 30
 
 
-
 class Claims:
     """The claim calls of the HTTP API, one method per route."""
 

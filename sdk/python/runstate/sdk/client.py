@@ -90,7 +90,6 @@ Handler = Callable[[Any, "Delivery"], Any]
 DeadlineLike = datetime | timedelta | str | None
 
 
-
 def _require_int(value: int, what: str, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what} must be an integer, got {value!r}")

@@ -36,7 +36,6 @@ GROUP_MEMBERS_MAX = 100  # the server's bound on members, threshold and expected
 WAIT_TIMEOUT_MS_DEFAULT = 60_000
 
 
-
 def _count(value: int | None, what: str) -> int | None:
     if value is None:
         return None
