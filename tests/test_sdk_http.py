@@ -45,6 +45,18 @@ def test_path_segments_of_ids_and_of_other_names(value: str) -> None:
     assert _http.path_segment(value, "id") == urllib.parse.quote(value, safe="")
 
 
+def test_a_body_json_cannot_carry_is_refused() -> None:
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for body in ({"v": {1, 2}}, {"v": float("nan")}, {"v": object()}, looped, {"v": deep}):
+        with pytest.raises(runstate.ConfigError, match="not JSON-serializable"):
+            _http.encode_body(body)
+    assert _http.encode_body({"v": "é\u2028"}) == '{"v":"é\u2028"}'.encode()  # not escaped to ASCII
+
+
 @pytest.mark.parametrize("value", ["", None, 3])
 def test_a_path_segment_is_a_non_empty_string(value: Any) -> None:
     with pytest.raises(runstate.ConfigError, match="id must be a non-empty string"):

@@ -146,11 +146,14 @@ _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allo
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """Compact JSON for a request body; ConfigError for values JSON cannot carry."""
+    """Compact JSON for a request body; ConfigError for values JSON cannot carry (one nested
+    deeper than the interpreter's recursion limit included)."""
     try:
         text = _BODY_ENCODER.encode(body)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"request body is not JSON-serializable: {exc}") from exc
+    except RecursionError:
+        raise ConfigError("request body is not JSON-serializable: it nests too deep") from None
     return text.encode("utf-8")
 
 
