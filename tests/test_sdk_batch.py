@@ -34,6 +34,10 @@ def test_submit_many_and_results_async(dev_node: DevNode) -> None:
             with pytest.raises(runstate.ConfigError):  # not JSON: refused before any request
                 await other.submit_many([{"m": 2}, {"set": {1, 2}}])
             assert len(await other.submit_many([{"m": 2}], keys=["m2"])) == 1
+            # 100 inputs of 4 KB: 400 KB, more than a request body may hold (256 KiB): several requests.
+            large = [{"n": n, "text": "é" * 2_000} for n in range(100)]
+            big = await other.submit_many(large, keys=[f"big{n}" for n in range(100)])
+            assert [(await ticket.status())["input"] for ticket in big[::33]] == large[::33]
 
             async def double(data: dict[str, Any], delivery: Any) -> int:
                 return int(data["n"]) * 2

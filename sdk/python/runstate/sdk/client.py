@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from runstate.sdk._coalesce import ResultBatcher, SubmitBatcher
+from runstate.sdk._coalesce import BATCH_BODY_BYTES_MAX, ResultBatcher, SubmitBatcher
 from runstate.sdk._completes import Completes
 from runstate.sdk._consume import Consumer
 from runstate.sdk._http import (
@@ -385,6 +385,22 @@ def _task_body(
     return body
 
 
+def _batch_bodies(items: Sequence[bytes]) -> Iterator[bytes]:
+    """POST /tasks/batch bodies for the encoded tasks, in order: up to SUBMIT_BATCH_MAX each, and
+    under BATCH_BODY_BYTES_MAX but for a task alone (a task's input is at most 64 KiB: it fits)."""
+    envelope = len(b'{"tasks":[]}')
+    chunk: list[bytes] = []
+    size = envelope
+    for item in items:
+        if chunk and (len(chunk) == SUBMIT_BATCH_MAX or size + len(item) + 1 > BATCH_BODY_BYTES_MAX):
+            yield b'{"tasks":[' + b",".join(chunk) + b"]}"
+            chunk, size = [], envelope
+        chunk.append(item)
+        size += len(item) + 1
+    if chunk:
+        yield b'{"tasks":[' + b",".join(chunk) + b"]}"
+
+
 class Mailbox:
     """A work queue within one run: submit tasks, receive or consume deliveries."""
 
@@ -452,7 +468,9 @@ class Mailbox:
         limit: LimitLike = None,
         budget: BudgetLike = None,
     ) -> list[Ticket]:
-        """Submit many tasks, SUBMIT_BATCH_MAX per request; returns their tickets in order.
+        """Submit many tasks, SUBMIT_BATCH_MAX per request at most (fewer when their bodies would
+        pass BATCH_BODY_BYTES_MAX, well inside the node's bound on a request body); returns their
+        tickets in order.
 
         Each task behaves exactly as `submit(input, key=keys[i], slots=, limit=, budget=)`. Every
         task is tried; if any was refused, the first refusal is raised after the others were
@@ -473,8 +491,7 @@ class Mailbox:
         items = [where + body[1:] for body in encoded]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
-        for start in range(0, len(items), SUBMIT_BATCH_MAX):
-            chunk = b'{"tasks":[' + b",".join(items[start : start + SUBMIT_BATCH_MAX]) + b"]}"
+        for chunk in _batch_bodies(items):
             answer = await self._transport.request("POST", "/tasks/batch", encoded_body=chunk, safe=True)
             for view in _field(answer, "tasks"):
                 error = view.get("error")
