@@ -90,6 +90,16 @@ NEEDS_POOL_SIZE = 10_000
 NEEDS_LIMIT_UNITS = 1_000_000
 
 
+def task_input(index: int, payload_bytes: int) -> dict[str, Any]:
+    """A task's input: `{"n": index}`, with `payload_bytes` > 0 also about that many bytes of chat
+    messages (as an agent's task carries: many small objects, the costly kind to parse and encode)."""
+    if payload_bytes <= 0:
+        return {"n": index}
+    message = {"role": "user", "content": "Summarise the quarterly figures for the board, briefly.", "tokens": 12}
+    count = max(1, payload_bytes // len(json.dumps(message)))
+    return {"n": index, "messages": [{**message, "tokens": index % 100 + turn} for turn in range(count)]}
+
+
 async def ensure_needs(rs: Any, tasks: int) -> None:
     await rs.pools.ensure("bench-pool", size=NEEDS_POOL_SIZE)
     await rs.limits.ensure("bench-limit", units=NEEDS_LIMIT_UNITS, per="1s")
@@ -97,7 +107,8 @@ async def ensure_needs(rs: Any, tasks: int) -> None:
 
 
 async def produce(
-    url: str, run_id: str, tasks: int, producers: int, batch: int, needs: bool, coalesce: bool = True
+    url: str, run_id: str, tasks: int, producers: int, batch: int, needs: bool, coalesce: bool = True,
+    payload_bytes: int = 0,
 ) -> dict[str, Any]:
     """Submit `tasks` tasks from `producers` concurrent producers (one call per task, or
     `batch` tasks per call), then wait for every result the same way."""
@@ -116,11 +127,11 @@ async def produce(
                 if batch:
                     tickets.extend(
                         await queue.submit_many(
-                            [{"n": i} for i in indexes], keys=[f"task-{i}" for i in indexes], **extra
+                            [task_input(i, payload_bytes) for i in indexes], keys=[f"task-{i}" for i in indexes], **extra
                         )
                     )
                 else:
-                    tickets.append(await queue.submit({"n": start}, key=f"task-{start}", **extra))
+                    tickets.append(await queue.submit(task_input(start, payload_bytes), key=f"task-{start}", **extra))
                 latencies_ms.append((time.perf_counter() - began) * 1000)
 
         started = time.perf_counter()
@@ -158,6 +169,8 @@ async def produce(
 async def work(url: str, run_id: str, concurrency: int) -> None:
     async with AsyncRunstate(base_url=url, holder=f"bench-worker-{os.getpid()}") as rs:
         async def handle(data: dict[str, Any], delivery: Any) -> dict[str, Any]:
+            if "messages" in data:  # --payload-bytes: a result as large as the input
+                return {"doubled": data["n"] * 2, "messages": data["messages"]}
             return {"doubled": data["n"] * 2}
 
         # Imported and ready: the bench measures the CPU of the work from here on.
@@ -279,7 +292,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             producer_cpu_before = time.process_time()
             requests_before, messages_before = node_counts(url.split(","))
             result = await produce(
-                url, run_id, args.tasks, args.producers, args.batch, args.needs, coalesce=not args.no_coalesce
+                url, run_id, args.tasks, args.producers, args.batch, args.needs, coalesce=not args.no_coalesce,
+                payload_bytes=args.payload_bytes,
             )
             requests_after, messages_after = node_counts(url.split(","))
             result["requests_per_task"] = requests_per_task(requests_before, requests_after, args.tasks)
@@ -334,6 +348,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "worker_concurrency": args.concurrency,
         "producers": args.producers,
         "submit_batch": args.batch,
+        "payload_bytes": args.payload_bytes,
         "fsync": args.fsync if known else "unknown (--url)",
         "auth": (args.auth or args.cluster) if known else "unknown (--url)",
         "needs": args.needs,
@@ -353,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch", type=int, default=0,
         help="tasks per submit call and per result wait (0, the default: one call per task)",
+    )
+    parser.add_argument(
+        "--payload-bytes", type=int, default=0,
+        help="each task's input and result also carry about this many bytes of JSON objects (default 0: {\"n\": i})",
     )
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
     parser.add_argument("--auth", action="store_true", help="start the node with --auth: every call carries a key")

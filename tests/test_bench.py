@@ -14,7 +14,9 @@ BENCH_TIMEOUT_S = 180
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--auth", "--no-coalesce"), ("--needs",), ("--cluster",)], ids=["plain", "auth", "needs", "cluster"]
+    "flags",
+    [(), ("--auth", "--no-coalesce"), ("--needs",), ("--cluster",), ("--batch", "20", "--payload-bytes", "4000")],
+    ids=["plain", "auth", "needs", "cluster", "payload"],
 )
 def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     finished = subprocess.run(
@@ -24,6 +26,7 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report["states"] == {"SUCCEEDED": 200}
+    assert report["payload_bytes"] == (4000 if "--payload-bytes" in flags else 0)
     assert report["auth"] is ("--auth" in flags or "--cluster" in flags)  # a cluster always requires keys
     assert report["nodes"] == (3 if "--cluster" in flags else 1)
     assert report["fsync"] == "always"
