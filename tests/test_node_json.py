@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from runstate_server.actors import limits
-from runstate_server.node._json import canonical_text, encoder, json_response, stored_value
+from runstate_server.node._json import canonical_text, encoder, json_response, raw_value, stored_value
 from runstate_server.node.api._request import _refuse_unstorable, _storable_canonical
 from runstate_server.node.errors import ApiError
 
@@ -121,3 +121,36 @@ def test_an_answer_is_the_bytes_and_headers_aiohttp_json_response_makes(value: A
     expected = web.json_response(value, status=status, headers=headers)  # NaN too, as json.dumps writes it
     answer = json_response(value, status=status, headers=headers)
     assert (answer.status, answer.body, dict(answer.headers)) == (expected.status, expected.body, dict(expected.headers))
+
+
+def _storable(value: Any) -> bytes | None:
+    """The canonical JSON a payload is stored as (storage.json_bytes), None if it cannot be."""
+    try:
+        return canonical_text(value).encode()
+    except ValueError:
+        return None  # a lone surrogate, NaN: not storable
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_values, min_size=1, max_size=4), _values)
+def test_an_answer_carries_stored_payloads_as_their_canonical_text(payloads: list[Any], around: Any) -> None:
+    stored = [_storable(payload) for payload in payloads]
+    assume(all(data is not None for data in stored))
+    answer = {"items": [{"payload": raw_value(data), "n": index} for index, data in enumerate(stored)], "around": around}
+    parsed = {"items": [{"payload": stored_value(data), "n": index} for index, data in enumerate(stored)], "around": around}
+    body = json_response(answer).body
+    assert isinstance(body, bytes)
+    assert _loads_with_nan(body) == _loads_with_nan(json_response(parsed).body)
+    for data in stored:
+        assert data in body  # as stored: compact, sorted, not escaped to ASCII
+
+
+def _loads_with_nan(body: Any) -> Any:
+    """The answer's value, NaN made comparable (NaN != NaN)."""
+    return json.loads(body, parse_constant=lambda name: f"<{name}>")
+
+
+def test_a_string_of_the_caller_that_looks_like_a_placeholder_stays_as_it_is() -> None:
+    looks_like = ["\x00raw", "\x00raw0", "\x00raw" + "0" * 32 + ":0", '"\\u0000raw:0"']
+    answer = json_response({"payload": raw_value(b'{"a":1}'), "keys": looks_like, "none": raw_value(None)}).body
+    assert json.loads(answer) == {"payload": {"a": 1}, "keys": looks_like, "none": None}

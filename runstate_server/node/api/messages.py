@@ -11,7 +11,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits, runs
 from runstate_server.actors.context import mailbox_key, queue_key
-from runstate_server.node._json import json_response, stored_value
+from runstate_server.node._json import json_response, raw_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import client_gone, park, wait
@@ -128,7 +128,7 @@ def message_of(given: dict[str, Any]) -> dict[str, Any]:
     return {
         "message": {
             "id": given["task_id"],
-            "payload": stored_value(given["input"]),
+            "payload": raw_value(given["input"]),
             "attempt": given["attempt"],
             "attempts": given["attempts"],
             "scopeId": given["run_id"],

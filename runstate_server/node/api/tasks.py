@@ -14,7 +14,7 @@ from runstate_server.actors import limits, resources
 from runstate_server.actors.context import task_key
 from runstate_server.actors.runs import subtree
 from runstate_server.actors.state import State, Task, TaskState
-from runstate_server.node._json import json_response, stored_value
+from runstate_server.node._json import json_response, raw_value
 from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
@@ -302,7 +302,7 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
         "taskId": given["task_id"],
         "messageId": given["task_id"],
         "token": given["token"],
-        "payload": stored_value(given["input"]),
+        "payload": raw_value(given["input"]),
         "attempt": given["attempt"],
         "attempts": given["attempts"],
         "taskKey": given["key"],
@@ -345,7 +345,7 @@ def _result_view(task: Task) -> dict[str, Any]:
         "id": task.id,
         "state": task.state,
         "done": task.state in TaskState.TERMINAL,
-        "outcome": stored_value(task.outcome),
+        "outcome": raw_value(task.outcome),
         "outcomeReason": task.outcome_reason,
         "error": task.error if task.state != TaskState.SUCCEEDED else None,
         "attempt": task.attempt,

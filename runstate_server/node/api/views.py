@@ -9,7 +9,7 @@ from typing import Any
 from runstate_server.actors import tasks
 from runstate_server.actors.resources import needs_view
 from runstate_server.actors.state import Task, TaskState
-from runstate_server.node._json import stored_value
+from runstate_server.node._json import raw_value
 from runstate_server.node.errors import ApiError
 
 
@@ -69,8 +69,8 @@ def task_view(task: Task, mailbox_id: str | None) -> dict[str, Any]:
         "done": task.state in TaskState.TERMINAL,
         "attempt": task.attempt,
         "attempts": task.attempts,
-        "input": stored_value(task.input),
-        "outcome": stored_value(task.outcome),
+        "input": raw_value(task.input),
+        "outcome": raw_value(task.outcome),
         "outcomeReason": task.outcome_reason,
         "error": task.error if task.state != TaskState.SUCCEEDED else None,
         "holder": task.holder if task.state == TaskState.RUNNING else None,
