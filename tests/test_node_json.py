@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from runstate_server.actors import limits
 from runstate_server.node._json import canonical_text, encoder, json_response, raw_value, stored_value
-from runstate_server.node.api._request import _refuse_unstorable, _storable_canonical
+from runstate_server.node.api._request import (
+    _PAYLOAD_TEXTS,
+    _canonical_body,
+    _refuse_unstorable,
+    _storable_canonical,
+    payload,
+)
 from runstate_server.node.errors import ApiError
 
 # Text with lone surrogates, numbers that are not finite, keys that sort by code point.
@@ -154,3 +160,39 @@ def test_a_string_of_the_caller_that_looks_like_a_placeholder_stays_as_it_is() -
     looks_like = ["\x00raw", "\x00raw0", "\x00raw" + "0" * 32 + ":0", '"\\u0000raw:0"']
     answer = json_response({"payload": raw_value(b'{"a":1}'), "keys": looks_like, "none": raw_value(None)}).body
     assert json.loads(answer) == {"payload": {"a": 1}, "keys": looks_like, "none": None}
+
+
+_FIELD_NAMES = st.sampled_from(["input", "payload", "result", "observation", "tasks", "items", "taskKey"]) | _texts
+_bodies = st.recursive(
+    _scalars, lambda children: st.lists(children, max_size=4) | st.dictionaries(_FIELD_NAMES, children, max_size=4),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_FIELD_NAMES, _bodies, max_size=4))
+def test_a_body_whose_payloads_are_encoded_apart_has_the_canonical_text_of_the_whole(body: dict[str, Any]) -> None:
+    try:
+        expected = canonical_text(body).encode()
+    except ValueError:
+        with pytest.raises(ValueError):
+            _canonical_body(body)
+        return
+    assert _canonical_body(body) == expected
+    # Each payload's text, as `payload` takes it, is the canonical text of that very value.
+    texts = _PAYLOAD_TEXTS.get() or {}
+    for value, text in texts.values():
+        assert text == canonical_text(value).encode()
+    tasks = body.get("tasks")
+    for item in [body, *(tasks if isinstance(tasks, list) else [])]:
+        if isinstance(item, dict) and "input" in item:
+            assert payload(item, "input", code="VALIDATION_FAILED")[1] == canonical_text(item["input"]).encode()
+
+
+def test_payloads_are_found_where_the_routes_keep_them() -> None:
+    batch = {"tasks": [{"input": {"n": n, "list": [n]}, "taskKey": f"k{n}"} for n in range(3)]}
+    completes = {"items": [{"id": "tsk_1", "token": "t", "result": {"payload": {"doubled": [2]}}}]}
+    for body, payloads in ((batch, [task["input"] for task in batch["tasks"]]), (completes, [{"doubled": [2]}])):
+        assert _canonical_body(body) == canonical_text(body).encode()
+        texts = _PAYLOAD_TEXTS.get() or {}
+        assert sorted(text for _, text in texts.values()) == sorted(canonical_text(value).encode() for value in payloads)

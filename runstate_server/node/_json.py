@@ -83,30 +83,45 @@ def raw_value(data: bytes | None) -> RawJson | None:
 # part, never in an answer, keeps any string of a caller's from looking like one.
 _RAW_MARK = "\x00raw" + secrets.token_hex(16) + ":"
 _RAW_PLACEHOLDER = re.compile(re.escape(json.dumps(_RAW_MARK)[:-1]) + r'(\d+)"')
-_ANSWER_ARGS = (json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)  # type: ignore[attr-defined]
+def _splicing(*, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str], allow_nan: bool) -> Callable[[Any], str]:
+    """`encoder(...)` whose text has each RawJson's text in its place (the encoder is made per
+    call: its `default` keeps the call's texts)."""
+    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring  # type: ignore[attr-defined]
+    item_separator, key_separator = separators
+
+    def dumps(value: Any) -> str:
+        raw: list[str] = []
+
+        def default(item: Any) -> Any:
+            if type(item) is RawJson:
+                raw.append(item.text)
+                return f"{_RAW_MARK}{len(raw) - 1}"
+            return _DEFAULT(item)
+
+        make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+        if make is None:  # an interpreter without json's C accelerator
+            text = json.JSONEncoder(
+                ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan,
+                default=default,
+            ).encode(value)
+        else:
+            encode = make(None, default, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
+            text = "".join(encode(value, 0))
+        if not raw:
+            return text
+        return _RAW_PLACEHOLDER.sub(lambda found: raw[int(found.group(1))], text)
+
+    return dumps
 
 
-def answer_text(value: Any) -> str:
-    """json.dumps(value): aiohttp's json_response text, with each RawJson's text in its place,
-    without json.dumps' set-up of its encoder on every call and without the circular-reference
-    check, which costs as much as the rest for an answer of fifty small objects (an answer is built
-    from views of the state, which hold no cycle)."""
-    raw: list[str] = []
-
-    def default(item: Any) -> Any:
-        if type(item) is RawJson:
-            raw.append(item.text)
-            return f"{_RAW_MARK}{len(raw) - 1}"
-        return _DEFAULT(item)
-
-    make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
-    if make is None:  # an interpreter without json's C accelerator
-        text = json.JSONEncoder(default=default).encode(value)
-    else:
-        text = "".join(make(None, default, *_ANSWER_ARGS)(value, 0))
-    if not raw:
-        return text
-    return _RAW_PLACEHOLDER.sub(lambda found: raw[int(found.group(1))], text)
+# json.dumps' own text (aiohttp's json_response default), with each RawJson's text in its place,
+# without json.dumps' set-up on every call and without the circular-reference check, which costs
+# as much as the rest for an answer of fifty small objects (an answer is built from views of the
+# state, which hold no cycle).
+answer_text = _splicing(ensure_ascii=True, sort_keys=False, separators=(", ", ": "), allow_nan=True)
+# canonical_text with each RawJson's text (a canonical text itself) in its place: the same text as
+# canonical_text of the value the RawJson stands for.
+canonical_spliced = _splicing(ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def json_response(
