@@ -5,6 +5,8 @@ encoder per call too: for the small values the API encodes by the thousand (a ta
 set-up costs twice the encoding (3.9 us against 1.2 us for `{"n": 1}`). `encoder` builds the C
 encoder once. Same text as json.dumps with the same options (tests/test_node_json.py), except that
 no circular reference is looked for: what is encoded here was parsed from JSON, which has none.
+Answers (answer_text) make theirs per call, once per answer rather than per value: its `default`
+puts each stored payload's text (RawJson) in its place.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def raw_value(data: bytes | None) -> RawJson | None:
 # part, never in an answer, keeps any string of a caller's from looking like one.
 _RAW_MARK = "\x00raw" + secrets.token_hex(16) + ":"
 _RAW_PLACEHOLDER = re.compile(re.escape(json.dumps(_RAW_MARK)[:-1]) + r'(\d+)"')
+
+
 def _splicing(*, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str], allow_nan: bool) -> Callable[[Any], str]:
     """`encoder(...)` whose text has each RawJson's text in its place (the encoder is made per
     call: its `default` keeps the call's texts)."""
