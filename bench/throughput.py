@@ -288,7 +288,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             worker_cpu_before = [cpu_s(worker.pid) or 0.0 for worker in workers]
             node_pids = [node.pid] if node else [p.pid for p in cluster.processes if p] if cluster else []
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
-            node_loop_cpu_before = [loop_cpu_s(pid) for pid in node_pids]  # after the process's (see below)
+            node_loop_cpu_before = [loop_cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
             requests_before, messages_before = node_counts(url.split(","))
             result = await produce(
@@ -309,15 +309,17 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             }
             if node_pids and None not in node_cpu_before:
                 # Each node's share: its event loop's (HTTP; a single node's Raft too) and its
-                # other threads' (a cluster node's Raft tick thread, which applies the log). The
-                # loop's is read before the process's and after it before: never more than it.
+                # other threads' (a cluster node's Raft tick thread, which applies the log).
                 loop_used = [(loop_cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_loop_cpu_before, strict=True)]
                 # One node, or the sum of a cluster's three.
                 used = [(cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_cpu_before, strict=True)]
                 cpu["node"] = round(sum(used), 2)
                 roles = node_roles(url.split(",")) if cluster else ["dev"]
                 result["node_cpu_s"] = [
-                    {"role": role, "loop": round(loop, 2), "other_threads": round(total - loop, 2)}
+                    # The kernel scales a process's and a thread's times apart (from their exact
+                    # run times): for a node whose other threads barely ran, the difference can be
+                    # a tick below zero.
+                    {"role": role, "loop": round(loop, 2), "other_threads": round(max(0.0, total - loop), 2)}
                     for role, loop, total in zip(roles, loop_used, used, strict=True)
                 ]
             result["cpu_s"] = cpu

@@ -36,7 +36,7 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     # followers (whose Raft thread applies the log: most of their CPU).
     nodes = report["node_cpu_s"]
     assert sorted(node["role"] for node in nodes) == (["follower", "follower", "leader"] if "--cluster" in flags else ["dev"])
-    assert all(node["loop"] > 0 and node["other_threads"] >= 0 for node in nodes)
+    assert all(node["loop"] > 0 for node in nodes)
     if "--cluster" in flags:
         assert all(node["other_threads"] > node["loop"] for node in nodes if node["role"] == "follower")
     assert report["needs"] is ("--needs" in flags)
