@@ -216,7 +216,7 @@ def start_cluster(fsync: str, root: Path) -> Any:
 
 
 def node_roles(urls: list[str]) -> list[str]:
-    """Each node's Raft role now, from its GET /metrics ("leader" for a dev node)."""
+    """Each node's Raft role now, from its GET /metrics."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._prometheus import scrape
 
