@@ -215,31 +215,22 @@ def start_cluster(fsync: str, root: Path) -> Any:
     return cluster
 
 
-def node_roles(urls: list[str]) -> list[str]:
-    """Each node's Raft role now, from its GET /metrics."""
-    sys.path.insert(0, str(Path(__file__).parent.parent))
-    from tests._prometheus import scrape
-
-    roles = []
-    for node_url in urls:
-        samples, _ = scrape(node_url, os.environ.get("RUNSTATE_API_KEY"))
-        held = [dict(labels)["role"] for (name, labels), value in samples.items() if name == "runstate_raft_role" and value]
-        roles.append(held[0] if held else "unknown")
-    return roles
-
-
-def node_counts(urls: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+def node_counts(urls: list[str]) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """From the nodes' GET /metrics, summed over the nodes: the requests they answered so far, by
     method and route template (on a cluster a follower counts a request it forwards, and the
-    leader counts it again), and the Raft messages they sent, by type (none on one node)."""
+    leader counts it again), and the Raft messages they sent, by type (none on one node); and each
+    node's Raft role now."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._prometheus import scrape
 
     key = os.environ.get("RUNSTATE_API_KEY")
     requests: dict[str, float] = {}
     messages: dict[str, float] = {}
+    roles: list[str] = []
     for node_url in urls:
         samples, _ = scrape(node_url, key)
+        held = [dict(labels)["role"] for (name, labels), value in samples.items() if name == "runstate_raft_role" and value]
+        roles.append(held[0] if held else "unknown")
         for (name, labels), count in samples.items():
             label = dict(labels)
             if name == "runstate_http_requests_total" and label["route"] != "/metrics":
@@ -247,7 +238,7 @@ def node_counts(urls: list[str]) -> tuple[dict[str, float], dict[str, float]]:
                 requests[route] = requests.get(route, 0.0) + count
             elif name == "runstate_raft_messages_total" and label["direction"] == "sent":
                 messages[label["type"]] = messages.get(label["type"], 0.0) + count
-    return requests, messages
+    return requests, messages, roles
 
 
 def requests_per_task(before: dict[str, float], after: dict[str, float], tasks: int) -> dict[str, float]:
@@ -290,12 +281,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             node_cpu_before = [cpu_s(pid) for pid in node_pids]
             node_loop_cpu_before = [loop_cpu_s(pid) for pid in node_pids]
             producer_cpu_before = time.process_time()
-            requests_before, messages_before = node_counts(url.split(","))
+            requests_before, messages_before, _ = node_counts(url.split(","))
             result = await produce(
                 url, run_id, args.tasks, args.producers, args.batch, args.needs, coalesce=not args.no_coalesce,
                 payload_bytes=args.payload_bytes,
             )
-            requests_after, messages_after = node_counts(url.split(","))
+            requests_after, messages_after, roles_after = node_counts(url.split(","))
             result["requests_per_task"] = requests_per_task(requests_before, requests_after, args.tasks)
             if messages_after:
                 result["raft_messages_per_task"] = requests_per_task(messages_before, messages_after, args.tasks)
@@ -314,7 +305,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 # One node, or the sum of a cluster's three.
                 used = [(cpu_s(pid) or 0.0) - (before or 0.0) for pid, before in zip(node_pids, node_cpu_before, strict=True)]
                 cpu["node"] = round(sum(used), 2)
-                roles = node_roles(url.split(",")) if cluster else ["dev"]
+                roles = roles_after if cluster else ["dev"]
                 result["node_cpu_s"] = [
                     # The kernel scales a process's and a thread's times apart (from their exact
                     # run times): for a node whose other threads barely ran, the difference can be

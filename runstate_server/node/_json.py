@@ -5,8 +5,8 @@ encoder per call too: for the small values the API encodes by the thousand (a ta
 set-up costs twice the encoding (3.9 us against 1.2 us for `{"n": 1}`). `encoder` builds the C
 encoder once. Same text as json.dumps with the same options (tests/test_node_json.py), except that
 no circular reference is looked for: what is encoded here was parsed from JSON, which has none.
-Answers (answer_text) make theirs per call, once per answer rather than per value: its `default`
-puts each stored payload's text (RawJson) in its place.
+Answers (answer_text) put each stored payload's text (RawJson) in its place: their encoder's
+`default` stands a placeholder for it, replaced once the encoder is done.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import json.encoder
 import re
 import secrets
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -88,29 +89,37 @@ _RAW_PLACEHOLDER = re.compile(re.escape(json.dumps(_RAW_MARK)[:-1]) + r'(\d+)"')
 
 
 def _splicing(*, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str], allow_nan: bool) -> Callable[[Any], str]:
-    """`encoder(...)` whose text has each RawJson's text in its place (the encoder is made per
-    call: its `default` keeps the call's texts)."""
-    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring  # type: ignore[attr-defined]
-    item_separator, key_separator = separators
+    """`encoder(...)` whose text has each RawJson's text in its place. Its encoder is made once;
+    the texts of the call under way are kept per thread (an encode never starts another)."""
+    calls = threading.local()
+
+    def default(item: Any) -> Any:
+        if type(item) is RawJson:
+            raw: list[str] = calls.raw
+            raw.append(item.text)
+            return f"{_RAW_MARK}{len(raw) - 1}"
+        return _DEFAULT(item)
+
+    encode_all: Callable[[Any], str]
+    make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+    if make is None:  # an interpreter without json's C accelerator
+        encode_all = json.JSONEncoder(
+            ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan, default=default,
+        ).encode
+    else:
+        strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring  # type: ignore[attr-defined]
+        item_separator, key_separator = separators
+        encode = make(None, default, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
+
+        def encode_all_c(value: Any) -> str:
+            return "".join(encode(value, 0))
+
+        encode_all = encode_all_c
 
     def dumps(value: Any) -> str:
         raw: list[str] = []
-
-        def default(item: Any) -> Any:
-            if type(item) is RawJson:
-                raw.append(item.text)
-                return f"{_RAW_MARK}{len(raw) - 1}"
-            return _DEFAULT(item)
-
-        make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
-        if make is None:  # an interpreter without json's C accelerator
-            text = json.JSONEncoder(
-                ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan,
-                default=default,
-            ).encode(value)
-        else:
-            encode = make(None, default, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
-            text = "".join(encode(value, 0))
+        calls.raw = raw
+        text = encode_all(value)
         if not raw:
             return text
         return _RAW_PLACEHOLDER.sub(lambda found: raw[int(found.group(1))], text)
