@@ -15,8 +15,8 @@ same lifecycle, so the state is as a busy node's: its tasks, a full event log, a
 idempotency table.
 
 Measured: `time.process_time()` around the applies only (the commands are encoded beforehand),
-per task; `--repeat` rounds over the same growing state, their median and each. The garbage
-collector's share (its collections that start during an apply, timed through gc.callbacks) is
+per task; `--repeat` rounds over the same growing state, their median and each. The collector
+runs with a node's thresholds (node/cli.py's tune_garbage_collector); its share (its collections that start during an apply, timed through gc.callbacks) is
 given apart too: on a large state a full collection takes tens of milliseconds, so where one
 falls makes the total noisy.
 Deterministic: ids come from a seeded generator, so two runs apply the same commands.
@@ -211,6 +211,17 @@ class Load:
         return cpu_s
 
 
+def collect_as_a_node_does() -> None:
+    """The node's collector thresholds (node/cli.py), where this checkout has them: with the
+    interpreter's defaults a young collection ran every 700 allocations and took a share of the
+    applies no node pays."""
+    try:
+        from runstate_server.node.cli import tune_garbage_collector
+    except ImportError:  # a checkout from before the node tuned it
+        return
+    tune_garbage_collector()
+
+
 def serve(load: Load) -> None:
     """--worker: apply as many tasks as each line of stdin says; answer each with a JSON line of
     the CPU seconds the applies took and the collector's share of them."""
@@ -289,6 +300,7 @@ def main() -> None:
                    "submits": args.submits, "python": platform.python_version()}, sys.stdout)
         print()
         return
+    collect_as_a_node_does()
     load = Load(args.batch, args.receive_max, args.complete_max, args.submits)
     load.set_up()
     load.run(args.preload)

@@ -12,6 +12,16 @@ from runstate import AsyncRunstate, Runstate
 
 from tests._nodes import DevNode
 
+BODY_DEPTH_MAX = 64  # the node's json_depth_max: a request body's nesting, its own object included
+
+
+def nested(depth: int) -> list[Any]:
+    """A JSON array nesting `depth` levels."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
 
 def test_submit_many_and_results_async(dev_node: DevNode) -> None:
     async def main() -> None:
@@ -38,6 +48,15 @@ def test_submit_many_and_results_async(dev_node: DevNode) -> None:
             large = [{"n": n, "text": "é" * 2_000} for n in range(100)]
             big = await other.submit_many(large, keys=[f"big{n}" for n in range(100)])
             assert [(await ticket.status())["input"] for ticket in big[::33]] == large[::33]
+            # A body may nest 64 levels: an input of 63 passes alone, but a batch nests its tasks two
+            # levels deeper. It goes alone; the tasks around it still ride in batches.
+            deepest = nested(BODY_DEPTH_MAX - 1)
+            around = await other.submit_many([{"n": 0}, deepest, {"n": 2}], keys=["d0", "d1", "d2"])
+            assert [(await ticket.status())["input"] for ticket in around] == [{"n": 0}, deepest, {"n": 2}]
+            # One level more is refused alone, as submit() refuses it; the others are submitted.
+            with pytest.raises(runstate.ValidationError, match="deeper"):
+                await other.submit_many([{"n": 3}, nested(BODY_DEPTH_MAX), {"n": 5}], keys=["d3", "d4", "d5"])
+            assert [(await ticket.status())["input"] for ticket in await other.submit_many([{"n": 3}, {"n": 5}], keys=["d3", "d5"])] == [{"n": 3}, {"n": 5}]
 
             async def double(data: dict[str, Any], delivery: Any) -> int:
                 return int(data["n"]) * 2

@@ -125,13 +125,15 @@ class _Round:
         self.refused = [None] * len(self.items)
 
 
+def nests_shallowly(encoded: bytes) -> bool:
+    """A submit body nested shallowly enough for any batch to carry it (each bracket opens at most
+    one level, so their count bounds the depth)."""
+    return encoded.count(b"{") + encoded.count(b"[") <= COALESCED_TASK_BRACKETS_MAX
+
+
 def _coalescible(encoded: bytes) -> bool:
-    """A submit body that any batch of such bodies can carry: small, and nested shallowly enough
-    (each bracket opens at most one level, so their count bounds the depth)."""
-    return (
-        len(encoded) <= COALESCED_TASK_BYTES_MAX
-        and encoded.count(b"{") + encoded.count(b"[") <= COALESCED_TASK_BRACKETS_MAX
-    )
+    """A submit body that any batch of such bodies can carry: small, and nested shallowly enough."""
+    return len(encoded) <= COALESCED_TASK_BYTES_MAX and nests_shallowly(encoded)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

@@ -13,7 +13,16 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from runstate.sdk._coalesce import BATCH_BODY_BYTES_MAX, ResultBatcher, SubmitBatcher
+from runstate.sdk._coalesce import (
+    BATCH_BODY_BYTES_MAX,
+    RESULTS_BATCH_MAX,
+    SUBMIT_BATCH_MAX,
+    SUBMIT_BATCH_PATH,
+    SUBMIT_PATH,
+    ResultBatcher,
+    SubmitBatcher,
+    nests_shallowly,
+)
 from runstate.sdk._completes import Completes
 from runstate.sdk._consume import Consumer
 from runstate.sdk._http import (
@@ -39,6 +48,7 @@ from runstate.sdk.errors import (
     NotFoundError,
     ResultTimeoutError,
     RunstateError,
+    ValidationError,
     error_from_item,
 )
 from runstate.sdk.events import Events
@@ -77,9 +87,9 @@ RESULT_POLL_SLICE_MS = 30_000
 RESULT_POLL_PAUSE_S_MIN = 0.1
 TASK_STATES_DONE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED"})
 
-# Batch calls: tasks per POST .../tasks/batch, ids per POST /v1/tasks/results (the server's bounds).
-SUBMIT_BATCH_MAX = 100
-RESULTS_BATCH_MAX = 100
+# Per-task refusals: a task sent alone by submit_many answers with one of these where a batch's
+# item answers with its error; submit_many goes on with the next task either way.
+TASK_REFUSALS = (ValidationError, ConflictError, NotFoundError)
 
 # Deliveries.
 LEASE_MS_DEFAULT = 30_000
@@ -385,20 +395,26 @@ def _task_body(
     return body
 
 
-def _batch_bodies(items: Sequence[bytes]) -> Iterator[bytes]:
-    """POST /tasks/batch bodies for the encoded tasks, in order: up to SUBMIT_BATCH_MAX each, and
-    under BATCH_BODY_BYTES_MAX but for a task alone (a task's input is at most 64 KiB: it fits)."""
+def _submit_requests(items: Sequence[bytes]) -> Iterator[tuple[str, bytes]]:
+    """The requests that submit the encoded tasks, in order: POST /tasks/batch bodies of up to
+    SUBMIT_BATCH_MAX tasks, under BATCH_BODY_BYTES_MAX but for a task alone (a task's input is at
+    most 64 KiB: it fits); a task nested too deeply for a batch (which nests each task two levels
+    deeper) goes alone to POST /tasks, where it passes or is refused on its own."""
     envelope = len(b'{"tasks":[]}')
     chunk: list[bytes] = []
     size = envelope
     for item in items:
-        if chunk and (len(chunk) == SUBMIT_BATCH_MAX or size + len(item) + 1 > BATCH_BODY_BYTES_MAX):
-            yield b'{"tasks":[' + b",".join(chunk) + b"]}"
+        alone = not nests_shallowly(item)
+        if chunk and (alone or len(chunk) == SUBMIT_BATCH_MAX or size + len(item) + 1 > BATCH_BODY_BYTES_MAX):
+            yield SUBMIT_BATCH_PATH, b'{"tasks":[' + b",".join(chunk) + b"]}"
             chunk, size = [], envelope
+        if alone:
+            yield SUBMIT_PATH, item
+            continue
         chunk.append(item)
         size += len(item) + 1
     if chunk:
-        yield b'{"tasks":[' + b",".join(chunk) + b"]}"
+        yield SUBMIT_BATCH_PATH, b'{"tasks":[' + b",".join(chunk) + b"]}"
 
 
 class Mailbox:
@@ -469,8 +485,8 @@ class Mailbox:
         budget: BudgetLike = None,
     ) -> list[Ticket]:
         """Submit many tasks, SUBMIT_BATCH_MAX per request at most (fewer when their bodies would
-        pass BATCH_BODY_BYTES_MAX, well inside the node's bound on a request body); returns their
-        tickets in order.
+        pass BATCH_BODY_BYTES_MAX, well inside the node's bound on a request body; a task nested
+        too deeply to go into a batch goes alone); returns their tickets in order.
 
         Each task behaves exactly as `submit(input, key=keys[i], slots=, limit=, budget=)`. Every
         task is tried; if any was refused, the first refusal is raised after the others were
@@ -491,9 +507,16 @@ class Mailbox:
         items = [where + body[1:] for body in encoded]
         tickets: list[Ticket] = []
         first_error: RunstateError | None = None
-        for chunk in _batch_bodies(items):
-            answer = await self._transport.request("POST", "/tasks/batch", encoded_body=chunk, safe=True)
-            for view in _field(answer, "tasks"):
+        for path, body in _submit_requests(items):
+            if path == SUBMIT_PATH:
+                try:
+                    views = [await self._transport.request("POST", path, encoded_body=body, safe=True)]
+                except TASK_REFUSALS as refused:  # this task's own answer, as a batch item's would be
+                    first_error = first_error or refused
+                    continue
+            else:
+                views = _field(await self._transport.request("POST", path, encoded_body=body, safe=True), "tasks")
+            for view in views:
                 error = view.get("error")
                 if error is not None:
                     first_error = first_error or error_from_item(error)
