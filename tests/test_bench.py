@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 BENCH_TIMEOUT_S = 180
+TASKS = 200
+CLUSTER_TASKS = 1000
 
 
 @pytest.mark.parametrize(
@@ -19,13 +21,16 @@ BENCH_TIMEOUT_S = 180
     ids=["plain", "auth", "needs", "cluster", "payload"],
 )
 def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
+    # A cluster's followers' CPU is split between threads by clock ticks (10 ms): enough tasks that
+    # their Raft threads' share stands out from their loops'.
+    tasks = CLUSTER_TASKS if "--cluster" in flags else TASKS
     finished = subprocess.run(
-        [sys.executable, "-m", "bench.throughput", "--tasks", "200", "--workers", "1", "--producers", "8", *flags],
+        [sys.executable, "-m", "bench.throughput", "--tasks", str(tasks), "--workers", "1", "--producers", "8", *flags],
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout.strip().splitlines()[-1])
-    assert report["states"] == {"SUCCEEDED": 200}
+    assert report["states"] == {"SUCCEEDED": tasks}
     assert report["payload_bytes"] == (4000 if "--payload-bytes" in flags else 0)
     assert report["auth"] is ("--auth" in flags or "--cluster" in flags)  # a cluster always requires keys
     assert report["nodes"] == (3 if "--cluster" in flags else 1)
@@ -36,9 +41,12 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     # followers (whose Raft thread applies the log: most of their CPU).
     nodes = report["node_cpu_s"]
     assert sorted(node["role"] for node in nodes) == (["follower", "follower", "leader"] if "--cluster" in flags else ["dev"])
-    assert all(node["loop"] > 0 for node in nodes)
+    # The node answering HTTP spends CPU on its loop; a follower's loop may not reach one clock tick
+    # (10 ms) in a run this short, while its Raft thread applies every task.
+    assert all(node["loop"] > 0 for node in nodes if node["role"] != "follower")
     if "--cluster" in flags:
-        assert all(node["other_threads"] > node["loop"] for node in nodes if node["role"] == "follower")
+        followers = [node for node in nodes if node["role"] == "follower"]
+        assert sum(node["other_threads"] for node in followers) > sum(node["loop"] for node in followers)
     assert report["needs"] is ("--needs" in flags)
     assert report["coalesce"] is ("--no-coalesce" not in flags)
     assert report["tasks_per_s"] > 0
