@@ -57,6 +57,19 @@ def test_a_body_json_cannot_carry_is_refused() -> None:
     assert _http.encode_body({"v": "é\u2028"}) == '{"v":"é\u2028"}'.encode()  # not escaped to ASCII
 
 
+_JSON_VALUES = hypothesis.strategies.recursive(
+    hypothesis.strategies.none() | hypothesis.strategies.booleans() | hypothesis.strategies.integers()
+    | hypothesis.strategies.floats(allow_nan=False, allow_infinity=False) | hypothesis.strategies.text(),
+    lambda children: hypothesis.strategies.lists(children) | hypothesis.strategies.dictionaries(hypothesis.strategies.text(), children),
+)
+
+
+@hypothesis.given(hypothesis.strategies.dictionaries(hypothesis.strategies.text(), _JSON_VALUES))
+def test_a_body_is_what_json_dumps_makes_of_it(body: dict[str, Any]) -> None:
+    expected = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    assert _http.encode_body(body) == expected
+
+
 @pytest.mark.parametrize("value", ["", None, 3])
 def test_a_path_segment_is_a_non_empty_string(value: Any) -> None:
     with pytest.raises(runstate.ConfigError, match="id must be a non-empty string"):
