@@ -16,9 +16,9 @@ idempotency table.
 
 Measured: `time.process_time()` around the applies only (the commands are encoded beforehand),
 per task; `--repeat` rounds over the same growing state, their median and each. The collector
-runs with a node's thresholds (node/cli.py's tune_garbage_collector); its share (its collections that start during an apply, timed through gc.callbacks) is
-given apart too: on a large state a full collection takes tens of milliseconds, so where one
-falls makes the total noisy.
+runs with a node's thresholds (node/cli.py's tune_garbage_collector); its share (its collections
+that start during an apply, timed through gc.callbacks) is given apart too: on a large state a
+full collection takes tens of milliseconds, so where one falls makes the total noisy.
 Deterministic: ids come from a seeded generator, so two runs apply the same commands.
 
 On a shared machine a run's figure moves with what else runs. `--against DIR` compares with

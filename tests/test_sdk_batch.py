@@ -53,6 +53,7 @@ def test_submit_many_and_results_async(dev_node: DevNode) -> None:
             deepest = nested(BODY_DEPTH_MAX - 1)
             around = await other.submit_many([{"n": 0}, deepest, {"n": 2}], keys=["d0", "d1", "d2"])
             assert [(await ticket.status())["input"] for ticket in around] == [{"n": 0}, deepest, {"n": 2}]
+            assert [ticket.key for ticket in around] == ["d0", "d1", "d2"]
             # One level more is refused alone, as submit() refuses it; the others are submitted.
             with pytest.raises(runstate.ValidationError, match="deeper"):
                 await other.submit_many([{"n": 3}, nested(BODY_DEPTH_MAX), {"n": 5}], keys=["d3", "d4", "d5"])
