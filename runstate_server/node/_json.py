@@ -24,16 +24,20 @@ from aiohttp import web
 _DEFAULT = json.JSONEncoder().default  # raises json.dumps' TypeError for what JSON cannot hold
 
 
-def encoder(*, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str], allow_nan: bool) -> Callable[[Any], str]:
-    """json.dumps(value, ensure_ascii=, sort_keys=, separators=, allow_nan=) as a function of value."""
+def encoder(
+    *, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str], allow_nan: bool,
+    default: Callable[[Any], Any] = _DEFAULT,
+) -> Callable[[Any], str]:
+    """json.dumps(value, ensure_ascii=, sort_keys=, separators=, allow_nan=, default=) as a function
+    of value."""
     item_separator, key_separator = separators
     make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
     if make is None:  # an interpreter without json's C accelerator
         return json.JSONEncoder(
-            ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan
+            ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan, default=default,
         ).encode
     strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring  # type: ignore[attr-defined]
-    encode = make(None, _DEFAULT, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
+    encode = make(None, default, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
 
     def dumps(value: Any) -> str:
         return "".join(encode(value, 0))
@@ -100,21 +104,9 @@ def _splicing(*, ensure_ascii: bool, sort_keys: bool, separators: tuple[str, str
             return f"{_RAW_MARK}{len(raw) - 1}"
         return _DEFAULT(item)
 
-    encode_all: Callable[[Any], str]
-    make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
-    if make is None:  # an interpreter without json's C accelerator
-        encode_all = json.JSONEncoder(
-            ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan, default=default,
-        ).encode
-    else:
-        strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring  # type: ignore[attr-defined]
-        item_separator, key_separator = separators
-        encode = make(None, default, strings, None, key_separator, item_separator, sort_keys, False, allow_nan)
-
-        def encode_all_c(value: Any) -> str:
-            return "".join(encode(value, 0))
-
-        encode_all = encode_all_c
+    encode_all = encoder(
+        ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=separators, allow_nan=allow_nan, default=default
+    )
 
     def dumps(value: Any) -> str:
         raw: list[str] = []
