@@ -1368,6 +1368,7 @@ def _allowance_windows(history: History) -> list[Violation]:
         if op.ok and op.result and op.result.get("state") == "GRANTED" and wait is not None and waiter not in seen_granted:
             seen_granted.add(waiter)
             grants[wait.args.get("allowance")].append((wait.call, op.ret or op.call, int(wait.args.get("units", 1)), op))
+    stamps = _take_stamps(history)
     for allowance, taken in grants.items():
         if allowance not in sizes:
             continue
@@ -1379,11 +1380,91 @@ def _allowance_windows(history: History) -> list[Violation]:
             if total > units:
                 violations.append(Violation(
                     CHECK_CAPACITY, str(allowance),
-                    f"{total} units went through within {window_s:g} s, more than its {units}",
+                    f"{total} units went through within {window_s:g} s, more than its {units}"
+                    + _stamped_span(stamps, [grant[3] for grant in inside], window_s),
                     _ops([grant[3] for grant in inside]),
                 ))
                 break
     return violations
+
+
+def _take_stamps(history: History) -> dict[str, float]:
+    """The leader's time (epoch ms) of every allowance take an event page shows, by its
+    consumptionId and, for a waiter's grant, by its waiterId too."""
+    stamps: dict[str, float] = {}
+    for item in _paged_events(history):
+        created_ms = epoch_ms(item.get("createdAt"))
+        payload = item.get("payload") or {}
+        if item.get("type") == "allowance.consumed" and created_ms is not None:
+            for name in ("consumptionId", "waiterId"):
+                if payload.get(name):
+                    stamps[str(payload[name])] = created_ms
+    return stamps
+
+
+def _paged_events(history: History) -> Iterable[Mapping[str, Any]]:
+    """Every event item of every acknowledged page (an event twice when two pages show it)."""
+    for kind in EVENT_PAGE_OPS:
+        for page in history.by_kind[kind]:
+            if page.ok and page.result is not None:
+                yield from page.result.get("events") or []
+
+
+def _stamped_span(stamps: dict[str, float], ops: list[Op], window_s: float) -> str:
+    """What the leader's clock says of a window's grants (the consumes and waiters `ops` name):
+    when it stamped each, and whether they lay a whole window apart by that clock (then the two
+    clocks disagreed: the nodes' wall clock stepped forward against the harness's monotonic one)."""
+    found = []
+    for op in ops:
+        item = (op.result or {}).get("consumptionId") if op.op == "allowance_consume" else (
+            (op.result or {}).get("waiterId") if op.op == "allowance_wait" else op.args.get("waiterId"))
+        if item is not None and str(item) in stamps:
+            found.append(stamps[str(item)])
+    if len(found) < len(ops):
+        return f" (the event pages show the leader's time of {len(found)} of these {len(ops)} grants)"
+    span_ms = max(found) - min(found)
+    said = f" (the leader stamped them {span_ms:.0f} ms apart: at +{', +'.join(f'{ms - min(found):.0f}' for ms in found)} ms"
+    if span_ms >= window_s * 1000:
+        said += "; a whole window by the leader's clock, so its clock ran ahead of the harness's: a wall-clock step"
+    return said + ")"
+
+
+# How far (ms) the leader's stamps may stray from one offset to the harness's clock before the two
+# clocks are noted as disagreeing: the leader's clock is read in whole ms.
+CLOCK_AGREEMENT_MARGIN_MS = 2.0
+
+
+def note_clock_agreement(history: History) -> None:
+    """Note when the leader's stamps (epoch ms, of the first event of each permit grant, allowance
+    consume and budget reservation) do not fit one offset to the harness's monotonic clock: each
+    stamp lies between its call and its return, so offset = stamp - harness time lies in
+    [stamp - ret, stamp - call] for all of them unless a clock stepped (checks that compare a
+    duration of the harness with one of the server, as capacity's windows do, then misjudge by
+    the step)."""
+    items = {"allowance.consumed": "consumptionId", "permit.granted": "grantId", "budget.reserved": "reservationId"}
+    kinds = {"allowance_consume": "consumptionId", "permit_acquire": "grantId", "budget_reserve": "reservationId"}
+    ops: dict[str, Op] = {}
+    for kind, name in kinds.items():
+        for op in history.by_kind[kind]:
+            if op.ok and op.result and op.ret is not None and op.result.get(name):
+                ops[str(op.result[name])] = op
+    bounds: list[tuple[float, float, Op]] = []  # (lowest, highest offset in ms, op)
+    for item in _paged_events(history):
+        name, created_ms = items.get(str(item.get("type"))), epoch_ms(item.get("createdAt"))
+        op = ops.pop(str((item.get("payload") or {}).get(name)), None) if name else None
+        if op is not None and created_ms is not None and op.ret is not None:
+            bounds.append((created_ms - op.ret * 1000, created_ms - op.call * 1000, op))
+    if not bounds:
+        return
+    highest_low = max(bounds, key=lambda bound: bound[0])
+    lowest_high = min(bounds, key=lambda bound: bound[1])
+    apart_ms = highest_low[0] - lowest_high[1]
+    if apart_ms > CLOCK_AGREEMENT_MARGIN_MS:
+        history.note(
+            f"clock: the leader's stamps fit no one offset to the harness's clock: they disagree by at least {apart_ms:.0f} ms "
+            f"(#{lowest_high[2].id} and #{highest_low[2].id}): the nodes' wall clock stepped during the run, and "
+            "checks that compare the harness's durations with the server's misjudge by that much"
+        )
 
 
 def check_capacity(history: History) -> list[Violation]:
@@ -2331,6 +2412,7 @@ def check_history(lines: HistoryLines) -> Report:
     violations: list[Violation] = []
     for _, check in CHECKS:
         violations.extend(check(history))
+    note_clock_agreement(history)
     return Report(violations, _counts(history, violations), history.notes)
 
 

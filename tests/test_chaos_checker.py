@@ -619,6 +619,51 @@ def test_capacity_an_allowance_that_lets_too_much_through_a_window() -> None:
     assert len(found) == 1 and "4 units went through within 2 s" in found[0].message
 
 
+def consumed_at(seq: int, consumption: str, created_ms: float) -> dict[str, Any]:
+    """The allowance.consumed event of `consumption`, stamped by the leader at `created_ms`."""
+    return {"seq": seq, "eventId": f"evt_{seq}", "type": "allowance.consumed", "aggregateType": "allowance",
+            "aggregateId": "alw_1", "scopeId": "r", "createdAt": created_ms,
+            "payload": {"allowanceId": "alw_1", "consumptionId": consumption, "units": 1, "waiterId": None}}
+
+
+# The leader's epoch ms at the harness's time 0 (a wall clock and a monotonic one).
+OFFSET_MS = 1_796_000_000_000
+
+
+def too_much_through_a_window(stamps_s: list[float]) -> H:
+    """Four consumes of a 3-per-2 s allowance within 0.4 s by the harness's clock, stamped by the
+    leader at `stamps_s` (harness seconds), and an event page showing the stamps."""
+    h = allowance(units=3)
+    calls = (1.0, 1.1, 1.2, 1.3)
+    for call in calls:
+        consume(h, call, call + 0.05)
+    log = [consumed_at(seq, f"acn_{call}", OFFSET_MS + stamp * 1000)
+           for seq, (call, stamp) in enumerate(zip(calls, stamps_s, strict=True), start=1)]
+    return page(h, log, None, 9.0, op="events_read", client="final-events")
+
+
+def test_capacity_an_allowance_window_names_the_leaders_stamps_of_its_grants() -> None:
+    found = too_much_through_a_window([1.01, 1.11, 1.21, 1.31]).violations("capacity")
+    assert len(found) == 1 and "4 units went through within 2 s" in found[0].message
+    assert "the leader stamped them 300 ms apart: at +0, +100, +200, +300 ms" in found[0].message
+    assert "wall-clock step" not in found[0].message
+
+
+def test_capacity_an_allowance_window_that_a_clock_step_explains_says_so() -> None:
+    # The nodes' wall clock stepped 2 s forward between the second consume and the third.
+    found = too_much_through_a_window([1.01, 1.11, 3.21, 3.31]).violations("capacity")
+    assert len(found) == 1 and "apart: at +0, +100, +2200, +2300 ms; a whole window by the leader's clock" in found[0].message
+    assert "a wall-clock step" in found[0].message
+
+
+def test_the_report_notes_stamps_that_fit_no_one_offset_to_the_harnesss_clock() -> None:
+    agreeing = checker.check_history(too_much_through_a_window([1.01, 1.11, 1.21, 1.31]).history_lines())
+    assert not [note for note in agreeing.notes if note.startswith("clock:")]
+    stepped = checker.check_history(too_much_through_a_window([1.01, 1.11, 1.61, 1.71]).history_lines())
+    clock = [note for note in stepped.notes if note.startswith("clock:")]
+    assert len(clock) == 1 and "disagree by at least 350 ms (#2 and #4)" in clock[0], stepped.notes
+
+
 # -- 11. money ----------------------------------------------------------------------------------
 
 
