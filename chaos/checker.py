@@ -13,7 +13,9 @@ and it may explain a later observation (a result read that only an unknown compl
 of one process (`call`, `ret`: the harness's monotonic clock) are compared only with each other;
 times of the server (`leaseExpiresAt`, `fireAt`, `firedAt`, a run's `finishedAt`: the leader's
 epoch milliseconds) only with each other. "B was called after A was acknowledged" is
-`B.call > A.ret`, and then B took effect after A did.
+`B.call > A.ret`, and then B took effect after A did. Durations of the two clocks are compared
+(an allowance's window, a lease's length) on the premise that they run alike: where the leader's
+stamps show one stepped against the other (clock_steps), the report notes it.
 
     1 results          every acknowledged submit ends with one recorded result; none lost or changed
     2 leases           no complete from a lost lease is accepted; no two valid leases of a task overlap
