@@ -44,6 +44,7 @@ entity; a check that needs them and finds none of a kind notes that it skipped t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -1484,20 +1485,21 @@ def clock_steps(history: History) -> list[ClockStep]:
                 ops[str(op.result[name])] = op
     bounds: list[tuple[float, float, Op]] = []  # (lowest, highest offset in ms, op)
     for item in _paged_events(history):
-        name, created_ms = items.get(str(item.get("type"))), epoch_ms(item.get("createdAt"))
-        op = ops.pop(str((item.get("payload") or {}).get(name)), None) if name else None
-        if op is not None and created_ms is not None and op.ret is not None:
-            bounds.append((created_ms - op.ret * 1000, created_ms - op.call * 1000, op))
+        item_field, created_ms = items.get(str(item.get("type"))), epoch_ms(item.get("createdAt"))
+        stamped = ops.pop(str((item.get("payload") or {}).get(item_field)), None) if item_field is not None else None
+        if stamped is not None and created_ms is not None and stamped.ret is not None:
+            bounds.append((created_ms - stamped.ret * 1000, created_ms - stamped.call * 1000, stamped))
     bounds.sort(key=lambda bound: (bound[2].call, bound[2].id))
     runs: list[tuple[float, float, list[Op]]] = []  # (lowest, highest offset, its operations)
     for low, high, op in bounds:
         if runs and max(runs[-1][0], low) <= min(runs[-1][1], high) + CLOCK_AGREEMENT_MARGIN_MS:
-            runs[-1] = (max(runs[-1][0], low), min(runs[-1][1], high), runs[-1][2] + [op])
+            runs[-1][2].append(op)
+            runs[-1] = (max(runs[-1][0], low), min(runs[-1][1], high), runs[-1][2])
         else:
             runs.append((low, high, [op]))
     return [
         ClockStep(before[2][-1], after[2][0], after[0] - before[1], after[1] - before[0], min(len(before[2]), len(after[2])))
-        for before, after in zip(runs, runs[1:])
+        for before, after in itertools.pairwise(runs)
     ]
 
 
