@@ -22,13 +22,15 @@ from runstate_server.node.config import PROPOSE_TIMEOUT_S
 from tests._cluster import Cluster
 from tests._http import call, mailbox_id, recv, recv_path, task_ok
 from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
+from tests._prometheus import scrape, value
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 # The SDK's own bound on an ordinary request (runstate.sdk._http.REQUEST_TIMEOUT_S_DEFAULT) plus a
 # margin: a follower that holds a call longer than this has already lost the client.
 ANSWER_BOUND_S = 12.0
 # How long a write sent to the leader takes at most to be read and proposed (it then waits).
-WRITE_ARRIVES_S = 0.5
+WRITE_ARRIVES_S = 30.0  # for a write to be read and proposed by the leader (polled)
+WRITE_ARRIVES_POLL_S = 0.02
 BENCH_TIMEOUT_S = 180
 
 
@@ -84,6 +86,12 @@ def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Cal
     }
 
 
+def proposed(cluster: Cluster, index: int) -> float:
+    """The commands node `index` proposed so far (GET /metrics)."""
+    samples, _ = scrape(cluster.urls[index], cluster.admin_key)
+    return value(samples, "runstate_raft_commands_proposed_total")
+
+
 def test_a_stopping_leader_answers_a_write_no_majority_will_commit_and_stops(
     make_cluster: Callable[..., Cluster],
 ) -> None:
@@ -94,13 +102,18 @@ def test_a_stopping_leader_answers_a_write_no_majority_will_commit_and_stops(
     cluster = make_cluster().start()
     leader = cluster.leader_index()
     api = cluster.api(leader)
+    scopes = api.space_path("/v1/scopes")  # its whoami read while the followers answer
     for follower in range(cluster.size):
         if follower != leader:
             cluster.pause(follower)  # they will never acknowledge the write
     answers: list[tuple[int, Any]] = []
-    writer = threading.Thread(target=lambda: answers.append(api("POST", "/v1/scopes", {})))
+    proposed_before = proposed(cluster, leader)
+    writer = threading.Thread(target=lambda: answers.append(api("POST", scopes, {})))
     writer.start()
-    time.sleep(WRITE_ARRIVES_S)  # read and proposed by then (an answer without "outcome" fails below)
+    deadline = time.monotonic() + WRITE_ARRIVES_S
+    while proposed(cluster, leader) == proposed_before:  # the write was read and proposed
+        assert time.monotonic() < deadline, f"the leader proposed no write within {WRITE_ARRIVES_S} s"
+        time.sleep(WRITE_ARRIVES_POLL_S)
     process = cluster.processes[leader]
     assert process is not None
     signalled_at = time.monotonic()

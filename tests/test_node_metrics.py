@@ -23,6 +23,9 @@ KEEPALIVE_WAIT_TIMEOUTS = 3  # connection timeouts of quiet: nine keepalive peri
 MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
 ANSWERS_WAIT_S = 5.0  # for the slower follower's last answers: a write waits only for the faster one
 ANSWERS_POLL_S = 0.05
+# The lease of a delivery the test lets lapse: long enough to still be held at the scrape right
+# after it (a loaded machine's round trips), short enough for the lapse to be waited for.
+LAPSING_LEASE_MS = 2_000
 
 
 def test_the_text_format_escapes_label_values_and_renders_histograms() -> None:
@@ -70,7 +73,7 @@ def test_the_figures_follow_the_queue(node_factory: Any) -> None:
     assert value(samples, "runstate_raft_fsync_seconds_count") > 0  # a data dir, fsync always
     assert value(samples, "runstate_raft_fsync_seconds_bucket", le="+Inf") == value(samples, "runstate_raft_fsync_seconds_count")
 
-    first, second = recv(api, run_id, leaseMs=60_000)[0], recv(api, run_id, leaseMs=100)[0]
+    first, second = recv(api, run_id, leaseMs=60_000)[0], recv(api, run_id, leaseMs=LAPSING_LEASE_MS)[0]
     samples, _ = scrape(node.url)
     assert (queue(samples, "runstate_queue_depth"), queue(samples, "runstate_queue_in_flight")) == (1, 2)
     settle_ok(api, first, "complete", {"result": {"ok": True}})
