@@ -31,6 +31,15 @@ from tests._nodes import DevNode
 from tests.test_sdk_queue import Worker
 
 WAIT_S = 30.0
+# A lease held past its length, renewed in the background meanwhile: long enough that a loaded
+# machine's late renewal still comes in time (a third of it, the SDK's renewal period).
+RENEWED_LEASE_MS = 1_500
+RENEWED_HOLD_S = 2.0
+# Leases that must still be held when their run's cancel refuses their next renewal.
+CANCELLED_LEASE_MS = 3_000
+# The window of the limits whose takes must all be made within one window (sequential writes on a
+# loaded machine take their time).
+TAKES_WINDOW_S = 4
 
 
 def space() -> str:
@@ -324,7 +333,7 @@ async def _waiters(rs: AsyncRunstate, states: list[str]) -> bool:
 def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
-            await rs.limits.ensure("search-api", units=2, per="1s")
+            await rs.limits.ensure("search-api", units=2, per=f"{TAKES_WINDOW_S}s")
             run = await rs.scopes.create()
             started = time.monotonic()
             first = await run.limits.take("search-api", timeout_ms=0)
@@ -332,9 +341,10 @@ def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
             assert (await run.limits.take("search-api", units=1, timeout_ms=0))["taken"] is True
             with pytest.raises(WaitTimeoutError):
                 await run.limits.take("search-api", timeout_ms=200)
-            third = await run.limits.take("search-api", timeout_ms=5_000)
+            third = await run.limits.take("search-api", timeout_ms=int(WAIT_S * 1000))
             waited_s = time.monotonic() - started
-            assert third["taken"] is True and waited_s >= 0.8, waited_s  # not before the window opened
+            # Not before the window opened (its 0.2 s of grace: the clocks' ms rounding, not load).
+            assert third["taken"] is True and waited_s >= TAKES_WINDOW_S - 0.2, waited_s
             view = await rs.limits.status("search-api")
             assert view["takenInWindow"] <= 2
             with pytest.raises(ValidationError):
@@ -350,8 +360,8 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
     in order as it opens; a take that times out leaves the line; a settle gives unused units back."""
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
-            limit = await rs.limits.ensure("tokens", units=10, per="2s")
-            assert (limit["unitsLimit"], limit["windowSeconds"], limit["intervalMs"]) == (10, 2, 2000)
+            limit = await rs.limits.ensure("tokens", units=10, per=f"{TAKES_WINDOW_S}s")
+            assert (limit["unitsLimit"], limit["windowSeconds"], limit["intervalMs"]) == (10, TAKES_WINDOW_S, TAKES_WINDOW_S * 1000)
             run = await rs.scopes.create()
             estimate = await run.limits.take("tokens", units=8, timeout_ms=0)
             assert estimate["consumptionId"].startswith("acn_") and estimate["units"] == 8
@@ -364,13 +374,16 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
             assert (await rs.limits.status("tokens"))["takenInWindow"] == 3
             order: list[int] = []
 
-            async def take(n: int) -> None:
-                await run.limits.take("tokens", units=6, timeout_ms=10_000)
+            async def take(n: int, units: int) -> None:
+                await run.limits.take("tokens", units=units, timeout_ms=int(WAIT_S * 1000))
                 order.append(n)
 
-            first = asyncio.create_task(take(1))
-            await asyncio.sleep(0.05)
-            second = asyncio.create_task(take(2))
+            first = asyncio.create_task(take(1, 8))  # 3 + 8 > 10: it waits for the window, first in line
+            deadline = time.monotonic() + WAIT_S
+            while not (await rs.limits.status("tokens"))["waiters"]:
+                assert time.monotonic() < deadline, "the first take never joined the line"
+                await asyncio.sleep(0.01)
+            second = asyncio.create_task(take(2, 1))  # it would fit now, but waits behind the first
             await asyncio.gather(first, second)
             assert order == [1, 2]
             with pytest.raises(ConfigError):
@@ -447,8 +460,8 @@ def test_the_blocking_client(dev_node: DevNode) -> None:
         assert rs.limits.ensure("search-api", units=3, per=1)["intervalMs"] == 1000
         assert rs.budgets.ensure("model-usd", total=1)["total"] == 1.0
         run = rs.scopes.create()
-        with run.slot("browser", lease_ms=300) as lease:
-            time.sleep(0.6)  # renewed in the background while this thread works
+        with run.slot("browser", lease_ms=RENEWED_LEASE_MS) as lease:
+            time.sleep(RENEWED_HOLD_S)  # renewed in the background while this thread works
             assert rs.pools.status("browser")["holders"][0]["leaseId"] == lease.id
             with pytest.raises(WaitTimeoutError):
                 run.pools.acquire("browser", timeout_ms=100)
@@ -654,14 +667,14 @@ def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> 
             seen: dict[str, Any] = {}
 
             async def hold_slot() -> None:
-                async with run.slot("browser", lease_ms=600) as lease:
+                async with run.slot("browser", lease_ms=CANCELLED_LEASE_MS) as lease:
                     seen["lease"] = lease
                     held.set()
                     await asyncio.sleep(WAIT_S)  # cancelled when a renewal is refused
                 raise AssertionError("the block ran to its end")
 
             async def hold_budget() -> None:
-                async with run.budget("model-usd", reserve=0.40, lease_ms=600) as reservation:
+                async with run.budget("model-usd", reserve=0.40, lease_ms=CANCELLED_LEASE_MS) as reservation:
                     seen["reservation"] = reservation
                     reservation.spend(0.1)
                     await asyncio.sleep(WAIT_S)
