@@ -66,7 +66,13 @@ def test_forty_jobs_share_a_pool_a_limit_and_a_budget(dev_node: DevNode, tmp_pat
                     counts[state] = counts.get(state, 0) + 1
                 return counts
 
+            def budget_figures() -> tuple[Any, Any, Any]:
+                budget = rs.budgets.status("model-usd")
+                return budget["spent"], budget["reserved"], budget["remaining"]
+
             wait_for(f"{FUNDED} jobs to succeed", lambda: states().get("SUCCEEDED") == FUNDED)
+            # A worker settles a job's reservation after its complete: a moment after it succeeded.
+            wait_for("the budget to be spent", lambda: budget_figures() == (BUDGET_TOTAL, 0, 0))
             time.sleep(SETTLE_S)  # the budget is spent: nothing else may start
             assert states() == {"SUCCEEDED": FUNDED, "QUEUED": JOBS - FUNDED}
             budget = rs.budgets.status("model-usd")
