@@ -22,6 +22,7 @@ from tests._http import Api, mailbox_id
 from tests.test_cluster_log import three_logs
 
 READS = 100
+MEASURE_ATTEMPTS = 3  # an election under a loaded machine's pauses spoils a measure: take it again
 CLIENTS = 3
 ROUNDS = 15
 
@@ -202,22 +203,34 @@ def commit_index(url: str) -> int:
     return int(Api(url).ok("GET", "/v1/health")["commitIndex"])
 
 
+def term_and_commit_index(url: str) -> tuple[int, int]:
+    health = Api(url).ok("GET", "/v1/health")
+    return int(health["term"]), int(health["commitIndex"])
+
+
 def test_a_cluster_read_commits_nothing(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster().start()
-    leader = cluster.leader_index()
-    follower = next(index for index in range(3) if index != leader)
-    api = cluster.api(leader)
-    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
-    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
-    task_id = setup.ok("POST", "/v1/tasks", {"scopeId": run_id, "mailboxId": mailbox_id(setup), "input": 1})["taskId"]
-    before = commit_index(cluster.urls[leader])
-    for index in range(READS):
-        reader = api if index % 4 else cluster.api(follower)  # forwarded reads too
-        assert reader.ok("GET", f"/v1/tasks/{task_id}")["state"] == "QUEUED"
-    reader.ok("POST", "/v1/tasks/results", {"ids": [task_id]})
-    assert commit_index(cluster.urls[leader]) == before
-    api.ok("POST", f"/v1/tasks/{task_id}/cancel")  # a write still commits
-    assert commit_index(cluster.urls[leader]) > before
+    for _attempt in range(MEASURE_ATTEMPTS):
+        leader = cluster.leader_index()
+        follower = next(index for index in range(3) if index != leader)
+        api = cluster.api(leader)
+        setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
+        run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+        task_id = setup.ok("POST", "/v1/tasks", {"scopeId": run_id, "mailboxId": mailbox_id(setup), "input": 1})["taskId"]
+        term, before = term_and_commit_index(cluster.urls[leader])
+        answers = [
+            (api if index % 4 else cluster.api(follower))("GET", f"/v1/tasks/{task_id}")  # forwarded reads too
+            for index in range(READS)
+        ] + [api("POST", "/v1/tasks/results", {"ids": [task_id]})]
+        if term_and_commit_index(cluster.urls[leader])[0] != term or any(status == 503 for status, _ in answers):
+            continue  # an election (a loaded machine missed heartbeats) commits its own entry: again
+        assert all(status == 200 for status, _ in answers), answers
+        assert all(answer["state"] == "QUEUED" for _, answer in answers[:-1])
+        assert term_and_commit_index(cluster.urls[leader]) == (term, before)
+        api.ok("POST", f"/v1/tasks/{task_id}/cancel")  # a write still commits
+        assert commit_index(cluster.urls[leader]) > before
+        return
+    raise AssertionError(f"an election in each of {MEASURE_ATTEMPTS} attempts")
 
 
 @pytest.mark.parametrize("cut_off", ["pause", "kill"])
