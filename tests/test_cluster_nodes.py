@@ -216,13 +216,16 @@ def test_a_paused_old_leader_neither_serves_stale_reads_nor_expires_leases(
     cluster.pause(old)
     new = cluster.leader_index(exclude=[old])
     api_new = cluster.api(new)
-    # The worker holding `held` renews it on the new leader; every renewal must be accepted.
+    # The worker holding `held` renews it on the new leader; every renewal must be accepted. (Sent
+    # again while it answers 503: with one node frozen, a loaded machine's pause of the other
+    # follower makes the new leader step down for an election; a new leader extends live leases.)
     renewals: list[tuple[int, Any]] = []
     stop_renewing = threading.Event()
+    renewing = api_new.resending()
 
     def renew() -> None:
         while not stop_renewing.wait(0.3):
-            renewals.append(settle(api_new, held, "renew", {"leaseMs": 2_000}))
+            renewals.append(settle(renewing, held, "renew", {"leaseMs": 2_000}))
 
     renewer = threading.Thread(target=renew)
     renewer.start()

@@ -27,6 +27,8 @@ from tests._once_procs import HERE, WAIT_S, children, lines, read_line, sdk_env
 # the stop not noticed, the waiter's answer would come from the lapse (the entry then OPEN).
 LEASE_MS = 9_000
 WAIT_TIMEOUT_S = 60.0
+# A run's deadline from its creation: after four writes made before it (a loaded machine's fsyncs).
+DEADLINE_AHEAD_S = 5
 
 
 def once_path(run_id: str, key: str, wait_ms: int = 0) -> str:
@@ -61,7 +63,7 @@ def test_a_finished_run_and_a_run_past_its_deadline_refuse_once_and_keep_results
     refused, recorded results stay readable, and a wait on an entry still HELD answers."""
     api = Api(dev_node.url)
     for stop, code in (("complete", "SCOPE_CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")):
-        deadline = datetime.now(timezone.utc) + timedelta(seconds=2)
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=DEADLINE_AHEAD_S)
         run_id = api.ok("POST", "/v1/scopes", {"deadline": deadline.isoformat()} if stop == "deadline" else {})["id"]
         token = acquire(api, run_id, "done")["token"]
         api.ok("POST", "/v1/once/complete", {"scopeId": run_id, "key": "done", "token": token, "result": {"kept": stop}})
