@@ -1503,6 +1503,16 @@ def clock_steps(history: History) -> list[ClockStep]:
     ]
 
 
+def _forward_steps_s(steps: list[ClockStep], start: float, end: float) -> float:
+    """How much earlier (s, by the harness's clock) a duration from `start` to `end` on the leader's
+    clock may end: the most of every forward step (with its witnesses) that may fall within it."""
+    return sum(
+        step.high_ms / 1000 for step in steps
+        if step.low_ms > 0 and step.witnesses >= CLOCK_STEP_WITNESSES_MIN
+        and step.last_before.call < end and (step.first_after.ret or step.first_after.call) > start
+    )
+
+
 def note_clock_steps(history: History) -> None:
     for step in clock_steps(history):
         history.note(
@@ -1519,7 +1529,8 @@ def check_capacity(history: History) -> list[Violation]:
     `unitsTotal` (from its declare). A grant acknowledged by an acquire is certainly held from the
     acquire's return until the earliest of: its lease's end counted from the acquire's call (the
     server starts the lease later, at its command time, so it ends later too; minus
-    CAPACITY_CLOCK_MARGIN_S), the call of a release of it (acknowledged or unknown: it may have
+    CAPACITY_CLOCK_MARGIN_S, and less every forward step of the leader's clock that may fall
+    within it, clock_steps: the lease runs on that clock), the call of a release of it (acknowledged or unknown: it may have
     taken effect at once), and the call of a cancel of its run (acknowledged or unknown). Unknown
     acquires hold nothing certain and are not counted. Also: every view read shows at most
     `unitsTotal` units in use, equal to the sum of its grants; no acquire called after its run's
@@ -1541,6 +1552,7 @@ def check_capacity(history: History) -> list[Violation]:
             releases[op.args.get("grantId")].append(op)
     # (time, +units | -units, op) per permit; at one time an end comes before a start.
     edges: dict[Any, list[tuple[float, int, Op]]] = defaultdict(list)
+    steps = clock_steps(history)
     for op in history.by_kind["permit_acquire"]:
         if not (op.ok and op.result) or op.ret is None:
             continue
@@ -1552,6 +1564,7 @@ def check_capacity(history: History) -> list[Violation]:
                 f"an acquire on run {run} was granted after its cancel was acknowledged", _ops(stopped_before[:1], [op]),
             ))
         end = op.call + float(op.args.get("leaseMs", 0)) / 1000 - CAPACITY_CLOCK_MARGIN_S
+        end -= _forward_steps_s(steps, op.call, end)
         for other in releases[op.result["grantId"]] + cancels[run]:
             if other.call >= op.call:
                 end = min(end, other.call)

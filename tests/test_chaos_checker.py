@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -682,6 +683,32 @@ def test_capacity_a_step_with_too_few_witnesses_or_too_small_explains_no_window(
     assert len(found) == 1 and "+0, +100, +600, +700 ms" in found[0].message
     clock = [note for note in checker.check_history(small.history_lines()).notes if note.startswith("clock:")]
     assert len(clock) == 1 and "moved +350 to +450 ms against the harness's between #6 and #7" in clock[0], clock
+
+
+def stepped_clock(h: H, calls: list[float], shift_s: float, log: list[dict[str, Any]]) -> None:
+    """Budget reservations at `calls` (answered 0.05 s later), stamped by a leader whose clock is
+    `shift_s` ahead of the harness's, and their events in `log`."""
+    for call in calls:
+        reservation = f"rsv_{call}"
+        h.op("budget_reserve", {"budget": "bdg_1", "run": "r", "amountMinor": 1}, call, call + 0.05,
+             {"reservationId": reservation, "reservedMinor": 1})
+        log.append(stamped(len(log) + 1, "budget.reserved", OFFSET_MS + (call + shift_s) * 1000, budgetId="bdg_1",
+                           reservationId=reservation, state="ACTIVE", amountMinor="1"))
+
+
+@pytest.mark.parametrize("step_s", [0.0, 1.0])
+def test_capacity_a_permit_lease_ends_earlier_by_a_forward_step_of_the_leaders_clock(step_s: float) -> None:
+    # g1's 2 s lease, from 1.0 by the harness's clock, ends at 2.0 by it when the leader's clock
+    # stepped 1 s forward meanwhile: g2, granted at 2.2, does not overlap it then.
+    h = permit(total=1)
+    log: list[dict[str, Any]] = []
+    stepped_clock(h, [0.5, 0.6, 0.7], 0.0, log)
+    grant(h, "g1", 1.0, 1.05)
+    stepped_clock(h, [1.3, 1.4, 1.5], step_s, log)
+    grant(h, "g2", 2.2, 2.25)
+    page(h, log, None, 9.0, op="events_read", client="final-events")
+    found = [violation.message for violation in h.violations("capacity")]
+    assert found == ([] if step_s else ["grants certainly held add up to 2 units of 1"]), found
 
 
 def test_stamps_that_fit_one_offset_note_no_clock_step() -> None:
