@@ -190,6 +190,7 @@ class History:
             self.finals[str(line["final"])][str(line["id"])] = line.get("view")
         self.notes: list[str] = []
         self.counts_extra: dict[str, int] = {}  # what a check counted (registers searched)
+        self.steps: list[ClockStep] | None = None  # clock_steps', once found
         self.by_kind: dict[str, list[Op]] = defaultdict(list)
         for op in self.ops:
             self.by_kind[op.op].append(op)
@@ -1371,7 +1372,7 @@ def _allowance_windows(history: History) -> list[Violation]:
         if op.ok and op.result and op.result.get("state") == "GRANTED" and wait is not None and waiter not in seen_granted:
             seen_granted.add(waiter)
             grants[wait.args.get("allowance")].append((wait.call, op.ret or op.call, int(wait.args.get("units", 1)), op))
-    stamps, steps = _take_stamps(history), clock_steps(history)
+    stamps = _take_stamps(history)
     for allowance, taken in grants.items():
         if allowance not in sizes:
             continue
@@ -1390,12 +1391,9 @@ def _allowance_windows(history: History) -> list[Violation]:
             else:
                 span_ms = max(leader_ms) - min(leader_ms)
                 said += f" (the leader stamped them at +{', +'.join(f'{ms - min(leader_ms):.0f}' for ms in leader_ms)} ms)"
-                step = next((
-                    step for step in steps
-                    if step.low_ms > 0 and step.witnesses >= CLOCK_STEP_WITNESSES_MIN
-                    and start <= step.first_after.call <= max(grant[1] for grant in inside)
-                ), None)
-                if span_ms >= window_s * 1000 and step is not None:
+                steps = forward_steps_within(history, start, max(grant[1] for grant in inside))
+                if span_ms >= window_s * 1000 and steps:
+                    step = steps[0]
                     # Apart by a whole window on the leader's clock, which stepped forward against the
                     # harness's meanwhile: the window held by the server's time, not by the harness's.
                     if not noted:
@@ -1476,6 +1474,12 @@ def clock_steps(history: History) -> list[ClockStep]:
     nodes' wall clock, corrected; or the harness's monotonic clock, which misses the time a paused
     machine stood still). Checks that compare a duration of the harness with one of the server
     misjudge by the step."""
+    if history.steps is None:
+        history.steps = _find_clock_steps(history)
+    return history.steps
+
+
+def _find_clock_steps(history: History) -> list[ClockStep]:
     items = {"allowance.consumed": "consumptionId", "permit.granted": "grantId", "budget.reserved": "reservationId"}
     kinds = {"allowance_consume": "consumptionId", "permit_acquire": "grantId", "budget_reserve": "reservationId"}
     ops: dict[str, Op] = {}
@@ -1503,14 +1507,14 @@ def clock_steps(history: History) -> list[ClockStep]:
     ]
 
 
-def _forward_steps_s(steps: list[ClockStep], start: float, end: float) -> float:
-    """How much earlier (s, by the harness's clock) a duration from `start` to `end` on the leader's
-    clock may end: the most of every forward step (with its witnesses) that may fall within it."""
-    return sum(
-        step.high_ms / 1000 for step in steps
+def forward_steps_within(history: History, start: float, end: float) -> list[ClockStep]:
+    """The forward steps of the leader's clock (with their witnesses) that may fall between `start`
+    and `end` (the harness's clock): one happened between its two operations' stamps."""
+    return [
+        step for step in clock_steps(history)
         if step.low_ms > 0 and step.witnesses >= CLOCK_STEP_WITNESSES_MIN
         and step.last_before.call < end and (step.first_after.ret or step.first_after.call) > start
-    )
+    ]
 
 
 def note_clock_steps(history: History) -> None:
@@ -1529,9 +1533,9 @@ def check_capacity(history: History) -> list[Violation]:
     `unitsTotal` (from its declare). A grant acknowledged by an acquire is certainly held from the
     acquire's return until the earliest of: its lease's end counted from the acquire's call (the
     server starts the lease later, at its command time, so it ends later too; minus
-    CAPACITY_CLOCK_MARGIN_S, and less every forward step of the leader's clock that may fall
-    within it, clock_steps: the lease runs on that clock), the call of a release of it (acknowledged or unknown: it may have
-    taken effect at once), and the call of a cancel of its run (acknowledged or unknown). Unknown
+    CAPACITY_CLOCK_MARGIN_S, and minus every forward step of the leader's clock that may fall
+    within it: forward_steps_within), the call of a release of it (acknowledged or unknown: it may
+    have taken effect at once), and the call of a cancel of its run (acknowledged or unknown). Unknown
     acquires hold nothing certain and are not counted. Also: every view read shows at most
     `unitsTotal` units in use, equal to the sum of its grants; no acquire called after its run's
     cancel was acknowledged is acknowledged; the final view (read after every lease ran out)
@@ -1552,7 +1556,6 @@ def check_capacity(history: History) -> list[Violation]:
             releases[op.args.get("grantId")].append(op)
     # (time, +units | -units, op) per permit; at one time an end comes before a start.
     edges: dict[Any, list[tuple[float, int, Op]]] = defaultdict(list)
-    steps = clock_steps(history)
     for op in history.by_kind["permit_acquire"]:
         if not (op.ok and op.result) or op.ret is None:
             continue
@@ -1564,7 +1567,8 @@ def check_capacity(history: History) -> list[Violation]:
                 f"an acquire on run {run} was granted after its cancel was acknowledged", _ops(stopped_before[:1], [op]),
             ))
         end = op.call + float(op.args.get("leaseMs", 0)) / 1000 - CAPACITY_CLOCK_MARGIN_S
-        end -= _forward_steps_s(steps, op.call, end)
+        # The lease runs on the leader's clock: a forward step of it within the lease ends it sooner.
+        end -= sum(step.high_ms for step in forward_steps_within(history, op.call, end)) / 1000
         for other in releases[op.result["grantId"]] + cancels[run]:
             if other.call >= op.call:
                 end = min(end, other.call)
