@@ -629,28 +629,29 @@ def stamped(seq: int, event_type: str, created_ms: float, **payload: Any) -> dic
 OFFSET_MS = 1_796_000_000_000
 
 
-def too_much_through_a_window(stamps_s: list[float], *, witnesses: int = 0) -> H:
-    """Four consumes of a 3-per-2 s allowance within 0.4 s by the harness's clock, stamped by the
-    leader at `stamps_s` (harness seconds); `witnesses` budget reservations before them stamped as
-    the first consume and as many after them stamped as the last; an event page with every stamp."""
-    h = allowance(units=3)
-    log: list[dict[str, Any]] = []
-
-    def reserve(call: float, shift_s: float) -> None:
+def stepped_clock(h: H, calls: list[float], shift_s: float, log: list[dict[str, Any]]) -> None:
+    """Budget reservations at `calls` (answered 0.05 s later), stamped by a leader whose clock is
+    `shift_s` ahead of the harness's, and their events in `log`."""
+    for call in calls:
         reservation = f"rsv_{call}"
         h.op("budget_reserve", {"budget": "bdg_1", "run": "r", "amountMinor": 1}, call, call + 0.05,
              {"reservationId": reservation, "reservedMinor": 1})
         log.append(stamped(len(log) + 1, "budget.reserved", OFFSET_MS + (call + shift_s) * 1000, budgetId="bdg_1",
                            reservationId=reservation, state="ACTIVE", amountMinor="1"))
 
-    for index in range(witnesses):
-        reserve(0.1 * index, stamps_s[0] - 1.0)
+
+def too_much_through_a_window(stamps_s: list[float], *, witnesses: int = 0) -> H:
+    """Four consumes of a 3-per-2 s allowance within 0.4 s by the harness's clock, stamped by the
+    leader at `stamps_s` (harness seconds); `witnesses` budget reservations before them stamped as
+    the first consume and as many after them stamped as the last; an event page with every stamp."""
+    h = allowance(units=3)
+    log: list[dict[str, Any]] = []
+    stepped_clock(h, [0.1 * index for index in range(witnesses)], stamps_s[0] - 1.0, log)
     for call, stamp in zip((1.0, 1.1, 1.2, 1.3), stamps_s, strict=True):
         consume(h, call, call + 0.05)
         log.append(stamped(len(log) + 1, "allowance.consumed", OFFSET_MS + stamp * 1000, allowanceId="alw_1",
                            consumptionId=f"acn_{call}", units=1, waiterId=None))
-    for index in range(witnesses):
-        reserve(5.0 + 0.1 * index, stamps_s[-1] - 1.3)
+    stepped_clock(h, [5.0 + 0.1 * index for index in range(witnesses)], stamps_s[-1] - 1.3, log)
     return page(h, log, None, 9.0, op="events_read", client="final-events")
 
 
@@ -683,17 +684,6 @@ def test_capacity_a_step_with_too_few_witnesses_or_too_small_explains_no_window(
     assert len(found) == 1 and "+0, +100, +600, +700 ms" in found[0].message
     clock = [note for note in checker.check_history(small.history_lines()).notes if note.startswith("clock:")]
     assert len(clock) == 1 and "moved +350 to +450 ms against the harness's between #6 and #7" in clock[0], clock
-
-
-def stepped_clock(h: H, calls: list[float], shift_s: float, log: list[dict[str, Any]]) -> None:
-    """Budget reservations at `calls` (answered 0.05 s later), stamped by a leader whose clock is
-    `shift_s` ahead of the harness's, and their events in `log`."""
-    for call in calls:
-        reservation = f"rsv_{call}"
-        h.op("budget_reserve", {"budget": "bdg_1", "run": "r", "amountMinor": 1}, call, call + 0.05,
-             {"reservationId": reservation, "reservedMinor": 1})
-        log.append(stamped(len(log) + 1, "budget.reserved", OFFSET_MS + (call + shift_s) * 1000, budgetId="bdg_1",
-                           reservationId=reservation, state="ACTIVE", amountMinor="1"))
 
 
 @pytest.mark.parametrize("step_s", [0.0, 1.0])
