@@ -134,11 +134,17 @@ def test_waiters_of_a_permit_are_counted(node_factory: Any) -> None:
 
 def test_every_cluster_node_answers_with_its_own_role(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster().start()
-    leader = cluster.leader_index()
-    for index in range(cluster.size):
-        samples, _ = scrape(cluster.urls[index], cluster.admin_key)
-        role = "leader" if index == leader else "follower"
-        assert value(samples, "runstate_raft_role", role=role) == 1, (index, role)
+
+    def agreed() -> list[Samples] | None:
+        """Every node's figures once they show the leader the nodes agree on (an election under a
+        loaded machine's pause may fall between the reads: read again)."""
+        leader = cluster.leader_index()
+        scraped = [scrape(url, cluster.admin_key)[0] for url in cluster.urls]
+        roles = ["leader" if index == leader else "follower" for index in range(cluster.size)]
+        agree = all(value(samples, "runstate_raft_role", role=role) == 1 for samples, role in zip(scraped, roles, strict=True))
+        return scraped if agree and cluster.leader_index() == leader else None
+
+    for samples in cluster.wait_until("every node to show the agreed leader's role", agreed, WAIT_S):
         assert value(samples, "runstate_raft_term") >= 1
         assert value(samples, "runstate_raft_applied_index") <= value(samples, "runstate_raft_commit_index")
 
