@@ -69,6 +69,12 @@ def keyed_call(base_url: str, method: str, path: str, body: Any = None, *, heade
     )
 
 
+def resent_call(base_url: str, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+    """`call`, sent again while it answers 503 UNAVAILABLE (see UNAVAILABLE_RETRY_S): for a read,
+    which needs no idempotency key to be sent again."""
+    return _resent_while_unavailable(lambda _key: call(base_url, method, path, body, **kwargs), lambda answer: unavailable(*answer))
+
+
 def keyed_send(base_url: str, method: str, path: str, body: bytes | None = None,
                headers: dict[str, bytes | str] | None = None) -> Answer:
     """`keyed_call` through `tests._raw_http.send`: headers sent as given, the answer's kept."""
@@ -96,8 +102,8 @@ class Api:
         self.resends_unavailable = False
 
     def resending(self) -> Api:
-        """This client, its writes sent by `keyed_call` (again while they answer 503 UNAVAILABLE):
-        for a test's setup writes through a cluster."""
+        """This client, its writes sent by `keyed_call` and its reads by `resent_call` (again while
+        they answer 503 UNAVAILABLE): for a test's setup calls through a cluster."""
         resending = Api(self.base_url, self.space)
         resending.headers = dict(self.headers)
         resending.resends_unavailable = True
@@ -112,7 +118,7 @@ class Api:
         return f"/v1/spaces/{self.space}/{path[len('/v1/'):]}"
 
     def __call__(self, method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
-        sender = keyed_call if self.resends_unavailable and method in WRITE_METHODS else call
+        sender = (keyed_call if method in WRITE_METHODS else resent_call) if self.resends_unavailable else call
         return sender(self.base_url, method, self.space_path(path), body, headers=self.headers, **kwargs)
 
     def ok(self, method: str, path: str, body: Any = None) -> Any:

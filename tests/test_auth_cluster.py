@@ -4,24 +4,13 @@ one node is refused by the other two at once."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from tests._cluster import Cluster
-from tests._http import UNAVAILABLE_RETRY_PAUSE_S, UNAVAILABLE_RETRY_S, Api, unavailable
+from tests._http import Api, unavailable
 
 KEY_CREATE_ATTEMPTS = 3  # each answered 503 (an election under load) is revoked and made again
-
-
-def read_ok(api: Api, path: str) -> Any:
-    """A read's answer, read again while it answers 503 UNAVAILABLE (an election under load)."""
-    deadline = time.monotonic() + UNAVAILABLE_RETRY_S
-    while unavailable(*(answer := api("GET", path))) and time.monotonic() < deadline:
-        time.sleep(UNAVAILABLE_RETRY_PAUSE_S)
-    status, body = answer
-    assert status == 200, answer
-    return body
 
 
 def create_key(api: Api, admin: Api, body: dict[str, Any]) -> Any:
@@ -34,7 +23,7 @@ def create_key(api: Api, admin: Api, body: dict[str, Any]) -> Any:
         if not unavailable(status, answer):
             assert status == 201, (status, answer)
             return answer
-        for key in read_ok(admin, "/v1/keys")["keys"]:
+        for key in admin.resending().ok("GET", "/v1/keys")["keys"]:
             if key["name"] == name:
                 admin.resending().ok("POST", f"/v1/keys/{key['id']}/revoke")
     raise AssertionError(f"POST /v1/keys answered 503 {KEY_CREATE_ATTEMPTS} times")
@@ -47,7 +36,7 @@ def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluste
     for index in range(cluster.size):
         assert Api(cluster.urls[index]).error("GET", "/v1/cluster") == (401, "UNAUTHENTICATED")
         assert Api(cluster.urls[index]).error("POST", "/v1/scopes", {}) == (401, "UNAUTHENTICATED")
-    keys = read_ok(cluster.api(leader), "/v1/keys")["keys"]
+    keys = cluster.api(leader).resending().ok("GET", "/v1/keys")["keys"]
     assert [(key["name"], key["permissions"]) for key in keys] == [
         ("bootstrap admin", ["admin", "resource_config", "coordination_write", "coordination_read"])
     ]
@@ -58,7 +47,7 @@ def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluste
     )
     workers = [Api(url, key=created["key"]) for url in cluster.urls]
     for api in workers:
-        assert read_ok(api, "/v1/whoami")["keyId"] == created["id"]
+        assert api.resending().ok("GET", "/v1/whoami")["keyId"] == created["id"]
     run_id = workers[followers[1]].resending().ok("POST", "/v1/scopes", {})["id"]
 
     # Revoked through the other follower: refused at once everywhere, reads and writes alike.
@@ -69,7 +58,7 @@ def test_keys_are_required_created_and_revoked_at_once_on_every_node(make_cluste
         assert api.error("GET", "/v1/whoami") == (401, "UNAUTHENTICATED")
         assert api.error("GET", f"/v1/scopes/{run_id}") == (401, "UNAUTHENTICATED")
         assert api.error("POST", "/v1/scopes", {}) == (401, "UNAUTHENTICATED")
-    assert read_ok(cluster.api(followers[0]), f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+    assert cluster.api(followers[0]).resending().ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
     cluster.wait_same_digest()
 
 

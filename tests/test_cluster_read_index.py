@@ -259,7 +259,8 @@ def test_a_write_acknowledged_through_one_node_is_seen_by_reads_through_every_no
     forwarded, one served by the leader): every read sees the write."""
     cluster = make_cluster().start()
     cluster.wait_healthy()
-    # Writes sent again while 503 UNAVAILABLE (an election under load): only acknowledged ones count.
+    # Calls sent again while 503 UNAVAILABLE (an election under load): only acknowledged writes
+    # count, and a read counts once it is answered (a stale answer is a 200 with an older state).
     apis = [cluster.api(index).resending() for index in range(3)]
     run_id = apis[0].ok("POST", "/v1/scopes", {})["id"]
     mailbox = mailbox_id(apis[0])
