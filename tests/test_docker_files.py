@@ -246,7 +246,8 @@ def test_dockerfile_runs_as_a_user_that_is_not_root() -> None:
 def test_dockerfile_installs_the_package_from_the_repository_source() -> None:
     copied = [rest.split()[:-1] for rest in arguments("COPY")]
     sources = {source.rstrip("/") for group in copied for source in group}
-    assert {"pyproject.toml", "README.md", "runstate_server"} <= sources, sources
+    # The build backend (pyproject.toml's backend-path) and setup.py too: without them pip cannot build.
+    assert {"pyproject.toml", "README.md", "setup.py", "_build_backend", "runstate_server"} <= sources, sources
     pip_installs = [rest for rest in arguments("RUN") if re.search(r"pip install .*--no-cache-dir.* \.(\s|$)", rest)]
     assert pip_installs, "no `pip install --no-cache-dir .`"
     # The package source is copied after the dependency layer, so a code change reuses that layer.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from runstate_server.actors import COMPILED
 from runstate_server.node.api.app import ROUTES
 from runstate_server.node.api.openapi import openapi_path
 from tests._http import (
@@ -25,6 +28,7 @@ from tests._http import (
     task_body,
 )
 from tests._nodes import DevNode
+from tests._prometheus import scrape, value
 
 POLL_TIMEOUT_S = 20.0
 
@@ -89,6 +93,17 @@ def test_health_reports_a_leader(dev_node: DevNode) -> None:
     assert health["status"] == "ok"
     assert health["role"] == "leader"
     assert health["appliedIndex"] >= 1
+
+
+def test_the_node_says_whether_its_core_is_compiled(dev_node: DevNode) -> None:
+    """GET /metrics and `runstate --version` tell which core the node runs: interpreted in the
+    default run, compiled in compat/compiled/run.sh's run of this file (README, "A compiled core")."""
+    samples, _ = scrape(dev_node.url)
+    assert value(samples, "runstate_core_compiled") == (1 if COMPILED else 0)
+    version = subprocess.run(
+        [sys.executable, "-m", "runstate_server.node.cli", "--version"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert version.stdout.strip().endswith("(compiled core)" if COMPILED else "(interpreted core)"), version.stdout
 
 
 def test_openapi_lists_exactly_the_routes(dev_node: DevNode) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context, require_in_space
@@ -49,10 +49,10 @@ CONSUMPTION_PREFIX = "acn_"
 
 
 class WaiterState:
-    WAITING = "WAITING"  # in line
-    GRANTED = "GRANTED"  # its units were taken for it (its consumptionId); final
-    CANCELLED = "CANCELLED"  # cancelled, or its run stopped; final
-    EXPIRED = "EXPIRED"  # its TTL ran out in line; final
+    WAITING: Final = "WAITING"  # in line
+    GRANTED: Final = "GRANTED"  # its units were taken for it (its consumptionId); final
+    CANCELLED: Final = "CANCELLED"  # cancelled, or its run stopped; final
+    EXPIRED: Final = "EXPIRED"  # its TTL ran out in line; final
 
 
 @dataclass(slots=True)

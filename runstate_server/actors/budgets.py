@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context
@@ -53,10 +53,10 @@ _CURRENCY = re.compile(r"[A-Z]{3}")
 
 
 class ReservationState:
-    ACTIVE = "ACTIVE"  # holds its amount (or what is left of it)
-    STALE = "STALE"  # its settleBy passed: still holds it, still settled or voided by hand
-    SETTLED = "SETTLED"  # nothing held any more, something charged; final
-    VOIDED = "VOIDED"  # voided (or its run stopped) with nothing charged; final
+    ACTIVE: Final = "ACTIVE"  # holds its amount (or what is left of it)
+    STALE: Final = "STALE"  # its settleBy passed: still holds it, still settled or voided by hand
+    SETTLED: Final = "SETTLED"  # nothing held any more, something charged; final
+    VOIDED: Final = "VOIDED"  # voided (or its run stopped) with nothing charged; final
 
 
 _OPEN = (ReservationState.ACTIVE, ReservationState.STALE)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from runstate_server.actors import errors, events, limits, runs, tasks
 from runstate_server.actors.context import Context
@@ -45,38 +45,38 @@ from runstate_server.actors.state import DueKind, Run, RunState, State, Task, Ta
 
 
 class GroupState:
-    OPEN = "OPEN"  # new members may join
-    SEALED = "SEALED"  # closed to new members, not decided yet
-    FINALIZED = "FINALIZED"  # decided; final
+    OPEN: Final = "OPEN"  # new members may join
+    SEALED: Final = "SEALED"  # closed to new members, not decided yet
+    FINALIZED: Final = "FINALIZED"  # decided; final
 
 
 class Condition:
-    FIRST_ACCEPTED = "FIRST_ACCEPTED"
-    N_ACCEPTED = "N_ACCEPTED"
-    ALL_TERMINAL = "ALL_TERMINAL"
+    FIRST_ACCEPTED: Final = "FIRST_ACCEPTED"
+    N_ACCEPTED: Final = "N_ACCEPTED"
+    ALL_TERMINAL: Final = "ALL_TERMINAL"
 
-    ALL = (FIRST_ACCEPTED, N_ACCEPTED, ALL_TERMINAL)
+    ALL: Final = (FIRST_ACCEPTED, N_ACCEPTED, ALL_TERMINAL)
 
 
 class Outcome:
-    SUCCESS = "SUCCESS"
-    FAILURE = "FAILURE"
+    SUCCESS: Final = "SUCCESS"
+    FAILURE: Final = "FAILURE"
 
 
 class Reason:
     """The outcomeReason of a finalized group."""
 
-    FIRST_ACCEPTED = "first_accepted"
-    THRESHOLD_REACHED = "threshold_reached"
-    THRESHOLD_UNREACHABLE = "threshold_unreachable"
-    ALL_TERMINAL = "all_terminal"
-    DEADLINE = "deadline"  # the group's own deadline passed first
-    CANCELLED = "cancelled"  # its run stopped for another reason (cancel, complete, a parent's deadline)
+    FIRST_ACCEPTED: Final = "first_accepted"
+    THRESHOLD_REACHED: Final = "threshold_reached"
+    THRESHOLD_UNREACHABLE: Final = "threshold_unreachable"
+    ALL_TERMINAL: Final = "all_terminal"
+    DEADLINE: Final = "deadline"  # the group's own deadline passed first
+    CANCELLED: Final = "cancelled"  # its run stopped for another reason (cancel, complete, a parent's deadline)
 
 
 class Verdict:
-    ACCEPTED = "ACCEPTED"
-    REJECTED = "REJECTED"
+    ACCEPTED: Final = "ACCEPTED"
+    REJECTED: Final = "REJECTED"
 
 
 @dataclass(slots=True)

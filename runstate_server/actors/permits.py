@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from runstate_server.actors import errors, events, idempotency, limits, resources, runs
 from runstate_server.actors.context import Context, require_in_space
@@ -40,11 +40,11 @@ WAITER_PREFIX = "pwt_"
 
 
 class WaiterState:
-    WAITING = "WAITING"  # in line
-    SIGNALED = "SIGNALED"  # its turn: its units are set aside until it acquires or the hold ends
-    GRANTED = "GRANTED"  # an acquire naming it took its units; final
-    CANCELLED = "CANCELLED"  # cancelled, or its run stopped; final
-    EXPIRED = "EXPIRED"  # its TTL, or its signal's hold, ran out; final
+    WAITING: Final = "WAITING"  # in line
+    SIGNALED: Final = "SIGNALED"  # its turn: its units are set aside until it acquires or the hold ends
+    GRANTED: Final = "GRANTED"  # an acquire naming it took its units; final
+    CANCELLED: Final = "CANCELLED"  # cancelled, or its run stopped; final
+    EXPIRED: Final = "EXPIRED"  # its TTL, or its signal's hold, ran out; final
 
 
 _IN_LINE = (WaiterState.WAITING, WaiterState.SIGNALED)

@@ -13,10 +13,9 @@ import heapq
 import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Final
 
 SNAPSHOT_VERSION = 1
-_Value = TypeVar("_Value")  # the type of a TaskExtra field (_ExtraField)
 # The empty value of a task's slot_leases and subscribers: one shared tuple, not an empty list per task.
 EMPTY: tuple[()] = ()
 DELIVERY_DIGEST_BYTES = 16
@@ -28,51 +27,51 @@ IDEMPOTENCY_WEIGHT = 3
 class RunState:
     """A run's own (stored) state."""
 
-    ACTIVE = "ACTIVE"  # accepting work
-    CANCELLED = "CANCELLED"  # stopped by cancel(); final
-    COMPLETED = "COMPLETED"  # closed by complete(); final
+    ACTIVE: Final = "ACTIVE"  # accepting work
+    CANCELLED: Final = "CANCELLED"  # stopped by cancel(); final
+    COMPLETED: Final = "COMPLETED"  # closed by complete(); final
 
 
 class TaskState:
-    QUEUED = "QUEUED"  # waiting for a worker (possibly after a retry backoff)
-    RUNNING = "RUNNING"  # held by a worker under a delivery lease
-    SUCCEEDED = "SUCCEEDED"  # completed with a recorded outcome
-    FAILED = "FAILED"  # rejected, or out of attempts; `error` holds the last error
-    CANCELLED = "CANCELLED"  # its run (or a run above it) was cancelled or completed
-    EXPIRED = "EXPIRED"  # its run's deadline passed first
+    QUEUED: Final = "QUEUED"  # waiting for a worker (possibly after a retry backoff)
+    RUNNING: Final = "RUNNING"  # held by a worker under a delivery lease
+    SUCCEEDED: Final = "SUCCEEDED"  # completed with a recorded outcome
+    FAILED: Final = "FAILED"  # rejected, or out of attempts; `error` holds the last error
+    CANCELLED: Final = "CANCELLED"  # its run (or a run above it) was cancelled or completed
+    EXPIRED: Final = "EXPIRED"  # its run's deadline passed first
 
-    TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, EXPIRED})
+    TERMINAL: Final = frozenset({SUCCEEDED, FAILED, CANCELLED, EXPIRED})
 
 
 class OnceState:
-    OPEN = "OPEN"  # nobody holds it: new, released, or its last attempt failed or lapsed
-    HELD = "HELD"  # a holder works on it under a lease
-    DONE = "DONE"  # a result is recorded; final
-    FAILED = "FAILED"  # its attempts are used; final until the run ends
+    OPEN: Final = "OPEN"  # nobody holds it: new, released, or its last attempt failed or lapsed
+    HELD: Final = "HELD"  # a holder works on it under a lease
+    DONE: Final = "DONE"  # a result is recorded; final
+    FAILED: Final = "FAILED"  # its attempts are used; final until the run ends
 
 
 class DueKind:
     """What a heap entry wakes up for. Entries are checked when they come due, so an entry made
     stale by a later change (a renewed lease, a cancelled task) is simply skipped."""
 
-    LEASE = "lease"  # a delivery lease may have lapsed
-    READY = "ready"  # a retry backoff ends
-    DEADLINE = "deadline"  # a run's deadline passes
-    RETENTION = "retention"  # a finished run's retention ends: remove it
+    LEASE: Final = "lease"  # a delivery lease may have lapsed
+    READY: Final = "ready"  # a retry backoff ends
+    DEADLINE: Final = "deadline"  # a run's deadline passes
+    RETENTION: Final = "retention"  # a finished run's retention ends: remove it
     # A once lease may have lapsed. (The value predates the split of once and claims: kept, so the
     # entries of older snapshots still reach once.)
-    ONCE_LEASE = "claim_lease"
-    CLAIM_LEASE = "mutex_claim_lease"  # a claim's lease may have lapsed
-    GROUP_DEADLINE = "group_deadline"  # a task group's deadline passes
-    TIMER = "timer"  # a durable timer fires
-    SLOT_LEASE = "slot_lease"  # a direct slot lease may have lapsed
-    RESERVATION = "reservation"  # a direct budget reservation may have lapsed
-    LIMIT_WINDOW = "limit_window"  # a rate limit's window opens for a take or a job that waits
-    TASK_DEADLINE = "task_deadline"  # a task's own deadline passes
-    PERMIT_WAITER = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
-    BUDGET_SETTLE_BY = "budget_settle_by"  # a budget reservation's settleBy passes: STALE (budgets.py)
-    ALLOWANCE_WAITER = "allowance_waiter"  # an allowance waiter's TTL may have run out (allowances.py)
-    EVENTS_AGE = "events_age"  # a space's oldest events reach their age limit (events.py); the id is the space's
+    ONCE_LEASE: Final = "claim_lease"
+    CLAIM_LEASE: Final = "mutex_claim_lease"  # a claim's lease may have lapsed
+    GROUP_DEADLINE: Final = "group_deadline"  # a task group's deadline passes
+    TIMER: Final = "timer"  # a durable timer fires
+    SLOT_LEASE: Final = "slot_lease"  # a direct slot lease may have lapsed
+    RESERVATION: Final = "reservation"  # a direct budget reservation may have lapsed
+    LIMIT_WINDOW: Final = "limit_window"  # a rate limit's window opens for a take or a job that waits
+    TASK_DEADLINE: Final = "task_deadline"  # a task's own deadline passes
+    PERMIT_WAITER: Final = "permit_waiter"  # a permit waiter's TTL (or its signal's hold) may have run out
+    BUDGET_SETTLE_BY: Final = "budget_settle_by"  # a budget reservation's settleBy passes: STALE (budgets.py)
+    ALLOWANCE_WAITER: Final = "allowance_waiter"  # an allowance waiter's TTL may have run out (allowances.py)
+    EVENTS_AGE: Final = "events_age"  # a space's oldest events reach their age limit (events.py); the id is the space's
 
 
 @dataclass(slots=True)
@@ -209,29 +208,6 @@ class Run:
     allowance_waiters: list[str] = field(default_factory=list)
 
 
-class _ExtraField(Generic[_Value]):
-    """A field of TaskExtra read and written as the Task's own (task.needs, ...): the default when
-    the task has no TaskExtra; a write goes through Task._set_extra."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, task: None, owner: type) -> _ExtraField[_Value]: ...
-
-    @overload
-    def __get__(self, task: Task, owner: type) -> _Value: ...
-
-    def __get__(self, task: Task | None, owner: type) -> _ExtraField[_Value] | _Value:
-        if task is None:
-            return self
-        value: _Value = getattr(task.extra or _NO_EXTRA, self.name)
-        return value
-
-    def __set__(self, task: Task, value: _Value) -> None:
-        task._set_extra(self.name, value)
-
-
 @dataclass(slots=True)
 class Task:
     id: str
@@ -274,14 +250,71 @@ class Task:
         if extra == _NO_EXTRA:
             self.extra = None
 
-    # TaskExtra's fields, read and written as the task's own.
-    needs = _ExtraField[dict[str, Any] | None]()
-    slot_leases = _ExtraField[list[str] | tuple[()]]()
-    reservation_id = _ExtraField[str | None]()
-    deadline_ms = _ExtraField[int | None]()
-    subscribers = _ExtraField[list[str] | tuple[()]]()
-    work_limit = _ExtraField[str | None]()
-    group_id = _ExtraField[str | None]()
+    # TaskExtra's fields, read and written as the task's own: the default while it has no TaskExtra
+    # (TaskExtra's defaults), a write through _set_extra. Properties, not a descriptor class of our
+    # own: a compiled core (mypyc) read such a class's instance itself where a task's field was meant.
+    @property
+    def needs(self) -> dict[str, Any] | None:
+        extra = self.extra
+        return None if extra is None else extra.needs
+
+    @needs.setter
+    def needs(self, value: dict[str, Any] | None) -> None:
+        self._set_extra("needs", value)
+
+    @property
+    def slot_leases(self) -> list[str] | tuple[()]:
+        extra = self.extra
+        return EMPTY if extra is None else extra.slot_leases
+
+    @slot_leases.setter
+    def slot_leases(self, value: list[str] | tuple[()]) -> None:
+        self._set_extra("slot_leases", value)
+
+    @property
+    def reservation_id(self) -> str | None:
+        extra = self.extra
+        return None if extra is None else extra.reservation_id
+
+    @reservation_id.setter
+    def reservation_id(self, value: str | None) -> None:
+        self._set_extra("reservation_id", value)
+
+    @property
+    def deadline_ms(self) -> int | None:
+        extra = self.extra
+        return None if extra is None else extra.deadline_ms
+
+    @deadline_ms.setter
+    def deadline_ms(self, value: int | None) -> None:
+        self._set_extra("deadline_ms", value)
+
+    @property
+    def subscribers(self) -> list[str] | tuple[()]:
+        extra = self.extra
+        return EMPTY if extra is None else extra.subscribers
+
+    @subscribers.setter
+    def subscribers(self, value: list[str] | tuple[()]) -> None:
+        self._set_extra("subscribers", value)
+
+    @property
+    def work_limit(self) -> str | None:
+        extra = self.extra
+        return None if extra is None else extra.work_limit
+
+    @work_limit.setter
+    def work_limit(self, value: str | None) -> None:
+        self._set_extra("work_limit", value)
+
+    @property
+    def group_id(self) -> str | None:
+        extra = self.extra
+        return None if extra is None else extra.group_id
+
+    @group_id.setter
+    def group_id(self, value: str | None) -> None:
+        self._set_extra("group_id", value)
 
 
 @dataclass(slots=True)
@@ -308,7 +341,7 @@ class TaskExtra:
     group_id: str | None = None
 
 
-_NO_EXTRA = TaskExtra()  # every default: what a task without one reads (never written)
+_NO_EXTRA = TaskExtra()  # every default: a TaskExtra equal to it is dropped (never written)
 TASK_EXTRA_FIELDS = tuple(f.name for f in dataclasses.fields(TaskExtra))
 
 
@@ -568,15 +601,19 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for row in data["tasks"]:
         if not _TASK_FIELDS_REQUIRED <= len(row) <= len(_TASK_FIELDS):
             raise ValueError(f"a task row has {len(row)} fields, Task has {len(_TASK_FIELDS)}")
-        task = new_task(**dict(zip(_TASK_FIELDS[: len(row)], row, strict=True)))
+        fields = dict(zip(_TASK_FIELDS[: len(row)], row, strict=True))
+        # A row of an older snapshot is brought to today's field types before a Task is made of it
+        # (a compiled core checks them): payloads were kept as parsed values before they were kept
+        # as their JSON bytes, and a finished task kept its delivery's token before its digest.
+        fields["input"] = json_bytes(fields["input"])
+        if fields.get("outcome") is not None:
+            fields["outcome"] = json_bytes(fields["outcome"])
+        if isinstance(fields.get("finished_by"), str):
+            fields["finished_by"] = delivery_digest(fields["finished_by"])
+        task = new_task(**fields)
         task.slot_leases = list(task.slot_leases) if task.slot_leases else EMPTY
         task.subscribers = list(task.subscribers) if task.subscribers else EMPTY
-        if isinstance(task.finished_by, str):  # a snapshot from before digests: the token itself
-            task.finished_by = delivery_digest(task.finished_by)
         _share_task_strings(state, task, shared)
-        # Payloads were kept as parsed values before they were kept as their JSON bytes.
-        task.input = json_bytes(task.input)
-        task.outcome = None if task.outcome is None else json_bytes(task.outcome)
         state.tasks[task.id] = task
     # A snapshot from before once and claims were split keeps the once entries under "claims"
     # (with `attempts` where max_attempts is) and has no claims.
@@ -584,8 +621,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for row in data["claims" if legacy else "once"]:
         if not _ONCE_FIELDS_REQUIRED <= len(row) <= len(_ONCE_FIELDS):
             raise ValueError(f"a once row has {len(row)} fields, Once has {len(_ONCE_FIELDS)}")
-        entry = Once(**dict(zip(_ONCE_FIELDS[: len(row)], row, strict=True)))
-        entry.result = None if entry.result is None else json_bytes(entry.result)
+        fields = dict(zip(_ONCE_FIELDS[: len(row)], row, strict=True))
+        if fields.get("result") is not None:
+            fields["result"] = json_bytes(fields["result"])  # a parsed value in an older snapshot
+        entry = Once(**fields)
         state.once[entry.id] = entry
     for table, cls in ENTITY_TABLES.items():
         if legacy and table == "claims":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate_server._version import __version__
-from runstate_server.actors import limits
+from runstate_server.actors import COMPILED, limits
 from runstate_server.actors.dispatch import COMMAND_LEVEL
 from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from runstate_server.node.api.app import build_app
@@ -48,6 +48,8 @@ _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 COMPACTION_ENTRIES_MIN = 10
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# How the core runs, as `--version` tells it (README, "A compiled core").
+CORE = "compiled core" if COMPILED else "interpreted core"
 
 
 def duration_ms(text: str) -> int:
@@ -160,7 +162,7 @@ def _add_long_poll_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
-    parser.add_argument("--version", action="version", version=f"runstate {__version__}")
+    parser.add_argument("--version", action="version", version=f"runstate {__version__} ({CORE})")
     commands = parser.add_subparsers(dest="command", required=True)
 
     dev = commands.add_parser(

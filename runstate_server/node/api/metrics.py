@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from runstate_server.actors import limits
+from runstate_server.actors import COMPILED, limits
 from runstate_server.histogram import HistogramView
 from runstate_server.node.api.routes import READ, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING
@@ -178,6 +178,9 @@ def render(node: Node, caller: Caller) -> str:
     out.metric("runstate_raft_commands_proposed_total", "counter",
                "Commands this node proposed to the Raft log while it led (a batch submit is one command at "
                "command level 2, one per task below)", [((), raft.counters.commands_proposed)])
+    out.metric("runstate_core_compiled", "gauge",
+               "1 when this node's core (the rules it applies the log with) runs compiled, 0 when interpreted",
+               [((), 1 if COMPILED else 0)])
     out.metric("runstate_command_level", "gauge",
                "The highest command level this node proposes at: its own, or the lowest its peers told (1 for a "
                "peer not connected or of an older release)", [((), raft.command_level())])
