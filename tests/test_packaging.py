@@ -4,6 +4,7 @@ one, installs beside the server in one environment."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -65,3 +66,33 @@ def test_the_published_sdk_installs_beside_the_server(wheels: dict[str, Path], t
     usage = subprocess.run([str(tmp_path / "env" / "bin" / "runstate"), "keys", "list", "--url", "ftp://x"],
                            capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "--url" in usage.stderr
+
+
+def test_the_default_wheel_is_pure_python(wheels: dict[str, Path]) -> None:
+    """Without RUNSTATE_COMPILE the server's wheel holds no compiled module (README, "A compiled core")."""
+    assert wheels["server"].name.endswith("-py3-none-any.whl"), wheels["server"].name
+    with zipfile.ZipFile(wheels["server"]) as archive:
+        assert not [name for name in archive.namelist() if name.endswith((".so", ".pyd", ".c"))]
+
+
+def backend_call(hook: str, compile_value: str | None) -> subprocess.CompletedProcess[str]:
+    """One hook of the project's build backend, as pip calls it from the project's root."""
+    env = {name: value for name, value in os.environ.items() if name != "RUNSTATE_COMPILE"}
+    if compile_value is not None:
+        env["RUNSTATE_COMPILE"] = compile_value
+    code = f"import sys; sys.path.insert(0, '_build_backend'); import runstate_build as b; print(b.{hook}())"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_build_fetches_mypy_only_for_a_compiled_core() -> None:
+    pure = backend_call("get_requires_for_build_wheel", None)
+    compiled = backend_call("get_requires_for_build_wheel", "1")
+    assert pure.returncode == 0 and compiled.returncode == 0, pure.stderr + compiled.stderr
+    assert "mypy" not in pure.stdout and "'mypy>=" in compiled.stdout, (pure.stdout, compiled.stdout)
+    assert "'mypy>=" not in backend_call("get_requires_for_build_wheel", "0").stdout
+
+
+def test_an_editable_install_refuses_the_compiled_core() -> None:
+    refused = backend_call("get_requires_for_build_editable", "yes")
+    assert refused.returncode != 0 and "editable" in refused.stderr and "RUNSTATE_COMPILE" in refused.stderr, refused.stderr
+    assert backend_call("get_requires_for_build_editable", None).returncode == 0
