@@ -23,6 +23,16 @@ def run_temp(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     return root if worker_id == "master" else root.parent
 
 
+# Tests that take minutes of one worker and are not timing-sensitive, run first: a `serial` test
+# (below) waits for every running test to end, and one of these ending while it waits would hold the
+# other worker idle for most of their length. First, they run beside the suite's many short tests.
+RUN_FIRST = ("tests/test_compiled_core.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(RUN_FIRST))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _serial_tests_run_alone(request: pytest.FixtureRequest, run_temp: Path) -> Iterator[None]:
     """The suite runs on two workers (pyproject's addopts). Every test holds a lock shared by all
