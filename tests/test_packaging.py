@@ -19,8 +19,16 @@ PIP_TIMEOUT_S = 600
 pytestmark = pytest.mark.slow
 
 
+# A new environment's own: what this run's PYTHONPATH holds (compat/compiled/run.sh puts a checkout
+# there) would tell its pip the server is installed already, and its scripts would import that.
+ISOLATED_ENV = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
+
 def pip(python: Path | str, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True, timeout=PIP_TIMEOUT_S)
+    subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True, timeout=PIP_TIMEOUT_S,
+        env=ISOLATED_ENV,
+    )
 
 
 def top_level(wheel: Path) -> set[str]:
@@ -54,17 +62,18 @@ def test_the_published_sdk_installs_beside_the_server(wheels: dict[str, Path], t
     python = tmp_path / "env" / "bin" / "python"
     pip(python, "install", str(wheels["server"]), "runstate-sdk==0.3.0")
     version = subprocess.run(
-        [str(tmp_path / "env" / "bin" / "runstate"), "--version"], capture_output=True, text=True, check=True, timeout=60
+        [str(tmp_path / "env" / "bin" / "runstate"), "--version"], capture_output=True, text=True, check=True, timeout=60,
+        env=ISOLATED_ENV,
     )
     assert version.stdout.startswith("runstate ")
     found = subprocess.run(
         [str(python), "-I", "-c", "import importlib.metadata as m, runstate; print(m.version('runstate-sdk'), runstate.__file__)"],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True, text=True, check=True, timeout=60, env=ISOLATED_ENV,
     ).stdout.split()
     assert found[0] == "0.3.0" and "site-packages" in found[1]
     # And the server does not need the SDK: its admin commands run without ours.
     usage = subprocess.run([str(tmp_path / "env" / "bin" / "runstate"), "keys", "list", "--url", "ftp://x"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=ISOLATED_ENV)
     assert usage.returncode == 2 and "--url" in usage.stderr
 
 

@@ -54,8 +54,9 @@ RUNSTATE_COMPILE=1 "$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/wheel" "$C
 WHEEL=$(ls "$WORK"/wheel/runstate_server-*.whl) || die "no wheel"
 log "built $(basename "$WHEEL") in $((SECONDS - started)) s"
 "$PYTHON" -m zipfile -e "$WHEEL" "$COPY" || die "could not unpack $WHEEL"
-# Its metadata goes: on PYTHONPATH it would tell pip (a test's own venv) the server is installed.
-rm -rf "$COPY"/runstate_server-*.dist-info
+# Its metadata goes, and the build's (egg-info, build/): on PYTHONPATH either would tell pip (a
+# test's own venv) that the server is installed.
+rm -rf "$COPY"/runstate_server-*.dist-info "$COPY"/*.egg-info "$COPY"/build
 
 cd "$COPY" || die "no $COPY"
 export PYTHONPATH=$COPY${PYTHONPATH:+:$PYTHONPATH}
