@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pysyncobj.journal import FileJournal
 
-from runstate_server.cluster._journal import DurableJournal
+from runstate_server.cluster._journal import DurableJournal, JournalFile
 
 
 def entries(count: int, term: int = 1) -> list[tuple[bytes, int, int]]:
@@ -122,3 +122,25 @@ def test_a_leaders_deferred_appends_are_synced_once_when_the_block_ends(tmp_path
     assert journal.fsync_seconds.view().count == syncs + 3
     assert on_disk(path) == [*entries(3), (b"cmd-4", 4, 1)]
     journal._destroy()
+
+
+def test_appends_go_through_pwrite_and_make_the_bytes_pysyncobj_makes(tmp_path: Path) -> None:
+    """The journal writes its file with pwrite (JournalFile), not through pysyncobj's memory map;
+    the file is byte for byte what pysyncobj's own FileJournal writes for the same entries (so an
+    earlier release, and pysyncobj itself, read it), through several growths of the file."""
+    ours = tmp_path / "ours.journal"
+    theirs = tmp_path / "theirs.journal"
+    journal = open_journal(ours)
+    assert isinstance(journal._inner._FileJournal__journalFile, JournalFile)
+    plain = FileJournal(str(theirs))
+    written = [(f"cmd-{index}-".encode() + bytes(index % 251 for _ in range(index)), index, 1) for index in range(1, 301)]
+    for entry in written:
+        journal.add(*entry)
+        plain.add(*entry)
+    journal._inner.deleteEntriesFrom(250)  # a conflict's truncation reads the records back (pread)
+    plain.deleteEntriesFrom(250)
+    journal._destroy()
+    plain._destroy()
+    assert ours.stat().st_size > 16 * 1024  # grown from 1 KiB, several times
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert on_disk(ours) == written[:250]

@@ -11,8 +11,11 @@ tick) and adds three things:
 - compaction (`deleteEntriesTo`) writes the kept entries to a new file and renames it over the
   journal, instead of pysyncobj's in-place rewrite, where a crash halfway loses the tail; before
   it, the directory is fsynced so the dump's rename is durable before the journal forgets entries;
-- the `.meta` file (term, vote, commit index) is fsynced before its rename.
-With `fsync=False` only the crash-safe compaction remains.
+- the `.meta` file (term, vote, commit index) is fsynced before its rename;
+- appends go to the file with `pwrite` (`JournalFile`) instead of through pysyncobj's memory map:
+  the same bytes in the same places, and the sync after an append takes about two thirds of the
+  time (0.13 against 0.20 ms on the test machine's disk).
+With `fsync=False` only the crash-safe compaction and the writes through `pwrite` remain.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -95,27 +97,101 @@ class _PrivateMetaStorer(MetaStorer):  # type: ignore[misc]
             fsync_directory(os.path.dirname(path) or ".")
 
 
-def sync_without_the_gil(journal: FileJournal) -> None:
-    """Write the journal's memory-mapped file to disk, as pysyncobj's flush() does, but letting
-    the node's other thread run meanwhile. pysyncobj's flush is `mmap.flush()`, an msync that
-    CPython makes while holding the interpreter lock: the event loop (every HTTP request of the
-    node) stood still for each fsync of the log. On Linux, msync(MS_SYNC) of a shared file mapping
-    is an fdatasync of its range (the page cache holds the mapping's pages, dirty ones included),
-    and `os.fdatasync` releases the lock; elsewhere pysyncobj's msync is kept."""
-    if not _FDATASYNC_SYNCS_MAPPINGS:
-        journal.flush()
+class JournalFile:
+    """pysyncobj's ResizableFile (its FileJournal's file: write, read, flush, _destroy), written
+    with `pwrite` instead of through a shared memory map. The bytes and their places are the same
+    (the file grows by doubling its size, as ResizableFile's does), so pysyncobj reads the file as
+    before, and a node of an earlier release reads this one's. What changes is the sync: on the
+    test machine's disk (ext4 on a virtual disk) an fdatasync after an append through the map took
+    0.20 ms at the median, against 0.13 ms after the same two writes (the entry, then the header's
+    end offset) made with pwrite; the kernel writes a mapping's dirty pages back through its
+    page-fault tracking, which costs more than writing the page cache directly."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        self._size = os.fstat(self._fd).st_size
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end > self._size:
+            # Grown ahead, not by each write: a write past the end changes the file's size, and
+            # then each sync writes that metadata too.
+            size = max(self._size, JOURNAL_FILE_BYTES_MIN)
+            while size < end:
+                size *= JOURNAL_FILE_GROWTH
+            os.ftruncate(self._fd, size)
+            self._size = size
+        written = os.pwrite(self._fd, values, offset)
+        while written < len(values):  # a regular file takes all of it but on a full disk (OSError)
+            written += os.pwrite(self._fd, values[written:], offset + written)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def flush(self) -> None:
+        _sync_file(self._fd)
+
+    def _destroy(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            _sync_file(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# JournalFile grows the file to at least this many bytes, then by doubling (ResizableFile's way).
+JOURNAL_FILE_BYTES_MIN = 1024
+JOURNAL_FILE_GROWTH = 2
+
+
+def _sync_file(fd: int) -> None:
+    """The file's data to disk (and the size: fdatasync writes the metadata a read needs), without
+    the interpreter lock: the node's other thread runs meanwhile. macOS has no fdatasync."""
+    if _HAS_FDATASYNC:
+        os.fdatasync(fd)
+    else:
+        os.fsync(fd)
+
+
+_HAS_FDATASYNC = hasattr(os, "fdatasync")
+# pwrite and pread exist wherever the node runs (Linux, macOS); without them the map stays.
+_HAS_PWRITE = hasattr(os, "pwrite") and hasattr(os, "pread")
+
+
+def write_with_pwrite(journal: FileJournal) -> None:
+    """Swap the journal's memory-mapped file for a JournalFile of the same path (pysyncobj has read
+    the entries through the map by now); a journal already swapped is left as it is."""
+    mapped = journal._FileJournal__journalFile
+    if isinstance(mapped, JournalFile) or not _HAS_PWRITE:
         return
-    os.fdatasync(journal._FileJournal__journalFile._ResizableFile__f.fileno())
+    path = mapped._ResizableFile__fileName
+    mapped._destroy()  # msync (a no-op: nothing was written through it since it opened) and close
+    journal._FileJournal__journalFile = JournalFile(path)
 
 
-# Linux only: the guarantee above is Linux's (other systems keep a mapping's dirty pages apart).
-_FDATASYNC_SYNCS_MAPPINGS = sys.platform.startswith("linux")
+def sync_without_the_gil(journal: FileJournal) -> None:
+    """Write the journal's file to disk, as pysyncobj's flush() does, but letting the node's other
+    thread run meanwhile (pysyncobj's flush is `mmap.flush()`, an msync that CPython makes while
+    holding the interpreter lock: the event loop, every HTTP request of the node, stood still for
+    each fsync of the log). A JournalFile syncs with fdatasync, which releases the lock; a file
+    still mapped (no pwrite) syncs with pysyncobj's msync."""
+    file = journal._FileJournal__journalFile
+    if isinstance(file, JournalFile):
+        file.flush()
+    else:
+        journal.flush()
 
 
 def _open(path: str, *, fsync: bool) -> FileJournal:
     journal = FileJournal(path)  # creates the file if missing, with the umask's mode
     make_private(path)
     journal._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
+    write_with_pwrite(journal)
     return journal
 
 
@@ -133,6 +209,7 @@ class DurableJournal(Journal):  # type: ignore[misc]
         self._fsync = fsync
         make_private(path)  # pysyncobj created it with the umask's mode
         inner._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
+        write_with_pwrite(inner)
         if fsync:
             sync_without_the_gil(inner)  # the no-op entry SyncObj may have just added
         self._inner = inner
