@@ -150,3 +150,31 @@ def test_consume_cpu_bench_short_form() -> None:
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert (report["tasks"], report["concurrency"]) == (300, 8)
     assert report["us_per_task"] > 0
+
+
+@pytest.mark.parametrize("flags", [(), ("--cluster", "--via", "follower")], ids=["dev", "cluster-follower"])
+def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
+    requests = 60
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--requests", str(requests), "--warmup", "5", *flags],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["requests"] == requests and report["fsync"] == "always"
+    assert report["nodes"] == (3 if flags else 1)
+    for phase in ("raw", "sdk"):
+        latency = report[phase]["submit_ms"]
+        assert set(latency) == {"p50", "p90", "p99", "max"}
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+    nodes = report["raw"]["node_cpu_ms_per_request"]
+    if flags:
+        assert report["via"] == "follower"
+        assert sorted(node["role"] for node in nodes) == ["follower", "follower", "leader"]
+        assert [node["role"] for node in nodes if node["client"]] == ["follower"]
+    else:
+        assert [(node["role"], node["client"]) for node in nodes] == [("dev", True)]
+    # Every submit of the raw phase costs the node(s) CPU (a clock tick is 10 ms: 60 submits of
+    # ~1 ms of the serving node's CPU each pass several).
+    assert sum(node["ms"] for node in nodes) > 0
+    assert "etcd" not in report

@@ -1,0 +1,208 @@
+"""Submit latency with one request outstanding, as a raw client and through the SDK; prints one JSON object.
+
+    python -m bench.latency                        # a dev node
+    python -m bench.latency --cluster              # a three-node cluster, through its leader
+    python -m bench.latency --cluster --via follower
+    python -m bench.latency --code ../other-checkout --cluster   # the nodes run that checkout's code
+    python -m bench.latency --etcd http://127.0.0.1:2379         # the same client's puts to an etcd
+
+Starts its own node(s) (fsync always, unless --fsync never) on free 127.0.0.1 ports, opens a run
+and a mailbox, and submits `--requests` tasks one after the other: first from a raw HTTP/1.1
+client over one keep-alive connection (the standard library's http.client: the least a client
+can add), then as many through the async SDK (`queue.submit`, what an application sees). Each
+phase starts with `--warmup` submits that are not counted. It prints the p50/p90/p99/max of each
+phase in ms and, for the raw phase, each node's role and CPU per request (utime + stime from /proc,
+in ms: `node_cpu_ms_per_request`; `client` marks the node the client talks to).
+
+With --etcd URL it also puts as many small keys to that etcd (v3's JSON gateway, `POST
+/v3/kv/put`) from the same raw client, one after the other: the reference the issue's latency
+target names (etcd's put), measured on the same machine in the same sitting. The etcd is not
+started here: run one, or three (Debian's etcd-server), beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from runstate import AsyncRunstate
+
+from bench.throughput import cpu_s, percentile, start_cluster, start_node, wait_healthy
+
+REQUESTS_DEFAULT = 2000
+WARMUP_DEFAULT = 200
+REQUEST_TIMEOUT_S = 30.0
+NODE_STOP_TIMEOUT_S = 30.0
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection: JSON in, JSON out, any status but the expected one fails."""
+
+    def __init__(self, url: str, key: str | None) -> None:
+        parts = urlsplit(url)
+        self._connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=REQUEST_TIMEOUT_S)
+        self._headers = {"content-type": "application/json"}
+        if key:
+            self._headers["authorization"] = f"Bearer {key}"
+
+    def call(self, path: str, body: dict[str, Any], *, expect: int) -> dict[str, Any]:
+        self._connection.request("POST", path, body=json.dumps(body), headers=self._headers)
+        response = self._connection.getresponse()
+        answer = response.read()
+        if response.status != expect:
+            raise RuntimeError(f"POST {path} answered {response.status}: {answer[:300]!r}")
+        decoded: dict[str, Any] = json.loads(answer)
+        return decoded
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def summary(latencies_s: list[float]) -> dict[str, float]:
+    latencies_ms = [latency * 1000 for latency in latencies_s]
+    return {
+        "p50": round(statistics.median(latencies_ms), 3),
+        "p90": round(percentile(latencies_ms, 0.90), 3),
+        "p99": round(percentile(latencies_ms, 0.99), 3),
+        "max": round(max(latencies_ms), 3),
+    }
+
+
+def raw_submits(
+    url: str, key: str | None, requests: int, warmup: int, pids: list[tuple[str, int, bool]],
+) -> dict[str, Any]:
+    """`warmup` + `requests` sequential POST /tasks from a raw client; the latencies of the last
+    `requests` and each node's CPU per request over them."""
+    client = RawClient(url, key)
+    try:
+        space = "/v1/spaces/default"
+        run_id = client.call(f"{space}/scopes", {}, expect=201)["id"]
+        mailbox_id = client.call(f"{space}/mailboxes", {"name": f"latency-{os.getpid()}"}, expect=201)["id"]
+
+        def submit(index: int) -> None:
+            body = {"scopeId": run_id, "mailboxId": mailbox_id, "input": {"n": index}, "taskKey": f"task-{index}"}
+            client.call(f"{space}/tasks", body, expect=201)
+
+        for index in range(warmup):
+            submit(index)
+        before = [cpu_s(pid) for _, pid, _ in pids]
+        latencies_s: list[float] = []
+        for index in range(warmup, warmup + requests):
+            started = time.perf_counter()
+            submit(index)
+            latencies_s.append(time.perf_counter() - started)
+        cpu_ms: list[dict[str, Any]] = []
+        for (role, pid, serves), then in zip(pids, before, strict=True):
+            now = cpu_s(pid)
+            if now is not None and then is not None:
+                cpu_ms.append({"role": role, "client": serves, "ms": round((now - then) / requests * 1000, 3)})
+    finally:
+        client.close()
+    return {"submit_ms": summary(latencies_s), "node_cpu_ms_per_request": cpu_ms}
+
+
+async def sdk_submits(url: str, requests: int, warmup: int) -> dict[str, Any]:
+    """The same through the async SDK (RUNSTATE_API_KEY in the environment on a cluster)."""
+    async with AsyncRunstate(base_url=url, holder="bench-latency") as rs:
+        name = f"latency-sdk-{os.getpid()}"
+        await rs.mailboxes.ensure(name, mode="WORK")
+        queue = rs.scope((await rs.scopes.create(name=name)).id).mailbox(name)
+        for index in range(warmup):
+            await queue.submit({"n": index}, key=f"task-{index}")
+        latencies_s: list[float] = []
+        for index in range(warmup, warmup + requests):
+            started = time.perf_counter()
+            await queue.submit({"n": index}, key=f"task-{index}")
+            latencies_s.append(time.perf_counter() - started)
+    return {"submit_ms": summary(latencies_s)}
+
+
+def etcd_puts(url: str, requests: int, warmup: int) -> dict[str, Any]:
+    """Sequential puts of small keys to an etcd's v3 JSON gateway, from the same raw client."""
+    client = RawClient(url, None)
+
+    def put(index: int) -> None:
+        key = base64.b64encode(f"runstate-bench-latency/{index}".encode()).decode()
+        value = base64.b64encode(json.dumps({"n": index}).encode()).decode()
+        client.call("/v3/kv/put", {"key": key, "value": value}, expect=200)
+
+    try:
+        for index in range(warmup):
+            put(index)
+        latencies_s: list[float] = []
+        for index in range(warmup, warmup + requests):
+            started = time.perf_counter()
+            put(index)
+            latencies_s.append(time.perf_counter() - started)
+    finally:
+        client.close()
+    return {"url": url, "put_ms": summary(latencies_s)}
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    code = args.code.resolve()
+    # The node processes (the dev node, or the cluster's `runstate node`s) run `code`'s server.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
+    report: dict[str, Any] = {
+        "benchmark": "submit_latency", "nodes": 3 if args.cluster else 1, "via": args.via if args.cluster else "dev",
+        "fsync": args.fsync, "requests": args.requests, "code": str(code), "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+    with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
+        if args.cluster:
+            cluster = start_cluster(args.fsync, Path(scratch) / "cluster")
+            try:
+                leader = cluster.leader_index()
+                target = leader if args.via == "leader" else next(i for i in range(len(cluster.processes)) if i != leader)
+                pids = []
+                for index, process in enumerate(cluster.processes):
+                    assert process is not None
+                    pids.append(("leader" if index == leader else "follower", process.pid, index == target))
+                url = cluster.urls_from(target).split(",")[0]
+                report["raw"] = raw_submits(url, os.environ["RUNSTATE_API_KEY"], args.requests, args.warmup, pids)
+                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup))
+            finally:
+                cluster.stop()
+        else:
+            node, url = start_node(args.fsync, Path(scratch) / "data", env=dict(os.environ))
+            try:
+                asyncio.run(wait_healthy(url, node))
+                report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)])
+                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup))
+            finally:
+                node.terminate()
+                node.wait(timeout=NODE_STOP_TIMEOUT_S)
+    if args.etcd:
+        report["etcd"] = etcd_puts(args.etcd, args.requests, args.warmup)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=REQUESTS_DEFAULT, help=f"submits counted per phase (default {REQUESTS_DEFAULT})")
+    parser.add_argument("--warmup", type=int, default=WARMUP_DEFAULT, help=f"submits before each phase, not counted (default {WARMUP_DEFAULT})")
+    parser.add_argument("--fsync", choices=("always", "never"), default="always")
+    parser.add_argument("--cluster", action="store_true", help="a three-node cluster instead of a dev node")
+    parser.add_argument("--via", choices=("leader", "follower"), default="leader", help="the cluster node the client talks to")
+    parser.add_argument("--code", type=Path, default=Path(__file__).parent.parent, help="the checkout whose server the nodes run")
+    parser.add_argument("--etcd", help="also time puts to this etcd's client URL (e.g. http://127.0.0.1:2379)")
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.warmup < 0:
+        parser.error("--requests must be at least 1 and --warmup at least 0")
+    print(json.dumps(bench(args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
