@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tests._http import Api
+from tests._nodes import free_ports
 
 START_TIMEOUT_S = 60.0  # a node replays its log and finds a leader (generous: 2 cores, 3 nodes)
 LEADER_TIMEOUT_S = 30.0  # an election after a kill or pause
@@ -41,20 +42,6 @@ PAUSE_TIMEOUT_S = 10.0  # every thread of a SIGSTOPped process shows as stopped
 LOG_TAIL_CHARS = 3000
 SECRET = "cluster-test-secret-0123456789"
 ADMIN_KEY = "rsk_cluster-test-admin-key-0123456789abcdef"  # the bootstrap admin key of every test cluster
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports (all held open at once while they are picked)."""
-    probes: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probes.append(probe)
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
 
 
 PORT_BLOCK_BASES = range(20000, 30000)  # below Linux's ephemeral range, so clients rarely take them
