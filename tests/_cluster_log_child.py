@@ -11,19 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from runstate_server.cluster import LogConfig, ReplicatedLog
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port that is free now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RecordingMachine:

@@ -18,7 +18,8 @@ from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, Replic
 from runstate_server.cluster.codec import decode_batch
 from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
 from runstate_server.cluster.snapshot import Dump, encode_dump
-from tests._cluster_log_child import RecordingMachine, free_port
+from tests._cluster_log_child import RecordingMachine
+from tests._nodes import free_port
 
 READY_TIMEOUT_S = 15.0
 

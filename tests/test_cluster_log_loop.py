@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from runstate_server.cluster import LogConfig, LogUnavailable, ReplicatedLog, _journal
-from tests._cluster_log_child import RecordingMachine, free_port
+from tests._cluster_log_child import RecordingMachine
+from tests._nodes import free_port
 from tests.test_cluster_log import READY_TIMEOUT_S, applied_ids, eventually, running_log, three_logs
 
 # How long a test holds a sync back (a slow disk); the propose it holds waits longer than that.

@@ -10,7 +10,6 @@ never applied). Here: a real RaftNode, three stale entries of an old term, one c
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from pysyncobj import SyncObjConf
 
 from runstate_server.cluster import _raft
 from runstate_server.cluster._raft import RaftNode, without_snapshot_commit
+from tests._nodes import free_port
 
 STALE_ENTRIES = 3
 
@@ -30,12 +30,6 @@ class Bridge:
     def apply_batch(self, batch: bytes) -> list[Any]:
         self.applied.append(batch)
         return []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

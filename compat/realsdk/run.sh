@@ -226,7 +226,18 @@ PY
 OURS=
 if [ -z "$BASE_URL" ]; then
   OURS=1
-  PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # A port below Linux's ephemeral range (the tests' nodes pick theirs there too): one the kernel
+  # picks could go to another process's outgoing connection before the server binds it.
+  PORT=$(python3 -c '
+import random, socket
+for port in random.SystemRandom().sample(range(20000, 30000), 500):
+    try:
+        socket.socket().bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    print(port)
+    break
+')
   BASE_URL=http://127.0.0.1:$PORT
   DATA=$WORK/data
   # The bootstrap key comes from DATA/bootstrap.key: an inherited RUNSTATE_BOOTSTRAP_KEY would replace it.
