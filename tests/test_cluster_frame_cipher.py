@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pysyncobj.encryptor import getEncryptor
 
 from runstate_server.cluster._frame_cipher import FrameCipher, InvalidFrame, frame_cipher
-from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, _frame_body, _frame_data
+from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, _frame_body
 
 FERNET = getEncryptor("the cluster password")
 OTHER = getEncryptor("another password")
@@ -100,25 +100,3 @@ def test_frame_bodies_inflate_as_pysyncobj_reads_them(size: int) -> None:
     assert zlib.decompress(body) == pickled
     if size >= FRAME_DEFLATE_BYTES_MIN:
         assert len(body) < size  # deflated
-
-
-@pytest.mark.parametrize("size", [0, 1, 300, FRAME_DEFLATE_BYTES_MIN - 1, FRAME_DEFLATE_BYTES_MIN, 70_000])
-@pytest.mark.parametrize("maker", ["ours", "zlib-stored", "zlib-deflated"])
-def test_frame_data_reads_any_zlib_stream(size: int, maker: str) -> None:
-    """A frame's body is read back whether this release made it, or zlib at level 0 (a stored
-    stream: an earlier release's small frames) or at pysyncobj's level (a peer's deflated one)."""
-    pickled = bytes(range(256)) * (size // 256) + b"y" * (size % 256)
-    body = {"ours": _frame_body, "zlib-stored": lambda data: zlib.compress(data, 0),
-            "zlib-deflated": lambda data: zlib.compress(data, 3)}[maker](pickled)
-    assert _frame_data(body) == pickled
-
-
-def test_a_damaged_stored_frame_is_refused() -> None:
-    """A stored stream read without zlib still has its checksum checked: a changed byte is an
-    error (the connection is dropped, as for any frame zlib cannot read), never other data."""
-    body = bytearray(_frame_body(b"append_entries" * 10))
-    body[20] ^= 0x01
-    with pytest.raises(zlib.error):
-        _frame_data(bytes(body))
-    with pytest.raises(zlib.error):
-        _frame_data(_frame_body(b"heartbeat")[:-1])  # cut short
