@@ -15,7 +15,7 @@ import pytest
 
 from runstate_server.cluster.log import DUMP_FILE_NAME
 from runstate_server.cluster.snapshot import decode_dump
-from tests._cluster_log_child import free_port
+from tests._nodes import free_port
 
 CHILD = Path(__file__).with_name("_cluster_log_child.py")
 REPOSITORY = Path(__file__).resolve().parents[1]
