@@ -94,7 +94,7 @@ def _get_json(url: str, key: str | None = None) -> tuple[int, Any] | None:
         return None
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """`count` distinct ports of PORT_RANGE that bind now (all held while they are picked)."""
     chooser = random.SystemRandom()  # not the run's seed: a replay must not depend on port luck
     held: list[socket.socket] = []
@@ -133,7 +133,7 @@ class ChaosCluster:
         self.admin_key_file.write_text(self.admin_key)
 
         pairs = [(a, b) for a in range(NODES) for b in range(a + 1, NODES)]
-        ports = _free_ports(2 * NODES + len(pairs))  # APIs, Raft addresses, proxies
+        ports = free_ports(2 * NODES + len(pairs))  # APIs, Raft addresses, proxies
         self.api_ports = ports[:NODES]
         raft_like = sorted(ports[NODES:])
         # Every proxy port below every Raft port, Raft ports ascending by index (see the module doc).

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from chaos.cluster import free_ports
 from tests._http import Api
-from tests._nodes import free_ports
 
 START_TIMEOUT_S = 60.0  # a node replays its log and finds a leader (generous: 2 cores, 3 nodes)
 LEADER_TIMEOUT_S = 30.0  # an election after a kill or pause

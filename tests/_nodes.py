@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,39 +13,16 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos.cluster import free_ports
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 
 # The ports tests' nodes listen on come from below Linux's ephemeral range (32768-60999 by
-# default): a port the kernel picked (bind to port 0) could be handed to another test's outgoing
-# connection between the pick and the node's own bind, and the node failed to start ("Address
-# already in use", seen in CI). The chaos harness picks from the same range (chaos/cluster.py).
-LISTEN_PORTS = range(20000, 30000)
-PORT_PICK_TRIES = 500
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports of LISTEN_PORTS that bind now (all held open while they are picked)."""
-    chooser = random.SystemRandom()  # not a test's seeded random: the pick must differ per process
-    held: list[socket.socket] = []
-    try:
-        for candidate in chooser.sample(LISTEN_PORTS, PORT_PICK_TRIES):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                probe.bind(("127.0.0.1", candidate))
-            except OSError:
-                probe.close()
-                continue
-            held.append(probe)
-            if len(held) == count:
-                return [int(sock.getsockname()[1]) for sock in held]
-    finally:
-        for sock in held:
-            sock.close()
-    raise RuntimeError(f"no {count} free ports in {LISTEN_PORTS} after {PORT_PICK_TRIES} tries")
-
-
+# default), as the chaos harness's do: a port the kernel picked (bind to port 0) could be handed to
+# another test's outgoing connection between the pick and the node's own bind, and the node failed
+# to start ("Address already in use", seen in CI).
 def free_port() -> int:
     return free_ports(1)[0]
 
