@@ -125,7 +125,7 @@ class JournalFile:
             os.ftruncate(self._fd, size)
             self._size = size
         written = os.pwrite(self._fd, values, offset)
-        while written < len(values):  # a regular file takes all of it but on a full disk (OSError)
+        while written < len(values):  # a regular file takes it all (a full disk raises OSError)
             written += os.pwrite(self._fd, values[written:], offset + written)
 
     def read(self, offset: int, size: int) -> bytes:
@@ -170,7 +170,7 @@ def write_with_pwrite(journal: FileJournal) -> None:
     if isinstance(mapped, JournalFile) or not _HAS_PWRITE:
         return
     path = mapped._ResizableFile__fileName
-    mapped._destroy()  # msync (a no-op: nothing was written through it since it opened) and close
+    mapped._destroy()  # msync what went through the map since it opened (SyncObj's no-op entry), close
     journal._FileJournal__journalFile = JournalFile(path)
 
 
