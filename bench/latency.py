@@ -10,7 +10,8 @@ Starts its own node(s) (fsync always, unless --fsync never) on free 127.0.0.1 po
 and a mailbox, and submits `--requests` tasks one after the other: first from a raw HTTP/1.1
 client over one keep-alive connection (the standard library's http.client: the least a client
 can add), then as many through the async SDK (`queue.submit`, what an application sees). Each
-phase starts with `--warmup` submits that are not counted. It prints the p50/p90/p99/max of each
+phase starts with `--warmup` submits that are not counted; `--gap-ms N` idles N ms before each
+counted submit (sparse calls, as agents make them, meet a machine whose cores went idle). It prints the p50/p90/p99/max of each
 phase in ms and, for the raw phase, each node's role and CPU per request (utime + stime from /proc,
 in ms: `node_cpu_ms_per_request`; `client` marks the node the client talks to).
 
@@ -44,6 +45,7 @@ REQUESTS_DEFAULT = 2000
 WARMUP_DEFAULT = 200
 REQUEST_TIMEOUT_S = 30.0
 NODE_STOP_TIMEOUT_S = 30.0
+GAP_MS_MAX = 10_000.0
 
 
 class RawClient:
@@ -80,7 +82,7 @@ def summary(latencies_s: list[float]) -> dict[str, float]:
 
 
 def raw_submits(
-    url: str, key: str | None, requests: int, warmup: int, pids: list[tuple[str, int, bool]],
+    url: str, key: str | None, requests: int, warmup: int, pids: list[tuple[str, int, bool]], gap_s: float,
 ) -> dict[str, Any]:
     """`warmup` + `requests` sequential POST /tasks from a raw client; the latencies of the last
     `requests` and each node's CPU per request over them."""
@@ -99,6 +101,8 @@ def raw_submits(
         before = [cpu_s(pid) for _, pid, _ in pids]
         latencies_s: list[float] = []
         for index in range(warmup, warmup + requests):
+            if gap_s:
+                time.sleep(gap_s)
             started = time.perf_counter()
             submit(index)
             latencies_s.append(time.perf_counter() - started)
@@ -112,7 +116,7 @@ def raw_submits(
     return {"submit_ms": summary(latencies_s), "node_cpu_ms_per_request": cpu_ms}
 
 
-async def sdk_submits(url: str, requests: int, warmup: int) -> dict[str, Any]:
+async def sdk_submits(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:
     """The same through the async SDK (RUNSTATE_API_KEY in the environment on a cluster)."""
     async with AsyncRunstate(base_url=url, holder="bench-latency") as rs:
         name = f"latency-sdk-{os.getpid()}"
@@ -122,13 +126,15 @@ async def sdk_submits(url: str, requests: int, warmup: int) -> dict[str, Any]:
             await queue.submit({"n": index}, key=f"task-{index}")
         latencies_s: list[float] = []
         for index in range(warmup, warmup + requests):
+            if gap_s:
+                await asyncio.sleep(gap_s)
             started = time.perf_counter()
             await queue.submit({"n": index}, key=f"task-{index}")
             latencies_s.append(time.perf_counter() - started)
     return {"submit_ms": summary(latencies_s)}
 
 
-def etcd_puts(url: str, requests: int, warmup: int) -> dict[str, Any]:
+def etcd_puts(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:
     """Sequential puts of small keys to an etcd's v3 JSON gateway, from the same raw client."""
     client = RawClient(url, None)
 
@@ -142,6 +148,8 @@ def etcd_puts(url: str, requests: int, warmup: int) -> dict[str, Any]:
             put(index)
         latencies_s: list[float] = []
         for index in range(warmup, warmup + requests):
+            if gap_s:
+                time.sleep(gap_s)
             started = time.perf_counter()
             put(index)
             latencies_s.append(time.perf_counter() - started)
@@ -152,11 +160,12 @@ def etcd_puts(url: str, requests: int, warmup: int) -> dict[str, Any]:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     code = args.code.resolve()
+    gap_s = args.gap_ms / 1000
     # The node processes (the dev node, or the cluster's `runstate node`s) run `code`'s server.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
     report: dict[str, Any] = {
         "benchmark": "submit_latency", "nodes": 3 if args.cluster else 1, "via": args.via if args.cluster else "dev",
-        "fsync": args.fsync, "requests": args.requests, "code": str(code), "cpus": os.cpu_count(),
+        "fsync": args.fsync, "requests": args.requests, "gap_ms": args.gap_ms, "code": str(code), "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
     }
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
@@ -170,21 +179,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     assert process is not None
                     pids.append(("leader" if index == leader else "follower", process.pid, index == target))
                 url = cluster.urls_from(target).split(",")[0]
-                report["raw"] = raw_submits(url, os.environ["RUNSTATE_API_KEY"], args.requests, args.warmup, pids)
-                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup))
+                report["raw"] = raw_submits(url, os.environ["RUNSTATE_API_KEY"], args.requests, args.warmup, pids, gap_s)
+                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
             finally:
                 cluster.stop()
         else:
             node, url = start_node(args.fsync, Path(scratch) / "data", env=dict(os.environ))
             try:
                 asyncio.run(wait_healthy(url, node))
-                report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)])
-                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup))
+                report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)], gap_s)
+                report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
             finally:
                 node.terminate()
                 node.wait(timeout=NODE_STOP_TIMEOUT_S)
     if args.etcd:
-        report["etcd"] = etcd_puts(args.etcd, args.requests, args.warmup)
+        report["etcd"] = etcd_puts(args.etcd, args.requests, args.warmup, gap_s)
     return report
 
 
@@ -197,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--via", choices=("leader", "follower"), default="leader", help="the cluster node the client talks to")
     parser.add_argument("--code", type=Path, default=Path(__file__).parent.parent, help="the checkout whose server the nodes run")
     parser.add_argument("--etcd", help="also time puts to this etcd's client URL (e.g. http://127.0.0.1:2379)")
+    parser.add_argument(
+        "--gap-ms", type=float, default=0.0,
+        help="idle this long before each counted request (0, the default: back to back); an agent's calls come apart",
+    )
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.warmup < 0:
-        parser.error("--requests must be at least 1 and --warmup at least 0")
+    if args.requests < 1 or args.warmup < 0 or not 0 <= args.gap_ms <= GAP_MS_MAX:
+        parser.error(f"--requests must be at least 1, --warmup at least 0, --gap-ms 0 to {GAP_MS_MAX}")
     print(json.dumps(bench(args)), flush=True)
     return 0
 

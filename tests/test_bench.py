@@ -152,7 +152,9 @@ def test_consume_cpu_bench_short_form() -> None:
     assert report["us_per_task"] > 0
 
 
-@pytest.mark.parametrize("flags", [(), ("--cluster", "--via", "follower")], ids=["dev", "cluster-follower"])
+@pytest.mark.parametrize(
+    "flags", [(), ("--cluster", "--via", "follower", "--gap-ms", "2")], ids=["dev", "cluster-follower-sparse"],
+)
 def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     requests = 60
     finished = subprocess.run(
@@ -163,6 +165,7 @@ def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report["requests"] == requests and report["fsync"] == "always"
     assert report["nodes"] == (3 if flags else 1)
+    assert report["gap_ms"] == (2 if flags else 0)
     for phase in ("raw", "sdk"):
         latency = report[phase]["submit_ms"]
         assert set(latency) == {"p50", "p90", "p99", "max"}
