@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,6 +82,18 @@ def summary(latencies_s: list[float]) -> dict[str, float]:
     }
 
 
+def timed(call: Callable[[int], None], indexes: range, gap_s: float) -> list[float]:
+    """The seconds each call(index) took, one after the other, each after `gap_s` idle."""
+    latencies_s: list[float] = []
+    for index in indexes:
+        if gap_s:
+            time.sleep(gap_s)
+        started = time.perf_counter()
+        call(index)
+        latencies_s.append(time.perf_counter() - started)
+    return latencies_s
+
+
 def raw_submits(
     url: str, key: str | None, requests: int, warmup: int, pids: list[tuple[str, int, bool]], gap_s: float,
 ) -> dict[str, Any]:
@@ -99,13 +112,7 @@ def raw_submits(
         for index in range(warmup):
             submit(index)
         before = [cpu_s(pid) for _, pid, _ in pids]
-        latencies_s: list[float] = []
-        for index in range(warmup, warmup + requests):
-            if gap_s:
-                time.sleep(gap_s)
-            started = time.perf_counter()
-            submit(index)
-            latencies_s.append(time.perf_counter() - started)
+        latencies_s = timed(submit, range(warmup, warmup + requests), gap_s)
         cpu_ms: list[dict[str, Any]] = []
         for (role, pid, serves), then in zip(pids, before, strict=True):
             now = cpu_s(pid)
@@ -146,13 +153,7 @@ def etcd_puts(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, A
     try:
         for index in range(warmup):
             put(index)
-        latencies_s: list[float] = []
-        for index in range(warmup, warmup + requests):
-            if gap_s:
-                time.sleep(gap_s)
-            started = time.perf_counter()
-            put(index)
-            latencies_s.append(time.perf_counter() - started)
+        latencies_s = timed(put, range(warmup, warmup + requests), gap_s)
     finally:
         client.close()
     return {"url": url, "put_ms": summary(latencies_s)}
