@@ -40,12 +40,11 @@ from urllib.parse import urlsplit
 
 from runstate import AsyncRunstate
 
-from bench.throughput import cpu_s, percentile, start_cluster, start_node, wait_healthy
+from bench.throughput import cpu_s, percentile, start_cluster, start_node, stop_node, wait_healthy
 
 REQUESTS_DEFAULT = 2000
 WARMUP_DEFAULT = 200
 REQUEST_TIMEOUT_S = 30.0
-NODE_STOP_TIMEOUT_S = 30.0
 GAP_MS_MAX = 10_000.0
 
 
@@ -179,7 +178,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 for index, process in enumerate(cluster.processes):
                     assert process is not None
                     pids.append(("leader" if index == leader else "follower", process.pid, index == target))
-                url = cluster.urls_from(target).split(",")[0]
+                url = cluster.urls[target]
                 report["raw"] = raw_submits(url, os.environ["RUNSTATE_API_KEY"], args.requests, args.warmup, pids, gap_s)
                 report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
             finally:
@@ -191,8 +190,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)], gap_s)
                 report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
             finally:
-                node.terminate()
-                node.wait(timeout=NODE_STOP_TIMEOUT_S)
+                stop_node(node)
     if args.etcd:
         report["etcd"] = etcd_puts(args.etcd, args.requests, args.warmup, gap_s)
     return report

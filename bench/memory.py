@@ -37,7 +37,7 @@ from typing import Any
 from runstate import AsyncRunstate
 
 from bench.throughput import start_node as throughput_node
-from bench.throughput import wait_healthy
+from bench.throughput import stop_node, wait_healthy
 
 NODE_EXIT_TIMEOUT_S = 30.0
 SETTLE_S = 2.0  # default wait after a phase, before the RSS is read: the node ends what it was doing
@@ -223,12 +223,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if trace_path:
                 profile["top_sites"] = top_sites(before, await trace(node, trace_path), max(sum(accepted), 1))
         finally:
-            node.terminate()
-            try:
-                node.wait(NODE_EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait()
+            stop_node(node, NODE_EXIT_TIMEOUT_S)
     accepted_total = sum(accepted)
     queued_per_task = per_task(queued["VmRSS"] - base["VmRSS"], accepted_total)
     done_per_task = per_task(done["VmRSS"] - base["VmRSS"], accepted_total)

@@ -31,6 +31,7 @@ from runstate import AsyncRunstate
 HEALTH_TIMEOUT_S = 30.0
 RESULT_TIMEOUT_MS = 120_000
 WORKER_EXIT_TIMEOUT_S = 30.0
+NODE_STOP_TIMEOUT_S = 30.0
 # What a worker process prints once it has started (imports alone take ~0.3 s of CPU).
 WORKER_READY = "ready"
 
@@ -199,6 +200,16 @@ def start_node(
     return node, f"http://127.0.0.1:{port}"
 
 
+def stop_node(node: subprocess.Popen[bytes], timeout_s: float = NODE_STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL if the node has not exited within `timeout_s`."""
+    node.terminate()
+    try:
+        node.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        node.kill()
+        node.wait()
+
+
 def start_cluster(fsync: str, root: Path) -> Any:
     """A three-node cluster (`runstate node` processes, as the tests start them); RUNSTATE_API_KEY
     (inherited by the workers) is set to its first admin key."""
@@ -328,8 +339,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 if worker.stdout is not None:
                     worker.stdout.close()
             if node is not None:
-                node.terminate()
-                node.wait(WORKER_EXIT_TIMEOUT_S)
+                stop_node(node)
             if cluster is not None:
                 cluster.stop()
     known = args.url is None or args.cluster

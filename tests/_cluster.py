@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from chaos.cluster import free_ports
+from chaos.cluster import PORT_RANGE, free_ports
 from tests._http import Api
 
 START_TIMEOUT_S = 60.0  # a node replays its log and finds a leader (generous: 2 cores, 3 nodes)
@@ -44,7 +44,7 @@ SECRET = "cluster-test-secret-0123456789"
 ADMIN_KEY = "rsk_cluster-test-admin-key-0123456789abcdef"  # the bootstrap admin key of every test cluster
 
 
-PORT_BLOCK_BASES = range(20000, 30000)  # below Linux's ephemeral range, so clients rarely take them
+PORT_BLOCK_BASES = PORT_RANGE  # below Linux's ephemeral range, as free_ports's ports
 PORT_BLOCK_TRIES = 200
 
 

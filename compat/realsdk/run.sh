@@ -238,6 +238,7 @@ for port in random.SystemRandom().sample(range(20000, 30000), 500):
     print(port)
     break
 ')
+  [ -n "$PORT" ] || { echo "no free port in 20000-30000 after 500 tries" >&2; exit 1; }
   BASE_URL=http://127.0.0.1:$PORT
   DATA=$WORK/data
   # The bootstrap key comes from DATA/bootstrap.key: an inherited RUNSTATE_BOOTSTRAP_KEY would replace it.
