@@ -124,9 +124,12 @@ class JournalFile:
                 size *= JOURNAL_FILE_GROWTH
             os.ftruncate(self._fd, size)
             self._size = size
-        written = os.pwrite(self._fd, values, offset)
-        while written < len(values):  # a regular file takes it all (a full disk raises OSError)
-            written += os.pwrite(self._fd, values[written:], offset + written)
+        written = 0
+        while written < len(values):  # a regular file takes it all at once; a full disk raises OSError
+            taken = os.pwrite(self._fd, values[written:], offset + written)
+            if taken <= 0:
+                raise OSError(f"the journal took no bytes at offset {offset + written}")
+            written += taken
 
     def read(self, offset: int, size: int) -> bytes:
         return os.pread(self._fd, size, offset)
