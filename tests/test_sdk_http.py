@@ -154,6 +154,7 @@ def test_sdk_imports_no_server_package() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'runstate_server')\n"
         "assert not bad, bad\n"
         "assert 'pysyncobj' not in sys.modules and 'msgpack' not in sys.modules\n"
+        "assert 'aiohttp' not in sys.modules and 'yarl' not in sys.modules\n"  # its own HTTP client: _wire.py
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

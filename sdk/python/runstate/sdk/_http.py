@@ -1,4 +1,4 @@
-"""The HTTP transport: one aiohttp session, the list of servers, failover and bounded retries.
+"""The HTTP transport: one connection pool (_wire.py), the list of servers, failover and bounded retries.
 
 Retry rules. A request that never reached a server (connection refused, connect timeout) is
 retried on the next listed server, whatever it is. A request that may have reached a server (a
@@ -25,12 +25,10 @@ import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import quote, urlencode, urlsplit
 
-import aiohttp
-import yarl
-
+from runstate.sdk._wire import AnswerError, ConnectError, ConnectionPool, request_head
 from runstate.sdk.errors import (
     ConfigError,
     RunstateError,
@@ -45,6 +43,7 @@ if TYPE_CHECKING:
 NOT_RECEIVED_CODE = "REQUEST_TIMEOUT"
 # Set by a node that forwarded a call to the leader: the leader's API URL.
 LEADER_HEADER = "X-Runstate-Leader"
+LEADER_HEADER_LOWER = LEADER_HEADER.lower()  # as an answer's headers are keyed
 
 logger = logging.getLogger("runstate.sdk")
 
@@ -101,11 +100,14 @@ def parse_base_urls(base_url: str | Sequence[str] | None) -> list[str]:
         if not candidate:
             continue
         try:
-            parsed = yarl.URL(candidate)
+            parsed = urlsplit(candidate)
+            parsed.port  # noqa: B018 (raises ValueError for a port that is not one)
         except ValueError as exc:
             raise ConfigError(f"base_url {candidate!r} is not a URL: {exc}") from exc
-        if parsed.scheme not in ("http", "https") or not parsed.host:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"base_url {candidate!r} must be an http:// or https:// URL with a host")
+        if parsed.query or parsed.fragment or _UNSAFE_IN_TARGET.search(candidate):
+            raise ConfigError(f"base_url {candidate!r} must be a plain URL: no query, fragment, spaces or control characters")
         if candidate not in urls:
             urls.append(candidate)
     if not urls:
@@ -130,6 +132,13 @@ def default_holder() -> str:
 # The characters quote(value, safe="") leaves as they are (RFC 3986's unreserved ones): a value
 # made of them only, as the ids the server hands out are, is its own path segment.
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+# What a request target or a header value must not hold as it is (a request line or a header
+# line would end there, or be ambiguous): whitespace, control characters and DEL.
+_UNSAFE_IN_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_UNSAFE_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# The characters a request target keeps as they are: RFC 3986's unreserved, sub-delims, ":", "@",
+# "/", "?" and "%" (a path is sent as the SDK built it, its segments percent-encoded already).
+_TARGET_SAFE = "/:@!$&'()*+,;=?%-._~"
 
 
 def path_segment(value: str, what: str) -> str:
@@ -188,8 +197,33 @@ def _error_from_body(status: int, text: str) -> RunstateError:
     return error_from_response(status, code, message)
 
 
+class _Endpoint(NamedTuple):
+    """Where one base URL's requests go."""
+
+    origin: tuple[str, str, int]  # (scheme, host, port): the connection pool's key
+    host_header: str
+    prefix: str  # the base URL's path, before each request's
+
+
+def _endpoint(base_url: str) -> _Endpoint:
+    parts = urlsplit(base_url)
+    scheme = parts.scheme
+    host = parts.hostname or ""
+    default_port = 443 if scheme == "https" else 80
+    port = parts.port or default_port
+    host_name = f"[{host}]" if ":" in host else host
+    host_header = host_name if port == default_port else f"{host_name}:{port}"
+    return _Endpoint((scheme, host, port), host_header, parts.path.rstrip("/"))
+
+
+def _header_value(value: str, what: str) -> str:
+    if _UNSAFE_IN_HEADER.search(value):
+        raise ConfigError(f"{what} must not contain line breaks or control characters")
+    return value
+
+
 class Transport:
-    """One client's connection to the servers. Create it anywhere; the session opens lazily."""
+    """One client's connection to the servers. Create it anywhere; connections open lazily."""
 
     def __init__(
         self,
@@ -206,7 +240,7 @@ class Transport:
             raise ConfigError(f"timeout_s must be positive, got {timeout_s!r}")
         self.base_urls = base_urls
         self.space_id = space_id
-        self.holder = holder
+        self.holder = _header_value(holder, "holder")
         # This client instance among the holder's (a restarted worker has a new one): sent as
         # `holderSession` next to `holder` on every call that creates a lease.
         self.holder_session = secrets.token_hex(8)
@@ -216,10 +250,14 @@ class Transport:
         # Set by the client when it coalesces concurrent submits and result waits (_coalesce.py).
         self.submits: SubmitBatcher | None = None
         self.results: ResultBatcher | None = None
-        self._api_key = api_key
+        self._api_key = None if api_key is None else _header_value(api_key, "api_key")
+        from runstate import __version__
+
+        self._fixed_headers = (*self.headers().items(), ("User-Agent", f"runstate-sdk-python/{__version__}"))
+        self._endpoints = {base: _endpoint(base) for base in base_urls}
         self._space_lock = asyncio.Lock()
         self._url_index = 0
-        self._session: aiohttp.ClientSession | None = None
+        self._pool = ConnectionPool(connections_max=POOL_CONNECTIONS_MAX, connect_timeout_s=CONNECT_TIMEOUT_S)
         self._closed = False
 
     def headers(self) -> dict[str, str]:
@@ -228,19 +266,9 @@ class Transport:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise ConfigError("this client is closed")
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=POOL_CONNECTIONS_MAX, limit_per_host=POOL_CONNECTIONS_MAX)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self.headers())
-        return self._session
-
     async def aclose(self) -> None:
         self._closed = True
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        self._pool.close()
 
     async def request(
         self,
@@ -265,39 +293,47 @@ class Transport:
         within UNAVAILABLE_AFTER_S.
         """
         data = encode_body(body) if body is not None else encoded_body  # ConfigError before any request
+        if self._closed:
+            raise ConfigError("this client is closed")
         if not path.startswith(API_ROOT):
             path = f"/v1/spaces/{path_segment(await self.space(), 'space id')}{path}"
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = list(self._fixed_headers)
+        if data is not None:
+            headers.append(("Content-Type", "application/json"))
         if method != "GET" and path.startswith("/v1/spaces/") and path.count("/") > 3:
-            headers[IDEMPOTENCY_HEADER] = idempotency_key or secrets.token_hex(IDEMPOTENCY_KEY_BYTES)
+            key = idempotency_key or secrets.token_hex(IDEMPOTENCY_KEY_BYTES)
+            headers.append((IDEMPOTENCY_HEADER, _header_value(key, "idempotency key")))
+        target = path if not _UNSAFE_IN_TARGET.search(path) else quote(path, safe=_TARGET_SAFE)
+        if params:
+            target = f"{target}?{urlencode(params, quote_via=quote)}"
+        # A body's length always; an empty POST says it is empty (a GET has none to announce).
+        body_bytes = len(data) if data is not None else (None if method in ("GET", "HEAD") else 0)
         timeout_s = self.timeout_s + (long_poll_ms / 1000 + LONG_POLL_MARGIN_S if long_poll_ms > 0 else 0)
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         loop = asyncio.get_running_loop()
         give_up_at: float | None = None
         backoff_s = RETRY_BACKOFF_S_INITIAL
         failed_since_pause: set[str] = set()
         while True:
             base = self.base_urls[self._url_index]
-            url = base + path
+            endpoint = self._endpoints[base]
+            head = request_head(method, endpoint.prefix + target, endpoint.host_header, headers, body_bytes)
             last_status: int | None = None
             try:
-                async with self._get_session().request(
-                    method, url, data=data, params=params, headers=headers, timeout=timeout
-                ) as response:
-                    status = response.status
-                    text = await response.text()
-                    self._follow_leader(response.headers.get(LEADER_HEADER))
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                answer = await self._pool.request(endpoint.origin, head, data, method, timeout_s)
+            except ConnectError as exc:
                 # Never reached a server: always safe to try the next one.
-                failure = f"cannot connect to {base} ({type(exc).__name__}: {exc})"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                failure = f"no answer from {base} ({type(exc).__name__}: {exc})"
+                failure = f"cannot connect to {base} ({exc})"
+            except AnswerError as exc:
+                failure = f"no answer from {base} ({exc})"
                 if not safe:
                     raise OutcomeUnknownError(
                         f"{method} {path}: {failure}; the call may or may not have been applied",
                         status=None,
                     ) from exc
             else:
+                self._follow_leader(answer.headers.get(LEADER_HEADER_LOWER))
+                status = answer.status
+                text = answer.text()
                 if 200 <= status < 300:
                     return self._decode(status, text, method, path)
                 error = _error_from_body(status, text)

@@ -265,8 +265,8 @@ class LoopRuntime(LoopClients):
         """Start the async generator whose end closes the clients. The loop tracks it from its
         first step (its first-iteration hook) and closes it in `shutdown_asyncgens`. Its finalizer,
         should it be collected unfinished, skips a loop already closed (the loop's own would raise
-        there, printed as an ignored exception): its clients were never closed then, and aiohttp
-        says so."""
+        there, printed as an ignored exception): its clients were never closed then, and asyncio
+        warns of their transports."""
         loop = self.loop
         hooks = sys.get_asyncgen_hooks()
         loop_finalizer = hooks.finalizer
