@@ -13,7 +13,9 @@ can add), then as many through the async SDK (`queue.submit`, what an applicatio
 phase starts with `--warmup` submits that are not counted; `--gap-ms N` idles N ms before each
 counted submit (sparse calls, as agents make them, meet a machine whose cores went idle). It prints the p50/p90/p99/max of each
 phase in ms and, for the raw phase, each node's role and CPU per request (utime + stime from /proc,
-in ms: `node_cpu_ms_per_request`; `client` marks the node the client talks to).
+in ms: `node_cpu_ms_per_request`; `client` marks the node the client talks to), and in each phase
+the client's own CPU per request (`client_cpu_ms_per_request`: this process, the SDK's work in the
+second phase).
 
 With --etcd URL it also puts as many small keys to that etcd (v3's JSON gateway, `POST
 /v3/kv/put`) from the same raw client, one after the other: the reference the issue's latency
@@ -81,6 +83,12 @@ def summary(latencies_s: list[float]) -> dict[str, float]:
     }
 
 
+def own_cpu_s() -> float:
+    """This process's CPU time so far (user + system): the client's side of a phase."""
+    times = os.times()
+    return times.user + times.system
+
+
 def timed(call: Callable[[int], None], indexes: range, gap_s: float) -> list[float]:
     """The seconds each call(index) took, one after the other, each after `gap_s` idle."""
     latencies_s: list[float] = []
@@ -111,7 +119,9 @@ def raw_submits(
         for index in range(warmup):
             submit(index)
         before = [cpu_s(pid) for _, pid, _ in pids]
+        client_before_s = own_cpu_s()
         latencies_s = timed(submit, range(warmup, warmup + requests), gap_s)
+        client_ms = (own_cpu_s() - client_before_s) / requests * 1000
         cpu_ms: list[dict[str, Any]] = []
         for (role, pid, serves), then in zip(pids, before, strict=True):
             now = cpu_s(pid)
@@ -119,7 +129,10 @@ def raw_submits(
                 cpu_ms.append({"role": role, "client": serves, "ms": round((now - then) / requests * 1000, 3)})
     finally:
         client.close()
-    return {"submit_ms": summary(latencies_s), "node_cpu_ms_per_request": cpu_ms}
+    return {
+        "submit_ms": summary(latencies_s), "node_cpu_ms_per_request": cpu_ms,
+        "client_cpu_ms_per_request": round(client_ms, 3),
+    }
 
 
 async def sdk_submits(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:
@@ -131,13 +144,15 @@ async def sdk_submits(url: str, requests: int, warmup: int, gap_s: float) -> dic
         for index in range(warmup):
             await queue.submit({"n": index}, key=f"task-{index}")
         latencies_s: list[float] = []
+        client_before_s = own_cpu_s()
         for index in range(warmup, warmup + requests):
             if gap_s:
                 await asyncio.sleep(gap_s)
             started = time.perf_counter()
             await queue.submit({"n": index}, key=f"task-{index}")
             latencies_s.append(time.perf_counter() - started)
-    return {"submit_ms": summary(latencies_s)}
+        client_ms = (own_cpu_s() - client_before_s) / requests * 1000
+    return {"submit_ms": summary(latencies_s), "client_cpu_ms_per_request": round(client_ms, 3)}
 
 
 def etcd_puts(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:

@@ -170,6 +170,7 @@ def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
         latency = report[phase]["submit_ms"]
         assert set(latency) == {"p50", "p90", "p99", "max"}
         assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert report[phase]["client_cpu_ms_per_request"] >= 0
     nodes = report["raw"]["node_cpu_ms_per_request"]
     if flags:
         assert report["via"] == "follower"

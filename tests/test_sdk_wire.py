@@ -424,3 +424,13 @@ def test_the_sdk_sends_what_it_means_to() -> None:
 def test_what_would_break_a_request_line_or_header_is_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(runstate.ConfigError):
         AsyncRunstate(**kwargs)
+
+
+def test_a_target_and_a_host_are_sent_as_http_wants_them() -> None:
+    from runstate.sdk._http import _endpoint, _target
+
+    assert _target("/v1/spaces/a%2Fb/x") == "/v1/spaces/a%2Fb/x"  # percent-encoded already: as it is
+    assert _target("/v1/é x") == "/v1/%C3%A9%20x"
+    assert _endpoint("http://exämple.com:81/pré") == (("http", "xn--exmple-cua.com", 81), "xn--exmple-cua.com:81", "/pr%C3%A9")
+    assert _endpoint("https://[::1]/") == (("https", "::1", 443), "[::1]", "")
+    assert _endpoint("http://h:80") == (("http", "h", 80), "h", "")

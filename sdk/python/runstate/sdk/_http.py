@@ -209,11 +209,21 @@ def _endpoint(base_url: str) -> _Endpoint:
     parts = urlsplit(base_url)
     scheme = parts.scheme
     host = parts.hostname or ""
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ConfigError(f"base_url {base_url!r} names a host that is not a domain name: {exc}") from exc
     default_port = 443 if scheme == "https" else 80
     port = parts.port or default_port
     host_name = f"[{host}]" if ":" in host else host
     host_header = host_name if port == default_port else f"{host_name}:{port}"
-    return _Endpoint((scheme, host, port), host_header, parts.path.rstrip("/"))
+    return _Endpoint((scheme, host, port), host_header, _target(parts.path.rstrip("/")))
+
+
+def _target(path: str) -> str:
+    """`path` as a request target: percent-encoded where it holds what a target may not."""
+    return path if path.isascii() and not _UNSAFE_IN_TARGET.search(path) else quote(path, safe=_TARGET_SAFE)
 
 
 def _header_value(value: str, what: str) -> str:
@@ -303,7 +313,7 @@ class Transport:
         if method != "GET" and path.startswith("/v1/spaces/") and path.count("/") > 3:
             key = idempotency_key or secrets.token_hex(IDEMPOTENCY_KEY_BYTES)
             headers.append((IDEMPOTENCY_HEADER, _header_value(key, "idempotency key")))
-        target = path if not _UNSAFE_IN_TARGET.search(path) else quote(path, safe=_TARGET_SAFE)
+        target = _target(path)
         if params:
             target = f"{target}?{urlencode(params, quote_via=quote)}"
         # A body's length always; an empty POST says it is empty (a GET has none to announce).

@@ -414,8 +414,8 @@ class ConnectionPool:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.closed:
-                continue
+            if connection.closed or connection.transport is None or connection.transport.is_closing():
+                continue  # the server ended it (its end is being handled): a request on it would be lost
             if now - connection.idle_since > IDLE_REUSE_S_MAX:
                 connection.close()
                 continue
