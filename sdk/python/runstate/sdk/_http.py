@@ -261,7 +261,7 @@ class Transport:
         self.submits: SubmitBatcher | None = None
         self.results: ResultBatcher | None = None
         self._api_key = None if api_key is None else _header_value(api_key, "api_key")
-        from runstate import __version__
+        from runstate import __version__  # here: the package imports this module before it sets it
 
         self._fixed_headers = (*self.headers().items(), ("User-Agent", f"runstate-sdk-python/{__version__}"))
         self._endpoints = {base: _endpoint(base) for base in base_urls}
