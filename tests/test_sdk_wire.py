@@ -195,11 +195,21 @@ def ok(body: bytes = b"{}", extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (extra, len(body), body)
 
 
-async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        await read_request(reader)
-        writer.write(ok())
-        await writer.drain()
+def answering(delay_s: float = 0.0) -> Script:
+    """A server that answers every request on a connection, each `delay_s` after it arrived."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            writer.write(ok())
+            await writer.drain()
+
+    return script
+
+
+keep_answering = answering()
 
 
 def call(pool: ConnectionPool, port: int, timeout_s: float = 5.0, scheme: str = "http") -> Awaitable[Answer]:
@@ -308,15 +318,8 @@ def test_nothing_listening_is_a_connect_error() -> None:
 
 
 def test_at_most_connections_max_are_open_and_every_call_is_answered() -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            await asyncio.sleep(0.05)
-            writer.write(ok())
-            await writer.drain()
-
     async def main() -> None:
-        async with scripted(slow) as server:
+        async with scripted(answering(delay_s=0.05)) as server:
             pool = pool_of(connections_max=2)
             answers = await asyncio.gather(*(call(pool, server.port) for _ in range(7)))
             assert [answer.status for answer in answers] == [200] * 7

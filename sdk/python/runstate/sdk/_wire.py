@@ -118,7 +118,7 @@ class ResponseParser:
             return self._read_chunks()
         assert self._length is not None
         self._take_body(min(self._length - len(self._body), len(self._buffer)))
-        return self._finish_if_whole()
+        return self._finish() if len(self._body) == self._length else None
 
     def feed_eof(self) -> Answer | None:
         if self.done:
@@ -187,12 +187,6 @@ class ResponseParser:
             raise AnswerError(f"the answer's body is longer than {ANSWER_BYTES_MAX} bytes")
         self._body += self._buffer[:count]
         del self._buffer[:count]
-
-    def _finish_if_whole(self) -> Answer | None:
-        assert self._length is not None
-        if len(self._body) < self._length:
-            return None
-        return self._finish()
 
     def _read_chunks(self) -> Answer | None:
         buffer = self._buffer
