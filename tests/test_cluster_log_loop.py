@@ -101,6 +101,42 @@ def test_a_fast_sync_stays_on_the_loop_and_a_slow_one_goes_to_the_sync_thread(
     asyncio.run(scenario())
 
 
+
+def test_a_single_leader_commits_each_batch_as_it_is_proposed_with_no_tick(tmp_path: Path) -> None:
+    """Sequential writes on a single node: each batch is appended, synced, committed and applied
+    right after its flush (`_commit_alone`), in order, not by a tick; a sync that goes to the sync
+    thread commits the ticks' way, the same."""
+
+    async def scenario(data_dir: Path | None, config: LogConfig) -> tuple[int, int]:
+        machine = ThreadRecordingMachine()
+        async with running_log(data_dir, state_machine=machine, config=config) as (log, _):
+            raft = log._raft
+            assert raft is not None
+            ticks = 0
+            tick = raft.doTick
+
+            def counted_tick(timeout_s: float = 0.0) -> None:
+                nonlocal ticks
+                ticks += 1
+                tick(timeout_s)
+
+            raft.doTick = counted_tick
+            alone_before = log.counters.commits_alone
+            for i in range(WRITES):
+                result = await log.propose({"type": "add", "id": i})
+                assert result["id"] == i
+                assert applied_ids(log, machine)[-1] == i  # applied before its caller is answered
+            assert applied_ids(log, machine)[-WRITES:] == list(range(WRITES))
+            assert log.commit_index == log.applied_index
+            return log.counters.commits_alone - alone_before, ticks
+
+    WRITES = 30
+    for data_dir in (None, tmp_path / "on-the-loop"):
+        alone, _ = asyncio.run(scenario(data_dir, ALWAYS_ON_THE_LOOP))
+        assert alone == WRITES
+    alone, ticks = asyncio.run(scenario(tmp_path / "in-the-sync-thread", ALWAYS_IN_THE_SYNC_THREAD))
+    assert alone == 0 and ticks >= WRITES  # each commit waited for the tick after its sync
+
 def test_a_timed_out_propose_many_answers_each_unknown_and_frees_its_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

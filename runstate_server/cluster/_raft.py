@@ -50,6 +50,13 @@ def without_snapshot_commit(message: Any, commit_index: int) -> Any:
     return message
 
 
+_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
+
+
+def _no_wake_up() -> None:
+    pass
+
+
 class RaftNode(SyncObj):  # type: ignore[misc]
     def __init__(
         self,
@@ -109,6 +116,41 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # append or heartbeat instead (DESIGN.md, "One append per write").
         SyncObj._SyncObj__applyLogEntries(self)
         return False
+
+    # A leader of a group of one commits without ticking (ReplicatedLog._commit_alone; DESIGN.md,
+    # "A single node's writes skip the tick"). Loop thread: such a node has no tick thread.
+
+    def leads_alone(self) -> bool:
+        """This node has no peers, leads, and is past its start-up (the dump is loaded, the port
+        bound): a command it appends commits once its own journal has it, with no tick."""
+        return (
+            not self._SyncObj__otherNodes and self._SyncObj__raftState == _LEADER
+            and self._SyncObj__transport.ready and not self._SyncObj__needLoadDumpFile
+        )
+
+    def append_queued(self) -> None:
+        """Append the commands queued by apply_batch (what a tick's _checkCommandsToApply does)."""
+        self._checkCommandsToApply()
+
+    def commit_alone(self) -> None:
+        """Commit and apply what this node appended (its caller synced the journal): for a leader
+        without peers, the majority is itself. pysyncobj's tick commits an entry of an earlier term
+        only with a later one of the current term (Raft's rule); so does this: the last entry is
+        of the current term (the no-op a leader appends first is), or nothing commits here."""
+        last_index = self._SyncObj__getCurrentLogIndex()
+        if last_index > self.commit_index() and self._SyncObj__getCurrentLogTerm() == self.current_term():
+            self._SyncObj__raftCommitIndex = last_index
+            self._SyncObj__raftLog.setRaftCommitIndex(last_index)
+        self._SyncObj__leaderCommitIndex = self._SyncObj__raftCommitIndex
+        self._SyncObj__applyLogEntries()
+
+    def silence_notifier(self) -> None:
+        """A node that ticks on its event loop never waits in pysyncobj's poll, so the wake-up
+        pysyncobj sends itself for every command (a pipe write, read back by the next tick) is
+        work for nothing."""
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is not None:
+            notifier.notify = _no_wake_up
 
     # Pre-vote (_prevote.py). pysyncobj's methods call `self.__connectedToAnyone()` and its transport
     # calls the handler it was given in SyncObj.__init__, `self.__onMessageReceived`; both resolve
