@@ -5,6 +5,7 @@
     python -m bench.latency --cluster --via follower
     python -m bench.latency --code ../other-checkout --cluster   # the nodes run that checkout's code
     python -m bench.latency --etcd http://127.0.0.1:2379         # the same client's puts to an etcd
+    python -m bench.latency --typescript           # also through the TypeScript SDK
 
 Starts its own node(s) (fsync always, unless --fsync never) on free 127.0.0.1 ports, opens a run
 and a mailbox, and submits `--requests` tasks one after the other: first from a raw HTTP/1.1
@@ -16,6 +17,10 @@ phase in ms and, for the raw phase, each node's role and CPU per request (utime 
 in ms: `node_cpu_ms_per_request`; `client` marks the node the client talks to), and in each phase
 the client's own CPU per request (`client_cpu_ms_per_request`: this process, the SDK's work in the
 second phase).
+
+With --typescript a third phase submits as many through the TypeScript SDK (`submit`, in a Node.js
+process: bench/latency_typescript.mts, run with sdk/typescript's dev dependencies, `npm ci` there
+first), with that process's CPU per request.
 
 With --etcd URL it also puts as many small keys to that etcd (v3's JSON gateway, `POST
 /v3/kv/put`) from the same raw client, one after the other: the reference the issue's latency
@@ -31,7 +36,9 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +51,9 @@ from runstate import AsyncRunstate
 
 from bench.throughput import cpu_s, percentile, start_cluster, start_node, stop_node, wait_healthy
 
+TYPESCRIPT_PACKAGE = Path(__file__).resolve().parent.parent / "sdk" / "typescript"
+TYPESCRIPT_SCRIPT = Path(__file__).resolve().parent / "latency_typescript.mts"
+TYPESCRIPT_TIMEOUT_S = 600.0
 REQUESTS_DEFAULT = 2000
 WARMUP_DEFAULT = 200
 REQUEST_TIMEOUT_S = 30.0
@@ -155,6 +165,26 @@ async def sdk_submits(url: str, requests: int, warmup: int, gap_s: float) -> dic
     return {"submit_ms": summary(latencies_s), "client_cpu_ms_per_request": round(client_ms, 3)}
 
 
+def typescript_submits(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:
+    """The same through the TypeScript SDK, in a Node.js process of its own."""
+    node = shutil.which("node")
+    if node is None:
+        raise SystemExit("--typescript needs Node.js 20 or later (node on the PATH)")
+    if not (TYPESCRIPT_PACKAGE / "node_modules" / "tsx").is_dir():
+        raise SystemExit(f"--typescript needs the TypeScript SDK's dev dependencies: run `npm ci` in {TYPESCRIPT_PACKAGE}")
+    finished = subprocess.run(
+        [node, "--import", "tsx", str(TYPESCRIPT_SCRIPT), url, str(requests), str(warmup), str(gap_s * 1000)],
+        cwd=TYPESCRIPT_PACKAGE, capture_output=True, text=True, timeout=TYPESCRIPT_TIMEOUT_S,
+    )
+    if finished.returncode != 0:
+        raise RuntimeError(f"the TypeScript phase failed:\n{finished.stderr[-3000:]}")
+    answer = json.loads(finished.stdout.strip().splitlines()[-1])
+    return {
+        "submit_ms": summary([latency_ms / 1000 for latency_ms in answer["latencies_ms"]]),
+        "client_cpu_ms_per_request": round(answer["client_cpu_ms_per_request"], 3),
+    }
+
+
 def etcd_puts(url: str, requests: int, warmup: int, gap_s: float) -> dict[str, Any]:
     """Sequential puts of small keys to an etcd's v3 JSON gateway, from the same raw client."""
     client = RawClient(url, None)
@@ -196,6 +226,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 url = cluster.urls[target]
                 report["raw"] = raw_submits(url, os.environ["RUNSTATE_API_KEY"], args.requests, args.warmup, pids, gap_s)
                 report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
+                if args.typescript:
+                    report["typescript"] = typescript_submits(url, args.requests, args.warmup, gap_s)
             finally:
                 cluster.stop()
         else:
@@ -204,6 +236,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 asyncio.run(wait_healthy(url, node))
                 report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)], gap_s)
                 report["sdk"] = asyncio.run(sdk_submits(url, args.requests, args.warmup, gap_s))
+                if args.typescript:
+                    report["typescript"] = typescript_submits(url, args.requests, args.warmup, gap_s)
             finally:
                 stop_node(node)
     if args.etcd:
@@ -219,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true", help="a three-node cluster instead of a dev node")
     parser.add_argument("--via", choices=("leader", "follower"), default="leader", help="the cluster node the client talks to")
     parser.add_argument("--code", type=Path, default=Path(__file__).parent.parent, help="the checkout whose server the nodes run")
+    parser.add_argument("--typescript", action="store_true", help="also submit through the TypeScript SDK (Node.js)")
     parser.add_argument("--etcd", help="also time puts to this etcd's client URL (e.g. http://127.0.0.1:2379)")
     parser.add_argument(
         "--gap-ms", type=float, default=0.0,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._typescript import build_package
+
 BENCH_TIMEOUT_S = 180
 TASKS = 200
 CLUSTER_TASKS = 1000
@@ -182,3 +184,19 @@ def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     # ~1 ms of the serving node's CPU each pass several).
     assert sum(node["ms"] for node in nodes) > 0
     assert "etcd" not in report
+
+
+def test_latency_bench_typescript_phase(run_temp: Path) -> None:
+    """`--typescript` adds the TypeScript SDK's phase: as many submits, timed, and its process's CPU."""
+    build_package(run_temp)  # sdk/typescript's dev dependencies (tsx), as the TypeScript tests install them
+    requests = 40
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--requests", str(requests), "--warmup", "5", "--typescript"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    latency = report["typescript"]["submit_ms"]
+    assert set(latency) == {"p50", "p90", "p99", "max"}
+    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+    assert report["typescript"]["client_cpu_ms_per_request"] > 0

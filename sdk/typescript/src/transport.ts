@@ -1,5 +1,11 @@
 /**
- * The HTTP transport: Node's fetch, the list of servers, failover and bounded retries.
+ * The HTTP transport: Node's own HTTP client, the list of servers, failover and bounded retries.
+ *
+ * Connections: each client keeps its connections to each server alive and reuses the most recent
+ * idle one (at most CONNECTIONS_MAX per server; a call past it waits for one, within its timeout);
+ * an idle connection is closed after IDLE_REUSE_MS_MAX (a node closes idle ones after 60 s, and a
+ * call sent on a connection the node is closing is lost). Idle connections never keep the process
+ * alive. Node's fetch cost a call ~0.4 ms more of the client's CPU and latency.
  *
  * Retry rules (as the Python SDK's). A request that never reached a server (connection refused)
  * is retried on the next listed server, whatever it is. A request that may have reached a server
@@ -15,6 +21,8 @@
  */
 
 import { randomBytes } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
 import { hostname } from 'node:os';
 import { ConfigError, OutcomeUnknownError, RunstateError, UnavailableError, errorFromResponse } from './errors.js';
 import { sleep } from './time.js';
@@ -45,6 +53,12 @@ const HOLDER_HEADER = 'X-Runstate-Holder';
 const API_ROOT = '/v1/';
 // The wire's bound on a holder.
 const HOLDER_CHARS_MAX = 128;
+// Connections one client keeps to one server at most (as the Python SDK's pool).
+export const CONNECTIONS_MAX = 100;
+// An idle connection older than this is closed, not reused (a node closes idle ones at 60 s).
+export const IDLE_REUSE_MS_MAX = 15_000;
+// The largest answer the client reads; past it the call fails as a lost answer.
+export const ANSWER_BYTES_MAX = 256 * 1024 * 1024;
 
 export type Json = Record<string, unknown>;
 
@@ -122,7 +136,7 @@ export function encodeBody(body: unknown, what = 'request body'): string {
   return text;
 }
 
-function errorFromBody(status: number, text: string, headers: Headers): RunstateError {
+function errorFromBody(status: number, text: string, headers: Pick<Answer, 'header'>): RunstateError {
   let code: string | undefined;
   let message: string | undefined;
   let requestId: string | undefined;
@@ -140,17 +154,97 @@ function errorFromBody(status: number, text: string, headers: Headers): Runstate
   }
   if (message === undefined && text) message = text.slice(0, ERROR_BODY_CHARS_MAX);
   const error = errorFromResponse(status, code, message);
-  error.requestId = requestId ?? headers.get('x-request-id') ?? undefined;
-  const retryAfter = Number(headers.get('retry-after'));
-  if (headers.get('retry-after') !== null && Number.isFinite(retryAfter)) error.retryAfterMs = retryAfter * 1000;
+  error.requestId = requestId ?? headers.header('x-request-id') ?? undefined;
+  const retryAfter = Number(headers.header('retry-after'));
+  if (headers.header('retry-after') !== null && Number.isFinite(retryAfter)) error.retryAfterMs = retryAfter * 1000;
   return error;
 }
 
+/** One answer: its status, body and headers (names in lower case). */
+interface Answer {
+  status: number;
+  text: string;
+  header(name: string): string | null;
+}
+
+/**
+ * A call that got no whole answer. `sent` is false when its connection was never made (refused, an
+ * unknown host, a failed TLS handshake, a timeout while connecting): no server can have applied it.
+ */
+class WireError extends Error {
+  readonly sent: boolean;
+
+  constructor(message: string, options: { sent: boolean; cause?: unknown }) {
+    super(message, { cause: options.cause });
+    this.name = 'WireError';
+    this.sent = options.sent;
+  }
+}
+
+function agents(): { 'http:': http.Agent; 'https:': https.Agent } {
+  const options = { keepAlive: true, maxSockets: CONNECTIONS_MAX, timeout: IDLE_REUSE_MS_MAX, scheduling: 'lifo' as const };
+  return { 'http:': new http.Agent(options), 'https:': new https.Agent(options) };
+}
+
+/** Send one request on a kept-alive connection and read its whole answer (at most answerBytesMax). */
+function send(
+  agent: http.Agent,
+  url: URL,
+  method: string,
+  headers: Record<string, string>,
+  body: string | undefined,
+  signal: AbortSignal,
+  answerBytesMax: number,
+): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    let connected = false; // the request may have reached the server from here on
+    const fail = (message: string, cause?: unknown): void => reject(new WireError(message, { sent: connected, cause }));
+    const module = url.protocol === 'https:' ? https : http;
+    if (body !== undefined) headers = { ...headers, 'content-length': String(Buffer.byteLength(body)) };
+    const request = module.request(url, { method, headers, agent, signal }, (response) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      response.on('data', (chunk: Buffer) => {
+        size += chunk.length;
+        if (size > answerBytesMax) {
+          response.destroy();
+          fail(`the answer is larger than ${answerBytesMax} bytes`);
+          return;
+        }
+        chunks.push(chunk);
+      });
+      response.on('end', () => {
+        const names = response.headers;
+        resolve({
+          status: response.statusCode ?? 0,
+          text: Buffer.concat(chunks).toString('utf8'),
+          header(name: string): string | null {
+            const value = names[name];
+            return value === undefined ? null : Array.isArray(value) ? value.join(', ') : value;
+          },
+        });
+      });
+      response.on('error', (error) => fail(error.message, error));
+      response.on('close', () => {
+        if (!response.complete) fail('the connection closed before the whole answer came');
+      });
+    });
+    request.on('socket', (socket) => {
+      if (!socket.connecting) {
+        connected = true; // a kept-alive connection
+        return;
+      }
+      socket.once(url.protocol === 'https:' ? 'secureConnect' : 'connect', () => {
+        connected = true;
+      });
+    });
+    request.on('error', (error) => fail(error.message, error));
+    request.end(body);
+  });
+}
+
 function isConnectFailure(error: unknown): boolean {
-  // Node's fetch: TypeError('fetch failed') with the socket error as its cause.
-  const cause = (error as { cause?: { code?: string } } | undefined)?.cause;
-  const code = cause?.code;
-  return code === 'ECONNREFUSED' || code === 'ENOTFOUND' || code === 'EAI_AGAIN' || code === 'EHOSTUNREACH' || code === 'UND_ERR_CONNECT_TIMEOUT';
+  return error instanceof WireError && !error.sent;
 }
 
 export function newIdempotencyKey(): string {
@@ -168,10 +262,19 @@ export class Transport {
   /** Mailbox names this client resolved to ids (a mailbox is never renamed or removed). */
   readonly mailboxIds = new Map<string, string>();
   private readonly apiKey: string | undefined;
+  private readonly agents = agents();
+  private readonly answerBytesMax: number;
   private urlIndex = 0;
   private spacePromise: Promise<string> | undefined;
 
-  constructor(options: { baseUrls: string[]; spaceId?: string; apiKey?: string; holder: string; timeoutMs: number }) {
+  constructor(options: {
+    baseUrls: string[];
+    spaceId?: string;
+    apiKey?: string;
+    holder: string;
+    timeoutMs: number;
+    answerBytesMax?: number;
+  }) {
     if (options.baseUrls.length === 0) throw new ConfigError('baseURL lists no URL');
     if (!(options.timeoutMs > 0)) throw new ConfigError(`timeoutMs must be positive, got ${options.timeoutMs}`);
     if (options.holder.length > HOLDER_CHARS_MAX) throw new ConfigError(`holder is longer than ${HOLDER_CHARS_MAX} characters`);
@@ -181,6 +284,7 @@ export class Transport {
     this.holder = options.holder;
     this.holderSession = randomBytes(8).toString('hex');
     this.timeoutMs = options.timeoutMs;
+    this.answerBytesMax = options.answerBytesMax ?? ANSWER_BYTES_MAX;
   }
 
   /**
@@ -223,11 +327,13 @@ export class Transport {
       options.signal?.addEventListener('abort', onAbort, { once: true });
       const signal = attempt.signal;
       try {
-        const response = await fetch(base + path, { method, headers, body: data ?? null, signal });
-        const text = await response.text();
-        this.followLeader(response.headers.get(LEADER_HEADER));
+        const url = new URL(base + path);
+        const agent = this.agents[url.protocol as 'http:' | 'https:'];
+        const response = await send(agent, url, method, headers, data, signal, this.answerBytesMax);
+        const text = response.text;
+        this.followLeader(response.header(LEADER_HEADER));
         if (response.status >= 200 && response.status < 300) return decode(response.status, text, method, path);
-        const error = errorFromBody(response.status, text, response.headers);
+        const error = errorFromBody(response.status, text, response);
         const notReceived = error.code === NOT_RECEIVED_CODE;
         if (!notReceived && (!(error instanceof UnavailableError) || !options.safe)) throw error;
         failure = `${base} answered ${error.code}: ${error.message}`;
@@ -297,6 +403,10 @@ export class Transport {
 }
 
 function describeCause(error: unknown): string {
+  if (error instanceof WireError) {
+    const code = (error.cause as { code?: unknown } | undefined)?.code;
+    return typeof code === 'string' && !error.message.includes(code) ? `${code}: ${error.message}` : error.message;
+  }
   const err = error as { name?: string; message?: string; cause?: { code?: string; message?: string } };
   const cause = err.cause ? ` ${err.cause.code ?? ''} ${err.cause.message ?? ''}`.trimEnd() : '';
   return `${err.name ?? 'Error'}: ${err.message ?? String(error)}${cause}`;
