@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -808,8 +808,7 @@ class ReplicatedLog:
         if self._tick_timer is not None:
             self._tick_timer.cancel()
             self._tick_timer = None
-        self._ticking = True
-        try:
+        with self._on_the_loop("Raft tick"):
             for _ in range(LOOP_TICKS_MAX):
                 if self._stopping.is_set() or self._halt_reason is not None:
                     break
@@ -819,12 +818,6 @@ class ReplicatedLog:
                     return  # _on_synced ticks on
                 if not self._ours_uncommitted(raft):
                     break
-        except _LogHalted:
-            pass
-        except Exception:
-            logger.exception("Raft tick failed on %s", self.self_address)
-        finally:
-            self._ticking = False
         if self._halt_reason is not None:
             self._end_ticks()
         elif not self._stopping.is_set():
@@ -842,8 +835,7 @@ class ReplicatedLog:
         if raft is None or self._ticking or self._ticks_ended or self._sync_future is not None or not raft.leads_alone():
             self._tick_on_loop()
             return
-        self._ticking = True
-        try:
+        with self._on_the_loop("a commit"):
             raft.append_queued()
             journal = self._journal
             if journal is not None and journal.sync_due and not self._sync_journal(journal):
@@ -851,15 +843,24 @@ class ReplicatedLog:
             if self._halt_reason is None and not self._stopping.is_set():
                 raft.commit_alone()
                 self.counters.commits_alone += 1
+        if self._halt_reason is not None:
+            self._end_ticks()
+
+    @contextlib.contextmanager
+    def _on_the_loop(self, what: str) -> Iterator[None]:
+        """A single node's work on pysyncobj from its loop: what it hands to the loop is gathered
+        meanwhile and handed over after it (`_call_on_loop`); a halt ends it quietly, anything
+        else is logged (the next tick or commit tries again)."""
+        self._ticking = True
+        try:
+            yield
         except _LogHalted:
             pass
         except Exception:
-            logger.exception("a commit on %s failed", self.self_address)
+            logger.exception("%s failed on %s", what, self.self_address)
         finally:
             self._ticking = False
             self._hand_calls_to_loop()
-        if self._halt_reason is not None:
-            self._end_ticks()
 
     def _sync_journal(self, journal: _journal.DurableJournal) -> bool:
         """A single node: sync what its last tick appended, before any tick counts it towards a
