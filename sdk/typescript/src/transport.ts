@@ -2,10 +2,11 @@
  * The HTTP transport: Node's own HTTP client, the list of servers, failover and bounded retries.
  *
  * Connections: each client keeps its connections to each server alive and reuses the most recent
- * idle one (at most CONNECTIONS_MAX per server; a call past it waits for one, within its timeout);
- * an idle connection is closed after IDLE_REUSE_MS_MAX (a node closes idle ones after 60 s, and a
- * call sent on a connection the node is closing is lost). Idle connections never keep the process
- * alive. Node's fetch cost a call ~0.4 ms more of the client's CPU and latency.
+ * idle one. Calls in flight are not capped (a long poll holds its connection for its whole wait,
+ * and with a cap, waits could starve the very calls that end them); at most IDLE_CONNECTIONS_MAX
+ * idle ones are kept per server, each closed after IDLE_REUSE_MS_MAX idle (a node closes idle ones
+ * after 60 s, and a call sent on a connection the node is closing is lost). Idle connections never
+ * keep the process alive. Node's fetch cost a call ~0.4 ms more of the client's CPU and latency.
  *
  * Retry rules (as the Python SDK's). A request that never reached a server (connection refused)
  * is retried on the next listed server, whatever it is. A request that may have reached a server
@@ -53,8 +54,8 @@ const HOLDER_HEADER = 'X-Runstate-Holder';
 const API_ROOT = '/v1/';
 // The wire's bound on a holder.
 const HOLDER_CHARS_MAX = 128;
-// Connections one client keeps to one server at most (as the Python SDK's pool).
-export const CONNECTIONS_MAX = 100;
+// Idle connections one client keeps to one server at most.
+export const IDLE_CONNECTIONS_MAX = 100;
 // An idle connection older than this is closed, not reused (a node closes idle ones at 60 s).
 export const IDLE_REUSE_MS_MAX = 15_000;
 // The largest answer the client reads; past it the call fails as a lost answer.
@@ -182,7 +183,7 @@ class WireError extends Error {
 }
 
 function agents(): { 'http:': http.Agent; 'https:': https.Agent } {
-  const options = { keepAlive: true, maxSockets: CONNECTIONS_MAX, timeout: IDLE_REUSE_MS_MAX, scheduling: 'lifo' as const };
+  const options = { keepAlive: true, maxFreeSockets: IDLE_CONNECTIONS_MAX, timeout: IDLE_REUSE_MS_MAX, scheduling: 'lifo' as const };
   return { 'http:': new http.Agent(options), 'https:': new https.Agent(options) };
 }
 

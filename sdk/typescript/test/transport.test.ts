@@ -189,3 +189,20 @@ test("the caller's signal ends a call at once, with its reason, and it is not se
     await silent.close();
   }
 });
+
+test('calls in flight are not capped: 150 waits held until the last arrives all get their answers', async () => {
+  const CALLS = 150;
+  const held: http.ServerResponse[] = [];
+  const server = await scripted((_request, response) => {
+    held.push(response);
+    if (held.length === CALLS) for (const waiting of held) json(waiting, 200, { ok: true });
+  });
+  try {
+    const client = transport([server.url]);
+    const answers = await Promise.all(Array.from({ length: CALLS }, () => client.request('GET', '/wait', { safe: false })));
+    assert.equal(answers.length, CALLS);
+    assert.equal(server.connections, CALLS);
+  } finally {
+    await server.close();
+  }
+});
