@@ -86,6 +86,34 @@ def test_consume_settles_every_task_once_with_fewer_requests(dev_node: DevNode) 
     asyncio.run(main())
 
 
+def test_one_client_waits_on_more_results_than_it_keeps_connections_while_it_consumes(dev_node: DevNode) -> None:
+    """120 `Ticket.result()` waits, each a long poll holding its connection, are in flight before
+    the same client starts consuming: its receives and completes still go out at once (with its
+    connections capped at 100, the completes queued behind the waits and most results timed out)."""
+    waits = 120
+
+    async def main() -> None:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+            await rs.mailboxes.ensure("work")
+            run = await rs.scopes.create()
+            queue = run.mailbox("work")
+            tickets = await queue.submit_many([{"n": n} for n in range(waits)])
+            results = asyncio.gather(*(ticket.result(timeout_ms=RESULT_TIMEOUT_MS) for ticket in tickets))
+            await asyncio.sleep(0.5)  # every wait is parked on the node
+            stop = asyncio.Event()
+
+            async def double(data: dict[str, Any], delivery: Any) -> int:
+                return int(data["n"]) * 2
+
+            worker = asyncio.create_task(queue.consume(double, concurrency=CONCURRENCY, stop=stop))
+            views = await results
+            stop.set()
+            await asyncio.wait_for(worker, CONSUMER_EXIT_TIMEOUT_S)
+            assert [(view["state"], view["outcome"]) for view in views] == [("SUCCEEDED", n * 2) for n in range(waits)]
+
+    asyncio.run(main())
+
+
 def test_blocking_consume_settles_every_task_once(dev_node: DevNode) -> None:
     calls: Counter[str] = Counter()
     lock = threading.Lock()

@@ -217,8 +217,8 @@ def call(pool: ConnectionPool, port: int, timeout_s: float = 5.0, scheme: str = 
     return pool.request((scheme, "127.0.0.1", port), head, b"{}", "POST", timeout_s)
 
 
-def pool_of(connections_max: int = 10) -> ConnectionPool:
-    return ConnectionPool(connections_max=connections_max, connect_timeout_s=2.0)
+def pool_of(idle_max: int = 10) -> ConnectionPool:
+    return ConnectionPool(idle_max=idle_max, connect_timeout_s=2.0)
 
 
 def test_one_connection_carries_request_after_request() -> None:
@@ -317,13 +317,36 @@ def test_nothing_listening_is_a_connect_error() -> None:
     asyncio.run(main())
 
 
-def test_at_most_connections_max_are_open_and_every_call_is_answered() -> None:
+def test_calls_in_flight_are_not_capped_and_at_most_idle_max_stay_idle() -> None:
+    """150 calls the server holds until the last one arrives (as long polls wait for what other
+    calls bring) are all answered; afterwards only `idle_max` connections stay open, and the next
+    calls reuse them."""
+    calls = 150
+    arrived = 0
+    all_arrived = asyncio.Event()
+
+    async def hold_until_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal arrived
+        while True:
+            await read_request(reader)
+            arrived += 1
+            if arrived == calls:
+                all_arrived.set()
+            await asyncio.wait_for(all_arrived.wait(), 10)
+            writer.write(ok())
+            await writer.drain()
+
     async def main() -> None:
-        async with scripted(answering(delay_s=0.05)) as server:
-            pool = pool_of(connections_max=2)
-            answers = await asyncio.gather(*(call(pool, server.port) for _ in range(7)))
-            assert [answer.status for answer in answers] == [200] * 7
-            assert server.open_max == 2 and server.connections == 2
+        async with scripted(hold_until_all) as server:
+            pool = pool_of(idle_max=4)
+            answers = await asyncio.gather(*(call(pool, server.port) for _ in range(calls)))
+            assert [answer.status for answer in answers] == [200] * calls
+            assert server.open_max == calls
+            await asyncio.sleep(0.1)  # the closed ones' ends arrive
+            assert pool.open_connections == 4 and server.open == 4
+            for _ in range(3):
+                await call(pool, server.port)
+            assert server.connections == calls
             pool.close()
 
     asyncio.run(main())

@@ -63,8 +63,8 @@ CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S_DEFAULT = 10.0
 # Added to a long poll's server-side wait for its client-side timeout.
 LONG_POLL_MARGIN_S = 5.0
-# Connection pool, per client.
-POOL_CONNECTIONS_MAX = 100
+# Idle keep-alive connections a client keeps per server (calls in flight are not capped: _wire.py).
+IDLE_CONNECTIONS_MAX = 100
 # How much of an unexpected (non-JSON) answer goes into an error message.
 ERROR_BODY_CHARS_MAX = 500
 
@@ -267,7 +267,7 @@ class Transport:
         self._endpoints = {base: _endpoint(base) for base in base_urls}
         self._space_lock = asyncio.Lock()
         self._url_index = 0
-        self._pool = ConnectionPool(connections_max=POOL_CONNECTIONS_MAX, connect_timeout_s=CONNECT_TIMEOUT_S)
+        self._pool = ConnectionPool(idle_max=IDLE_CONNECTIONS_MAX, connect_timeout_s=CONNECT_TIMEOUT_S)
         self._closed = False
 
     def headers(self) -> dict[str, str]:

@@ -7,11 +7,14 @@ machine a submit through it cost the calling process 0.31-0.36 ms of CPU; throug
 client does only what the SDK needs:
 
 - Connections: one per request in flight to an origin (scheme, host, port), kept alive and
-  reused, the most recently used first; at most `connections_max` open at once (a request past
-  it waits for one to be released; an idle connection to another origin is closed to make room).
-  An idle connection that has waited IDLE_REUSE_S_MAX is closed instead of reused: a server may
-  have closed it meanwhile (a runstate node does after 60 s), and a request sent on a connection
-  the server is closing is lost.
+  reused, the most recently used first. Requests in flight are not capped: a long poll holds its
+  connection while it waits, and under a cap the waits could starve the very calls that end them
+  (a process waiting on 120 results while it consumes them, with a cap of 100 connections, saw its
+  completes wait for a free connection until the waits gave up); each is a call the application
+  awaits, so its own concurrency bounds them. At most `idle_max` idle connections are kept per
+  origin (the one idle longest is closed to make room). An idle connection that has waited
+  IDLE_REUSE_S_MAX is closed instead of reused: a server may have closed it meanwhile (a runstate
+  node does after 60 s), and a request sent on a connection the server is closing is lost.
 - Answers framed by Content-Length, by chunks, or by the connection's close; 1xx answers are
   skipped. A head past HEAD_BYTES_MAX, a chunk size line past CHUNK_LINE_BYTES_MAX, a body past
   ANSWER_BYTES_MAX or anything that is not HTTP/1.x is refused (AnswerError) and the connection
@@ -334,16 +337,16 @@ class _Connection(asyncio.Protocol):
 
 
 class ConnectionPool:
-    """Keep-alive connections to any number of origins, `connections_max` open at most, all on the
-    event loop of the first request (a request from another loop starts the pool afresh there)."""
+    """Keep-alive connections to any number of origins, at most `idle_max` of them idle per origin,
+    all on the event loop of the first request (a request from another loop starts the pool afresh
+    there)."""
 
-    def __init__(self, *, connections_max: int, connect_timeout_s: float) -> None:
-        if connections_max < 1:
-            raise ValueError(f"connections_max must be at least 1, got {connections_max}")
-        self.connections_max = connections_max
+    def __init__(self, *, idle_max: int, connect_timeout_s: float) -> None:
+        if idle_max < 0:
+            raise ValueError(f"idle_max must be at least 0, got {idle_max}")
+        self.idle_max = idle_max
         self.connect_timeout_s = connect_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots: asyncio.Semaphore | None = None
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._ssl: ssl.SSLContext | None = None
@@ -357,23 +360,13 @@ class ConnectionPool:
         """Send one request (`head`: its request line and headers, up to and with the blank
         line; `body`, if any, after it) to `origin` and read its whole answer within `timeout_s`."""
         loop = asyncio.get_running_loop()
-        slots = self._slots if self._loop is loop else self._start_on(loop)
-        assert slots is not None
+        if self._loop is not loop:
+            self._start_on(loop)
         deadline = loop.time() + timeout_s
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), timeout_s)
-            except asyncio.TimeoutError:
-                raise ConnectError(f"no connection was free within {timeout_s:g} s") from None
-        else:
-            await slots.acquire()
-        try:
-            connection = self._take_idle(origin, loop.time())
-            if connection is None:
-                connection = await self._connect(loop, origin, deadline)
-            return await self._exchange(loop, connection, head, body, method, deadline, timeout_s)
-        finally:
-            slots.release()
+        connection = self._take_idle(origin, loop.time())
+        if connection is None:
+            connection = await self._connect(loop, origin, deadline)
+        return await self._exchange(loop, connection, head, body, method, deadline, timeout_s)
 
     def close(self) -> None:
         """Close every connection; a request in flight keeps its own until it ends."""
@@ -390,7 +383,7 @@ class ConnectionPool:
         if idle and connection in idle:
             idle.remove(connection)
 
-    def _start_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._closed:
             raise RuntimeError("the connection pool is closed")
         for connection in list(self._open):
@@ -401,8 +394,6 @@ class ConnectionPool:
         self._open.clear()
         self._idle.clear()
         self._loop = loop
-        self._slots = asyncio.Semaphore(self.connections_max)
-        return self._slots
 
     def _take_idle(self, origin: Origin, now: float) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -417,8 +408,6 @@ class ConnectionPool:
         return None
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, origin: Origin, deadline: float) -> _Connection:
-        if len(self._open) >= self.connections_max:
-            self._close_one_idle()
         scheme, host, port = origin
         context: ssl.SSLContext | None = None
         if scheme == "https":
@@ -440,16 +429,6 @@ class ConnectionPool:
             raise ConnectError(f"cannot connect to {host}:{port}: {error}") from error
         self._open.add(connection)
         return connection
-
-    def _close_one_idle(self) -> None:
-        """Make room for a new connection: close the idle one that waited longest."""
-        oldest: _Connection | None = None
-        for connections in self._idle.values():
-            if connections and (oldest is None or connections[0].idle_since < oldest.idle_since):
-                oldest = connections[0]
-        if oldest is not None:
-            self.forget(oldest)
-            oldest.close()
 
     async def _exchange(
         self, loop: asyncio.AbstractEventLoop, connection: _Connection, head: bytes, body: bytes | None,
@@ -475,7 +454,12 @@ class ConnectionPool:
             connection.waiter = None
         if parser.keep_alive and not self._closed and not connection.closed and not transport.is_closing():
             connection.idle_since = loop.time()
-            self._idle.setdefault(connection.origin, []).append(connection)
+            idle = self._idle.setdefault(connection.origin, [])
+            idle.append(connection)
+            if len(idle) > self.idle_max:
+                oldest = idle.pop(0)  # the one idle longest (the list is in the order they came back)
+                self._open.discard(oldest)
+                oldest.close()
         else:
             connection.close()
         return answer
