@@ -56,6 +56,50 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     assert all(node["reachable"] for node in view["nodes"])
 
 
+# Receives held through one follower: past the 256 connections a follower used to forward at once.
+FORWARDED_LONG_POLLS = 300
+
+
+def test_forwarded_long_polls_never_hold_up_the_followers_other_calls(make_cluster: Callable[..., Cluster]) -> None:
+    """300 receives of idle workers parked on the leader through one follower, then a create through
+    the same follower: it is answered while every receive still waits (with the follower's
+    forwarding capped at 256 connections, it waited until one of the receives ended)."""
+    cluster = make_cluster().start()
+    leader = cluster.leader_index()
+    follower = (leader + 1) % cluster.size
+    api = cluster.api(follower)
+    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
+    mailbox_id(setup)
+    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+    body = json.dumps({"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}).encode()
+    head = (
+        f"POST {api.space_path(recv_path(setup))} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {cluster.admin_key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    port = int(cluster.urls[follower].rsplit(":", 1)[1])
+
+    async def main() -> None:
+        writers: list[asyncio.StreamWriter] = []
+        answers: list[asyncio.Task[bytes]] = []
+        try:
+            for _ in range(FORWARDED_LONG_POLLS):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(head + body)
+                writers.append(writer)
+                answers.append(asyncio.create_task(reader.read(1)))
+            await asyncio.to_thread(parked_long_polls, cluster.urls[leader], FORWARDED_LONG_POLLS, cluster.admin_key)
+            created = await asyncio.wait_for(asyncio.to_thread(api.ok, "POST", "/v1/scopes", {}), ANSWER_BOUND_S)
+            assert created["id"].startswith("run_")
+            assert not any(answer.done() for answer in answers)  # every receive still waits
+        finally:
+            for answer in answers:
+                answer.cancel()
+            for writer in writers:
+                writer.close()
+
+    asyncio.run(main())
+
+
 def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Callable[..., Cluster]) -> None:
     """SIGTERM of a follower with long polls forwarded to the leader: it answers them UNAVAILABLE
     (their clients poll again at another node) and stops, instead of waiting out their 30 s."""

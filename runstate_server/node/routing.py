@@ -48,7 +48,6 @@ FORWARD_CONNECT_TIMEOUT_S = 1.0
 # Once the node is stopping, a call still forwarded after this long (a long poll) is answered
 # UNAVAILABLE, so the stop does not wait out the poll; its client polls again at another node.
 FORWARD_STOP_GRACE_S = 1.0
-FORWARD_CONNECTIONS_MAX = 256
 # Headers of the leader's answer that the client must see.
 _RELAYED_HEADERS = (REQUEST_ID_HEADER, "Retry-After")
 # Headers that describe one hop, not the request.
@@ -70,7 +69,17 @@ class Router:
     def __init__(self, node: Node) -> None:
         self._node = node
         self._session: aiohttp.ClientSession | None = None
+        # Connections to the leader open at once: one per call forwarded, so at most as many as
+        # the API serves (the setting; the node's start lowers it to the cap in force,
+        # `serve_at_most`). A lower cap of its own (it was 256) made every forwarded call wait
+        # behind forwarded long polls: with 300 idle workers' receives held through a follower,
+        # a create took 18 s, until one of the polls ended.
+        self._connections_max = node.config.http.connections_max
         self._stop_deadline: float | None = None  # the loop's clock; set once the node is stopping
+
+    def serve_at_most(self, connections_max: int) -> None:
+        """The API serves at most `connections_max` connections: forward at most as many calls."""
+        self._connections_max = connections_max
 
     def stopping(self) -> None:
         """The node is stopping: calls still forwarded FORWARD_STOP_GRACE_S from now are given up."""
@@ -174,7 +183,7 @@ class Router:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S, sock_connect=FORWARD_CONNECT_TIMEOUT_S),
-                connector=aiohttp.TCPConnector(limit=FORWARD_CONNECTIONS_MAX),
+                connector=aiohttp.TCPConnector(limit=self._connections_max),
                 auto_decompress=False,
             )
         return self._session
