@@ -8,7 +8,7 @@ import { ConfigError, OutcomeUnknownError } from './errors.js';
 import { mailboxId } from './mailboxes.js';
 import { Ticket } from './tickets.js';
 import { type DateLike, formatTime } from './time.js';
-import { type Json, type Transport, encodeBody, field, segment } from './transport.js';
+import { type Json, type RequestOptions, type Transport, encodeBody, field, segment } from './transport.js';
 
 const RECEIVE_BATCH_MAX = 100;
 const RECEIVE_WAIT_MS_MAX = 30_000;
@@ -28,6 +28,13 @@ export interface SubmitOptions {
 
 /** One task of a submit request; ConfigError for a malformed key or attempts. */
 export function taskBody(input: unknown, options: SubmitOptions): Json {
+  const body = taskFields(input, options);
+  encodeBody(body, 'the task'); // ConfigError for an input JSON cannot carry, before any request
+  return body;
+}
+
+/** The fields of one task, not yet checked for JSON. */
+function taskFields(input: unknown, options: SubmitOptions): Json {
   const body: Json = { input: input === undefined ? null : input };
   if (options.keyOnly) {
     if (options.key === undefined) throw new ConfigError('keyOnly needs a key');
@@ -40,7 +47,6 @@ export function taskBody(input: unknown, options: SubmitOptions): Json {
   if (options.attempts !== undefined) body.attempts = requireInt(options.attempts, 'attempts', 1, 100);
   if (options.deadline !== undefined) body.deadline = formatTime(options.deadline, 'deadline');
   if (options.requirements !== undefined) body.requirements = options.requirements;
-  encodeBody(body, 'the task'); // ConfigError for an input JSON cannot carry, before any request
   return body;
 }
 
@@ -55,7 +61,12 @@ export class Mailbox {
   }
 
   private async where(): Promise<{ scopeId: string; mailboxId: string }> {
-    return { scopeId: this.scopeId, mailboxId: await mailboxId(this.transport, this.name) };
+    return { scopeId: this.scopeId, mailboxId: await this.resolveId() };
+  }
+
+  /** The mailbox's id: asked once per client, then known without a wait. */
+  private resolveId(): string | Promise<string> {
+    return this.transport.mailboxIds.get(this.name) ?? mailboxId(this.transport, this.name);
   }
 
   /**
@@ -66,15 +77,22 @@ export class Mailbox {
    * does not exist, ValidationError for an input over 64 KB.
    */
   async submit(input: unknown, options: SubmitOptions = {}): Promise<Ticket> {
-    const task = taskBody(input, options);
-    const body = { ...(await this.where()), ...task };
-    // Safe to repeat: the server deduplicates by key (and by the idempotency key).
-    const answer = await this.transport.request('POST', '/tasks', { body, safe: true });
-    return new Ticket(this.transport, field<string>(answer, 'taskId'), {
-      ...(typeof answer.taskKey === 'string' ? { key: answer.taskKey } : options.key !== undefined ? { key: options.key } : {}),
-      ...(typeof answer.created === 'boolean' ? { created: answer.created } : {}),
-      ...(typeof answer.state === 'string' ? { state: answer.state } : {}),
-    });
+    const task = taskFields(input, options);
+    const taskText = encodeBody(task, 'the task'); // ConfigError for an input JSON cannot carry, before any request
+    const id = await this.resolveId();
+    // Safe to repeat: the server deduplicates by key (and by the idempotency key). The body is
+    // `{scopeId, mailboxId, ...task}`, written around the task's text rather than encoded again.
+    const request: RequestOptions = {
+      encodedBody: `{"scopeId":${JSON.stringify(this.scopeId)},"mailboxId":${JSON.stringify(id)},${taskText.slice(1)}`,
+      safe: true,
+    };
+    const answer = await this.transport.request('POST', '/tasks', request);
+    const fields: { key?: string; created?: boolean; state?: string } = {};
+    if (typeof answer.taskKey === 'string') fields.key = answer.taskKey;
+    else if (options.key !== undefined) fields.key = options.key;
+    if (typeof answer.created === 'boolean') fields.created = answer.created;
+    if (typeof answer.state === 'string') fields.state = answer.state;
+    return new Ticket(this.transport, field<string>(answer, 'taskId'), fields);
   }
 
   /**

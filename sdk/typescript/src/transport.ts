@@ -21,10 +21,12 @@
  * `UNAVAILABLE_AFTER_MS` without an answer, with UnavailableError.
  */
 
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomFillSync } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
+import type { Socket } from 'node:net';
 import { hostname } from 'node:os';
+import { urlToHttpOptions } from 'node:url';
 import { ConfigError, OutcomeUnknownError, RunstateError, UnavailableError, errorFromResponse } from './errors.js';
 import { sleep } from './time.js';
 
@@ -60,6 +62,17 @@ export const IDLE_CONNECTIONS_MAX = 100;
 export const IDLE_REUSE_MS_MAX = 15_000;
 // The largest answer the client reads; past it the call fails as a lost answer.
 export const ANSWER_BYTES_MAX = 256 * 1024 * 1024;
+// Random bytes in one idempotency key (24 hex digits).
+const IDEMPOTENCY_KEY_BYTES = 12;
+// Idempotency keys drawn from one fill of the random pool: one call into the CSPRNG per this many
+// keys instead of one per call (a randomBytes call cost ~5% of a call's CPU).
+const IDEMPOTENCY_KEYS_PER_FILL = 256;
+const USER_AGENT = `runstate-sdk-typescript/${SDK_VERSION}`;
+// A request path that `new URL` leaves as it is: only characters it never percent-encodes (no
+// query, fragment or backslash) ...
+const PLAIN_PATH = /^\/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$/;
+// ... and no `.` or `..` segment (also percent-encoded), which it would resolve.
+const DOT_SEGMENT = /\/(?:\.|%2e){1,2}(?:\/|$)/i;
 
 export type Json = Record<string, unknown>;
 
@@ -122,7 +135,16 @@ export function segment(value: unknown, what: string): string {
 
 /** Compact JSON for a request body; ConfigError for values JSON cannot carry. */
 export function encodeBody(body: unknown, what = 'request body'): string {
+  // JSON.stringify runs several times faster without a replacer. A body JSON cannot carry either
+  // fails that or has a non-finite number written as `null`: only then is it encoded again with
+  // the replacer that names what is wrong.
   let text: string | undefined;
+  try {
+    text = JSON.stringify(body);
+  } catch {
+    text = undefined;
+  }
+  if (text !== undefined && !text.includes('null')) return text;
   try {
     text = JSON.stringify(body, (_key, value: unknown) => {
       if (typeof value === 'number' && !Number.isFinite(value)) throw new ConfigError(`${what} holds ${value}, which JSON cannot carry`);
@@ -162,10 +184,26 @@ function errorFromBody(status: number, text: string, headers: Pick<Answer, 'head
 }
 
 /** One answer: its status, body and headers (names in lower case). */
-interface Answer {
-  status: number;
-  text: string;
-  header(name: string): string | null;
+class Answer {
+  constructor(
+    readonly status: number,
+    readonly text: string,
+    private readonly response: http.IncomingMessage,
+  ) {}
+
+  header(name: string): string | null {
+    // Most answers carry none of the headers asked for: a look at the raw list spares building
+    // the answer's header object (Node builds it on first use).
+    const raw = this.response.rawHeaders;
+    let present = false;
+    for (let index = 0; index < raw.length && !present; index += 2) {
+      const rawName = raw[index] as string;
+      present = rawName.length === name.length && rawName.toLowerCase() === name;
+    }
+    if (!present) return null;
+    const value = this.response.headers[name];
+    return value === undefined ? null : Array.isArray(value) ? value.join(', ') : value;
+  }
 }
 
 /**
@@ -182,65 +220,202 @@ class WireError extends Error {
   }
 }
 
+/** The error a request is destroyed with when aborted (as Node's own for an aborted request). */
+class AbortError extends Error {
+  readonly code = 'ABORT_ERR';
+
+  constructor(reason: unknown) {
+    super('The operation was aborted', { cause: reason });
+    this.name = 'AbortError';
+  }
+}
+
 function agents(): { 'http:': http.Agent; 'https:': https.Agent } {
   const options = { keepAlive: true, maxFreeSockets: IDLE_CONNECTIONS_MAX, timeout: IDLE_REUSE_MS_MAX, scheduling: 'lifo' as const };
   return { 'http:': new http.Agent(options), 'https:': new https.Agent(options) };
 }
 
-/** Send one request on a kept-alive connection and read its whole answer (at most answerBytesMax). */
+/** What `http.request` takes of one server's URL, worked out once per server. */
+interface Server {
+  agent: http.Agent;
+  secure: boolean;
+  protocol: string;
+  hostname: string;
+  port: number | undefined;
+  /**
+   * The base URL's path, which `base + path` starts with (`''` for none), or undefined when the
+   * base is not written as `new URL` writes it (then every request URL goes through `new URL`).
+   */
+  prefix: string | undefined;
+}
+
+function describeServer(base: string, agents: { 'http:': http.Agent; 'https:': https.Agent }): Server | undefined {
+  let url: URL;
+  try {
+    url = new URL(base);
+  } catch {
+    return undefined; // each request parses `base + path` and fails as it does
+  }
+  const protocol = url.protocol;
+  if (protocol !== 'http:' && protocol !== 'https:') return undefined;
+  const { hostname, port, auth } = urlToHttpOptions(url);
+  const rest = base.startsWith(url.origin) ? base.slice(url.origin.length) : undefined;
+  const plain =
+    auth === undefined &&
+    url.search === '' &&
+    url.hash === '' &&
+    (rest === '' || (rest === url.pathname && PLAIN_PATH.test(rest) && !DOT_SEGMENT.test(rest)));
+  return {
+    agent: agents[protocol],
+    secure: protocol === 'https:',
+    protocol,
+    hostname: hostname as string,
+    port: port === undefined ? undefined : Number(port),
+    prefix: plain ? rest : undefined,
+  };
+}
+
+const EXCHANGE = Symbol('runstate.exchange');
+type Carrier = { [EXCHANGE]?: Exchange };
+
+/**
+ * One request in flight and its promise, settled once: with the whole answer (at most
+ * `answerBytesMax` bytes) or a WireError. Per call it costs one timer and no AbortController (one
+ * per call, with its signal handed to Node, cost ~10% of a call's CPU) nor closures: the request's
+ * and answer's listeners are module functions that find it on them (`[EXCHANGE]`), and it listens
+ * to the caller's signal itself (`handleEvent`).
+ */
+class Exchange {
+  /** The request may have reached the server from here on. */
+  connected = false;
+  private readonly chunks: Buffer[] = [];
+  private size = 0;
+  private settled = false;
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(
+    private readonly request: http.ClientRequest,
+    readonly secure: boolean,
+    private readonly resolve: (answer: Answer) => void,
+    private readonly reject: (error: WireError) => void,
+    timeoutMs: number,
+    private readonly signal: AbortSignal | undefined,
+    private readonly answerBytesMax: number,
+  ) {
+    this.timer = setTimeout(onTimeout, timeoutMs, this);
+    signal?.addEventListener('abort', this, { once: true });
+  }
+
+  /** The caller's signal aborted: end the request with its reason. */
+  handleEvent(): void {
+    this.abort(this.signal?.reason);
+  }
+
+  abort(reason: unknown): void {
+    this.request.destroy(new AbortError(reason));
+  }
+
+  data(response: http.IncomingMessage, chunk: Buffer): void {
+    this.size += chunk.length;
+    if (this.size > this.answerBytesMax) {
+      response.destroy();
+      this.fail(`the answer is larger than ${this.answerBytesMax} bytes`);
+      return;
+    }
+    this.chunks.push(chunk);
+  }
+
+  end(response: http.IncomingMessage): void {
+    if (!this.finish()) return;
+    const text = this.chunks.length === 1 ? (this.chunks[0] as Buffer).toString('utf8') : Buffer.concat(this.chunks).toString('utf8');
+    this.resolve(new Answer(response.statusCode ?? 0, text, response));
+  }
+
+  fail(message: string, cause?: unknown): void {
+    if (this.finish()) this.reject(new WireError(message, { sent: this.connected, cause }));
+  }
+
+  /** True the first time only: the timer and the signal's listener are done with. */
+  private finish(): boolean {
+    if (this.settled) return false;
+    this.settled = true;
+    clearTimeout(this.timer);
+    this.signal?.removeEventListener('abort', this);
+    return true;
+  }
+}
+
+function onTimeout(exchange: Exchange): void {
+  exchange.abort(new DOMException('the request timed out', 'TimeoutError'));
+}
+
+function exchangeOf(emitter: object): Exchange {
+  return (emitter as Carrier)[EXCHANGE] as Exchange;
+}
+
+function onResponse(this: http.ClientRequest, response: http.IncomingMessage): void {
+  (response as Carrier)[EXCHANGE] = exchangeOf(this);
+  response.on('data', onAnswerData);
+  response.on('end', onAnswerEnd);
+  response.on('error', onAnswerError);
+  response.on('close', onAnswerClose);
+}
+
+function onAnswerData(this: http.IncomingMessage, chunk: Buffer): void {
+  exchangeOf(this).data(this, chunk);
+}
+
+function onAnswerEnd(this: http.IncomingMessage): void {
+  exchangeOf(this).end(this);
+}
+
+function onAnswerError(this: http.IncomingMessage, error: Error): void {
+  exchangeOf(this).fail(error.message, error);
+}
+
+function onAnswerClose(this: http.IncomingMessage): void {
+  if (!this.complete) exchangeOf(this).fail('the connection closed before the whole answer came');
+}
+
+function onSocket(this: http.ClientRequest, socket: Socket): void {
+  const exchange = exchangeOf(this);
+  if (!socket.connecting) {
+    exchange.connected = true; // a kept-alive connection
+    return;
+  }
+  socket.once(exchange.secure ? 'secureConnect' : 'connect', onConnect.bind(exchange));
+}
+
+function onConnect(this: Exchange): void {
+  this.connected = true;
+}
+
+function onRequestError(this: http.ClientRequest, error: Error): void {
+  exchangeOf(this).fail(error.message, error);
+}
+
+/**
+ * Send one request on a kept-alive connection and read its whole answer (at most answerBytesMax),
+ * ended by `timeoutMs` or the caller's signal. `options` names the method, headers and agent, and
+ * the server and path unless `url` does.
+ */
 function send(
-  agent: http.Agent,
-  url: URL,
-  method: string,
-  headers: Record<string, string>,
+  url: URL | undefined,
+  options: http.RequestOptions,
+  secure: boolean,
   body: string | undefined,
-  signal: AbortSignal,
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
   answerBytesMax: number,
 ): Promise<Answer> {
   return new Promise((resolve, reject) => {
-    let connected = false; // the request may have reached the server from here on
-    const fail = (message: string, cause?: unknown): void => reject(new WireError(message, { sent: connected, cause }));
-    const module = url.protocol === 'https:' ? https : http;
-    if (body !== undefined) headers = { ...headers, 'content-length': String(Buffer.byteLength(body)) };
-    const request = module.request(url, { method, headers, agent, signal }, (response) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      response.on('data', (chunk: Buffer) => {
-        size += chunk.length;
-        if (size > answerBytesMax) {
-          response.destroy();
-          fail(`the answer is larger than ${answerBytesMax} bytes`);
-          return;
-        }
-        chunks.push(chunk);
-      });
-      response.on('end', () => {
-        const names = response.headers;
-        resolve({
-          status: response.statusCode ?? 0,
-          text: Buffer.concat(chunks).toString('utf8'),
-          header(name: string): string | null {
-            const value = names[name];
-            return value === undefined ? null : Array.isArray(value) ? value.join(', ') : value;
-          },
-        });
-      });
-      response.on('error', (error) => fail(error.message, error));
-      response.on('close', () => {
-        if (!response.complete) fail('the connection closed before the whole answer came');
-      });
-    });
-    request.on('socket', (socket) => {
-      if (!socket.connecting) {
-        connected = true; // a kept-alive connection
-        return;
-      }
-      socket.once(url.protocol === 'https:' ? 'secureConnect' : 'connect', () => {
-        connected = true;
-      });
-    });
-    request.on('error', (error) => fail(error.message, error));
+    const module = secure ? https : http;
+    const request = url === undefined ? module.request(options, onResponse) : module.request(url, options, onResponse);
+    request.on('socket', onSocket);
+    request.on('error', onRequestError);
     request.end(body);
+    // Node emits the request's events from the next tick on: its listeners find the exchange.
+    (request as Carrier)[EXCHANGE] = new Exchange(request, secure, resolve, reject, timeoutMs, signal, answerBytesMax);
   });
 }
 
@@ -248,8 +423,18 @@ function isConnectFailure(error: unknown): boolean {
   return error instanceof WireError && !error.sent;
 }
 
+// Random bytes for idempotency keys, filled IDEMPOTENCY_KEYS_PER_FILL keys at a time.
+const keyPool = Buffer.alloc(IDEMPOTENCY_KEY_BYTES * IDEMPOTENCY_KEYS_PER_FILL);
+let keyPoolOffset = keyPool.length;
+
 export function newIdempotencyKey(): string {
-  return randomBytes(12).toString('hex');
+  if (keyPoolOffset === keyPool.length) {
+    randomFillSync(keyPool);
+    keyPoolOffset = 0;
+  }
+  const start = keyPoolOffset;
+  keyPoolOffset += IDEMPOTENCY_KEY_BYTES;
+  return keyPool.toString('hex', start, keyPoolOffset);
 }
 
 /** One client's connection to the servers. */
@@ -262,8 +447,11 @@ export class Transport {
   readonly timeoutMs: number;
   /** Mailbox names this client resolved to ids (a mailbox is never renamed or removed). */
   readonly mailboxIds = new Map<string, string>();
-  private readonly apiKey: string | undefined;
+  /** The Authorization header's value, if any. */
+  private readonly authorization: string | undefined;
   private readonly agents = agents();
+  /** What requests need of each base URL, worked out on its first request. */
+  private readonly servers = new Map<string, Server | undefined>();
   private readonly answerBytesMax: number;
   private urlIndex = 0;
   private spacePromise: Promise<string> | undefined;
@@ -281,7 +469,7 @@ export class Transport {
     if (options.holder.length > HOLDER_CHARS_MAX) throw new ConfigError(`holder is longer than ${HOLDER_CHARS_MAX} characters`);
     this.baseUrls = options.baseUrls;
     this.spaceId = options.spaceId;
-    this.apiKey = options.apiKey;
+    this.authorization = options.apiKey !== undefined ? `Bearer ${options.apiKey}` : undefined;
     this.holder = options.holder;
     this.holderSession = randomBytes(8).toString('hex');
     this.timeoutMs = options.timeoutMs;
@@ -296,21 +484,20 @@ export class Transport {
    */
   async request(method: string, path: string, options: RequestOptions): Promise<Json> {
     const data = options.body !== undefined ? encodeBody(options.body) : options.encodedBody; // ConfigError first
-    if (!path.startsWith(API_ROOT)) path = `/v1/spaces/${encodeURIComponent(await this.space())}${path}`;
+    if (!path.startsWith(API_ROOT)) path = `/v1/spaces/${encodeURIComponent(this.spaceId ?? (await this.space()))}${path}`;
+    // A path `new URL` would leave as it is goes to http.request as it is, without parsing a URL.
+    const plain = PLAIN_PATH.test(path) && !DOT_SEGMENT.test(path);
     if (options.query) {
       const params = new URLSearchParams();
       for (const [name, value] of Object.entries(options.query)) if (value !== undefined) params.set(name, String(value));
       const text = params.toString();
       if (text) path = `${path}?${text}`;
     }
-    const headers: Record<string, string> = {
-      accept: 'application/json',
-      'user-agent': `runstate-sdk-typescript/${SDK_VERSION}`,
-      [HOLDER_HEADER]: this.holder,
-    };
-    if (this.apiKey !== undefined) headers.authorization = `Bearer ${this.apiKey}`;
+    const headers: Record<string, string> = { accept: 'application/json', 'user-agent': USER_AGENT, [HOLDER_HEADER]: this.holder };
+    if (this.authorization !== undefined) headers.authorization = this.authorization;
     if (data !== undefined) headers['content-type'] = 'application/json';
     if (method !== 'GET') headers['idempotency-key'] = newIdempotencyKey();
+    if (data !== undefined) headers['content-length'] = String(Buffer.byteLength(data));
     const timeoutMs = this.timeoutMs + (options.longPollMs && options.longPollMs > 0 ? options.longPollMs + LONG_POLL_MARGIN_MS : 0);
     let giveUpAt: number | undefined;
     let backoffMs = RETRY_BACKOFF_MS_INITIAL;
@@ -320,17 +507,18 @@ export class Transport {
       const base = this.baseUrls[this.urlIndex] as string;
       let failure: string;
       let lastStatus: number | undefined;
-      // One controller per attempt, aborted by its timeout or the caller's signal (AbortSignal.any
-      // is Node 20.3+).
-      const attempt = new AbortController();
-      const timer = setTimeout(() => attempt.abort(new DOMException('the request timed out', 'TimeoutError')), timeoutMs);
-      const onAbort = (): void => attempt.abort(options.signal?.reason);
-      options.signal?.addEventListener('abort', onAbort, { once: true });
-      const signal = attempt.signal;
       try {
-        const url = new URL(base + path);
-        const agent = this.agents[url.protocol as 'http:' | 'https:'];
-        const response = await send(agent, url, method, headers, data, signal, this.answerBytesMax);
+        const server = this.server(base);
+        let response: Answer;
+        if (plain && server?.prefix !== undefined) {
+          const { protocol, hostname, port, agent, secure } = server;
+          const target = { protocol, hostname, port, path: server.prefix + path, method, headers, agent };
+          response = await send(undefined, target, secure, data, timeoutMs, options.signal, this.answerBytesMax);
+        } else {
+          const url = new URL(base + path);
+          const agent = this.agents[url.protocol as 'http:' | 'https:'];
+          response = await send(url, { method, headers, agent }, url.protocol === 'https:', data, timeoutMs, options.signal, this.answerBytesMax);
+        }
         const text = response.text;
         this.followLeader(response.header(LEADER_HEADER));
         if (response.status >= 200 && response.status < 300) return decode(response.status, text, method, path);
@@ -353,9 +541,6 @@ export class Transport {
             });
           }
         }
-      } finally {
-        clearTimeout(timer);
-        options.signal?.removeEventListener('abort', onAbort);
       }
       const now = Date.now();
       giveUpAt ??= now + UNAVAILABLE_AFTER_MS;
@@ -396,6 +581,11 @@ export class Transport {
       },
     );
     return this.spacePromise;
+  }
+
+  private server(base: string): Server | undefined {
+    if (!this.servers.has(base)) this.servers.set(base, describeServer(base, this.agents));
+    return this.servers.get(base);
   }
 
   private followLeader(leaderUrl: string | null): void {

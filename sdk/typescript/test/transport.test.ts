@@ -93,6 +93,26 @@ test('sequential calls share one kept-alive connection and carry what the server
   }
 });
 
+test('each request target is the one `new URL(base + path)` makes, with or without the shortcut past it', async () => {
+  const server = await scripted((_request, response) => json(response, 200, { ok: true }));
+  try {
+    const port = server.url.slice(server.url.lastIndexOf(':') + 1);
+    // Bases the shortcut takes (as `new URL` writes them), and bases it leaves to `new URL`.
+    const bases = [server.url, `${server.url}/api`, `http://127.0.0.1:0${port}/A/./b`, `http://127.0.0.1:${port}/x%2e/`];
+    const paths = ['/tasks/tsk_1', "/tasks/a'b(c)*~!$&,;=:@", '/tasks/%2e%2E', '/tasks/..', '/tasks/x/./y', '/tasks/é'];
+    for (const base of bases) {
+      const client = transport([base]);
+      for (const path of paths) {
+        await client.request('GET', path, { safe: true, query: { waitMs: 5, who: 'a b' } });
+        const expected = new URL(`${base}/v1/spaces/spc%201${path}?waitMs=5&who=a+b`);
+        assert.equal((server.seen.at(-1) as Seen).url, expected.pathname + expected.search, `${base} ${path}`);
+      }
+    }
+  } finally {
+    await server.close();
+  }
+});
+
 test('a call whose connection is refused goes to the next server at once, even an unsafe one', async () => {
   const server = await scripted((_request, response) => json(response, 201, { id: 'run_1' }));
   try {
