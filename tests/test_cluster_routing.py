@@ -20,7 +20,7 @@ from runstate import AsyncRunstate
 
 from runstate_server.node.config import PROPOSE_TIMEOUT_S
 from tests._cluster import Cluster
-from tests._http import call, mailbox_id, recv, recv_path, task_ok
+from tests._http import Api, call, mailbox_id, recv, recv_path, task_ok
 from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
 from tests._prometheus import scrape, value
 
@@ -56,6 +56,18 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     assert all(node["reachable"] for node in view["nodes"])
 
 
+def run_through_a_follower(cluster: Cluster) -> tuple[int, int, Api, Api, str]:
+    """The leader's and a follower's index, the follower's client (and one that resends while an
+    election right after the start answers 503 UNAVAILABLE), and a run with a queue "work" made
+    through it."""
+    leader = cluster.leader_index()
+    follower = (leader + 1) % cluster.size
+    api = cluster.api(follower)
+    setup = api.resending()
+    mailbox_id(setup)
+    return leader, follower, api, setup, setup.ok("POST", "/v1/scopes", {})["id"]
+
+
 # Receives held through one follower: past the 256 connections a follower used to forward at once.
 FORWARDED_LONG_POLLS = 300
 
@@ -65,12 +77,7 @@ def test_forwarded_long_polls_never_hold_up_the_followers_other_calls(make_clust
     the same follower: it is answered while every receive still waits (with the follower's
     forwarding capped at 256 connections, it waited until one of the receives ended)."""
     cluster = make_cluster().start()
-    leader = cluster.leader_index()
-    follower = (leader + 1) % cluster.size
-    api = cluster.api(follower)
-    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
-    mailbox_id(setup)
-    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+    leader, follower, api, setup, run_id = run_through_a_follower(cluster)
     body = json.dumps({"scopeId": run_id, "waitMs": LONG_POLL_WAIT_MS, "max": 1}).encode()
     head = (
         f"POST {api.space_path(recv_path(setup))} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {cluster.admin_key}\r\n"
@@ -104,12 +111,7 @@ def test_a_stopping_follower_gives_up_its_forwarded_long_polls(make_cluster: Cal
     """SIGTERM of a follower with long polls forwarded to the leader: it answers them UNAVAILABLE
     (their clients poll again at another node) and stops, instead of waiting out their 30 s."""
     cluster = make_cluster().start()
-    leader = cluster.leader_index()
-    follower = (leader + 1) % cluster.size
-    api = cluster.api(follower)
-    setup = api.resending()  # an election right after the start answers 503 UNAVAILABLE
-    mailbox_id(setup)
-    run_id = setup.ok("POST", "/v1/scopes", {})["id"]
+    leader, follower, api, setup, run_id = run_through_a_follower(cluster)
     task_id = task_ok(setup, run_id, {"input": 1})["id"]
     assert recv(setup, run_id)  # the queue is empty now: a receive waits
     polls = {

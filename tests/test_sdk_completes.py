@@ -14,7 +14,7 @@ import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 from runstate.sdk._completes import Completes
-from runstate.sdk.client import Delivery
+from runstate.sdk.client import Delivery, Mailbox, Scope, Ticket
 
 from tests._nodes import DevNode
 from tests._prometheus import scrape
@@ -52,15 +52,20 @@ def space() -> str:
     return f"completes-{uuid.uuid4().hex[:8]}"
 
 
+async def queue_of_tasks(rs: AsyncRunstate, count: int) -> tuple[Scope, Mailbox, list[Ticket]]:
+    """A new run, its queue "work" and `count` tasks submitted to it, `{"n": 0}` onwards."""
+    await rs.mailboxes.ensure("work")
+    run = await rs.scopes.create()
+    queue = run.mailbox("work")
+    return run, queue, await queue.submit_many([{"n": n} for n in range(count)])
+
+
 def test_consume_settles_every_task_once_with_fewer_requests(dev_node: DevNode) -> None:
     calls: Counter[str] = Counter()
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
-            await rs.mailboxes.ensure("work")
-            run = await rs.scopes.create()
-            queue = run.mailbox("work")
-            tickets = await queue.submit_many([{"n": n} for n in range(TASKS)])
+            run, queue, tickets = await queue_of_tasks(rs, TASKS)
             before = completes_answered(dev_node.url)
 
             async def double(data: dict[str, Any], delivery: Any) -> int:
@@ -94,10 +99,7 @@ def test_one_client_waits_on_more_results_than_it_keeps_connections_while_it_con
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
-            await rs.mailboxes.ensure("work")
-            run = await rs.scopes.create()
-            queue = run.mailbox("work")
-            tickets = await queue.submit_many([{"n": n} for n in range(waits)])
+            _, queue, tickets = await queue_of_tasks(rs, waits)
             results = asyncio.gather(*(ticket.result(timeout_ms=RESULT_TIMEOUT_MS) for ticket in tickets))
             await asyncio.sleep(0.5)  # every wait is parked on the node
             stop = asyncio.Event()
