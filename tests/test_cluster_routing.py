@@ -19,6 +19,7 @@ from typing import Any
 from runstate import AsyncRunstate
 
 from runstate_server.node.config import PROPOSE_TIMEOUT_S
+from tests import _raw_http as raw_http
 from tests._cluster import Cluster
 from tests._http import Api, call, mailbox_id, recv, recv_path, task_ok
 from tests._long_polls import LONG_POLL_WAIT_MS, STOP_WITH_LONG_POLLS_S, parked_long_polls, start_long_polls
@@ -54,6 +55,36 @@ def test_followers_forward_and_a_forwarded_call_is_not_forwarded_again(make_clus
     assert view["leader"] == cluster.ids[leader]
     assert sorted(node["id"] for node in view["nodes"]) == cluster.ids
     assert all(node["reachable"] for node in view["nodes"])
+
+
+def test_a_forwarded_call_reaches_the_leader_as_sent_and_its_answer_comes_back_as_given(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster().start()
+    leader, follower, api, setup, run_id = run_through_a_follower(cluster)
+    auth = {"Authorization": f"Bearer {cluster.admin_key}"}
+    # A request target with percent-escapes and a query, and an Expect the follower answered
+    # itself: the leader reads the same target, and the follower adds its own answer headers.
+    path = api.space_path(f"/v1/scopes/{run_id}") + "?x=%C3%A9%20y"
+    body = json.dumps({"name": "caf\u00e9 run"}).encode()
+    through_follower = raw_http.send(
+        cluster.urls[follower], "GET", path, headers={**auth, "X-Request-Id": "req_from_the_client"},
+    )
+    direct = raw_http.send(cluster.urls[leader], "GET", path, headers=auth)
+    assert (through_follower.status, through_follower.json()) == (200, direct.json())
+    relayed = {name.lower(): value for name, value in through_follower.headers.items()}
+    assert relayed["content-type"] == {name.lower(): value for name, value in direct.headers.items()}["content-type"]
+    assert relayed["x-runstate-leader"] == cluster.urls[leader]
+    assert relayed["x-request-id"].startswith("req_") and relayed["x-request-id"] != "req_from_the_client"
+    encoded = raw_http.send(cluster.urls[follower], "GET", api.space_path("/v1/scopes/run_%41%42"), headers=auth)
+    assert (encoded.status, encoded.code) == (404, "NOT_FOUND")
+    assert "run_AB" in encoded.json()["error"]["message"]
+    expecting = raw_http.send(
+        cluster.urls[follower], "POST", api.space_path("/v1/scopes"), body,
+        headers={**auth, "Content-Type": "application/json", "Expect": "100-continue"},
+    )
+    assert expecting.status == 201, expecting.body
+    assert setup.ok("GET", f"/v1/scopes/{expecting.json()['id']}")["name"] == "caf\u00e9 run"
 
 
 def run_through_a_follower(cluster: Cluster) -> tuple[int, int, Api, Api, str]:

@@ -18,9 +18,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
+from runstate_server.node import relay
 from runstate_server.node.config import LONG_POLL_MS_MAX, PROPOSE_TIMEOUT_S
 from runstate_server.node.errors import REQUEST_ID_HEADER, REQUEST_ID_KEY, ApiError
 
@@ -45,15 +45,24 @@ LEADER_CHECK_S = 0.1
 # A forwarded call may be a long poll: its own bound plus the time a write may take.
 FORWARD_TIMEOUT_S = LONG_POLL_MS_MAX / 1000 + PROPOSE_TIMEOUT_S + 5.0
 FORWARD_CONNECT_TIMEOUT_S = 1.0
+# Idle connections to the leader kept for the next forwards (one is open per call in flight).
+FORWARD_IDLE_CONNECTIONS_MAX = 100
+# An idle connection to the leader is reused while it has been idle at most this share of the
+# node's own idle timeout (the leader closes one idle for its own; a cluster's nodes share the
+# setting), and never past FORWARD_IDLE_REUSE_S_MAX.
+FORWARD_IDLE_REUSE_SHARE = 0.5
+FORWARD_IDLE_REUSE_S_MAX = 15.0
 # Once the node is stopping, a call still forwarded after this long (a long poll) is answered
 # UNAVAILABLE, so the stop does not wait out the poll; its client polls again at another node.
 FORWARD_STOP_GRACE_S = 1.0
 # Headers of the leader's answer that the client must see.
 _RELAYED_HEADERS = (REQUEST_ID_HEADER, "Retry-After")
-# Headers that describe one hop, not the request.
-_HOP_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer"}
-)
+# Headers that describe one hop, not the request (the body was read whole here: no Expect), and the
+# ones the follower sets itself.
+_NOT_FORWARDED_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer", "expect",
+    FORWARDED_HEADER.lower(), REQUEST_ID_HEADER.lower(),
+})
 
 
 class _LeaderUnreachable(Exception):
@@ -68,27 +77,21 @@ def forwarded(request: web.Request) -> bool:
 class Router:
     def __init__(self, node: Node) -> None:
         self._node = node
-        self._session: aiohttp.ClientSession | None = None
-        # Connections to the leader open at once: one per call forwarded, so at most as many as
-        # the API serves (the setting; the node's start lowers it to the cap in force,
-        # `serve_at_most`). A lower cap of its own (it was 256) made every forwarded call wait
-        # behind forwarded long polls: with 300 idle workers' receives held through a follower,
-        # a create took 18 s, until one of the polls ended.
-        self._connections_max = node.config.http.connections_max
+        # One connection to the leader per call forwarded (so no call waits behind a forwarded long
+        # poll: with aiohttp's client, capped at 256 connections, 300 idle workers' receives held
+        # through a follower made a create wait 18 s); the API's connection cap bounds the calls.
+        idle_reuse_s = min(FORWARD_IDLE_REUSE_S_MAX, node.config.http.idle_timeout_ms / 1000 * FORWARD_IDLE_REUSE_SHARE)
+        self._client = relay.RelayClient(
+            idle_max=FORWARD_IDLE_CONNECTIONS_MAX, idle_reuse_s=idle_reuse_s, connect_timeout_s=FORWARD_CONNECT_TIMEOUT_S,
+        )
         self._stop_deadline: float | None = None  # the loop's clock; set once the node is stopping
-
-    def serve_at_most(self, connections_max: int) -> None:
-        """The API serves at most `connections_max` connections: forward at most as many calls."""
-        self._connections_max = connections_max
 
     def stopping(self) -> None:
         """The node is stopping: calls still forwarded FORWARD_STOP_GRACE_S from now are given up."""
         self._stop_deadline = asyncio.get_running_loop().time() + FORWARD_STOP_GRACE_S
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._client.close()
 
     def serves_here(self, request: web.Request) -> bool:
         return request.path in LOCAL_PATHS or request.path.startswith(LOCAL_PREFIXES) or self._node.log.is_leader
@@ -111,19 +114,17 @@ class Router:
 
     async def _forward_to(self, request: web.Request, leader_address: str | None, leader_url: str) -> web.Response:
         body = await request.read()
-        headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
+        headers = {name: value for name, value in request.headers.items() if name.lower() not in _NOT_FORWARDED_HEADERS}
         headers[FORWARDED_HEADER] = self._node.config.node_id
         headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]  # one id in both nodes' answers and logs
-        relay = asyncio.ensure_future(
-            self._relay(request.method, leader_url + request.path_qs, body, headers, leader_url)
-        )
+        relayed = asyncio.ensure_future(self._relay(request, body, headers, leader_url))
         try:
             # A leader that stops answering (paused, partitioned) is replaced within about a second;
             # the call sent to it is then given up instead of waiting out its whole timeout.
             while True:
-                done, _ = await asyncio.wait({relay}, timeout=LEADER_CHECK_S)
+                done, _ = await asyncio.wait({relayed}, timeout=LEADER_CHECK_S)
                 if done:
-                    return relay.result()
+                    return relayed.result()
                 if self._node.log.leader_address != leader_address:
                     raise ApiError(
                         "UNAVAILABLE", f"the leader changed while the call was forwarded to {leader_url}; retry"
@@ -131,27 +132,29 @@ class Router:
                 if self._stop_deadline is not None and asyncio.get_running_loop().time() >= self._stop_deadline:
                     raise ApiError("UNAVAILABLE", "this node is stopping; retry at another node")
         finally:
-            relay.cancel()
+            relayed.cancel()
 
-    async def _relay(
-        self, method: str, url: str, body: bytes, headers: dict[str, str], leader_url: str
-    ) -> web.Response:
+    async def _relay(self, request: web.Request, body: bytes, headers: dict[str, str], leader_url: str) -> web.Response:
+        """The call sent to the leader at `leader_url` as the client sent it here (the request
+        target's bytes too), and the leader's answer as this node's."""
+        origin, prefix = relay.origin_of(leader_url)
+        target = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
+        host = origin.host if ":" not in origin.host else f"[{origin.host}]"
+        head = relay.request_head(request.method, prefix + target, f"{host}:{origin.port}", headers, len(body))
         try:
-            async with self._client().request(method, url, data=body, headers=headers) as answer:
-                payload = await answer.read()
-                relayed = {name: answer.headers[name] for name in _RELAYED_HEADERS if name in answer.headers}
-                return web.Response(
-                    body=payload,
-                    status=answer.status,
-                    content_type=None if answer.status == 204 else answer.content_type or "application/json",
-                    headers={**relayed, LEADER_HEADER: leader_url},
-                )
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
-            raise _LeaderUnreachable(f"{url}: {type(error).__name__}") from None
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            raise ApiError(
-                "UNAVAILABLE", f"the leader at {url} did not answer ({type(error).__name__}); retry"
-            ) from None
+            answer = await self._client.request(
+                origin, head + body, head_request=request.method == "HEAD", timeout_s=FORWARD_TIMEOUT_S,
+            )
+        except relay.ConnectError as error:
+            raise _LeaderUnreachable(str(error)) from None
+        except relay.AnswerError as error:
+            raise ApiError("UNAVAILABLE", f"the leader at {leader_url} did not answer ({error}); retry") from None
+        relayed = {name: answer.headers[name.lower()] for name in _RELAYED_HEADERS if name.lower() in answer.headers}
+        relayed[LEADER_HEADER] = leader_url
+        content_type = answer.headers.get("content-type")
+        if content_type is not None and answer.status != 204:
+            relayed["Content-Type"] = content_type
+        return web.Response(body=answer.body, status=answer.status, headers=relayed)
 
     async def _leader(
         self, deadline: float, unreachable: tuple[str | None, int] | None = None
@@ -178,12 +181,3 @@ class Router:
                     )
                 raise ApiError("UNAVAILABLE", f"no leader elected within {LEADER_WAIT_S} s; retry")
             await asyncio.sleep(LEADER_POLL_S)
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S, sock_connect=FORWARD_CONNECT_TIMEOUT_S),
-                connector=aiohttp.TCPConnector(limit=self._connections_max),
-                auto_decompress=False,
-            )
-        return self._session

@@ -166,7 +166,6 @@ class Node:
                 raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
         connections_max = connections_max_for(self.config.http, fd_limit)
-        self.router.serve_at_most(connections_max)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
         await self._runner.setup()
         site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
