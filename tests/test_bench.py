@@ -200,3 +200,37 @@ def test_latency_bench_typescript_phase(run_temp: Path) -> None:
     assert set(latency) == {"p50", "p90", "p99", "max"}
     assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
     assert report["typescript"]["client_cpu_ms_per_request"] > 0
+
+
+def test_floor_bench_short_form() -> None:
+    requests = 40
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.floor", "--requests", str(requests), "--warmup", "5", "--cluster"],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["requests"] == requests and report["targets_ms"] == {"dev_submit_p50": 0.5, "cluster_submit_p50": 1.5}
+    for phase in ("round_trip_ms", "with_fdatasync_ms", "cluster_ms"):
+        latency = report[phase]
+        assert set(latency) == {"p50", "p90", "p99", "max"}
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+
+
+def test_the_floor_benchs_journal_holds_each_entry_after_its_end_offset(tmp_path: Path) -> None:
+    from bench.floor import FRAME, JOURNAL_BYTES_MIN, Journal
+
+    journal = Journal(tmp_path / "journal")
+    entries = [b"x" * size for size in (10, 700, 2000, 3)]
+    for entry in entries:
+        journal.append(entry)
+    data = (tmp_path / "journal").read_bytes()
+    end = int.from_bytes(data[:8], "little")
+    assert end == 8 + sum(FRAME.size + len(entry) for entry in entries)
+    assert len(data) >= end and len(data) >= JOURNAL_BYTES_MIN
+    position, read = 8, []
+    while position < end:
+        (length,) = FRAME.unpack_from(data, position)
+        read.append(data[position + FRAME.size:position + FRAME.size + length])
+        position += FRAME.size + length
+    assert read == entries
