@@ -16,7 +16,7 @@ from pysyncobj.pickle import loads as pysyncobj_loads
 
 from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
 from runstate_server.cluster.codec import decode_batch
-from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
+from runstate_server.cluster.log import DUMP_FILE_NAME, FOLLOWER_EFFECTS_HANDOFF_S, JOURNAL_FILE_NAME
 from runstate_server.cluster.snapshot import Dump, encode_dump
 from tests._cluster_log_child import RecordingMachine
 from tests._nodes import free_port
@@ -235,6 +235,46 @@ def test_three_nodes_replicate_and_followers_refuse_proposals() -> None:
                 await follower.propose({"type": "add", "id": 99})
             assert raised.value.leader_address == leader.self_address
             assert not any(log.reads_locally() for log in logs)  # a cluster confirms a read index instead
+        finally:
+            for log in logs:
+                await log.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_hands_its_applied_effects_to_its_loop_in_bulk_and_in_order() -> None:
+    """A follower's loop gets every applied batch's effects, in order, but is woken for them at most
+    once per FOLLOWER_EFFECTS_HANDOFF_S (plus the hand-overs something else needs), not once per
+    entry; the leader's loop gets each batch's at once (its callers wait on them)."""
+    writes = 60
+
+    async def scenario() -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        sinks: list[list[Any]] = [[] for _ in addresses]
+        logs = [
+            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
+                          password="cluster-password", on_applied=sink.extend)
+            for address, sink in zip(addresses, sinks, strict=True)
+        ]
+        try:
+            for log in logs:
+                await log.start()
+            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
+            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
+            leader = next(log for log in logs if log.is_leader)
+            followers = [log for log in logs if log is not leader]
+            before = [(log.counters.loop_handoffs, log.counters.batches_applied) for log in followers]
+            started = time.monotonic()
+            for index in range(writes):
+                await leader.propose({"type": "add", "id": index})
+            await eventually(lambda: all(log.applied_index >= leader.commit_index for log in followers))
+            elapsed_s = time.monotonic() - started
+            expected = [("applied", index) for index in range(writes)]
+            for sink in sinks:
+                await eventually(lambda sink=sink: sink[-writes:] == expected)
+            for log, (handoffs, applied) in zip(followers, before, strict=True):
+                assert log.counters.batches_applied - applied >= writes
+                assert log.counters.loop_handoffs - handoffs <= elapsed_s / FOLLOWER_EFFECTS_HANDOFF_S + 2
         finally:
             for log in logs:
                 await log.stop()

@@ -74,6 +74,12 @@ STOP_TIMEOUT_S = 10.0
 LOOP_TICKS_MAX = 4
 # How often wait_ready looks at the Raft state (startup only).
 _READY_POLL_S = 0.01
+# A node that does not lead hands the effects of what it applied to its event loop at most this
+# often (and at once with anything else for the loop), not once per entry: its loop only counts
+# them into its metrics (DESIGN.md, "A follower hands its applied effects over in bulk").
+FOLLOWER_EFFECTS_HANDOFF_S = 0.02
+# ... and at the latest once this many applied batches wait to be handed over.
+FOLLOWER_EFFECTS_WAITING_MAX = 1_000
 
 
 class StateMachine(Protocol):
@@ -149,6 +155,7 @@ class _Counters:
     commands_failed_internal: int = 0
     read_index_fallbacks: int = 0  # times a read index round went unconfirmed and reads fell back to barriers
     commits_alone: int = 0  # times a single node committed its new batches with no tick (_commit_alone)
+    loop_handoffs: int = 0  # times the tick thread woke the loop with the calls it gathered (_hand_calls_to_loop)
 
 
 class ReplicatedLog:
@@ -219,6 +226,10 @@ class ReplicatedLog:
         # Calls the tick thread gathered for the loop during a tick (_call_on_loop); tick thread only.
         self._tick_thread_id: int | None = None
         self._loop_calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        # Of those, whether one is not an applied batch's effects (it goes to the loop at once),
+        # and when the gathered calls were last handed over (raft_clock; tick thread only).
+        self._loop_calls_urgent = False
+        self._loop_calls_handed_at = 0.0
         # Batches of this node queued in pysyncobj and not yet called back (both threads).
         self._uncommitted_lock = threading.Lock()
         self._uncommitted = 0
@@ -926,7 +937,7 @@ class ReplicatedLog:
             self._call_on_loop(
                 self._fail_in_flight, LogUnavailable(f"the log halted: {self._halt_reason}; the outcome is unknown")
             )
-        self._hand_calls_to_loop()
+        self._hand_calls_to_loop(all_now=True)
 
     def _poll_s(self, raft: RaftNode) -> float:
         """How long the tick may wait for socket events: tick_period_s, but a follower or candidate
@@ -934,7 +945,10 @@ class ReplicatedLog:
         period = self._config.tick_period_s
         if raft.raft_state() == _LEADER:
             return period
-        due_in = raft.election_deadline() - raft_clock()
+        now = raft_clock()
+        if self._loop_calls:  # effects kept back: hand them over in time (_effects_may_wait)
+            period = min(period, max(0.0, self._loop_calls_handed_at + FOLLOWER_EFFECTS_HANDOFF_S - now))
+        due_in = raft.election_deadline() - now
         # Passed: this tick's _onTick (before its poll) elects or holds it (pre-vote, no peer
         # connected) and moves it, or leaves it behind: never spin on it.
         return period if due_in <= 0 else min(period, due_in)
@@ -1000,6 +1014,8 @@ class ReplicatedLog:
         single node's tick on the loop gathers them too: they run after it, never inside it."""
         if self._ticking or threading.get_ident() == self._tick_thread_id:
             self._loop_calls.append((callback, args))
+            if callback != self._on_applied:
+                self._loop_calls_urgent = True
             return
         loop = self._loop
         if loop is None:
@@ -1012,14 +1028,16 @@ class ReplicatedLog:
         except RuntimeError:  # the loop is closed: the process is shutting down
             pass
 
-    def _hand_calls_to_loop(self) -> None:
+    def _hand_calls_to_loop(self, *, all_now: bool = False) -> None:
         """Tick thread (a single node: its tick on the loop): hand the calls gathered so far to the
         loop, in order. Called when a batch's callers are answered, before the tick's poll
-        (pysyncobj's on-tick callbacks) and after it, so no call waits out a poll."""
+        (pysyncobj's on-tick callbacks) and after it, so no call waits out a poll. A tick thread
+        that does not lead keeps applied batches' effects a little (`_effects_may_wait`)."""
         calls = self._loop_calls
-        if not calls:
+        if not calls or (not all_now and self._effects_may_wait()):
             return
         self._loop_calls = []
+        self._loop_calls_urgent = False
         loop = self._loop
         if loop is None:
             return
@@ -1027,9 +1045,25 @@ class ReplicatedLog:
             if self.ticks_on_loop:
                 loop.call_soon(_run_calls, calls)
             else:
+                self._loop_calls_handed_at = raft_clock()
+                self.counters.loop_handoffs += 1
                 loop.call_soon_threadsafe(_run_calls, calls)
         except RuntimeError:  # the loop is closed: the process is shutting down
             pass
+
+    def _effects_may_wait(self) -> bool:
+        """The gathered calls are only applied batches' effects, on a cluster node that does not
+        lead, handed over less than FOLLOWER_EFFECTS_HANDOFF_S ago, and not too many: they may wait
+        for the next hand-over. Such a node's loop only counts them into its metrics (a follower
+        forwards every call that could wait on an effect), and waking it for each entry cost each
+        follower a self-pipe write, a turn of its loop and two hand-overs of the interpreter lock
+        per write (DESIGN.md, "A follower hands its applied effects over in bulk")."""
+        raft = self._raft
+        return (
+            not self._loop_calls_urgent and not self.ticks_on_loop and raft is not None
+            and raft.raft_state() != _LEADER and len(self._loop_calls) < FOLLOWER_EFFECTS_WAITING_MAX
+            and raft_clock() - self._loop_calls_handed_at < FOLLOWER_EFFECTS_HANDOFF_S
+        )
 
     def _halt(self, reason: str) -> None:
         logger.critical("replicated log %s halts: %s", self.self_address, reason)
