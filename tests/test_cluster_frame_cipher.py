@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pysyncobj.encryptor import getEncryptor
 
 from runstate_server.cluster._frame_cipher import FrameCipher, InvalidFrame, frame_cipher
-from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, _frame_body
+from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, ZLIB_LOOKAHEAD_BYTES, _frame_body
 
 FERNET = getEncryptor("the cluster password")
 OTHER = getEncryptor("another password")
@@ -93,10 +93,14 @@ def test_one_cipher_per_encryptor() -> None:
     assert frame_cipher(FERNET) is not frame_cipher(OTHER)
 
 
-@pytest.mark.parametrize("size", [0, 1, FRAME_DEFLATE_BYTES_MIN - 1, FRAME_DEFLATE_BYTES_MIN, 20_000])
+@pytest.mark.parametrize("size", [0, 1, FRAME_DEFLATE_BYTES_MIN - 1, FRAME_DEFLATE_BYTES_MIN, 1500, 20_000, 100_000])
 def test_frame_bodies_inflate_as_pysyncobj_reads_them(size: int) -> None:
     pickled = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     body = _frame_body(pickled)
     assert zlib.decompress(body) == pickled
+    # The stream's window is the smallest that reaches back over the body (zlib's header says
+    # which: CMF's high nibble is its log2 less 8), so no frame pays for zlib's 32 KiB default.
+    assert body[0] >> 4 == max(9, min(15, (size + ZLIB_LOOKAHEAD_BYTES).bit_length())) - 8
     if size >= FRAME_DEFLATE_BYTES_MIN:
-        assert len(body) < size  # deflated
+        assert len(body) < size  # deflated: the very bytes pysyncobj's zlib.compress(body, 3) makes, but the header
+        assert body[2:] == zlib.compress(pickled, 3)[2:]
