@@ -38,10 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.latency import GAP_MS_MAX, RawClient, summary, timed
+from bench.latency import RawClient, add_pacing_options, check_pacing_options, summary, timed
 
-REQUESTS_DEFAULT = 2000
-WARMUP_DEFAULT = 200
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 TARGETS_MS = {"dev_submit_p50": 0.5, "cluster_submit_p50": 1.5}
@@ -76,17 +74,24 @@ class Journal:
         os.fdatasync(self._fd)
 
 
-class HttpFloor(asyncio.Protocol):
-    """Answers each request with ANSWER, after `on_body(body)` (None: at once) has finished."""
+class _Buffered(asyncio.Protocol):
+    """A connection whose bytes gather in `_buffer` until a whole message is there."""
 
-    def __init__(self, on_body: Any) -> None:
-        self._on_body = on_body
+    def __init__(self) -> None:
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+
+
+class HttpFloor(_Buffered):
+    """Answers each request with ANSWER, after `on_body(body)` (None: at once) has finished."""
+
+    def __init__(self, on_body: Any) -> None:
+        super().__init__()
+        self._on_body = on_body
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -113,17 +118,12 @@ class HttpFloor(asyncio.Protocol):
         self._transport.write(ANSWER)
 
 
-class Follower(asyncio.Protocol):
+class Follower(_Buffered):
     """Appends each entry the leader sends to its journal, then acknowledges it."""
 
     def __init__(self, journal: Journal) -> None:
+        super().__init__()
         self._journal = journal
-        self._buffer = b""
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
 
     def data_received(self, data: bytes) -> None:
         assert self._transport is not None
@@ -252,10 +252,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=REQUESTS_DEFAULT, help=f"requests counted per phase (default {REQUESTS_DEFAULT})")
-    parser.add_argument("--warmup", type=int, default=WARMUP_DEFAULT, help=f"requests before each phase, not counted (default {WARMUP_DEFAULT})")
+    add_pacing_options(parser)
     parser.add_argument("--cluster", action="store_true", help="also the three-process replication floor")
-    parser.add_argument("--gap-ms", type=float, default=0.0, help="idle this long before each counted request")
     parser.add_argument("--serve", choices=("leader", "follower"), help=argparse.SUPPRESS)  # a floor server process
     parser.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--follower-port", type=int, action="append", default=[], help=argparse.SUPPRESS)
@@ -263,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         asyncio.run(serve(args.serve, args.journal, args.follower_port))
         return 0
-    if args.requests < 1 or args.warmup < 0 or not 0 <= args.gap_ms <= GAP_MS_MAX:
-        parser.error(f"--requests must be at least 1, --warmup at least 0, --gap-ms 0 to {GAP_MS_MAX}")
+    check_pacing_options(parser, args)
     print(json.dumps(bench(args)), flush=True)
     return 0
 

@@ -247,23 +247,32 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=REQUESTS_DEFAULT, help=f"submits counted per phase (default {REQUESTS_DEFAULT})")
-    parser.add_argument("--warmup", type=int, default=WARMUP_DEFAULT, help=f"submits before each phase, not counted (default {WARMUP_DEFAULT})")
+    add_pacing_options(parser)
     parser.add_argument("--fsync", choices=("always", "never"), default="always")
     parser.add_argument("--cluster", action="store_true", help="a three-node cluster instead of a dev node")
     parser.add_argument("--via", choices=("leader", "follower"), default="leader", help="the cluster node the client talks to")
     parser.add_argument("--code", type=Path, default=Path(__file__).parent.parent, help="the checkout whose server the nodes run")
     parser.add_argument("--typescript", action="store_true", help="also submit through the TypeScript SDK (Node.js)")
     parser.add_argument("--etcd", help="also time puts to this etcd's client URL (e.g. http://127.0.0.1:2379)")
+    args = parser.parse_args(argv)
+    check_pacing_options(parser, args)
+    print(json.dumps(bench(args)), flush=True)
+    return 0
+
+
+def add_pacing_options(parser: argparse.ArgumentParser) -> None:
+    """--requests, --warmup and --gap-ms: how many requests a phase counts, and how they are paced."""
+    parser.add_argument("--requests", type=int, default=REQUESTS_DEFAULT, help=f"requests counted per phase (default {REQUESTS_DEFAULT})")
+    parser.add_argument("--warmup", type=int, default=WARMUP_DEFAULT, help=f"requests before each phase, not counted (default {WARMUP_DEFAULT})")
     parser.add_argument(
         "--gap-ms", type=float, default=0.0,
         help="idle this long before each counted request (0, the default: back to back); an agent's calls come apart",
     )
-    args = parser.parse_args(argv)
+
+
+def check_pacing_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.requests < 1 or args.warmup < 0 or not 0 <= args.gap_ms <= GAP_MS_MAX:
         parser.error(f"--requests must be at least 1, --warmup at least 0, --gap-ms 0 to {GAP_MS_MAX}")
-    print(json.dumps(bench(args)), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

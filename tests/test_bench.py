@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,9 +170,7 @@ def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     assert report["nodes"] == (3 if flags else 1)
     assert report["gap_ms"] == (2 if flags else 0)
     for phase in ("raw", "sdk"):
-        latency = report[phase]["submit_ms"]
-        assert set(latency) == {"p50", "p90", "p99", "max"}
-        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert_latencies(report[phase]["submit_ms"])
         assert report[phase]["client_cpu_ms_per_request"] >= 0
     nodes = report["raw"]["node_cpu_ms_per_request"]
     if flags:
@@ -190,31 +189,33 @@ def test_latency_bench_typescript_phase(run_temp: Path) -> None:
     """`--typescript` adds the TypeScript SDK's phase: as many submits, timed, and its process's CPU."""
     build_package(run_temp)  # sdk/typescript's dev dependencies (tsx), as the TypeScript tests install them
     requests = 40
+    report = run_bench("latency", "--requests", str(requests), "--warmup", "5", "--typescript")
+    assert_latencies(report["typescript"]["submit_ms"])
+    assert report["typescript"]["client_cpu_ms_per_request"] > 0
+
+
+def assert_latencies(latency: dict[str, float]) -> None:
+    """A phase's p50/p90/p99/max in ms, each at least the one before."""
+    assert set(latency) == {"p50", "p90", "p99", "max"}
+    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+
+
+def run_bench(module: str, *flags: str) -> Any:
+    """What `python -m bench.<module> *flags` prints (it must succeed)."""
     finished = subprocess.run(
-        [sys.executable, "-m", "bench.latency", "--requests", str(requests), "--warmup", "5", "--typescript"],
+        [sys.executable, "-m", f"bench.{module}", *flags],
         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stderr
-    report = json.loads(finished.stdout.strip().splitlines()[-1])
-    latency = report["typescript"]["submit_ms"]
-    assert set(latency) == {"p50", "p90", "p99", "max"}
-    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
-    assert report["typescript"]["client_cpu_ms_per_request"] > 0
+    return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
 def test_floor_bench_short_form() -> None:
     requests = 40
-    finished = subprocess.run(
-        [sys.executable, "-m", "bench.floor", "--requests", str(requests), "--warmup", "5", "--cluster"],
-        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
-    )
-    assert finished.returncode == 0, finished.stderr
-    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    report = run_bench("floor", "--requests", str(requests), "--warmup", "5", "--cluster")
     assert report["requests"] == requests and report["targets_ms"] == {"dev_submit_p50": 0.5, "cluster_submit_p50": 1.5}
     for phase in ("round_trip_ms", "with_fdatasync_ms", "cluster_ms"):
-        latency = report[phase]
-        assert set(latency) == {"p50", "p90", "p99", "max"}
-        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert_latencies(report[phase])
 
 
 def test_the_floor_benchs_journal_holds_each_entry_after_its_end_offset(tmp_path: Path) -> None:

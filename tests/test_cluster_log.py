@@ -46,13 +46,17 @@ async def running_log(
 
 
 @contextlib.asynccontextmanager
-async def three_logs(data_root: Path | None = None) -> AsyncIterator[tuple[ReplicatedLog, list[ReplicatedLog]]]:
+async def three_logs(
+    data_root: Path | None = None, sinks: list[list[Any]] | None = None,
+) -> AsyncIterator[tuple[ReplicatedLog, list[ReplicatedLog]]]:
     """Three in-process logs of one cluster, once one leads and reads by index (it applied its
-    no-op): (leader, followers). With `data_root` each journals in a directory of its own there."""
+    no-op): (leader, followers). With `data_root` each journals in a directory of its own there;
+    with `sinks` (three lists) each log's applied effects are added to one of them."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     logs = [
         ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses,
-                      data_dir=None if data_root is None else data_root / str(index), password="cluster-password")
+                      data_dir=None if data_root is None else data_root / str(index), password="cluster-password",
+                      on_applied=None if sinks is None else sinks[index].extend)
         for index, address in enumerate(addresses)
     ]
     try:
@@ -249,20 +253,8 @@ def test_a_follower_hands_its_applied_effects_to_its_loop_in_bulk_and_in_order()
     writes = 60
 
     async def scenario() -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        sinks: list[list[Any]] = [[] for _ in addresses]
-        logs = [
-            ReplicatedLog(RecordingMachine(), self_address=address, peer_addresses=addresses, data_dir=None,
-                          password="cluster-password", on_applied=sink.extend)
-            for address, sink in zip(addresses, sinks, strict=True)
-        ]
-        try:
-            for log in logs:
-                await log.start()
-            await asyncio.gather(*(log.wait_ready(READY_TIMEOUT_S) for log in logs))
-            await eventually(lambda: sum(log.is_leader for log in logs) == 1)
-            leader = next(log for log in logs if log.is_leader)
-            followers = [log for log in logs if log is not leader]
+        sinks: list[list[Any]] = [[], [], []]
+        async with three_logs(sinks=sinks) as (leader, followers):
             before = [(log.counters.loop_handoffs, log.counters.batches_applied) for log in followers]
             started = time.monotonic()
             for index in range(writes):
@@ -275,9 +267,6 @@ def test_a_follower_hands_its_applied_effects_to_its_loop_in_bulk_and_in_order()
             for log, (handoffs, applied) in zip(followers, before, strict=True):
                 assert log.counters.batches_applied - applied >= writes
                 assert log.counters.loop_handoffs - handoffs <= elapsed_s / FOLLOWER_EFFECTS_HANDOFF_S + 2
-        finally:
-            for log in logs:
-                await log.stop()
 
     asyncio.run(scenario())
 

@@ -10,12 +10,20 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from runstate_server.node import relay
 from runstate_server.node.relay import Answer, AnswerError, ConnectError, Origin, RelayClient, request_head
 from tests._nodes import free_port
-from tests.test_sdk_wire import answering, chunked, header_names, header_values, ok, read_request, scripted
+from tests.test_sdk_wire import (
+    answer_bytes,
+    answering,
+    any_answer,
+    chunked,
+    holding_until,
+    ok,
+    read_request,
+    scripted,
+)
 
 # --- reading an answer, fed in pieces to one connection ------------------------------------------
 
@@ -66,28 +74,12 @@ def read(data: bytes, pieces: list[int], *, eof: bool = False, head_request: boo
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    status=st.integers(200, 599).filter(lambda status: status not in (204, 304)),
-    headers=st.dictionaries(header_names, header_values, max_size=4),
-    body=st.binary(max_size=3000),
-    framing=st.sampled_from(["length", "chunked", "close"]),
-    chunk_sizes=st.lists(st.integers(1, 700), max_size=8),
-    pieces=st.lists(st.integers(1, 400) | st.integers(1, 3), max_size=40),
-    interim=st.booleans(),
-)
+@given(**any_answer)
 def test_an_answer_reads_the_same_whatever_pieces_its_bytes_arrive_in(
     status: int, headers: dict[str, str], body: bytes, framing: str, chunk_sizes: list[int], pieces: list[int],
     interim: bool,
 ) -> None:
-    head = b"HTTP/1.1 100 Continue\r\n\r\n" if interim else b""
-    head += b"HTTP/1.1 %d Whatever It Says\r\n" % status
-    head += b"".join(f"{name}: {value}\r\n".encode() for name, value in headers.items())
-    if framing == "length":
-        data = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-    elif framing == "chunked":
-        data = head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(body, chunk_sizes)
-    else:
-        data = head + b"\r\n" + body
+    data = answer_bytes(status, headers, body, framing, chunk_sizes, interim)
     answer, reusable = read(data, pieces, eof=framing == "close")
     assert isinstance(answer, Answer), answer
     assert (answer.status, answer.body) == (status, body)
@@ -238,22 +230,9 @@ def test_nothing_listening_is_a_connect_error() -> None:
 
 def test_calls_in_flight_are_not_capped_and_at_most_idle_max_stay_idle() -> None:
     calls = 30
-    arrived = 0
-    all_arrived = asyncio.Event()
-
-    async def hold_until_all_arrive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal arrived
-        while True:
-            await read_request(reader)
-            arrived += 1
-            if arrived == calls:
-                all_arrived.set()
-            await asyncio.wait_for(all_arrived.wait(), 5)
-            writer.write(ok())
-            await writer.drain()
 
     async def main() -> None:
-        async with scripted(hold_until_all_arrive) as server:
+        async with scripted(holding_until(calls)) as server:
             relay_client = client(idle_max=4)
             answers = await asyncio.gather(*(call(relay_client, server.port) for _ in range(calls)))
             assert [answer.status for answer in answers] == [200] * calls

@@ -49,33 +49,44 @@ def chunked(body: bytes, sizes: list[int]) -> bytes:
     return out + b"0\r\nTrailer-One: x\r\n\r\n"
 
 
-header_names = st.from_regex(r"X-[A-Za-z][A-Za-z0-9-]{0,12}", fullmatch=True)
-header_values = st.from_regex(r"[ -~]{0,30}", fullmatch=True).map(str.strip)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    status=st.integers(200, 599).filter(lambda status: status not in (204, 304)),
-    headers=st.dictionaries(header_names, header_values, max_size=4),
-    body=st.binary(max_size=3000),
-    framing=st.sampled_from(["length", "chunked", "close"]),
-    chunk_sizes=st.lists(st.integers(1, 700), max_size=8),
-    pieces=st.lists(st.integers(1, 400) | st.integers(1, 3), max_size=40),
-    interim=st.booleans(),
-)
-def test_an_answer_reads_the_same_whatever_pieces_its_bytes_arrive_in(
-    status: int, headers: dict[str, str], body: bytes, framing: str, chunk_sizes: list[int], pieces: list[int],
-    interim: bool,
-) -> None:
+def answer_bytes(
+    status: int, headers: dict[str, str], body: bytes, framing: str, chunk_sizes: list[int], interim: bool,
+) -> bytes:
+    """An answer framed by Content-Length, by chunks or by the connection's close, with an interim
+    100 Continue before it if `interim`."""
     head = b"HTTP/1.1 100 Continue\r\n\r\n" if interim else b""
     head += b"HTTP/1.1 %d Whatever It Says\r\n" % status
     head += b"".join(f"{name}: {value}\r\n".encode() for name, value in headers.items())
     if framing == "length":
-        data = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-    elif framing == "chunked":
-        data = head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(body, chunk_sizes)
-    else:
-        data = head + b"\r\n" + body
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    if framing == "chunked":
+        return head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(body, chunk_sizes)
+    return head + b"\r\n" + body
+
+
+# Any answer an HTTP/1.1 server may send, as answer_bytes' arguments (a parser test's @given).
+any_answer = {
+    "status": st.integers(200, 599).filter(lambda status: status not in (204, 304)),
+    "headers": st.dictionaries(
+        st.from_regex(r"X-[A-Za-z][A-Za-z0-9-]{0,12}", fullmatch=True),  # names
+        st.from_regex(r"[ -~]{0,30}", fullmatch=True).map(str.strip),  # values
+        max_size=4,
+    ),
+    "body": st.binary(max_size=3000),
+    "framing": st.sampled_from(["length", "chunked", "close"]),
+    "chunk_sizes": st.lists(st.integers(1, 700), max_size=8),
+    "pieces": st.lists(st.integers(1, 400) | st.integers(1, 3), max_size=40),
+    "interim": st.booleans(),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(**any_answer)
+def test_an_answer_reads_the_same_whatever_pieces_its_bytes_arrive_in(
+    status: int, headers: dict[str, str], body: bytes, framing: str, chunk_sizes: list[int], pieces: list[int],
+    interim: bool,
+) -> None:
+    data = answer_bytes(status, headers, body, framing, chunk_sizes, interim)
     answer, parser = parse(data, pieces=pieces, eof=framing == "close")
     assert answer is not None
     assert (answer.status, answer.body) == (status, body)
@@ -212,6 +223,26 @@ def answering(delay_s: float = 0.0) -> Script:
 keep_answering = answering()
 
 
+def holding_until(calls: int, timeout_s: float = 10.0) -> Script:
+    """A server that answers no request before `calls` requests have arrived (as long polls wait
+    for what other calls bring), then every one at once, and each later one as it comes."""
+    arrived = 0
+    all_arrived = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal arrived
+        while True:
+            await read_request(reader)
+            arrived += 1
+            if arrived == calls:
+                all_arrived.set()
+            await asyncio.wait_for(all_arrived.wait(), timeout_s)
+            writer.write(ok())
+            await writer.drain()
+
+    return script
+
+
 def call(pool: ConnectionPool, port: int, timeout_s: float = 5.0, scheme: str = "http") -> Awaitable[Answer]:
     head = request_head("POST", "/v1/x", f"127.0.0.1:{port}", [], 2)
     return pool.request((scheme, "127.0.0.1", port), head, b"{}", "POST", timeout_s)
@@ -322,22 +353,9 @@ def test_calls_in_flight_are_not_capped_and_at_most_idle_max_stay_idle() -> None
     calls bring) are all answered; afterwards only `idle_max` connections stay open, and the next
     calls reuse them."""
     calls = 150
-    arrived = 0
-    all_arrived = asyncio.Event()
-
-    async def hold_until_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal arrived
-        while True:
-            await read_request(reader)
-            arrived += 1
-            if arrived == calls:
-                all_arrived.set()
-            await asyncio.wait_for(all_arrived.wait(), 10)
-            writer.write(ok())
-            await writer.drain()
 
     async def main() -> None:
-        async with scripted(hold_until_all) as server:
+        async with scripted(holding_until(calls)) as server:
             pool = pool_of(idle_max=4)
             answers = await asyncio.gather(*(call(pool, server.port) for _ in range(calls)))
             assert [answer.status for answer in answers] == [200] * calls
