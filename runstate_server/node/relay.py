@@ -125,6 +125,7 @@ class _Connection(asyncio.Protocol):
             self._fail(error)
 
     def eof_received(self) -> bool:
+        self.closed = True  # the leader ends the connection: never taken for another call
         if self._until_close and self._answer is not None and not self._answer.done():
             self._finish()
         return False  # close our side too
@@ -158,7 +159,7 @@ class _Connection(asyncio.Protocol):
             self._answer = None
 
     def _time_out(self, timeout_s: float) -> None:
-        self._fail(AnswerError(f"no whole answer within {timeout_s:.0f} s"))
+        self._fail(AnswerError(f"no whole answer within {timeout_s:g} s"))
 
     def _fail(self, error: AnswerError) -> None:
         self.close()
@@ -341,7 +342,7 @@ class RelayClient:
         now = time.monotonic()
         while idle:
             connection = idle.pop()  # the most recently used
-            if connection.closed:
+            if connection.closed or connection.transport is None or connection.transport.is_closing():
                 continue
             if now - connection.idle_since > self.idle_reuse_s:
                 connection.close()
