@@ -15,13 +15,13 @@ from runstate_server.node import relay
 from runstate_server.node.relay import Answer, AnswerError, ConnectError, Origin, RelayClient, request_head
 from tests._nodes import free_port
 from tests.test_sdk_wire import (
+    ENDING_ONE_ANSWER_IN,
     answer_bytes,
     answering,
     any_answer,
     chunked,
     holding_until,
     ok,
-    read_request,
     scripted,
 )
 
@@ -160,11 +160,6 @@ def call(client: RelayClient, port: int, timeout_s: float = 5.0) -> Any:
 
 
 def test_one_connection_carries_call_after_call_and_an_ended_one_is_not_reused() -> None:
-    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(ok())  # keep-alive by its headers, closed right after
-        await writer.drain()
-
     async def main() -> None:
         async with scripted(answering()) as server:
             relay_client = client()
@@ -172,13 +167,14 @@ def test_one_connection_carries_call_after_call_and_an_ended_one_is_not_reused()
                 assert (await call(relay_client, server.port)).body == b"{}"
             assert server.connections == 1 and relay_client.open_connections == 1
             relay_client.close()
-        async with scripted(answer_once) as server:
-            relay_client = client()
-            for _ in range(3):
-                assert (await call(relay_client, server.port)).status == 200
-                await asyncio.sleep(0.05)  # the server's close arrives
-            assert server.connections == 3
-            relay_client.close()
+        for script in ENDING_ONE_ANSWER_IN:
+            async with scripted(script) as server:
+                relay_client = client()
+                for _ in range(3):
+                    assert (await call(relay_client, server.port)).status == 200
+                    await asyncio.sleep(0.05)  # the server's close arrives
+                assert server.connections == 3
+                relay_client.close()
 
     asyncio.run(main())
 

@@ -264,20 +264,26 @@ def test_one_connection_carries_request_after_request() -> None:
     asyncio.run(main())
 
 
+async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(ok())  # keep-alive by its headers, closed right after
+    await writer.drain()
+
+
+async def close_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(ok(extra=b"Connection: close\r\n"))
+    await writer.drain()
+    await asyncio.sleep(1)  # the client closes it, not the server
+
+
+# Servers that end each connection after one answer: by closing it, or by saying so.
+ENDING_ONE_ANSWER_IN = (answer_then_close, close_header)
+
+
 def test_a_connection_the_server_ends_is_not_reused() -> None:
-    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(ok())  # keep-alive by its headers, closed right after
-        await writer.drain()
-
-    async def close_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(ok(extra=b"Connection: close\r\n"))
-        await writer.drain()
-        await asyncio.sleep(1)  # the client closes it, not the server
-
     async def main() -> None:
-        for script in (answer_then_close, close_header):
+        for script in ENDING_ONE_ANSWER_IN:
             async with scripted(script) as server:
                 pool = pool_of()
                 for _ in range(3):

@@ -90,9 +90,9 @@ def request_head(method: str, target: str, host: str, headers: dict[str, str], b
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one exchange at a time."""
 
-    def __init__(self, origin: Origin, on_lost: _Pool) -> None:
+    def __init__(self, origin: Origin, pool: _Pool) -> None:
         self.origin = origin
-        self._pool = on_lost
+        self._pool = pool  # told when the connection closes
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0  # time.monotonic(), set when it goes back to the pool
         self.closed = False

@@ -85,6 +85,9 @@ class Router:
             idle_max=FORWARD_IDLE_CONNECTIONS_MAX, idle_reuse_s=idle_reuse_s, connect_timeout_s=FORWARD_CONNECT_TIMEOUT_S,
         )
         self._stop_deadline: float | None = None  # the loop's clock; set once the node is stopping
+        # Per leader API URL (the peers' URLs, fixed by the configuration): its origin, its path
+        # prefix and the Host a forward names.
+        self._leaders: dict[str, tuple[relay.Origin, str, str]] = {}
 
     def stopping(self) -> None:
         """The node is stopping: calls still forwarded FORWARD_STOP_GRACE_S from now are given up."""
@@ -137,10 +140,9 @@ class Router:
     async def _relay(self, request: web.Request, body: bytes, headers: dict[str, str], leader_url: str) -> web.Response:
         """The call sent to the leader at `leader_url` as the client sent it here (the request
         target's bytes too), and the leader's answer as this node's."""
-        origin, prefix = relay.origin_of(leader_url)
+        origin, prefix, host = self._leader_origin(leader_url)
         target = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
-        host = origin.host if ":" not in origin.host else f"[{origin.host}]"
-        head = relay.request_head(request.method, prefix + target, f"{host}:{origin.port}", headers, len(body))
+        head = relay.request_head(request.method, prefix + target, host, headers, len(body))
         try:
             answer = await self._client.request(
                 origin, head + body, head_request=request.method == "HEAD", timeout_s=FORWARD_TIMEOUT_S,
@@ -155,6 +157,14 @@ class Router:
         if content_type is not None and answer.status != 204:
             relayed["Content-Type"] = content_type
         return web.Response(body=answer.body, status=answer.status, headers=relayed)
+
+    def _leader_origin(self, leader_url: str) -> tuple[relay.Origin, str, str]:
+        found = self._leaders.get(leader_url)
+        if found is None:
+            origin, prefix = relay.origin_of(leader_url)
+            host = origin.host if ":" not in origin.host else f"[{origin.host}]"  # an IPv6 address
+            found = self._leaders[leader_url] = (origin, prefix, f"{host}:{origin.port}")
+        return found
 
     async def _leader(
         self, deadline: float, unreachable: tuple[str | None, int] | None = None
