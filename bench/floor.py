@@ -11,6 +11,10 @@ nothing else: each a bare asyncio protocol (HTTP/1.1: the head, a Content-Length
 - `round_trip_ms`: the server answers at once.
 - `with_fdatasync_ms`: the server first writes the body to a journal file (pwrite of the entry and
   of the file's end offset, as the Raft journal does) and fdatasyncs it, on its event loop.
+- `aiohttp_round_trip_ms` and `aiohttp_with_fdatasync_ms`: the same two, from an aiohttp server
+  (the node's HTTP framework, the release it pins) instead: one route at the submit's path whose
+  handler reads the body, appends it to the journal as above (the second), and answers a constant
+  with `web.json_response`; no middleware, no authentication, no parsing of the body.
 - `cluster_ms` (`--cluster`): a leader and two followers, each a process with its own journal: the
   leader sends the body to both followers over TCP, then writes and syncs its own copy; each
   follower writes and syncs it and acknowledges; the leader answers once its own sync and one
@@ -31,12 +35,15 @@ import functools
 import json
 import os
 import select
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 from bench.latency import RawClient, add_pacing_options, check_pacing_options, summary, timed
 
@@ -45,7 +52,9 @@ STOP_TIMEOUT_S = 10.0
 TARGETS_MS = {"dev_submit_p50": 0.5, "cluster_submit_p50": 1.5}
 # The journal grows by doubling from this size, as the Raft journal's file does.
 JOURNAL_BYTES_MIN = 1024
-ANSWER_BODY = b'{"id":"tsk_floor","state":"PENDING"}'
+ANSWER_JSON = {"id": "tsk_floor", "state": "PENDING"}
+ANSWER_BODY = json.dumps(ANSWER_JSON, separators=(",", ":")).encode()
+SUBMIT_PATH = "/v1/spaces/default/tasks"
 ANSWER = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
     len(ANSWER_BODY), ANSWER_BODY,
 )
@@ -148,9 +157,34 @@ class Replicas(asyncio.Protocol):
             self._acknowledged()
 
 
+async def serve_aiohttp(journal: Journal | None) -> None:
+    """The floor of the node's HTTP framework: one route at the submit's path, nothing else."""
+    async def submit(request: web.Request) -> web.Response:
+        body = await request.read()
+        if journal is not None:
+            journal.append(body)
+        return web.json_response(ANSWER_JSON, status=201)
+
+    app = web.Application()
+    app.router.add_post(SUBMIT_PATH, submit)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, listener).start()
+    print(listener.getsockname()[1], flush=True)
+    try:
+        await asyncio.Event().wait()  # until the bench terminates the process
+    finally:
+        await runner.cleanup()
+
+
 async def serve(role: str, journal_path: Path | None, follower_ports: list[int]) -> None:
     loop = asyncio.get_running_loop()
     journal = Journal(journal_path) if journal_path is not None else None
+    if role == "aiohttp":
+        await serve_aiohttp(journal)
+        return
     if role == "follower":
         assert journal is not None
         server = await loop.create_server(lambda: Follower(journal), "127.0.0.1", 0)
@@ -206,7 +240,7 @@ def submits(port: int, requests: int, warmup: int, gap_s: float) -> dict[str, fl
     try:
         def submit(index: int) -> None:
             body = {"scopeId": "run_floor", "mailboxId": "mbx_floor", "input": {"n": index}, "taskKey": f"task-{index}"}
-            client.call("/v1/spaces/default/tasks", body, expect=201)
+            client.call(SUBMIT_PATH, body, expect=201)
 
         for index in range(warmup):
             submit(index)
@@ -224,9 +258,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     processes: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="runstate-floor-") as scratch:
         try:
-            phases: list[tuple[str, Path | None]] = [("round_trip_ms", None), ("with_fdatasync_ms", Path(scratch) / "dev")]
-            for name, journal in phases:
-                process, port = start("leader", journal)
+            phases: list[tuple[str, str, Path | None]] = [
+                ("round_trip_ms", "leader", None), ("with_fdatasync_ms", "leader", Path(scratch) / "dev"),
+                ("aiohttp_round_trip_ms", "aiohttp", None), ("aiohttp_with_fdatasync_ms", "aiohttp", Path(scratch) / "aiohttp"),
+            ]
+            for name, role, journal in phases:
+                process, port = start(role, journal)
                 processes.append(process)
                 report[name] = submits(port, args.requests, args.warmup, gap_s)
             if args.cluster:
@@ -254,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n")[0])
     add_pacing_options(parser)
     parser.add_argument("--cluster", action="store_true", help="also the three-process replication floor")
-    parser.add_argument("--serve", choices=("leader", "follower"), help=argparse.SUPPRESS)  # a floor server process
+    parser.add_argument("--serve", choices=("leader", "follower", "aiohttp"), help=argparse.SUPPRESS)  # a floor server process
     parser.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--follower-port", type=int, action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

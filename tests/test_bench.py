@@ -214,7 +214,7 @@ def test_floor_bench_short_form() -> None:
     requests = 40
     report = run_bench("floor", "--requests", str(requests), "--warmup", "5", "--cluster")
     assert report["requests"] == requests and report["targets_ms"] == {"dev_submit_p50": 0.5, "cluster_submit_p50": 1.5}
-    for phase in ("round_trip_ms", "with_fdatasync_ms", "cluster_ms"):
+    for phase in ("round_trip_ms", "with_fdatasync_ms", "aiohttp_round_trip_ms", "aiohttp_with_fdatasync_ms", "cluster_ms"):
         assert_latencies(report[phase])
 
 
