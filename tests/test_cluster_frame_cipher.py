@@ -1,8 +1,11 @@
 """The Raft port's frame cipher makes and reads the same tokens as cryptography's Fernet, which
-pysyncobj uses on nodes without it; the transport's frames still read with pysyncobj's own code."""
+pysyncobj uses on nodes without it; the transport's frames still read with pysyncobj's own code;
+between nodes that both read them, frames are AES-GCM, and a node of an earlier release (which reads
+Fernet tokens only) gets Fernet tokens only."""
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 import pytest
@@ -10,9 +13,25 @@ from cryptography.fernet import Fernet, InvalidToken
 from hypothesis import given
 from hypothesis import strategies as st
 from pysyncobj.encryptor import getEncryptor
+from pysyncobj.poller import createPoller
 
-from runstate_server.cluster._frame_cipher import FrameCipher, InvalidFrame, frame_cipher
-from runstate_server.cluster._transport import FRAME_DEFLATE_BYTES_MIN, ZLIB_LOOKAHEAD_BYTES, _frame_body
+from runstate_server.cluster._frame_cipher import (
+    AEAD_MARKER,
+    FRAMES_AEAD,
+    FRAMES_FERNET,
+    NONCE_COUNTER_MAX,
+    AeadFrameCipher,
+    FrameCipher,
+    InvalidFrame,
+    frame_ciphers,
+)
+from runstate_server.cluster._transport import (
+    FRAME_DEFLATE_BYTES_MIN,
+    ZLIB_LOOKAHEAD_BYTES,
+    BoundedConnection,
+    _frame_body,
+)
+from tests._nodes import free_port
 
 FERNET = getEncryptor("the cluster password")
 OTHER = getEncryptor("another password")
@@ -80,17 +99,86 @@ def test_without_fernets_key_attributes_it_uses_fernet_itself() -> None:
             return self._inner.decrypt(token, ttl)
 
     renamed = Renamed(Fernet.generate_key())
-    cipher = frame_cipher(renamed)
-    assert not isinstance(cipher, FrameCipher)
-    assert cipher.open(renamed.encrypt_at_time(b"data", 9)) == (9, b"data")
-    assert renamed.decrypt(cipher.seal(b"more", 10)) == b"more"
+    ciphers = frame_ciphers(renamed)
+    assert not isinstance(ciphers.fernet, FrameCipher)
+    # Without Fernet's key there is no AES-GCM key either: it reads and sends Fernet tokens only.
+    assert ciphers.aead is None and ciphers.formats == FRAMES_FERNET
+    assert ciphers.open(renamed.encrypt_at_time(b"data", 9)) == (9, b"data")
+    assert renamed.decrypt(ciphers.seal(b"more", 10, formats=FRAMES_AEAD)) == b"more"
     with pytest.raises(InvalidFrame):
-        cipher.open(FERNET.encrypt(b"x"))
+        ciphers.open(FERNET.encrypt(b"x"))
+    with pytest.raises(InvalidFrame):
+        ciphers.open(frame_ciphers(FERNET).seal(b"x", 1, formats=FRAMES_AEAD))
 
 
 def test_one_cipher_per_encryptor() -> None:
-    assert frame_cipher(FERNET) is frame_cipher(FERNET)
-    assert frame_cipher(FERNET) is not frame_cipher(OTHER)
+    assert frame_ciphers(FERNET) is frame_ciphers(FERNET)
+    assert frame_ciphers(FERNET) is not frame_ciphers(OTHER)
+
+
+# AES-GCM frames (format 2).
+
+def aead(fernet: Fernet = FERNET) -> AeadFrameCipher:
+    cipher = frame_ciphers(fernet).aead
+    assert cipher is not None
+    return cipher
+
+
+@given(st.binary(max_size=4096), timestamps)
+def test_another_node_of_the_cluster_reads_an_aes_gcm_frame(data: bytes, timestamp: int) -> None:
+    # Each node derives the key from the password on its own (its own Fernet object).
+    other_node = getEncryptor("the cluster password")
+    frame = aead().seal(data, timestamp)
+    assert frame[0] == AEAD_MARKER
+    assert aead(other_node).open(frame) == (timestamp, data)
+    assert frame_ciphers(other_node).open(frame) == (timestamp, data)
+
+
+@given(st.binary(min_size=1, max_size=512), st.data())
+def test_a_changed_aes_gcm_frame_is_refused(data: bytes, draw: st.DataObject) -> None:
+    frame = bytearray(aead().seal(data, 7))
+    position = draw.draw(st.integers(min_value=0, max_value=len(frame) - 1))
+    flip = draw.draw(st.integers(min_value=1, max_value=255))
+    frame[position] ^= flip
+    with pytest.raises(InvalidFrame):
+        frame_ciphers(FERNET).open(bytes(frame))
+
+
+@pytest.mark.parametrize("frame", [b"\x02", b"\x02" + b"\x00" * 36, b"\x02garbage" * 10])
+def test_aes_gcm_garbage_and_short_frames_are_refused(frame: bytes) -> None:
+    with pytest.raises(InvalidFrame):
+        frame_ciphers(FERNET).open(frame)
+
+
+def test_another_password_cannot_read_an_aes_gcm_frame() -> None:
+    with pytest.raises(InvalidFrame):
+        aead(OTHER).open(aead().seal(b"hello", 1))
+
+
+def test_a_frame_is_sealed_in_the_newest_format_both_ends_read_and_either_is_read() -> None:
+    ciphers = frame_ciphers(getEncryptor("the cluster password"))
+    before = dict(ciphers.sealed)
+    token = ciphers.seal(b"to an older release", 3, formats=FRAMES_FERNET)
+    assert FERNET.decrypt(token) == b"to an older release"  # what pysyncobj's own code reads
+    frame = ciphers.seal(b"to a peer that reads format 2", 4, formats=FRAMES_AEAD)
+    assert frame[0] == AEAD_MARKER
+    assert ciphers.open(token) == (3, b"to an older release")
+    assert ciphers.open(frame) == (4, b"to a peer that reads format 2")
+    assert ciphers.sealed == {"fernet": before["fernet"] + 1, "aead": before["aead"] + 1}
+
+
+def test_aes_gcm_nonces_never_repeat_and_a_spent_counter_starts_a_new_prefix() -> None:
+    cipher = AeadFrameCipher(b"k" * 32)
+    nonces = [cipher.seal(b"same", 1)[1:13] for _ in range(3)]
+    assert len(set(nonces)) == 3
+    assert {nonce[:8] for nonce in nonces} == {nonces[0][:8]}
+    assert [int.from_bytes(nonce[8:], "big") for nonce in nonces] == [0, 1, 2]
+    cipher._counter = itertools.count(NONCE_COUNTER_MAX - 1)
+    last = cipher.seal(b"same", 1)[1:13]
+    assert last == nonces[0][:8] + (NONCE_COUNTER_MAX - 1).to_bytes(4, "big")
+    after = cipher.seal(b"same", 1)[1:13]
+    assert after[:8] != nonces[0][:8] and int.from_bytes(after[8:], "big") == 0
+    assert AeadFrameCipher(b"k" * 32).open(cipher.seal(b"still read", 2)) == (2, b"still read")
 
 
 @pytest.mark.parametrize("size", [0, 1, FRAME_DEFLATE_BYTES_MIN - 1, FRAME_DEFLATE_BYTES_MIN, 1500, 20_000, 100_000])
@@ -104,3 +192,17 @@ def test_frame_bodies_inflate_as_pysyncobj_reads_them(size: int) -> None:
     if size >= FRAME_DEFLATE_BYTES_MIN:
         assert len(body) < size  # deflated: the very bytes pysyncobj's zlib.compress(body, 3) makes, but the header
         assert body[2:] == zlib.compress(pickled, 3)[2:]
+
+
+def test_a_connection_made_again_sends_fernet_until_its_peer_tells_its_formats_again() -> None:
+    # The outgoing connection object is reused for every reconnection, and the peer may run an
+    # earlier release by then.
+    poller = createPoller("auto")
+    connection = BoundedConnection(poller=poller, timeout=1.0, sendBufferSize=2**16, recvBufferSize=2**16, keepalive=None)
+    assert connection.peer_formats == FRAMES_FERNET
+    connection.peer_formats = FRAMES_AEAD  # its peer told it so (BoundedTransport, LEVEL)
+    connection.connect("127.0.0.1", free_port())
+    try:
+        assert connection.peer_formats == FRAMES_FERNET
+    finally:
+        connection.disconnect()

@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 from pysyncobj.journal import FileJournal
 from pysyncobj.pickle import loads as pysyncobj_loads
+from pysyncobj.transport import TCPTransport
 
 from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.cluster._frame_cipher import FRAMES_FERNET, frame_ciphers
+from runstate_server.cluster._transport import LEVEL, BoundedTransport
 from runstate_server.cluster.codec import decode_batch
 from runstate_server.cluster.log import DUMP_FILE_NAME, FOLLOWER_EFFECTS_HANDOFF_S, JOURNAL_FILE_NAME
 from runstate_server.cluster.snapshot import Dump, encode_dump
@@ -22,6 +25,9 @@ from tests._cluster_log_child import RecordingMachine
 from tests._nodes import free_port
 
 READY_TIMEOUT_S = 15.0
+# Fernet frames a node of this release seals to peers of this release: those before the peer's level
+# arrives on each of its two connections, reconnections included (a handful each).
+FERNET_FRAMES_PER_NODE_MAX = 40
 
 
 @contextlib.asynccontextmanager
@@ -239,6 +245,13 @@ def test_three_nodes_replicate_and_followers_refuse_proposals() -> None:
                 await follower.propose({"type": "add", "id": 99})
             assert raised.value.leader_address == leader.self_address
             assert not any(log.reads_locally() for log in logs)  # a cluster confirms a read index instead
+            # Nodes of this release seal their frames as AES-GCM once the peer told it reads them:
+            # only the first few frames of each connection (the key exchange, the level) are Fernet.
+            before = leader.raft_frames_sealed()
+            for index in range(20, 30):
+                await leader.propose({"type": "add", "id": index})  # one append to each follower
+            after = leader.raft_frames_sealed()
+            assert after["aead"] - before["aead"] >= 2 * 10 and after["fernet"] <= FERNET_FRAMES_PER_NODE_MAX
         finally:
             for log in logs:
                 await log.stop()
@@ -267,6 +280,45 @@ def test_a_follower_hands_its_applied_effects_to_its_loop_in_bulk_and_in_order()
             for log, (handoffs, applied) in zip(followers, before, strict=True):
                 assert log.counters.batches_applied - applied >= writes
                 assert log.counters.loop_handoffs - handoffs <= elapsed_s / FOLLOWER_EFFECTS_HANDOFF_S + 2
+
+    asyncio.run(scenario())
+
+
+def test_nodes_seal_frames_as_aes_gcm_and_for_a_node_of_an_earlier_release_as_fernet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes that told each other they read format 2 send AES-GCM frames; a node of an earlier
+    release (it tells no format and reads Fernet tokens only: the first node to connect plays it)
+    gets Fernet tokens only, and replicates every write. Were it sent one AES-GCM frame, it would
+    drop the connection and never catch up."""
+    writes = 40
+    older: dict[str, str] = {}
+    connected = BoundedTransport._onNodeConnected
+
+    def on_node_connected(transport: BoundedTransport, node: Any) -> None:
+        address = str(transport._selfNode.address)
+        if older.setdefault("address", address) != address:
+            connected(transport, node)
+            return
+        ciphers = frame_ciphers(transport._syncObj.encryptor)
+        ciphers.aead, ciphers.formats = None, FRAMES_FERNET  # reads and seals Fernet tokens only
+        TCPTransport._onNodeConnected(transport, node)
+        transport.send(node, {"type": LEVEL, "level": transport.command_level})  # as the release before
+
+    monkeypatch.setattr(BoundedTransport, "_onNodeConnected", on_node_connected)
+
+    async def scenario() -> None:
+        async with three_logs() as (leader, followers):
+            logs = [leader, *followers]
+            old = next(log for log in logs if log.self_address == older["address"])
+            new = [log for log in logs if log is not old]
+            before = [log.raft_frames_sealed() for log in new]
+            for index in range(writes):
+                await leader.propose({"type": "add", "id": index})
+            await eventually(lambda: all(log.applied_index >= leader.commit_index for log in logs))
+            assert old.raft_frames_sealed()["aead"] == 0 and old.raft_frames_sealed()["fernet"] >= writes
+            # Each write crosses between the old node and a new one (an append or its answer), in Fernet.
+            assert sum(log.raft_frames_sealed()["fernet"] - then["fernet"] for log, then in zip(new, before, strict=True)) >= writes
+            if old is not leader:  # the new leader's appends to the other new node are AES-GCM
+                assert leader.raft_frames_sealed()["aead"] - before[new.index(leader)]["aead"] >= writes
 
     asyncio.run(scenario())
 

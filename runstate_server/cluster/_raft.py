@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
+from runstate_server.cluster._frame_cipher import frame_ciphers
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster._transport import KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
@@ -262,6 +263,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """The Raft messages sent and received so far, by (direction, type); empty without peers."""
         transport = getattr(self, "_SyncObj__transport", None)
         return dict(transport.messages) if isinstance(transport, BoundedTransport) else {}
+
+    def frames_sealed(self) -> dict[str, int]:
+        """The Raft frames this node sealed so far, by format ("fernet", "aead"); empty without a password."""
+        encryptor = self.encryptor
+        return dict(frame_ciphers(encryptor).sealed) if encryptor else {}
 
     def noop_index(self) -> int | None:
         """Index of the no-op entry this node appended when it last became leader."""

@@ -28,7 +28,9 @@ anything forever, and accepts any number of them. Here (DESIGN.md, "The Raft por
 - Each node tells a peer its command level (`LEVEL`) as soon as their connection is up, and keeps
   the lowest level of its peers (`level_floor`; a peer that is not connected, or that told none,
   counts as level 1: an older release). A leader proposes a command of a higher level only when
-  every peer applies it (DESIGN.md, "Command levels").
+  every peer applies it (DESIGN.md, "Command levels"). With it, the newest frame format the node
+  reads: a connection's frames are sealed as AES-GCM once its peer told it reads them, as Fernet
+  tokens until then (_frame_cipher.py).
 - A peer connection on which this node sent nothing for a third of pysyncobj's connection timeout
   gets a keepalive message. pysyncobj closes a connection that read nothing for that timeout, and
   checks it only when the connection has an event or sends: two followers never talk in a steady
@@ -56,7 +58,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
-from runstate_server.cluster._frame_cipher import frame_cipher
+from runstate_server.cluster._frame_cipher import FRAMES_AEAD, FRAMES_FERNET, frame_ciphers
 from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
 from runstate_server.cluster._read_index import READ_INDEX_REQUEST, READ_INDEX_RESPONSE
 from runstate_server.cluster.config import (
@@ -93,7 +95,9 @@ _DEFLATE_MEMORY_LEVEL = zlib.DEF_MEM_LEVEL
 # is counted as "other". A fixed set: the counters' keys never change once made, so the loop may
 # copy them while the tick thread counts.
 KEEPALIVE = "runstate_keepalive"  # read and dropped (RaftNode); pysyncobj ignores types it does not know
-LEVEL = "runstate_level"  # {"level": int}: the commands the sender applies (read here, never passed on)
+# {"level": int, "frames": int}: the commands the sender applies and the newest frame format it reads
+# (_frame_cipher.py; releases before formats tell none). Read here, never passed on.
+LEVEL = "runstate_level"
 MESSAGE_TYPES = (
     "append_entries", "next_node_idx", "request_vote", "response_vote", "apply_command", "apply_command_response",
     PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE, READ_INDEX_REQUEST, READ_INDEX_RESPONSE, KEEPALIVE, LEVEL, "other",
@@ -127,6 +131,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.frames_refused = 0
         self.peer = False  # the handshake is done (authenticated)
         self.last_sent_at = float("-inf")  # pysyncobj's clock
+        self.peer_formats = FRAMES_FERNET  # the frame formats the peer told it reads (LEVEL)
         super().__init__(*args, **kwargs)
 
     def send(self, message: Any) -> None:
@@ -138,7 +143,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         data = _frame_body(pysyncobj_pickle.dumps(message))
         encryptor = self.encryptor
         if encryptor:
-            data = frame_cipher(encryptor).seal(data, int(raft_clock()))
+            data = frame_ciphers(encryptor).seal(data, int(raft_clock()), formats=self.peer_formats)
         self._TcpConnection__writeBuffer += _HEADER.pack(len(data)) + data
         self._TcpConnection__trySendBuffer()
         # pysyncobj sends what the socket takes and keeps the rest, but asks the poller to say when
@@ -160,8 +165,10 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.peer = True
 
     def connect(self, host: str, port: int) -> bool:
-        # An outgoing connection object is reused for every reconnection: a new handshake each time.
+        # An outgoing connection object is reused for every reconnection: a new handshake each time,
+        # and Fernet tokens until the peer tells again which formats it reads (it may be another release now).
         self.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
+        self.peer_formats = FRAMES_FERNET
         return bool(super().connect(host, port))
 
     def _buffer(self) -> bytearray:
@@ -214,7 +221,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         try:
             encryptor = self.encryptor
             if encryptor:
-                timestamp, data = frame_cipher(encryptor).open(data)
+                timestamp, data = frame_ciphers(encryptor).open(data)
                 if timestamp < self.recvLastTimestamp:
                     raise ValueError("a frame older than the previous one")
                 self.recvLastTimestamp = timestamp
@@ -304,12 +311,18 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             if type(level) is int and level >= LEVEL_UNTOLD and node in self._nodes:
                 self._peer_levels[node] = level
                 self._update_level_floor()
+            formats = message.get("frames")
+            conn = self._connections.get(node)
+            if type(formats) is int and formats >= FRAMES_AEAD and isinstance(conn, BoundedConnection):
+                conn.peer_formats = formats  # from now on it gets the newest format both read
             return
         super()._onMessageReceived(node, message)
 
     def _onNodeConnected(self, node: Any) -> None:
         super()._onNodeConnected(node)
-        self.send(node, {"type": LEVEL, "level": self.command_level})
+        encryptor = self._syncObj.encryptor
+        formats = frame_ciphers(encryptor).formats if encryptor else FRAMES_FERNET
+        self.send(node, {"type": LEVEL, "level": self.command_level, "frames": formats})
 
     def _onNodeDisconnected(self, node: Any) -> None:
         if self._peer_levels.pop(node, None) is not None:

@@ -175,6 +175,10 @@ def render(node: Node, caller: Caller) -> str:
                "Raft messages this node sent and received, by direction and type (none on a single node)",
                [((("direction", direction), ("type", kind)), count)
                 for (direction, kind), count in sorted(raft.raft_messages().items())])
+    out.metric("runstate_raft_frames_sealed_total", "counter",
+               "Raft frames this node sealed, by format: fernet (to a peer of an earlier release, or before "
+               "a peer told its formats) or aead (AES-GCM); none on a single node",
+               [((("format", name),), count) for name, count in sorted(raft.raft_frames_sealed().items())])
     out.metric("runstate_raft_commands_proposed_total", "counter",
                "Commands this node proposed to the Raft log while it led (a batch submit is one command at "
                "command level 2, one per task below)", [((), raft.counters.commands_proposed)])
