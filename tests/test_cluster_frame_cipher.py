@@ -173,7 +173,7 @@ def test_aes_gcm_nonces_never_repeat_and_a_spent_counter_starts_a_new_prefix() -
     assert len(set(nonces)) == 3
     assert {nonce[:8] for nonce in nonces} == {nonces[0][:8]}
     assert [int.from_bytes(nonce[8:], "big") for nonce in nonces] == [0, 1, 2]
-    cipher._counter = itertools.count(NONCE_COUNTER_MAX - 1)
+    cipher._nonces = (cipher._nonces[0], itertools.count(NONCE_COUNTER_MAX - 1))  # as after 2**32 - 1 frames
     last = cipher.seal(b"same", 1)[1:13]
     assert last == nonces[0][:8] + (NONCE_COUNTER_MAX - 1).to_bytes(4, "big")
     after = cipher.seal(b"same", 1)[1:13]

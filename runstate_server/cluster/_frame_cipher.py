@@ -136,18 +136,18 @@ class AeadFrameCipher:
         key = HKDF(algorithm=hashes.SHA256(), length=_AEAD_KEY_BYTES, salt=None, info=AEAD_KEY_INFO).derive(fernet_key)
         self._aead = AESGCM(key)
         self._lock = threading.Lock()  # only to start a new prefix; `next` on a count is atomic
-        self._prefix = os.urandom(_NONCE_PREFIX_BYTES)
-        self._counter = itertools.count()
+        # A prefix and its counter, replaced together: a number is only ever used with its own prefix.
+        self._nonces = (os.urandom(_NONCE_PREFIX_BYTES), itertools.count())
 
     def _nonce(self) -> bytes:
-        number = next(self._counter)
-        if number >= NONCE_COUNTER_MAX:
-            with self._lock:
-                if next(self._counter) >= NONCE_COUNTER_MAX:  # nobody started a new prefix meanwhile
-                    self._prefix = os.urandom(_NONCE_PREFIX_BYTES)
-                    self._counter = itertools.count()
-                return self._nonce()
-        return self._prefix + number.to_bytes(_NONCE_COUNTER_BYTES, "big")
+        prefix, counter = self._nonces
+        number = next(counter)
+        if number < NONCE_COUNTER_MAX:
+            return prefix + number.to_bytes(_NONCE_COUNTER_BYTES, "big")
+        with self._lock:
+            if self._nonces[1] is counter:  # spent: a new prefix (once, whichever caller comes first)
+                self._nonces = (os.urandom(_NONCE_PREFIX_BYTES), itertools.count())
+        return self._nonce()
 
     def seal(self, data: bytes, timestamp: int) -> bytes:
         nonce = self._nonce()
