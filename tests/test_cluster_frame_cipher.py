@@ -35,6 +35,7 @@ from tests._nodes import free_port
 
 FERNET = getEncryptor("the cluster password")
 OTHER = getEncryptor("another password")
+ANOTHER_NODE = getEncryptor("the cluster password")  # each node derives the key from the password on its own
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
 
 
@@ -126,8 +127,7 @@ def aead(fernet: Fernet = FERNET) -> AeadFrameCipher:
 
 @given(st.binary(max_size=4096), timestamps)
 def test_another_node_of_the_cluster_reads_an_aes_gcm_frame(data: bytes, timestamp: int) -> None:
-    # Each node derives the key from the password on its own (its own Fernet object).
-    other_node = getEncryptor("the cluster password")
+    other_node = ANOTHER_NODE
     frame = aead().seal(data, timestamp)
     assert frame[0] == AEAD_MARKER
     assert aead(other_node).open(frame) == (timestamp, data)
