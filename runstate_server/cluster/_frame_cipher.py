@@ -54,6 +54,7 @@ _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 FRAMES_FERNET = 1
 FRAMES_AEAD = 2
 AEAD_MARKER = 0x02  # an AES-GCM frame's first byte; a Fernet token's is always b"g" (base64 of 0x80)
+_AEAD_MARKER_BYTES = bytes((AEAD_MARKER,))
 AEAD_KEY_INFO = b"runstate raft frames, format 2: AES-256-GCM"
 _AEAD_KEY_BYTES = 32
 _NONCE_PREFIX_BYTES = 8  # random, per cipher (a process's SyncObj): nonces never repeat across processes
@@ -152,7 +153,7 @@ class AeadFrameCipher:
     def seal(self, data: bytes, timestamp: int) -> bytes:
         nonce = self._nonce()
         sealed = self._aead.encrypt(nonce, timestamp.to_bytes(_TIMESTAMP_BYTES, "big") + data, None)
-        return bytes((AEAD_MARKER,)) + nonce + sealed
+        return _AEAD_MARKER_BYTES + nonce + sealed
 
     def open(self, frame: bytes) -> tuple[int, bytes]:
         if len(frame) < _AEAD_FRAME_BYTES_MIN or frame[0] != AEAD_MARKER:
@@ -190,7 +191,7 @@ class FrameCiphers:
 
     def open(self, frame: bytes) -> tuple[int, bytes]:
         """A frame of either format, told apart by its first byte."""
-        if frame[:1] == bytes((AEAD_MARKER,)) and self.aead is not None:
+        if frame[:1] == _AEAD_MARKER_BYTES and self.aead is not None:
             return self.aead.open(frame)
         return self.fernet.open(frame)
 
