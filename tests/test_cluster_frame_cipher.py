@@ -1,7 +1,8 @@
 """The Raft port's frame cipher makes and reads the same tokens as cryptography's Fernet, which
 pysyncobj uses on nodes without it; the transport's frames still read with pysyncobj's own code;
 between nodes that both read them, frames are AES-GCM, and a node of an earlier release (which reads
-Fernet tokens only) gets Fernet tokens only."""
+Fernet tokens only) gets Fernet tokens only. The key comes from the password by public APIs alone,
+and is the very key of the releases before (frames they sealed are read here)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ from runstate_server.cluster._frame_cipher import (
     NONCE_COUNTER_MAX,
     AeadFrameCipher,
     FrameCipher,
+    FrameCiphers,
     InvalidFrame,
-    frame_ciphers,
+    KeyMismatch,
+    cluster_key,
+    fernet_key,
 )
 from runstate_server.cluster._transport import (
     FRAME_DEFLATE_BYTES_MIN,
@@ -33,22 +37,62 @@ from runstate_server.cluster._transport import (
 )
 from tests._nodes import free_port
 
-FERNET = getEncryptor("the cluster password")
+PASSWORD = "the cluster password"
+FERNET = getEncryptor(PASSWORD)  # pysyncobj's own encryptor, as a node without FrameCipher has it
 OTHER = getEncryptor("another password")
-ANOTHER_NODE = getEncryptor("the cluster password")  # each node derives the key from the password on its own
+CIPHER = FrameCipher(cluster_key(PASSWORD))
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
+
+# Frames sealed by the release before this one (commit 5b63ec1, which took the key from Fernet's
+# private attributes, with cryptography 48) under VECTOR_PASSWORD: this release must read them, and
+# they it (a rolling upgrade runs both in one cluster).
+VECTOR_PASSWORD = "runstate test vector password"
+VECTOR_DATA, VECTOR_TIMESTAMP = b"a frame of the release before", 1234567
+VECTOR_FERNET_TOKEN = (
+    b"gAAAAAAAEtaHuphhj3-k_Cs7bcJBjayQ6BKgDjdkcxnqyfhTeI58KQuCJ1D3SDBGJvF4_G358dnZQoHzIYpf68s1CR1alrAFWgOpw98KFFp8SkJ8D23J4zI="
+)
+VECTOR_AEAD_FRAME = bytes.fromhex(
+    "025e785c39f4d4eb91000000007ea9228f0abaa3db253e0d711699b32177ffa3b5c9f31e784790c4c6c22c2dbef49c11e24d65"
+    "2126f9ace7a1dcd040c117ff8d13a1"
+)
 
 
 @given(st.binary(max_size=4096), timestamps)
 def test_fernet_reads_what_it_seals(data: bytes, timestamp: int) -> None:
-    token = FrameCipher(FERNET).seal(data, timestamp)
+    token = CIPHER.seal(data, timestamp)
     assert FERNET.extract_timestamp(token) == timestamp
     assert FERNET.decrypt(token) == data
 
 
 @given(st.binary(max_size=4096), timestamps)
 def test_it_reads_what_fernet_encrypts(data: bytes, timestamp: int) -> None:
-    assert FrameCipher(FERNET).open(FERNET.encrypt_at_time(data, timestamp)) == (timestamp, data)
+    assert CIPHER.open(FERNET.encrypt_at_time(data, timestamp)) == (timestamp, data)
+
+
+def test_the_key_is_pysyncobjs_fernet_key() -> None:
+    ours = Fernet(fernet_key(PASSWORD))
+    assert ours.decrypt(FERNET.encrypt(b"x")) == b"x" and FERNET.decrypt(ours.encrypt(b"y")) == b"y"
+    assert cluster_key(PASSWORD) is cluster_key(PASSWORD)  # derived once per password (~0.1 s each)
+    assert cluster_key(PASSWORD) != cluster_key("another password")
+
+
+def test_frames_of_the_release_before_are_read_and_it_reads_ours() -> None:
+    ciphers = FrameCiphers(VECTOR_PASSWORD)
+    assert ciphers.open(VECTOR_FERNET_TOKEN) == (VECTOR_TIMESTAMP, VECTOR_DATA)
+    assert ciphers.open(VECTOR_AEAD_FRAME) == (VECTOR_TIMESTAMP, VECTOR_DATA)
+    # An AES-GCM frame opens only under the key it was sealed with: its frame opening here proves
+    # the key is the release before's, so it reads what this release seals too (and Fernet tokens
+    # are checked against Fernet itself above).
+    frame = ciphers.seal(VECTOR_DATA, VECTOR_TIMESTAMP, formats=FRAMES_AEAD)
+    assert FrameCiphers(VECTOR_PASSWORD).open(frame) == (VECTOR_TIMESTAMP, VECTOR_DATA)
+    with pytest.raises(InvalidFrame):
+        FrameCiphers(PASSWORD).open(VECTOR_AEAD_FRAME)
+
+
+def test_the_key_is_checked_against_pysyncobjs_encryptor() -> None:
+    FrameCiphers(PASSWORD).check_against(FERNET, 5)
+    with pytest.raises(KeyMismatch, match="key derivation"):
+        FrameCiphers(PASSWORD).check_against(OTHER, 5)
 
 
 @given(st.binary(min_size=1, max_size=512), st.data())
@@ -62,7 +106,7 @@ def test_a_changed_token_is_refused_as_fernet_refuses_it(data: bytes, draw: st.D
     except InvalidToken:
         expected = None
     try:
-        got: bytes | None = FrameCipher(FERNET).open(bytes(token))[1]
+        got: bytes | None = CIPHER.open(bytes(token))[1]
     except InvalidFrame:
         got = None
     assert got == expected
@@ -73,65 +117,36 @@ def test_garbage_is_refused(token: bytes) -> None:
     if token == b"cut short":
         token = FERNET.encrypt(b"x")[:-4]  # made here: a token's IV is random, a test id may not be
     with pytest.raises(InvalidFrame):
-        FrameCipher(FERNET).open(token)
+        CIPHER.open(token)
 
 
 def test_another_password_is_refused() -> None:
     with pytest.raises(InvalidFrame):
-        FrameCipher(FERNET).open(OTHER.encrypt(b"hello"))
+        CIPHER.open(OTHER.encrypt(b"hello"))
     with pytest.raises(InvalidToken):
-        OTHER.decrypt(FrameCipher(FERNET).seal(b"hello", 1))
+        OTHER.decrypt(CIPHER.seal(b"hello", 1))
 
 
-def test_without_fernets_key_attributes_it_uses_fernet_itself() -> None:
-    class Renamed(Fernet):
-        """A Fernet whose key lives under other names."""
-
-        def __init__(self, key: bytes) -> None:  # no super().__init__: no _signing_key
-            self._inner = Fernet(key)
-
-        def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-            return self._inner.encrypt_at_time(data, current_time)
-
-        def extract_timestamp(self, token: bytes | str) -> int:
-            return self._inner.extract_timestamp(token)
-
-        def decrypt(self, token: bytes | str, ttl: int | None = None) -> bytes:
-            return self._inner.decrypt(token, ttl)
-
-    renamed = Renamed(Fernet.generate_key())
-    ciphers = frame_ciphers(renamed)
-    assert not isinstance(ciphers.fernet, FrameCipher)
-    # Without Fernet's key there is no AES-GCM key either: it reads and sends Fernet tokens only.
-    assert ciphers.aead is None and ciphers.formats == FRAMES_FERNET
-    assert ciphers.open(renamed.encrypt_at_time(b"data", 9)) == (9, b"data")
-    assert renamed.decrypt(ciphers.seal(b"more", 10, formats=FRAMES_AEAD)) == b"more"
-    with pytest.raises(InvalidFrame):
-        ciphers.open(FERNET.encrypt(b"x"))
-    with pytest.raises(InvalidFrame):
-        ciphers.open(frame_ciphers(FERNET).seal(b"x", 1, formats=FRAMES_AEAD))
-
-
-def test_one_cipher_per_encryptor() -> None:
-    assert frame_ciphers(FERNET) is frame_ciphers(FERNET)
-    assert frame_ciphers(FERNET) is not frame_ciphers(OTHER)
+def test_each_node_counts_its_own_frames() -> None:
+    one, other = FrameCiphers(PASSWORD), FrameCiphers(PASSWORD)
+    one.seal(b"x", 1, formats=FRAMES_AEAD)
+    assert one.sealed == {"fernet": 0, "aead": 1} and other.sealed == {"fernet": 0, "aead": 0}
 
 
 # AES-GCM frames (format 2).
 
-def aead(fernet: Fernet = FERNET) -> AeadFrameCipher:
-    cipher = frame_ciphers(fernet).aead
+def aead(password: str = PASSWORD) -> AeadFrameCipher:
+    cipher = FrameCiphers(password).aead
     assert cipher is not None
     return cipher
 
 
 @given(st.binary(max_size=4096), timestamps)
 def test_another_node_of_the_cluster_reads_an_aes_gcm_frame(data: bytes, timestamp: int) -> None:
-    other_node = ANOTHER_NODE
     frame = aead().seal(data, timestamp)
     assert frame[0] == AEAD_MARKER
-    assert aead(other_node).open(frame) == (timestamp, data)
-    assert frame_ciphers(other_node).open(frame) == (timestamp, data)
+    assert aead().open(frame) == (timestamp, data)  # each node derives the key from the password itself
+    assert FrameCiphers(PASSWORD).open(frame) == (timestamp, data)
 
 
 @given(st.binary(min_size=1, max_size=512), st.data())
@@ -141,22 +156,22 @@ def test_a_changed_aes_gcm_frame_is_refused(data: bytes, draw: st.DataObject) ->
     flip = draw.draw(st.integers(min_value=1, max_value=255))
     frame[position] ^= flip
     with pytest.raises(InvalidFrame):
-        frame_ciphers(FERNET).open(bytes(frame))
+        FrameCiphers(PASSWORD).open(bytes(frame))
 
 
 @pytest.mark.parametrize("frame", [b"\x02", b"\x02" + b"\x00" * 36, b"\x02garbage" * 10])
 def test_aes_gcm_garbage_and_short_frames_are_refused(frame: bytes) -> None:
     with pytest.raises(InvalidFrame):
-        frame_ciphers(FERNET).open(frame)
+        FrameCiphers(PASSWORD).open(frame)
 
 
 def test_another_password_cannot_read_an_aes_gcm_frame() -> None:
     with pytest.raises(InvalidFrame):
-        aead(OTHER).open(aead().seal(b"hello", 1))
+        aead("another password").open(aead().seal(b"hello", 1))
 
 
 def test_a_frame_is_sealed_in_the_newest_format_both_ends_read_and_either_is_read() -> None:
-    ciphers = frame_ciphers(getEncryptor("the cluster password"))
+    ciphers = FrameCiphers(PASSWORD)
     before = dict(ciphers.sealed)
     token = ciphers.seal(b"to an older release", 3, formats=FRAMES_FERNET)
     assert FERNET.decrypt(token) == b"to an older release"  # what pysyncobj's own code reads

@@ -16,7 +16,7 @@ from pysyncobj.pickle import loads as pysyncobj_loads
 from pysyncobj.transport import TCPTransport
 
 from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
-from runstate_server.cluster._frame_cipher import FRAMES_FERNET, frame_ciphers
+from runstate_server.cluster._frame_cipher import FRAMES_FERNET
 from runstate_server.cluster._transport import LEVEL, BoundedTransport
 from runstate_server.cluster.codec import decode_batch
 from runstate_server.cluster.log import DUMP_FILE_NAME, FOLLOWER_EFFECTS_HANDOFF_S, JOURNAL_FILE_NAME
@@ -298,7 +298,8 @@ def test_nodes_seal_frames_as_aes_gcm_and_for_a_node_of_an_earlier_release_as_fe
         if older.setdefault("address", address) != address:
             connected(transport, node)
             return
-        ciphers = frame_ciphers(transport._syncObj.encryptor)
+        ciphers = transport.frame_ciphers
+        assert ciphers is not None
         ciphers.aead, ciphers.formats = None, FRAMES_FERNET  # reads and seals Fernet tokens only
         TCPTransport._onNodeConnected(transport, node)
         transport.send(node, {"type": LEVEL, "level": transport.command_level})  # as the release before

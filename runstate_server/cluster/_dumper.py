@@ -24,8 +24,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from pysyncobj.config import SERIALIZER_STATE
-
+from runstate_server.cluster._pysyncobj import SERIALIZER_STATE
 from runstate_server.cluster.snapshot import write_file
 
 logger = logging.getLogger(__name__)

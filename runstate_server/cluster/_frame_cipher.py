@@ -10,6 +10,12 @@ message (an append, its answer, a heartbeat, a read index round) pays both on ea
 so a node with this code and one without talk as before; tests/test_cluster_frame_cipher.py holds
 it to `cryptography`'s own Fernet both ways.
 
+The key is the cluster password's, derived here as pysyncobj derives its Fernet key (PBKDF2-SHA256
+with pysyncobj's salt; the Fernet specification: the first 16 bytes sign, the last 16 encrypt),
+with `cryptography`'s public API only: nothing reads a Fernet object's private attributes, which
+`cryptography` 51 no longer has. `FrameCiphers.check_against` proves at start, through Fernet's
+public methods, that pysyncobj's own encryptor reads what this key seals.
+
 Between two nodes that both read them, frames are AES-256-GCM instead (`AeadFrameCipher`, format 2):
 one authenticated encryption call each way, no HMAC, no padding, no base64. Sealing and opening a
 Fernet token creates an AES context and an HMAC context per frame, which in a node (each frame
@@ -23,12 +29,13 @@ always b"g"). A node of an earlier release tells no format and receives Fernet t
 
 from __future__ import annotations
 
+import base64
 import binascii
+import functools
 import hmac
 import itertools
 import os
 import threading
-import weakref
 
 from cryptography.exceptions import InvalidTag
 from cryptography.fernet import Fernet, InvalidToken
@@ -36,6 +43,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
+
+from runstate_server.cluster._pysyncobj import ENCRYPTOR_SALT
 
 _VERSION = 0x80  # Fernet's version byte
 _TIMESTAMP_BYTES = 8
@@ -65,19 +75,44 @@ _TAG_BYTES = 16
 _AEAD_FRAME_BYTES_MIN = 1 + _NONCE_BYTES + _TIMESTAMP_BYTES + _TAG_BYTES
 
 
+# pysyncobj's key derivation (encryptor.getEncryptor): PBKDF2-HMAC-SHA256 of the password, with its
+# salt, into Fernet's 32 key bytes.
+KEY_ITERATIONS = 100_000
+_KEY_BYTES = 32
+_SIGNING_KEY_BYTES = 16  # Fernet's key: the signing key, then the encryption key
+# Passwords whose key is kept (a process runs one node; tests run a few, with a few passwords).
+CLUSTER_KEYS_CACHED_MAX = 8
+
+
+@functools.lru_cache(maxsize=CLUSTER_KEYS_CACHED_MAX)
+def cluster_key(password: str | bytes) -> bytes:
+    """The 32 bytes pysyncobj's Fernet key encodes, for this password (~0.1 s: cached)."""
+    secret = password if isinstance(password, bytes) else password.encode()
+    kdf = PBKDF2HMAC(algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=ENCRYPTOR_SALT, iterations=KEY_ITERATIONS)
+    return kdf.derive(secret)
+
+
+def fernet_key(password: str | bytes) -> bytes:
+    """The Fernet key pysyncobj makes of this password (base64url, as `Fernet(key)` takes it)."""
+    return base64.urlsafe_b64encode(cluster_key(password))
+
+
+class KeyMismatch(Exception):
+    """pysyncobj's encryptor does not read what this module seals: pysyncobj derives its key in
+    another way than the release this module was written for."""
+
+
 class InvalidFrame(Exception):
     """Not a token of this cluster's key: garbage, tampered, or another password."""
 
 
 class FrameCipher:
-    """Fernet tokens under one Fernet key (the cluster password's)."""
+    """Fernet tokens under one Fernet key (its 32 bytes: `cluster_key`)."""
 
-    def __init__(self, fernet: Fernet) -> None:
-        # Fernet's own halves of its key: private attributes of cryptography's class, the same
-        # since its first release (the tests check the tokens against Fernet itself; FrameCiphers
-        # falls back to Fernet's methods should a release rename them).
-        self._signing_key: bytes = fernet._signing_key
-        self._aes = algorithms.AES(fernet._encryption_key)
+    def __init__(self, key: bytes) -> None:
+        assert len(key) == _KEY_BYTES
+        self._signing_key = key[:_SIGNING_KEY_BYTES]
+        self._aes = algorithms.AES(key[_SIGNING_KEY_BYTES:])
 
     def seal(self, data: bytes, timestamp: int) -> bytes:
         """What `Fernet.encrypt_at_time(data, timestamp)` gives (with its own random IV)."""
@@ -110,31 +145,15 @@ class FrameCipher:
         return int.from_bytes(raw[1:1 + _TIMESTAMP_BYTES], "big"), padded[:-pad]
 
 
-class _FernetCipher:
-    """FrameCipher's interface on Fernet's own methods (pysyncobj's way: twice the work to read)."""
-
-    def __init__(self, fernet: Fernet) -> None:
-        self._fernet = fernet
-
-    def seal(self, data: bytes, timestamp: int) -> bytes:
-        return self._fernet.encrypt_at_time(data, timestamp)
-
-    def open(self, token: bytes) -> tuple[int, bytes]:
-        try:
-            return self._fernet.extract_timestamp(token), self._fernet.decrypt(token)
-        except InvalidToken as error:
-            raise InvalidFrame("not a token of this key") from error
-
-
 class AeadFrameCipher:
     """Format 2: AEAD_MARKER, a 12-byte nonce, then the timestamp (8 bytes, big-endian) and the data
-    sealed together with AES-256-GCM under a key derived (HKDF-SHA256) from the Fernet key, so from
-    the same cluster password. The nonce is a random prefix and a counter: it never repeats under
+    sealed together with AES-256-GCM under a key derived (HKDF-SHA256) from the Fernet key's 32
+    bytes, so from the same cluster password (the same key as the releases before). The nonce is a random prefix and a counter: it never repeats under
     the key (a random nonce per frame would reach the bound on random GCM nonces, 2**32 frames,
     within days on a busy cluster)."""
 
-    def __init__(self, fernet_key: bytes) -> None:
-        key = HKDF(algorithm=hashes.SHA256(), length=_AEAD_KEY_BYTES, salt=None, info=AEAD_KEY_INFO).derive(fernet_key)
+    def __init__(self, cluster_key: bytes) -> None:
+        key = HKDF(algorithm=hashes.SHA256(), length=_AEAD_KEY_BYTES, salt=None, info=AEAD_KEY_INFO).derive(cluster_key)
         self._aead = AESGCM(key)
         self._lock = threading.Lock()  # only to start a new prefix; `next` on a count is atomic
         # A prefix and its counter, replaced together: a number is only ever used with its own prefix.
@@ -167,19 +186,31 @@ class AeadFrameCipher:
 
 
 class FrameCiphers:
-    """Both formats under one cluster key, and the frames sealed in each (`sealed`, read by the
-    node's metrics). `aead` is None when Fernet's key is out of reach (then format 1 only)."""
+    """Both formats under one cluster password, and the frames sealed in each (`sealed`, read by
+    the node's metrics). One per node (its transport): the counts are the node's. `aead` is None
+    on a node that plays a release before format 2 (a test's)."""
 
-    def __init__(self, fernet: Fernet) -> None:
-        self.fernet: FrameCipher | _FernetCipher
-        self.aead: AeadFrameCipher | None
-        try:
-            self.fernet = FrameCipher(fernet)
-            self.aead = AeadFrameCipher(fernet._signing_key + fernet._encryption_key)
-        except AttributeError:  # a cryptography release without Fernet's key attributes
-            self.fernet, self.aead = _FernetCipher(fernet), None
-        self.formats = FRAMES_AEAD if self.aead is not None else FRAMES_FERNET  # the newest it reads
+    def __init__(self, password: str | bytes) -> None:
+        key = cluster_key(password)
+        self.fernet = FrameCipher(key)
+        self.aead: AeadFrameCipher | None = AeadFrameCipher(key)
+        self.formats = FRAMES_AEAD  # the newest it reads
         self.sealed = {"fernet": 0, "aead": 0}  # fixed keys: the loop copies it while the tick thread counts
+
+    def check_against(self, encryptor: Fernet, timestamp: int) -> None:
+        """KeyMismatch unless `encryptor` (pysyncobj's, made of the same password) reads a token
+        sealed here and seals one read here: Fernet's public methods only."""
+        probe = b"runstate: the frame key matches pysyncobj's"
+        try:
+            theirs = encryptor.decrypt(self.fernet.seal(probe, timestamp))
+            ours = self.fernet.open(encryptor.encrypt_at_time(probe, timestamp))[1]
+        except (InvalidToken, InvalidFrame) as error:
+            raise KeyMismatch(
+                "pysyncobj's encryptor does not read the Raft frames this node seals: its key derivation "
+                "is not the one runstate was built for (runstate_server/cluster/_frame_cipher.py)"
+            ) from error
+        if theirs != probe or ours != probe:
+            raise KeyMismatch("pysyncobj's encryptor and this node's frame cipher disagree on a token")
 
     def seal(self, data: bytes, timestamp: int, *, formats: int) -> bytes:
         """`data` in the newest format both this node and a peer that reads `formats` read."""
@@ -195,13 +226,3 @@ class FrameCiphers:
             return self.aead.open(frame)
         return self.fernet.open(frame)
 
-
-_CIPHERS: weakref.WeakKeyDictionary[Fernet, FrameCiphers] = weakref.WeakKeyDictionary()
-
-
-def frame_ciphers(fernet: Fernet) -> FrameCiphers:
-    """The ciphers of pysyncobj's encryptor (one per SyncObj, shared by its connections)."""
-    ciphers = _CIPHERS.get(fernet)
-    if ciphers is None:
-        ciphers = _CIPHERS[fernet] = FrameCiphers(fernet)
-    return ciphers

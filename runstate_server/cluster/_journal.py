@@ -27,10 +27,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pysyncobj.journal import FileJournal, Journal, MetaStorer
-from pysyncobj.pickle import dumps as pysyncobj_dumps
-from pysyncobj.pickle import loads as pysyncobj_loads
-
+from runstate_server.cluster._pysyncobj import FileJournal, Journal, MetaStorer
+from runstate_server.cluster._pysyncobj import pysyncobj_pickle as _pickle
 from runstate_server.cluster.private_files import make_private, open_private
 from runstate_server.cluster.snapshot import fsync_directory
 from runstate_server.histogram import Histogram
@@ -67,7 +65,7 @@ def _get_meta_closing_the_file(self: MetaStorer) -> dict[str, Any]:
     a ResourceWarning on every restart). Same behaviour otherwise: no file or a bad one reads as {}."""
     try:
         with open(self.getPath(), "rb") as file:
-            meta = pysyncobj_loads(file.read())
+            meta = _pickle.loads(file.read())
     except Exception:
         return {}
     return meta if isinstance(meta, dict) else {}
@@ -88,7 +86,7 @@ class _PrivateMetaStorer(MetaStorer):  # type: ignore[misc]
         path = self.getPath()
         with open_private(path + ".tmp") as file:
             # pysyncobj's own fields (term, voted-for address, commit index), in its own format.
-            file.write(pysyncobj_dumps(meta))
+            file.write(_pickle.dumps(meta))
             file.flush()
             if self.fsync:
                 os.fsync(file.fileno())

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 # pysyncobj's clock (CLOCK_MONOTONIC_RAW), which its election deadline is measured on.
-from pysyncobj.monotonic import monotonic as raft_clock
+from runstate_server.cluster._pysyncobj import raft_clock
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,8 @@ import queue
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-
-from runstate_server.cluster._frame_cipher import frame_ciphers
 from runstate_server.cluster._prevote import PreVote
+from runstate_server.cluster._pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster._transport import KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
 
@@ -266,8 +264,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def frames_sealed(self) -> dict[str, int]:
         """The Raft frames this node sealed so far, by format ("fernet", "aead"); empty without a password."""
-        encryptor = self.encryptor
-        return dict(frame_ciphers(encryptor).sealed) if encryptor else {}
+        transport = getattr(self, "_SyncObj__transport", None)
+        ciphers = transport.frame_ciphers if isinstance(transport, BoundedTransport) else None
+        return dict(ciphers.sealed) if ciphers is not None else {}
 
     def noop_index(self) -> int | None:
         """Index of the no-op entry this node appended when it last became leader."""

@@ -51,15 +51,17 @@ import struct
 import zlib
 from typing import Any
 
-import pysyncobj.pickle as pysyncobj_pickle
-from pysyncobj.monotonic import monotonic as raft_clock
-from pysyncobj.poller import POLL_EVENT_TYPE
-from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
-from pysyncobj.tcp_server import TcpServer
-from pysyncobj.transport import TCPTransport
-
-from runstate_server.cluster._frame_cipher import FRAMES_AEAD, FRAMES_FERNET, frame_ciphers
+from runstate_server.cluster._frame_cipher import FRAMES_AEAD, FRAMES_FERNET, FrameCiphers
 from runstate_server.cluster._prevote import PRE_VOTE_REQUEST, PRE_VOTE_RESPONSE
+from runstate_server.cluster._pysyncobj import (
+    CONNECTION_STATE,
+    POLL_EVENT_TYPE,
+    TcpConnection,
+    TcpServer,
+    TCPTransport,
+    pysyncobj_pickle,
+    raft_clock,
+)
 from runstate_server.cluster._read_index import READ_INDEX_REQUEST, READ_INDEX_RESPONSE
 from runstate_server.cluster.config import (
     HANDSHAKE_FRAME_BYTES_MAX,
@@ -132,6 +134,9 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.peer = False  # the handshake is done (authenticated)
         self.last_sent_at = float("-inf")  # pysyncobj's clock
         self.peer_formats = FRAMES_FERNET  # the frame formats the peer told it reads (LEVEL)
+        # The node's frame ciphers (its transport's), set before the connection sends or reads a
+        # frame; used only where pysyncobj set `encryptor` (a cluster with a password).
+        self.ciphers: FrameCiphers | None = None
         super().__init__(*args, **kwargs)
 
     def send(self, message: Any) -> None:
@@ -141,9 +146,9 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         if self.sendRandKey:
             message = (self.sendRandKey, message)
         data = _frame_body(pysyncobj_pickle.dumps(message))
-        encryptor = self.encryptor
-        if encryptor:
-            data = frame_ciphers(encryptor).seal(data, int(raft_clock()), formats=self.peer_formats)
+        if self.encryptor:
+            assert self.ciphers is not None, "the transport gives each connection its ciphers"
+            data = self.ciphers.seal(data, int(raft_clock()), formats=self.peer_formats)
         self._TcpConnection__writeBuffer += _HEADER.pack(len(data)) + data
         self._TcpConnection__trySendBuffer()
         # pysyncobj sends what the socket takes and keeps the rest, but asks the poller to say when
@@ -219,9 +224,9 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         (length,) = _HEADER.unpack_from(buffer)
         data = bytes(buffer[_HEADER.size:_HEADER.size + length])
         try:
-            encryptor = self.encryptor
-            if encryptor:
-                timestamp, data = frame_ciphers(encryptor).open(data)
+            if self.encryptor:
+                assert self.ciphers is not None, "the transport gives each connection its ciphers"
+                timestamp, data = self.ciphers.open(data)
                 if timestamp < self.recvLastTimestamp:
                     raise ValueError("a frame older than the previous one")
                 self.recvLastTimestamp = timestamp
@@ -298,6 +303,12 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         # The lowest command level of this node and its peers: one int, replaced whole (other
         # threads read it).
         self.level_floor = LEVEL_UNTOLD if otherNodes else command_level
+        # The Raft frames' ciphers, under the cluster password (None without one). Made before
+        # pysyncobj's constructor makes the outgoing connections (addNode), which take them.
+        password = syncObj.conf.password
+        self.frame_ciphers = FrameCiphers(password) if password is not None else None
+        if self.frame_ciphers is not None and syncObj.encryptor:
+            self.frame_ciphers.check_against(syncObj.encryptor, int(raft_clock()))
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
@@ -320,8 +331,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
 
     def _onNodeConnected(self, node: Any) -> None:
         super()._onNodeConnected(node)
-        encryptor = self._syncObj.encryptor
-        formats = frame_ciphers(encryptor).formats if encryptor else FRAMES_FERNET
+        formats = self.frame_ciphers.formats if self.frame_ciphers is not None else FRAMES_FERNET
         self.send(node, {"type": LEVEL, "level": self.command_level, "frames": formats})
 
     def _onNodeDisconnected(self, node: Any) -> None:
@@ -378,6 +388,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             remote_host=getattr(node, "host", None),
         )
         bounded.encryptor = self._syncObj.encryptor
+        bounded.ciphers = self.frame_ciphers
         bounded.setOnConnectedCallback(lambda: self._onOutgoingConnected(bounded))
         bounded.setOnMessageReceivedCallback(lambda message: self._onMessageReceived(node, message))
         bounded.setOnDisconnectedCallback(lambda: self._onDisconnected(bounded))
@@ -385,6 +396,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
 
     def _onNewIncomingConnection(self, conn: BoundedConnection) -> None:
         conn.handshake_deadline = raft_clock() + self.handshake_timeout_s
+        conn.ciphers = self.frame_ciphers
         super()._onNewIncomingConnection(conn)
 
     def _onIncomingMessageReceived(self, conn: BoundedConnection, message: Any) -> None:

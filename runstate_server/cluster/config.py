@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pysyncobj import SyncObjConf
-
 from runstate_server.actors import limits
+from runstate_server.cluster._pysyncobj import SyncObjConf
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -26,11 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pysyncobj import FAIL_REASON
-from pysyncobj.monotonic import monotonic as raft_clock
-
 from runstate_server.cluster import _dumper, _journal
 from runstate_server.cluster._prevote import PreVote
+from runstate_server.cluster._pysyncobj import FAIL_REASON, raft_clock
 from runstate_server.cluster._raft import RaftNode
 from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster._transport import LEVEL_UNTOLD
