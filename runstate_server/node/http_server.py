@@ -23,6 +23,10 @@ answering anyone once 1,100 idle connections had used up its file descriptors. H
   error envelope with X-Request-Id.
 - A client that goes away mid-request is logged at debug, and asyncio's and aiohttp's logs are
   rate-limited (LogRateLimit), so a flood cannot fill the disk with tracebacks.
+
+Everything of aiohttp used here beyond its public API comes through node/_aiohttp.py, which checks
+at import that each name is still there (and this module, that our subclasses shadow none of
+aiohttp's): a release that changed one stops the node at start.
 """
 
 from __future__ import annotations
@@ -39,9 +43,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
 
+from runstate_server.node._aiohttp import RequestHandler, StreamReader, check_own_names
 from runstate_server.node.config import (
     HTTP_HEADERS_MAX,
     HTTP_LINE_BYTES_MAX,
@@ -475,3 +478,7 @@ class Site(web.BaseSite):
                 except OSError as error:
                     log.debug("connection dropped as it was accepted: %s", error)
                     client.close()
+
+
+# Last, once the four classes exist: a name of ours that aiohttp's code uses too stops the node.
+check_own_names(Connection, LimitedServer, Runner, Site)
