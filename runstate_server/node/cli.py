@@ -12,37 +12,48 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runstate_server._seams import DependencyMismatch
 from runstate_server._version import __version__
-from runstate_server.actors import COMPILED, limits
-from runstate_server.actors.dispatch import COMMAND_LEVEL
-from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
-from runstate_server.node.api.app import build_app
-from runstate_server.node.config import (
-    BOOTSTRAP_KEY_ENV,
-    BOOTSTRAP_KEY_FILE_NAME,
-    CLUSTER_NODES_MAX,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_SPACE,
-    HTTP_BODY_TIMEOUT_MS,
-    HTTP_CONNECTIONS_MAX,
-    HTTP_HEADER_TIMEOUT_MS,
-    HTTP_IDLE_TIMEOUT_MS,
-    HTTP_SEND_TIMEOUT_MS,
-    SECRET_CHARS_MIN,
-    SECRET_ENV,
-    ConfigError,
-    HttpLimits,
-    NodeConfig,
-    load_toml,
-    parse_peer,
-    read_bootstrap_key,
-    read_secret,
-    split_address,
-)
-from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
+
+# The server's modules check, as they are imported, that pysyncobj's and aiohttp's internals that
+# runstate reaches for are there (runstate_server/_seams.py): if not, the node does not start.
+try:
+    from runstate_server.actors import COMPILED, limits
+    from runstate_server.actors.dispatch import COMMAND_LEVEL
+    from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+    from runstate_server.node.api.app import build_app
+    from runstate_server.node.config import (
+        BOOTSTRAP_KEY_ENV,
+        BOOTSTRAP_KEY_FILE_NAME,
+        CLUSTER_NODES_MAX,
+        DEFAULT_HOST,
+        DEFAULT_PORT,
+        DEFAULT_SPACE,
+        HTTP_BODY_TIMEOUT_MS,
+        HTTP_CONNECTIONS_MAX,
+        HTTP_HEADER_TIMEOUT_MS,
+        HTTP_IDLE_TIMEOUT_MS,
+        HTTP_SEND_TIMEOUT_MS,
+        SECRET_CHARS_MIN,
+        SECRET_ENV,
+        ConfigError,
+        HttpLimits,
+        NodeConfig,
+        load_toml,
+        parse_peer,
+        read_bootstrap_key,
+        read_secret,
+        split_address,
+    )
+    from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
+except DependencyMismatch as mismatch:
+    print(f"runstate: cannot start: {mismatch}", file=sys.stderr)
+    sys.exit(3)  # DEPENDENCY_MISMATCH_EXIT, defined below the imports
 
 log = logging.getLogger("runstate")
+
+# The exit status of a node that refuses to start on a dependency it was not built for.
+DEPENDENCY_MISMATCH_EXIT = 3
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -270,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"runstate: {error}", file=sys.stderr)
         return 2
+    except DependencyMismatch as mismatch:  # the cluster layer is imported as the node starts
+        print(f"runstate: cannot start: {mismatch}", file=sys.stderr)
+        return DEPENDENCY_MISMATCH_EXIT
     return 2
 
 
