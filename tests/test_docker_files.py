@@ -253,22 +253,30 @@ def test_dockerfile_installs_the_package_from_the_repository_source() -> None:
     # The package source is copied after the dependency layer, so a code change reuses that layer.
     order = [rest for word, rest in INSTRUCTIONS if word in ("COPY", "RUN")]
     assert order.index(next(r for r in order if r.startswith("runstate_server/"))) > order.index(
-        next(r for r in order if "-r /tmp/requirements.txt" in r)
+        next(r for r in order if "-r requirements/server.txt" in r)
     )
+    # The dependencies come from the lock, so the package's own install adds none.
+    assert all("--no-deps" in rest for rest in pip_installs), pip_installs
 
 
-def test_dockerfile_dependency_layer_installs_the_project_dependencies() -> None:
-    """The RUN that reads dependencies from pyproject.toml prints exactly the declared ones."""
-    if sys.version_info < (3, 11):
-        pytest.skip("the image's Python (3.11) reads pyproject.toml with tomllib, which 3.10 lacks")
-    import tomllib
-
-    run = next(rest for rest in arguments("RUN") if "tomllib" in rest)
-    words = shlex.split(run)
-    code = words[words.index("-c") + 1]
-    printed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert printed.stdout.splitlines() == declared
+def test_dockerfile_dependency_layer_copies_only_the_lock_it_installs() -> None:
+    """The dependency layer is built from the lock files alone (copied before anything else of the
+    checkout, so a source edit reuses it), and each file it installs is one it copied and exists.
+    That it installs requirements/server.txt with --require-hashes: tests/test_lock.py."""
+    order = [(word, rest) for word, rest in INSTRUCTIONS if word in ("COPY", "RUN")]
+    first_copy = next(rest for word, rest in order if word == "COPY")
+    copied = first_copy.split()[:-1]
+    assert copied and all(source.startswith("requirements/") for source in copied), first_copy
+    installs = [
+        word
+        for rest in arguments("RUN")
+        for words in [shlex.split(rest.replace("&&", ";").replace(";", " ; "))]
+        for i, word in enumerate(words)
+        if i and words[i - 1] == "-r"
+    ]
+    assert installs, "no `pip install -r`"
+    assert set(installs) == set(copied), (installs, copied)
+    assert all((ROOT / name).is_file() for name in installs), installs
 
 
 # -- the health checks, run against a fake node ---------------------------------------------------
