@@ -26,9 +26,10 @@ log() { echo "[newest] $*" >&2; }
 die() { echo "[newest] $*" >&2; exit 1; }
 
 # The cluster (log, journal, transport, frame cipher, snapshots, elections), the node's HTTP server,
-# and the checks of the seams where we reach into pysyncobj and aiohttp.
+# and the checks of the seams where we reach into pysyncobj and aiohttp
+# (test_dependency_seams.py, test_aiohttp_seams.py, ...).
 TESTS=(tests/test_cluster_*.py tests/test_node_http_server.py)
-[ -f "$ROOT/tests/test_dependency_seams.py" ] && TESTS+=(tests/test_dependency_seams.py)
+for seams in "$ROOT"/tests/test_*seams.py; do [ -f "$seams" ] && TESTS+=("tests/${seams##*/}"); done
 
 MODE=ranges
 while [ $# -gt 0 ]; do
