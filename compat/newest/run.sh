@@ -141,8 +141,9 @@ header = ("kind", "package", "range", "used", "locked", "")
 widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(6)]
 for row in (header, *rows):
     print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-# What they pulled in: each other locked package whose release here differs, or that the lock lacks.
-direct = {row[1] for row in rows} | {"pip", "runstate-server", "runstate-sdk"}
+# What they pulled in: each other locked package whose release here differs, or that the lock lacks
+# (not the venv's own pip and setuptools, nor the project).
+direct = {row[1] for row in rows} | {"pip", "setuptools", "wheel", "runstate-server", "runstate-sdk"}
 others = []
 for dist in metadata.distributions():
     name = canonicalize_name(dist.metadata["Name"])
