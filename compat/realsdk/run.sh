@@ -94,7 +94,7 @@ if [ -z "$BASE_URL" ]; then
   elif [ -x .venv/bin/runstate ]; then
     SERVER_CMD=("$PWD/.venv/bin/runstate")
   else
-    die "no server command: set RUNSTATE_SERVER_CMD, put runstate on PATH, or run from the project's root after: python3 -m venv .venv && .venv/bin/pip install -e ."
+    die "no server command: set RUNSTATE_SERVER_CMD, put runstate on PATH, or run from the project's root after the README's set-up command (Set up: it installs .venv from the lock)"
   fi
 fi
 
