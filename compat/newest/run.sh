@@ -155,6 +155,6 @@ PY
 log "pytest ${TESTS[*]} $*"
 "${PY[@]}" -m pytest -p no:cacheprovider "${TESTS[@]}" "$@" 2>&1 | tee "$WORK/pytest.log"
 status=${PIPESTATUS[0]}
-summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$WORK/pytest.log" | tail -n 1 | tr -d '=')
+summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$WORK/pytest.log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')
 log "mode $MODE: ${summary:-no pytest summary} (exit $status)"
 exit "$status"
