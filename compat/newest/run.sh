@@ -80,10 +80,12 @@ for path, extras in (("pyproject.toml", ("dev",)), ("sdk/python/pyproject.toml",
     requirements += project.get("dependencies", [])
     for extra in extras:
         requirements += project["optional-dependencies"][extra]
+lines = {}  # each once (the server and the SDK both need anyio)
 for text in requirements:
     r = Requirement(text)
     line = r.name + (f"[{','.join(sorted(r.extras))}]" if r.extras else "")
-    print(line + (f"; {r.marker}" if r.marker else ""))
+    lines[line + (f"; {r.marker}" if r.marker else "")] = None
+print("\n".join(lines))
 PY
     log "unbounded: $(paste -sd' ' "$WORK/unbounded.txt")"
     "${PIP[@]}" install --quiet --upgrade --upgrade-strategy eager -r "$WORK/unbounded.txt" >>"$WORK/install.log" 2>&1 \
