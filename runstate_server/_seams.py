@@ -15,7 +15,11 @@ was not tested (unless ALLOW_UNTESTED_ENV is 1: then it only warns) and, whateve
   that runs;
 - `Attribute`: the library's own code of the class stores an attribute of that name (an instance
   attribute: set in `__init__` or elsewhere), or the class has it;
-- `Constant`: the module has this name.
+- `Constant`: the module has this name;
+- `Signature`: the library itself (not a base of another library's, such as asyncio's no-op
+  Protocol callbacks) defines the method, with these parameters;
+- `CalledBy`: a method of the library still calls this name (our override of it, on another
+  class, is the one that runs).
 
 The checks read the library's compiled code with `dis` (the standard library's, public), and
 never call it. `runstate_server.node.cli` turns a DependencyMismatch into a refusal to start that
@@ -44,7 +48,7 @@ ALLOW_UNTESTED_ENV = "RUNSTATE_ALLOW_UNTESTED_DEPENDENCIES"
 # Code objects whose names are kept: every function of the two libraries' classes has one (a few
 # thousand at most).
 CODE_OBJECTS_CACHED_MAX = 8192
-_LOCK_HINT = 'install the releases of the lock (README, "Dependencies and the lock")'
+LOCK_HINT = 'install the releases of the lock (README, "Dependencies and the lock")'
 
 
 class DependencyMismatch(RuntimeError):
@@ -98,7 +102,7 @@ class Attribute(Seam):
 
     def problem(self, package: str) -> str | None:
         assert isinstance(self.owner, type)
-        if hasattr(self.owner, self.name) or self.name in _attributes_stored(self.owner, package):
+        if hasattr(self.owner, self.name) or self.name in attributes_stored(self.owner, package):
             return None
         return f"{self.owner_name} has no attribute {self.name}"
 
@@ -110,6 +114,54 @@ class Constant(Seam):
     def problem(self, package: str) -> str | None:
         if not hasattr(self.owner, self.name):
             return f"{self.owner_name} has no {self.name}"
+        return None
+
+
+@dataclass(frozen=True)
+class Signature(Seam):
+    """The library itself defines the method (not only a base of another library, e.g. asyncio's
+    no-op Protocol callbacks) with these parameters: all of them, in this order, when `exact`
+    (our override takes what aiohttp passes positionally), else at least these (keywords we pass)."""
+
+    parameters: tuple[str, ...] = ()
+    exact: bool = True
+    called: bool = False  # and, as an Override, the library's own code calls it by this name
+
+    kind = "signature"
+
+    def problem(self, package: str) -> str | None:
+        if self.called and (not_called := Override(self.owner, self.name, self.used_by).problem(package)) is not None:
+            return not_called
+        function = inspect.getattr_static(self.owner, self.name, None)
+        if not callable(function):
+            return f"{self.owner_name} has no method {self.name}"
+        module = getattr(function, "__module__", None) or ""
+        if module.split(".")[0] != package:
+            return f"{self.owner_name}.{self.name} is no longer {package}'s own (it is {module}'s)"
+        names = tuple(name for name in inspect.signature(function).parameters if name != "self")
+        if self.exact and names != self.parameters:
+            return f"{self.owner_name}.{self.name} takes ({', '.join(names)}), not ({', '.join(self.parameters)})"
+        missing = [name for name in self.parameters if name not in names]
+        if missing:
+            return f"{self.owner_name}.{self.name} takes no {', '.join(missing)}"
+        return None
+
+
+@dataclass(frozen=True)
+class CalledBy(Seam):
+    """The library's method `owner.name` still calls `called` (it reads the name): our override
+    of `called`, on another class, is the one that runs."""
+
+    called: str = ""
+
+    kind = "called by"
+
+    def problem(self, package: str) -> str | None:
+        function = inspect.getattr_static(self.owner, self.name, None)
+        if not callable(function):
+            return f"{self.owner_name} has no method {self.name}"
+        if not any(self.called in names_read(code) for _, code in function_codes(function)):
+            return f"{self.owner_name}.{self.name} no longer calls {self.called}"
         return None
 
 
@@ -129,14 +181,14 @@ def check(
     if not tested(version):
         message = f"{distribution} {version} is installed; runstate was tested with {distribution} {tested_text}"
         if os.environ.get(ALLOW_UNTESTED_ENV) != "1":
-            raise DependencyMismatch(f"{message}: {_LOCK_HINT}, or set {ALLOW_UNTESTED_ENV}=1 to try it")
+            raise DependencyMismatch(f"{message}: {LOCK_HINT}, or set {ALLOW_UNTESTED_ENV}=1 to try it")
         log.warning("%s (%s=1: starting anyway)", message, ALLOW_UNTESTED_ENV)
     problems = [(seam, problem) for seam in seams if (problem := seam.problem(package)) is not None]
     if problems:
         lines = "; ".join(f"{problem} (used by {seam.used_by})" for seam, problem in problems)
         raise DependencyMismatch(
             f"{distribution} {version} lacks what runstate reaches for: {lines}. runstate was tested with "
-            f"{distribution} {tested_text}: {_LOCK_HINT}"
+            f"{distribution} {tested_text}: {LOCK_HINT}"
         )
 
 
@@ -147,13 +199,13 @@ def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _code_objects(constant)
 
 
-def _function_codes(value: Any) -> Iterator[tuple[str, types.CodeType]]:
+def function_codes(value: Any) -> Iterator[tuple[str, types.CodeType]]:
     if isinstance(value, (staticmethod, classmethod)):
         value = value.__func__
     if isinstance(value, property):
         for accessor in (value.fget, value.fset, value.fdel):
             if accessor is not None:
-                yield from _function_codes(accessor)
+                yield from function_codes(accessor)
         return
     code = getattr(value, "__code__", None)
     if isinstance(code, types.CodeType):
@@ -167,7 +219,7 @@ def _library_classes(owner: type, package: str) -> Iterable[type]:
 def _functions_of(owner: type, package: str, skip: str) -> Iterator[tuple[str, frozenset[str]]]:
     """Every function of the library's modules imported so far (module-level, and the methods of
     the classes they define), each with the names its code reads; but `owner`'s own `skip`."""
-    skipped = {id(code) for _, code in _function_codes(inspect.getattr_static(owner, skip, None))}
+    skipped = {id(code) for _, code in function_codes(inspect.getattr_static(owner, skip, None))}
     for module_name, module in list(sys.modules.items()):
         if module is None or (module_name != package and not module_name.startswith(package + ".")):
             continue
@@ -178,21 +230,21 @@ def _functions_of(owner: type, package: str, skip: str) -> Iterator[tuple[str, f
             else:
                 values.append((name, value))
         for name, value in values:
-            for _, code in _function_codes(value):
+            for _, code in function_codes(value):
                 if id(code) not in skipped:
-                    yield name, _names_read(code)
+                    yield name, names_read(code)
 
 
 @functools.lru_cache(maxsize=CODE_OBJECTS_CACHED_MAX)
-def _names_read(code: types.CodeType) -> frozenset[str]:
+def names_read(code: types.CodeType) -> frozenset[str]:
     return frozenset(name for nested in _code_objects(code) for name in nested.co_names)
 
 
-def _attributes_stored(owner: type, package: str) -> frozenset[str]:
+def attributes_stored(owner: type, package: str) -> frozenset[str]:
     stored: set[str] = set()
     for klass in _library_classes(owner, package):
         for value in vars(klass).values():
-            for _, code in _function_codes(value):
+            for _, code in function_codes(value):
                 stored |= _stores(code)
     return frozenset(stored)
 

@@ -5,7 +5,7 @@ hold: it subclasses aiohttp's connection protocol (`RequestHandler`, from the in
 aiohttp.web_protocol), overrides its methods, reads and sets its private attributes, and replaces
 the server a runner makes. Every module of the project imports aiohttp's internals through this
 one, and this module declares each name reached beyond aiohttp's documented API (a `Seam` of
-runstate_server/_seams.py, or one of the two kinds below) and checks them all when it is first
+runstate_server/_seams.py) and checks them all when it is first
 imported: a release other than 3.14.x (the range pyproject.toml pins), or one that renamed any of
 them, stops the node at start with a message naming aiohttp, its version and the missing name
 (runstate_server/node/cli.py). A renamed one would not fail by itself: an override aiohttp no
@@ -60,20 +60,18 @@ that a missing name stops a node and that the overrides are called.
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
 from typing import Any
 
 from runstate_server._seams import (
-    _LOCK_HINT,
+    LOCK_HINT,
     Attribute,
+    CalledBy,
     DependencyMismatch,
     Method,
     Override,
     Seam,
-    _attributes_stored,
-    _function_codes,
-    _names_read,
+    Signature,
+    attributes_stored,
     check,
     installed_version,
 )
@@ -92,58 +90,10 @@ try:
 except ImportError as error:  # a module or name moved or gone: the same refusal as a missing seam
     raise DependencyMismatch(
         f"{DISTRIBUTION} {installed_version(DISTRIBUTION)} lacks what runstate imports: {error}; runstate was "
-        f"tested with {DISTRIBUTION} {TESTED_TEXT}: {_LOCK_HINT}"
+        f"tested with {DISTRIBUTION} {TESTED_TEXT}: {LOCK_HINT}"
     ) from error
 
 __all__ = ["SEAMS", "RequestHandler", "StreamReader", "check_own_names", "check_seams", "tested"]
-
-
-@dataclass(frozen=True)
-class Signature(Seam):
-    """The library itself defines the method (not only a base of another library, e.g. asyncio's
-    no-op Protocol callbacks) with these parameters: all of them, in this order, when `exact`
-    (our override takes what aiohttp passes positionally), else at least these (keywords we pass)."""
-
-    parameters: tuple[str, ...] = ()
-    exact: bool = True
-    called: bool = False  # and, as an Override, the library's own code calls it by this name
-
-    kind = "signature"
-
-    def problem(self, package: str) -> str | None:
-        if self.called and (not_called := Override(self.owner, self.name, self.used_by).problem(package)) is not None:
-            return not_called
-        function = inspect.getattr_static(self.owner, self.name, None)
-        if not callable(function):
-            return f"{self.owner_name} has no method {self.name}"
-        module = getattr(function, "__module__", None) or ""
-        if module.split(".")[0] != package:
-            return f"{self.owner_name}.{self.name} is no longer {package}'s own (it is {module}'s)"
-        names = tuple(name for name in inspect.signature(function).parameters if name != "self")
-        if self.exact and names != self.parameters:
-            return f"{self.owner_name}.{self.name} takes ({', '.join(names)}), not ({', '.join(self.parameters)})"
-        missing = [name for name in self.parameters if name not in names]
-        if missing:
-            return f"{self.owner_name}.{self.name} takes no {', '.join(missing)}"
-        return None
-
-
-@dataclass(frozen=True)
-class CalledBy(Seam):
-    """The library's method `owner.name` still calls `called` (it reads the name): our override
-    of `called`, on another class, is the one that runs."""
-
-    called: str = ""
-
-    kind = "called by"
-
-    def problem(self, package: str) -> str | None:
-        function = inspect.getattr_static(self.owner, self.name, None)
-        if not callable(function):
-            return f"{self.owner_name} has no method {self.name}"
-        if not any(self.called in _names_read(code) for _, code in _function_codes(function)):
-            return f"{self.owner_name}.{self.name} no longer calls {self.called}"
-        return None
 
 
 _SERVER = "node/http_server.py"
@@ -218,7 +168,7 @@ def check_seams() -> None:
 
 def own_names(ours: type) -> frozenset[str]:
     """The names `ours` (a project's subclass) defines or stores, dunders aside."""
-    names = set(vars(ours)) | set(getattr(ours, "__slots__", ())) | _attributes_stored(ours, ours.__module__.split(".")[0])
+    names = set(vars(ours)) | set(getattr(ours, "__slots__", ())) | attributes_stored(ours, ours.__module__.split(".")[0])
     return frozenset(
         name for name in names - _CLASS_MACHINERY if not (name.startswith("__") and name.endswith("__"))
     )
@@ -230,7 +180,7 @@ def shadowed(ours: type) -> frozenset[str]:
     bases = [klass for klass in ours.__mro__ if klass.__module__.split(".")[0] == PACKAGE]
     library: set[str] = set()
     for base in bases:
-        library |= set(dir(base)) | _attributes_stored(base, PACKAGE)
+        library |= set(dir(base)) | attributes_stored(base, PACKAGE)
     declared = {seam.name for seam in SEAMS if isinstance(seam.owner, type) and seam.owner in bases}
     return frozenset((own_names(ours) & library) - declared)
 
@@ -243,7 +193,7 @@ def check_own_names(*classes: Any) -> None:
         lines = "; ".join(f"{name} shadows {', '.join(names)}" for name, names in clashes.items())
         raise DependencyMismatch(
             f"{DISTRIBUTION} {installed_version(DISTRIBUTION)} uses names runstate's subclasses use too ({_SERVER}): "
-            f"{lines}. runstate was tested with {DISTRIBUTION} {TESTED_TEXT}: {_LOCK_HINT}"
+            f"{lines}. runstate was tested with {DISTRIBUTION} {TESTED_TEXT}: {LOCK_HINT}"
         )
 
 
