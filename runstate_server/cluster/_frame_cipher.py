@@ -148,9 +148,9 @@ class FrameCipher:
 class AeadFrameCipher:
     """Format 2: AEAD_MARKER, a 12-byte nonce, then the timestamp (8 bytes, big-endian) and the data
     sealed together with AES-256-GCM under a key derived (HKDF-SHA256) from the Fernet key's 32
-    bytes, so from the same cluster password (the same key as the releases before). The nonce is a random prefix and a counter: it never repeats under
-    the key (a random nonce per frame would reach the bound on random GCM nonces, 2**32 frames,
-    within days on a busy cluster)."""
+    bytes, so from the same cluster password (the same key as the releases before). The nonce is
+    a random prefix and a counter: it never repeats under the key (a random nonce per frame would
+    reach the bound on random GCM nonces, 2**32 frames, within days on a busy cluster)."""
 
     def __init__(self, cluster_key: bytes) -> None:
         key = HKDF(algorithm=hashes.SHA256(), length=_AEAD_KEY_BYTES, salt=None, info=AEAD_KEY_INFO).derive(cluster_key)
