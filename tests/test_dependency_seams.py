@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -85,8 +86,10 @@ def test_the_journal_interface_must_not_grow(monkeypatch: pytest.MonkeyPatch) ->
         check_seams()
 
 
-def start_dev_node(tmp_path: Path, prelude: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`runstate dev` in a process of its own, after `prelude` ran there (it breaks pysyncobj)."""
+def start_dev_node(tmp_path: Path, prelude: str) -> subprocess.CompletedProcess[str]:
+    """`runstate dev` in a process of its own, after `prelude` ran there (it breaks pysyncobj), with
+    untested releases refused whatever this run's environment says."""
+    env = {name: value for name, value in os.environ.items() if name != ALLOW_UNTESTED_ENV}
     code = (
         f"{prelude}\nimport runpy, sys\n"
         f"sys.argv = ['runstate', 'dev', '--port', '{free_port()}', '--data-dir', {str(tmp_path)!r}]\n"
