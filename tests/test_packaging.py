@@ -5,6 +5,7 @@ one, installs beside the server in one environment."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -36,10 +37,27 @@ def top_level(wheel: Path) -> set[str]:
         return {name.split("/", 1)[0] for name in archive.namelist() if not name.split("/", 1)[0].endswith(".dist-info")}
 
 
+def source_copy(to: Path) -> Path:
+    """The checkout's files (those git tracks, and new ones it does not ignore) copied to `to`: a
+    wheel is built there, so that two test workers building at once never share a `build/` folder
+    in the checkout."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
+        check=True, timeout=60,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a file deleted but not yet committed is left out
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / name)
+    return to
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
-    pip(sys.executable, "wheel", "--no-deps", "-w", str(out), str(ROOT), str(ROOT / "sdk" / "python"))
+    source = source_copy(tmp_path_factory.mktemp("source"))
+    pip(sys.executable, "wheel", "--no-deps", "-w", str(out), str(source), str(source / "sdk" / "python"))
     (server,) = out.glob("runstate_server-*.whl")
     (sdk,) = out.glob("runstate_sdk-*.whl")
     return {"server": server, "sdk": sdk}
