@@ -7,6 +7,7 @@ and changes nothing (the node's data digest is the same before and after)."""
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -96,3 +97,29 @@ def test_no_route_takes_a_utf16_body(target: Target) -> None:
         answer = target.send(route.method, path, '{"name": "x"}'.encode("utf-16"))
         assert 400 <= answer.status < 500, (route.method, path, answer)
     assert target.digest() == before
+
+
+# -- item 6: 405 names the methods the path serves (RFC 9110) --------------------------------------
+
+
+def test_a_405_carries_allow_with_the_methods_of_its_path(target: Target) -> None:
+    methods_by_path: dict[str, set[str]] = {}
+    for route in ROUTES:
+        methods_by_path.setdefault(route.path, set()).add(route.method)
+    before = target.digest()
+    checked = 0
+    for path, methods in methods_by_path.items():
+        url = re.sub(r"{\w+(:[^}]*\))?[^}]*}", "x", path.replace("{spaceId}", "default"))
+        for other in sorted({"GET", "POST", "PUT", "PATCH", "DELETE"} - methods):
+            answer = target.send(other, url, b"{}")
+            if answer.status != 405:  # another route's pattern takes the path with that method
+                continue
+            refused(answer, 405, "METHOD_NOT_ALLOWED")
+            allowed = set(answer.headers["Allow"].split(", "))
+            assert methods <= allowed and other not in allowed, (other, url, answer.headers)
+            checked += 1
+    assert checked > len(methods_by_path)
+    assert target.digest() == before
+    answer = target.send("DELETE", f"{SPACE}/scopes")
+    assert answer.status == 405 and answer.headers["Allow"] == "GET, POST", answer
+    assert "GET, POST" in answer.json()["error"]["message"]

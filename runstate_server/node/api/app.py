@@ -98,8 +98,14 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as error:
         if error.status == 404:
             return error_response("NOT_FOUND", f"no route {request.method} {request.path}", request_id)
-        if error.status == 405:
-            return error_response("METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path}", request_id)
+        if isinstance(error, web.HTTPMethodNotAllowed):
+            # RFC 9110 section 15.5.6: a 405 names the methods the path serves.
+            allowed = ", ".join(sorted(error.allowed_methods))
+            answer = error_response(
+                "METHOD_NOT_ALLOWED", f"{request.method} is not allowed on {request.path} (it takes {allowed})", request_id
+            )
+            answer.headers["Allow"] = allowed
+            return answer
         raise
     except Exception as error:
         if client_gone(request, error):  # e.g. it closed mid-body: nobody to answer, nothing wrong here
