@@ -7,6 +7,7 @@ and changes nothing (the node's data digest is the same before and after)."""
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,3 +124,35 @@ def test_a_405_carries_allow_with_the_methods_of_its_path(target: Target) -> Non
     answer = target.send("DELETE", f"{SPACE}/scopes")
     assert answer.status == 405 and answer.headers["Allow"] == "GET, POST", answer
     assert "GET, POST" in answer.json()["error"]["message"]
+
+
+# -- item 6: null is not absent in a by-name declaration -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "null_field"),
+    [
+        ("permits", {"units": 2}, "units"),
+        ("allowances", {"unitsLimit": 5, "windowSeconds": 60}, "unitsLimit"),
+        ("allowances", {"unitsLimit": 5, "windowSeconds": 60}, "windowSeconds"),
+        ("budgets", {"limitMinor": "100", "currency": "USD", "scale": 2}, "limitMinor"),
+        ("budgets", {"limitMinor": "100", "currency": "USD", "scale": 2}, "currency"),
+        ("budgets", {"limitMinor": "100", "currency": "USD", "scale": 2}, "scale"),
+    ],
+)
+def test_a_null_size_of_a_by_name_declaration_is_refused_not_a_look_up(
+    target: Target, kind: str, sizes: dict[str, object], null_field: str
+) -> None:
+    """`{"units": null}` to PUT /permits/by-name/X was taken as `{}`, a look-up (404 when there is
+    none, the permit's row when there is one): null is not absent."""
+    name = f"null-{kind}-{null_field}"
+    path = f"{SPACE}/{kind}/by-name/{name}"
+    before = target.digest()
+    for present in (False, True):
+        for body in ({null_field: None}, {**sizes, null_field: None}):
+            refused(target.send("PUT", path, json.dumps(body).encode()), 400, "VALIDATION_FAILED", f"{null_field} must not be null")
+        assert target.digest() == before
+        if not present:  # the same calls once the resource exists
+            assert target.send("PUT", path, json.dumps(sizes).encode()).status == 200
+            before = target.digest()
+    assert target.send("PUT", path, b"{}").status == 200  # {} is the look-up

@@ -226,6 +226,18 @@ async def propose(request: web.Request, kind: str, args: dict[str, Any]) -> Any:
     )
 
 
+def refuse_nulls(body: dict[str, Any], *fields: str, absent_means: str) -> None:
+    """VALIDATION_FAILED for a field of `fields` given as null, where leaving it out means
+    something else (`absent_means`, e.g. a look-up instead of a declaration): null is not absent."""
+    nulls = [field for field in fields if field in body and body[field] is None]
+    if nulls:
+        raise ApiError(
+            "VALIDATION_FAILED",
+            f"{', '.join(nulls)} must not be null: give a value, or leave {'it' if len(nulls) == 1 else 'them'} out "
+            f"({absent_means})",
+        )
+
+
 def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = False) -> str | None:
     value = body.get(field)
     if value is None:

@@ -171,6 +171,7 @@ async def declare(request: web.Request) -> web.Response:
     caller = caller_of(request)
     body = await req.json_body(request, required=False)
     name = resource_name(request.match_info["name"])
+    req.refuse_nulls(body, "unitsLimit", "windowSeconds", absent_means="with {} the call looks the allowance up")
     sizes = _sizes(body)
     if sizes is None:  # a look-up
         return await look_up(request, LIMIT, name, "allowance", _row)

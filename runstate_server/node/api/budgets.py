@@ -143,6 +143,7 @@ async def declare(request: web.Request) -> web.Response:
     caller = caller_of(request)
     body = await req.json_body(request, required=False)
     name = resource_name(request.match_info["name"])
+    req.refuse_nulls(body, "limitMinor", "currency", "scale", absent_means="with {} the call looks the budget up")
     if body.get("limitMinor") is None:  # a look-up
         if body.get("scale") is not None or body.get("currency") is not None:
             raise ApiError("VALIDATION_FAILED", "currency and scale are declared with limitMinor")

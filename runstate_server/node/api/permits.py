@@ -125,6 +125,7 @@ async def declare(request: web.Request) -> web.Response:
     caller = caller_of(request)
     body = await req.json_body(request, required=False)
     name = resource_name(request.match_info["name"])
+    req.refuse_nulls(body, "units", absent_means="with {} the call looks the permit up")
     units = req.integer(body, "units", minimum=1, maximum=limits.pool_size_max)
     if units is None:  # a look-up
         return await look_up(request, POOL, name, "permit", _row)
