@@ -156,3 +156,35 @@ def test_a_null_size_of_a_by_name_declaration_is_refused_not_a_look_up(
             assert target.send("PUT", path, json.dumps(sizes).encode()).status == 200
             before = target.digest()
     assert target.send("PUT", path, b"{}").status == 200  # {} is the look-up
+
+
+# -- item 6: one Idempotency-Key rule for every route ----------------------------------------------
+
+BAD_IDEMPOTENCY_KEYS: tuple[bytes, ...] = (b"", b"has space", b"x" * 256, b"caf\xc3\xa9", b"tab\there")
+
+
+def test_a_malformed_idempotency_key_is_refused_by_every_mutation(target: Target) -> None:
+    """It was refused where a command is proposed (POST /scopes) but accepted by POST /v1/keys,
+    POST /v1/keys/{id}/revoke and routes that wrote nothing (a by-name look-up)."""
+    created = target.admin.ok("POST", "/v1/keys", {"permissions": ["coordination_read"], "name": "to-keep"})
+    before = target.digest()
+    checked = 0
+    for route in ROUTES:
+        if route.method == "GET":
+            continue
+        path = route.path.replace("{spaceId}", "default").replace("{keyId}", created["id"])
+        path = re.sub(r"{\w+(:[^}]*\))?[^}]*}", "x", path)
+        for bad in BAD_IDEMPOTENCY_KEYS:
+            answer = target.send(route.method, path, b"{}", **{"Idempotency-Key": bad})
+            refused(answer, 400, "VALIDATION_FAILED", "Idempotency-Key must be")
+            checked += 1
+    assert checked > 100
+    assert target.digest() == before
+    keys = target.admin.ok("GET", "/v1/keys")["keys"]
+    assert [key["revokedAt"] for key in keys if key["id"] == created["id"]] == [None]  # not revoked
+    # A key of the pattern is taken everywhere (a key's creation is applied on every request).
+    good = "k-" + "x" * 200
+    assert target.send("PUT", f"{SPACE}/permits/by-name/idem", json.dumps({"units": 1}).encode(), **{"Idempotency-Key": good}).status == 200
+    assert target.send("POST", "/v1/keys", json.dumps({"permissions": ["coordination_read"]}).encode(), **{"Idempotency-Key": good}).status == 201
+    # A GET takes no key: one there is not read.
+    assert target.send("GET", f"{SPACE}/scopes", **{"Idempotency-Key": b"has space"}).status == 200

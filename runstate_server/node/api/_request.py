@@ -189,21 +189,29 @@ _IDEMPOTENCY_CACHE: web.RequestKey[tuple[str, str] | None] = web.RequestKey("ide
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,%d}$" % limits.idempotency_key_chars_max)  # noqa: UP031
 
 
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's Idempotency-Key, None without one; VALIDATION_FAILED for one outside the
+    documented pattern. Checked for every mutation, whether or not it writes (app.py), so every
+    route has the one rule."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise ApiError(
+            "VALIDATION_FAILED",
+            f"{IDEMPOTENCY_HEADER} must be 1 to {limits.idempotency_key_chars_max} printable ASCII characters",
+        )
+    return key
+
+
 async def idempotency(request: web.Request) -> tuple[str, str] | None:
     """The request's idempotency key and the fingerprint of what it asks (method, path, query and
     body, with `{}` and no body alike), for `node.propose(..., idempotency=)`; None without the
     header. A malformed key is VALIDATION_FAILED."""
     if _IDEMPOTENCY_CACHE in request:
         return request[_IDEMPOTENCY_CACHE]
-    key = request.headers.get(IDEMPOTENCY_HEADER)
+    key = idempotency_key(request)
     if key is None:
         request[_IDEMPOTENCY_CACHE] = None
         return None
-    if not _IDEMPOTENCY_KEY.match(key):
-        raise ApiError(
-            "VALIDATION_FAILED",
-            f"{IDEMPOTENCY_HEADER} must be 1 to {limits.idempotency_key_chars_max} printable ASCII characters",
-        )
     body = request.get(_CANONICAL_BODY)
     if body is None:
         raw = await request.read()

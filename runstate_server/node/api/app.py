@@ -31,6 +31,7 @@ from runstate_server.node.api import (
     timers,
     work_limits,
 )
+from runstate_server.node.api._request import idempotency_key
 from runstate_server.node.api.auth import authenticate
 from runstate_server.node.api.guard import guard
 from runstate_server.node.api.routes import NODE_KEY, ROUTE_BY_HANDLER_KEY, ROUTES_KEY, Handler, Route
@@ -129,8 +130,22 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+@web.middleware
+async def idempotency_keys(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One rule for every mutation's Idempotency-Key: one outside the documented pattern is
+    VALIDATION_FAILED whether or not the route writes (POST /v1/keys, a revoke, a receive that finds
+    nothing), not only where a command is proposed. A GET takes no key; a path no route serves is
+    answered 404 or 405 as it would be without one."""
+    if request.method != "GET" and request.match_info.http_exception is None:
+        idempotency_key(request)
+    return await handler(request)
+
+
 def build_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[count_requests, errors_as_json, guard, route_to_leader, authenticate], client_max_size=limits.body_bytes_max)
+    app = web.Application(
+        middlewares=[count_requests, errors_as_json, guard, route_to_leader, authenticate, idempotency_keys],
+        client_max_size=limits.body_bytes_max,
+    )
     app[NODE_KEY] = node
     app[ROUTES_KEY] = ROUTES
     # The console's pages are served too, but are not API: outside ROUTES (the OpenAPI document).
