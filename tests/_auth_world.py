@@ -40,6 +40,20 @@ def new_key(admin: Api, permissions: list[str], space: str | None = None) -> dic
     return key
 
 
+def keyed(admin: Api, *permissions: str) -> Api:
+    """A client with a new key of the admin's space that has exactly `permissions`."""
+    return Api(admin.base_url, key=new_key(admin, list(permissions))["key"])
+
+
+def forbidden(api: Api, method: str, path: str, body: Any, permission: str) -> None:
+    """The call is `403 FORBIDDEN` in the error envelope, its message naming the permission it needs."""
+    status, answer = api(method, path, body)
+    assert status == 403, (method, path, status, answer)
+    assert set(answer) == {"error"} and set(answer["error"]) == {"code", "message", "requestId"}, answer
+    assert answer["error"]["code"] == "FORBIDDEN"
+    assert f"needs the {permission} permission" in answer["error"]["message"], answer
+
+
 def auth_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """A module fixture's body: the node with its world; the node is stopped at the end."""
     node, secret = start_auth_node(tmp_path_factory.mktemp("auth-world") / "data")

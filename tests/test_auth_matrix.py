@@ -76,6 +76,28 @@ def test_the_document_names_a_permission_for_every_route(world: World) -> None:
     assert len(world.routes) > 50
 
 
+# The permissions docs/http-api.md gives the barrier and timer routes: creating a barrier is
+# configuration; the by-name declarations are the published clients' worker calls (together,
+# sleep); a timer's wait acknowledges the firing, so it is a write like the ack.
+DOCUMENTED = {
+    ("POST", "/v1/barriers"): "resource_config",
+    ("POST", "/v1/barriers/{id}/nextEpoch"): "resource_config",
+    ("PUT", "/v1/barriers/by-name/{name}"): "coordination_write",
+    ("POST", "/v1/barriers/{id}/arrive"): "coordination_write",
+    ("GET", "/v1/barriers/{id}"): "coordination_read",
+    ("GET", "/v1/barriers/{id}/wait"): "coordination_read",
+    ("POST", "/v1/timers/{id}/wait"): "coordination_write",
+    ("POST", "/v1/timers/{id}/ack"): "coordination_write",
+    ("POST", "/v1/timers/poll"): "coordination_read",
+    ("GET", "/v1/timers/{id}"): "coordination_read",
+}
+
+
+def test_the_barrier_and_timer_routes_need_the_documented_permissions(world: World) -> None:
+    declared = {(method, path): permission for method, path, permission in world.routes}
+    assert {route: declared.get(route) for route in DOCUMENTED} == DOCUMENTED
+
+
 def test_no_key_and_a_revoked_key_are_unauthenticated_and_change_nothing(world: World) -> None:
     anonymous = Api(world.node.url)
     wrong = Api(world.node.url, key="rsk_" + "x" * 43)

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from tests._auth_world import forbidden, keyed
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -78,3 +79,35 @@ def test_bad_input_is_a_clear_4xx(api: Api) -> None:
     assert api.error("POST", path, {}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", path, {"arrivalKey": "a", "key": "b"}) == (400, "VALIDATION_FAILED")
     assert api.ok("GET", f"/v1/barriers/{made['id']}")["arrivals"] == 0
+
+
+def test_creating_a_barrier_is_configuration_and_arriving_a_workers_call(auth_node: tuple[DevNode, str]) -> None:
+    """The docs: creating a barrier needs resource_config; arriving and waiting need
+    coordination_write and coordination_read. The by-name declaration (the published 0.3.0
+    client's together()) stays a worker's call."""
+    node, secret = auth_node
+    admin = Api(node.url, key=secret)
+    worker = keyed(admin, "coordination_write", "coordination_read")
+    coordinator = keyed(admin, "resource_config", "coordination_read")
+    reader = keyed(admin, "coordination_read")
+    run_id = new_run(admin)
+    body = {"scopeId": run_id, "target": 2}
+
+    forbidden(worker, "POST", "/v1/barriers", body, "resource_config")
+    forbidden(reader, "POST", "/v1/barriers", body, "resource_config")
+    assert admin.ok("GET", f"/v1/barriers?scopeId={run_id}")["barriers"] == []  # nothing was made
+    made = coordinator("POST", "/v1/barriers", body)
+    assert made[0] == 201, made
+    barrier = made[1]["id"]
+
+    forbidden(coordinator, "POST", f"/v1/barriers/{barrier}/arrive", {"arrivalKey": "c"}, "coordination_write")
+    forbidden(reader, "POST", f"/v1/barriers/{barrier}/arrive", {"arrivalKey": "r"}, "coordination_write")
+    assert worker.ok("POST", f"/v1/barriers/{barrier}/arrive", {"arrivalKey": "w1"})["arrivals"] == 1
+    declared = worker.ok("PUT", "/v1/barriers/by-name/together", body)
+    assert declared["created"] is True
+    forbidden(reader, "PUT", "/v1/barriers/by-name/together", body, "coordination_write")
+    worker.ok("POST", f"/v1/barriers/{barrier}/arrive", {"arrivalKey": "w2"})
+    assert reader.ok("GET", f"/v1/barriers/{barrier}")["state"] == "RELEASED"
+    assert reader.ok("GET", f"/v1/barriers/{barrier}/wait?waitMs=0")["state"] == "RELEASED"
+    forbidden(worker, "POST", f"/v1/barriers/{barrier}/nextEpoch", {}, "resource_config")
+    assert coordinator.ok("POST", f"/v1/barriers/{barrier}/nextEpoch", {})["epoch"] == 2

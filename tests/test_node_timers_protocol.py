@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests._auth_world import forbidden, keyed
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -110,3 +111,24 @@ def test_bad_input_is_a_clear_4xx(api: Api) -> None:
     assert api.error("POST", f"/v1/timers/{made['id']}/ack", {}) == (400, "VALIDATION_FAILED")
     assert api.error("POST", f"/v1/timers/{made['id']}/ack", {"token": "x"}) == (409, "CONFLICT")  # not fired yet
     assert api.error("POST", "/v1/timers/tmr_nope/ack", {"token": "x"}) == (404, "NOT_FOUND")
+
+
+def test_a_wait_acknowledges_so_it_needs_write_and_a_read_only_key_changes_nothing(auth_node: tuple[DevNode, str]) -> None:
+    """The wait route acknowledges the firing (FIRED -> ACKED), so it is a write: a read-only key
+    is refused (403, as its direct ack is) and the firing stays listed for the worker that acks it."""
+    node, secret = auth_node
+    admin = Api(node.url, key=secret)
+    reader = keyed(admin, "coordination_read")
+    worker = keyed(admin, "coordination_write", "coordination_read")
+    run_id = new_run(admin)
+    timer_id = admin.ok("POST", "/v1/timers", {"scopeId": run_id, "afterSeconds": 0})["id"]
+    token = fired_of(reader, run_id, timer_id, timeout_s=FIRE_WAIT_S)["token"]
+
+    forbidden(reader, "POST", f"/v1/timers/{timer_id}/wait?waitMs=1000", None, "coordination_write")
+    forbidden(reader, "POST", f"/v1/timers/{timer_id}/ack", {"token": token}, "coordination_write")
+    assert reader.ok("GET", f"/v1/timers/{timer_id}")["state"] == "FIRED"
+    assert [row["id"] for row in reader.ok("POST", "/v1/timers/poll", {"scopeId": run_id})["timers"]] == [timer_id]
+
+    waited = worker.ok("POST", f"/v1/timers/{timer_id}/wait?waitMs=1000")
+    assert (waited["done"], waited["state"]) == (True, "ACKED")
+    assert reader.ok("POST", "/v1/timers/poll", {"scopeId": run_id}) == {"timers": []}

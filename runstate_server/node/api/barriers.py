@@ -5,6 +5,11 @@ a run, status, arrive.
 /barriers/{id}`, `POST /barriers/{id}/arrive {arrivalKey}`. Extensions of the one API on the same
 paths: `key` as arrivalKey's other name, `GET /barriers/{id}/wait` (the release's long poll, which
 saves polling the status) and `POST /barriers/{id}/nextEpoch` (reuse after a release).
+
+Permissions, as the docs give them: creating a barrier (`POST /barriers`) and starting its next
+epoch are configuration, resource_config; arriving is coordination_write, reading and waiting
+coordination_read. The by-name declaration stays a worker's call (coordination_write): the
+published 0.3.0 client's `together()` declares its barrier from a worker's key.
 """
 
 from __future__ import annotations
@@ -92,9 +97,11 @@ def _scope_id(body: dict[str, Any]) -> str | None:
 
 
 @routes(
-    "POST", SPACE_PREFIX + "/barriers", "Create a barrier in run scopeId that releases once target distinct keys arrived",
+    "POST", SPACE_PREFIX + "/barriers",
+    "Create a barrier in run scopeId that releases once target distinct keys arrived (configuration: "
+    "resource_config; the workers' call is the by-name declaration)",
     body={"scopeId": STRING, "target": _TARGET}, ok=201,
-    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=BARRIER,
+    errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
 )
 async def create_barrier_in(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)

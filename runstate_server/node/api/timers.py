@@ -6,6 +6,10 @@ name in a run, poll fired ones and ack them with their token, cancel.
 /timers/{id}/ack {token}`, `POST /timers/{id}/cancel`. Extensions of the one API on the same paths:
 `GET /timers/{id}` (a timer's state) and `POST /timers/{id}/wait` (the firing's long poll, which
 acknowledges it: it saves polling).
+
+The wait acknowledges, so it is a write (coordination_write), like the ack it replaces: a read
+never changes state, and a read-only key that waited would take the firing from the worker that
+polls for it. A read-only key watches a timer with `GET /timers/{id}` or `POST /timers/poll`.
 """
 
 from __future__ import annotations
@@ -183,9 +187,10 @@ async def timer_status(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/timers/{id}/wait",
-    "Extension (saves polling): a long poll for the firing that acknowledges it in the same call. done=false after waitMs",
+    "Extension (saves polling): a long poll for the firing that acknowledges it in the same call (a write: "
+    "coordination_write). done=false after waitMs",
     query=WAIT_MS_QUERY,
-    errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=READ, answer=obj({**TIMER["properties"], "done": BOOLEAN}),
+    errors=("NOT_FOUND", "VALIDATION_FAILED", "CONFLICT"), permission=WRITE, answer=obj({**TIMER["properties"], "done": BOOLEAN}),
 )
 async def wait(request: web.Request) -> web.Response:
     node, caller, timer_id = node_of(request), caller_of(request), request.match_info["id"]
