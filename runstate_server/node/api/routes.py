@@ -32,9 +32,12 @@ SPACE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 PUBLIC = "public"  # nothing: no key is read (health, the OpenAPI document)
 ANY_KEY = "any"  # a valid key, whatever its permissions (whoami, the cluster view)
 ADMIN = "admin"  # manage the space's keys (an operator admin: every space)
-RESOURCE_CONFIG = "resource_config"  # create or change mailboxes, barriers, timers, pools, limits, budgets
-WRITE = "coordination_write"  # submit, receive, complete, claim, accept, arrive, cancel, ...
-READ = "coordination_read"  # status, result, wait
+# create or change mailboxes, barriers (POST /barriers, nextEpoch), pools, limits, budgets
+RESOURCE_CONFIG = "resource_config"
+# submit, receive, complete, claim, accept, arrive, cancel, declare a named barrier or timer, arm a
+# timer, ack one or wait on it (the wait acknowledges), ...
+WRITE = "coordination_write"
+READ = "coordination_read"  # status, result, wait (a wait that changes nothing)
 
 
 CALLER_KEY: web.RequestKey[Caller] = web.RequestKey("caller", Caller)
