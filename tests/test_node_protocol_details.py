@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from runstate_server.node.api.app import ROUTES
-from tests._http import Api
+from tests._http import Api, recv
 from tests._nodes import DevNode
 from tests._raw_http import Answer, json_headers, send
 
@@ -188,3 +188,59 @@ def test_a_malformed_idempotency_key_is_refused_by_every_mutation(target: Target
     assert target.send("POST", "/v1/keys", json.dumps({"permissions": ["coordination_read"]}).encode(), **{"Idempotency-Key": good}).status == 201
     # A GET takes no key: one there is not read.
     assert target.send("GET", f"{SPACE}/scopes", **{"Idempotency-Key": b"has space"}).status == 200
+
+
+# -- item 6: a malformed item refuses the whole batch ----------------------------------------------
+
+
+def test_a_malformed_item_refuses_the_whole_batch_complete(target: Target) -> None:
+    """The issue's body was a 200 with a per-item error; now a 400 that completes nothing, not even
+    the batch's well-formed items. A well-formed item that is refused (a stale token) stays a
+    per-item error."""
+    for key in ("b1", "b2"):
+        target.admin.ok("POST", f"{SPACE}/tasks", {"scopeId": target.run, "mailboxId": target.mailbox, "input": key, "taskKey": key})
+    deliveries = recv(target.admin, target.run, leaseMs=600_000, max=2)
+    assert len(deliveries) == 2, deliveries
+    good = [{"id": given["taskId"], "token": given["token"], "result": {"payload": 1}} for given in deliveries]
+    path = f"{SPACE}/messages/complete"
+    before = target.digest()
+    malformed: list[object] = [
+        {"id": "", "token": "x", "result": [None, None]},  # the issue's item
+        {"id": "x", "token": "x", "result": [None, None]},
+        {"token": "x"},
+        {"id": "x"},
+        {"id": 5, "token": "x"},
+        {"id": "x", "token": "x", "extra": 1},
+        {"id": "x" * 10_000, "token": "x"},
+        "not an object",
+        None,
+    ]
+    for item in malformed:
+        answer = target.send("POST", path, json.dumps({"items": [good[0], item]}).encode())
+        refused(answer, 400, "VALIDATION_FAILED", "item 1 of the batch")
+    assert target.digest() == before
+    # Well-formed items: one completes, one with a stale token is refused on its own.
+    stale = {**good[1], "token": good[1]["token"] + "0"}
+    answer = target.send("POST", path, json.dumps({"items": [good[0], stale]}).encode())
+    assert answer.status == 200, answer
+    first, second = answer.json()["items"]
+    assert first["state"] == "SUCCEEDED" and second["error"]["code"] in ("STALE_CLAIM", "NOT_FOUND"), answer
+
+
+def test_a_malformed_task_refuses_the_whole_batch_submit(target: Target) -> None:
+    path = f"{SPACE}/tasks/batch"
+
+    def task(key: str, **extra: object) -> dict[str, object]:
+        return {"scopeId": target.run, "mailboxId": target.mailbox, "input": key, "taskKey": key, **extra}
+
+    before = target.digest()
+    for item in (7, None, task("m1", mailbox="work"), {"scopeId": target.run, "mailboxId": target.mailbox},
+                 task("m2", taskKey=""), task("m3", attempts=0), task("m4", deadline="yesterday")):
+        answer = target.send("POST", path, json.dumps({"tasks": [task("ok-1"), item]}).encode())
+        refused(answer, 400, "VALIDATION_FAILED", "item 1 of the batch")
+    assert target.digest() == before
+    # Well-formed tasks each answer on their own: an input over its bound is that task's error.
+    answer = target.send("POST", path, json.dumps({"tasks": [task("ok-1"), task("big", input="x" * 70_000)]}).encode())
+    assert answer.status == 200, answer
+    created, too_large = answer.json()["tasks"]
+    assert created["created"] and too_large["error"]["code"] == "VALIDATION_FAILED", answer

@@ -8,8 +8,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from runstate_server.node.api.routes import CALLER_KEY, NODE_KEY, ROUTE_BY_HANDL
 from runstate_server.node.errors import ApiError
 
 _MISSING = object()
+Checked = TypeVar("Checked")
 
 
 async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
@@ -234,6 +236,25 @@ async def propose(request: web.Request, kind: str, args: dict[str, Any]) -> Any:
     )
 
 
+class BoundExceeded(ApiError):
+    """A well-formed value over a bound its schema cannot state (a payload's canonical bytes): in a
+    batch, that item's own error, not the batch's (batch_item)."""
+
+
+def batch_item(index: int, item: Any, check: Callable[[Any], Checked]) -> Checked:
+    """`check(item)` for the item at `index` of a batch. An item the route's schema refuses (a
+    VALIDATION_FAILED) refuses the whole batch, a 400 naming the item that changes nothing: it is
+    the caller's bug, not the item's fate. A well-formed item over a bound the schema cannot state
+    raises BoundExceeded, for the caller to answer as that item's own error, as it answers a
+    well-formed item the core refuses (a lost lease)."""
+    try:
+        return check(item)
+    except BoundExceeded:
+        raise
+    except ApiError as error:
+        raise ApiError(error.code, f"item {index} of the batch: {error.message}") from None
+
+
 def refuse_nulls(body: dict[str, Any], *fields: str, absent_means: str) -> None:
     """VALIDATION_FAILED for a field of `fields` given as null, where leaving it out means
     something else (`absent_means`, e.g. a look-up instead of a declaration): null is not absent."""
@@ -335,7 +356,7 @@ def payload(body: dict[str, Any], field: str, *, code: str, required: bool = Tru
         except ValueError as error:
             raise ApiError("VALIDATION_FAILED", f"{field} is not a JSON value: {error}") from None
     if len(encoded) > limits.payload_bytes_max:
-        raise ApiError(code, f"{field} exceeds {limits.payload_bytes_max} bytes (it is {len(encoded)} bytes)")
+        raise BoundExceeded(code, f"{field} exceeds {limits.payload_bytes_max} bytes (it is {len(encoded)} bytes)")
     return value, encoded
 
 

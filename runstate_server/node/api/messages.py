@@ -196,10 +196,10 @@ def _complete_item_args(item: Any) -> dict[str, Any]:
     """The core's complete of one item of a batch complete (what the single complete takes from
     its path and body)."""
     if not isinstance(item, dict):
-        raise ApiError("VALIDATION_FAILED", "each item must be an object such as {\"id\", \"token\", \"result\"}")
+        raise ApiError("VALIDATION_FAILED", "must be an object such as {\"id\", \"token\", \"result\"}")
     unknown = sorted(set(item) - set(_COMPLETE_ITEM))
     if unknown:
-        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of an item")
+        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)}; an item takes id, token and result")
     return {
         "message_id": req.text(item, "id", max_chars=limits.key_chars_max, required=True),
         "delivery_id": req.text(item, "token", max_chars=limits.key_chars_max, required=True),
@@ -209,26 +209,29 @@ def _complete_item_args(item: Any) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/messages/complete",
-    f"Extension: complete up to {limits.complete_batch_max} deliveries in one call; each answers on its own",
+    f"Extension: complete up to {limits.complete_batch_max} deliveries in one call; each answers on its own. An item "
+    "its schema refuses refuses the whole call (400, nothing changes)",
     body={"items": {"type": "array", "maxItems": limits.complete_batch_max,
                     "items": {"type": "object", "properties": _COMPLETE_ITEM}}},
     errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SETTLED_MANY,
 )
 async def complete_batch(request: web.Request) -> web.Response:
-    """Each item is checked and applied as POST /messages/{id}/complete would (its answer, or its
-    own error: a refused item changes nothing); the items that pass the checks are committed as one
-    command. The answer lists them in order."""
+    """An item its schema refuses (not an object, an unknown field, a missing or malformed id or
+    token, a result that is not an object) is a 400 for the whole call, which changes nothing
+    (req.batch_item). Each well-formed item is applied as POST /messages/{id}/complete would (its
+    answer, or its own error: a stale token, a payload over its bound); those that pass are
+    committed as one command. The answer lists them in order."""
     body = await req.json_body(request)
     items = body.get("items")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.complete_batch_max:
         raise ApiError("VALIDATION_FAILED", f"items must be a list of 1 to {limits.complete_batch_max} deliveries")
     answers: list[dict[str, Any] | None] = []
     checked: list[dict[str, Any]] = []
-    for item in items:
+    for index, item in enumerate(items):
         try:
-            checked.append(_complete_item_args(item))
+            checked.append(req.batch_item(index, item, _complete_item_args))
             answers.append(None)  # the core's answer, below
-        except ApiError as error:
+        except req.BoundExceeded as error:
             answers.append(_item_error(error.code, error.message))
     if checked:
         results = iter((await req.propose(request, "delivery.complete_many", {"items": checked}))["items"])

@@ -91,14 +91,17 @@ async def submit(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/batch",
-    f"Extension: submit up to {limits.submit_batch_max} tasks in one call; each answers on its own",
+    f"Extension: submit up to {limits.submit_batch_max} tasks in one call; each answers on its own. A task its "
+    "schema refuses refuses the whole call (400, nothing changes)",
     body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
                     "items": {"type": "object", "properties": _TASK_FIELDS}}},
     errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SUBMITTED_MANY,
 )
 async def submit_batch(request: web.Request) -> web.Response:
-    """Each task is validated and committed like a single submit (the log commits them together);
-    the answer lists, in order, each task's submit answer or its own error."""
+    """A task its schema refuses (not an object, an unknown field, a missing or malformed field)
+    is a 400 for the whole call, which changes nothing (req.batch_item). Each well-formed task is
+    committed like a single submit (the log commits them together); the answer lists, in order,
+    each task's submit answer or its own error (a key conflict, an input over its bound)."""
     body = await req.json_body(request)
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= limits.submit_batch_max:
@@ -109,8 +112,8 @@ async def submit_batch(request: web.Request) -> web.Response:
     idempotencies: list[tuple[str, str] | None] = []
     for index, item in enumerate(items):
         try:
-            args_list.append(_submit_item_args(item))
-        except ApiError as error:
+            args_list.append(req.batch_item(index, item, _submit_item_args))
+        except req.BoundExceeded as error:  # an input over its bound: this task's own error
             answers.append(_item_error(error))
             continue
         answers.append(None)  # the commit's answer, below
@@ -134,10 +137,10 @@ async def submit_batch(request: web.Request) -> web.Response:
 def _submit_item_args(item: Any) -> dict[str, Any]:
     """The core's submit of one task of a batch, or the ApiError that answers it."""
     if not isinstance(item, dict):
-        raise ApiError("VALIDATION_FAILED", "each task must be an object such as {\"input\": ...}")
+        raise ApiError("VALIDATION_FAILED", "must be an object such as {\"input\": ...}")
     unknown = sorted(set(item) - set(_TASK_FIELDS))
     if unknown:
-        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)} of a task")
+        raise ApiError("VALIDATION_FAILED", f"unknown field {', '.join(unknown)}; a task takes {', '.join(sorted(_TASK_FIELDS))}")
     return _submit_args(item)
 
 
