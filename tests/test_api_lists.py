@@ -126,6 +126,37 @@ def test_the_cursor_holds_while_tasks_are_added(dev_node: DevNode) -> None:
     assert seen == list(reversed(before))
 
 
+def test_a_batch_lists_in_the_order_it_was_submitted(dev_node: DevNode) -> None:
+    """Tasks submitted in one batch share a millisecond (one log entry) and have random ids: they
+    list newest first in the reverse of their batch order, on every page, also while more batches
+    arrive between pages; the event log tells of their creation in batch order."""
+    api = _space(dev_node)
+    run_id, mailbox_id = _work(api)
+
+    def batch(prefix: str, count: int) -> list[str]:
+        items = [{"scopeId": run_id, "mailboxId": mailbox_id, "taskKey": f"{prefix}{i}", "input": i} for i in range(count)]
+        return [str(item["taskId"]) for item in api.ok("POST", "/v1/tasks/batch", {"tasks": items})["tasks"]]
+
+    submitted = batch("a", limits.submit_batch_max)
+    assert len({api.ok("GET", f"/v1/tasks/{task_id}")["createdAt"] for task_id in submitted[:10]}) == 1
+    made = list(submitted)  # every task of the space, in creation order
+    for query in ({}, {"scopeId": run_id}, {"mailboxId": mailbox_id}):
+        existing = list(reversed(made))
+        seen: list[str] = []
+        cursor = ""
+        while True:
+            params = "&".join(f"{k}={v}" for k, v in {**query, "limit": "7", "cursor": cursor}.items())
+            answer = api.ok("GET", f"/v1/tasks?{params}")
+            seen.extend(task["id"] for task in answer["tasks"])
+            made.extend(batch(f"b{len(made)}-", 3))  # newer ones, between pages
+            if answer["nextCursor"] is None:
+                break
+            cursor = answer["nextCursor"]
+        assert seen == existing, query
+    created = [e["aggregateId"] for e in api.ok("GET", "/v1/events?types=task.created&limit=500")["events"]]
+    assert created == made[: len(created)] and len(created) >= len(submitted)
+
+
 def test_groups_barriers_and_timers_lists(dev_node: DevNode) -> None:
     api = _space(dev_node)
     run_id, mailbox_id = _work(api)
@@ -184,23 +215,25 @@ def test_a_space_sees_only_its_own(dev_node: DevNode) -> None:
 
 
 def test_paging_with_ties_inserts_and_a_small_scan_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """_paging.page on its own: entries share creation ms (in an insertion order unlike their ids'),
-    new ones arrive between pages, and a scan budget far below the table ends pages early; every
-    matching entry that existed at the start shows exactly once, highest (ms, id) first."""
+    """_paging.page on its own: entries share creation ms (in a stream order unlike their creation
+    numbers', as a merge of several streams may give them), new ones arrive between pages, and a
+    scan budget far below the table ends pages early; every matching entry that existed at the
+    start shows exactly once, highest (ms, creation number) first."""
     monkeypatch.setattr(limits, "list_scan_max", 3)
     rng = random.Random(7)
-    table: list[tuple[int, str]] = []  # creation order: ms never decreases
+    table: list[tuple[int, int]] = []  # ms never decreases; numbers shuffled within an ms
     ms = 0
+    numbers = rng.sample(range(1, 10**6), 400)
     for _ in range(200):
         ms += rng.choice((0, 0, 1, 5))
-        table.append((ms, f"e{rng.randrange(10**6):06d}"))
+        table.append((ms, numbers.pop()))
     start = list(table)
 
-    def matches(entry: tuple[int, str]) -> bool:
-        return entry[1][-1] in "0123"
+    def matches(entry: tuple[int, int]) -> bool:
+        return entry[1] % 10 < 4
 
     for limit in (1, 2, 7):
-        seen: list[tuple[int, str]] = []
+        seen: list[tuple[int, int]] = []
         after: paging.Cursor | None = None
         table[:] = start
         while True:
@@ -208,7 +241,7 @@ def test_paging_with_ties_inserts_and_a_small_scan_budget(monkeypatch: pytest.Mo
             assert len(found) <= limit
             seen.extend(found)
             ms += 1
-            table.append((ms, f"n{len(table)}0"))  # a newer one, matching, between pages
+            table.append((ms, 10**6 + len(table) * 10))  # a newer one, matching, between pages
             if cursor is None:
                 break
             after = paging.decode_cursor(cursor)

@@ -41,6 +41,7 @@ class Barrier:
     arrivals: list[str] = field(default_factory=list)  # distinct keys of this epoch, in arrival order
     released_ms: int | None = None
     name: str | None = None  # its name in its run (declare), if it has one
+    seq: int = 0  # its number in the state's creation order (State.creation_seq)
 
 
 register_table("barriers", Barrier)
@@ -62,7 +63,10 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     runs.require_active(ctx, run)
     if len(run.barriers) >= limits.barriers_per_run_max:
         raise Rejected(errors.LIMIT_EXCEEDED, f"a run holds at most {limits.barriers_per_run_max} barriers")
-    barrier = Barrier(id="bar_" + ctx.command_id, space=ctx.space.id, run_id=run.id, target=target, created_ms=ctx.now_ms)
+    barrier = Barrier(
+        id="bar_" + ctx.command_id, space=ctx.space.id, run_id=run.id, target=target, created_ms=ctx.now_ms,
+        seq=ctx.state.next_seq(),
+    )
     assert barrier.id not in ctx.state.barriers, "leader generated a duplicate barrier id"
     ctx.state.barriers[barrier.id] = barrier
     run.barriers.append(barrier.id)

@@ -105,6 +105,7 @@ class Group:
     # Members from outside the group's run: task id -> [key, final state or None while unfinished]
     # (kept for when their run is removed first). Last, with a default, as verdict_by.
     outside: dict[str, list[Any]] = field(default_factory=dict)
+    seq: int = 0  # its number in the state's creation order (State.creation_seq); last, as verdict_by
 
 
 register_table("groups", Group)
@@ -179,6 +180,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         deadline_ms=deadline_ms,
         retention_ms=args["retention_ms"],
         created_ms=ctx.now_ms,
+        seq=ctx.state.next_seq(),
     )
     ctx.state.groups[group_id] = group
     if deadline_ms is not None:

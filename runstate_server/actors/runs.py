@@ -116,6 +116,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         deadline_ms=deadline_ms,
         child_limit=child_limit,
         created_ms=ctx.now_ms,
+        seq=ctx.state.next_seq(),
     )
     assert run.id not in ctx.state.runs, "leader generated a duplicate run id"
     ctx.state.runs[run.id] = run

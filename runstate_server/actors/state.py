@@ -206,6 +206,7 @@ class Run:
     timer_names: dict[str, str] = field(default_factory=dict)
     # Allowance waiters created in this run (allowances.py), ended ones too: removed with the run.
     allowance_waiters: list[str] = field(default_factory=list)
+    seq: int = 0  # its number in the state's creation order (State.creation_seq)
 
 
 @dataclass(slots=True)
@@ -239,6 +240,7 @@ class Task:
     # Its fields that most tasks leave at their defaults (TaskExtra), read and written as its own
     # (task.needs, task.group_id, ...: the properties below); None while all are.
     extra: TaskExtra | None = None
+    seq: int = 0  # its number in the state's creation order (State.creation_seq)
 
     def _set_extra(self, name: str, value: Any) -> None:
         extra = self.extra
@@ -422,6 +424,12 @@ class State:
     # its first pass, and a busy node holds one entry per lease (tens of thousands).
     due: list[tuple[int, int, str, str]] = field(default_factory=list)
     due_seq: int = 0
+    # The number of the latest run, task, group, barrier or timer created (1, 2, 3 ...: each keeps
+    # its own as `seq`). Lists page in this order (node/api/_paging.py): items created in one
+    # millisecond (a batch submit) keep the order they were created in, on every replica, and an
+    # item created later always sorts after them. Written to snapshots; an older snapshot has none
+    # and its entities are numbered on restore in the order of their tables (creation order).
+    creation_seq: int = 0
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
     # from_snapshot, never written to a snapshot.
@@ -452,6 +460,11 @@ class State:
     def next_due_ms(self) -> int | None:
         return self.due[0][0] if self.due else None
 
+    def next_seq(self) -> int:
+        """The creation number of an entity created now (its `seq`): one more than the latest."""
+        self.creation_seq += 1
+        return self.creation_seq
+
 
 # -- snapshot codec ------------------------------------------------------------------------------
 # Entities are written as lists in field order; the version guards the layout.
@@ -462,6 +475,7 @@ _RUN_FIELDS = (
     "timers", "claims", "permit_waiters", "stopped_grants",
     "barrier_names", "timer_names",  # barriers.py, timers.py
     "allowance_waiters",  # allowances.py
+    "seq",  # its creation number (State.creation_seq)
 )
 # Run fields appended after the first snapshots: an older row stops before them (their defaults).
 _RUN_FIELDS_REQUIRED = _RUN_FIELDS.index("claims")
@@ -469,7 +483,7 @@ _TASK_FIELDS = (
     "id", "space", "run_id", "mailbox", "key", "input", "input_hash", "attempts", "created_ms",
     "state", "failures", "attempt", "delivery_id", "delivery_count", "lease_expires_ms", "lease_ms", "holder",
     "ready_at_ms", "outcome", "error", "finished_ms", "finished_by", "needs", "slot_leases", "reservation_id",
-    "deadline_ms", "outcome_reason", "subscribers", "holder_session", "work_limit", "group_id",
+    "deadline_ms", "outcome_reason", "subscribers", "holder_session", "work_limit", "group_id", "seq",
 )
 # Task fields appended after the first snapshots: an older row stops before them (their defaults).
 _TASK_FIELDS_REQUIRED = _TASK_FIELDS.index("needs")
@@ -522,6 +536,7 @@ def to_snapshot(state: State) -> dict[str, Any]:
         },
         "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
+        "creation_seq": state.creation_seq,
         "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
         "operator_space": state.operator_space,
         # Rows in age order; a result is a value the state never changes, but copied all the same.
@@ -656,6 +671,10 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
+    if "creation_seq" in data:
+        state.creation_seq = data["creation_seq"]
+    else:
+        number_in_creation_order(state)
     recount(state)
     recount_queue_figures(state)
     return state
@@ -796,6 +815,20 @@ def event_bytes(event: Event) -> int:
             assert value is None or isinstance(value, int), event.payload
             weight += SCALAR_BYTES
     return weight
+
+
+# The tables whose entities have a creation number (`seq`), each kept in creation order.
+SEQUENCED_TABLES = ("runs", "tasks", "groups", "barriers", "timers")
+
+
+def number_in_creation_order(state: State) -> None:
+    """Number the entities of a snapshot from before creation numbers, in the order their tables
+    keep (the order they were created in): every replica that restores the snapshot numbers alike.
+    Entities created in one command are numbered as created (a group's run before the group), and
+    the tables are numbered one after the other: only the order within a table is ever compared."""
+    for table in SEQUENCED_TABLES:
+        for entity in getattr(state, table).values():
+            entity.seq = state.next_seq()
 
 
 def recount(state: State) -> None:

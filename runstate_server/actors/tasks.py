@@ -326,6 +326,7 @@ def submit(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     storage.charge(ctx.state, task.space, cost)
     if subscriber is not None:
         _subscribe(task, subscriber)
+    task.seq = ctx.state.next_seq()
     ctx.state.tasks[task.id] = task
     index_task(ctx.state, task, 1)
     run.queues[mailbox.name] = queue

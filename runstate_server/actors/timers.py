@@ -48,6 +48,7 @@ class Timer:
     # it (token_of shows its id).
     token: str | None = None
     name: str | None = None  # its name in its run (declare), if it has one
+    seq: int = 0  # its number in the state's creation order (State.creation_seq)
 
     def __post_init__(self) -> None:
         if self.state == _ACKNOWLEDGED_BEFORE:
@@ -74,7 +75,7 @@ def create(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     timer_id = "tmr_" + ctx.command_id
     timer = Timer(
         id=timer_id, space=ctx.space.id, run_id=run.id, fire_at_ms=fire_at_ms, created_ms=ctx.now_ms,
-        token=f"{timer_id}.{ctx.command_id}{args.get('nonce') or ''}",
+        token=f"{timer_id}.{ctx.command_id}{args.get('nonce') or ''}", seq=ctx.state.next_seq(),
     )
     assert timer.id not in ctx.state.timers, "leader generated a duplicate timer id"
     ctx.state.timers[timer.id] = timer

@@ -1,10 +1,14 @@
 """Paging of the list reads (GET /scopes, /tasks, /task-groups, /barriers, /timers): newest first,
-by (createdAt, id) descending, `limit` entries a page and an opaque `cursor` to resume after.
+in creation order, `limit` entries a page and an opaque `cursor` to resume after.
 
-The cursor names the last entry a page showed, (its creation ms, its id); the next page holds the
-entries strictly below it in that order. An entry created later sorts above every cursor already
-given (the state's clock never goes backwards), so paging on while entries are added shows each
-entry that existed at the first page exactly once, and one removed meanwhile simply no longer shows.
+The order is total and the same on every replica: (createdAt ms, creation number) descending, the
+creation number being the entity's `seq` (State.creation_seq, replicated and in snapshots), so
+entries created in one millisecond (a batch submit, one log entry) list in the order they were
+created, never by their random ids. The cursor names the last entry a page showed, (its creation
+ms, its creation number); the next page holds the entries strictly below it. An entry created later
+sorts above every cursor already given (its number is higher, and the state's clock never goes
+backwards), so paging on while entries are added shows each entry that existed at the first page
+exactly once, in order, and one removed meanwhile simply no longer shows.
 
 The state keeps each table in creation order (a dict in insertion order, the order of the log), so
 a page walks the table from its newest end and stops once it has `limit` matches and has passed
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     from runstate_server.node.server import Node
 
 T = TypeVar("T")
-Cursor = tuple[int, str]
+Cursor = tuple[int, int]  # (creation ms, creation number)
 
 PAGE_QUERY: dict[str, Any] = {
     "limit": {"type": "integer", "minimum": 1, "maximum": limits.list_page_max},
@@ -52,18 +56,30 @@ def decode_cursor(raw: str) -> Cursor:
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
     try:
         text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
-        ms_text, entity_id = text.split(":", 1)
-        created_ms = int(ms_text)
+        ms_text, seq_text = text.split(":", 1)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR) from None
-    # An empty id: below every entry of that ms (a page that spent its scan budget).
-    if not ms_text.isdigit() or len(entity_id) > limits.name_chars_max:
+    # Number 0: below every entry of that ms (a page that spent its scan budget). A cursor of an
+    # earlier release (ms and an id) is refused: start the list again.
+    if not (ms_text.isdigit() and seq_text.isdigit() and ms_text.isascii() and seq_text.isascii()):
         raise ApiError("VALIDATION_FAILED", _BAD_CURSOR)
-    return (created_ms, entity_id)
+    return (int(ms_text), int(seq_text))
 
 
-def cursor_of(created_ms: int, entity_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_ms}:{entity_id}".encode()).decode().rstrip("=")
+def cursor_of(created_ms: int, seq: int) -> str:
+    return base64.urlsafe_b64encode(f"{created_ms}:{seq}".encode()).decode().rstrip("=")
+
+
+class Sequenced(Protocol):
+    """What the lists order by: a run, task, group, barrier or timer."""
+
+    created_ms: int
+    seq: int
+
+
+def creation_key(entity: Sequenced) -> Cursor:
+    """An entity's place in its list, (creation ms, creation number): creation order."""
+    return (entity.created_ms, entity.seq)
 
 
 def page(
@@ -71,7 +87,7 @@ def page(
 ) -> tuple[list[T], str | None]:
     """One page of `newest_first` (entities in non-increasing creation ms, as a table kept in
     creation order walked from its end): the `limit` matching entities below `after`, highest
-    (created ms, id) first, and the cursor of the next page (None: this is the last).
+    (created ms, creation number) first, and the cursor of the next page (None: this is the last).
 
     A page reads at most about limits.list_scan_max entries below the cursor: past them it ends
     with the entries of the creation ms it reached, and its cursor resumes below that ms, so a
@@ -89,13 +105,14 @@ def page(
             continue
         if stop_ms is not None and entity_key[0] < stop_ms:
             found.sort(key=key, reverse=True)
-            return found, cursor_of(stop_ms, "")  # below every entry of stop_ms: all were read
+            return found, cursor_of(stop_ms, 0)  # below every entry of stop_ms: all were read
         scanned += 1
         if matches(entity):
             found.append(entity)
             if boundary_ms is None and len(found) > limit:
                 # One more than a page: the rest of the page shares this creation ms at the least;
-                # the entries of the same ms further on may still sort above it (by id).
+                # the entries of the same ms further on may still sort above it (a stream merged
+                # from several, or sorted whole, may hold them in another order).
                 boundary_ms = entity_key[0]
         if boundary_ms is None and stop_ms is None and scanned >= limits.list_scan_max:
             stop_ms = entity_key[0]
@@ -138,15 +155,13 @@ def bool_filter(request: web.Request, field: str) -> bool | None:
     return value == "true"
 
 
-
-
 class RunOwned(Protocol):
     """A barrier or a timer: what run_owned_page reads of one."""
 
     space: str
     state: str
     created_ms: int
-    id: str
+    seq: int
 
 
 R = TypeVar("R", bound=RunOwned)
@@ -172,9 +187,6 @@ async def run_owned_page(
     def matches(entity: R) -> bool:
         return entity.space == space and (wanted_state is None or entity.state == wanted_state)
 
-    def key(entity: R) -> Cursor:
-        return (entity.created_ms, entity.id)
-
     await node.confirm_leadership(caller)
     with node.read() as state:
         entities = table(state)
@@ -184,5 +196,5 @@ async def run_owned_page(
             newest_first: Iterable[R] = (entities[entity_id] for entity_id in reversed(ids) if entity_id in entities)
         else:
             newest_first = reversed(entities.values())
-        found, next_cursor = page(newest_first, key, matches, limit, after)
+        found, next_cursor = page(newest_first, creation_key, matches, limit, after)
         return [view(entity) for entity in found], next_cursor

@@ -315,8 +315,6 @@ async def list_groups(request: web.Request) -> web.Response:
 
     await node.confirm_leadership(caller)
     with node.read() as state:
-        found, next_cursor = paging.page(
-            reversed(state.groups.values()), lambda group: (group.created_ms, group.id), matches, limit, after
-        )
+        found, next_cursor = paging.page(reversed(state.groups.values()), paging.creation_key, matches, limit, after)
         views = [group_view(state, group) for group in found]
     return json_response({"taskGroups": views, "nextCursor": next_cursor})

@@ -103,9 +103,6 @@ async def list_runs(request: web.Request) -> web.Response:
             and (parent_id is None or run.parent_id == parent_id)
         )
 
-    def key(run: Run) -> paging.Cursor:
-        return (run.created_ms, run.id)
-
     await node.confirm_leadership(caller)
     now_ms = int(time.time() * 1000)
     with node.read() as state:
@@ -113,9 +110,11 @@ async def list_runs(request: web.Request) -> web.Response:
             parent = state.runs.get(parent_id)
             # Its children, in creation order (appended as they are created), from the newest.
             children = parent.children if parent is not None and parent.space == space else []
-            found, next_cursor = paging.page((state.runs[child] for child in reversed(children)), key, matches, limit, after)
+            found, next_cursor = paging.page(
+                (state.runs[child] for child in reversed(children)), paging.creation_key, matches, limit, after
+            )
         else:
-            found, next_cursor = paging.page(reversed(state.runs.values()), key, matches, limit, after)
+            found, next_cursor = paging.page(reversed(state.runs.values()), paging.creation_key, matches, limit, after)
         views = [run_view(runs.describe(state, run, now_ms)) for run in found]
     return json_response({"scopes": views, "nextCursor": next_cursor})
 

@@ -157,10 +157,6 @@ _TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, *sorted(TaskState.TERMINAL)
 TASKS_PAGE = obj({"tasks": array(A.TASK), "nextCursor": STRING_OR_NULL})
 
 
-def _task_key(task: Task) -> paging.Cursor:
-    return (task.created_ms, task.id)
-
-
 @routes(
     "GET", SPACE_PREFIX + "/tasks",
     f"Extension: the space's tasks and messages, newest first, {limits.list_page_default} a page (limit: at most "
@@ -214,7 +210,7 @@ async def list_tasks(request: web.Request) -> web.Response:
 
         if group is not None:  # its members (at most group_members_max)
             chosen = (state.tasks[task_id] for task_id in group.members if task_id in state.tasks)
-            found, next_cursor = paging.page_sorted(chosen, _task_key, matches, limit, after)
+            found, next_cursor = paging.page_sorted(chosen, paging.creation_key, matches, limit, after)
         else:
             # Streams of ids in creation order, each read from its newest end and merged: a run's
             # queues (scopeId), else the space's mailboxes' task index (state.mailbox_tasks).
@@ -230,9 +226,9 @@ async def list_tasks(request: web.Request) -> web.Response:
                 streams = [state.mailbox_tasks.get((space, name), {}).keys() for name in names]
             newest_first = heapq.merge(
                 *((state.tasks[task_id] for task_id in reversed(ids)) for ids in streams),
-                key=lambda task: task.created_ms, reverse=True,
+                key=paging.creation_key, reverse=True,
             )
-            found, next_cursor = paging.page(newest_first, _task_key, matches, limit, after)
+            found, next_cursor = paging.page(newest_first, paging.creation_key, matches, limit, after)
         views = [_view(state, task) for task in found]
     return json_response({"tasks": views, "nextCursor": next_cursor})
 

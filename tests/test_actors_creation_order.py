@@ -1,0 +1,179 @@
+"""Lists page in creation order (State.creation_seq, each entity's `seq`; node/api/_paging.py pages
+the core's tables by it): runs, tasks, groups, barriers and timers created in one millisecond keep
+the order they were created in, not the order of their random ids; entities created while a list
+is paged never reshuffle the pages already given; and a snapshot, of today or from before creation
+numbers, restores the same order on every replica."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runstate_server.actors.state import (
+    _RUN_FIELDS,
+    _TASK_FIELDS,
+    ENTITY_TABLES,
+    SEQUENCED_TABLES,
+    State,
+    from_snapshot,
+    to_snapshot,
+)
+from runstate_server.node.api import _paging as paging
+from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, unpack
+
+KINDS = SEQUENCED_TABLES  # runs, tasks, groups, barriers, timers
+
+
+class RandomIds(Harness):
+    """Command ids (and so entity ids) in an order unrelated to their creation, as a leader's are."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.random = random.Random(seed)
+
+    def next_id(self) -> str:
+        self.commands += 1
+        return f"{self.random.getrandbits(64):016x}"
+
+
+def _create(h: RandomIds, kind: str, run_id: str, count: int) -> list[str]:
+    """`count` entities of `kind` made now (one millisecond: the harness's clock stands still), in
+    creation order; tasks in one batch submit, as `POST /tasks/batch` makes them."""
+    if kind == "tasks":
+        args = [h.submit_args(run_id, f"k{h.commands}-{i}") for i in range(count)]
+        ids = [h.next_id() for _ in range(count)]
+        answers = h.ok("task.submit_many", items=args, ids=ids)["items"]
+        return [answer["task_id"] for answer in answers]
+    made = []
+    for _ in range(count):
+        if kind == "runs":
+            made.append(h.create_run())
+        elif kind == "groups":
+            made.append(h.ok("group.create", run_id=run_id, retention_ms=RETENTION_MS, mailbox=MAILBOX,
+                             condition="ALL_TERMINAL")["group_id"])
+        elif kind == "barriers":
+            made.append(h.ok("barrier.create", run_id=run_id, target=2)["barrier_id"])
+        else:
+            made.append(h.ok("timer.create", run_id=run_id, after_ms=60_000)["timer_id"])
+    return made
+
+
+def _legacy(state: State) -> State:
+    """The state restored from its snapshot as written before creation numbers: rows without
+    `seq`, no `creation_seq`."""
+    data = unpack(pack(to_snapshot(state)))
+    del data["creation_seq"]
+    run_seq = _RUN_FIELDS.index("seq")
+    data["runs"] = [row[:run_seq] + row[run_seq + 1:] for row in data["runs"]]  # the queues stay last
+    data["tasks"] = [row[: _TASK_FIELDS.index("seq")] for row in data["tasks"]]
+    for table in ("groups", "barriers", "timers"):
+        names = [field.name for field in dataclasses.fields(ENTITY_TABLES[table])]
+        assert names[-1] == "seq"
+        data[table] = [row[:-1] for row in data[table]]
+    return from_snapshot(data)
+
+
+def _page_all(state_of: Any, kind: str, limit: int, between: Any) -> list[str]:
+    """Page the table newest first as the list routes do, calling between() after every page."""
+    seen: list[str] = []
+    after: paging.Cursor | None = None
+    while True:
+        table = getattr(state_of(), kind)
+        found, cursor = paging.page(reversed(table.values()), paging.creation_key, lambda _: True, limit, after)
+        assert len(found) <= limit
+        seen.extend(entity.id for entity in found)
+        between()
+        if cursor is None:
+            return seen
+        after = paging.decode_cursor(cursor)
+
+
+STEP = st.tuples(st.sampled_from(KINDS), st.integers(1, 6), st.sampled_from((0, 0, 1, 3)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32), steps=st.lists(STEP, min_size=1, max_size=12), limit=st.integers(1, 5),
+    kind=st.sampled_from(KINDS), restore=st.sampled_from(("none", "snapshot", "legacy")),
+    during=st.lists(st.integers(1, 4), max_size=6),
+)
+def test_lists_page_in_creation_order_while_entities_are_added(
+    seed: int, steps: list[tuple[str, int, int]], limit: int, kind: str, restore: str, during: list[int]
+) -> None:
+    h = RandomIds(seed)
+    h.ensure()
+    home = h.create_run()
+    created: dict[str, list[str]] = {table: [home] if table == "runs" else [] for table in KINDS}
+    for step_kind, count, advance_ms in steps:
+        h.advance(advance_ms)
+        made = _create(h, step_kind, home, count)
+        created[step_kind].extend(made)
+        if step_kind == "groups":  # each group has a run of its own, created just before it
+            created["runs"].extend(h.state.groups[group_id].run_id for group_id in made)
+    # Restored (from today's snapshot, or one from before creation numbers): the same order.
+    if restore == "snapshot":
+        h.core.state = round_trip(h.state)
+    elif restore == "legacy":
+        h.core.state = _legacy(h.state)
+    for table in KINDS:
+        entities = list(getattr(h.state, table).values())
+        assert [entity.id for entity in entities] == created[table], table
+        numbers = [entity.seq for entity in entities]
+        assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers) and all(numbers), table
+        assert all(number <= h.state.creation_seq for number in numbers)
+
+    # Paged, with new entities of the same millisecond (then of later ones) made between pages:
+    # exactly the entities of the first page's time, newest first, each once.
+    existing = list(reversed(created[kind]))
+    additions = iter(during)
+
+    def add() -> None:
+        count = next(additions, 0)
+        if count:
+            _create(h, kind, home, count)
+            h.advance(count % 2)
+
+    assert _page_all(lambda: h.state, kind, limit, add) == existing
+
+
+def test_a_batch_made_in_one_millisecond_lists_in_its_order_not_its_ids() -> None:
+    """The case the issue found: ids sort otherwise than the batch (here, exactly backwards)."""
+    h = RandomIds(0)
+    h.ensure()
+    run_id = h.create_run()
+    ids = [f"{999 - i:08x}" for i in range(40)]
+    args = [h.submit_args(run_id, f"k{i}") for i in range(40)]
+    made = [answer["task_id"] for answer in h.ok("task.submit_many", items=args, ids=ids)["items"]]
+    assert sorted(made) == list(reversed(made))
+    assert len({h.state.tasks[task_id].created_ms for task_id in made}) == 1
+    assert _page_all(lambda: h.state, "tasks", 7, lambda: None) == list(reversed(made))
+
+
+def test_a_snapshot_keeps_the_creation_numbers_and_the_counter() -> None:
+    h = RandomIds(1)
+    h.ensure()
+    run_id = h.create_run()
+    _create(h, "tasks", run_id, 3)
+    restored = round_trip(h.state)
+    assert restored == h.state and restored.creation_seq == h.state.creation_seq == 4
+    # The next entity on either continues from the same number.
+    assert restored.next_seq() == h.state.next_seq() == 5
+
+
+def test_a_snapshot_from_before_creation_numbers_is_numbered_in_table_order() -> None:
+    h = RandomIds(2)
+    h.ensure()
+    run_id = h.create_run()
+    _create(h, "tasks", run_id, 3)
+    _create(h, "barriers", run_id, 2)
+    legacy = _legacy(h.state)
+    assert [t.seq for t in legacy.tasks.values()] == [2, 3, 4]
+    assert [r.seq for r in legacy.runs.values()] == [1]
+    assert [b.seq for b in legacy.barriers.values()] == [5, 6]
+    assert legacy.creation_seq == 6
+    # Restored twice, alike: every replica that restores it numbers alike.
+    assert _legacy(h.state) == legacy
