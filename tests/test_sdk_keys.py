@@ -1,8 +1,12 @@
 """Keys of once calls and queue jobs: RFC 8785 canonical JSON, argument binding, conversions.
 
-`tests/key_vectors.json` is shared with other SDKs: a list of `{"name", "args", "canonical",
-"key"}` where `args` is the JSON list that is hashed (the arguments in declaration order),
-`canonical` its RFC 8785 text and `key` = `name + ":" + sha256(canonical, UTF-8)[:32 hex]`.
+`tests/key_vectors.json` is shared with other SDKs (sdk/typescript/test/keys.test.ts reads it too):
+a list of `{"name", "args", "canonical", "key"}` where `args` is the JSON list that is hashed (the
+arguments as passed), `canonical` its RFC 8785 text and `key` =
+`name + ":" + sha256(canonical, UTF-8)[:32 hex]`. A vector may say how each SDK makes that key from
+a call: `"python": {"parameters", "args", "kwargs"}` (the wrapped function's parameter list, as
+source, and the call) and `"typescript": {"parameters", "args"}`; without one, the call passes
+`args` to a function of as many parameters.
 """
 
 from __future__ import annotations
@@ -23,11 +27,10 @@ from runstate.sdk.keys import canonical_json, json_value, make_key
 VECTORS = json.loads((Path(__file__).parent / "key_vectors.json").read_text(encoding="utf-8"))
 
 
-def _function_of(arity: int) -> Any:
-    """A once-wrapped function with `arity` positional parameters (never called)."""
-    names = [f"p{index}" for index in range(arity)]
+def _function_of(parameters: str) -> Any:
+    """A function with the parameter list `parameters` (Python source; never called)."""
     namespace: dict[str, Any] = {}
-    exec(f"def f({', '.join(names)}): pass", namespace)  # noqa: S102 - a signature of the wanted arity
+    exec(f"def f({parameters}): pass", namespace)  # noqa: S102 - a signature the vector names
     return namespace["f"]
 
 
@@ -37,14 +40,23 @@ def test_key_vectors(vector: dict[str, Any]) -> None:
     digest = hashlib.sha256(vector["canonical"].encode("utf-8")).hexdigest()[:32]
     assert vector["key"] == f"{vector['name']}:{digest}"
     assert make_key(vector["name"], vector["args"]) == vector["key"]
-    # The same key through a once-wrapped function called with the arguments.
-    wrapped = runstate.once(_function_of(len(vector["args"])), name=vector["name"])
-    assert wrapped.once_key(*vector["args"]) == vector["key"]
+    # The same key through a once-wrapped function called as the vector says.
+    call = vector.get("python", {})
+    parameters = call.get("parameters", ", ".join(f"p{index}" for index in range(len(vector["args"]))))
+    wrapped = runstate.once(_function_of(parameters), name=vector["name"])
+    assert wrapped.once_key(*call.get("args", vector["args"]), **call.get("kwargs", {})) == vector["key"]
 
 
 def test_vectors_cover_what_other_sdks_get_wrong() -> None:
     names = {vector["name"] for vector in VECTORS}
     assert {"unicode", "utf16_order", "nested", "floats", "ints", "empty_containers", "nulls", "rfc8785"} <= names
+    # How a call becomes the hashed list: defaults, *args, keyword-only and **kwargs arguments.
+    assert {
+        "xlang-default", "default_passed", "xlang-varargs", "varargs_none", "varargs_after_first", "kwargs",
+        "keyword_only_left_out", "keyword_only_passed", "keyword_after_a_default_left_out", "json_kinds_by_keyword",
+        "json_kinds_positional",
+    } <= names
+    assert all("typescript" in vector for vector in VECTORS if "python" in vector)
 
 
 def test_rfc8785_examples() -> None:
@@ -73,26 +85,52 @@ def test_numbers_as_ecmascript_writes_them(value: Any, text: str) -> None:
     assert canonical_json(value) == text
 
 
-def test_arguments_bind_to_the_signature() -> None:
+def test_a_default_left_out_is_not_hashed_as_in_typescript() -> None:
+    """Issue 39: `f("acme")` of `def f(company, depth=2)` hashed `["acme", 2]`, while TypeScript's
+    `once(async (c, d = 2) => 1, { name: 'xlang-default' }).onceKey('acme')` and the published
+    client hash `["acme"]`."""
+
+    @runstate.once(name="xlang-default")
+    def f(company: str, depth: int = 2) -> None: ...
+
+    assert f.once_key("acme") == "xlang-default:07fad54f7446269afc481e306a48f046"  # TypeScript's key
+    assert f.once_key("acme") == make_key("xlang-default", ["acme"])
+    assert f.once_key("acme", 2) == f.once_key("acme", depth=2) == make_key("xlang-default", ["acme", 2])
+
+    @runstate.once(name="xlang-varargs")
+    def g(*names: str) -> None: ...
+
+    assert g.once_key("acme", "globex") == "xlang-varargs:d4b94c9e4d9992b4d62acd5480625c3c"
+
+
+def test_arguments_are_hashed_as_passed() -> None:
     @runstate.once
     def research(name: str, depth: int = 2, *, verbose: bool = False) -> None: ...
 
     key = research.once_key("acme")
+    assert key == make_key("research", ["acme"])
+    # By name, and the same call by position, are one key.
     assert research.once_key(name="acme") == key
-    assert research.once_key("acme", 2) == key
-    assert research.once_key("acme", depth=2, verbose=False) == key
-    assert research.once_key("acme", 3) != key
-    assert key == make_key("research", ["acme", 2, False])
+    assert research.once_key(name="acme", depth=3) == research.once_key("acme", 3) == make_key("research", ["acme", 3])
+    # Passing a default is another call than leaving it out, as it is in TypeScript.
+    assert research.once_key("acme", 2) != key
+    assert research.once_key("acme", verbose=False) == make_key("research", ["acme", {"verbose": False}])
     with pytest.raises(TypeError):
         research.once_key()
 
+    @runstate.once
+    def skip(a: str, b: int = 2, c: int = 3) -> None: ...
 
-def test_var_args_hash_as_one_list_and_one_object() -> None:
+    assert skip.once_key("x", c=5) == make_key("skip", ["x", {"c": 5}])
+
+
+def test_var_args_are_positional_and_keywords_one_object() -> None:
     @runstate.once
     def gather(first: str, *rest: int, **options: Any) -> None: ...
 
-    assert gather.once_key("a", 1, 2, fast=True) == make_key("gather", ["a", [1, 2], {"fast": True}])
-    assert gather.once_key("a") == make_key("gather", ["a", [], {}])
+    assert gather.once_key("a", 1, 2, fast=True) == make_key("gather", ["a", 1, 2, {"fast": True}])
+    assert gather.once_key("a") == make_key("gather", ["a"])
+    assert gather.once_key(first="a", fast=True) == make_key("gather", ["a", {"fast": True}])
 
 
 def test_key_function_hashes_its_return_value() -> None:

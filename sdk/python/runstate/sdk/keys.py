@@ -9,11 +9,15 @@ double to JCS: up to 2**53 it is exact; beyond, it is rounded to the nearest dou
 
 What is hashed:
 
-- `once` without `key=`: the call's arguments bound to the function's signature, defaults applied,
-  as a JSON list of the parameter values in declaration order. So `f("acme")` and `f(name="acme")`
-  give the same key, and a TypeScript `f('acme')` gives it too. A `*args` parameter contributes one
-  list at its position (`[]` when nothing extra was passed), a `**kwargs` parameter one object
-  (`{}` when none), so `def f(*items)` called as `f(1, 2)` hashes `[[1, 2]]`.
+- `once` without `key=`: the arguments as the caller passed them, as the published clients and the
+  TypeScript SDK hash them: a JSON list of the positional arguments, then, when any argument is
+  passed by keyword, one object of them. Defaults are not applied: `f("acme")` of
+  `def f(name, depth=2)` hashes `["acme"]`, which a TypeScript `f('acme')` hashes too, and
+  `f("acme", 2)` is another key. An argument passed by keyword counts as positional when every
+  parameter before it was passed too, so `f(name="acme")` is `f("acme")`; `*args` are positional
+  arguments like any other (`def f(*items)` called as `f(1, 2)` hashes `[1, 2]`) and keyword-only
+  and `**kwargs` arguments go into the object (`f("acme", verbose=True)` hashes
+  `["acme", {"verbose": true}]`, as a TypeScript `f('acme', { verbose: true })` does).
 - `queue`: the input in a list, `[input]`, as the published clients hash it.
 - `key=` (of `once` or `queue`): called with the same arguments (the input); a string it returns
   is the key's text as it is, `<name>:<text>` (1 to 255 characters), as the published clients
@@ -204,23 +208,36 @@ def custom_key(name: str, value: Any, what: str) -> str:
     return make_key(name, value)
 
 
-def argument_values(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """The call's arguments as the list that is hashed: bound to `signature` with defaults applied,
-    one value per parameter in declaration order (`*args` as a list, `**kwargs` as an object).
+def argument_values(
+    name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
+    """The call's arguments as the list that is hashed: the positional arguments as passed, then one
+    object of the keyword arguments when there are any (defaults are not applied). A keyword argument
+    moves into the list when every parameter before it was passed, so a call by name and the same
+    call by position are one key. Each value is converted by `json_value` (ConfigError, naming
+    the argument and the once function `name`, when it is not a JSON value).
 
     Raises TypeError, as the call itself would, when the arguments do not fit the signature.
     """
     bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    values: list[Any] = []
-    for name, parameter in signature.parameters.items():
-        value = bound.arguments[name]
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            value = list(value)
-        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            value = dict(value)
-        values.append(value)
+    # BoundArguments.args runs up to the first parameter not passed (its `*args` spread out);
+    # BoundArguments.kwargs holds the rest, keyword-only and `**kwargs` arguments included.
+    labels = _positional_labels(signature, len(bound.args))
+    values = [json_value(value, what=f"argument {labels[index]} of {name}") for index, value in enumerate(bound.args)]
+    if bound.kwargs:
+        values.append({word: json_value(value, what=f"argument {word!r} of {name}") for word, value in bound.kwargs.items()})
     return values
+
+
+def _positional_labels(signature: inspect.Signature, count: int) -> list[str]:
+    """What to call each of `count` positional arguments in an error: `'company'`, `*names[0]`."""
+    labels: list[str] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            labels.extend(f"*{parameter.name}[{index}]" for index in range(count - len(labels)))
+        elif parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            labels.append(repr(parameter.name))
+    return labels[:count]
 
 
 def call_key(
@@ -235,9 +252,4 @@ def call_key(
     a JSON value."""
     if key is not None:
         return custom_key(name, key(*args, **kwargs), f"the key of {name}")
-    values = argument_values(signature, args, kwargs)
-    parameter_names = list(signature.parameters)
-    converted = [
-        json_value(value, what=f"argument {parameter_names[index]!r} of {name}") for index, value in enumerate(values)
-    ]
-    return make_key(name, converted)
+    return make_key(name, argument_values(name, signature, args, kwargs))
