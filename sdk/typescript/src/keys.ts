@@ -6,8 +6,19 @@
  * the same, so equal names and arguments give equal keys in both (`tests/key_vectors.json` of the
  * repository holds the shared vectors).
  *
- * What is hashed: for `once`, the call's arguments as a JSON list (trailing `undefined` arguments
- * dropped), or `key(...args)` as it is; for a queue, the input, or `key(input)`.
+ * What is hashed: for `once`, the call's arguments as passed, as a JSON list (trailing `undefined`
+ * arguments dropped: an argument left out; defaults are not applied), or `key(...args)` as it is;
+ * for a queue, `[input]`, or `key(input)`.
+ *
+ * Only JSON values are hashed, as the docs promise and the Python SDK does: strings, finite numbers,
+ * booleans, null, arrays and plain objects (`{...}` or `Object.create(null)`). Anything else is a
+ * ConfigError rather than what JSON.stringify would make of it: a `Date` (its ISO string would
+ * collide with that string), any object with a `toJSON` method, Map, Set, class instances, typed
+ * arrays and boxed primitives, a BigInt, function or symbol, NaN and the infinities, `undefined`
+ * or a hole in an array (JSON.stringify writes null, which would collide with null), and an object
+ * with symbol-named members. A plain object's member whose value is `undefined` is left out, as
+ * JSON.stringify and the wire leave it out: `{ a: 1, b: undefined }` is `{ a: 1 }`, the object
+ * TypeScript's optional members make.
  */
 
 import { createHash } from 'node:crypto';
@@ -29,6 +40,22 @@ function checkText(text: string, path: string): void {
   if (!text.isWellFormed()) throw new ConfigError(`${path} holds a lone surrogate; it is not valid Unicode`);
 }
 
+function notJson(path: string, kind: string): ConfigError {
+  return new ConfigError(
+    `${path} is ${kind}, not a JSON value (use strings, numbers, booleans, null, arrays and plain objects, ` +
+      `or pass key to choose what identifies the call)`,
+  );
+}
+
+function kindOf(value: unknown): string {
+  if (value === undefined) return 'undefined';
+  if (typeof value !== 'object' || value === null) return `a ${typeof value}`;
+  if (isPlainObject(value)) return 'an object';
+  const name: unknown = value.constructor?.name;
+  if (typeof name !== 'string' || !name) return 'an object that is not a plain one';
+  return `${/^[AEIO]/i.test(name) ? 'an' : 'a'} ${name}`;
+}
+
 function write(value: unknown, path: string, depth: number, out: string[]): void {
   if (depth > DEPTH_MAX) throw new ConfigError(`${path} is nested more than ${DEPTH_MAX} levels deep`);
   if (value === null) {
@@ -41,17 +68,26 @@ function write(value: unknown, path: string, depth: number, out: string[]): void
   } else if (typeof value === 'number') {
     if (!Number.isFinite(value)) throw new ConfigError(`${path} is ${value}, which JSON cannot carry`);
     out.push(JSON.stringify(value)); // ECMAScript's Number::toString, as RFC 8785 requires; -0 is "0"
+  } else if (typeof value !== 'object') {
+    throw notJson(path, kindOf(value)); // undefined, bigint, function, symbol
+  } else if (typeof (value as { toJSON?: unknown }).toJSON === 'function') {
+    // A Date among them: JSON.stringify would send what toJSON returns, another value than this one.
+    throw notJson(path, `${kindOf(value)} with a toJSON method`);
   } else if (Array.isArray(value)) {
     out.push('[');
-    value.forEach((item, index) => {
+    // An index loop, not forEach, so a hole is seen (and refused) rather than skipped.
+    for (let index = 0; index < value.length; index += 1) {
       if (index) out.push(',');
-      write(item === undefined ? null : item, `${path}[${index}]`, depth + 1, out);
-    });
+      const item: unknown = value[index];
+      if (item === undefined) throw notJson(`${path}[${index}]`, index in value ? 'undefined' : 'a hole');
+      write(item, `${path}[${index}]`, depth + 1, out);
+    }
     out.push(']');
-  } else if (typeof value === 'object' && value instanceof Date) {
-    out.push(JSON.stringify(value.toISOString()));
-  } else if (typeof value === 'object' && isPlainObject(value)) {
+  } else if (isPlainObject(value)) {
     const record = value as Record<string, unknown>;
+    if (Object.getOwnPropertySymbols(record).some((symbol) => Object.prototype.propertyIsEnumerable.call(record, symbol))) {
+      throw notJson(path, 'an object with symbol-named members');
+    }
     // Array.prototype.sort compares strings by UTF-16 code units, as RFC 8785 (3.2.3) requires.
     const names = Object.keys(record).filter((name) => record[name] !== undefined).sort();
     out.push('{');
@@ -63,11 +99,7 @@ function write(value: unknown, path: string, depth: number, out: string[]): void
     });
     out.push('}');
   } else {
-    const kind = value === undefined ? 'undefined' : typeof value === 'object' ? (value.constructor?.name ?? 'object') : typeof value;
-    throw new ConfigError(
-      `${path} is ${kind}, not a JSON value (use strings, numbers, booleans, null, arrays and plain objects, ` +
-        `or pass key to choose what identifies the call)`,
-    );
+    throw notJson(path, kindOf(value)); // Map, Set, a class instance, a typed array, a boxed primitive
   }
 }
 
