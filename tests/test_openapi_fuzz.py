@@ -117,6 +117,70 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(node_fact
     assert "Tested:" in finished.stdout  # it ran the operations, not nothing
 
 
+# Operations whose request schema does not yet say everything the node checks (issue 39, item 6),
+# left out of the positive-data check below: a rule a schema cannot state (a deadline in the future,
+# a cursor the node made, units within the resource's own size, a threshold that depends on the
+# condition), a nested shape not declared yet (requirements), or a module another change owns.
+NOT_YET_DECLARED = frozenset({
+    ("get", "/v1/spaces/{spaceId}/barriers"), ("get", "/v1/spaces/{spaceId}/scopes"),
+    ("get", "/v1/spaces/{spaceId}/task-groups"), ("get", "/v1/spaces/{spaceId}/tasks"),
+    ("get", "/v1/spaces/{spaceId}/timers"), ("get", "/v1/spaces/{spaceId}/events"),
+    ("get", "/v1/spaces/{spaceId}/watch"), ("get", "/v1/spaces/{spaceId}/claims/{key}"),
+    ("get", "/v1/spaces/{spaceId}/once"),
+    ("post", "/v1/spaces/{spaceId}/allowances/{allowanceId}/consume"),
+    ("post", "/v1/spaces/{spaceId}/permits/{permitId}/wait"), ("post", "/v1/spaces/{spaceId}/permits/{permitId}/acquire"),
+    ("post", "/v1/spaces/{spaceId}/allowances/{allowanceId}/wait"),
+    ("post", "/v1/spaces/{spaceId}/scopes"), ("put", "/v1/spaces/{spaceId}/runs/{name}"),
+    ("post", "/v1/spaces/{spaceId}/task-groups"), ("post", "/v1/spaces/{spaceId}/task-groups/{groupId}/tasks"),
+    ("post", "/v1/spaces/{spaceId}/tasks"), ("post", "/v1/spaces/{spaceId}/tasks/batch"),
+    ("put", "/v1/spaces/{spaceId}/mailboxes/by-name/{name}"),
+    ("post", "/v1/spaces/{spaceId}/barriers"), ("post", "/v1/spaces/{spaceId}/barriers/{id}/arrive"),
+    ("put", "/v1/spaces/{spaceId}/barriers/by-name/{name}"), ("post", "/v1/spaces/{spaceId}/timers"),
+    ("post", "/v1/spaces/{spaceId}/timers/poll"), ("post", "/v1/spaces/{spaceId}/timers/{id}/ack"),
+    ("put", "/v1/spaces/{spaceId}/timers/by-name/{name}"),
+})
+# Every answer but 400 VALIDATION_FAILED (and a server error) is one a schema-valid request may get:
+# an unknown id, a conflict with the state, a permission the key lacks.
+ACCEPTED_STATUSES = ("2xx", "401", "403", "404", "405", "408", "409", "410", "413", "415", "429", "503")
+
+
+def declared_only(document: dict[str, Any]) -> dict[str, Any]:
+    """The document without the operations of NOT_YET_DECLARED."""
+    for path, operations in document["paths"].items():
+        for method in [method for method in operations if (method, path) in NOT_YET_DECLARED]:
+            del operations[method]
+    document["paths"] = {path: operations for path, operations in document["paths"].items() if operations}
+    return document
+
+
+def test_a_request_its_schema_calls_valid_is_not_refused_as_invalid(node_factory: Any, tmp_path: Path) -> None:
+    """schemathesis's positive_data_acceptance: requests generated valid by the document's request
+    schemas (required fields, types, lengths, bounds) are never 400. Before issue 39 the schemas
+    declared no required field and no bound, and 68 operations refused requests they called valid."""
+    node = node_factory("--auth").start()
+    key = read_bootstrap_key(node)
+    with urllib.request.urlopen(f"{node.url}/v1/openapi.json", timeout=30) as answer:
+        document = json.loads(answer.read())
+    covered = declared_only(without_waits(in_one_space(document, "default")))
+    assert len([op for operations in covered["paths"].values() for op in operations]) >= 80
+    schema_file = tmp_path / "openapi.json"
+    schema_file.write_text(json.dumps(covered))
+    config_file = tmp_path / "schemathesis.toml"
+    config_file.write_text(
+        "[checks.positive_data_acceptance]\nexpected-statuses = [" + ", ".join(f'"{status}"' for status in ACCEPTED_STATUSES) + "]\n"
+    )
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "--config-file", str(config_file), "run", str(schema_file),
+        "--url", node.url, "-H", f"Authorization: Bearer {key}", "--checks", "positive_data_acceptance",
+        "--mode", "positive", "--phases", "examples,coverage,fuzzing", "--max-examples", str(EXAMPLES),
+        "--workers", "1", "--request-timeout", "20", "--generation-database", "none",
+        "--generation-with-security-parameters", "false", "--exclude-path-regex", EXCLUDED_PATHS, "--no-color",
+    ]
+    finished = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=FUZZ_TIMEOUT_S)
+    assert finished.returncode == 0, finished.stdout[-20_000:] + finished.stderr[-5_000:]
+    assert "Tested:" in finished.stdout
+
+
 def test_every_route_with_a_path_parameter_documents_404_and_a_newline_key_is_a_key(dev_node: Any) -> None:
     """Found by the long form: a newline in a claim's key matched no route (an undocumented 404).
     Every route with a parameter in its path now documents 404, and a claim's key may hold a

@@ -278,13 +278,25 @@ def text(body: dict[str, Any], field: str, *, max_chars: int, required: bool = F
     return value
 
 
+def whole_number(value: Any) -> int | None:
+    """`value` as an int when it is a JSON integer: an int, or a number with no fraction (`2.0`, an
+    integer to JSON Schema's `"type": "integer"`, which the OpenAPI document promises); else None."""
+    kind = type(value)
+    if kind is int:
+        return value  # type: ignore[no-any-return]
+    if kind is float and value.is_integer():
+        return int(value)
+    return None
+
+
 def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, default: int | None = None) -> int | None:
     value = body.get(field)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    whole = whole_number(value)
+    if whole is None or not minimum <= whole <= maximum:
         raise ApiError("VALIDATION_FAILED", f"{field} must be an integer from {minimum} to {maximum}")
-    return value
+    return whole
 
 
 def flag(body: dict[str, Any], field: str) -> bool:

@@ -28,7 +28,16 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import BOOLEAN, STRING, STRING_OR_NULL, TIME, TIME_OR_NULL, array, obj
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    NAME,
+    STRING,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    array,
+    obj,
+)
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 from runstate_server.node.keys import key_hash, new_key_id, new_key_secret
@@ -42,7 +51,8 @@ KEY = obj({
 routes = RouteTable()
 
 ID_HEX_CHARS = 20
-_PERMISSIONS_SCHEMA = {"type": "array", "items": {"type": "string", "enum": list(access.PERMISSIONS)}}
+_PERMISSIONS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(access.PERMISSIONS)}}
+_SPACE_ID = {"type": "string", "pattern": SPACE_ID.pattern}
 
 
 def key_view(view: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +86,7 @@ def _require_operator(caller: Caller, what: str) -> None:
 
 @routes(
     "POST", "/v1/spaces", "Create a space (an operator admin key)",
-    body={"id": STRING, "name": STRING}, ok=201, errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
+    body={"id": _SPACE_ID, "name": NAME}, ok=201, errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "LIMIT_EXCEEDED"),
     permission=ADMIN, answer=SPACE,
 )
 async def create_space(request: web.Request) -> web.Response:
@@ -126,7 +136,7 @@ def _permissions(body: dict[str, Any]) -> list[str]:
 
 @routes(
     "POST", "/v1/keys", "Create an API key; its secret is in this answer only",
-    body={"space": STRING, "name": STRING, "permissions": _PERMISSIONS_SCHEMA}, ok=201,
+    body={"space": _SPACE_ID, "name": NAME, "permissions": _PERMISSIONS_SCHEMA}, required=("permissions",), ok=201,
     errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "AUTH_DISABLED", "LIMIT_EXCEEDED"),
     permission=ADMIN, answer=obj({**KEY["properties"], "key": STRING}),
 )
@@ -155,7 +165,7 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes(
     "GET", "/v1/keys", "The keys of a space (no secrets)",
-    query={"space": STRING}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN, answer=obj({"keys": array(KEY)}),
+    query={"space": _SPACE_ID}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND"), permission=ADMIN, answer=obj({"keys": array(KEY)}),
 )
 async def list_keys(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)

@@ -36,8 +36,10 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
+    HOLDER,
     INTEGER,
     INTEGER_OR_NULL,
+    NAME,
     NUMBER,
     STRING_OR_NULL,
     TIME,
@@ -45,6 +47,7 @@ from runstate_server.node.api.schemas import (
     array,
     enum,
     obj,
+    text,
 )
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
@@ -57,6 +60,7 @@ _WINDOW_SECONDS_MAX = limits.limit_interval_ms_max // 1000
 # Whole seconds on the protocol; a fraction down to the millisecond is an extension (a "500ms" limit).
 _WINDOW_SECONDS = {
     "type": "number", "minimum": limits.limit_interval_ms_min / 1000, "maximum": _WINDOW_SECONDS_MAX,
+    "multipleOf": limits.limit_interval_ms_min / 1000,
 }
 _MS_TOLERANCE = 1e-6  # a decimal fraction of a second is not exact in binary: 0.003 s x 1000 != 3
 _UNITS = {"type": "integer", "minimum": 1, "maximum": limits.limit_units_max}
@@ -137,7 +141,8 @@ def _window_ms(body: dict[str, Any]) -> int | None:
     "POST", SPACE_PREFIX + "/allowances",
     "Create an allowance (a rate limit: unitsLimit per sliding window of windowSeconds); CONFLICT when the name "
     "is taken",
-    body={"name": STRING, "unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
+    body={"name": NAME, "unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
+    required=("name", "unitsLimit", "windowSeconds"),
     ok=201, errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def create(request: web.Request) -> web.Response:
@@ -164,6 +169,7 @@ async def list_allowances(request: web.Request) -> web.Response:
     "same; CONFLICT when they differ), or with {} look it up (NOT_FOUND when none). A look-up needs read, a "
     "declaration resource_config",
     body={"unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
+    dependent={"unitsLimit": ("windowSeconds",), "windowSeconds": ("unitsLimit",)},
     errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=READ,
     answer=_DECLARED,
 )
@@ -184,7 +190,7 @@ async def declare(request: web.Request) -> web.Response:
     "PATCH", SPACE_PREFIX + "/allowances/{allowanceId}",
     "Change an allowance's unitsLimit and windowSeconds (an extension: a declaration never changes one). From "
     "now on: what its window already holds counts; more room wakes its waiters",
-    body={"unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS},
+    body={"unitsLimit": _UNITS_LIMIT, "windowSeconds": _WINDOW_SECONDS}, required=("unitsLimit", "windowSeconds"),
     errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def resize(request: web.Request) -> web.Response:
@@ -218,7 +224,7 @@ def _use_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/allowances/{allowanceId}/consume",
     "Take units now, irrevocably (an estimate may be settled later); ALLOWANCE_EXHAUSTED when the window has not "
     "room or waiters are in line, ALLOWANCE_COOLDOWN under a cooldown (both with Retry-After)",
-    body={"scopeId": STRING, "units": _UNITS, "holder": STRING},
+    body={"scopeId": NAME, "units": _UNITS, "holder": HOLDER}, required=("scopeId",),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "ALLOWANCE_EXHAUSTED", "ALLOWANCE_COOLDOWN", *_INACTIVE),
     permission=WRITE, answer=_CONSUMPTION,
 )
@@ -236,7 +242,7 @@ async def consume(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/allowances/{allowanceId}/wait",
     "Join the allowance's FIFO line for units: GRANTED at once (with its consumptionId) when they can be taken now, "
     "else WAITING until the server grants it as the window allows",
-    body={"scopeId": STRING, "units": _UNITS, "holder": STRING, "ttlSeconds": _TTL_SECONDS},
+    body={"scopeId": NAME, "units": _UNITS, "holder": HOLDER, "ttlSeconds": _TTL_SECONDS}, required=("scopeId",),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
     answer=_WAITER_STATE,
 )
@@ -262,7 +268,7 @@ async def wait(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/allowances/{allowanceId}/cooldown",
     "Grant nothing of the allowance for seconds from now (a shorter cooldown never shortens a longer one)",
-    body={"seconds": _COOLDOWN_SECONDS, "reason": STRING},
+    body={"seconds": _COOLDOWN_SECONDS, "reason": text(limits.allowance_reason_chars_max)}, required=("seconds",),
     errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
     answer=obj({"cooldownUntil": TIME, "reason": STRING_OR_NULL}),
 )
@@ -289,7 +295,7 @@ async def cooldown(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/allowance-consumptions/{consumptionId}/settle",
     "Settle a consumption with the units it really used: the unused part goes back to its window, an overrun is "
     "taken now (even past the limit); once (the same units again answer the same, others are CONFLICT)",
-    body={"units": {"type": "integer", "minimum": 0, "maximum": limits.limit_units_max}},
+    body={"units": {"type": "integer", "minimum": 0, "maximum": limits.limit_units_max}}, required=("units",),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=_SETTLED,
 )
 async def settle(request: web.Request) -> web.Response:

@@ -31,7 +31,18 @@ from runstate_server.node.api.routes import (
     node_of,
     require_permission,
 )
-from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING_OR_NULL, TIME, array, enum, obj
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    HOLDER,
+    INTEGER,
+    NAME,
+    STRING_OR_NULL,
+    TIME,
+    array,
+    enum,
+    obj,
+    text,
+)
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -41,9 +52,15 @@ _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 # A minor amount: a decimal-digit string (or an integer) of at most 19 digits.
 _MINOR_DIGITS_MAX = len(str(limits.budget_limit_minor_max))
 MINOR = {"anyOf": [
-    {"type": "string", "pattern": f"^[0-9]{{1,{_MINOR_DIGITS_MAX}}}$"},
+    {"type": "string", "pattern": f"^[0-9]{{1,{_MINOR_DIGITS_MAX - 1}}}$"},  # a shorter one is below the max
     {"type": "integer", "minimum": 0, "maximum": limits.budget_limit_minor_max},
 ]}
+# A minor amount of at least 1 (a limit, a reservation).
+MINOR_POSITIVE = {"anyOf": [
+    {"type": "string", "pattern": f"^(?=[0-9]*[1-9])[0-9]{{1,{_MINOR_DIGITS_MAX - 1}}}$"},
+    {"type": "integer", "minimum": 1, "maximum": limits.budget_limit_minor_max},
+]}
+_WORK_KEY = text(limits.budget_work_key_chars_max)
 _MINOR_OUT = {"type": "string", "pattern": "^[0-9]+$"}
 _STATES = enum("ACTIVE", "STALE", "SETTLED", "VOIDED")
 _SCALE = {"type": "integer", "minimum": 0, "maximum": limits.budget_scale_max}
@@ -75,7 +92,8 @@ def minor(body: dict[str, Any], field: str, *, minimum: int, required: bool = Fa
         return None
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MINOR_DIGITS_MAX:
         value = int(value)
-    if type(value) is not int or not minimum <= value <= limits.budget_limit_minor_max:
+    value = req.whole_number(value)
+    if value is None or not minimum <= value <= limits.budget_limit_minor_max:
         raise ApiError(
             "VALIDATION_FAILED",
             f"{field} must be a decimal-digit string of minor units from {minimum} to {limits.budget_limit_minor_max}",
@@ -112,7 +130,7 @@ def _row(request: web.Request, budget_id: str) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/budgets",
     "Create a budget: a limit in minor units of a currency at a scale; CONFLICT when the name is taken",
-    body={"name": STRING, "currency": _CURRENCY, "scale": _SCALE, "limitMinor": MINOR},
+    body={"name": NAME, "currency": _CURRENCY, "scale": _SCALE, "limitMinor": MINOR_POSITIVE}, required=("name", "limitMinor"),
     ok=201, errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def create(request: web.Request) -> web.Response:
@@ -135,7 +153,8 @@ async def list_budgets(request: web.Request) -> web.Response:
     "Declare the budget of that name with limitMinor (currency USD and scale 2 unless given): created, or found "
     "when its limit, scale and currency are the same (CONFLICT when one differs); with {} look it up (NOT_FOUND). "
     "A look-up needs read, a declaration resource_config",
-    body={"limitMinor": MINOR, "currency": _CURRENCY, "scale": _SCALE},
+    body={"limitMinor": MINOR_POSITIVE, "currency": _CURRENCY, "scale": _SCALE},
+    dependent={"currency": ("limitMinor",), "scale": ("limitMinor",)},
     errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED"), permission=READ,
     answer=_DECLARED,
 )
@@ -168,7 +187,8 @@ async def get(request: web.Request) -> web.Response:
     "PATCH", SPACE_PREFIX + "/budgets/{budgetId}",
     "Set a budget's limit to limitMinor, in its own minor units (an extension: a declaration never changes one). "
     "A limit below what is settled and reserved grants nothing new",
-    body={"limitMinor": MINOR}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
+    body={"limitMinor": MINOR_POSITIVE}, required=("limitMinor",), errors=("VALIDATION_FAILED", "NOT_FOUND"),
+    permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def resize(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -180,7 +200,8 @@ async def resize(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/budgets/{budgetId}/reserve",
     "Hold amountMinor of the budget under a run until settleBy (default now + 1 h); INSUFFICIENT_BUDGET when "
     "less is left. Past its settleBy a reservation is STALE: still held, still settled or voided",
-    body={"scopeId": STRING, "holder": STRING, "amountMinor": MINOR, "settleBy": TIME},
+    body={"scopeId": NAME, "holder": HOLDER, "amountMinor": MINOR_POSITIVE, "settleBy": TIME},
+    required=("scopeId", "amountMinor"),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "INSUFFICIENT_BUDGET", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE, answer=_RESERVED,
 )
@@ -222,7 +243,8 @@ def _reservation_args(request: web.Request, body: dict[str, Any]) -> dict[str, A
     "Charge amountMinor against the reservation, once per workKey (the same workKey again charges nothing more "
     "and answers its charge again; with another amount CONFLICT); ACTIVE while part of it is still held. More than it holds: INSUFFICIENT_BUDGET, "
     "or with allowOverrun charged up to what the budget can still cover. An ended reservation: CONFLICT",
-    body={"reservationId": STRING, "amountMinor": MINOR, "workKey": STRING, "allowOverrun": BOOLEAN},
+    body={"reservationId": NAME, "amountMinor": MINOR, "workKey": _WORK_KEY, "allowOverrun": BOOLEAN},
+    required=("reservationId", "amountMinor", "workKey"),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "INSUFFICIENT_BUDGET", "LIMIT_EXCEEDED"),
     permission=WRITE, answer=_SETTLED,
 )
@@ -240,7 +262,7 @@ async def settle(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/budgets/{budgetId}/void",
     "Release what the reservation still holds: VOIDED, or SETTLED when something of it was charged; the same "
     "workKey again answers the same; an ended reservation: CONFLICT",
-    body={"reservationId": STRING, "workKey": STRING},
+    body={"reservationId": NAME, "workKey": _WORK_KEY}, required=("reservationId", "workKey"),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT"), permission=WRITE, answer=_SETTLED,
 )
 async def void(request: web.Request) -> web.Response:

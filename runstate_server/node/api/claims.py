@@ -26,7 +26,17 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
-from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING_OR_NULL, TIME, TIME_OR_NULL, obj
+from runstate_server.node.api.schemas import (
+    BOOLEAN,
+    HOLDER,
+    INTEGER,
+    KEY,
+    NAME,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    obj,
+)
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
@@ -70,7 +80,8 @@ def _path_key(request: web.Request) -> str:
     "POST", SPACE_PREFIX + "/claims",
     "Acquire the claim on (scopeId, key): a fresh token and the next generation; CLAIM_HELD while another lease "
     "is live",
-    body={"key": STRING, "scopeId": STRING, "holder": STRING, "holderSession": STRING,
+    required=("key", "scopeId"),
+    body={"key": KEY, "scopeId": NAME, "holder": HOLDER, "holderSession": NAME,
           "leaseSeconds": req.LEASE_SECONDS},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CLAIM_HELD", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
@@ -88,7 +99,7 @@ async def acquire(request: web.Request) -> web.Response:
 
 @routes(
     "POST", _KEY_PATH + "/renew", "Extend the claim's lease from now (by leaseSeconds, else its last length)",
-    body={"token": STRING, "leaseSeconds": req.LEASE_SECONDS},
+    body={"token": NAME, "leaseSeconds": req.LEASE_SECONDS}, required=("token",),
     errors=("VALIDATION_FAILED", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
@@ -103,7 +114,7 @@ async def renew(request: web.Request) -> web.Response:
 
 @routes(
     "POST", _KEY_PATH + "/release", "Give the claim back (free at once), leaving an optional observation",
-    body={"token": STRING, "observation": ANY_JSON},
+    body={"token": NAME, "observation": ANY_JSON}, required=("token",),
     errors=("VALIDATION_FAILED", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:

@@ -26,7 +26,6 @@ from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
 from runstate_server.node.api.mailboxes import REQUIREMENTS
 from runstate_server.node.api.routes import (
     ANY_JSON,
-    INTEGER,
     ISO_TIME,
     READ,
     SPACE_PREFIX,
@@ -38,12 +37,16 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
+    HOLDER,
     INTEGER_OR_NULL,
+    KEY,
+    NAME,
     STRING,
     STRING_OR_NULL,
     TIME,
     TIME_OR_NULL,
     array,
+    bounded,
     enum,
     nullable,
     obj,
@@ -74,7 +77,7 @@ if TYPE_CHECKING:
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _MEMBERS = {"type": "integer", "minimum": 1, "maximum": limits.group_members_max}
-_TASK_ID = {"taskId": STRING}
+_TASK_ID = {"taskId": NAME}
 
 
 def group_view(state: State, group: Group) -> dict[str, Any]:
@@ -135,18 +138,22 @@ _PROTOCOL = SPACE_PREFIX + "/task-groups"
 _MEMBER = obj({
     "taskId": STRING, "id": STRING, "taskKey": STRING, "created": BOOLEAN, "state": STRING, "groupState": GROUP_STATE,
 })
-_MEMBER_BODY = {"taskKey": STRING, "input": ANY_JSON, "deadline": ISO_TIME, "requirements": REQUIREMENTS, "attempts": INTEGER}
-_NO_BODY = {"holder": STRING}  # accept/reject take {} or no body; our SDK names who gives the verdict
+_MEMBER_BODY = {
+    "taskKey": KEY, "input": ANY_JSON, "deadline": ISO_TIME, "requirements": REQUIREMENTS,
+    "attempts": bounded(1, limits.attempts_max),
+}
+_NO_BODY = {"holder": HOLDER}  # accept/reject take {} or no body; our SDK names who gives the verdict
 
 
 @routes(
     "POST", _PROTOCOL,
     "Create a task group with a run of its own (a child of parentScopeId when given) delivering its members "
     "through the WORK mailbox mailboxId",
-    body={"mailboxId": STRING, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
-          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": STRING,
+    body={"mailboxId": NAME, "condition": {"type": "string", "enum": list(groups.Condition.ALL)},
+          "threshold": _MEMBERS, "expectedMembers": _MEMBERS, "deadline": ISO_TIME, "parentScopeId": NAME,
           # Extension: the run the group is created from (our SDK's run.groups), refused when it stopped.
-          "scopeId": STRING},
+          "scopeId": NAME},
+    required=("mailboxId", "condition"),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=GROUP,
 )
 async def protocol_create(request: web.Request) -> web.Response:
@@ -195,7 +202,7 @@ async def protocol_wait(request: web.Request) -> web.Response:
     "POST", _PROTOCOL + "/{groupId}/tasks",
     "Add a member: a task of the group's run and mailbox. The same taskKey (and input) again answers the same task, "
     "even once the group is closed",
-    body=_MEMBER_BODY, ok=201,
+    body=_MEMBER_BODY, required=("input",), ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "KEY_CONFLICT", "LIMIT_EXCEEDED", "BACKLOG_FULL", *_INACTIVE),
     permission=WRITE, answer=_MEMBER,
 )
@@ -275,7 +282,7 @@ async def protocol_reject(request: web.Request) -> web.Response:
     "POST", _PROTOCOL + "/{groupId}/join-task",
     "Add an existing task as a member while the group is open: one of the group's run, or an outside one (of any run "
     "of the space, e.g. the run the group was made from) in a WORK mailbox that is no member of another group",
-    body=_TASK_ID, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE),
+    body=_TASK_ID, required=("taskId",), errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE, answer=obj({"taskId": STRING, "joined": BOOLEAN, "groupState": GROUP_STATE}),
 )
 async def protocol_join(request: web.Request) -> web.Response:

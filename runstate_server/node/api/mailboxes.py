@@ -29,6 +29,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
+from runstate_server.node.api.schemas import KEY, NAME, bounded
 from runstate_server.node.api.views import iso, mailbox_view
 from runstate_server.node.errors import ApiError
 
@@ -97,7 +98,7 @@ async def list_mailboxes(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/mailboxes", "Create a mailbox (CONFLICT if the name exists)",
-    body={"name": STRING, "mode": _MODE, "backlogLimit": INTEGER}, ok=201,
+    body={"name": NAME, "mode": _MODE, "backlogLimit": bounded(1, limits.backlog_limit_max)}, required=("name",), ok=201,
     errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=A.MAILBOX_WITH_STATS,
 )
 async def create_mailbox(request: web.Request) -> web.Response:
@@ -114,7 +115,7 @@ async def create_mailbox(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/mailboxes/by-name/{name}",
     "Declare a WORK mailbox (created when missing; a declared setting that differs is CONFLICT)",
-    body={"maxAttempts": INTEGER, "requirements": REQUIREMENTS},
+    body={"maxAttempts": bounded(1, limits.attempts_max), "requirements": REQUIREMENTS},
     errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.MAILBOX_WITH_STATS, ok=201,
 )
 async def declare_mailbox(request: web.Request) -> web.Response:
@@ -155,7 +156,7 @@ async def get_mailbox(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/mailboxes/{id}/messages",
     "Send a message (keyless, or keyed by workKey: the same workKey in the run is the same message)",
-    body={"scopeId": STRING, "payload": ANY_JSON, "workKey": STRING, "deadline": ISO_TIME}, ok=201,
+    body={"scopeId": NAME, "payload": ANY_JSON, "workKey": KEY, "deadline": ISO_TIME}, required=("scopeId", "payload"), ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", *_INACTIVE),
     permission=WRITE, answer=A.SENT,
 )
@@ -208,7 +209,7 @@ async def list_messages(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/mailboxes/{id}/recv",
     "Take the oldest message under a lease, waiting up to waitMs; 204 when there is none",
-    body=RECEIVE_BODY, ok=200,
+    body=RECEIVE_BODY, required=("scopeId",), ok=200,
     errors=("VALIDATION_FAILED", "NOT_FOUND", *_INACTIVE), permission=WRITE, answer=A.RECEIVED_ONE_OR_MANY, empty=True,
 )
 async def recv(request: web.Request) -> web.StreamResponse:

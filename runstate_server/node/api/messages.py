@@ -17,7 +17,6 @@ from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import client_gone, park, wait
 from runstate_server.node.api.routes import (
     ANY_JSON,
-    INTEGER,
     SPACE_PREFIX,
     STRING,
     WRITE,
@@ -27,6 +26,7 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
+from runstate_server.node.api.schemas import HOLDER, KEY, NAME, bounded
 from runstate_server.node.api.views import iso, needs_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
@@ -39,8 +39,8 @@ TOKEN_NONCE_BYTES = 12
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 # What recv and admit take besides their own fields.
 RECEIVE_BODY: dict[str, Any] = {
-    "scopeId": STRING, "holder": STRING, "holderSession": STRING, "leaseSeconds": req.LEASE_SECONDS,
-    "waitMs": {"type": "integer", "minimum": 0},
+    "scopeId": NAME, "holder": HOLDER, "holderSession": NAME, "leaseSeconds": req.LEASE_SECONDS,
+    "waitMs": bounded(0, limits.wait_ms_max),
     "max": {"type": "integer", "minimum": 1, "maximum": limits.receive_batch_max},  # extension: a batch
 }
 
@@ -157,7 +157,7 @@ def _settled_view(result: dict[str, Any]) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/renew", "Extend a delivery's lease",
-    body={"token": STRING, "leaseSeconds": req.LEASE_SECONDS},
+    body={"token": KEY, "leaseSeconds": req.LEASE_SECONDS}, required=("token",),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.RENEWED,
 )
 async def renew(request: web.Request) -> web.Response:
@@ -180,7 +180,7 @@ def _completed_payload(body: dict[str, Any]) -> Any:
 
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/complete", "Settle a delivery OK: result.payload becomes the task's outcome",
-    body={"token": STRING, "result": _RESULT},
+    body={"token": KEY, "result": _RESULT}, required=("token",),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=A.SETTLED,
 )
 async def complete(request: web.Request) -> web.Response:
@@ -189,7 +189,7 @@ async def complete(request: web.Request) -> web.Response:
     return json_response(_settled_view(answer))
 
 
-_COMPLETE_ITEM = {"id": STRING, "token": STRING, "result": _RESULT}
+_COMPLETE_ITEM = {"id": KEY, "token": KEY, "result": _RESULT}
 
 
 def _complete_item_args(item: Any) -> dict[str, Any]:
@@ -211,8 +211,10 @@ def _complete_item_args(item: Any) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/messages/complete",
     f"Extension: complete up to {limits.complete_batch_max} deliveries in one call; each answers on its own. An item "
     "its schema refuses refuses the whole call (400, nothing changes)",
-    body={"items": {"type": "array", "maxItems": limits.complete_batch_max,
-                    "items": {"type": "object", "properties": _COMPLETE_ITEM}}},
+    body={"items": {"type": "array", "minItems": 1, "maxItems": limits.complete_batch_max, "items": {
+        "type": "object", "properties": _COMPLETE_ITEM, "required": ["id", "token"], "additionalProperties": False,
+    }}},
+    required=("items",),
     errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SETTLED_MANY,
 )
 async def complete_batch(request: web.Request) -> web.Response:
@@ -250,8 +252,9 @@ def _item_error(code: str, message: str) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/messages/{id}/nack",
     "Settle a delivery not OK: retry (another attempt, FAILED once they are used) or reject (FAILED now)",
-    body={"token": STRING, "retry": {"type": "boolean"}, "error": STRING, "delayMs": INTEGER,
+    body={"token": KEY, "retry": {"type": "boolean"}, "error": STRING, "delayMs": bounded(0, limits.retry_delay_ms_max),
           "countAttempt": {"type": "boolean"}},
+    required=("token", "retry"),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=A.SETTLED,
 )
 async def nack(request: web.Request) -> web.Response:

@@ -29,16 +29,29 @@ from runstate_server.node.api.routes import (
     holder_of,
     node_of,
 )
-from runstate_server.node.api.schemas import INTEGER, STRING_OR_NULL, TIME, TIME_OR_NULL, enum, obj
+from runstate_server.node.api.schemas import (
+    HOLDER,
+    INTEGER,
+    KEY,
+    NAME,
+    STRING_OR_NULL,
+    TIME,
+    TIME_OR_NULL,
+    bounded,
+    enum,
+    obj,
+)
 from runstate_server.node.api.views import iso
 from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
-_MAX_ATTEMPTS = {"type": "integer", "minimum": 1, "maximum": limits.attempts_max}
-_ENTRY = {"scopeId": STRING, "key": STRING}  # which once entry a call is about
-_LEASE = {**_ENTRY, "token": STRING}  # ... and the lease it presents
+_MAX_ATTEMPTS = bounded(1, limits.attempts_max)
+_ENTRY = {"scopeId": NAME, "key": KEY}  # which once entry a call is about
+_LEASE = {**_ENTRY, "token": NAME}  # ... and the lease it presents
+_ENTRY_REQUIRED = ("scopeId", "key")
+_LEASE_REQUIRED = (*_ENTRY_REQUIRED, "token")
 _STATE = enum(OnceState.OPEN, OnceState.HELD, OnceState.DONE, OnceState.FAILED)
 _EFFECTIVE = enum("ACTIVE", "INACTIVE")
 # What a once command answers (_render); `token` and `leaseExpiresAt` while the caller holds it.
@@ -84,7 +97,8 @@ def _render(result: dict[str, Any]) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/once/acquire",
     "Acquire the once entry of (scopeId, key): GRANTED (with token and lease), HELD by another, DONE (with the "
     "result) or FAILED (with lastError)",
-    body={**_ENTRY, "holder": STRING, "holderSession": STRING, "leaseSeconds": req.LEASE_SECONDS,
+    required=_ENTRY_REQUIRED,
+    body={**_ENTRY, "holder": HOLDER, "holderSession": NAME, "leaseSeconds": req.LEASE_SECONDS,
           "maxAttempts": _MAX_ATTEMPTS},
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
@@ -170,7 +184,7 @@ async def get(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/once/renew", "Extend this caller's once lease",
-    body={**_LEASE, "leaseSeconds": req.LEASE_SECONDS},
+    body={**_LEASE, "leaseSeconds": req.LEASE_SECONDS}, required=_LEASE_REQUIRED,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def renew(request: web.Request) -> web.Response:
@@ -181,7 +195,7 @@ async def renew(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/once/complete", "Record the result (DONE for every caller)",
-    body={**_LEASE, "result": ANY_JSON},
+    body={**_LEASE, "result": ANY_JSON}, required=_LEASE_REQUIRED,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=_ANSWER,
 )
 async def complete(request: web.Request) -> web.Response:
@@ -194,7 +208,7 @@ async def complete(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/once/fail",
     "Record a failed attempt: FAILED when it used the last of maxAttempts (default 3), else OPEN for the next caller",
-    body={**_LEASE, "error": STRING, "maxAttempts": _MAX_ATTEMPTS},
+    body={**_LEASE, "error": STRING, "maxAttempts": _MAX_ATTEMPTS}, required=_LEASE_REQUIRED,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
 )
 async def fail(request: web.Request) -> web.Response:
@@ -211,7 +225,8 @@ async def fail(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/once/release", "Give the once entry back at once (OPEN), no attempt counted",
-    body=_LEASE, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE, answer=_ANSWER,
+    body=_LEASE, required=_LEASE_REQUIRED, errors=("VALIDATION_FAILED", "NOT_FOUND", "STALE_CLAIM"), permission=WRITE,
+    answer=_ANSWER,
 )
 async def release(request: web.Request) -> web.Response:
     body = await req.json_body(request)

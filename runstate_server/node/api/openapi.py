@@ -62,11 +62,14 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
         if entry.empty:
             operation["responses"]["204"] = {"description": "nothing now"}
         if entry.body is not None:
+            body_schema: dict[str, Any] = {"type": "object", "properties": entry.body, "additionalProperties": False}
+            if entry.required:
+                body_schema["required"] = list(entry.required)
+            if entry.dependent:
+                body_schema["dependentRequired"] = {name: list(needs) for name, needs in entry.dependent.items()}
             operation["requestBody"] = {
-                "required": False,
-                "content": {"application/json": {"schema": {
-                    "type": "object", "properties": entry.body, "additionalProperties": False,
-                }}},
+                "required": bool(entry.required),
+                "content": {"application/json": {"schema": body_schema}},
             }
         # Which key the route needs: none (public), any valid one, or one with this permission.
         operation["x-runstate-permission"] = entry.permission

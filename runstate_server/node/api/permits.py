@@ -34,8 +34,11 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
+    HOLDER,
     INTEGER,
     INTEGER_OR_NULL,
+    KEY,
+    NAME,
     STRING_OR_NULL,
     TIME,
     TIME_OR_NULL,
@@ -90,7 +93,7 @@ def _row(request: web.Request, permit_id: str) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/permits", "Create a permit (a pool of units); CONFLICT when the name is taken",
-    body={"name": STRING, "units": _UNITS},
+    body={"name": NAME, "units": _UNITS}, required=("name", "units"),
     ok=201, errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=RESOURCE_CONFIG, answer=ROW,
 )
 async def create(request: web.Request) -> web.Response:
@@ -138,7 +141,8 @@ async def declare(request: web.Request) -> web.Response:
     "PATCH", SPACE_PREFIX + "/permits/{permitId}",
     "Resize a permit to units (an extension: a declaration never changes one). Fewer units than are in use "
     "grant nothing new until enough return; more wake its waiters",
-    body={"units": _UNITS}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG, answer=ROW,
+    body={"units": _UNITS}, required=("units",), errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=RESOURCE_CONFIG,
+    answer=ROW,
 )
 async def resize(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -162,8 +166,9 @@ async def get(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/permits/{permitId}/acquire",
     "Acquire units of the permit under a lease: a grant and its token; CAPACITY_UNAVAILABLE (with Retry-After) "
     "when they are not free now",
-    body={"scopeId": STRING, "units": _UNITS, "holder": STRING, "holderSession": STRING,
-          "leaseSeconds": req.LEASE_SECONDS, "waiterId": STRING},
+    body={"scopeId": NAME, "units": _UNITS, "holder": HOLDER, "holderSession": NAME,
+          "leaseSeconds": req.LEASE_SECONDS, "waiterId": NAME},
+    required=("scopeId",),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "CAPACITY_UNAVAILABLE", *_INACTIVE), permission=WRITE, answer=_GRANT,
 )
 async def acquire(request: web.Request) -> web.Response:
@@ -202,7 +207,7 @@ def _grant_args(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/grants/{grantId}/renew",
     "Extend the grant's lease from now (by leaseSeconds, else its last length); STALE_CLAIM for a token that is "
     "not the grant's",
-    body={"token": STRING, "leaseSeconds": req.LEASE_SECONDS},
+    body={"token": KEY, "leaseSeconds": req.LEASE_SECONDS}, required=("token",),
     errors=("VALIDATION_FAILED", "STALE_CLAIM", *_INACTIVE), permission=WRITE, answer=obj({"leaseExpiresAt": TIME}),
 )
 async def renew(request: web.Request) -> web.Response:
@@ -215,7 +220,7 @@ async def renew(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/grants/{grantId}/release",
     "Give the grant's units back; STALE_CLAIM for a token that is not the grant's (released, lapsed)",
-    body={"token": STRING, "observation": ANY_JSON},
+    body={"token": KEY, "observation": ANY_JSON}, required=("token",),
     errors=("VALIDATION_FAILED", "STALE_CLAIM"), permission=WRITE, answer=obj({"released": BOOLEAN}),
 )
 async def release(request: web.Request) -> web.Response:
@@ -242,7 +247,7 @@ def _waiter_answer(request: web.Request, waiter_id: str) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/permits/{permitId}/wait",
     "Join the permit's FIFO line for units: a waiter, SIGNALED when its turn comes (then acquire with its waiterId)",
-    body={"scopeId": STRING, "units": _UNITS, "holder": STRING, "ttlSeconds": _TTL_SECONDS},
+    body={"scopeId": NAME, "units": _UNITS, "holder": HOLDER, "ttlSeconds": _TTL_SECONDS}, required=("scopeId",),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
     answer=_WAITER_STATE,
 )

@@ -59,6 +59,10 @@ class Route:
     # The route may also answer 204 No Content ("nothing now", e.g. a receive that found nothing).
     empty: bool = False
     media_type: str = "application/json"  # of the success answer (GET /metrics answers text)
+    # The body fields the route refuses to go without (the OpenAPI schema's `required`).
+    required: tuple[str, ...] = ()
+    # Body fields that need others beside them (the schema's `dependentRequired`): {"scale": ("limitMinor",)}.
+    dependent: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class RouteTable:
@@ -82,10 +86,17 @@ class RouteTable:
         answer: dict[str, Any] | None = None,
         empty: bool = False,
         media_type: str = "application/json",
+        required: tuple[str, ...] = (),
+        dependent: dict[str, tuple[str, ...]] | None = None,
     ) -> Callable[[Handler], Handler]:
+        assert set(required) <= set(body or {}), f"{method} {path}: a required field the body does not take"
+
         def add(handler: Handler) -> Handler:
             self.routes.append(
-                Route(method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty, media_type)
+                Route(
+                    method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty, media_type,
+                    required, dependent or {},
+                )
             )
             return handler
 

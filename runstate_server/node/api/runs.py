@@ -15,7 +15,6 @@ from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.routes import (
-    INTEGER,
     ISO_TIME,
     READ,
     SPACE_PREFIX,
@@ -25,7 +24,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import STRING_OR_NULL, array, obj
+from runstate_server.node.api.schemas import NAME, REASON, STRING_OR_NULL, array, bounded, obj, text
 from runstate_server.node.api.views import in_space, run_view
 
 routes = RouteTable()
@@ -40,7 +39,8 @@ def run_response(result: dict[str, Any], status: int = 200) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/scopes", "Create a run; with parentId a child run, stopped along with its parent",
-    body={"name": STRING, "parentId": STRING, "deadline": ISO_TIME, "childLimit": INTEGER}, ok=201,
+    body={"name": text(limits.run_name_chars_max), "parentId": NAME, "deadline": ISO_TIME,
+          "childLimit": bounded(0, limits.child_limit_max)}, ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=A.RUN,
 )
 async def create_run(request: web.Request) -> web.Response:
@@ -136,7 +136,7 @@ async def _stop(request: web.Request, kind: str, args: dict[str, Any]) -> web.Re
 
 @routes(
     "POST", SPACE_PREFIX + "/scopes/{id}/cancel", "Cancel a run and everything below it",
-    body={"reason": STRING}, errors=("NOT_FOUND", "CONFLICT"), permission=WRITE, answer=A.RUN,
+    body={"reason": REASON}, errors=("NOT_FOUND", "CONFLICT"), permission=WRITE, answer=A.RUN,
 )
 async def cancel_run(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)

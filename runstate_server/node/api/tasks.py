@@ -23,7 +23,6 @@ from runstate_server.node.api.mailboxes import REQUIREMENTS
 from runstate_server.node.api.messages import RECEIVE_BODY, holds_of, receive, receive_args
 from runstate_server.node.api.routes import (
     ANY_JSON,
-    INTEGER,
     ISO_TIME,
     READ,
     SPACE_PREFIX,
@@ -33,7 +32,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import STRING_OR_NULL, array, obj
+from runstate_server.node.api.schemas import KEY, NAME, REASON, STRING_OR_NULL, array, bounded, obj
 from runstate_server.node.api.views import in_space, iso, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
@@ -41,16 +40,17 @@ from runstate_server.node.errors import ApiError
 routes = RouteTable()
 
 _TASK_FIELDS = {
-    "scopeId": STRING, "mailboxId": STRING, "taskKey": STRING, "input": ANY_JSON, "deadline": ISO_TIME,
-    "subscriberId": STRING, "requirements": REQUIREMENTS, "workLimit": STRING,
+    "scopeId": NAME, "mailboxId": NAME, "taskKey": KEY, "input": ANY_JSON, "deadline": ISO_TIME,
+    "subscriberId": NAME, "requirements": REQUIREMENTS, "workLimit": NAME,
     # Extensions: attempts of this task, and the key alone names it.
-    "attempts": INTEGER, "keyOnly": {"type": "boolean"},
+    "attempts": bounded(1, limits.attempts_max), "keyOnly": {"type": "boolean"},
 }
+_TASK_REQUIRED = ("scopeId", "mailboxId", "input")
 _SUBMIT_ERRORS = (
     "VALIDATION_FAILED", "NOT_FOUND", "KEY_CONFLICT", "BACKLOG_FULL", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED",
     "CONCURRENCY_LIMITED",
 )
-_SUBSCRIBER = {"subscriberId": STRING}
+_SUBSCRIBER = {"subscriberId": NAME}
 
 
 def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def _submitted(result: dict[str, Any]) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/tasks",
     "Submit a task (the same taskKey in the same run and mailbox is the same task)",
-    body=_TASK_FIELDS, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE, answer=A.SUBMITTED,
+    body=_TASK_FIELDS, required=_TASK_REQUIRED, ok=201, errors=_SUBMIT_ERRORS, permission=WRITE, answer=A.SUBMITTED,
 )
 async def submit(request: web.Request) -> web.Response:
     args = _submit_args(await req.json_body(request))
@@ -93,8 +93,10 @@ async def submit(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/tasks/batch",
     f"Extension: submit up to {limits.submit_batch_max} tasks in one call; each answers on its own. A task its "
     "schema refuses refuses the whole call (400, nothing changes)",
-    body={"tasks": {"type": "array", "maxItems": limits.submit_batch_max,
-                    "items": {"type": "object", "properties": _TASK_FIELDS}}},
+    body={"tasks": {"type": "array", "minItems": 1, "maxItems": limits.submit_batch_max, "items": {
+        "type": "object", "properties": _TASK_FIELDS, "required": list(_TASK_REQUIRED), "additionalProperties": False,
+    }}},
+    required=("tasks",),
     errors=("VALIDATION_FAILED",), permission=WRITE, answer=A.SUBMITTED_MANY,
 )
 async def submit_batch(request: web.Request) -> web.Response:
@@ -259,7 +261,7 @@ def _task_answer(result: dict[str, Any]) -> dict[str, Any]:
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/cancel", "Cancel an unfinished task (a finished one stays as it is)",
-    body={"reason": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE, answer=A.TASK_CHANGED,
+    body={"reason": REASON}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE, answer=A.TASK_CHANGED,
 )
 async def cancel(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
@@ -270,7 +272,7 @@ async def cancel(request: web.Request) -> web.Response:
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/join",
     f"Subscribe to a task (idempotent; at most {limits.subscribers_per_task_max} subscribers)",
-    body={**_SUBSCRIBER, "scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.TASK_CHANGED,
+    body={**_SUBSCRIBER, "scopeId": NAME}, required=("subscriberId", "scopeId"), errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.TASK_CHANGED,
 )
 async def join(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -284,7 +286,8 @@ async def join(request: web.Request) -> web.Response:
 
 @routes(
     "POST", SPACE_PREFIX + "/tasks/{id}/detach", "Unsubscribe from a task (idempotent; the task goes on)",
-    body=_SUBSCRIBER, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE, answer=A.TASK_CHANGED,
+    body=_SUBSCRIBER, required=("subscriberId",), errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=WRITE,
+    answer=A.TASK_CHANGED,
 )
 async def detach(request: web.Request) -> web.Response:
     body = await req.json_body(request)
@@ -322,7 +325,7 @@ def _admitted(given: dict[str, Any]) -> dict[str, Any]:
 @routes(
     "POST", SPACE_PREFIX + "/tasks/admit",
     "Take the oldest task of the mailbox whose needs can all be taken now, with them, under a lease; 204 when none",
-    body={**RECEIVE_BODY, "mailboxId": STRING, "includeDescendants": {"type": "boolean"}},
+    body={**RECEIVE_BODY, "mailboxId": NAME, "includeDescendants": {"type": "boolean"}}, required=("scopeId", "mailboxId"),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"), permission=WRITE, answer=A.ADMITTED_ONE_OR_MANY, empty=True,
 )
 async def admit(request: web.Request) -> web.StreamResponse:
@@ -355,7 +358,8 @@ def _result_view(task: Task) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/tasks/results",
     "Extension: results of many tasks; answers when all are terminal, or after waitMs with what is known; "
     "with view=task each is the task's view as GET /tasks/{id} shows it",
-    body={"ids": {"type": "array", "items": STRING, "maxItems": limits.results_batch_max},
+    required=("ids",),
+    body={"ids": {"type": "array", "items": STRING, "minItems": 1, "maxItems": limits.results_batch_max},
           "waitMs": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MS_MAX},
           "view": {"type": "string", "enum": ["result", "task"]}},
     errors=("VALIDATION_FAILED",), permission=READ, answer=A.RESULTS,

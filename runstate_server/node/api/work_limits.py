@@ -20,7 +20,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import INTEGER, array, obj
+from runstate_server.node.api.schemas import INTEGER, NAME, array, obj
 from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
@@ -40,7 +40,7 @@ def _row(request: web.Request, name: str) -> dict[str, Any]:
     "POST", SPACE_PREFIX + "/work-limits",
     "Create the space's work limit `name` under the run scopeId (the same maxOutstanding again answers the row; "
     "another is CONFLICT): tasks that name it with workLimit are at most maxOutstanding unfinished at once",
-    body={"name": STRING, "scopeId": STRING, "maxOutstanding": _MAX_OUTSTANDING},
+    body={"name": NAME, "scopeId": NAME, "maxOutstanding": _MAX_OUTSTANDING}, required=("name", "scopeId", "maxOutstanding"),
     ok=201, errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", "SCOPE_CANCELLED", "DEADLINE_EXCEEDED"),
     permission=RESOURCE_CONFIG, answer=ROW,
 )
