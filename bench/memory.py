@@ -12,7 +12,10 @@ resident set size (VmRSS, /proc): the growth over the baseline divided by N is w
 costs. Then it receives them (100 per call) and completes each with a result of 100 bytes, and
 reads the RSS again: what one SUCCEEDED task costs (its run still open, so the node keeps it).
 From these it extrapolates how many such tasks a node holds in 24 GB of memory, and gives beside
-them what the node's own accounting (runstate_server/actors/storage.py) charges one such task.
+them what the node's own accounting (runstate_server/actors/storage.py, state.task_bytes) charges
+one such task, QUEUED and SUCCEEDED, and the ratio of each growth to its charge (`rss_per_charge`):
+near 1 the node's bound on what it holds (`node_bytes_max`) bounds its memory; above 1, the
+process grows past it by that factor (a drift to measure again for, state.TASK_OVERHEAD_BYTES).
 
 With --profile the node runs under tracemalloc (slower, and its RSS then includes tracemalloc's own
 bookkeeping: read the RSS figures of such a run as rough) and the report adds the allocation
@@ -182,9 +185,23 @@ def per_task(grown_kib: int, tasks: int) -> int:
     return round(grown_kib * 1024 / tasks)
 
 
+def charged(key_chars: int) -> dict[str, int]:
+    """What the node's accounting charges one of the benchmark's tasks, QUEUED and SUCCEEDED:
+    state.task_bytes of such a task, its payloads encoded as the node keeps them."""
+    from runstate_server.actors.state import TaskState, json_bytes, new_task, task_bytes
+
+    task = new_task(
+        id="tsk_" + "0" * 20, space="default", run_id="run_" + "0" * 20, mailbox="bench", key="k" * key_chars,
+        input=json_bytes(padded("n", 0)), input_hash="k" * key_chars, attempts=3, created_ms=0,
+    )
+    queued = task_bytes(task)
+    task.delivery_count, task.state = 1, TaskState.SUCCEEDED
+    task.outcome = json_bytes({"payload": padded("m", 0)})  # as complete() sends it
+    return {"queued": queued, "completed": task_bytes(task)}
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     from runstate_server.actors import limits
-    from runstate_server.actors.state import TASK_OVERHEAD_BYTES
 
     # The tasks go to as many runs as a run's bound needs; the warm-up to a run of its own, left
     # out where it would pass the space's task bound.
@@ -227,7 +244,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     accepted_total = sum(accepted)
     queued_per_task = per_task(queued["VmRSS"] - base["VmRSS"], accepted_total)
     done_per_task = per_task(done["VmRSS"] - base["VmRSS"], accepted_total)
-    charged = TASK_OVERHEAD_BYTES + 2 * PAYLOAD_BYTES + key_chars  # no error (state.task_bytes)
+    charge = charged(key_chars)
     return {
         "benchmark": "memory_per_task",
         "nodes": 1,
@@ -255,7 +272,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         },
         "bytes_per_task": {"queued": queued_per_task, "completed": done_per_task},
         "peak_bytes_per_task": per_task(done["VmHWM"] - base["VmRSS"], accepted_total),
-        "charged_bytes_per_task": charged,
+        "charged_bytes_per_task": charge,
+        # RSS growth per task over its charge: how far past node_bytes_max the process grows.
+        "rss_per_charge": {
+            "queued": round(queued_per_task / charge["queued"], 2),
+            "completed": round(done_per_task / charge["completed"], 2),
+            "peak": round(per_task(done["VmHWM"] - base["VmRSS"], accepted_total) / charge["completed"], 2),
+        },
         "tasks_in_24gb": {
             "queued": NODE_MEMORY_BYTES // max(queued_per_task, 1),
             "completed": NODE_MEMORY_BYTES // max(done_per_task, 1),
@@ -264,7 +287,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "tasks_per_run_max": limits.tasks_per_run_max,
             "tasks_per_space_max": limits.tasks_per_space_max,
             "node_bytes_max": limits.node_bytes_max,
-            "tasks_charged_into_node_bytes_max": limits.node_bytes_max // charged,
+            "tasks_charged_into_node_bytes_max": limits.node_bytes_max // charge["completed"],
         },
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

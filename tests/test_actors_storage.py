@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from runstate_server.actors import limits, storage
-from runstate_server.actors.state import CLAIM_OVERHEAD_BYTES, TASK_OVERHEAD_BYTES, TaskState
+from runstate_server.actors.state import (
+    CLAIM_OVERHEAD_BYTES,
+    DELIVERED_TASK_BYTES,
+    MEASURED_QUEUED_TASK_BYTES,
+    MEASURED_SUCCEEDED_TASK_BYTES,
+    TASK_OVERHEAD_BYTES,
+    TaskState,
+)
 from tests.test_actors_harness import Harness, assert_stored_bytes_recount, pack, unpack
 
 BIG = "x" * 60_000  # a task input of about 60 KB
@@ -21,9 +28,59 @@ def test_a_task_is_charged_its_overhead_input_key_and_result(h: Harness, run_id:
     expected = TASK_OVERHEAD_BYTES + len(b'{"text":""}') + len(BIG) + len("k")
     assert charged(h) == (expected, expected)
     delivery = h.receive(run_id)[0]
+    expected += DELIVERED_TASK_BYTES  # from its first delivery on
+    assert charged(h) == (expected, expected)
     h.delivery("complete", delivery, payload=[1, 2])
     assert h.task(task_id).state == TaskState.SUCCEEDED
     assert charged(h) == (expected + len(b"[1,2]"), expected + len(b"[1,2]"))
+
+
+def test_a_task_is_charged_its_delivery_once_whatever_happens_to_it(h: Harness, run_id: str) -> None:
+    """Released, retried, lapsed and delivered again: charged DELIVERED_TASK_BYTES once, and a
+    restore recounts what the steps counted."""
+    task_id = h.ok("task.submit", **h.submit_args(run_id, "k", {"n": 1}, attempts=5))["task_id"]
+    queued = charged(h)[0]
+    first = h.receive(run_id, lease_ms=1_000)[0]
+    assert charged(h)[0] == queued + DELIVERED_TASK_BYTES
+    h.delivery("release", first)
+    second = h.receive(run_id, lease_ms=1_000)[0]
+    h.delivery("retry", second, error="e", delay_ms=0)
+    h.advance(1)
+    h.tick()
+    h.receive(run_id, lease_ms=1_000)
+    h.advance(1_001)
+    h.tick()  # the lease lapses: QUEUED again, with the lapse as its last error
+    task = h.task(task_id)
+    assert task.state == TaskState.QUEUED and task.delivery_count == 3 and task.error is not None
+    assert charged(h)[0] == queued + DELIVERED_TASK_BYTES + len(task.error)
+    assert_stored_bytes_recount(h.state)
+    before = charged(h)
+    h.core.restore(unpack(pack(h.core.snapshot())))
+    assert charged(h) == before
+
+
+def _small(field: str, n: int) -> dict[str, object]:
+    """bench.memory's payload: an object whose canonical JSON is 100 bytes."""
+    return {field: n, "pad": "x" * (100 - len(f'{{"{field}":{n},"pad":""}}'))}
+
+
+def test_a_small_task_is_charged_what_bench_memory_measured_it_costs(h: Harness, run_id: str) -> None:
+    """The cost model (state.py): a task as bench.memory makes them (a 100-byte input, the node's
+    64-character key, a 112-byte result) is charged within 10% of the node's RSS growth per task
+    that bench.memory measured, QUEUED and SUCCEEDED. So node_bytes_max of charge holds at most
+    about 1.1 x node_bytes_max of tasks in memory (the issue: 1,288 charged for ~1,750 of RSS let
+    the node grow 36% past its bound)."""
+    assert len(storage.json_bytes(_small("n", 7))) == 100
+    task_id = h.ok("task.submit", **h.submit_args(run_id, "k" * 64, _small("n", 7)))["task_id"]
+    queued = charged(h)[0]
+    delivery = h.receive(run_id)[0]
+    h.delivery("complete", delivery, payload={"payload": _small("m", 7)})
+    assert len(h.task(task_id).outcome or b"") == 112
+    succeeded = charged(h)[0]
+    for charge, measured in ((queued, MEASURED_QUEUED_TASK_BYTES), (succeeded, MEASURED_SUCCEEDED_TASK_BYTES)):
+        assert 0.9 <= measured / charge <= 1.1, (charge, measured)
+    tasks_at_the_bound = limits.node_bytes_max // succeeded
+    assert tasks_at_the_bound * MEASURED_SUCCEEDED_TASK_BYTES <= 1.1 * limits.node_bytes_max
 
 
 def test_payloads_are_kept_as_their_json_bytes_not_parsed_objects(h: Harness, run_id: str) -> None:

@@ -105,7 +105,10 @@ def test_memory_bench_short_form() -> None:
     assert all(isinstance(value, int) for value in report["bytes_per_task"].values())
     assert set(report["tasks_in_24gb"]) == {"queued", "completed"}
     assert all(value > 0 for value in report["tasks_in_24gb"].values())
-    assert report["charged_bytes_per_task"] > 2 * 100
+    charge = report["charged_bytes_per_task"]
+    assert charge["completed"] > charge["queued"] > 100
+    assert set(report["rss_per_charge"]) == {"queued", "completed", "peak"}
+    assert report["rss_per_charge"]["completed"] == round(report["bytes_per_task"]["completed"] / charge["completed"], 2)
 
 
 def test_apply_bench_short_form() -> None:

@@ -680,12 +680,29 @@ def from_snapshot(data: dict[str, Any]) -> State:
     return state
 
 
-# What a task's and a once entry's objects cost beyond their payloads, key and error (storage.py),
-# measured on CPython 3.11: the dataclass, its table and queue entries, its ids and small strings.
-# bench.memory (100-byte input and result, the node's 64-character key), 50,000 to 1,000,000 tasks:
-# 1,125 to 1,360 bytes of RSS per SUCCEEDED task, 860 to 1,100 of them beyond its payloads and
-# key; charged 1,288 (it was 2,400 before the Task shrank and the journal compacted at 16 MiB).
-TASK_OVERHEAD_BYTES = 1_024
+# What a task's and a once entry's objects cost beyond their payloads, key and error (storage.py).
+# A task's is measured by bench.memory (CPython 3.11; a 100-byte input, the node's 64-character
+# key, a 112-byte result), as the node's RSS grows per task: the two constants below make its
+# charge that growth, QUEUED and SUCCEEDED (MEASURED_*_TASK_BYTES; tests/test_actors_storage.py
+# holds them together, and bench.memory prints the ratio of growth to charge, so a drift shows).
+# A QUEUED task: the Task (26 slots), its id and creation number, its entries in the task table,
+# its queue, its mailbox's index and figures, and its share of what the Raft journal keeps in
+# memory until the next compaction (at most 16 MiB, or a quarter of the last dump: ~100 bytes a
+# task at a million).
+TASK_OVERHEAD_BYTES = 1_184
+# A task once delivered, more: its holder's and session's strings, its attempt, the digest of
+# the delivery that finished it, the lease's entry in the due-time heap and its delivery id (kept
+# until the lease would have ended: every task completed within a lease's length of now), and
+# what its QUEUED entries leave behind in the allocator. Charged from its first delivery on.
+DELIVERED_TASK_BYTES = 360
+# bench.memory's RSS growth per small task (above) at 100,000 tasks, QUEUED and SUCCEEDED (the
+# medians of 3 runs: 1,308 to 1,457 and 1,648 to 1,957), which the charge is held to (within 10%).
+# Fewer tasks grow more per task (10,000: ~1,460 and ~2,660), for the node's fixed costs (the
+# journal's 16 MiB, a space's event log) weigh on few; more grow less (a million, extrapolated
+# from 30,000 and 100,000: ~1,300 and ~1,500 to 1,700), for a lease's heap entry goes once the
+# lease would have ended. Measure again when the constants above change, or the ratio drifts.
+MEASURED_QUEUED_TASK_BYTES = 1_349
+MEASURED_SUCCEEDED_TASK_BYTES = 1_821
 ONCE_OVERHEAD_BYTES = 512
 CLAIM_OVERHEAD_BYTES = 512
 EVENT_OVERHEAD_BYTES = 512
@@ -732,10 +749,11 @@ def _size(value: bytes | str | None) -> int:
 
 
 def task_bytes(task: Task) -> int:
-    """What a task is charged (storage.py). (_size written out: this runs twice per settle.)"""
+    """What a task is charged (storage.py): its objects (more once it was delivered), its input,
+    key, result and error. (_size written out: this runs twice per settle.)"""
     outcome, error = task.outcome, task.error
     return (
-        TASK_OVERHEAD_BYTES + len(task.input) + len(task.key)
+        TASK_OVERHEAD_BYTES + (DELIVERED_TASK_BYTES if task.delivery_count else 0) + len(task.input) + len(task.key)
         + (0 if outcome is None else len(outcome)) + (0 if error is None else len(error))
     )
 

@@ -3,7 +3,8 @@
 Counts alone do not bound memory: a task's input and its result can each be 64 KiB, so a space at
 its task count could hold 128 GiB. Every task and every once entry is therefore charged what it
 holds: a fixed overhead (what its objects cost in the node, measured; `bench.memory` measures it
-again) plus the bytes of its payloads, its key and its error. Payloads are kept as their canonical
+again and prints the ratio of the node's growth to the charge), more for a task once delivered,
+plus the bytes of its payloads, its key and its error. Payloads are kept as their canonical
 JSON bytes, never as parsed objects (which cost up to twenty times their JSON size, `[{}, {}, ...]`
 the worst), so the charge is close to the memory they really take.
 
@@ -24,6 +25,7 @@ from runstate_server.actors.context import Context
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import (
     CLAIM_OVERHEAD_BYTES,
+    DELIVERED_TASK_BYTES,
     ONCE_OVERHEAD_BYTES,
     TASK_OVERHEAD_BYTES,
     State,
@@ -35,7 +37,7 @@ from runstate_server.actors.state import (
 )
 
 __all__ = [
-    "CLAIM_OVERHEAD_BYTES", "ONCE_OVERHEAD_BYTES", "TASK_OVERHEAD_BYTES",
+    "CLAIM_OVERHEAD_BYTES", "DELIVERED_TASK_BYTES", "ONCE_OVERHEAD_BYTES", "TASK_OVERHEAD_BYTES",
     "charge", "claim_bytes", "json_bytes", "json_value", "once_bytes", "recount", "require_room", "task_bytes",
 ]
 

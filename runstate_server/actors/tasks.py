@@ -581,6 +581,8 @@ def _deliver_from(
             budget_reservations = budgets.reserve_for_job(ctx, task, holder)
         else:
             budget_reservations = []
+        if not task.delivery_count:  # its first delivery: it holds more from now on (state.task_bytes)
+            storage.charge(ctx.state, task.space, storage.DELIVERED_TASK_BYTES)
         task.delivery_count += 1
         task.attempt = task.failures + 1
         _set_state(ctx, task, TaskState.RUNNING)  # after the attempt's number: its event shows it
