@@ -21,7 +21,10 @@ export class Barriers {
     readonly scopeId: string,
   ) {}
 
-  /** A new barrier of this run for `target` (1 to 10000) participants. */
+  /**
+   * A new barrier of this run for `target` (1 to 10000) participants: configuration, so the key
+   * needs `resource_config` (ForbiddenError without it; `byName` is a worker's call).
+   */
   async create(options: { target: number }): Promise<Barrier> {
     const body = { scopeId: this.scopeId, target: requireInt(options.target, 'target', 1, 10_000) };
     const view = (await this.transport.request('POST', '/barriers', { body, safe: false })) as BarrierView;

@@ -75,8 +75,9 @@ export class Timer {
   }
 
   /**
-   * Wait for the timer to fire and acknowledge it in the same call; returns `{firedAt, view}`.
-   * ConflictError if it was cancelled, WaitTimeoutError after `timeoutMs` (default 60 s).
+   * Wait for the timer to fire and acknowledge it in the same call (so the key needs
+   * `coordination_write`: ForbiddenError without it); returns `{firedAt, view}`. ConflictError if
+   * it was cancelled, WaitTimeoutError after `timeoutMs` (default 60 s).
    */
   async wait(options: { timeoutMs?: number } = {}): Promise<{ firedAt: Date; view: TimerView }> {
     const view = (await waitUntil(

@@ -29,8 +29,9 @@ class Barriers:
         self.scope_id = scope_id
 
     async def create(self, target: int) -> Barrier:
-        """A new barrier that releases once `target` distinct keys arrived. ScopeCancelledError if
-        the run stopped; ValidationError for a target out of range."""
+        """A new barrier that releases once `target` distinct keys arrived: configuration, so the
+        key needs `resource_config` (ForbiddenError without it; `by_name` is a worker's call).
+        ScopeCancelledError if the run stopped; ValidationError for a target out of range."""
         if isinstance(target, bool) or not isinstance(target, int) or target < 1:
             raise ConfigError(f"target must be a positive integer, got {target!r}")
         view = await self._transport.request(

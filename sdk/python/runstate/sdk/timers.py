@@ -103,8 +103,9 @@ class Timer:
         return view
 
     async def wait(self, timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT) -> dict[str, Any]:
-        """Wait for the firing and acknowledge it; returns the view with `fired_at` (an aware
-        datetime) added. ConflictError if the timer was cancelled, WaitTimeoutError after
+        """Wait for the firing and acknowledge it (so the key needs `coordination_write`:
+        ForbiddenError without it; `status()` only reads); returns the view with `fired_at` (an
+        aware datetime) added. ConflictError if the timer was cancelled, WaitTimeoutError after
         `timeout_ms` (the timer stays armed)."""
 
         async def poll(wait_ms: int) -> dict[str, Any]:
