@@ -2,10 +2,13 @@
 the core's tables by it): runs, tasks, groups, barriers and timers created in one millisecond keep
 the order they were created in, not the order of their random ids; entities created while a list
 is paged never reshuffle the pages already given; and a snapshot, of today or from before creation
-numbers, restores the same order on every replica."""
+numbers, restores the same order on every replica. Numbers start with the log's
+`state.number_creations`, so replicas that restored an earlier release's snapshots at different
+log indexes still number alike."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runstate_server.actors import dispatch
 from runstate_server.actors.state import (
     _RUN_FIELDS,
     _TASK_FIELDS,
@@ -23,7 +27,7 @@ from runstate_server.actors.state import (
     to_snapshot,
 )
 from runstate_server.node.api import _paging as paging
-from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, unpack
+from tests.test_actors_harness import MAILBOX, RETENTION_MS, SPACE, Harness, pack, round_trip, unpack
 
 KINDS = SEQUENCED_TABLES  # runs, tasks, groups, barriers, timers
 
@@ -119,6 +123,7 @@ def test_lists_page_in_creation_order_while_entities_are_added(
         h.core.state = round_trip(h.state)
     elif restore == "legacy":
         h.core.state = _legacy(h.state)
+        assert h.number_creations() == {"numbered": True}  # as the leader does once every node applies it
     for table in KINDS:
         entities = list(getattr(h.state, table).values())
         assert [entity.id for entity in entities] == created[table], table
@@ -164,16 +169,74 @@ def test_a_snapshot_keeps_the_creation_numbers_and_the_counter() -> None:
     assert restored.next_seq() == h.state.next_seq() == 5
 
 
-def test_a_snapshot_from_before_creation_numbers_is_numbered_in_table_order() -> None:
+def test_a_snapshot_from_before_creation_numbers_is_numbered_by_the_logs_command_in_table_order() -> None:
     h = RandomIds(2)
     h.ensure()
     run_id = h.create_run()
     _create(h, "tasks", run_id, 3)
     _create(h, "barriers", run_id, 2)
-    legacy = _legacy(h.state)
-    assert [t.seq for t in legacy.tasks.values()] == [2, 3, 4]
+    h.core.state = legacy = _legacy(h.state)
+    # Restored, nothing is numbered, and what is created is not either, until the log says so.
+    assert legacy.creation_seq is None and {t.seq for t in legacy.tasks.values()} == {0}
+    _create(h, "tasks", run_id, 1)
+    assert {t.seq for t in legacy.tasks.values()} == {0}
+    assert h.number_creations() == {"numbered": True}
+    assert [t.seq for t in legacy.tasks.values()] == [2, 3, 4, 5]
     assert [r.seq for r in legacy.runs.values()] == [1]
-    assert [b.seq for b in legacy.barriers.values()] == [5, 6]
-    assert legacy.creation_seq == 6
-    # Restored twice, alike: every replica that restores it numbers alike.
-    assert _legacy(h.state) == legacy
+    assert [b.seq for b in legacy.barriers.values()] == [6, 7]
+    assert legacy.creation_seq == 7
+    assert h.number_creations() == {"numbered": False}  # once
+    assert legacy.creation_seq == 7 and _create(h, "tasks", run_id, 1) and legacy.tasks[next(reversed(legacy.tasks))].seq == 8
+
+
+class Recording(RandomIds):
+    """Keeps every command it applies (with its time and epoch), so a replica can apply them again."""
+
+    def __init__(self, seed: int) -> None:
+        self.log: list[tuple[dict[str, Any], int, int]] = []
+        super().__init__(seed)
+        core_apply = self.core.apply
+
+        def apply(command: dict[str, Any], now_ms: int, epoch: int) -> Any:
+            self.log.append((copy.deepcopy(command), now_ms, epoch))
+            return core_apply(command, now_ms, epoch)
+
+        self.core.apply = apply  # type: ignore[method-assign]
+
+
+def test_replicas_that_restored_older_snapshots_at_different_indexes_number_alike() -> None:
+    """A rolling upgrade: one replica restores an earlier release's snapshot taken at index i,
+    another one taken at a later index j, and applies the log from i; runs ended and were dropped
+    in between. The command that starts the numbers, at one index of the log, numbers them alike
+    (numbering each as it restored its snapshot, the first would count the dropped ones too)."""
+    h = Recording(3)
+    h.ensure()
+    keep = h.create_run()
+    _create(h, "tasks", keep, 3)
+    dropped = h.create_run()
+    _create(h, "tasks", dropped, 2)
+    early, applied_early = _legacy(h.state), len(h.log)
+    h.cancel(dropped)
+    h.advance(RETENTION_MS + 1)
+    h.tick()  # the cancelled run and its tasks are dropped
+    assert dropped not in h.state.runs
+    _create(h, "tasks", keep, 2)
+    late, applied_late = _legacy(h.state), len(h.log)
+    number = {"type": "state.number_creations", "v": 1, "space": "", "id": "", "args": {}}
+    replay = h.log[applied_early:applied_late]
+    from_early, from_late = dispatch.Core(), dispatch.Core()
+    from_early.state, from_late.state = early, late
+    for command, now_ms, epoch in replay:
+        from_early.apply(copy.deepcopy(command), now_ms, epoch)
+    for core in (from_early, from_late):
+        core.apply(number, h.now_ms, h.epoch)
+        _create_on(core, h.now_ms)
+    assert to_snapshot(from_early.state) == to_snapshot(from_late.state)
+    assert [t.seq for t in from_late.state.tasks.values()] == [2, 3, 4, 5, 6]
+
+
+def _create_on(core: dispatch.Core, now_ms: int) -> None:
+    """One more run, made the same on any replica (the same command)."""
+    command = {"type": "run.create", "v": 1, "space": SPACE, "id": "feedfacefeedface", "args": {"retention_ms": RETENTION_MS}}
+    result, _ = core.apply(command, now_ms, 1)
+    assert "error" not in result, result

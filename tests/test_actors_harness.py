@@ -55,7 +55,7 @@ def heap_is_valid(heap: list[Any]) -> bool:
 
 
 class Harness:
-    def __init__(self, space: str = SPACE, now_ms: int = START_MS, epoch: int = 1) -> None:
+    def __init__(self, space: str = SPACE, now_ms: int = START_MS, epoch: int = 1, numbered: bool = True) -> None:
         self.core = dispatch.Core()
         self.space = space
         self.now_ms = now_ms
@@ -63,6 +63,13 @@ class Harness:
         self.commands = 0
         self.effects: list[tuple[Any, ...]] = []
         self.all_effects: list[tuple[Any, ...]] = []
+        if numbered:  # as a node's first leader does (Node.number_creations_when_due)
+            self.number_creations()
+
+    def number_creations(self) -> Any:
+        """The leader's `state.number_creations` (no command id: a system command)."""
+        command = {"type": "state.number_creations", "v": 1, "space": dispatch.SYSTEM_SPACE, "id": "", "args": {}}
+        return self.core.apply(command, self.now_ms, self.epoch)[0]
 
     # -- plumbing --------------------------------------------------------------------------------
 

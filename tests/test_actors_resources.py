@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import errors, limits, resources
-from runstate_server.actors.state import _TASK_FIELDS, TaskState, from_snapshot, to_snapshot
+from runstate_server.actors.state import (
+    _TASK_FIELDS,
+    TaskState,
+    from_snapshot,
+    number_in_creation_order,
+    to_snapshot,
+)
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000
@@ -785,13 +791,15 @@ def test_a_snapshot_from_before_resources_loads(h: Harness, run_id: str) -> None
     h.submit(run_id, "b")
     old = unpack(pack(to_snapshot(h.state)))
     # Rows of an older layout (the columns from holder_session on), and no creation numbers (a
-    # snapshot from before resources is from before them too: numbered on restore).
+    # snapshot from before resources is from before them too: numbered by the log's command).
     old["tasks"] = [row[: _TASK_FIELDS.index("holder_session")] for row in old["tasks"]]
     del old["creation_seq"]
     old["spaces"] = [row[:-1] for row in old["spaces"]]  # no resource_counts
     for table in ("pools", "rate_limits", "budgets", "slot_leases", "reservations"):
         del old[table]
     restored = from_snapshot(old)
+    assert restored.creation_seq is None
+    number_in_creation_order(restored)  # state.number_creations, as the leader proposes it
     assert restored == h.state
     twin = Harness()
     twin.core.restore(old)

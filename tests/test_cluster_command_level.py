@@ -11,7 +11,8 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from runstate_server.actors.dispatch import COMMAND_LEVEL, SUBMIT_MANY_LEVEL
+from runstate_server.actors.dispatch import COMMAND_LEVEL, NUMBER_CREATIONS_LEVEL, SUBMIT_MANY_LEVEL
+from runstate_server.node.api._paging import decode_cursor
 from tests._cluster import Cluster
 from tests._http import mailbox_id, task_body
 from tests._prometheus import scrape, value
@@ -87,6 +88,53 @@ def test_a_batch_submit_is_one_command_only_while_every_node_applies_it(
     answers, proposed = submit_batch(cluster, run_id, mailbox, "upgraded")
     assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
     assert proposed < BATCH / 10, proposed
+    cluster.wait_same_digest()
+
+
+def paged_task_ids(cluster: Cluster, run_id: str, page: int) -> list[str]:
+    """Every task of the run, newest first, `page` at a time through the leader's list route."""
+    api = cluster.api(cluster.leader_index()).resending()
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        answer = api.ok("GET", f"/v1/tasks?scopeId={run_id}&limit={page}&cursor={cursor}")
+        seen.extend(task["id"] for task in answer["tasks"])
+        if answer["nextCursor"] is None:
+            return seen
+        cursor = answer["nextCursor"]
+
+
+def test_creation_numbers_start_once_every_node_applies_them(make_cluster: Callable[..., Cluster]) -> None:
+    """A cluster with a node of an earlier level (a rolling upgrade under way): the leader does not
+    start the state's creation numbers, by which lists page (`state.number_creations`, level 3).
+    Once that node runs this release's level, it does, at one index of the log: the tasks made
+    before and after list in creation order on every page, and the replicas agree."""
+    cluster = make_cluster()
+    older = cluster.size - 1
+    cluster.node_args[older] = ("--command-level", str(NUMBER_CREATIONS_LEVEL - 1))
+    cluster.start()
+    wait_level(cluster, NUMBER_CREATIONS_LEVEL - 1)
+    api = cluster.api(cluster.leader_index()).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = mailbox_id(api)
+    before, _ = submit_batch(cluster, run_id, mailbox, "before")
+    # Not numbered yet: a page's cursor (creation ms, creation number) names number 0.
+    first_page = api.ok("GET", f"/v1/tasks?scopeId={run_id}&limit=7")
+    assert decode_cursor(first_page["nextCursor"])[1] == 0
+
+    cluster.node_args[older] = ()
+    cluster.kill(older)
+    cluster.start(older)
+    wait_level(cluster, COMMAND_LEVEL)
+    after, _ = submit_batch(cluster, run_id, mailbox, "after")
+    made = [answer["taskId"] for answer in [*before, *after]]
+    # A batch shares one millisecond: only creation numbers page it in its order, 7 at a time.
+    cluster.wait_until(
+        "every task paged in creation order", lambda: paged_task_ids(cluster, run_id, 7) == made[::-1] or None,
+        LEVEL_TIMEOUT_S,
+    )
+    first_page = cluster.api(cluster.leader_index()).resending().ok("GET", f"/v1/tasks?scopeId={run_id}&limit=7")
+    assert decode_cursor(first_page["nextCursor"])[1] == len(made) + 1 - 6  # the run is number 1
     cluster.wait_same_digest()
 
 

@@ -35,15 +35,23 @@ from runstate_server.actors import (
 )
 from runstate_server.actors.context import Context, Effect
 from runstate_server.actors.errors import Rejected
-from runstate_server.actors.state import DueKind, Space, State, from_snapshot, to_snapshot
+from runstate_server.actors.state import (
+    DueKind,
+    Space,
+    State,
+    from_snapshot,
+    number_in_creation_order,
+    to_snapshot,
+)
 
 COMMAND_VERSION = 1
 # The commands this code applies, as a level: a leader proposes a command of a level above 1 only
 # when every node of the cluster told it that level or a higher one (cluster/_transport.py), for a
 # node of an older release would refuse a command type it does not know, and its state would
-# differ from the others'. Level 2: task.submit_many.
-COMMAND_LEVEL = 2
+# differ from the others'. Level 2: task.submit_many. Level 3: state.number_creations.
+COMMAND_LEVEL = 3
 SUBMIT_MANY_LEVEL = 2
+NUMBER_CREATIONS_LEVEL = 3
 
 Handler = Callable[[Context, dict[str, Any]], Any]
 
@@ -100,7 +108,7 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
 # Commands that are not about one space: driven by the leader itself.
 SYSTEM_SPACE = ""
 # The command types apply() knows besides HANDLERS: the leader's own.
-BUILT_IN_KINDS = frozenset({"tick", "leader.start", "access.bootstrap", "barrier"})
+BUILT_IN_KINDS = frozenset({"tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations"})
 
 
 def unknown_kind(command: Any) -> str | None:
@@ -179,6 +187,12 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         return access.bootstrap(state, args, now_ms)
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
+    if kind == "state.number_creations":
+        # The leader's, once every node applies it (NUMBER_CREATIONS_LEVEL); a second one is a no-op.
+        if state.creation_seq is not None:
+            return {"numbered": False}
+        number_in_creation_order(state)
+        return {"numbered": True}
     handler = HANDLERS.get(kind)  # type: ignore[arg-type]
     if handler is None:
         raise Rejected(errors.VALIDATION_FAILED, f"unknown command type {kind!r}")

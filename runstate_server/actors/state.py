@@ -427,9 +427,13 @@ class State:
     # The number of the latest run, task, group, barrier or timer created (1, 2, 3 ...: each keeps
     # its own as `seq`). Lists page in this order (node/api/_paging.py): items created in one
     # millisecond (a batch submit) keep the order they were created in, on every replica, and an
-    # item created later always sorts after them. Written to snapshots; an older snapshot has none
-    # and its entities are numbered on restore in the order of their tables (creation order).
-    creation_seq: int = 0
+    # item created later always sorts after them. None until the log's `state.number_creations`
+    # command (dispatch.py), which numbers every entity there is in table (creation) order: until
+    # then entities get 0. A replicated command, not the restore of a snapshot, starts the count,
+    # so that every replica numbers alike whatever it restored: replicas of an earlier release's
+    # snapshots, restored at different log indexes, would count different entities (those deleted
+    # in between). A leader proposes it once every node of the cluster applies it (its level).
+    creation_seq: int | None = None
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
     # from_snapshot, never written to a snapshot.
@@ -461,7 +465,10 @@ class State:
         return self.due[0][0] if self.due else None
 
     def next_seq(self) -> int:
-        """The creation number of an entity created now (its `seq`): one more than the latest."""
+        """The creation number of an entity created now (its `seq`): one more than the latest; 0
+        before `state.number_creations` (creation_seq is None)."""
+        if self.creation_seq is None:
+            return 0
         self.creation_seq += 1
         return self.creation_seq
 
@@ -671,10 +678,8 @@ def from_snapshot(data: dict[str, Any]) -> State:
     for claim in state.claims.values():
         # An observation was kept as a parsed value before it was kept as its JSON bytes.
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
-    if "creation_seq" in data:
-        state.creation_seq = data["creation_seq"]
-    else:
-        number_in_creation_order(state)
+    # None in a snapshot from before creation numbers, or taken before `state.number_creations`.
+    state.creation_seq = data.get("creation_seq")
     recount(state)
     recount_queue_figures(state)
     return state
@@ -840,10 +845,12 @@ SEQUENCED_TABLES = ("runs", "tasks", "groups", "barriers", "timers")
 
 
 def number_in_creation_order(state: State) -> None:
-    """Number the entities of a snapshot from before creation numbers, in the order their tables
-    keep (the order they were created in): every replica that restores the snapshot numbers alike.
-    Entities created in one command are numbered as created (a group's run before the group), and
-    the tables are numbered one after the other: only the order within a table is ever compared."""
+    """Start creation numbers (`state.number_creations`): number every entity there is in the order
+    its table keeps (the order it was created in). Applied at one log index on every replica, to the
+    same state, so every replica numbers alike. The tables are numbered one after the other: only
+    the order within a table is ever compared."""
+    assert state.creation_seq is None, "numbered once"
+    state.creation_seq = 0
     for table in SEQUENCED_TABLES:
         for entity in getattr(state, table).values():
             entity.seq = state.next_seq()

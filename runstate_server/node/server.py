@@ -343,6 +343,18 @@ class Node:
         with self.log.lock:
             return self.core.state.next_due_ms()
 
+    async def number_creations_when_due(self) -> None:
+        """A leader starts the state's creation numbers (`state.number_creations`, which lists page
+        by) once every node of the cluster applies that command: at once on a new cluster, after
+        the last node of a rolling upgrade runs this release on one that was not. Once: a state
+        numbered stays numbered (the ticker asks again while it is not)."""
+        if not self.log.is_leader or self.log.command_level() < dispatch.NUMBER_CREATIONS_LEVEL:
+            return
+        with self.log.lock:
+            numbered = self.core.state.creation_seq is not None
+        if not numbered:
+            await self.propose_system("state.number_creations", {})
+
     # -- effects, on the event loop --------------------------------------------------------------
 
     def _on_applied(self, effects: list[Effect]) -> None:
@@ -367,6 +379,10 @@ class Node:
             await self.propose_system("leader.start", {})
         except ApiError as error:
             log.warning("leader.start not applied: %s", error.message)
+        try:
+            await self.number_creations_when_due()
+        except ApiError as error:  # the ticker asks again
+            log.info("state.number_creations not applied: %s", error.message)
         if self.config.auth and self.config.peers:
             await self._bootstrap_while_leading()
 
