@@ -189,19 +189,21 @@ def test_a_snapshot_from_before_creation_numbers_is_numbered_by_the_logs_command
     assert legacy.creation_seq == 7 and _create(h, "tasks", run_id, 1) and legacy.tasks[next(reversed(legacy.tasks))].seq == 8
 
 
-class Recording(RandomIds):
-    """Keeps every command it applies (with its time and epoch), so a replica can apply them again."""
+class RecordingCore:
+    """A core that keeps every command it applies (with its time and epoch), so that a replica can
+    apply them again (the compiled core's methods cannot be wrapped in place)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, core: dispatch.Core) -> None:
+        self.core = core
         self.log: list[tuple[dict[str, Any], int, int]] = []
-        super().__init__(seed)
-        core_apply = self.core.apply
 
-        def apply(command: dict[str, Any], now_ms: int, epoch: int) -> Any:
-            self.log.append((copy.deepcopy(command), now_ms, epoch))
-            return core_apply(command, now_ms, epoch)
+    @property
+    def state(self) -> State:
+        return self.core.state
 
-        self.core.apply = apply  # type: ignore[method-assign]
+    def apply(self, command: dict[str, Any], now_ms: int, epoch: int) -> Any:
+        self.log.append((copy.deepcopy(command), now_ms, epoch))
+        return self.core.apply(command, now_ms, epoch)
 
 
 def test_replicas_that_restored_older_snapshots_at_different_indexes_number_alike() -> None:
@@ -209,21 +211,23 @@ def test_replicas_that_restored_older_snapshots_at_different_indexes_number_alik
     another one taken at a later index j, and applies the log from i; runs ended and were dropped
     in between. The command that starts the numbers, at one index of the log, numbers them alike
     (numbering each as it restored its snapshot, the first would count the dropped ones too)."""
-    h = Recording(3)
+    h = RandomIds(3)
+    recording = RecordingCore(h.core)
+    h.core = recording  # type: ignore[assignment]
     h.ensure()
     keep = h.create_run()
     _create(h, "tasks", keep, 3)
     dropped = h.create_run()
     _create(h, "tasks", dropped, 2)
-    early, applied_early = _legacy(h.state), len(h.log)
+    early, applied_early = _legacy(h.state), len(recording.log)
     h.cancel(dropped)
     h.advance(RETENTION_MS + 1)
     h.tick()  # the cancelled run and its tasks are dropped
     assert dropped not in h.state.runs
     _create(h, "tasks", keep, 2)
-    late, applied_late = _legacy(h.state), len(h.log)
+    late, applied_late = _legacy(h.state), len(recording.log)
     number = {"type": "state.number_creations", "v": 1, "space": "", "id": "", "args": {}}
-    replay = h.log[applied_early:applied_late]
+    replay = recording.log[applied_early:applied_late]
     from_early, from_late = dispatch.Core(), dispatch.Core()
     from_early.state, from_late.state = early, late
     for command, now_ms, epoch in replay:
