@@ -115,6 +115,33 @@ def test_openapi_lists_exactly_the_routes(dev_node: DevNode) -> None:
         assert not (status == 404 and answer["error"]["message"].startswith("no route")), (method, path)
 
 
+def test_openapi_states_required_query_parameters_alternatives_and_path_bounds(api: Api) -> None:
+    """What the node refuses to go without is in the document: GET /once's scopeId and key (and
+    GET /claims/{key}'s scopeId), a timer's one of at and afterSeconds, an arrival's one of
+    arrivalKey and key, a by-name path's length; each refusal is as the document says."""
+    paths = Api(api.base_url).ok("GET", "/v1/openapi.json")["paths"]
+    spaced = "/v1/spaces/{spaceId}"
+    query = {parameter["name"]: parameter["required"] for parameter in paths[spaced + "/once"]["get"]["parameters"]
+             if parameter["in"] == "query"}
+    assert query == {"scopeId": True, "key": True, "waitMs": False}
+    claim = paths[spaced + "/claims/{key}"]["get"]["parameters"]
+    assert [parameter["name"] for parameter in claim if parameter.get("required") and parameter["in"] == "query"] == ["scopeId"]
+    timer = paths[spaced + "/timers"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert (timer["required"], timer["oneOf"]) == (["scopeId"], [{"required": ["at"]}, {"required": ["afterSeconds"]}])
+    arrive = paths[spaced + "/barriers/{id}/arrive"]["post"]["requestBody"]
+    assert arrive["required"] and arrive["content"]["application/json"]["schema"]["oneOf"] == [
+        {"required": ["arrivalKey"]}, {"required": ["key"]},
+    ]
+    name = paths[spaced + "/barriers/by-name/{name}"]["put"]["parameters"][1]
+    assert (name["name"], name["schema"]["maxLength"]) == ("name", 256)
+    assert api.error("GET", "/v1/once?scopeId=run") == (400, "VALIDATION_FAILED")
+    run_id = new_run(api)
+    both = {"scopeId": run_id, "at": in_seconds(60), "afterSeconds": 60}
+    assert api.error("POST", "/v1/timers", both) == (400, "VALIDATION_FAILED")
+    assert api.error("POST", "/v1/timers", {"scopeId": run_id}) == (400, "VALIDATION_FAILED")
+    assert api.error("PUT", "/v1/barriers/by-name/" + "n" * 257, {"scopeId": run_id, "target": 1}) == (400, "VALIDATION_FAILED")
+
+
 def test_unknown_route_and_method_are_json_errors(api: Api) -> None:
     assert api.error("GET", "/v1/nothing-here") == (404, "NOT_FOUND")
     assert api.error("DELETE", "/v1/scopes") == (405, "METHOD_NOT_ALLOWED")

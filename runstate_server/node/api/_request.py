@@ -289,6 +289,29 @@ def whole_number(value: Any) -> int | None:
     return None
 
 
+def requirements(body: dict[str, Any]) -> Any:
+    """The body's `requirements` for the core, which checks their shape (tasks.needs_of), with each
+    entry's `units` or `reserveMinor` given as a number with no fraction (`2.0`) taken as the
+    integer it is, as `integer` takes one (the document's `"type": "integer"` promises it)."""
+    value = body.get("requirements")
+    if not isinstance(value, dict):
+        return value
+    normalized = dict(value)
+    for kind, field in (("pools", "units"), ("quotas", "units"), ("budgets", "reserveMinor")):
+        entries = value.get(kind)
+        if isinstance(entries, list):
+            normalized[kind] = [_with_whole(entry, field) for entry in entries]
+    return normalized
+
+
+def _with_whole(entry: Any, field: str) -> Any:
+    """`entry` with its `field` as an int when it is a float with no fraction; else as it is."""
+    if not isinstance(entry, dict) or type(entry.get(field)) is not float:
+        return entry
+    whole = whole_number(entry[field])
+    return entry if whole is None else {**entry, field: whole}
+
+
 def integer(body: dict[str, Any], field: str, *, minimum: int, maximum: int, default: int | None = None) -> int | None:
     value = body.get(field)
     if value is None:

@@ -36,13 +36,17 @@ from runstate_server.node.api.routes import (
 from runstate_server.node.api.schemas import (
     BOOLEAN,
     INTEGER,
+    KEY,
+    NAME,
     STRING,
     STRING_OR_NULL,
     TIME,
     TIME_OR_NULL,
     array,
+    bounded,
     enum,
     obj,
+    text,
 )
 from runstate_server.node.api.views import in_space, iso
 from runstate_server.node.errors import ApiError
@@ -51,7 +55,9 @@ BARRIER = obj({
     "id": STRING, "scopeId": STRING, "name": STRING_OR_NULL, "target": INTEGER, "arrivals": INTEGER, "epoch": INTEGER,
     "state": enum("WAITING", "RELEASED", "CANCELLED"), "releasedAt": TIME_OR_NULL, "createdAt": TIME,
 })
-_TARGET = {"type": "integer", "minimum": 1, "maximum": limits.barrier_target_max}
+_TARGET = bounded(1, limits.barrier_target_max)
+# A by-name path's {name} as path_name takes it (timers.py declares its by-name path with it too).
+NAME_PATH = {"name": text(limits.barrier_timer_name_chars_max)}
 
 routes = RouteTable()
 
@@ -100,7 +106,7 @@ def _scope_id(body: dict[str, Any]) -> str | None:
     "POST", SPACE_PREFIX + "/barriers",
     "Create a barrier in run scopeId that releases once target distinct keys arrived (configuration: "
     "resource_config; the workers' call is the by-name declaration)",
-    body={"scopeId": STRING, "target": _TARGET}, ok=201,
+    body={"scopeId": NAME, "target": _TARGET}, required=("scopeId", "target"), ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=RESOURCE_CONFIG, answer=BARRIER,
 )
 async def create_barrier_in(request: web.Request) -> web.Response:
@@ -115,7 +121,7 @@ async def create_barrier_in(request: web.Request) -> web.Response:
     "PUT", SPACE_PREFIX + "/barriers/by-name/{name}",
     "Join or create the run's barrier of that name (the same name in the same run is the same barrier, whatever "
     "its state); CONFLICT when its target is another",
-    body={"scopeId": STRING, "target": _TARGET},
+    body={"scopeId": NAME, "target": _TARGET}, required=("scopeId", "target"), path_schemas=NAME_PATH,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE,
     answer=obj({**BARRIER["properties"], "created": BOOLEAN}),
 )
@@ -139,7 +145,8 @@ async def barrier_status(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/barriers/{id}/arrive",
     "Arrive as arrivalKey (idempotent per key: arrived is false for a key that arrived in this epoch, even after "
     "the release); the arrival reaching the target releases. Extension: key is arrivalKey's other name",
-    body={"arrivalKey": STRING, "key": STRING},
+    # One of the two: the node takes both only when they are the same key, which a schema cannot say.
+    body={"arrivalKey": KEY, "key": KEY}, one_of=(("arrivalKey",), ("key",)),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "BARRIER_RELEASED", "BARRIER_CANCELLED", *_INACTIVE), permission=WRITE, answer=obj({**BARRIER["properties"], "arrived": BOOLEAN}),
 )
 async def arrive(request: web.Request) -> web.Response:

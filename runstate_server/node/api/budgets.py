@@ -35,6 +35,9 @@ from runstate_server.node.api.schemas import (
     BOOLEAN,
     HOLDER,
     INTEGER,
+    MINOR,
+    MINOR_DIGITS_MAX,
+    MINOR_POSITIVE,
     NAME,
     STRING_OR_NULL,
     TIME,
@@ -49,17 +52,6 @@ from runstate_server.node.errors import ApiError
 routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
-# A minor amount: a decimal-digit string (or an integer) of at most 19 digits.
-_MINOR_DIGITS_MAX = len(str(limits.budget_limit_minor_max))
-MINOR = {"anyOf": [
-    {"type": "string", "pattern": f"^[0-9]{{1,{_MINOR_DIGITS_MAX - 1}}}$"},  # a shorter one is below the max
-    {"type": "integer", "minimum": 0, "maximum": limits.budget_limit_minor_max},
-]}
-# A minor amount of at least 1 (a limit, a reservation).
-MINOR_POSITIVE = {"anyOf": [
-    {"type": "string", "pattern": f"^(?=[0-9]*[1-9])[0-9]{{1,{_MINOR_DIGITS_MAX - 1}}}$"},
-    {"type": "integer", "minimum": 1, "maximum": limits.budget_limit_minor_max},
-]}
 _WORK_KEY = text(limits.budget_work_key_chars_max)
 _MINOR_OUT = {"type": "string", "pattern": "^[0-9]+$"}
 _STATES = enum("ACTIVE", "STALE", "SETTLED", "VOIDED")
@@ -90,7 +82,7 @@ def minor(body: dict[str, Any], field: str, *, minimum: int, required: bool = Fa
         if required:
             raise ApiError("VALIDATION_FAILED", f"{field} is required")
         return None
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MINOR_DIGITS_MAX:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= MINOR_DIGITS_MAX:
         value = int(value)
     value = req.whole_number(value)
     if value is None or not minimum <= value <= limits.budget_limit_minor_max:

@@ -134,7 +134,8 @@ async def release(request: web.Request) -> web.Response:
 @routes(
     "GET", _KEY_PATH, "The claim on (scopeId, key): its generation, whether it is held and by whom, the last "
     "release's observation",
-    query={"scopeId": STRING}, errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=READ, answer=_VIEW,
+    query={"scopeId": NAME}, query_required=("scopeId",), errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=READ,
+    answer=_VIEW,
 )
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)

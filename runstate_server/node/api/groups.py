@@ -23,7 +23,6 @@ from runstate_server.node._json import json_response
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.mailboxes import REQUIREMENTS
 from runstate_server.node.api.routes import (
     ANY_JSON,
     ISO_TIME,
@@ -41,6 +40,7 @@ from runstate_server.node.api.schemas import (
     INTEGER_OR_NULL,
     KEY,
     NAME,
+    REQUIREMENTS,
     STRING,
     STRING_OR_NULL,
     TIME,
@@ -213,7 +213,7 @@ async def protocol_submit(request: web.Request) -> web.Response:
         "group_id": group_id,
         **req.task_fields(body),
         "deadline_ms": req.timestamp_ms(body, "deadline"),
-        "requirements": body.get("requirements"),  # checked by the core (tasks.needs_of)
+        "requirements": req.requirements(body),  # checked by the core (tasks.needs_of)
     }
     result = await req.propose(request, "group.submit", args)
     with node.read() as state:

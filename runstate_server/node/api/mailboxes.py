@@ -18,7 +18,6 @@ from runstate_server.node.api.messages import RECEIVE_BODY, message_of, receive,
 from runstate_server.node.api.metrics import queue_now
 from runstate_server.node.api.routes import (
     ANY_JSON,
-    INTEGER,
     ISO_TIME,
     READ,
     RESOURCE_CONFIG,
@@ -29,7 +28,7 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import KEY, NAME, bounded
+from runstate_server.node.api.schemas import KEY, NAME, REQUIREMENTS, bounded
 from runstate_server.node.api.views import iso, mailbox_view
 from runstate_server.node.errors import ApiError
 
@@ -37,12 +36,6 @@ routes = RouteTable()
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
 _MODE = {"type": "string", "enum": list(tasks.MAILBOX_MODES)}
-_NAMED = {"type": "object", "properties": {"name": STRING, "units": INTEGER}}
-REQUIREMENTS = {"type": "object", "properties": {
-    "pools": {"type": "array", "items": _NAMED},
-    "quotas": {"type": "array", "items": _NAMED},
-    "budgets": {"type": "array", "items": {"type": "object", "properties": {"name": STRING, "reserveMinor": STRING}}},
-}}
 # A message's state as the message list shows it: a completed one is ACKED.
 _MESSAGE_STATES = {TaskState.QUEUED: "QUEUED", TaskState.RUNNING: "LEASED", TaskState.SUCCEEDED: "ACKED"}
 
@@ -115,12 +108,12 @@ async def create_mailbox(request: web.Request) -> web.Response:
 @routes(
     "PUT", SPACE_PREFIX + "/mailboxes/by-name/{name}",
     "Declare a WORK mailbox (created when missing; a declared setting that differs is CONFLICT)",
-    body={"maxAttempts": bounded(1, limits.attempts_max), "requirements": REQUIREMENTS},
+    body={"maxAttempts": bounded(1, limits.attempts_max), "requirements": REQUIREMENTS}, path_schemas={"name": NAME},
     errors=("VALIDATION_FAILED", "CONFLICT", "LIMIT_EXCEEDED"), permission=WRITE, answer=A.MAILBOX_WITH_STATS, ok=201,
 )
 async def declare_mailbox(request: web.Request) -> web.Response:
     body = await req.json_body(request, required=False)
-    requirements = body.get("requirements")
+    requirements = req.requirements(body)
     if requirements is not None and not isinstance(requirements, dict):
         raise ApiError("VALIDATION_FAILED", "requirements must be an object of pools, quotas and budgets")
     args = {

@@ -151,14 +151,15 @@ def _json_answer(view: dict[str, Any]) -> web.Response:
                         charset="utf-8")
 
 
-_WAIT_QUERY = {"scopeId": STRING, "key": STRING, **WAIT_MS_QUERY}
+_WAIT_QUERY = {**_ENTRY, **WAIT_MS_QUERY}
 
 
 @routes(
     "GET", SPACE_PREFIX + "/once",
     "A once entry (OPEN, HELD, DONE or FAILED); long poll: answers once it is not HELD or its run stopped, or "
     "after waitMs",
-    query=_WAIT_QUERY, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ, answer=_VIEW,
+    query=_WAIT_QUERY, query_required=_ENTRY_REQUIRED, errors=("NOT_FOUND", "VALIDATION_FAILED"), permission=READ,
+    answer=_VIEW,
 )
 async def get(request: web.Request) -> web.Response:
     node, caller = node_of(request), caller_of(request)

@@ -43,11 +43,13 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for entry in routes:
         parameters: list[dict[str, Any]] = [
-            {"name": name, "in": "path", "required": True, "schema": _PATH_SCHEMAS.get(name, {"type": "string"})}
+            {"name": name, "in": "path", "required": True,
+             "schema": entry.path_schemas.get(name) or _PATH_SCHEMAS.get(name, {"type": "string"})}
             for name in _PARAM.findall(entry.path)
         ]
         parameters += [
-            {"name": name, "in": "query", "required": False, "schema": schema} for name, schema in entry.query.items()
+            {"name": name, "in": "query", "required": name in entry.query_required, "schema": schema}
+            for name, schema in entry.query.items()
         ]
         if entry.method != "GET":
             parameters.append(_IDEMPOTENCY_KEY)
@@ -67,8 +69,10 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
                 body_schema["required"] = list(entry.required)
             if entry.dependent:
                 body_schema["dependentRequired"] = {name: list(needs) for name, needs in entry.dependent.items()}
+            if entry.one_of:
+                body_schema["oneOf"] = [{"required": list(group)} for group in entry.one_of]
             operation["requestBody"] = {
-                "required": bool(entry.required),
+                "required": bool(entry.required or entry.one_of),
                 "content": {"application/json": {"schema": body_schema}},
             }
         # Which key the route needs: none (public), any valid one, or one with this permission.

@@ -63,6 +63,13 @@ class Route:
     required: tuple[str, ...] = ()
     # Body fields that need others beside them (the schema's `dependentRequired`): {"scale": ("limitMinor",)}.
     dependent: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Alternatives of which the body holds exactly one (the schema's `oneOf` of `required`):
+    # (("at",), ("afterSeconds",)).
+    one_of: tuple[tuple[str, ...], ...] = ()
+    # The query parameters the route refuses to go without (each one's `required` in the document).
+    query_required: tuple[str, ...] = ()
+    # Path parameters narrower than any string, by name: {"name": text(...)} for a by-name path.
+    path_schemas: dict[str, Any] = field(default_factory=dict)
 
 
 class RouteTable:
@@ -88,14 +95,20 @@ class RouteTable:
         media_type: str = "application/json",
         required: tuple[str, ...] = (),
         dependent: dict[str, tuple[str, ...]] | None = None,
+        one_of: tuple[tuple[str, ...], ...] = (),
+        query_required: tuple[str, ...] = (),
+        path_schemas: dict[str, Any] | None = None,
     ) -> Callable[[Handler], Handler]:
         assert set(required) <= set(body or {}), f"{method} {path}: a required field the body does not take"
+        assert {name for group in one_of for name in group} <= set(body or {}), f"{method} {path}: one_of names a field the body does not take"
+        assert set(query_required) <= set(query or {}), f"{method} {path}: a required query parameter the route does not take"
+        assert all("{" + name in path for name in path_schemas or {}), f"{method} {path}: a schema for a parameter not in the path"
 
         def add(handler: Handler) -> Handler:
             self.routes.append(
                 Route(
                     method, path, handler, summary, permission, body, query or {}, ok, errors, answer, empty, media_type,
-                    required, dependent or {},
+                    required, dependent or {}, one_of, query_required, path_schemas or {},
                 )
             )
             return handler

@@ -60,6 +60,39 @@ REASON = text(limits.error_message_chars_max)
 # A holder (routes.holder_of): at most name_chars_max characters; an empty one names none.
 HOLDER: dict[str, Any] = {"type": "string", "maxLength": limits.name_chars_max}
 
+# A minor amount: a decimal-digit string (or an integer) of at most 19 digits.
+MINOR_DIGITS_MAX = len(str(limits.budget_limit_minor_max))
+MINOR: dict[str, Any] = {"anyOf": [
+    {"type": "string", "pattern": f"^[0-9]{{1,{MINOR_DIGITS_MAX - 1}}}$"},  # a shorter one is below the max
+    {"type": "integer", "minimum": 0, "maximum": limits.budget_limit_minor_max},
+]}
+# A minor amount of at least 1 (a limit, a reservation).
+MINOR_POSITIVE: dict[str, Any] = {"anyOf": [
+    {"type": "string", "pattern": f"^(?=[0-9]*[1-9])[0-9]{{1,{MINOR_DIGITS_MAX - 1}}}$"},
+    {"type": "integer", "minimum": 1, "maximum": limits.budget_limit_minor_max},
+]}
+
+
+def closed(properties: dict[str, Any], *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A request's nested object: these `properties` and no others, the `required` ones present."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+# A job's requirements as tasks.needs_of takes them: pools and one quota by name with their units,
+# budgets with the minor units reserved. Not stated here: the units of all pools sum to at most
+# needs_slots_max, and each is within what its pool or quota holds now (the node's state).
+REQUIREMENTS = closed({
+    "pools": {"type": "array", "maxItems": limits.needs_slots_max,
+              "items": closed({"name": NAME, "units": bounded(1, limits.needs_slots_max)}, required=("name",))},
+    "quotas": {"type": "array", "maxItems": 1,
+               "items": closed({"name": NAME, "units": bounded(1, limits.limit_units_max)}, required=("name",))},
+    "budgets": {"type": "array", "maxItems": limits.budget_reservations_per_job_max,
+                "items": closed({"name": NAME, "reserveMinor": MINOR_POSITIVE}, required=("name", "reserveMinor"))},
+})
+
 STRING_OR_NULL = nullable(STRING)
 TIME_OR_NULL = nullable(TIME)
 INTEGER_OR_NULL = nullable(INTEGER)

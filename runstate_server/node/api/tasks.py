@@ -19,7 +19,6 @@ from runstate_server.node.api import _answers as A
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, body_wait_ms, long_poll, park, wait
-from runstate_server.node.api.mailboxes import REQUIREMENTS
 from runstate_server.node.api.messages import RECEIVE_BODY, holds_of, receive, receive_args
 from runstate_server.node.api.routes import (
     ANY_JSON,
@@ -32,7 +31,16 @@ from runstate_server.node.api.routes import (
     caller_of,
     node_of,
 )
-from runstate_server.node.api.schemas import KEY, NAME, REASON, STRING_OR_NULL, array, bounded, obj
+from runstate_server.node.api.schemas import (
+    KEY,
+    NAME,
+    REASON,
+    REQUIREMENTS,
+    STRING_OR_NULL,
+    array,
+    bounded,
+    obj,
+)
 from runstate_server.node.api.views import in_space, iso, task_view
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import ApiError
@@ -65,7 +73,7 @@ def _submit_args(body: dict[str, Any]) -> dict[str, Any]:
     work_limit = req.text(body, "workLimit", max_chars=limits.name_chars_max)
     if work_limit is not None:
         args["work_limit"] = work_limit
-    requirements = body.get("requirements")
+    requirements = req.requirements(body)
     if requirements is not None:
         if not isinstance(requirements, dict):
             raise ApiError("VALIDATION_FAILED", "requirements must be an object of pools, quotas and budgets")

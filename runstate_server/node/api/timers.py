@@ -26,7 +26,7 @@ from runstate_server.node._json import json_response
 from runstate_server.node.api import _paging as paging
 from runstate_server.node.api import _request as req
 from runstate_server.node.api._poll import WAIT_MS_QUERY, long_poll
-from runstate_server.node.api.barriers import path_name
+from runstate_server.node.api.barriers import NAME_PATH, path_name
 from runstate_server.node.api.messages import TOKEN_NONCE_BYTES
 from runstate_server.node.api.routes import (
     ISO_TIME,
@@ -39,6 +39,8 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.api.schemas import (
     BOOLEAN,
+    KEY,
+    NAME,
     STRING,
     STRING_OR_NULL,
     TIME,
@@ -57,7 +59,11 @@ TIMER = obj({
 })
 # A by-name answer: the token once it fired (FIRED or ACKED), the node's time.
 _DECLARED = obj({**TIMER["properties"], "created": BOOLEAN, "now": TIME}, optional={"token": STRING})
-_TIME_BODY = {"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": 365 * 24 * 3600}}
+AFTER_SECONDS_MAX = limits.timer_ms_max // 1000
+# When a timer fires: exactly one of a time (at most timer_ms_max after the node's now, which a
+# schema cannot state) and a delay.
+_TIME_BODY = {"at": ISO_TIME, "afterSeconds": {"type": "number", "minimum": 0, "maximum": AFTER_SECONDS_MAX}}
+_TIME_ONE_OF = (("at",), ("afterSeconds",))
 
 routes = RouteTable()
 
@@ -65,7 +71,6 @@ if TYPE_CHECKING:
     from runstate_server.node.server import Node
 
 _INACTIVE = ("SCOPE_CANCELLED", "DEADLINE_EXCEEDED")
-AFTER_SECONDS_MAX = 365 * 24 * 3600
 
 
 def timer_view(timer: Timer) -> dict[str, Any]:
@@ -103,7 +108,7 @@ def _scope_id(body: dict[str, Any]) -> str | None:
 
 @routes(
     "POST", SPACE_PREFIX + "/timers", "Arm a durable timer in run scopeId: at a time (at) or after a delay (afterSeconds)",
-    body={"scopeId": STRING, **_TIME_BODY}, ok=201,
+    body={"scopeId": NAME, **_TIME_BODY}, required=("scopeId",), one_of=_TIME_ONE_OF, ok=201,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=TIMER,
 )
 async def create_timer_in(request: web.Request) -> web.Response:
@@ -118,7 +123,7 @@ async def create_timer_in(request: web.Request) -> web.Response:
     "PUT", SPACE_PREFIX + "/timers/by-name/{name}",
     "The run's durable timer of that name: armed by the first call (at, or afterSeconds from now), returned as it "
     "is by every later one whatever its body. token once it fired (ack it); now is the node's time",
-    body={"scopeId": STRING, **_TIME_BODY},
+    body={"scopeId": NAME, **_TIME_BODY}, required=("scopeId",), one_of=_TIME_ONE_OF, path_schemas=NAME_PATH,
     errors=("VALIDATION_FAILED", "NOT_FOUND", "LIMIT_EXCEEDED", *_INACTIVE), permission=WRITE, answer=_DECLARED,
 )
 async def declare_timer(request: web.Request) -> web.Response:
@@ -142,7 +147,7 @@ _FIRED = obj({"id": STRING, "token": STRING, "firedAt": TIME, "fireAt": TIME, "n
     "POST", SPACE_PREFIX + "/timers/poll",
     f"The fired, unacknowledged timers of run scopeId with their tokens, oldest firing first (at most "
     f"{limits.timers_poll_max}); changes nothing",
-    body={"scopeId": STRING},
+    body={"scopeId": NAME}, required=("scopeId",),
     errors=("VALIDATION_FAILED", "NOT_FOUND"), permission=READ, answer=obj({"timers": array(_FIRED)}),
 )
 async def poll(request: web.Request) -> web.Response:
@@ -167,7 +172,7 @@ async def poll(request: web.Request) -> web.Response:
     "POST", SPACE_PREFIX + "/timers/{id}/ack",
     "Acknowledge a fired timer with its token (FIRED -> ACKED). STALE_CLAIM for a token that is not its own; "
     "CONFLICT when it was acked already, has not fired or was cancelled",
-    body={"token": STRING},
+    body={"token": KEY}, required=("token",),
     errors=("VALIDATION_FAILED", "NOT_FOUND", "CONFLICT", "STALE_CLAIM"), permission=WRITE, answer=TIMER,
 )
 async def ack(request: web.Request) -> web.Response:
