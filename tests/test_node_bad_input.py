@@ -40,8 +40,9 @@ class Target:
         return str(self.admin.ok("GET", "/v1/cluster/digest")["dataDigest"])
 
 
-@pytest.fixture(scope="module")
-def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
+def space_target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
+    """A run, a mailbox, a task with its delivery and a barrier in the node's space (the fixture of
+    this module and of test_node_protocol_details.py); the node's log has no traceback after."""
     node, key = auth_node
     admin = Api(node.url, key=key)
     run = admin.ok("POST", "/v1/scopes", {})["id"]
@@ -51,6 +52,11 @@ def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
     barrier = admin.ok("POST", "/v1/barriers", {"scopeId": run, "target": 2})["id"]
     yield Target(node, key, admin, run, mailbox, task, delivery["token"], barrier)
     assert "Traceback" not in node.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
+    yield from space_target(auth_node)
 
 
 def refused(answer: Answer, status: int, code: str) -> None:

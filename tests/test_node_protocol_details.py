@@ -10,41 +10,21 @@ import codecs
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from runstate_server.node.api.app import ROUTES
-from tests._http import Api, recv
+from tests._http import recv
 from tests._nodes import DevNode
-from tests._raw_http import Answer, json_headers, send
+from tests._raw_http import Answer
+from tests.test_node_bad_input import Target, space_target
 
 SPACE = "/v1/spaces/default"
 
 
-@dataclass
-class Target:
-    node: DevNode
-    key: str
-    admin: Api
-    run: str
-    mailbox: str
-
-    def send(self, method: str, path: str, body: bytes | None = None, **headers: bytes | str) -> Answer:
-        return send(self.node.url, method, path, body, json_headers(self.key, **headers))
-
-    def digest(self) -> str:
-        return str(self.admin.ok("GET", "/v1/cluster/digest")["dataDigest"])
-
-
 @pytest.fixture(scope="module")
 def target(auth_node: tuple[DevNode, str]) -> Iterator[Target]:
-    node, key = auth_node
-    admin = Api(node.url, key=key)
-    run = admin.ok("POST", "/v1/scopes", {})["id"]
-    mailbox = admin.ok("POST", "/v1/mailboxes", {"name": "work"})["id"]
-    yield Target(node, key, admin, run, mailbox)
-    assert "Traceback" not in node.log_path.read_text(errors="replace")
+    yield from space_target(auth_node)
 
 
 def refused(answer: Answer, status: int, code: str, says: str = "") -> None:
