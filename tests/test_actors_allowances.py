@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import allowances, limits, resources
-from runstate_server.actors.state import from_snapshot, to_snapshot
+from runstate_server.actors.state import _RUN_FIELDS, from_snapshot, to_snapshot
 from tests.test_actors_harness import Harness, pack, unpack
 
 WINDOW_MS = 2_000
@@ -254,7 +254,8 @@ def test_snapshot_keeps_allowances_and_an_old_snapshot_gets_their_ids(h: Harness
     old = to_snapshot(h.state)
     old["rate_limits"] = [row[:10] for row in old["rate_limits"]]  # a row from before allowances
     old["allowance_waiters"], old["allowance_consumptions"] = [], []
-    old["runs"] = [row[:-2] + row[-1:] for row in old["runs"]]  # no allowance_waiters of runs
+    # A run row from before allowances: it stops before allowance_waiters (the queues come last).
+    old["runs"] = [row[: _RUN_FIELDS.index("allowance_waiters")] + row[-1:] for row in old["runs"]]
     restored = from_snapshot(unpack(pack(old)))
     (limit,) = restored.rate_limits.values()
     assert limit.public_id.startswith("alw_") and limit.public_id != allowance_id

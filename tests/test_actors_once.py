@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import errors
-from runstate_server.actors.state import Once, OnceState, from_snapshot, to_snapshot
+from runstate_server.actors.state import _RUN_FIELDS, Once, OnceState, from_snapshot, to_snapshot
 from runstate_server.actors.storage import json_value
 from tests.test_actors_harness import RETENTION_MS, Harness, pack, round_trip, snapshot_bytes, unpack
 
@@ -210,7 +210,7 @@ def test_a_snapshot_from_before_once_and_claims_were_split_still_loads(h: Harnes
     snapshot = unpack(pack(to_snapshot(h.state)))
     assert snapshot["claims"] == []
     snapshot["claims"] = [row[:-1] for row in snapshot.pop("once")]
-    snapshot["runs"] = [row[:-2] + row[-1:] for row in snapshot["runs"]]
+    snapshot["runs"] = [row[: _RUN_FIELDS.index("claims")] + row[-1:] for row in snapshot["runs"]]  # the queues come last
     restored = from_snapshot(snapshot)
     assert restored.claims == {} and restored.runs[run_id].claims == {}
     assert restored.once[h.run(run_id).once[KEY]].token == granted["token"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from runstate_server.actors import limits, permits, resources
-from runstate_server.actors.state import from_snapshot, to_snapshot
+from runstate_server.actors.state import _RUN_FIELDS, from_snapshot, to_snapshot
 from tests.test_actors_harness import Harness, pack, round_trip, snapshot_bytes, unpack
 
 LEASE_MS = 10_000
@@ -160,7 +160,8 @@ def test_a_pool_from_before_permit_ids_gets_a_derived_id(h: Harness, run_id: str
     old = unpack(pack(to_snapshot(h.state)))
     old["pools"] = [row[:-2] for row in old["pools"]]  # no public_id, waiters
     old["slot_leases"] = [row[:-2] for row in old["slot_leases"]]  # no token, holder_session
-    old["runs"] = [row[:-2] + row[-1:] for row in old["runs"]]  # no permit_waiters (the queues come last)
+    # A run row from before permit waiters: it stops before them (the queues come last).
+    old["runs"] = [row[: _RUN_FIELDS.index("permit_waiters")] + row[-1:] for row in old["runs"]]
     del old["permit_waiters"]
     one, two = from_snapshot(old), from_snapshot(unpack(pack(old)))
     (permit_id,) = one.permit_ids
