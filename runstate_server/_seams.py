@@ -91,7 +91,8 @@ class Override(Method):
         if missing is not None:
             return missing
         assert isinstance(self.owner, type)
-        if not any(self.name in names_read for _, names_read in _functions_of(self.owner, package, self.name)):
+        own = {id(code) for _, code in function_codes(inspect.getattr_static(self.owner, self.name, None))}
+        if not _readers(package, _loaded_modules(package)).get(self.name, frozenset()) - own:
             return f"{self.owner_name}.{self.name} is no longer called by {package}'s own code"
         return None
 
@@ -102,7 +103,7 @@ class Attribute(Seam):
 
     def problem(self, package: str) -> str | None:
         assert isinstance(self.owner, type)
-        if hasattr(self.owner, self.name) or self.name in attributes_stored(self.owner, package):
+        if hasattr(self.owner, self.name) or stores_attribute(self.owner, package, self.name):
             return None
         return f"{self.owner_name} has no attribute {self.name}"
 
@@ -177,6 +178,7 @@ def check(
 ) -> None:
     """DependencyMismatch when the release of `distribution` installed is untested (unless
     ALLOW_UNTESTED_ENV) or misses any of `seams`; `package` is its top-level import name."""
+    _readers.cache_clear()  # the library as it is now (a test may have changed it since)
     version = installed_version(distribution)
     if not tested(version):
         message = f"{distribution} {version} is installed; runstate was tested with {distribution} {tested_text}"
@@ -216,28 +218,55 @@ def _library_classes(owner: type, package: str) -> Iterable[type]:
     return [klass for klass in owner.__mro__ if klass.__module__.split(".")[0] == package]
 
 
-def _functions_of(owner: type, package: str, skip: str) -> Iterator[tuple[str, frozenset[str]]]:
-    """Every function of the library's modules imported so far (module-level, and the methods of
-    the classes they define), each with the names its code reads; but `owner`'s own `skip`."""
-    skipped = {id(code) for _, code in function_codes(inspect.getattr_static(owner, skip, None))}
-    for module_name, module in list(sys.modules.items()):
-        if module is None or (module_name != package and not module_name.startswith(package + ".")):
+def _loaded_modules(package: str) -> tuple[str, ...]:
+    """The library's modules imported so far, by name."""
+    return tuple(sorted(
+        name for name, module in list(sys.modules.items())
+        if module is not None and (name == package or name.startswith(package + "."))
+    ))
+
+
+# Packages whose index of readers is kept, within one `check` (which starts it afresh).
+PACKAGE_INDEXES_CACHED_MAX = 2
+
+
+@functools.lru_cache(maxsize=PACKAGE_INDEXES_CACHED_MAX)
+def _readers(package: str, modules: tuple[str, ...]) -> dict[str, frozenset[int]]:
+    """Each name the library's code reads (every function of `modules`: module-level, and the
+    methods of the classes they define), with the ids of the code objects that read it. Built once
+    for all the Override checks of one `check` (walking every function per seam cost most of the start's check)."""
+    readers: dict[str, set[int]] = {}
+    for module_name in modules:
+        module = sys.modules.get(module_name)
+        if module is None:
             continue
-        values: list[tuple[str, Any]] = []
-        for name, value in vars(module).items():
+        values: list[Any] = []
+        for value in vars(module).values():
             if isinstance(value, type) and value.__module__ == module_name:
-                values += vars(value).items()
+                values += vars(value).values()
             else:
-                values.append((name, value))
-        for name, value in values:
+                values.append(value)
+        for value in values:
             for _, code in function_codes(value):
-                if id(code) not in skipped:
-                    yield name, names_read(code)
+                for name in names_read(code):
+                    readers.setdefault(name, set()).add(id(code))
+    return {name: frozenset(ids) for name, ids in readers.items()}
 
 
 @functools.lru_cache(maxsize=CODE_OBJECTS_CACHED_MAX)
 def names_read(code: types.CodeType) -> frozenset[str]:
     return frozenset(name for nested in _code_objects(code) for name in nested.co_names)
+
+
+def stores_attribute(owner: type, package: str, name: str) -> bool:
+    """The library's code of `owner` (and its library bases) stores an attribute `name`. Only the
+    functions that name it at all are disassembled (most of the check's time at start)."""
+    return any(
+        name in names_read(code) and name in _stores(code)
+        for klass in _library_classes(owner, package)
+        for value in vars(klass).values()
+        for _, code in function_codes(value)
+    )
 
 
 def attributes_stored(owner: type, package: str) -> frozenset[str]:

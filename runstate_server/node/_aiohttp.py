@@ -74,6 +74,7 @@ from runstate_server._seams import (
     attributes_stored,
     check,
     installed_version,
+    stores_attribute,
 )
 
 DISTRIBUTION = "aiohttp"
@@ -178,11 +179,11 @@ def shadowed(ours: type) -> frozenset[str]:
     """The names of `ours` that one of aiohttp's classes it extends defines or stores too, but
     those declared as overrides in SEAMS."""
     bases = [klass for klass in ours.__mro__ if klass.__module__.split(".")[0] == PACKAGE]
-    library: set[str] = set()
-    for base in bases:
-        library |= set(dir(base)) | attributes_stored(base, PACKAGE)
     declared = {seam.name for seam in SEAMS if isinstance(seam.owner, type) and seam.owner in bases}
-    return frozenset((own_names(ours) & library) - declared)
+    return frozenset(
+        name for name in own_names(ours) - declared
+        if any(hasattr(base, name) or stores_attribute(base, PACKAGE, name) for base in bases)
+    )
 
 
 def check_own_names(*classes: Any) -> None:
