@@ -1,8 +1,8 @@
 """Command levels (cluster/DESIGN.md): each node tells its peers the commands it applies, and a
 leader proposes a batch submit as one `task.submit_many` command (level 2) only while every node
-told it level 2; otherwise as one `task.submit` per task, which a node of an older release applies
-too. On a real three-node cluster: a follower restarted with `--command-level 1` (as a node of
-the older release counts) brings the leader down to one command per task, and back up once it is
+told it level 2, or the log proves it; otherwise as one `task.submit` per task, which a node of an
+older release applies too. On a real three-node cluster: a node started with `--command-level 1`
+(as a node of the older release counts) keeps the leader at one command per task, until it is
 restarted at this release's level; the answers are the same either way and the replicas agree."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from runstate_server.actors.dispatch import COMMAND_LEVEL, NUMBER_CREATIONS_LEVEL, SUBMIT_MANY_LEVEL
 from runstate_server.node.api._paging import decode_cursor
 from tests._cluster import Cluster
-from tests._http import mailbox_id, task_body
+from tests._http import Api, mailbox_id, task_body
 from tests._prometheus import scrape, value
 
 BATCH = 50
@@ -56,39 +56,54 @@ def submit_batch(cluster: Cluster, run_id: str, mailbox: str, prefix: str) -> tu
 def test_a_batch_submit_is_one_command_only_while_every_node_applies_it(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    cluster = make_cluster().start()
-    leader = wait_level(cluster, COMMAND_LEVEL)
+    """A rolling upgrade's last step: one node still at level 1 keeps the leader at one command
+    per task; restarted at this release's level, the leader proposes a batch as one command, and
+    from then on for good (the log proves the level: a node restarted at level 1 no longer brings
+    it down, as a paused follower's closed connection does not: tests/test_cluster_idempotency.py)."""
+    cluster = make_cluster()
+    older = cluster.size - 1
+    cluster.node_args[older] = ("--command-level", "1")
+    cluster.start()
+    leader = wait_level(cluster, 1)
     assert COMMAND_LEVEL >= SUBMIT_MANY_LEVEL
     api = cluster.api(leader).resending()
     run_id = api.ok("POST", "/v1/scopes", {})["id"]
     mailbox = mailbox_id(api)
 
-    answers, proposed = submit_batch(cluster, run_id, mailbox, "all-new")
-    assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
-    assert proposed < BATCH / 10, proposed  # one command for the batch
-
-    follower = next(index for index in range(cluster.size) if index != cluster.leader_index())
-    cluster.node_args[follower] = ("--command-level", "1")
-    cluster.kill(follower)
-    cluster.start(follower)
-    wait_level(cluster, 1)
     answers, proposed = submit_batch(cluster, run_id, mailbox, "one-old")
     assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
     assert proposed >= BATCH, proposed  # one command per task
-    # Tasks submitted either way are the same tasks when submitted again either way.
-    resubmitted, _ = submit_batch(cluster, run_id, mailbox, "all-new")
-    assert [answer["created"] for answer in resubmitted] == [False] * BATCH
-    resubmitted, _ = submit_batch(cluster, run_id, mailbox, "one-old")
-    assert [answer["taskId"] for answer in resubmitted] == [answer["taskId"] for answer in answers]
 
-    cluster.node_args[follower] = ()
-    cluster.kill(follower)
-    cluster.start(follower)
+    cluster.node_args[older] = ()
+    cluster.kill(older)
+    cluster.start(older)
     wait_level(cluster, COMMAND_LEVEL)
     answers, proposed = submit_batch(cluster, run_id, mailbox, "upgraded")
     assert [answer.get("created") for answer in answers] == [True] * BATCH, answers
+    assert proposed < BATCH / 10, proposed  # one command for the batch
+    # Tasks submitted either way are the same tasks when submitted again either way.
+    resubmitted, proposed = submit_batch(cluster, run_id, mailbox, "one-old")
+    assert [answer["created"] for answer in resubmitted] == [False] * BATCH
     assert proposed < BATCH / 10, proposed
+
+    # Once the leader started the creation numbers (a level-3 entry, within a tick of every node
+    # telling level 3), the level is proven: a node that tells level 1 again does not lower it.
+    cluster.wait_until("creation numbers", lambda: numbered(api, run_id) or None, LEVEL_TIMEOUT_S)
+    cluster.node_args[older] = ("--command-level", "1")
+    cluster.kill(older)
+    cluster.start(older)
+    cluster.wait_until("the older node connected", lambda: level(cluster, older) == 1 or None, LEVEL_TIMEOUT_S)
+    resubmitted, proposed = submit_batch(cluster, run_id, mailbox, "upgraded")
+    assert [answer["taskId"] for answer in resubmitted] == [answer["taskId"] for answer in answers]
+    assert proposed < BATCH / 10, proposed
+    assert level(cluster, cluster.leader_index()) == COMMAND_LEVEL
     cluster.wait_same_digest()
+
+
+def numbered(api: Api, run_id: str) -> bool:
+    """The state's creation numbers started: a page's cursor names a number above 0."""
+    page = api.ok("GET", f"/v1/tasks?scopeId={run_id}&limit=1")
+    return bool(decode_cursor(page["nextCursor"])[1])
 
 
 def paged_task_ids(cluster: Cluster, run_id: str, page: int) -> list[str]:

@@ -53,6 +53,18 @@ COMMAND_LEVEL = 3
 SUBMIT_MANY_LEVEL = 2
 NUMBER_CREATIONS_LEVEL = 3
 
+
+
+def proven_level(state: State) -> int:
+    """The command level the applied log proves every node of the cluster applies. An entry of
+    level L is proposed only while every node told L, and a node that meets a committed entry it
+    cannot apply halts (cluster/DESIGN.md "Command levels"): so a numbered state (the level-3
+    `state.number_creations` applied) proves level 3 for good, however the peers' connections come
+    and go. A leader proposes at least at this level, so one request takes one form of command
+    whichever leader proposes it and whenever (an idempotency record is per form)."""
+    return NUMBER_CREATIONS_LEVEL if state.creation_seq is not None else 1
+
+
 Handler = Callable[[Context, dict[str, Any]], Any]
 
 HANDLERS: dict[str, Handler] = {

@@ -257,6 +257,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         transport = getattr(self, "_SyncObj__transport", None)
         return transport.level_floor if isinstance(transport, BoundedTransport) else LEVEL_UNTOLD
 
+    def connected_peers(self) -> int:
+        """The peers connected now that told their command level (_transport.py); any thread."""
+        transport = getattr(self, "_SyncObj__transport", None)
+        return transport.peers_told if isinstance(transport, BoundedTransport) else 0
+
     def messages(self) -> dict[tuple[str, str], int]:
         """The Raft messages sent and received so far, by (direction, type); empty without peers."""
         transport = getattr(self, "_SyncObj__transport", None)

@@ -303,6 +303,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         # The lowest command level of this node and its peers: one int, replaced whole (other
         # threads read it).
         self.level_floor = LEVEL_UNTOLD if otherNodes else command_level
+        self.peers_told = 0  # how many of them: one int, replaced whole
         # The Raft frames' ciphers, under the cluster password (None without one). Made before
         # pysyncobj's constructor makes the outgoing connections (addNode), which take them.
         password = syncObj.conf.password
@@ -342,6 +343,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
     def _update_level_floor(self) -> None:
         levels = [self._peer_levels.get(node, LEVEL_UNTOLD) for node in self._nodes]
         self.level_floor = min([self.command_level, *levels])
+        self.peers_told = len(self._peer_levels)
 
     def _count(self, direction: str, message: Any) -> None:
         kind = message.get("type") if isinstance(message, dict) else None

@@ -487,11 +487,24 @@ class ReplicatedLog:
     def commit_index(self) -> int:
         return int(self._raft.raftCommitIndex) if self._raft is not None else 0
 
-    def command_level(self) -> int:
-        """The highest command level this node may propose: its own, or the lowest a peer told
-        (a peer not connected, or of a release that tells none, counts as level 1). Any thread."""
+    def command_level(self, proven: int = LEVEL_UNTOLD) -> int:
+        """The highest command level this node may propose: the lowest of its own and its peers'
+        (a peer not connected, or of a release that tells none, counts as level 1), or `proven`,
+        the level the applied log already proves every node applies (capped at this node's own),
+        whichever is higher. Any thread.
+
+        A peer that is paused or cut off for a moment drops the floor to 1; without `proven` the
+        leader would then propose a request in another form than the one it had (or will have) the
+        moment before or after, and a retry in the other form would not find the first one's
+        idempotency record (issue 47, DESIGN.md "Command levels")."""
         raft = self._raft
-        return raft.command_level_floor() if raft is not None else LEVEL_UNTOLD
+        floor = raft.command_level_floor() if raft is not None else LEVEL_UNTOLD
+        return max(floor, min(self._command_level, proven))
+
+    def connected_peers(self) -> int:
+        """The peers this node is connected to now that told their command level. Any thread."""
+        raft = self._raft
+        return raft.connected_peers() if raft is not None else 0
 
     def raft_messages(self) -> dict[tuple[str, str], int]:
         """Raft messages sent and received so far, by (direction, type); empty on a single node."""

@@ -247,7 +247,7 @@ class Node:
         command of MANY_KINDS (one envelope, and one idempotency record for all: `idempotency`,
         the request's), else as one command each (`idempotencies[i]` that of args_list[i])."""
         many = MANY_KINDS.get(kind)
-        if many is not None and self.log.command_level() >= many[1]:
+        if many is not None and self.proposal_level() >= many[1]:
             args = {"items": args_list, "ids": new_command_ids(len(args_list))}
             try:
                 items = (await self._propose(caller.space, caller.key_id, many[0], args, idempotency))["items"]
@@ -265,6 +265,12 @@ class Node:
         except (NotLeader, LogUnavailable) as error:
             return [_api_error(error) for _ in commands]
         return [_api_error(outcome) if isinstance(outcome, BaseException) else _outcome(outcome) for outcome in outcomes]
+
+    def proposal_level(self) -> int:
+        """The command level this node proposes at: what every peer connected now told, or what
+        the applied log proves (dispatch.proven_level), whichever is higher. Any thread: the
+        state's creation numbers only ever start, and one attribute is read whole."""
+        return self.log.command_level(proven=dispatch.proven_level(self.core.state))
 
     async def _propose(
         self, space: str, key_id: str | None, kind: str, args: dict[str, Any], idempotency: tuple[str, str] | None = None

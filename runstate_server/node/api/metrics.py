@@ -186,8 +186,12 @@ def render(node: Node, caller: Caller) -> str:
                "1 when this node's core (the rules it applies the log with) runs compiled, 0 when interpreted",
                [((), 1 if COMPILED else 0)])
     out.metric("runstate_command_level", "gauge",
-               "The highest command level this node proposes at: its own, or the lowest its peers told (1 for a "
-               "peer not connected or of an older release)", [((), raft.command_level())])
+               "The highest command level this node proposes at: the lowest its peers told (1 for a peer not "
+               "connected or of an older release), or the level its log proves every node applies, whichever "
+               "is higher", [((), node.proposal_level())])
+    out.metric("runstate_raft_peers_connected", "gauge",
+               "Peers this node is connected to now (that told their command level); none on a single node",
+               [((), raft.connected_peers())])
     fsync = raft.fsync_seconds
     out.histogram("runstate_raft_fsync_seconds", "Seconds per fsync of the Raft journal (none without a data dir)",
                   [] if fsync is None else [((), fsync)])
