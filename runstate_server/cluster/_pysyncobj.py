@@ -78,7 +78,7 @@ def _syncobj_seams() -> list[Seam]:
         "_isLeader": _RAFT, "_getLeader": _LOG, "_SyncObj__getCurrentLogIndex": _RAFT,
         "_SyncObj__getCurrentLogTerm": _RAFT, "_SyncObj__generateRaftTimeout": _PREVOTE,
         "_SyncObj__callErrCallback": _RAFT, "doTick": _LOG, "addOnTickCallback": _LOG,
-        "forceLogCompaction": _LOG, "isReady": _LOG, "destroy": _LOG,
+        "forceLogCompaction": _LOG, "isReady": _LOG, "destroy": _LOG, "transferLeadership": _LOG,
     }
     attributes = {
         "_SyncObj__raftLog": f"{_RAFT} (the journal replaced)", "_SyncObj__otherNodes": _RAFT,

@@ -145,6 +145,16 @@ class _InFlightBatch:
     released: bool = False
 
 
+@dataclass(eq=False)
+class _Transfer:
+    """A leadership transfer under way (ReplicatedLog.transfer_leadership): set by the loop thread,
+    read by the tick thread, which sets `sent` once pysyncobj told the target to campaign."""
+
+    target: str | None  # the voter's Raft address; None: the most caught-up connected voter
+    done: asyncio.Future[None]  # resolved on the loop once this node stopped leading
+    sent: bool = False
+
+
 @dataclass
 class _Counters:
     commands_proposed: int = 0
@@ -153,6 +163,7 @@ class _Counters:
     commands_failed_internal: int = 0
     read_index_fallbacks: int = 0  # times a read index round went unconfirmed and reads fell back to barriers
     commits_alone: int = 0  # times a single node committed its new batches with no tick (_commit_alone)
+    leadership_transfers: int = 0  # times this leader told a voter to campaign at once (transfer_leadership)
     loop_handoffs: int = 0  # times the tick thread woke the loop with the calls it gathered (_hand_calls_to_loop)
 
 
@@ -231,6 +242,9 @@ class ReplicatedLog:
         # Batches of this node queued in pysyncobj and not yet called back (both threads).
         self._uncommitted_lock = threading.Lock()
         self._uncommitted = 0
+        # A leadership transfer under way: new batches wait meanwhile (loop thread sets it whole;
+        # the tick thread reads it).
+        self._transfer: _Transfer | None = None
 
     def __repr__(self) -> str:
         c = self.counters
@@ -521,6 +535,45 @@ class ReplicatedLog:
         """The journal's fsync times so far; None without a data dir (nothing is written)."""
         return self._journal.fsync_seconds.view() if self._journal is not None else None
 
+    # Handing leadership over (loop thread).
+
+    async def transfer_leadership(self, to_address: str | None, timeout_s: float) -> None:
+        """Hand this leader's leadership to the voter at `to_address` (None: the most caught-up
+        connected one), as Raft's TimeoutNow (pysyncobj's `transferLeadership`). Commands proposed
+        meanwhile wait in the pending queue (no new batch goes out); once every batch of this leader
+        committed and the target holds every entry, the target is told to campaign at once, which
+        skips pre-vote; its higher term makes this node step down. Nothing acknowledged or in flight
+        is lost: the target has every entry, and the waiting commands are answered NotLeader when
+        this node stops leading (never appended: safe to send again to the new leader).
+
+        Returns once this node stopped leading. NotLeader when it did not lead at the call;
+        LogUnavailable when another transfer is under way or no handover came within `timeout_s`
+        (the target unreachable or behind): then this node leads on and the waiting commands go
+        out. ValueError when there is no other voter."""
+        self._check_running()
+        if not self.is_leader:
+            raise NotLeader(self.leader_address)
+        if not self.peer_addresses:
+            raise ValueError("a cluster of one voter has no other voter to hand leadership to")
+        if to_address is not None and to_address not in self.peer_addresses:
+            raise ValueError(f"{to_address} is not a voter of this cluster")
+        if self._transfer is not None:
+            raise LogUnavailable("a leadership transfer is already under way")
+        assert self._loop is not None and self._raft is not None
+        transfer = _Transfer(to_address, self._loop.create_future())
+        self._transfer = transfer
+        self._raft.wake()
+        try:
+            await asyncio.wait_for(asyncio.shield(transfer.done), timeout_s)
+        except asyncio.TimeoutError:
+            raise LogUnavailable(
+                f"no handover within {timeout_s} s (the target is unreachable or behind); this node leads on"
+            ) from None
+        finally:
+            if self._transfer is transfer:
+                self._transfer = None
+            self._schedule_flush()  # still leading: what waited goes out; else it is refused
+
     # Proposing (loop thread).
 
     async def propose(self, command: dict[str, Any], timeout_s: float = PROPOSE_TIMEOUT_S_DEFAULT) -> Any:
@@ -611,6 +664,8 @@ class ReplicatedLog:
         waiting.future.set_result(waiting.outcomes)
 
     def _schedule_flush(self) -> None:
+        if self._transfer is not None and self.is_leader:
+            return  # held until the transfer ends (transfer_leadership)
         if not self._flush_scheduled and self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
             assert self._loop is not None
             self._flush_scheduled = True
@@ -622,6 +677,8 @@ class ReplicatedLog:
         self._flush_scheduled = False
         submitted = False
         while self._pending and self._batches_in_flight < MAX_BATCHES_IN_FLIGHT:
+            if self._transfer is not None and self.is_leader:
+                break  # held until the transfer ends (transfer_leadership)
             proposals = self._take_batch()
             if not proposals:
                 break
@@ -741,6 +798,9 @@ class ReplicatedLog:
     def _on_role_changed(self) -> None:
         self.read_index_unconfirmed = False  # a new leadership tries the read index afresh
         if not self.is_leader:
+            transfer = self._transfer
+            if transfer is not None and not transfer.done.done():
+                transfer.done.set_result(None)
             self._fail_pending(NotLeader(self.leader_address))
             self._fail_reads(NotLeader(self.leader_address))
             # pysyncobj answers them only once this node applies their index again (committed by a
@@ -794,11 +854,28 @@ class ReplicatedLog:
                 self._halt(f"cannot sync the Raft journal: {journal.sync_error!r}")
         if raft.raft_state() == _LEADER:
             self._quorum_heard_at = raft.majority_heard_at(raft_clock())
+            transfer = self._transfer
+            if transfer is not None and not transfer.sent and self._uncommitted == 0:
+                self._send_timeout_now(raft, transfer)
         if self.peer_addresses:
             confirmed = self._read_index.on_tick(raft)
             if confirmed is not None:
                 self._call_on_loop(self._on_read_confirmed, confirmed)
         self._hand_calls_to_loop()
+
+    def _send_timeout_now(self, raft: RaftNode, transfer: _Transfer) -> None:
+        """Tick thread, a leader with no batch of its own uncommitted: tell the transfer's target to
+        campaign, unless pysyncobj refuses (the target not connected, or without every entry yet:
+        it is sent the rest meanwhile, and the next tick asks again)."""
+
+        def told(_: Any, reason: int) -> None:
+            if reason == FAIL_REASON.SUCCESS:
+                transfer.sent = True
+                self.counters.leadership_transfers += 1
+                logger.info("Raft %s: told %s to campaign (leadership transfer)", self.self_address,
+                            transfer.target or "the most caught-up voter")
+
+        raft.transferLeadership(transfer.target, told)
 
     def _ours_uncommitted(self, raft: RaftNode) -> bool:
         """A batch of this leader waits for its commit. On one node an entry appended in tick T

@@ -1,5 +1,5 @@
-"""`runstate spaces ...`, `runstate keys ...`, `runstate whoami`: manage spaces and API keys of any
-node over HTTP.
+"""`runstate spaces ...`, `runstate keys ...`, `runstate whoami`, `runstate cluster members` and
+`runstate cluster transfer-leader`: manage spaces, API keys and a cluster's members over HTTP.
 
 Talks to the node over HTTP only (operator_client), so it works against a remote node.
 Exit codes: 0 on success, 1 when the API refused the call (`runstate: CODE: message` on stderr),
@@ -77,6 +77,18 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     revoke.add_argument("key_id", metavar="KEY_ID")
 
     _leaf(subparsers, "whoami", "show the API key's space, permissions and whether it is an operator", _whoami)
+
+
+def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `members` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
+    (the parsed arguments carry `admin_action`)."""
+    _leaf(cluster_commands, "members", "show the cluster's members: role, voter, lag, reachable", _members)
+    transfer = _leaf(
+        cluster_commands, "transfer-leader",
+        "hand leadership to another voter, e.g. before the leader's maintenance (needs an operator admin key)",
+        _transfer_leader,
+    )
+    transfer.add_argument("--to", metavar="ID", help="the voter to lead (default: the most caught-up one)")
 
 
 def run_admin_command(args: argparse.Namespace) -> int:
@@ -157,6 +169,31 @@ def _whoami(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]
         f"operator:    {'yes' if machine['operator'] else 'no'}",
     ])
     return text, machine
+
+
+def _members(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:
+    view = client.request("GET", "/v1/cluster")
+    rows = [
+        [
+            member["id"] + (" *" if member["id"] == view["leader"] else ""),
+            member.get("role") or "-",
+            "voter" if member.get("voter", True) else "learner",
+            "-" if member.get("lag") is None else str(member["lag"]),
+            "-" if member.get("appliedIndex") is None else str(member["appliedIndex"]),
+            "yes" if member["reachable"] else "no",
+            member["apiUrl"],
+        ]
+        for member in view["nodes"]
+    ]
+    text = _table(["ID", "ROLE", "VOTES", "LAG", "APPLIED", "REACHABLE", "API"], rows)
+    return text + "\n(* leads; LAG: committed entries it has not applied)", view
+
+
+def _transfer_leader(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:
+    answer = client.request("POST", "/v1/cluster/transfer-leader", _given(to=args.to))
+    if not answer["transferred"]:
+        return f"{answer['leader']} leads already: nothing to hand over", answer
+    return f"leadership handed from {answer['previousLeader']} to {answer['leader'] or '(not known yet)'}", answer
 
 
 def _space_json(view: dict[str, Any]) -> dict[str, Any]:

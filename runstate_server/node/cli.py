@@ -20,7 +20,7 @@ from runstate_server._version import __version__
 try:
     from runstate_server.actors import COMPILED, limits
     from runstate_server.actors.dispatch import COMMAND_LEVEL
-    from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+    from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, add_cluster_commands, run_admin_command
     from runstate_server.node.api.app import build_app
     from runstate_server.node.config import (
         BOOTSTRAP_KEY_ENV,
@@ -227,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_long_poll_flags(node)
     _add_http_flags(node)
 
-    cluster = commands.add_parser("cluster", help="a local cluster for trying runstate out and for tests")
+    cluster = commands.add_parser(
+        "cluster", help="a local cluster for trying runstate out and for tests; a cluster's members and leader",
+    )
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
     up = cluster_commands.add_parser(
         "up",
@@ -241,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path, default=Path("cluster"), help="where the nodes keep their data (default ./cluster)")
     up.add_argument("--fsync", choices=("always", "never"), default="always")
     up.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    add_cluster_commands(cluster_commands)
     add_admin_commands(commands)
     return parser
 
@@ -264,7 +267,7 @@ def tune_garbage_collector() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ADMIN_COMMANDS:
+    if args.command in ADMIN_COMMANDS or getattr(args, "admin_action", None) is not None:
         return run_admin_command(args)
     tune_garbage_collector()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

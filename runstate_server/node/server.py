@@ -89,6 +89,11 @@ def _api_error(error: BaseException) -> ApiError:
     raise error
 
 
+# A caught-up, reachable voter takes leadership over within a few ticks of being told; one that does
+# not within this long is unreachable or behind, and the leader leads on (transfer_leadership).
+TRANSFER_TIMEOUT_S = 5.0
+NEW_LEADER_WAIT_S = 2.0  # after the handover, until the new leader's first message names it here
+NEW_LEADER_POLL_S = 0.01
 LOCK_FILE_NAME = "LOCK"
 LISTEN_BACKLOG = 1024  # pending connections the API socket queues
 BOOTSTRAP_RETRY_S = 0.5  # a cluster leader retries creating the first admin key this often
@@ -125,6 +130,8 @@ class Node:
         # Followers forward to the leader's API; pysyncobj names the leader by its Raft address.
         self.api_url_by_raft_address = {peer.raft_address: peer.api_url for peer in config.peers}
         self.api_url_by_raft_address[raft_address] = config.api_url
+        self.node_id_by_raft_address = {peer.raft_address: peer.id for peer in config.peers}
+        self.node_id_by_raft_address[raft_address] = config.node_id
         self.log = ReplicatedLog(
             self.core,
             self_address=raft_address,
@@ -265,6 +272,35 @@ class Node:
         except (NotLeader, LogUnavailable) as error:
             return [_api_error(error) for _ in commands]
         return [_api_error(outcome) if isinstance(outcome, BaseException) else _outcome(outcome) for outcome in outcomes]
+
+    async def transfer_leadership(self, to_id: str | None) -> dict[str, Any]:
+        """Hand this leader's leadership to the voter `to_id` (None: the most caught-up connected
+        one): ReplicatedLog.transfer_leadership, then wait until the new leader is known here.
+        The answer names the leader now and the one before; `transferred` is false when `to_id` is
+        this node, which leads already."""
+        own_id = self.config.node_id
+        peers = {peer.id: peer for peer in self.config.peers}
+        if to_id is not None and to_id != own_id and to_id not in peers:
+            members = ", ".join(sorted([own_id, *peers]))
+            raise ApiError("NOT_FOUND", f"no voter {to_id!r} in this cluster (its voters: {members})")
+        if not self.log.is_leader:
+            raise ApiError("UNAVAILABLE", f"{own_id} stopped leading; ask again")
+        if to_id == own_id:
+            return {"leader": own_id, "previousLeader": own_id, "transferred": False}
+        if not peers:
+            raise ApiError("CONFLICT", "a cluster of one voter has no other voter to hand leadership to")
+        try:
+            await self.log.transfer_leadership(peers[to_id].raft_address if to_id else None, TRANSFER_TIMEOUT_S)
+        except NotLeader:
+            raise ApiError("UNAVAILABLE", f"{own_id} stopped leading before the handover; ask again") from None
+        except LogUnavailable as error:
+            raise ApiError("CONFLICT", f"leadership stays with {own_id}: {error}") from None
+        deadline = asyncio.get_running_loop().time() + NEW_LEADER_WAIT_S
+        while (leader := self.log.leader_address) in (None, self.log.self_address) and (
+            asyncio.get_running_loop().time() < deadline
+        ):
+            await asyncio.sleep(NEW_LEADER_POLL_S)
+        return {"leader": self.node_id_by_raft_address.get(leader or ""), "previousLeader": own_id, "transferred": True}
 
     def proposal_level(self) -> int:
         """The command level this node proposes at: what every peer connected now told, or what

@@ -1,4 +1,5 @@
-"""GET /v1/cluster: every node of the cluster as this node sees it."""
+"""GET /v1/cluster: every node of the cluster as this node sees it; POST /v1/cluster/transfer-leader:
+hand leadership to another voter (an operator admin key)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,28 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
+from runstate_server.actors import limits
 from runstate_server.actors.state import to_snapshot
 from runstate_server.node._json import json_response
+from runstate_server.node.api import _request as req
 from runstate_server.node.api.health import health_view
-from runstate_server.node.api.routes import ANY_KEY, RouteTable, node_of
-from runstate_server.node.api.schemas import BOOLEAN, INTEGER, STRING, STRING_OR_NULL, array, obj
+from runstate_server.node.api.routes import ADMIN, ANY_KEY, RouteTable, caller_of, node_of
+from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STRING_OR_NULL, array, obj
+from runstate_server.node.errors import ApiError
 
 routes = RouteTable()
 
 PEER_HEALTH_TIMEOUT_S = 0.5
 
 
-@routes("GET", "/v1/cluster", "Every node: id, role, leader, term, commit and applied index, reachable or not", permission=ANY_KEY, answer=obj({"leader": STRING_OR_NULL, "nodes": array(obj({"id": STRING, "apiUrl": STRING, "reachable": BOOLEAN}))}),)
+@routes(
+    "GET", "/v1/cluster",
+    "Every node: id, role, voter or not, leader, term, commit and applied index, lag behind the leader's commit "
+    "index, reachable or not", permission=ANY_KEY,
+    answer=obj({"leader": STRING_OR_NULL, "nodes": array(obj({
+        "id": STRING, "apiUrl": STRING, "reachable": BOOLEAN, "voter": BOOLEAN, "lag": {"type": ["integer", "null"]},
+    }))}),
+)
 async def cluster_view(request: web.Request) -> web.Response:
     node = node_of(request)
     own = {"id": node.config.node_id, "apiUrl": node.config.api_url, "reachable": True, **health_view(node)}
@@ -39,11 +50,32 @@ async def cluster_view(request: web.Request) -> web.Response:
             return view
 
         peers = await asyncio.gather(*(peer_view(peer.id, peer.api_url) for peer in node.config.peers))
-    leader_url = node.api_url_by_raft_address.get(node.log.leader_address or "")
-    leader_id = next(
-        (view["id"] for view in [own, *peers] if view["apiUrl"] == leader_url), None
-    )
-    return json_response({"leader": leader_id, "nodes": [own, *peers]})
+    nodes = [own, *peers]
+    leader_id = node.node_id_by_raft_address.get(node.log.leader_address or "")
+    # Lag: the committed entries a node has not applied, against the leader's commit index as the
+    # leader answered (or this node's own, when the leader did not answer).
+    leader_view = next((view for view in nodes if view["id"] == leader_id and view["reachable"]), own)
+    for view in nodes:
+        view["voter"] = True  # every member votes (learners come with membership changes)
+        applied = view.get("appliedIndex")
+        view["lag"] = max(0, leader_view["commitIndex"] - applied) if isinstance(applied, int) else None
+    return json_response({"leader": leader_id, "nodes": nodes})
+
+
+@routes(
+    "POST", "/v1/cluster/transfer-leader",
+    "Hand leadership to the voter `to` (default: the most caught-up one), as Raft's TimeoutNow: writes "
+    "arriving meanwhile wait, none in flight is lost (an operator admin key)",
+    body={"to": NAME}, errors=("VALIDATION_FAILED", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "UNAVAILABLE"),
+    permission=ADMIN,
+    answer=obj({"leader": STRING_OR_NULL, "previousLeader": STRING, "transferred": BOOLEAN}),
+)
+async def transfer_leader(request: web.Request) -> web.Response:
+    if not caller_of(request).operator:
+        raise ApiError("FORBIDDEN", "handing leadership over needs an admin key of the operator space")
+    body = await req.json_body(request, required=False)
+    to_id = req.text(body, "to", max_chars=limits.name_chars_max)
+    return json_response(await node_of(request).transfer_leadership(to_id))
 
 
 @routes(
