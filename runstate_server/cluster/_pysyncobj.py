@@ -50,7 +50,7 @@ except ImportError as error:  # a name moved or gone: the same refusal as a miss
 __all__ = [
     "CONNECTION_STATE", "ENCRYPTOR_SALT", "FAIL_REASON", "POLL_EVENT_TYPE", "SERIALIZER_STATE", "SEAMS",
     "TESTED_VERSIONS", "FileJournal", "Journal", "MetaStorer", "SyncObj", "SyncObjConf", "TCPTransport",
-    "TcpConnection", "TcpServer", "pysyncobj_pickle", "raft_clock", "replicated",
+    "TCPNode", "TcpConnection", "TcpServer", "pysyncobj_pickle", "raft_clock", "replicated",
 ]
 
 DISTRIBUTION = "pysyncobj"

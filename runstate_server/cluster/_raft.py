@@ -61,7 +61,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self,
         bridge: Bridge,
         self_address: str,
-        peer_addresses: Sequence[str],
+        peer_addresses: Sequence[Any],  # addresses, or pysyncobj node objects (membership.py)
         conf: SyncObjConf,
         pre_vote: PreVote | None = None,
         handshake_timeout_s: float = 2.0,

@@ -32,8 +32,6 @@ READS_WAITING_MAX = PENDING_COMMANDS_MAX
 APPEND_ENTRIES_USE_BATCH = False
 # Fail fast when there is no leader; the node layer retries or answers 503.
 COMMANDS_WAIT_LEADER = False
-# Membership is static until the cluster issue designs joins and removals.
-DYNAMIC_MEMBERSHIP_CHANGE = False
 # An entry larger than pysyncobj's append_entries batch is sent in chunks by a code path that
 # miscounts the last chunk (it compares the pickled entry's offset with the raw command length);
 # keeping the per-message budget above the largest batch means an entry is never chunked.
@@ -117,6 +115,11 @@ class LogConfig:
     log_compaction_dump_fraction: float = 0.25
     # Address the Raft port binds; None binds self_address's host (pysyncobj alone would bind 0.0.0.0).
     bind_address: str | None = None
+    # pysyncobj's configuration changes one member at a time, by log entries, and is kept in the dump
+    # (DESIGN.md "Membership"), so the peers given seed only a data dir's first configuration. Off:
+    # the configuration is the peers given, at every start (a dev node, which picks a new Raft
+    # port at each start and never has a peer).
+    dynamic_membership: bool = False
     # Raft entries (batches) queued in pysyncobj before its thread appends them.
     raft_queue_entries_max: int = 1_000
     # How long pysyncobj trusts a resolved peer address (its defaults, 600 s and 30 s, keep dialling
@@ -158,7 +161,7 @@ class LogConfig:
             appendEntriesUseBatch=APPEND_ENTRIES_USE_BATCH,
             appendEntriesBatchSizeBytes=APPEND_ENTRIES_BYTES_MAX,
             commandsWaitLeader=COMMANDS_WAIT_LEADER,
-            dynamicMembershipChange=DYNAMIC_MEMBERSHIP_CHANGE,
+            dynamicMembershipChange=self.dynamic_membership,
             commandsQueueSize=self.raft_queue_entries_max,
             raftMinTimeout=self.raft_timeout_s_min,
             raftMaxTimeout=self.raft_timeout_s_max,

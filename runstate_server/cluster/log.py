@@ -44,6 +44,7 @@ from runstate_server.cluster.config import (
     LogConfig,
 )
 from runstate_server.cluster.errors import LogUnavailable, NotLeader
+from runstate_server.cluster.membership import Member, member_of, names_by_address, raft_node, with_names
 from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
     Dump,
@@ -181,12 +182,17 @@ class ReplicatedLog:
         on_role_change: Callable[[], None] | None = None,
         config: LogConfig | None = None,
         command_level: int = LEVEL_UNTOLD,
+        members: Sequence[Member] = (),
     ) -> None:
         if not password:
             raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
         self.lock = threading.Lock()
         self.self_address = self_address
         self.peer_addresses = tuple(address for address in peer_addresses if address != self_address)
+        # The node layer's names (node id, API URL) of this node and its first peers, by address:
+        # a member the configuration does not name (a release before membership changes wrote
+        # it) is named from these (membership.py).
+        self._names = {member.address: member for member in members}
         self.data_dir = data_dir
         self.counters = _Counters()
         self._state_machine = state_machine
@@ -285,8 +291,9 @@ class ReplicatedLog:
                 lost_delay_s=self._config.leader_lost_delay_s,
                 lost_stagger_s=self._config.leader_lost_stagger_s,
             ) if self._config.pre_vote else None
+            peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
             raft = await asyncio.to_thread(
-                RaftNode, self, self.self_address, self.peer_addresses, conf, pre_vote, self._config.handshake_timeout_s,
+                RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,
                 self._read_index, self._command_level,
             )
         except Exception as error:
@@ -515,6 +522,14 @@ class ReplicatedLog:
         floor = raft.command_level_floor() if raft is not None else LEVEL_UNTOLD
         return max(floor, min(self._command_level, proven))
 
+    def voters(self) -> list[Member]:
+        """The voters of the configuration this node applies now, itself first when it is one,
+        named (membership.py). Any thread: pysyncobj's set is copied whole."""
+        raft = self._raft
+        others = raft.otherNodes if raft is not None else [Member(address) for address in self.peer_addresses]
+        own = [] if self.self_address is None else [Member(self.self_address)]
+        return [with_names(member, self._names) for member in [*own, *sorted(map(member_of, others), key=_address)]]
+
     def connected_peers(self) -> int:
         """The peers this node is connected to now that told their command level. Any thread."""
         raft = self._raft
@@ -555,7 +570,7 @@ class ReplicatedLog:
             raise NotLeader(self.leader_address)
         if not self.peer_addresses:
             raise ValueError("a cluster of one voter has no other voter to hand leadership to")
-        if to_address is not None and to_address not in self.peer_addresses:
+        if to_address is not None and to_address not in {member.address for member in self.voters()}:
             raise ValueError(f"{to_address} is not a voter of this cluster")
         if self._transfer is not None:
             raise LogUnavailable("a leadership transfer is already under way")
@@ -1170,12 +1185,14 @@ class ReplicatedLog:
         dumper = self._dumper
         assert dumper is not None, "dumps are written only with a data dir"
         dump_last, dump_previous = _entry(last), _entry(previous)
-        addresses = [str(node.id) for node in cluster]
+        members = [with_names(member_of(node), self._names) for node in cluster]
+        addresses = [member.address for member in members]
+        names = names_by_address(members)
         state_machine = self._state_machine
 
         def encode() -> bytes:
             # In the forked child: the state after exactly `last` (apply runs in the tick thread).
-            return encode_dump(Dump(state_machine.snapshot(), dump_last, dump_previous, addresses))
+            return encode_dump(Dump(state_machine.snapshot(), dump_last, dump_previous, addresses, names))
 
         # pysyncobj renames file_name over the dump when this returns; the child's file goes into
         # place only when it is complete (_check_dump), so nothing may be at file_name.
@@ -1187,7 +1204,7 @@ class ReplicatedLog:
         assert self._dumper is not None
         return self._dumper.check()
 
-    def _read_dump(self, file_name: str) -> tuple[Any, Any, list[str]]:
+    def _read_dump(self, file_name: str) -> tuple[Any, Any, list[Any]]:
         if self._dumper is not None:
             self._dumper.abort()  # a dump installed from the leader replaces the one being written
         try:
@@ -1200,7 +1217,11 @@ class ReplicatedLog:
             self._finish_interrupted_compaction(dump)
             with self.lock:
                 self._state_machine.restore(dump.state)
-            return (dump.last, dump.previous, dump.cluster)
+            cluster = [
+                raft_node(Member(address, names.get("id"), names.get("apiUrl")))
+                for address in dump.cluster for names in [dump.members.get(address, {})]
+            ]
+            return (dump.last, dump.previous, cluster)
         except Exception as error:
             # pysyncobj would log this and replay the journal over an empty state: stop instead.
             self._halt(f"cannot load the Raft dump {file_name}: {error!r}")
@@ -1216,6 +1237,10 @@ class ReplicatedLog:
         position = journal.position_of(dump.previous)
         if position is not None and position > 0 and journal.position_of(dump.last) == position + 1:
             journal.deleteEntriesTo(position)
+
+
+def _address(member: Member) -> str:
+    return member.address
 
 
 def _entry(entry: Any) -> tuple[bytes, int, int]:

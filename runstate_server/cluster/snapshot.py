@@ -2,14 +2,14 @@
 
 pysyncobj calls our serializer with (last applied entry, the entry before it, cluster nodes) and
 expects the deserializer to give the same 3-tuple back, entries as tuples (command bytes, index,
-term). The state inside is the one the state machine had after applying exactly `last`.
+term); the nodes' names (membership.py) ride beside their addresses. The state inside is the one the state machine had after applying exactly `last`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -31,6 +31,9 @@ class Dump:
     last: Entry
     previous: Entry
     cluster: list[str]
+    # The node layer's names of the members (address -> {"id", "apiUrl"}: membership.py), beside
+    # `cluster`; releases before membership changes neither write nor read them.
+    members: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def encode_dump(dump: Dump) -> bytes:
@@ -41,6 +44,7 @@ def encode_dump(dump: Dump) -> bytes:
             "last": list(dump.last),
             "prev": list(dump.previous),
             "cluster": sorted(dump.cluster),
+            **({"members": dump.members} if dump.members else {}),
         },
     }
     return msgpack.packb(document, use_bin_type=True)
@@ -61,9 +65,19 @@ def decode_dump(data: bytes) -> Dump:
             last=_entry(raft["last"]),
             previous=_entry(raft["prev"]),
             cluster=[str(address) for address in raft["cluster"]],
+            members=_members(raft.get("members", {})),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise DumpFormatError(f"malformed dump: {error!r}") from error
+
+
+def _members(members: Any) -> dict[str, dict[str, str]]:
+    if not isinstance(members, dict):
+        raise ValueError("members is a map")
+    return {
+        str(address): {str(key): str(value) for key, value in names.items() if key in ("id", "apiUrl")}
+        for address, names in members.items() if isinstance(names, dict)
+    }
 
 
 def _entry(fields: Sequence[Any]) -> Entry:

@@ -179,14 +179,14 @@ class Router:
                 return None, None
             leader = raft.leader_address
             if leader is not None and (leader, raft.term) != unreachable:
-                url = self._node.api_url_by_raft_address.get(leader)
-                if url is None:
-                    raise ApiError("UNAVAILABLE", f"the leader {leader} is not among this node's peers")
-                return leader, url
+                member = self._node.member_by_address(leader)
+                if member is None or member.api_url is None:
+                    raise ApiError("UNAVAILABLE", f"the leader {leader} is not a member this node knows the API of")
+                return leader, member.api_url
             if loop.time() >= deadline:
                 if leader is not None:
                     raise ApiError(
-                        "UNAVAILABLE", f"the leader at {self._node.api_url_by_raft_address.get(leader)} cannot be "
+                        "UNAVAILABLE", f"the leader at {getattr(self._node.member_by_address(leader), 'api_url', leader)} cannot be "
                         f"reached and no other was elected within {LEADER_WAIT_S} s; retry"
                     )
                 raise ApiError("UNAVAILABLE", f"no leader elected within {LEADER_WAIT_S} s; retry")

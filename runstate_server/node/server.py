@@ -20,6 +20,7 @@ from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import State
 from runstate_server.cluster.config import LogConfig
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
+from runstate_server.cluster.membership import Member
 from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
@@ -127,11 +128,10 @@ class Node:
         raft_host, raft_port = split_address(raft_address, "the Raft address")
         if raft_port == config.port and raft_host in (config.host, "0.0.0.0"):
             raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
-        # Followers forward to the leader's API; pysyncobj names the leader by its Raft address.
-        self.api_url_by_raft_address = {peer.raft_address: peer.api_url for peer in config.peers}
-        self.api_url_by_raft_address[raft_address] = config.api_url
-        self.node_id_by_raft_address = {peer.raft_address: peer.id for peer in config.peers}
-        self.node_id_by_raft_address[raft_address] = config.node_id
+        # The members' names: this node's and its --peer flags', the first configuration of a new
+        # cluster; the configuration the log applies names every member after that (members()).
+        seed = [Member(raft_address, config.node_id, config.api_url)]
+        seed += [Member(peer.raft_address, peer.id, peer.api_url) for peer in config.peers]
         self.log = ReplicatedLog(
             self.core,
             self_address=raft_address,
@@ -141,8 +141,12 @@ class Node:
             fsync=config.fsync,
             on_applied=self._on_applied,
             on_role_change=self._on_role_change,
-            config=LogConfig(log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind),
+            config=LogConfig(
+                log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind,
+                dynamic_membership=bool(config.peers),
+            ),
             command_level=config.command_level,
+            members=seed,
         )
         self.router = Router(self)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -273,15 +277,29 @@ class Node:
             return [_api_error(error) for _ in commands]
         return [_api_error(outcome) if isinstance(outcome, BaseException) else _outcome(outcome) for outcome in outcomes]
 
+    # -- members ---------------------------------------------------------------------------------
+
+    def members(self) -> list[Member]:
+        """The voters of the configuration this node applies now, this node first."""
+        return self.log.voters()
+
+    def member_by_address(self, raft_address: str | None) -> Member | None:
+        """The member at `raft_address` (pysyncobj names the leader by it), None if none is."""
+        return next((member for member in self.members() if member.address == raft_address), None)
+
+    def leader(self) -> Member | None:
+        """The leader this node knows of, None during an election."""
+        return self.member_by_address(self.log.leader_address)
+
     async def transfer_leadership(self, to_id: str | None) -> dict[str, Any]:
         """Hand this leader's leadership to the voter `to_id` (None: the most caught-up connected
         one): ReplicatedLog.transfer_leadership, then wait until the new leader is known here.
         The answer names the leader now and the one before; `transferred` is false when `to_id` is
         this node, which leads already."""
         own_id = self.config.node_id
-        peers = {peer.id: peer for peer in self.config.peers}
+        peers = {member.node_id: member for member in self.members()[1:]}
         if to_id is not None and to_id != own_id and to_id not in peers:
-            members = ", ".join(sorted([own_id, *peers]))
+            members = ", ".join(sorted([own_id, *(str(node_id) for node_id in peers)]))
             raise ApiError("NOT_FOUND", f"no voter {to_id!r} in this cluster (its voters: {members})")
         if not self.log.is_leader:
             raise ApiError("UNAVAILABLE", f"{own_id} stopped leading; ask again")
@@ -290,7 +308,7 @@ class Node:
         if not peers:
             raise ApiError("CONFLICT", "a cluster of one voter has no other voter to hand leadership to")
         try:
-            await self.log.transfer_leadership(peers[to_id].raft_address if to_id else None, TRANSFER_TIMEOUT_S)
+            await self.log.transfer_leadership(peers[to_id].address if to_id else None, TRANSFER_TIMEOUT_S)
         except NotLeader:
             raise ApiError("UNAVAILABLE", f"{own_id} stopped leading before the handover; ask again") from None
         except LogUnavailable as error:
@@ -300,7 +318,8 @@ class Node:
             asyncio.get_running_loop().time() < deadline
         ):
             await asyncio.sleep(NEW_LEADER_POLL_S)
-        return {"leader": self.node_id_by_raft_address.get(leader or ""), "previousLeader": own_id, "transferred": True}
+        now_leading = self.member_by_address(leader)
+        return {"leader": now_leading.node_id if now_leading else None, "previousLeader": own_id, "transferred": True}
 
     def proposal_level(self) -> int:
         """The command level this node proposes at: what every peer connected now told, or what

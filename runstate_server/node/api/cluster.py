@@ -49,9 +49,12 @@ async def cluster_view(request: web.Request) -> web.Response:
             view["id"] = peer_id
             return view
 
-        peers = await asyncio.gather(*(peer_view(peer.id, peer.api_url) for peer in node.config.peers))
+        peers = await asyncio.gather(*(
+            peer_view(member.node_id or member.address, member.api_url or "") for member in node.members()[1:]
+        ))
     nodes = [own, *peers]
-    leader_id = node.node_id_by_raft_address.get(node.log.leader_address or "")
+    leader = node.leader()
+    leader_id = leader.node_id if leader is not None else None
     # Lag: the committed entries a node has not applied, against the leader's commit index as the
     # leader answered (or this node's own, when the leader did not answer).
     leader_view = next((view for view in nodes if view["id"] == leader_id and view["reachable"]), own)
