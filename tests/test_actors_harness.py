@@ -63,7 +63,7 @@ class Harness:
         self.commands = 0
         self.effects: list[tuple[Any, ...]] = []
         self.all_effects: list[tuple[Any, ...]] = []
-        if numbered:  # as a node's first leader does (Node.number_creations_when_due)
+        if numbered:  # as a node's first leader does (Node.prove_levels_when_due)
             self.number_creations()
 
     def number_creations(self) -> Any:

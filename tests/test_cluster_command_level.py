@@ -89,6 +89,9 @@ def test_a_batch_submit_is_one_command_only_while_every_node_applies_it(
     # Once the leader started the creation numbers (a level-3 entry, within a tick of every node
     # telling level 3), the level is proven: a node that tells level 1 again does not lower it.
     cluster.wait_until("creation numbers", lambda: numbered(api, run_id) or None, LEVEL_TIMEOUT_S)
+    cluster.wait_until(
+        "the level proven", lambda: proven(cluster, cluster.leader_index()) == COMMAND_LEVEL or None, LEVEL_TIMEOUT_S,
+    )
     cluster.node_args[older] = ("--command-level", "1")
     cluster.kill(older)
     cluster.start(older)
@@ -98,6 +101,11 @@ def test_a_batch_submit_is_one_command_only_while_every_node_applies_it(
     assert proposed < BATCH / 10, proposed
     assert level(cluster, cluster.leader_index()) == COMMAND_LEVEL
     cluster.wait_same_digest()
+
+
+def proven(cluster: Cluster, index: int) -> float:
+    samples, _ = scrape(cluster.urls[index], cluster.admin_key)
+    return value(samples, "runstate_command_level_proven")
 
 
 def numbered(api: Api, run_id: str) -> bool:

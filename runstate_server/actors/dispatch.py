@@ -48,10 +48,14 @@ COMMAND_VERSION = 1
 # The commands this code applies, as a level: a leader proposes a command of a level above 1 only
 # when every node of the cluster told it that level or a higher one (cluster/_transport.py), for a
 # node of an older release would refuse a command type it does not know, and its state would
-# differ from the others'. Level 2: task.submit_many. Level 3: state.number_creations.
-COMMAND_LEVEL = 3
+# differ from the others'. Level 2: task.submit_many. Level 3: state.number_creations. Level 4:
+# state.level, and pysyncobj's membership entries (a release before this one applies them only in
+# part: cluster/DESIGN.md "Membership").
+COMMAND_LEVEL = 4
 SUBMIT_MANY_LEVEL = 2
 NUMBER_CREATIONS_LEVEL = 3
+STATE_LEVEL_LEVEL = 4
+MEMBERSHIP_LEVEL = 4
 
 
 
@@ -61,8 +65,10 @@ def proven_level(state: State) -> int:
     cannot apply halts (cluster/DESIGN.md "Command levels"): so a numbered state (the level-3
     `state.number_creations` applied) proves level 3 for good, however the peers' connections come
     and go. A leader proposes at least at this level, so one request takes one form of command
-    whichever leader proposes it and whenever (an idempotency record is per form)."""
-    return NUMBER_CREATIONS_LEVEL if state.creation_seq is not None else 1
+    whichever leader proposes it and whenever (an idempotency record is per form). From level 4 on
+    the proof is explicit: `state.level`, which a leader proposes once every node told it a level
+    above the one proven."""
+    return max(state.level, NUMBER_CREATIONS_LEVEL if state.creation_seq is not None else 1)
 
 
 Handler = Callable[[Context, dict[str, Any]], Any]
@@ -120,7 +126,9 @@ DUE_HANDLERS: dict[str, Callable[[Context, str, int], None]] = {
 # Commands that are not about one space: driven by the leader itself.
 SYSTEM_SPACE = ""
 # The command types apply() knows besides HANDLERS: the leader's own.
-BUILT_IN_KINDS = frozenset({"tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations"})
+BUILT_IN_KINDS = frozenset({
+    "tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations", "state.level",
+})
 
 
 def unknown_kind(command: Any) -> str | None:
@@ -205,6 +213,14 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
             return {"numbered": False}
         number_in_creation_order(state)
         return {"numbered": True}
+    if kind == "state.level":
+        # The leader's, once every node told it `level` (STATE_LEVEL_LEVEL): from now on the log
+        # proves it (proven_level). It only ever rises.
+        level = args.get("level") if isinstance(args, dict) else None
+        if type(level) is not int or not STATE_LEVEL_LEVEL <= level <= COMMAND_LEVEL:
+            raise Rejected(errors.VALIDATION_FAILED, f"state.level needs a level of {STATE_LEVEL_LEVEL} to {COMMAND_LEVEL}")
+        state.level = max(state.level, level)
+        return {"level": state.level}
     handler = HANDLERS.get(kind)  # type: ignore[arg-type]
     if handler is None:
         raise Rejected(errors.VALIDATION_FAILED, f"unknown command type {kind!r}")

@@ -434,6 +434,9 @@ class State:
     # snapshots, restored at different log indexes, would count different entities (those deleted
     # in between). A leader proposes it once every node of the cluster applies it (its level).
     creation_seq: int | None = None
+    # The command level every node of the cluster applies, as the log proved it (`state.level`,
+    # dispatch.proven_level): 1 until a leader wrote one. Only ever rises.
+    level: int = 1
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
     # from_snapshot, never written to a snapshot.
@@ -544,6 +547,8 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "due": [list(entry) for entry in state.due],
         "due_seq": state.due_seq,
         "creation_seq": state.creation_seq,
+        # Only once proven, so a state without it has the snapshot (and digest) releases before had.
+        **({"level": state.level} if state.level > 1 else {}),
         "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
         "operator_space": state.operator_space,
         # Rows in age order; a result is a value the state never changes, but copied all the same.
@@ -680,6 +685,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
         claim.observation = None if claim.observation is None else json_bytes(claim.observation)
     # None in a snapshot from before creation numbers, or taken before `state.number_creations`.
     state.creation_seq = data.get("creation_seq")
+    state.level = data.get("level", 1)
     recount(state)
     recount_queue_figures(state)
     return state

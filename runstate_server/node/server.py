@@ -404,17 +404,24 @@ class Node:
         with self.log.lock:
             return self.core.state.next_due_ms()
 
-    async def number_creations_when_due(self) -> None:
+    async def prove_levels_when_due(self) -> None:
         """A leader starts the state's creation numbers (`state.number_creations`, which lists page
-        by) once every node of the cluster applies that command: at once on a new cluster, after
-        the last node of a rolling upgrade runs this release on one that was not. Once: a state
-        numbered stays numbered (the ticker asks again while it is not)."""
-        if not self.log.is_leader or self.log.command_level() < dispatch.NUMBER_CREATIONS_LEVEL:
+        by) once every node of the cluster applies that command, and writes `state.level` once
+        every node told a level above the one the log proves (dispatch.proven_level): at once on a
+        new cluster, after the last node of a rolling upgrade runs this release on one that was
+        not. Once each: a state numbered stays numbered, a level proven stays proven (the ticker
+        asks again while they are not)."""
+        told = self.log.command_level()
+        if not self.log.is_leader or told < dispatch.NUMBER_CREATIONS_LEVEL:
             return
         with self.log.lock:
             numbered = self.core.state.creation_seq is not None
+            proven = dispatch.proven_level(self.core.state)
         if not numbered:
             await self.propose_system("state.number_creations", {})
+        if proven < told and told >= dispatch.STATE_LEVEL_LEVEL:
+            # The same for the level every node told now: from then on the log proves it.
+            await self.propose_system("state.level", {"level": told})
 
     # -- effects, on the event loop --------------------------------------------------------------
 
@@ -441,9 +448,9 @@ class Node:
         except ApiError as error:
             log.warning("leader.start not applied: %s", error.message)
         try:
-            await self.number_creations_when_due()
+            await self.prove_levels_when_due()
         except ApiError as error:  # the ticker asks again
-            log.info("state.number_creations not applied: %s", error.message)
+            log.info("state.number_creations or state.level not applied: %s", error.message)
         if self.config.auth and self.config.peers:
             await self._bootstrap_while_leading()
 

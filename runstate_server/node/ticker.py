@@ -35,8 +35,8 @@ class Ticker:
             self._changed.clear()
             delay_s = IDLE_CHECK_S
             if self._node.log.is_leader:
-                try:  # once, as soon as every node applies it (Node.number_creations_when_due)
-                    await self._node.number_creations_when_due()
+                try:  # once, as soon as every node applies it (Node.prove_levels_when_due)
+                    await self._node.prove_levels_when_due()
                 except Exception as error:  # not leader any more, or the log is unavailable
                     log.info("state.number_creations not applied: %s", error)
                 due_ms = self._node.next_due_ms()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from runstate_server.actors import COMPILED, limits
+from runstate_server.actors import COMPILED, dispatch, limits
 from runstate_server.histogram import HistogramView
 from runstate_server.node.api.routes import READ, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING
@@ -189,6 +189,11 @@ def render(node: Node, caller: Caller) -> str:
                "The highest command level this node proposes at: the lowest its peers told (1 for a peer not "
                "connected or of an older release), or the level its log proves every node applies, whichever "
                "is higher", [((), node.proposal_level())])
+    with node.read() as state:
+        proven = dispatch.proven_level(state)
+    out.metric("runstate_command_level_proven", "gauge",
+               "The command level the applied log proves every node applies (state.level, or 3 once creation "
+               "numbers started)", [((), proven)])
     out.metric("runstate_raft_peers_connected", "gauge",
                "Peers this node is connected to now (that told their command level); none on a single node",
                [((), raft.connected_peers())])
