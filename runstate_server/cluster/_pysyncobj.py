@@ -79,6 +79,7 @@ def _syncobj_seams() -> list[Seam]:
         "_SyncObj__getCurrentLogTerm": _RAFT, "_SyncObj__generateRaftTimeout": _PREVOTE,
         "_SyncObj__callErrCallback": _RAFT, "doTick": _LOG, "addOnTickCallback": _LOG,
         "forceLogCompaction": _LOG, "isReady": _LOG, "destroy": _LOG, "transferLeadership": _LOG,
+        "addNodeToCluster": _LOG, "removeNodeFromCluster": _LOG, "isNodeConnected": _LOG,
     }
     attributes = {
         "_SyncObj__raftLog": f"{_RAFT} (the journal replaced)", "_SyncObj__otherNodes": _RAFT,

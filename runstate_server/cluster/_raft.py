@@ -242,7 +242,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         recorded time counts as heard now (pysyncobj records one for every peer right after it
         becomes leader)."""
         responses = self._SyncObj__lastResponseTime
-        peers = self._SyncObj__otherNodes  # static membership: never changes
+        peers = self._SyncObj__otherNodes  # the configuration now (it changes in this thread only)
         needed = (len(peers) + 1) // 2  # answers besides this node's own that make a majority
         if needed == 0:
             return now

@@ -28,3 +28,9 @@ class LogUnavailable(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ChangeRefused(Exception):
+    """pysyncobj refused a membership change: another one is not yet committed, the leader's
+    first entry is not yet applied, or the member is already in (or not in) the configuration.
+    Nothing changed."""

@@ -43,7 +43,7 @@ from runstate_server.cluster.config import (
     READS_WAITING_MAX,
     LogConfig,
 )
-from runstate_server.cluster.errors import LogUnavailable, NotLeader
+from runstate_server.cluster.errors import ChangeRefused, LogUnavailable, NotLeader
 from runstate_server.cluster.membership import Member, member_of, names_by_address, raft_node, with_names
 from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
@@ -530,6 +530,13 @@ class ReplicatedLog:
         own = [] if self.self_address is None else [Member(self.self_address)]
         return [with_names(member, self._names) for member in [*own, *sorted(map(member_of, others), key=_address)]]
 
+    def reachable(self, address: str) -> bool:
+        """This node's Raft connection to the member at `address` is up (itself: True). Any thread."""
+        raft = self._raft
+        if address == self.self_address:
+            return True
+        return raft is not None and bool(raft.isNodeConnected(raft_node(Member(address))))
+
     def connected_peers(self) -> int:
         """The peers this node is connected to now that told their command level. Any thread."""
         raft = self._raft
@@ -588,6 +595,44 @@ class ReplicatedLog:
             if self._transfer is transfer:
                 self._transfer = None
             self._schedule_flush()  # still leading: what waited goes out; else it is refused
+
+    # Changing the configuration (loop thread).
+
+    async def change_membership(self, change: str, member: Member, timeout_s: float) -> None:
+        """Commit one change of the configuration: "add" `member` as a voter, or "remove" it, with
+        pysyncobj's membership entry (DESIGN.md "Membership"), which takes effect on each node when
+        appended. Returns once it committed.
+
+        NotLeader when this node does not lead; ChangeRefused when pysyncobj refused it (another
+        change not yet committed, this leader's first entry not yet applied, the member already
+        in or not in the configuration); LogUnavailable when it did not commit within `timeout_s`
+        (then its outcome is unknown)."""
+        self._check_running()
+        if change not in ("add", "remove"):
+            raise ValueError(f"unknown membership change {change!r}")
+        if not self.is_leader:
+            raise NotLeader(self.leader_address)
+        raft = self._raft
+        assert self._loop is not None and raft is not None
+        done: asyncio.Future[int] = self._loop.create_future()
+
+        def committed(_: Any, reason: int) -> None:  # tick thread
+            self._call_on_loop(_settle_change, done, reason)
+
+        node = raft_node(member)
+        if change == "add":
+            raft.addNodeToCluster(node, callback=committed)
+        else:
+            raft.removeNodeFromCluster(node, callback=committed)
+        try:
+            reason = await asyncio.wait_for(asyncio.shield(done), timeout_s)
+        except asyncio.TimeoutError:
+            raise LogUnavailable(f"the membership change did not commit within {timeout_s} s; its outcome is unknown") from None
+        if reason == FAIL_REASON.REQUEST_DENIED:
+            raise ChangeRefused("another membership change is not yet committed (or the member is already in the "
+                                "configuration, or not in it)")
+        if reason != FAIL_REASON.SUCCESS:
+            raise self._error_for(reason)
 
     # Proposing (loop thread).
 
@@ -1237,6 +1282,11 @@ class ReplicatedLog:
         position = journal.position_of(dump.previous)
         if position is not None and position > 0 and journal.position_of(dump.last) == position + 1:
             journal.deleteEntriesTo(position)
+
+
+def _settle_change(done: asyncio.Future[int], reason: int) -> None:
+    if not done.done():
+        done.set_result(reason)
 
 
 def _address(member: Member) -> str:

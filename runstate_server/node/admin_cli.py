@@ -1,5 +1,6 @@
-"""`runstate spaces ...`, `runstate keys ...`, `runstate whoami`, `runstate cluster members` and
-`runstate cluster transfer-leader`: manage spaces, API keys and a cluster's members over HTTP.
+"""`runstate spaces ...`, `runstate keys ...`, `runstate whoami`, `runstate cluster members`,
+`runstate cluster remove` and `runstate cluster transfer-leader`: manage spaces, API keys and a
+cluster's members over HTTP.
 
 Talks to the node over HTTP only (operator_client), so it works against a remote node.
 Exit codes: 0 on success, 1 when the API refused the call (`runstate: CODE: message` on stderr),
@@ -80,7 +81,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `members` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
+    """Add `members`, `remove` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
     (the parsed arguments carry `admin_action`)."""
     _leaf(cluster_commands, "members", "show the cluster's members: role, voter, lag, reachable", _members)
     transfer = _leaf(
@@ -89,6 +90,12 @@ def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.A
         _transfer_leader,
     )
     transfer.add_argument("--to", metavar="ID", help="the voter to lead (default: the most caught-up one)")
+    remove = _leaf(
+        cluster_commands, "remove",
+        "remove a voter, e.g. a dead machine's before its replacement joins (needs an operator admin key)",
+        _remove_member,
+    )
+    remove.add_argument("node_id", metavar="ID")
 
 
 def run_admin_command(args: argparse.Namespace) -> int:
@@ -187,6 +194,12 @@ def _members(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any
     ]
     text = _table(["ID", "ROLE", "VOTES", "LAG", "APPLIED", "REACHABLE", "API"], rows)
     return text + "\n(* leads; LAG: committed entries it has not applied)", view
+
+
+def _remove_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:
+    answer = client.request("DELETE", f"/v1/cluster/members/{quote(args.node_id, safe='')}")
+    members = ", ".join(str(member["id"] or member["raftAddress"]) for member in answer["members"])
+    return f"removed {answer['removed']}; the voters now: {members}", answer
 
 
 def _transfer_leader(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:

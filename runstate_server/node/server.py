@@ -19,6 +19,7 @@ from runstate_server.actors.context import Effect
 from runstate_server.actors.errors import Rejected
 from runstate_server.actors.state import State
 from runstate_server.cluster.config import LogConfig
+from runstate_server.cluster.errors import ChangeRefused
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 from runstate_server.cluster.membership import Member
 from runstate_server.cluster.private_files import make_private_dir, open_private
@@ -93,6 +94,8 @@ def _api_error(error: BaseException) -> ApiError:
 # A caught-up, reachable voter takes leadership over within a few ticks of being told; one that does
 # not within this long is unreachable or behind, and the leader leads on (transfer_leadership).
 TRANSFER_TIMEOUT_S = 5.0
+# A membership entry commits like any other; one that did not within this long has an unknown outcome.
+MEMBERSHIP_CHANGE_TIMEOUT_S = 10.0
 NEW_LEADER_WAIT_S = 2.0  # after the handover, until the new leader's first message names it here
 NEW_LEADER_POLL_S = 0.01
 LOCK_FILE_NAME = "LOCK"
@@ -290,6 +293,51 @@ class Node:
     def leader(self) -> Member | None:
         """The leader this node knows of, None during an election."""
         return self.member_by_address(self.log.leader_address)
+
+    def member_by_id(self, node_id: str) -> Member:
+        """The voter `node_id`; NOT_FOUND when there is none."""
+        members = self.members()
+        found = next((member for member in members if member.node_id == node_id), None)
+        if found is None:
+            names = ", ".join(sorted(str(member.node_id or member.address) for member in members))
+            raise ApiError("NOT_FOUND", f"no voter {node_id!r} in this cluster (its voters: {names})")
+        return found
+
+    async def remove_member(self, node_id: str) -> dict[str, Any]:
+        """Remove the voter `node_id` from the configuration (a leader's call): refused with
+        CONFLICT unless the cluster keeps a majority of its new configuration reachable, every node
+        applies membership changes, no other change is under way, and `node_id` is not this
+        leader (which hands leadership over first: `transfer_leadership`)."""
+        removed = self.member_by_id(node_id)
+        with self.read() as state:
+            proven = dispatch.proven_level(state)
+        if proven < dispatch.MEMBERSHIP_LEVEL:
+            raise ApiError("CONFLICT", f"every node must run a release that changes memberships first (the log proves "
+                                       f"command level {proven}, membership changes need {dispatch.MEMBERSHIP_LEVEL})")
+        if not self.log.is_leader:
+            raise ApiError("UNAVAILABLE", f"{self.config.node_id} stopped leading; ask again")
+        if removed.address == self.log.self_address:
+            raise ApiError("CONFLICT", f"{node_id} leads: hand leadership to another voter first "
+                                       "(runstate cluster transfer-leader), then remove it")
+        remaining = [member for member in self.members() if member.address != removed.address]
+        reachable = [member for member in remaining if self.log.reachable(member.address)]
+        if 2 * len(reachable) <= len(remaining):
+            raise ApiError("CONFLICT", f"removing {node_id} would leave {len(reachable)} of {len(remaining)} voters "
+                                       "reachable, fewer than a majority: bring the others back first")
+        try:
+            await self.log.change_membership("remove", removed, MEMBERSHIP_CHANGE_TIMEOUT_S)
+        except NotLeader:
+            raise ApiError("UNAVAILABLE", f"{self.config.node_id} stopped leading; ask again") from None
+        except ChangeRefused as error:
+            raise ApiError("CONFLICT", f"{error}; try again in a moment") from None
+        except LogUnavailable as error:
+            raise ApiError("UNAVAILABLE", str(error)) from None
+        log.warning("removed %s (%s) from the cluster", node_id, removed.address)
+        return {"removed": node_id, "members": [self.member_view(member) for member in self.members()]}
+
+    @staticmethod
+    def member_view(member: Member) -> dict[str, Any]:
+        return {"id": member.node_id, "raftAddress": member.address, "apiUrl": member.api_url, "voter": True}
 
     async def transfer_leadership(self, to_id: str | None) -> dict[str, Any]:
         """Hand this leader's leadership to the voter `to_id` (None: the most caught-up connected

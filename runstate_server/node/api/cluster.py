@@ -65,6 +65,27 @@ async def cluster_view(request: web.Request) -> web.Response:
     return json_response({"leader": leader_id, "nodes": nodes})
 
 
+MEMBER = obj({"id": STRING_OR_NULL, "raftAddress": STRING, "apiUrl": STRING_OR_NULL, "voter": BOOLEAN})
+
+
+def _require_operator(request: web.Request, what: str) -> None:
+    if not caller_of(request).operator:
+        raise ApiError("FORBIDDEN", f"{what} needs an admin key of the operator space")
+
+
+@routes(
+    "DELETE", "/v1/cluster/members/{id}",
+    "Remove a voter from the cluster's configuration, e.g. a dead machine's before its replacement joins "
+    "(an operator admin key). Refused while another change is under way, for the leader itself (hand "
+    "leadership over first) and when fewer than a majority of the voters left would be reachable",
+    errors=("FORBIDDEN", "NOT_FOUND", "CONFLICT", "UNAVAILABLE"), permission=ADMIN,
+    answer=obj({"removed": STRING, "members": array(MEMBER)}),
+)
+async def remove_member(request: web.Request) -> web.Response:
+    _require_operator(request, "removing a member")
+    return json_response(await node_of(request).remove_member(request.match_info["id"]))
+
+
 @routes(
     "POST", "/v1/cluster/transfer-leader",
     "Hand leadership to the voter `to` (default: the most caught-up one), as Raft's TimeoutNow: writes "
@@ -74,8 +95,7 @@ async def cluster_view(request: web.Request) -> web.Response:
     answer=obj({"leader": STRING_OR_NULL, "previousLeader": STRING, "transferred": BOOLEAN}),
 )
 async def transfer_leader(request: web.Request) -> web.Response:
-    if not caller_of(request).operator:
-        raise ApiError("FORBIDDEN", "handing leadership over needs an admin key of the operator space")
+    _require_operator(request, "handing leadership over")
     body = await req.json_body(request, required=False)
     to_id = req.text(body, "to", max_chars=limits.name_chars_max)
     return json_response(await node_of(request).transfer_leadership(to_id))

@@ -1,0 +1,96 @@
+"""Membership changes on real cluster nodes (cluster/DESIGN.md "Membership"): `runstate cluster
+remove` takes a dead node out of the configuration, which the log keeps (a restart of the others
+with their old --peer flags keeps it), and the removed node, back with its data, disturbs nothing;
+changes that would cost the quorum, or that name the leader or no member, are refused and change
+nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from runstate_server.actors.dispatch import COMMAND_LEVEL
+from tests._cluster import Cluster
+from tests._http import Api, mailbox_id, submit_task
+from tests._prometheus import scrape, value
+from tests.test_admin_cli import ok_json, refused
+
+LEVEL_TIMEOUT_S = 30.0
+
+
+def admin(cluster: Cluster, index: int) -> tuple[str, ...]:
+    return ("--url", cluster.urls[index], "--api-key", cluster.admin_key or "")
+
+
+def voters(cluster: Cluster, index: int) -> list[str]:
+    return sorted(node["id"] for node in cluster.api(index).resending().ok("GET", "/v1/cluster")["nodes"])
+
+
+def wait_level_proven(cluster: Cluster) -> None:
+    def proven() -> bool:
+        samples, _ = scrape(cluster.urls[cluster.leader_index()], cluster.admin_key)
+        return value(samples, "runstate_command_level_proven") == COMMAND_LEVEL
+
+    cluster.wait_until("membership changes allowed", proven, LEVEL_TIMEOUT_S)
+
+
+def test_a_dead_node_is_removed_and_the_configuration_outlives_restarts(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster().start()
+    wait_level_proven(cluster)
+    leader = cluster.leader_index()
+    dead, other = [index for index in range(cluster.size) if index != leader]
+    api = cluster.api(leader).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox_id(api)
+    before = submit_task(api, run_id, {"n": 1}, "before")
+
+    cluster.kill(dead)
+    answer = ok_json("cluster", "remove", cluster.ids[dead], *admin(cluster, other))
+    assert answer["removed"] == cluster.ids[dead]
+    assert sorted(member["id"] for member in answer["members"]) == sorted(cluster.ids[i] for i in (leader, other))
+    assert voters(cluster, other) == sorted(cluster.ids[i] for i in (leader, other))
+    # Two voters commit with both: a write now needs the two that are left, not two of three.
+    after = submit_task(api, run_id, {"n": 2}, "after")
+
+    # Both restart with their old --peer flags, which still name the removed node: the log's
+    # configuration wins, so the two elect a leader of their own.
+    for index in (leader, other):
+        cluster.kill(index)
+    cluster.start(leader, other)
+    now_leading = cluster.wait_healthy([leader, other])
+    assert voters(cluster, other) == sorted(cluster.ids[i] for i in (leader, other))
+
+    # The removed node comes back with its data: nobody answers it, it never leads, the others go on.
+    cluster.spawn(dead)  # never healthy: no member answers it
+    cluster.wait_until("the removed node up", lambda: cluster.health(dead), LEVEL_TIMEOUT_S)
+    later = submit_task(cluster.api(now_leading).resending(), run_id, {"n": 3}, "later")
+    assert cluster.leader_index(exclude=[dead]) in (leader, other)
+    removed_health = cluster.health(dead)
+    assert removed_health is not None and removed_health["role"] != "leader"
+    reader = cluster.api(cluster.leader_index(exclude=[dead])).resending()
+    for task in (before, after, later):
+        assert reader.ok("GET", f"/v1/tasks/{task['id']}")["taskKey"] == task["taskKey"]
+    cluster.wait_same_digest([leader, other])
+
+
+def test_changes_that_would_cost_the_quorum_or_name_no_member_are_refused(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster().start()
+    wait_level_proven(cluster)
+    leader = cluster.leader_index()
+    dead, alive = [index for index in range(cluster.size) if index != leader]
+    everyone = sorted(cluster.ids)
+
+    assert "no voter 'n9'" in refused("NOT_FOUND", "cluster", "remove", "n9", *admin(cluster, alive))
+    assert "hand leadership to another voter first" in refused(
+        "CONFLICT", "cluster", "remove", cluster.ids[leader], *admin(cluster, alive),
+    )
+    cluster.kill(dead)
+    # With one of three down, removing a live one would leave one of two voters reachable.
+    assert "fewer than a majority" in refused("CONFLICT", "cluster", "remove", cluster.ids[alive], *admin(cluster, leader))
+    api = cluster.api(leader).resending()
+    space = api.ok("POST", "/v1/spaces", {"id": "tenant"})["id"]
+    secret = api.ok("POST", "/v1/keys", {"space": space, "permissions": ["admin"]})["key"]
+    tenant = Api(cluster.urls[leader], key=secret)
+    assert tenant.error("DELETE", f"/v1/cluster/members/{cluster.ids[dead]}") == (403, "FORBIDDEN")
+    assert voters(cluster, leader) == everyone
