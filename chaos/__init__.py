@@ -1,5 +1,6 @@
-"""Chaos testing of a three-node runstate cluster: faults (kill -9, SIGSTOP, partitions, restarts)
-injected from a seeded schedule while a workload runs, then a check of the recorded history.
+"""Chaos testing of a three-node runstate cluster: faults (kill -9, SIGSTOP, partitions, restarts,
+leadership transfers) injected from a seeded schedule while a workload runs, then a check of the
+recorded history.
 
     python -m chaos run --seed 7 --duration 60s --faults kill,pause,partition,restart --report DIR
 

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = summary["faults"]
     print(json.dumps({
         "seed": seed, "injected": faults["injected"], "survived": faults["survived"], "skipped": faults["skipped"],
-        "longestUnavailableS": faults["longestUnavailableS"], "longestWriteGapS": summary["longestWriteGapS"],
+        "transfers": faults["transfers"], "longestUnavailableS": faults["longestUnavailableS"], "longestWriteGapS": summary["longestWriteGapS"],
         "operations": summary["operations"].get("operations"),
         "violations": summary["violations"], "harnessErrors": summary["harness_errors"],
     }), flush=True)

@@ -61,6 +61,9 @@ CONVERGE_TIMEOUT_S = 30.0  # replicas reach one applied index and digest
 STOP_TIMEOUT_S = 20.0
 KILL_TIMEOUT_S = 10.0  # SIGKILL until reaped
 PROBE_TIMEOUT_S = 1.0  # one HTTP probe of one node
+# One POST /v1/cluster/transfer-leader: the node's own bound on the handover (5 s) and on learning
+# the new leader afterwards (2 s), plus a follower's forwarding and a busy machine's slack.
+TRANSFER_CALL_TIMEOUT_S = 15.0
 POLL_S = 0.05
 # Health must hold this long to count: a node that has just reconnected (after a partition or a
 # SIGSTOP) tries an election within a tick or two if its election deadline passed meanwhile
@@ -79,9 +82,20 @@ class ClusterError(Exception):
 
 def _get_json(url: str, key: str | None = None) -> tuple[int, Any] | None:
     """(status, body) of a GET (with `key` as the bearer), or None when nothing answered."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    return _call_json("GET", url, key, None, PROBE_TIMEOUT_S)
+
+
+def _call_json(method: str, url: str, key: str | None, body: Any, timeout_s: float) -> tuple[int, Any] | None:
+    """(status, body) of a call (with `key` as the bearer, `body` as JSON unless None), or None
+    when nothing answered within timeout_s."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         payload = error.read()
@@ -483,6 +497,15 @@ class ChaosCluster:
         return self._wait_for_leader(
             "a leader", lambda: [index for index in self.live() if index not in self.isolated], timeout_s
         )[0]
+
+    def transfer_leader(self, asked: int, to: int) -> tuple[int, Any] | None:
+        """POST /v1/cluster/transfer-leader `{"to": <node to's id>}` to node `asked`'s API (a
+        follower forwards it to the leader) with the admin key: (status, body), or None when nothing
+        answered within TRANSFER_CALL_TIMEOUT_S."""
+        return _call_json(
+            "POST", f"{self.urls[asked]}/v1/cluster/transfer-leader", self.admin_key, {"to": self.ids[to]},
+            TRANSFER_CALL_TIMEOUT_S,
+        )
 
     def digests(self) -> dict[str, dict[str, Any] | None]:
         """Every node's GET /v1/cluster/digest (appliedIndex, digest, dataDigest), by node id; None

@@ -8,8 +8,10 @@
 
 The same seed, duration and kinds give the same schedule (offsets, kinds, target roles, holds and
 which follower). Which node plays "leader" is only known when the fault starts, so the injector
-resolves roles then. Around each fault it records, through the callback, event lines of the
-history (`{"event": ..., "at": time.monotonic(), "detail": {...}}`):
+resolves roles then. The kinds are drawn from the chosen ones in registry order, so a kind added
+to the registry changes the schedules that include it (the default, every kind) and no other.
+Around each fault it records, through the callback, event lines of the history
+(`{"event": ..., "at": time.monotonic(), "detail": {...}}`):
 
     health (phase "before": ok, leader) -> fault (kind, nodes, role) -> [hold] -> heal
     -> health (phase "after": ok, leader, unavailableS: from the fault until healthy again)
@@ -28,11 +30,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaos.cluster import KILL_TIMEOUT_S, NODES, STOP_TIMEOUT_S, ChaosCluster, ClusterError
+from chaos.cluster import (
+    KILL_TIMEOUT_S,
+    NODES,
+    STOP_TIMEOUT_S,
+    TRANSFER_CALL_TIMEOUT_S,
+    ChaosCluster,
+    ClusterError,
+)
 
 LEADER = "leader"
 FOLLOWER = "follower"
 ALL = "all"
+LEADER_TO_FOLLOWER = "leader->follower"  # the leader, then the pick-th follower (a transfer's target)
 
 # The schedule. Each fault: a hold drawn from its kind's range, then RECOVERY_S_PLANNED for the
 # cluster to come back, then a quiet gap (the workload runs undisturbed) before the next one.
@@ -90,6 +100,29 @@ def _heal_partitions(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
     cluster.heal()
 
 
+def _transfer(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any]:
+    """POST /v1/cluster/transfer-leader to hand the leader's (nodes[0]) leadership to nodes[1],
+    asked through the third node's API (a bystander, which forwards it to the leader); the status,
+    the answer (a refusal, such as 409 when the target was behind for 5 s, is an outcome, not a
+    harness error) and how long the call took. ClusterError when nothing answered."""
+    leader, to = nodes
+    asked = next(node for node in range(NODES) if node not in nodes)
+    began = time.monotonic()
+    answer = cluster.transfer_leader(asked, to)
+    took_s = round(time.monotonic() - began, OFFSET_DIGITS)
+    if answer is None:
+        raise ClusterError(
+            f"POST /v1/cluster/transfer-leader to {cluster.ids[asked]} got no answer within {took_s} s"
+        )
+    status, body = answer
+    return {"to": cluster.ids[to], "askedThrough": cluster.ids[asked], "status": status, "answer": body,
+            "transferS": took_s}
+
+
+def _heal_nothing(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
+    """A transfer leaves nothing to undo: the new leader leads on."""
+
+
 def _stop_gracefully(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any]:
     """SIGTERM; the exit codes (-9: it did not stop within STOP_TIMEOUT_S and was killed) and how
     long the stop took."""
@@ -128,11 +161,17 @@ REGISTRY: dict[str, FaultKind] = {
                   "cut every Raft pair of the leader or a follower; reconnect after the hold"),
         FaultKind("restart", (LEADER, FOLLOWER, ALL), 0.0, 1.0, _stop_gracefully, _start_stopped,
                   "SIGTERM one node or all three, start them again after the hold (their downtime)"),
+        # Last: a kind's place in the registry decides the draws of every schedule that has it.
+        FaultKind("transfer", (LEADER_TO_FOLLOWER,), 0.0, 1.0, _transfer, _heal_nothing,
+                  "ask (through the third node) for the leader's leadership to go to a follower; "
+                  "nothing to heal"),
     )
 }
 
 
 assert all(kind.hold_s_max <= HOLD_S_MAX for kind in REGISTRY.values())
+# An injection that waits on a node (a transfer call) must fit in what a graceful stop may take.
+assert TRANSFER_CALL_TIMEOUT_S <= STOP_TIMEOUT_S + KILL_TIMEOUT_S
 
 
 def parse_kinds(text: str) -> list[str]:
@@ -153,7 +192,7 @@ class PlannedFault:
 
     at_s: float
     kind: str
-    role: str  # leader | follower | all
+    role: str  # leader | follower | all | leader->follower
     hold_s: float
     pick: int  # which follower (the pick-th of the followers in node order, modulo their number)
 
@@ -346,7 +385,10 @@ class Injector:
         if planned.role == LEADER:
             return [leader]
         followers = [node for node in range(NODES) if node != leader]
-        return [followers[planned.pick % len(followers)]]
+        follower = followers[planned.pick % len(followers)]
+        if planned.role == LEADER_TO_FOLLOWER:
+            return [leader, follower]
+        return [follower]
 
     def _check_health(self, result: FaultResult, phase: str) -> tuple[int | None, float]:
         """Wait (bounded) for one leader over every live node; record a health event either way.
@@ -377,10 +419,14 @@ class Injector:
             self._record({"event": event, "at": at, "detail": detail})
 
     def summary(self) -> dict[str, Any]:
-        """Faults injected and survived by kind, skipped by reason, the longest unavailability."""
+        """Faults injected and survived by kind, skipped by reason, the longest unavailability, and
+        how the transfers' calls were answered."""
         injected = Counter(result.kind for result in self.results if result.at is not None)
         survived = Counter(result.kind for result in self.results if result.survived)
         skipped = Counter(result.skipped for result in self.results if result.skipped is not None)
+        transfers = Counter(
+            transfer_outcome(result) for result in self.results if result.kind == "transfer" and result.at is not None
+        )
         windows = [result for result in self.results if result.unavailable_s is not None]
         longest = max(windows, key=lambda result: result.unavailable_s or 0.0, default=None)
         return {
@@ -389,8 +435,22 @@ class Injector:
             "injected": {kind: injected[kind] for kind in self.schedule.kinds},
             "survived": {kind: survived[kind] for kind in self.schedule.kinds},
             "skipped": dict(skipped),
+            "transfers": dict(transfers),
             "longestUnavailableS": None if longest is None else longest.unavailable_s,
             "longestUnavailable": None if longest is None else longest.as_json(),
             "faults": [result.as_json() for result in self.results],
             "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
         }
+
+
+def transfer_outcome(result: FaultResult) -> str:
+    """What a transfer's call got: "transferred" (the leadership moved), "stayed" (the voter asked
+    for led already), a refusal's error code (CONFLICT, UNAVAILABLE...), or "error" (no answer)."""
+    if result.detail is None:
+        return "error"
+    answer = result.detail.get("answer")
+    if result.detail.get("status") == 200 and isinstance(answer, dict):
+        return "transferred" if answer.get("transferred") else "stayed"
+    error = answer.get("error") if isinstance(answer, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code or result.detail.get("status"))

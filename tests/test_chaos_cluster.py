@@ -1,6 +1,8 @@
 """The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses its
 proxy, a partition of the leader elects another one and heals to one state, the schedule is a
-function of the seed, the injector records each fault, and close() leaves nothing running."""
+function of the seed (a kind added to the registry leaves the schedules without it alone), the
+injector records each fault (a leadership transfer with its answer), and close() leaves nothing
+running."""
 
 from __future__ import annotations
 
@@ -13,7 +15,16 @@ import pytest
 from runstate import Runstate, UnavailableError
 
 from chaos.cluster import NODES, ChaosCluster
-from chaos.faults import REGISTRY, Injector, PlannedFault, Schedule, parse_kinds
+from chaos.faults import (
+    LEADER_TO_FOLLOWER,
+    REGISTRY,
+    FaultResult,
+    Injector,
+    PlannedFault,
+    Schedule,
+    parse_kinds,
+    transfer_outcome,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +32,15 @@ pytestmark = pytest.mark.slow
 # then answers 503; the client gives up sooner. Either way: UnavailableError, nothing committed.
 ISOLATED_WRITE_TIMEOUT_S = 1.5
 ALL_KINDS = list(REGISTRY)
+KINDS_BEFORE_TRANSFER = ["kill", "pause", "partition", "restart"]
+# Schedule(7, 60.0, KINDS_BEFORE_TRANSFER) as drawn before the kind `transfer` existed: `--faults
+# kill,pause,partition,restart --seed 7` (the short form's fixed seed) replays what it did.
+SEED_7_FIRST_FAULTS = (
+    PlannedFault(at_s=1.648, kind="pause", role="follower", hold_s=2.953, pick=0),
+    PlannedFault(at_s=10.243, kind="kill", role="follower", hold_s=2.748, pick=2),
+    PlannedFault(at_s=17.421, kind="kill", role="follower", hold_s=2.255, pick=0),
+    PlannedFault(at_s=23.857, kind="restart", role="leader", hold_s=0.827, pick=0),
+)
 
 
 @pytest.fixture
@@ -104,6 +124,13 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
     assert shorter == first.faults[: len(shorter)]
     assert {fault.kind for fault in Schedule(7, 120.0, ["pause"]).faults} == {"pause"}
     assert parse_kinds("restart, kill") == ["kill", "restart"]
+    assert parse_kinds("transfer,kill,pause") == ["kill", "pause", "transfer"]
+    # A kind added to the registry goes last, and a schedule without it is drawn as before.
+    assert ALL_KINDS[: len(KINDS_BEFORE_TRANSFER)] == KINDS_BEFORE_TRANSFER
+    before = Schedule(7, 60.0, KINDS_BEFORE_TRANSFER)
+    assert len(before) == 8 and before.faults[: len(SEED_7_FIRST_FAULTS)] == SEED_7_FIRST_FAULTS
+    transfers = [fault for fault in Schedule(7, 90.0, ["transfer", "kill", "pause"]).faults if fault.kind == "transfer"]
+    assert transfers and all(fault.role == LEADER_TO_FOLLOWER for fault in transfers)
     with pytest.raises(ValueError):
         parse_kinds("kill,fire")
     with pytest.raises(ValueError):
@@ -117,6 +144,7 @@ def test_the_injector_records_each_fault_and_its_recovery(cluster: ChaosCluster)
         PlannedFault(0.0, "kill", "leader", 0.5, 0),
         PlannedFault(0.0, "partition", "follower", 1.0, 1),
         PlannedFault(0.0, "restart", "all", 0.0, 0),
+        PlannedFault(0.0, "transfer", LEADER_TO_FOLLOWER, 0.0, 1),
     )
     events: list[dict[str, Any]] = []
     injector = Injector(cluster, schedule, events.append)
@@ -133,12 +161,34 @@ def test_the_injector_records_each_fault_and_its_recovery(cluster: ChaosCluster)
     kill = events[1]["detail"]
     assert kill["kind"] == "kill" and kill["role"] == "leader" and kill["node"] == events[0]["detail"]["leader"]
     assert [event["detail"]["nodes"] for event in events if event["event"] == "fault"][2] == cluster.ids
+    # The transfer: from the leader to its second follower, asked through the third node.
+    transfer = injector.results[3]
+    leader, to = transfer.nodes
+    assert leader == transfer.leader_before and to != leader
+    assert transfer.detail is not None and transfer.detail["askedThrough"] not in (leader, to), transfer
+    assert transfer.detail["status"] == 200, transfer
+    assert transfer.detail["answer"] == {"leader": to, "previousLeader": leader, "transferred": True}
+    assert transfer.leader_after == to
+    heal = [event for event in events if event["event"] == "heal"][3]["detail"]
+    assert heal["to"] == to and heal["answer"]["transferred"] is True
 
     summary = injector.summary()
-    assert summary["injected"] == {"kill": 1, "pause": 0, "partition": 1, "restart": 1}
+    assert summary["injected"] == {"kill": 1, "pause": 0, "partition": 1, "restart": 1, "transfer": 1}
     assert summary["survived"] == summary["injected"]
+    assert summary["transfers"] == {"transferred": 1}
     assert summary["longestUnavailableS"] >= 1.0  # the partition's hold at least
     assert all(cluster.running(index) for index in range(NODES))
+
+
+def test_a_transfer_outcome_is_read_from_its_answer() -> None:
+    def outcome(detail: dict[str, Any] | None) -> str:
+        return transfer_outcome(FaultResult(0, "transfer", LEADER_TO_FOLLOWER, 0.0, 0.0, at=1.0, detail=detail))
+
+    assert outcome({"status": 200, "answer": {"transferred": True}}) == "transferred"
+    assert outcome({"status": 200, "answer": {"transferred": False}}) == "stayed"
+    assert outcome({"status": 409, "answer": {"error": {"code": "CONFLICT", "message": "..."}}}) == "CONFLICT"
+    assert outcome({"status": 502, "answer": None}) == "502"
+    assert outcome(None) == "error"  # nothing answered
 
 
 def test_close_leaves_no_process(cluster: ChaosCluster) -> None:
