@@ -20,7 +20,12 @@ from runstate_server._version import __version__
 try:
     from runstate_server.actors import COMPILED, limits
     from runstate_server.actors.dispatch import COMMAND_LEVEL
-    from runstate_server.node.admin_cli import ADMIN_COMMANDS, add_admin_commands, add_cluster_commands, run_admin_command
+    from runstate_server.node.admin_cli import (
+        ADMIN_COMMANDS,
+        add_admin_commands,
+        add_cluster_commands,
+        run_admin_command,
+    )
     from runstate_server.node.api.app import build_app
     from runstate_server.node.config import (
         BOOTSTRAP_KEY_ENV,
