@@ -105,6 +105,8 @@ class Cluster:
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         self.paused: set[int] = set()
         self.stopped: set[int] = set(range(size))  # not started, or killed on purpose
+        self.seed_size = size  # the nodes of the first configuration: each names the others with --peer
+        self.joining: dict[int, list[int]] = {}  # a node added later -> the members it asks to join
 
     # -- where things are ----------------------------------------------------------------------
 
@@ -148,10 +150,29 @@ class Cluster:
             *self.extra_args,
             *self.node_args[index],
         ]
-        for other in range(self.size):
+        if index in self.joining:
+            return [*command, "--join", ",".join(self.urls[other] for other in self.joining[index])]
+        for other in range(self.seed_size):
             if other != index:
                 command += ["--peer", f"{self.ids[other]},{self.rafts[other]},{self.urls[other]}"]
         return command
+
+    def add_node(self, join: Sequence[int]) -> int:
+        """A new node (fresh ports and data dir, not started) that starts with `--join` the API URLs
+        of the nodes `join`; its index."""
+        index = self.size
+        api_port, raft_port = free_ports(2)
+        self.size += 1
+        self.api_ports.append(api_port)
+        self.raft_ports.append(raft_port)
+        self.ids.append(f"n{index + 1}")
+        self.urls.append(f"http://127.0.0.1:{api_port}")
+        self.rafts.append(f"127.0.0.1:{raft_port}")
+        self.node_args.append(())
+        self.processes.append(None)
+        self.stopped.add(index)
+        self.joining[index] = list(join)
+        return index
 
     def spawn(self, index: int) -> None:
         """Start node `index` without waiting for it."""

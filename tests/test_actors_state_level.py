@@ -47,3 +47,30 @@ def test_the_level_only_rises_and_a_malformed_one_changes_nothing(levels: list[A
             assert is_error(result)
             assert {**to_snapshot(h.state), "clock_ms": 0} == {**before, "clock_ms": 0}
         assert dispatch.proven_level(h.state) == highest
+
+
+def learner(h: Harness, kind: str, **args: Any) -> Any:
+    command = {"type": kind, "v": 1, "space": dispatch.SYSTEM_SPACE, "id": "", "args": args}
+    return h.core.apply(command, h.now_ms, h.epoch)[0]
+
+
+def test_learners_are_recorded_once_conflicts_refused_and_they_survive_a_snapshot() -> None:
+    h = Harness()
+    assert "learners" not in to_snapshot(h.state)
+    n4 = {"node_id": "n4", "raft_address": "10.0.0.4:9100", "api_url": "http://10.0.0.4:8080"}
+    assert learner(h, "cluster.learner_add", **n4) == {"added": True}
+    assert learner(h, "cluster.learner_add", **n4) == {"added": False}  # the same again: nothing changes
+    before = to_snapshot(h.state)
+    for clash in ({**n4, "api_url": "http://elsewhere"}, {**n4, "node_id": "n5"},
+                  {"node_id": "n5", "raft_address": "10.0.0.5:9100", "api_url": n4["api_url"]}):
+        assert is_error(learner(h, "cluster.learner_add", **clash)), clash
+    assert is_error(learner(h, "cluster.learner_add", node_id="", raft_address="a:1", api_url="http://a"))
+    assert {**to_snapshot(h.state), "clock_ms": 0} == {**before, "clock_ms": 0}
+    restored = from_snapshot(to_snapshot(h.state))
+    assert restored.learners == h.state.learners == {"n4": ["10.0.0.4:9100", "http://10.0.0.4:8080", h.now_ms]}
+    # A space may not send them.
+    command = {"type": "cluster.learner_drop", "v": 1, "space": "default", "id": "x", "args": {"node_id": "n4"}}
+    assert is_error(h.core.apply(command, h.now_ms, h.epoch)[0])
+    assert learner(h, "cluster.learner_drop", node_id="n4") == {"dropped": True}
+    assert learner(h, "cluster.learner_drop", node_id="n4") == {"dropped": False}
+    assert "learners" not in to_snapshot(h.state)

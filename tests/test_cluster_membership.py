@@ -13,6 +13,7 @@ from tests._cluster import Cluster
 from tests._http import Api, mailbox_id, submit_task
 from tests._prometheus import scrape, value
 from tests.test_admin_cli import ok_json, refused
+from tests.test_cluster_transfer import Load
 
 LEVEL_TIMEOUT_S = 30.0
 
@@ -94,3 +95,47 @@ def test_changes_that_would_cost_the_quorum_or_name_no_member_are_refused(
     tenant = Api(cluster.urls[leader], key=secret)
     assert tenant.error("DELETE", f"/v1/cluster/members/{cluster.ids[dead]}") == (403, "FORBIDDEN")
     assert voters(cluster, leader) == everyone
+
+
+def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Callable[..., Cluster]) -> None:
+    """The documented replacement: remove the dead node, start the new machine with --join. Under a
+    steady keyed-submit load: the new node is a learner first, a voter once it caught up; every
+    acknowledged task is there; the replicas agree; the load saw no error it did not retry."""
+    cluster = make_cluster().start()
+    wait_level_proven(cluster)
+    api = cluster.api(cluster.leader_index()).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox = mailbox_id(api)
+    leader = cluster.leader_index()
+    dead = next(index for index in range(cluster.size) if index != leader)
+    survivors = [index for index in range(cluster.size) if index != dead]
+
+    with Load(cluster, run_id, mailbox, nodes=survivors) as load:
+        cluster.wait_until("a few acknowledged writes", lambda: len(load.acknowledged) >= 20 or None, LEVEL_TIMEOUT_S)
+        cluster.kill(dead)
+        ok_json("cluster", "remove", cluster.ids[dead], *admin(cluster, survivors[0]))
+        new = cluster.add_node(join=survivors)
+        cluster.spawn(new)
+
+        def promoted() -> bool:
+            view = cluster.api(survivors[0]).resending().ok("GET", "/v1/cluster")
+            nodes = {node["id"]: node for node in view["nodes"]}
+            return cluster.ids[new] in nodes and nodes[cluster.ids[new]]["voter"] is True
+
+        cluster.wait_until(f"{cluster.ids[new]} a voter", promoted, LEVEL_TIMEOUT_S)
+        before = len(load.acknowledged)
+        cluster.wait_until("writes after the promotion", lambda: len(load.acknowledged) > before + 20 or None,
+                           LEVEL_TIMEOUT_S)
+
+    assert load.failures == []
+    members = [*survivors, new]
+    assert voters(cluster, survivors[0]) == sorted(cluster.ids[index] for index in members)
+    reader = cluster.api(new).resending()
+    for key, task_id in load.acknowledged.items():
+        assert reader.ok("GET", f"/v1/tasks/{task_id}")["taskKey"] == key
+    cluster.wait_same_digest(members)
+    # The new node restarts from its data dir (it names its role and the voters), a voter still.
+    cluster.kill(new)
+    cluster.start(new)
+    assert voters(cluster, new) == sorted(cluster.ids[index] for index in members)
+    cluster.wait_same_digest(members)

@@ -23,9 +23,10 @@ class Load:
     the task ids acknowledged, and every answer that was not a success (503s are resent with the
     same Idempotency-Key by keyed_call, for up to 15 s)."""
 
-    def __init__(self, cluster: Cluster, run_id: str, mailbox: str) -> None:
+    def __init__(self, cluster: Cluster, run_id: str, mailbox: str, nodes: list[int] | None = None) -> None:
         self.acknowledged: dict[str, str] = {}  # task key -> task id
         self.failures: list[tuple[int, Any]] = []
+        self._nodes = list(range(cluster.size)) if nodes is None else nodes  # the nodes it sends to, in turn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(cluster, run_id, mailbox), daemon=True)
 
@@ -41,7 +42,7 @@ class Load:
         for number in itertools.count():
             if self._stop.wait(LOAD_PAUSE_S):
                 return
-            api = cluster.api(number % cluster.size)
+            api = cluster.api(self._nodes[number % len(self._nodes)])
             key = f"load-{number}"
             status, answer = keyed_call(api.base_url, "POST", api.space_path("/v1/tasks"),
                                         task_body(run_id, mailbox, {"n": number}, key), headers=api.headers)

@@ -25,6 +25,7 @@ from runstate_server.actors import (
     groups,
     idempotency,
     limits,
+    members,
     once,
     permits,
     resources,
@@ -128,7 +129,10 @@ SYSTEM_SPACE = ""
 # The command types apply() knows besides HANDLERS: the leader's own.
 BUILT_IN_KINDS = frozenset({
     "tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations", "state.level",
+    "cluster.learner_add", "cluster.learner_drop",
 })
+# The built-in kinds a space may not send: they change the cluster, not a space.
+_SYSTEM_ONLY_KINDS = frozenset({"access.bootstrap", "cluster.learner_add", "cluster.learner_drop"})
 
 
 def unknown_kind(command: Any) -> str | None:
@@ -201,10 +205,14 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         return _tick(state, args, now_ms, epoch, effects)
     if kind == "leader.start":
         return _leader_start(state, now_ms, epoch)
+    if kind in _SYSTEM_ONLY_KINDS and space_id != SYSTEM_SPACE:
+        raise Rejected(errors.VALIDATION_FAILED, f"{kind} is a command of the leader, not of a space")
     if kind == "access.bootstrap":
-        if space_id != SYSTEM_SPACE:
-            raise Rejected(errors.VALIDATION_FAILED, "access.bootstrap is a command of the leader, not of a space")
         return access.bootstrap(state, args, now_ms)
+    if kind == "cluster.learner_add":
+        return members.add_learner(state, args, now_ms)
+    if kind == "cluster.learner_drop":
+        return members.drop_learner(state, args)
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
     if kind == "state.number_creations":

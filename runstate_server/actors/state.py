@@ -437,6 +437,9 @@ class State:
     # The command level every node of the cluster applies, as the log proved it (`state.level`,
     # dispatch.proven_level): 1 until a leader wrote one. Only ever rises.
     level: int = 1
+    # The cluster's learners (actors/members.py): node id -> [Raft address, API URL, added ms], in
+    # the order they were added. The voters are the Raft log's own configuration, not state.
+    learners: dict[str, list[Any]] = field(default_factory=dict)
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
     # from_snapshot, never written to a snapshot.
@@ -549,6 +552,7 @@ def to_snapshot(state: State) -> dict[str, Any]:
         "creation_seq": state.creation_seq,
         # Only once proven, so a state without it has the snapshot (and digest) releases before had.
         **({"level": state.level} if state.level > 1 else {}),
+        **({"learners": [[node_id, *entry] for node_id, entry in state.learners.items()]} if state.learners else {}),
         "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
         "operator_space": state.operator_space,
         # Rows in age order; a result is a value the state never changes, but copied all the same.
@@ -686,6 +690,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
     # None in a snapshot from before creation numbers, or taken before `state.number_creations`.
     state.creation_seq = data.get("creation_seq")
     state.level = data.get("level", 1)
+    state.learners = {row[0]: list(row[1:]) for row in data.get("learners", [])}
     recount(state)
     recount_queue_figures(state)
     return state

@@ -60,7 +60,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def __init__(
         self,
         bridge: Bridge,
-        self_address: str,
+        self_address: str | None,
         peer_addresses: Sequence[Any],  # addresses, or pysyncobj node objects (membership.py)
         conf: SyncObjConf,
         pre_vote: PreVote | None = None,

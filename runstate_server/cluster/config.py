@@ -143,7 +143,7 @@ class LogConfig:
     def syncobj_conf(
         self,
         *,
-        self_address: str,
+        self_address: str | None,
         password: str,
         journal_file: str | None,
         dump_file: str | None,

@@ -173,7 +173,7 @@ class ReplicatedLog:
         self,
         state_machine: StateMachine,
         *,
-        self_address: str,
+        self_address: str | None,
         peer_addresses: Sequence[str] = (),
         data_dir: Path | None,
         password: str,
@@ -187,7 +187,10 @@ class ReplicatedLog:
         if not password:
             raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
         self.lock = threading.Lock()
+        # None: a learner (pysyncobj's read-only node): it dials the voters, receives the log and
+        # snapshots, and never votes, campaigns nor counts for a commit (DESIGN.md "Membership").
         self.self_address = self_address
+        self.learner = self_address is None
         self.peer_addresses = tuple(address for address in peer_addresses if address != self_address)
         # The node layer's names (node id, API URL) of this node and its first peers, by address:
         # a member the configuration does not name (a release before membership changes wrote
@@ -290,7 +293,7 @@ class ReplicatedLog:
                 silence_s=self._config.raft_timeout_s_min,
                 lost_delay_s=self._config.leader_lost_delay_s,
                 lost_stagger_s=self._config.leader_lost_stagger_s,
-            ) if self._config.pre_vote else None
+            ) if self._config.pre_vote and not self.learner else None
             peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
             raft = await asyncio.to_thread(
                 RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,

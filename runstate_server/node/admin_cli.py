@@ -1,5 +1,5 @@
 """`runstate spaces ...`, `runstate keys ...`, `runstate whoami`, `runstate cluster members`,
-`runstate cluster remove` and `runstate cluster transfer-leader`: manage spaces, API keys and a
+`runstate cluster add`, `runstate cluster remove` and `runstate cluster transfer-leader`: manage spaces, API keys and a
 cluster's members over HTTP.
 
 Talks to the node over HTTP only (operator_client), so it works against a remote node.
@@ -81,7 +81,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `members`, `remove` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
+    """Add `members`, `add`, `remove` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
     (the parsed arguments carry `admin_action`)."""
     _leaf(cluster_commands, "members", "show the cluster's members: role, voter, lag, reachable", _members)
     transfer = _leaf(
@@ -90,6 +90,14 @@ def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.A
         _transfer_leader,
     )
     transfer.add_argument("--to", metavar="ID", help="the voter to lead (default: the most caught-up one)")
+    add = _leaf(
+        cluster_commands, "add",
+        "record a new node as a learner; start it with `runstate node --join` (needs an operator admin key)",
+        _add_member,
+    )
+    add.add_argument("--node-id", required=True, metavar="ID", help="the new node's id")
+    add.add_argument("--raft", required=True, metavar="HOST:PORT", help="its Raft address, as the others reach it")
+    add.add_argument("--api-url", required=True, metavar="URL", help="its API's URL, as the others reach it")
     remove = _leaf(
         cluster_commands, "remove",
         "remove a voter, e.g. a dead machine's before its replacement joins (needs an operator admin key)",
@@ -194,6 +202,13 @@ def _members(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any
     ]
     text = _table(["ID", "ROLE", "VOTES", "LAG", "APPLIED", "REACHABLE", "API"], rows)
     return text + "\n(* leads; LAG: committed entries it has not applied)", view
+
+
+def _add_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:
+    body = _given(nodeId=args.node_id, raftAddress=args.raft, apiUrl=args.api_url)
+    answer = client.request("POST", "/v1/cluster/members", body)
+    return (f"recorded {answer['learner']['id']} as a learner: start it with runstate node --join; the leader "
+            "makes it a voter once it has caught up"), answer
 
 
 def _remove_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:

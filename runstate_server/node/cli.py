@@ -20,6 +20,7 @@ from runstate_server._version import __version__
 try:
     from runstate_server.actors import COMPILED, limits
     from runstate_server.actors.dispatch import COMMAND_LEVEL
+    from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
     from runstate_server.node.admin_cli import (
         ADMIN_COMMANDS,
         add_admin_commands,
@@ -49,6 +50,13 @@ try:
         read_bootstrap_key,
         read_secret,
         split_address,
+    )
+    from runstate_server.node.membership import (
+        LEARNER,
+        JoinError,
+        ask_to_join,
+        read_membership,
+        write_membership,
     )
     from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 except DependencyMismatch as mismatch:
@@ -214,7 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--raft-bind", help="what the Raft port binds, HOST:PORT (default: the --raft address)")
     node.add_argument(
         "--peer", action="append", default=None, metavar="ID,RAFT_HOST:PORT,API_URL",
-        help="another node of the cluster; once per peer",
+        help="another node of the cluster, once per peer: the first configuration of a new cluster (its data "
+        "dir keeps the configuration after that)",
+    )
+    node.add_argument(
+        "--join", default=None, metavar="URL[,URL...]",
+        help="join a running cluster: the API URL of one or more of its members, which record this node as a "
+        "learner; the leader makes it a voter once it has caught up. Not with --peer; a restart needs neither",
     )
     node.add_argument("--data-dir", type=Path, help="where the journal and snapshot live (default ./.runstate)")
     node.add_argument(
@@ -345,8 +359,37 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
             parse_peer(f"{entry.get('id', '')},{entry.get('raft', '')},{entry.get('api_url', '')}")
             for entry in file.get("peers", [])
         )
+    join = setting(args.join, "join")
+    join_urls = [url.strip().rstrip("/") for url in join.split(",") if url.strip()] if isinstance(join, str) else []
+    if join is not None and not join_urls:
+        raise ConfigError("--join needs the API URL of a member, e.g. --join http://10.0.0.1:8080")
+    if join_urls and peers:
+        raise ConfigError("--join and --peer exclude each other: a joining node learns its peers from the cluster")
+    if any(not url.startswith(("http://", "https://")) for url in join_urls):
+        raise ConfigError(f"--join takes API URLs starting with http:// or https://, not {join!r}")
+    data_dir = setting(args.data_dir, "data_dir")
+    data_path = Path(data_dir) if data_dir else Path(".runstate")
+    kept = read_membership(data_path)
+    learner = False
+    if kept is not None:  # a node that joined once: its data dir names its role and the voters
+        peers, learner = tuple(peer for peer in kept.voters if peer.id != node_id), kept.role == LEARNER
+    elif join_urls:
+        if (data_path / JOURNAL_FILE_NAME).exists() or (data_path / DUMP_FILE_NAME).exists():
+            raise ConfigError(f"--join needs an empty data dir; {data_path} holds a node's data (wipe it to join anew)")
+        try:
+            joined = ask_to_join(
+                join_urls, read_secret(setting(args.secret_file, "secret_file")), node_id, raft,
+                (setting(args.advertise_url, "advertise_url") or f"http://{host}:{port}").rstrip("/"),
+            )
+        except JoinError as error:
+            raise ConfigError(f"cannot join the cluster: {error}") from None
+        write_membership(data_path, joined)
+        peers, learner = tuple(peer for peer in joined.voters if peer.id != node_id), True
     if not peers:
-        raise ConfigError("a cluster node needs its peers: --peer ID,RAFT_HOST:PORT,API_URL for each other node")
+        raise ConfigError(
+            "a cluster node needs its peers (--peer ID,RAFT_HOST:PORT,API_URL for each other node of a new cluster) "
+            "or a member to join (--join URL)"
+        )
     if len(peers) + 1 > CLUSTER_NODES_MAX:
         raise ConfigError(f"a cluster has at most {CLUSTER_NODES_MAX} nodes")
     ids = [node_id, *(peer.id for peer in peers)]
@@ -357,7 +400,6 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raise ConfigError(f"fsync must be always or never, not {fsync!r}")
     retention = setting(args.retention, "retention")
     compact_after = setting(args.compact_after, "compact_after")
-    data_dir = setting(args.data_dir, "data_dir")
     command_level = setting(args.command_level, "command_level")
     if command_level is None:
         command_level = COMMAND_LEVEL
@@ -368,10 +410,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         host=host,
         port=port,
         advertise_url=setting(args.advertise_url, "advertise_url"),
-        data_dir=Path(data_dir) if data_dir else Path(".runstate"),
+        data_dir=data_path,
         raft_address=raft,
         raft_bind=raft_bind,
         peers=peers,
+        learner=learner,
         secret=read_secret(setting(args.secret_file, "secret_file")),
         auth=True,  # a cluster node always requires keys
         bootstrap_key=read_bootstrap_key(setting(args.bootstrap_key_file, "bootstrap_key_file")),

@@ -85,6 +85,9 @@ class NodeConfig:
     raft_address: str | None = None  # host:port as the peers know it; None: 127.0.0.1 and a free port
     raft_bind: str | None = None  # what the Raft port binds, when not raft_address (e.g. 0.0.0.0:9000)
     peers: tuple[Peer, ...] = ()
+    # A node that joined a running cluster (`--join`, node/membership.py): it follows the log as a
+    # learner (no vote) until the leader promotes it. `peers` are then the voters it knows of.
+    learner: bool = False
     secret: str = ""  # the cluster secret (Raft password); "" on a dev node: a random one
     fsync: bool = True
     retention_ms: int = limits.retention_ms_default

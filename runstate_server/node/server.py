@@ -32,10 +32,12 @@ from runstate_server.node.config import (
     READY_TIMEOUT_S,
     WRITE_STOP_GRACE_S,
     NodeConfig,
+    Peer,
     split_address,
 )
 from runstate_server.node.errors import ApiError, raise_for_result
 from runstate_server.node.http_server import Runner, Site, connections_max_for, limit_log_rate, raise_fd_limit
+from runstate_server.node.members import MembershipKeeper
 from runstate_server.node.metrics import NodeMetrics
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
@@ -131,32 +133,41 @@ class Node:
         raft_host, raft_port = split_address(raft_address, "the Raft address")
         if raft_port == config.port and raft_host in (config.host, "0.0.0.0"):
             raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
-        # The members' names: this node's and its --peer flags', the first configuration of a new
-        # cluster; the configuration the log applies names every member after that (members()).
-        seed = [Member(raft_address, config.node_id, config.api_url)]
-        seed += [Member(peer.raft_address, peer.id, peer.api_url) for peer in config.peers]
-        self.log = ReplicatedLog(
-            self.core,
-            self_address=raft_address,
-            peer_addresses=[peer.raft_address for peer in config.peers],
-            data_dir=config.data_dir,
-            password=config.secret or secrets.token_hex(16),
-            fsync=config.fsync,
-            on_applied=self._on_applied,
-            on_role_change=self._on_role_change,
-            config=LogConfig(
-                log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind,
-                dynamic_membership=bool(config.peers),
-            ),
-            command_level=config.command_level,
-            members=seed,
-        )
+        self.raft_address = raft_address
+        self._password = config.secret or secrets.token_hex(16)
+        self.log = self._new_log(self.core, learner=config.learner, peers=config.peers)
         self.router = Router(self)
+        self.membership = MembershipKeeper(self)
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: Runner | None = None
         self._lock_file: IO[bytes] | None = None
         self.url = ""
         self.bootstrap_message: str | None = None  # what `runstate dev --auth` tells the user
+
+    def _new_log(self, core: dispatch.Core, *, learner: bool, peers: tuple[Peer, ...]) -> ReplicatedLog:
+        """The replicated log this node applies to `core`: a voter's, or a learner's (no Raft port
+        of its own: it dials the voters). The members' names: this node's and its peers', the first
+        configuration of a new cluster; the configuration the log applies names every member after
+        that (members())."""
+        config = self.config
+        seed = [Member(self.raft_address, config.node_id, config.api_url)]
+        seed += [Member(peer.raft_address, peer.id, peer.api_url) for peer in peers]
+        return ReplicatedLog(
+            core,
+            self_address=None if learner else self.raft_address,
+            peer_addresses=[peer.raft_address for peer in peers],
+            data_dir=config.data_dir,
+            password=self._password,
+            fsync=config.fsync,
+            on_applied=self._on_applied,
+            on_role_change=self._on_role_change,
+            config=LogConfig(
+                log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind,
+                dynamic_membership=bool(peers),
+            ),
+            command_level=config.command_level,
+            members=seed,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -179,12 +190,30 @@ class Node:
             except (ApiError, OSError) as error:
                 raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
+        if self.config.peers:
+            self._spawn(self.membership.run(), "membership")
         connections_max = connections_max_for(self.config.http, fd_limit)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
         await self._runner.setup()
         site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
         await site.start()
         self.url = f"http://{self.config.host}:{self.config.port}"
+
+    async def restart_log_as_voter(self, peers: tuple[Peer, ...]) -> None:
+        """A learner promoted to voter: its read-only log stops and a voter's starts on the same
+        data dir (the dump and journal it wrote), into a fresh core that the new log restores. Calls
+        meanwhile find the stopped log: 503, retried elsewhere."""
+        old = self.log
+        await old.stop()
+        core = dispatch.Core()
+        new = self._new_log(core, learner=False, peers=peers)
+        try:
+            await new.start()
+        except LogUnavailable as error:
+            raise NodeStartError(f"the voter's log did not start: {error}") from None
+        self.core, self.log = core, new
+        self.config.learner = False
+        self.config.peers = peers
 
     async def stop(self) -> None:
         # The HTTP server's shutdown waits for every handler: long polls answer now, and calls

@@ -16,9 +16,10 @@ from runstate_server.actors.state import to_snapshot
 from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.health import health_view
-from runstate_server.node.api.routes import ADMIN, ANY_KEY, RouteTable, caller_of, node_of
+from runstate_server.node.api.routes import ADMIN, ANY_KEY, PUBLIC, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STRING_OR_NULL, array, obj
 from runstate_server.node.errors import ApiError
+from runstate_server.node.membership import JOIN_PROOF_HEADER, proof_holds
 
 routes = RouteTable()
 
@@ -49,17 +50,19 @@ async def cluster_view(request: web.Request) -> web.Response:
             view["id"] = peer_id
             return view
 
+        others = [*node.members()[1:], *node.membership.learners()]
         peers = await asyncio.gather(*(
-            peer_view(member.node_id or member.address, member.api_url or "") for member in node.members()[1:]
+            peer_view(member.node_id or member.address, member.api_url or "") for member in others
         ))
     nodes = [own, *peers]
+    learners = {member.node_id for member in node.membership.learners()}
     leader = node.leader()
     leader_id = leader.node_id if leader is not None else None
     # Lag: the committed entries a node has not applied, against the leader's commit index as the
     # leader answered (or this node's own, when the leader did not answer).
     leader_view = next((view for view in nodes if view["id"] == leader_id and view["reachable"]), own)
     for view in nodes:
-        view["voter"] = True  # every member votes (learners come with membership changes)
+        view["voter"] = view["id"] not in learners and not (view is own and node.log.learner)
         applied = view.get("appliedIndex")
         view["lag"] = max(0, leader_view["commitIndex"] - applied) if isinstance(applied, int) else None
     return json_response({"leader": leader_id, "nodes": nodes})
@@ -83,7 +86,58 @@ def _require_operator(request: web.Request, what: str) -> None:
 )
 async def remove_member(request: web.Request) -> web.Response:
     _require_operator(request, "removing a member")
-    return json_response(await node_of(request).remove_member(request.match_info["id"]))
+    node, node_id = node_of(request), request.match_info["id"]
+    if await node.membership.drop_learner(node_id):
+        return json_response({"removed": node_id, "members": [node.member_view(member) for member in node.members()]})
+    return json_response(await node.remove_member(node_id))
+
+
+_NEW_MEMBER = {"nodeId": NAME, "raftAddress": NAME, "apiUrl": NAME}
+
+
+def _new_member(body: dict[str, Any]) -> tuple[str, str, str]:
+    node_id = req.text(body, "nodeId", max_chars=limits.name_chars_max, required=True)
+    raft_address = req.text(body, "raftAddress", max_chars=limits.name_chars_max, required=True)
+    api_url = req.text(body, "apiUrl", max_chars=limits.name_chars_max, required=True)
+    assert node_id is not None and raft_address is not None and api_url is not None
+    host, _, port = raft_address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ApiError("VALIDATION_FAILED", f"raftAddress must be HOST:PORT, not {raft_address!r}")
+    if not api_url.startswith(("http://", "https://")):
+        raise ApiError("VALIDATION_FAILED", f"apiUrl must start with http:// or https://, not {api_url!r}")
+    return node_id, raft_address, api_url.rstrip("/")
+
+
+@routes(
+    "POST", "/v1/cluster/members",
+    "Record a new node as a learner: it receives the log and does not vote until the leader promotes it, once "
+    "it caught up (an operator admin key; the node itself starts with `runstate node --join`)",
+    body=_NEW_MEMBER, required=("nodeId", "raftAddress", "apiUrl"),
+    errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "UNAVAILABLE"), permission=ADMIN,
+    answer=obj({"learner": MEMBER, "voters": array(MEMBER)}),
+)
+async def add_member(request: web.Request) -> web.Response:
+    _require_operator(request, "adding a member")
+    body = await req.json_body(request)
+    return json_response(await node_of(request).membership.add_learner(*_new_member(body)))
+
+
+@routes(
+    "POST", "/v1/cluster/join",
+    "A node asks to join as a learner (`runstate node --join`); no API key: the request proves it holds the "
+    f"cluster secret ({JOIN_PROOF_HEADER}: HMAC-SHA256 of the body)",
+    body=_NEW_MEMBER, required=("nodeId", "raftAddress", "apiUrl"),
+    errors=("VALIDATION_FAILED", "UNAUTHENTICATED", "CONFLICT", "UNAVAILABLE"), permission=PUBLIC,
+    answer=obj({"learner": MEMBER, "voters": array(MEMBER)}),
+)
+async def join(request: web.Request) -> web.Response:
+    node = node_of(request)
+    raw = await request.read()
+    if not proof_holds(node.config.secret, raw, request.headers.get(JOIN_PROOF_HEADER)):
+        raise ApiError("UNAUTHENTICATED", "the join proof does not match this cluster's secret (another cluster's "
+                                          "secret file?)")
+    body = await req.json_body(request)
+    return json_response(await node.membership.add_learner(*_new_member(body)))
 
 
 @routes(

@@ -1,0 +1,142 @@
+"""Learners, from recorded to voter (cluster/DESIGN.md "Membership").
+
+A node joins as a learner: `add_learner` records it in the replicated state (`cluster.learner_add`)
+and the node follows the log as pysyncobj's read-only node. While this node leads, `run` checks each
+learner's applied index (its public `GET /v1/health`) against the leader's commit index of the
+moment of the check; once it reached it, the leader adds it to the configuration as a voter
+(pysyncobj's membership entry) and forgets it as a learner. The learner, seeing itself among the
+voters of the configuration it applies, restarts its log as a voter on the same data dir. So a slow
+or empty node never counts for a majority before it holds the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from runstate_server.actors import dispatch
+from runstate_server.cluster.errors import ChangeRefused
+from runstate_server.cluster.log import LogUnavailable, NotLeader
+from runstate_server.cluster.membership import Member
+from runstate_server.node.config import Peer
+from runstate_server.node.errors import ApiError
+from runstate_server.node.membership import VOTER, Membership, write_membership
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
+
+log = logging.getLogger(__name__)
+
+CHECK_PERIOD_S = 0.5  # how often a leader looks at its learners, and a learner at the configuration
+HEALTH_TIMEOUT_S = 1.0  # a learner's answer to the leader's look at its applied index
+CHANGE_TIMEOUT_S = 10.0  # a membership entry commits like any other; beyond this its outcome is unknown
+
+
+class MembershipKeeper:
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    # -- the routes' calls (a leader's) ----------------------------------------------------------
+
+    async def add_learner(self, node_id: str, raft_address: str, api_url: str) -> dict[str, Any]:
+        """Record a learner (POST /v1/cluster/join, POST /v1/cluster/members). The same learner
+        again changes nothing; CONFLICT for a voter's id or address, or while another learner is
+        still catching up (one change at a time)."""
+        node = self._node
+        self._require_membership_level()
+        for voter in node.members():
+            if node_id == voter.node_id or raft_address == voter.address or api_url == voter.api_url:
+                raise ApiError("CONFLICT", f"voter {voter.node_id or voter.address} has that id or address already")
+        with node.read() as state:
+            learners = dict(state.learners)
+        pending = [other for other in learners if other != node_id]
+        if pending:
+            raise ApiError(
+                "CONFLICT", f"learner {pending[0]} is still catching up: add the next once it is a voter (one change at a time)",
+            )
+        await node.propose_system(
+            "cluster.learner_add", {"node_id": node_id, "raft_address": raft_address, "api_url": api_url},
+        )
+        log.warning("recorded %s (%s, %s) as a learner", node_id, raft_address, api_url)
+        learner = {"id": node_id, "raftAddress": raft_address, "apiUrl": api_url, "voter": False}
+        return {"learner": learner, "voters": [node.member_view(member) for member in node.members()]}
+
+    async def drop_learner(self, node_id: str) -> bool:
+        """Forget the learner `node_id`; False when there is none."""
+        with self._node.read() as state:
+            if node_id not in state.learners:
+                return False
+        await self._node.propose_system("cluster.learner_drop", {"node_id": node_id})
+        log.warning("dropped learner %s", node_id)
+        return True
+
+    def learners(self) -> list[Member]:
+        with self._node.read() as state:
+            return [Member(raft, node_id, api_url) for node_id, (raft, api_url, _) in state.learners.items()]
+
+    def _require_membership_level(self) -> None:
+        with self._node.read() as state:
+            proven = dispatch.proven_level(state)
+        if proven < dispatch.MEMBERSHIP_LEVEL:
+            raise ApiError(
+                "CONFLICT", f"every node must run a release that changes memberships first (the log proves command "
+                f"level {proven}, membership changes need {dispatch.MEMBERSHIP_LEVEL})",
+            )
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await asyncio.sleep(CHECK_PERIOD_S)
+                try:
+                    if self._node.log.learner:
+                        await self._become_voter_once_promoted()
+                    elif self._node.log.is_leader:
+                        await self._promote_caught_up_learners(session)
+                except (ApiError, NotLeader, LogUnavailable, ChangeRefused) as error:
+                    log.info("membership: %s (asked again in %s s)", error, CHECK_PERIOD_S)
+                except Exception:  # never let the keeper die: the next round tries again
+                    log.exception("membership: a round failed (asked again in %s s)", CHECK_PERIOD_S)
+
+    async def _promote_caught_up_learners(self, session: aiohttp.ClientSession) -> None:
+        node = self._node
+        for learner in self.learners():
+            if any(voter.address == learner.address for voter in node.members()):
+                await self.drop_learner(str(learner.node_id))  # promoted by a leader that lost its lead before this
+                continue
+            commit_index = node.log.commit_index
+            applied = await _applied_index(session, str(learner.api_url))
+            if applied is None or applied < commit_index:
+                continue
+            await node.log.change_membership("add", learner, CHANGE_TIMEOUT_S)
+            log.warning("promoted learner %s to voter (applied %d, commit index %d)", learner.node_id, applied, commit_index)
+            await self.drop_learner(str(learner.node_id))
+
+    async def _become_voter_once_promoted(self) -> None:
+        node = self._node
+        voters = node.log.voters()
+        if not any(voter.address == node.raft_address for voter in voters):
+            return
+        peers = tuple(
+            Peer(voter.node_id or voter.address, voter.address, voter.api_url or "")
+            for voter in voters if voter.address != node.raft_address
+        )
+        own = Peer(node.config.node_id, node.raft_address, node.config.api_url)
+        if node.config.data_dir is not None:
+            write_membership(node.config.data_dir, Membership(VOTER, (own, *peers)))
+        log.warning("%s is a voter now: restarting its log as one", node.config.node_id)
+        await node.restart_log_as_voter(peers)
+
+
+async def _applied_index(session: aiohttp.ClientSession, api_url: str) -> int | None:
+    try:
+        async with session.get(f"{api_url}/v1/health") as answer:
+            applied = (await answer.json()).get("appliedIndex")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+        return None
+    return applied if isinstance(applied, int) else None
