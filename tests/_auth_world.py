@@ -106,8 +106,11 @@ def build_world(node: DevNode, secret: str) -> World:
         "ops": run,  # /ops/runs/{scopeId}
         "allowances": allowance, "allowance-waiters": allowance_waiter, "allowance-consumptions": consumption,
         "task-groups": group, "members": member,
+        "cluster": "dev",  # DELETE /v1/cluster/members/{id}: the dev node's own id
     }
     bodies = {
+        ("POST", "/v1/cluster/members"): {"nodeId": "n9", "raftAddress": "127.0.0.1:1", "apiUrl": "http://127.0.0.1:1"},
+        ("POST", "/v1/cluster/join"): {"nodeId": "n9", "raftAddress": "127.0.0.1:1", "apiUrl": "http://127.0.0.1:1"},
         ("POST", "/v1/task-groups"): {"mailboxId": work, "condition": "ALL_TERMINAL"},
         ("POST", "/v1/task-groups/{groupId}/tasks"): {"taskKey": "m3", "input": 3},
         ("POST", "/v1/task-groups/{groupId}/join-task"): {"taskId": task},

@@ -18,6 +18,8 @@ from tests._prometheus import scrape
 
 # Routes whose answer depends on no id of the caller's space: a key of another space uses them in
 # its own space, legitimately (and changes its own space's state), so the cross-space case skips them.
+# Takes no key but a proof that the caller holds the cluster secret (node/membership.py).
+JOIN = ("POST", "/v1/cluster/join")
 SPACELESS = {
     ("GET", "/v1/whoami"), ("POST", "/v1/spaces"), ("GET", "/v1/spaces"), ("POST", "/v1/keys"),
     ("GET", "/v1/keys"), ("POST", "/v1/scopes"), ("GET", "/v1/mailboxes"),
@@ -26,6 +28,7 @@ SPACELESS = {
     ("PUT", "/v1/permits/by-name/{name}"), ("GET", "/v1/work-limits"), ("POST", "/v1/budgets"), ("GET", "/v1/budgets"),
     ("PUT", "/v1/budgets/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"), ("GET", "/metrics"),
+    ("POST", "/v1/cluster/transfer-leader"), ("POST", "/v1/cluster/members"), ("DELETE", "/v1/cluster/members/{id}"),
     ("POST", "/v1/allowances"), ("GET", "/v1/allowances"), ("PUT", "/v1/allowances/by-name/{name}"),
     ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
     # The list reads (extensions): their filters name ids only in the query, matching nothing of another space.
@@ -72,6 +75,7 @@ def test_the_document_names_a_permission_for_every_route(world: World) -> None:
     assert permissions <= {"public", "any", *PERMISSIONS}
     assert {(m, p) for m, p, perm in world.routes if perm == "public"} == {
         ("GET", "/v1/health"), ("GET", "/v1/openapi.json"),
+        JOIN,  # proves the cluster secret instead (node/membership.py)
     }
     assert len(world.routes) > 50
 
@@ -105,7 +109,9 @@ def test_no_key_and_a_revoked_key_are_unauthenticated_and_change_nothing(world: 
     for method, path, permission in world.routes:
         for api in (anonymous, wrong, world.revoked):
             status, body = call(world, api, method, path)
-            if permission == "public":
+            if (method, path) == JOIN:  # no key, and no proof of the cluster secret either
+                assert (status, body["error"]["code"]) == (401, "UNAUTHENTICATED"), (method, path, body)
+            elif permission == "public":
                 assert status == 200, (method, path, status, body)
             else:
                 assert (status, body["error"]["code"]) == (401, "UNAUTHENTICATED"), (method, path, body)
@@ -187,6 +193,8 @@ def test_the_operator_key_passes_every_check(world: World) -> None:
     for method, path, _ in world.routes:
         if path.endswith(("/revoke", "/cancel", "/complete", "/release", "/reject", "/fail", "/close")):
             continue  # ends an entity the other checks use
+        if (method, path) == JOIN:
+            continue  # takes no key: a proof of the cluster secret (tests/test_cluster_membership.py)
         status, body = call(world, world.admin, method, path)
         assert status not in (401, 403, 404), (method, path, status, body)
 

@@ -6,9 +6,12 @@ nothing."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from runstate_server.actors.dispatch import COMMAND_LEVEL
+from runstate_server.node.membership import MEMBERSHIP_FILE_NAME
 from tests._cluster import Cluster
 from tests._http import Api, mailbox_id, submit_task
 from tests._prometheus import scrape, value
@@ -16,6 +19,7 @@ from tests.test_admin_cli import ok_json, refused
 from tests.test_cluster_transfer import Load
 
 LEVEL_TIMEOUT_S = 30.0
+CLI_TIMEOUT_S = 60.0  # a node that refuses its settings exits long before
 
 
 def admin(cluster: Cluster, index: int) -> tuple[str, ...]:
@@ -139,3 +143,29 @@ def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Call
     cluster.start(new)
     assert voters(cluster, new) == sorted(cluster.ids[index] for index in members)
     cluster.wait_same_digest(members)
+
+
+def test_a_join_with_the_wrong_secret_or_contradicting_flags_is_refused(
+    make_cluster: Callable[..., Cluster], tmp_path: Path,
+) -> None:
+    cluster = make_cluster().start()
+    wait_level_proven(cluster)
+    wrong_secret = tmp_path / "other.secret"
+    wrong_secret.write_text("another-clusters-secret-" + "x" * 16)
+    new = cluster.add_node(join=[0, 1])
+    command = cluster.command(new)
+    command[command.index("--secret-file") + 1] = str(wrong_secret)
+    refused_join = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert refused_join.returncode == 2, refused_join.stderr
+    assert "cannot join the cluster" in refused_join.stderr and "UNAUTHENTICATED" in refused_join.stderr
+    assert not (cluster.data_dir(new) / MEMBERSHIP_FILE_NAME).exists()
+    both = subprocess.run([*cluster.command(new), "--peer", f"n1,{cluster.rafts[0]},{cluster.urls[0]}"],
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert both.returncode == 2 and "--join and --peer exclude each other" in both.stderr
+    # A voter's data dir cannot join anew.
+    voter = cluster.command(0)
+    at_peer = voter.index("--peer")
+    again = subprocess.run([*voter[:at_peer], "--join", cluster.urls[1]], capture_output=True, text=True,
+                           timeout=CLI_TIMEOUT_S)
+    assert again.returncode == 2 and "needs an empty data dir" in again.stderr, again.stderr
+    assert voters(cluster, 1) == sorted(cluster.ids[:3])

@@ -73,11 +73,13 @@ def _syncobj_seams() -> list[Seam]:
         "_SyncObj__connectedToAnyone": _PREVOTE,  # pre-vote decides as an election would start
         "_SyncObj__onNodeDisconnected": _PREVOTE,
         "_SyncObj__onMessageReceived": f"{_PREVOTE}, {_READ_INDEX}, snapshot chunks' commit index",
+        "_SyncObj__loadDumpFile": f"{_RAFT} (the journal's membership entries applied after the dump)",
     }
     called = {
         "_isLeader": _RAFT, "_getLeader": _LOG, "_SyncObj__getCurrentLogIndex": _RAFT,
         "_SyncObj__getCurrentLogTerm": _RAFT, "_SyncObj__generateRaftTimeout": _PREVOTE,
         "_SyncObj__callErrCallback": _RAFT, "doTick": _LOG, "addOnTickCallback": _LOG,
+        "_SyncObj__parseChangeClusterRequest": _RAFT, "_SyncObj__doChangeCluster": _RAFT,
         "forceLogCompaction": _LOG, "isReady": _LOG, "destroy": _LOG, "transferLeadership": _LOG,
         "addNodeToCluster": _LOG, "removeNodeFromCluster": _LOG, "isNodeConnected": _LOG,
     }

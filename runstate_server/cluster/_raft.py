@@ -78,10 +78,31 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 BoundedTransport, handshake_timeout_s=handshake_timeout_s, command_level=command_level
             )
             super().__init__(self_address, list(peer_addresses), conf, transportClass=transport_class)
+            if conf.dynamicMembershipChange and not (conf.fullDumpFile and os.path.isfile(conf.fullDumpFile)):
+                self.apply_logged_configuration()  # with a dump: once it is loaded (_SyncObj__loadDumpFile)
         except BaseException:
             self.destroy_transport()
             self.close_pipe()
             raise
+
+    def apply_logged_configuration(self) -> None:
+        """Apply the membership entries of the journal, in order, to the configuration the node
+        starts with (its peers given, or the dump's). Raft uses the latest configuration in its
+        log, committed or not; pysyncobj 0.3.17 applies a journal's membership entries only as they
+        commit again after a restart, so a node restarted before its first dump took the peers it
+        was given (a removed node among them) until then. A change already applied is refused by
+        pysyncobj as a no-op, so applying again at the commit changes nothing. Tick thread, or the
+        constructor's."""
+        journal = self._SyncObj__raftLog
+        for index in range(len(journal)):
+            request = self._SyncObj__parseChangeClusterRequest(journal[index][0])
+            if request is not None:
+                self._SyncObj__doChangeCluster(request)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        if self.conf.dynamicMembershipChange:
+            self.apply_logged_configuration()  # the dump's configuration, then the journal's changes
 
     @replicated
     def apply_batch(self, batch: bytes) -> list[Any]:
@@ -256,6 +277,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """The lowest command level of this node and its peers (_transport.py); any thread."""
         transport = getattr(self, "_SyncObj__transport", None)
         return transport.level_floor if isinstance(transport, BoundedTransport) else LEVEL_UNTOLD
+
+    def levels_told(self) -> dict[str, int]:
+        """The command level each connected peer told, by its address (_transport.py); any thread."""
+        transport = getattr(self, "_SyncObj__transport", None)
+        return transport.levels_told if isinstance(transport, BoundedTransport) else {}
 
     def connected_peers(self) -> int:
         """The peers connected now that told their command level (_transport.py); any thread."""

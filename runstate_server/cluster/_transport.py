@@ -294,6 +294,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         assert handshake_timeout_s > 0 and command_level >= LEVEL_UNTOLD
         self.handshake_timeout_s = handshake_timeout_s
         self.connections_refused = 0
+        self.utility_messages_refused = 0  # pysyncobj admin commands sent to the Raft port
         self.handshakes_timed_out = 0
         self.messages: dict[tuple[str, str], int] = {
             (direction, kind): 0 for direction in ("sent", "received") for kind in MESSAGE_TYPES
@@ -304,6 +305,7 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         # threads read it).
         self.level_floor = LEVEL_UNTOLD if otherNodes else command_level
         self.peers_told = 0  # how many of them: one int, replaced whole
+        self.levels_told: dict[str, int] = {}
         # The Raft frames' ciphers, under the cluster password (None without one). Made before
         # pysyncobj's constructor makes the outgoing connections (addNode), which take them.
         password = syncObj.conf.password
@@ -344,6 +346,8 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         levels = [self._peer_levels.get(node, LEVEL_UNTOLD) for node in self._nodes]
         self.level_floor = min([self.command_level, *levels])
         self.peers_told = len(self._peer_levels)
+        # By peer address, the level each connected peer told: one dict, replaced whole.
+        self.levels_told = {str(node.id): level for node, level in self._peer_levels.items()}
 
     def _count(self, direction: str, message: Any) -> None:
         kind = message.get("type") if isinstance(message, dict) else None
@@ -402,6 +406,14 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
         super()._onNewIncomingConnection(conn)
 
     def _onIncomingMessageReceived(self, conn: BoundedConnection, message: Any) -> None:
+        if isinstance(message, list) and conn.sendRandKey:
+            # pysyncobj's admin commands (syncobj_admin: add, remove, transfer, set_version, status)
+            # arrive as a list instead of a node's address: they would change the configuration past
+            # every check of ours (the operator routes, the command level, the quorum). Refused.
+            self.utility_messages_refused += 1
+            conn.disconnect()
+            self._unknownConnections.discard(conn)
+            return
         super()._onIncomingMessageReceived(conn, message)
         if conn not in self._unknownConnections and conn.state == CONNECTION_STATE.CONNECTED:
             conn.authenticated()  # it named a node of the cluster (after the key exchange)

@@ -525,6 +525,11 @@ class ReplicatedLog:
         floor = raft.command_level_floor() if raft is not None else LEVEL_UNTOLD
         return max(floor, min(self._command_level, proven))
 
+    @property
+    def dynamic_membership(self) -> bool:
+        """The configuration may change (a cluster node's log); else it is the peers given, for good."""
+        return self._config.dynamic_membership
+
     def voters(self) -> list[Member]:
         """The voters of the configuration this node applies now, itself first when it is one,
         named (membership.py). Any thread: pysyncobj's set is copied whole."""
@@ -539,6 +544,11 @@ class ReplicatedLog:
         if address == self.self_address:
             return True
         return raft is not None and bool(raft.isNodeConnected(raft_node(Member(address))))
+
+    def levels_told(self) -> dict[str, int]:
+        """The command level each peer connected now told, by its Raft address. Any thread."""
+        raft = self._raft
+        return raft.levels_told() if raft is not None else {}
 
     def connected_peers(self) -> int:
         """The peers this node is connected to now that told their command level. Any thread."""

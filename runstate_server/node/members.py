@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 0.5  # how often a leader looks at its learners, and a learner at the configuration
 HEALTH_TIMEOUT_S = 1.0  # a learner's answer to the leader's look at its applied index
-CHANGE_TIMEOUT_S = 10.0  # a membership entry commits like any other; beyond this its outcome is unknown
+CHANGE_TIMEOUT_S = 5.0  # a membership entry commits like any other; beyond this its outcome is unknown
 
 
 class MembershipKeeper:
@@ -46,6 +46,7 @@ class MembershipKeeper:
         again changes nothing; CONFLICT for a voter's id or address, or while another learner is
         still catching up (one change at a time)."""
         node = self._node
+        node.require_dynamic_membership()
         self._require_membership_level()
         for voter in node.members():
             if node_id == voter.node_id or raft_address == voter.address or api_url == voter.api_url:

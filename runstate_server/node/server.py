@@ -96,8 +96,9 @@ def _api_error(error: BaseException) -> ApiError:
 # A caught-up, reachable voter takes leadership over within a few ticks of being told; one that does
 # not within this long is unreachable or behind, and the leader leads on (transfer_leadership).
 TRANSFER_TIMEOUT_S = 5.0
-# A membership entry commits like any other; one that did not within this long has an unknown outcome.
-MEMBERSHIP_CHANGE_TIMEOUT_S = 10.0
+# A membership entry commits like any other; one that did not within this long has an unknown outcome
+# (below the CLI's own request timeout, so that it hears the answer).
+MEMBERSHIP_CHANGE_TIMEOUT_S = 5.0
 NEW_LEADER_WAIT_S = 2.0  # after the handover, until the new leader's first message names it here
 NEW_LEADER_POLL_S = 0.01
 LOCK_FILE_NAME = "LOCK"
@@ -323,6 +324,12 @@ class Node:
         """The leader this node knows of, None during an election."""
         return self.member_by_address(self.log.leader_address)
 
+    def require_dynamic_membership(self) -> None:
+        """CONFLICT on a node whose membership never changes (`runstate dev`)."""
+        if not self.log.dynamic_membership:
+            raise ApiError("CONFLICT", "this node runs alone (runstate dev): its membership never changes; a cluster's "
+                                       "nodes (runstate node) add and remove members")
+
     def member_by_id(self, node_id: str) -> Member:
         """The voter `node_id`; NOT_FOUND when there is none."""
         members = self.members()
@@ -337,10 +344,18 @@ class Node:
         CONFLICT unless the cluster keeps a majority of its new configuration reachable, every node
         applies membership changes, no other change is under way, and `node_id` is not this
         leader (which hands leadership over first: `transfer_leadership`)."""
+        self.require_dynamic_membership()
         removed = self.member_by_id(node_id)
         with self.read() as state:
             proven = dispatch.proven_level(state)
-        if proven < dispatch.MEMBERSHIP_LEVEL:
+        told = self.log.levels_told()
+        others = [member for member in self.members()[1:] if member.address != removed.address]
+        if proven < dispatch.MEMBERSHIP_LEVEL and not (
+            # A node that died for good during the upgrade never tells its level, so the log never
+            # proves it: its removal is allowed when every other voter told the level.
+            self.config.command_level >= dispatch.MEMBERSHIP_LEVEL
+            and all(told.get(member.address, 1) >= dispatch.MEMBERSHIP_LEVEL for member in others)
+        ):
             raise ApiError("CONFLICT", f"every node must run a release that changes memberships first (the log proves "
                                        f"command level {proven}, membership changes need {dispatch.MEMBERSHIP_LEVEL})")
         if not self.log.is_leader:

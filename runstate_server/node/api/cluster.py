@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from typing import Any
 
 import aiohttp
@@ -92,7 +93,16 @@ async def remove_member(request: web.Request) -> web.Response:
     return json_response(await node.remove_member(node_id))
 
 
-_NEW_MEMBER = {"nodeId": NAME, "raftAddress": NAME, "apiUrl": NAME}
+# A TCP port, 1 to 65535, as a pattern (a schema states no bound on the digits of a string).
+_PORT = "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST = "[A-Za-z0-9._\\-\\[\\]:]+"  # a name, an IPv4 address or a [bracketed] IPv6 one
+_RAFT_ADDRESS = re.compile(f"^{_HOST}:{_PORT}$")
+_API_URL = re.compile(f"^https?://{_HOST}(/[!-~]*)?$")
+_NEW_MEMBER = {
+    "nodeId": NAME,
+    "raftAddress": {**NAME, "pattern": _RAFT_ADDRESS.pattern},
+    "apiUrl": {**NAME, "pattern": _API_URL.pattern},
+}
 
 
 def _new_member(body: dict[str, Any]) -> tuple[str, str, str]:
@@ -100,11 +110,10 @@ def _new_member(body: dict[str, Any]) -> tuple[str, str, str]:
     raft_address = req.text(body, "raftAddress", max_chars=limits.name_chars_max, required=True)
     api_url = req.text(body, "apiUrl", max_chars=limits.name_chars_max, required=True)
     assert node_id is not None and raft_address is not None and api_url is not None
-    host, _, port = raft_address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ApiError("VALIDATION_FAILED", f"raftAddress must be HOST:PORT, not {raft_address!r}")
-    if not api_url.startswith(("http://", "https://")):
-        raise ApiError("VALIDATION_FAILED", f"apiUrl must start with http:// or https://, not {api_url!r}")
+    if not _RAFT_ADDRESS.match(raft_address):
+        raise ApiError("VALIDATION_FAILED", f"raftAddress must be HOST:PORT (a port of 1 to 65535), not {raft_address!r}")
+    if not _API_URL.match(api_url):
+        raise ApiError("VALIDATION_FAILED", f"apiUrl must be an http:// or https:// URL, not {api_url!r}")
     return node_id, raft_address, api_url.rstrip("/")
 
 
