@@ -20,13 +20,15 @@ import pytest
 from pysyncobj import SyncObj
 
 from runstate_server._seams import ALLOW_UNTESTED_ENV, DependencyMismatch, Override
-from runstate_server.cluster import _journal, _pysyncobj
+from runstate_server.cluster import LogConfig, _journal, _pysyncobj
 from runstate_server.cluster._pysyncobj import SEAMS, TESTED_VERSIONS, check_seams
 from runstate_server.cluster._raft import RaftNode
 from runstate_server.cluster._transport import BoundedConnection, BoundedServer, BoundedTransport
+from runstate_server.cluster.log import DUMP_FILE_NAME
 from runstate_server.node.cli import DEPENDENCY_MISMATCH_EXIT
 from tests._nodes import free_port
-from tests.test_cluster_log import eventually, three_logs
+from tests.test_cluster_dump import COMPACT_AFTER
+from tests.test_cluster_log import eventually, running_log, three_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "runstate_server" / "cluster"
@@ -162,6 +164,14 @@ def test_pysyncobj_calls_every_override_and_a_pre_vote_round_precedes_the_first_
             assert raft.pre_vote.counters.rounds_won >= 1
             await followers[0].stop()  # its peers see it go
             await eventually(lambda: counts["RaftNode._SyncObj__onNodeDisconnected"] > 0)
+        # A node with a dump loads it as it starts (and then the journal's membership entries).
+        data_dir = tmp_path / "alone"
+        async with running_log(data_dir, config=LogConfig(log_compaction_entries_min=COMPACT_AFTER)) as (log, _):
+            for index in range(3 * COMPACT_AFTER):
+                await log.propose({"type": "add", "id": index})
+            await eventually(lambda: (data_dir / DUMP_FILE_NAME).exists())
+        async with running_log(data_dir):
+            await eventually(lambda: counts["RaftNode._SyncObj__loadDumpFile"] > 0)
 
     asyncio.run(scenario())
     assert sorted(key for key in expected if counts[key] == 0) == []
