@@ -118,8 +118,13 @@ def test_the_compose_parser_reads_the_anchor_and_the_lists() -> None:
     assert SERVICES["n1"]["command"][:3] == ["node", "--node-id", "n1"]
 
 
+# The nodes of the first configuration, and the one that joins later (profile "join").
+SEEDS = {name: service for name, service in SERVICES.items() if "profiles" not in service}
+JOINERS = {name: service for name, service in SERVICES.items() if "profiles" in service}
+
+
 def test_three_nodes_built_from_the_repository() -> None:
-    assert sorted(SERVICES) == ["n1", "n2", "n3"]
+    assert sorted(SEEDS) == ["n1", "n2", "n3"] and sorted(JOINERS) == ["n4"]
     for name, service in SERVICES.items():
         assert service["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}, name
         assert service["restart"] == "unless-stopped", name
@@ -140,10 +145,18 @@ def test_peers_name_the_two_others_as_they_announce_themselves() -> None:
     announced = {
         name: (one(node_flags(s), "--raft"), one(node_flags(s), "--advertise-url")) for name, s in SERVICES.items()
     }
-    for name, service in SERVICES.items():
+    for name, service in SEEDS.items():
         peers = [tuple(peer.split(",")) for peer in node_flags(service)["--peer"]]
-        expected = {(other, *announced[other]) for other in SERVICES if other != name}
+        expected = {(other, *announced[other]) for other in SEEDS if other != name}
         assert len(peers) == 2 and set(peers) == expected, (name, peers)
+
+
+def test_the_fourth_node_joins_the_three_and_starts_only_when_asked() -> None:
+    for name, service in JOINERS.items():
+        flags = node_flags(service)
+        assert service["profiles"] == ["join"], name
+        assert "--peer" not in flags, name
+        assert one(flags, "--join").split(",") == [one(node_flags(seed), "--advertise-url") for seed in SEEDS.values()]
 
 
 def test_each_node_has_its_own_named_volume_for_data() -> None:
@@ -153,7 +166,7 @@ def test_each_node_has_its_own_named_volume_for_data() -> None:
         source, target = service["volumes"][0].split(":")
         assert target == "/data" and not source.startswith((".", "/")), (name, source)
         sources.append(source)
-    assert len(set(sources)) == 3
+    assert len(set(sources)) == len(SERVICES)
     assert set(COMPOSE["volumes"]) == set(sources)
 
 
@@ -164,7 +177,7 @@ def test_only_the_api_is_published_on_distinct_host_ports() -> None:
         *_, host_port, container_port = service["ports"][0].split(":")
         assert container_port == API_PORT, name
         host_ports.append(host_port)
-    assert host_ports == ["8081", "8082", "8083"]
+    assert host_ports == ["8081", "8082", "8083", "8084"]
 
 
 @pytest.mark.parametrize("variable", [SECRET_VARIABLE, BOOTSTRAP_KEY_VARIABLE])
