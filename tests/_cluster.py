@@ -107,6 +107,7 @@ class Cluster:
         self.stopped: set[int] = set(range(size))  # not started, or killed on purpose
         self.seed_size = size  # the nodes of the first configuration: each names the others with --peer
         self.joining: dict[int, list[int]] = {}  # a node added later -> the members it asks to join
+        self.alone: set[int] = set()  # nodes started without --peer (after --force-new-cluster)
 
     # -- where things are ----------------------------------------------------------------------
 
@@ -152,6 +153,8 @@ class Cluster:
         ]
         if index in self.joining:
             return [*command, "--join", ",".join(self.urls[other] for other in self.joining[index])]
+        if index in self.alone:
+            return command
         for other in range(self.seed_size):
             if other != index:
                 command += ["--peer", f"{self.ids[other]},{self.rafts[other]},{self.urls[other]}"]

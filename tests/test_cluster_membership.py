@@ -169,3 +169,57 @@ def test_a_join_with_the_wrong_secret_or_contradicting_flags_is_refused(
                            timeout=CLI_TIMEOUT_S)
     assert again.returncode == 2 and "needs an empty data dir" in again.stderr, again.stderr
     assert voters(cluster, 1) == sorted(cluster.ids[:3])
+
+
+def test_a_survivor_of_a_lost_majority_is_forced_into_a_new_cluster_and_grows_again(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Two of three machines lost for good: the survivor's data dir starts as a one-voter cluster
+    of a new epoch with every task it had, serves, refuses a node of the old epoch, and takes a new
+    member by --join."""
+    cluster = make_cluster().start()
+    wait_level_proven(cluster)
+    api = cluster.api(cluster.leader_index()).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox_id(api)
+    tasks = [submit_task(api, run_id, {"n": n}, f"before-{n}") for n in range(10)]
+    cluster.wait_same_digest()
+    survivor, lost, old = 0, 1, 2
+    cluster.kill_all()
+
+    empty = subprocess.run([*cluster.command(survivor)[:-4], "--force-new-cluster", "--data-dir", str(cluster.root / "nothing")],
+                           capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert empty.returncode == 2 and "needs the data dir of a survivor" in empty.stderr, empty.stderr
+    cluster.alone.add(survivor)
+    cluster.node_args[survivor] = ("--force-new-cluster",)
+    cluster.start(survivor)
+    health = cluster.health(survivor)
+    assert health is not None and health["epoch"] == 2 and health["role"] == "leader"
+    reader = cluster.api(survivor).resending()
+    for task in tasks:
+        assert reader.ok("GET", f"/v1/tasks/{task['id']}")["taskKey"] == task["taskKey"]
+    assert voters(cluster, survivor) == [cluster.ids[survivor]]
+    after = submit_task(reader, run_id, {"n": 99}, "after")
+
+    # A node of the old cluster back with its data: it is not a member, nothing changes here.
+    cluster.spawn(old)
+    cluster.wait_until("the old node up", lambda: cluster.health(old), LEVEL_TIMEOUT_S)
+    assert voters(cluster, survivor) == [cluster.ids[survivor]]
+    assert reader.ok("GET", f"/v1/tasks/{after['id']}")["taskKey"] == "after"
+
+    # Restarted without the flag: the same one-voter cluster of epoch 2. Then a new node joins it.
+    cluster.kill(old)
+    cluster.node_args[survivor] = ()
+    cluster.kill(survivor)
+    cluster.start(survivor)
+    new = cluster.add_node(join=[survivor])
+    cluster.spawn(new)
+
+    def promoted() -> bool:
+        return cluster.ids[new] in voters(cluster, survivor)
+
+    cluster.wait_until(f"{cluster.ids[new]} a voter", promoted, LEVEL_TIMEOUT_S)
+    new_health = cluster.wait_until("the new node's health", lambda: cluster.health(new), LEVEL_TIMEOUT_S)
+    assert new_health["epoch"] == 2
+    cluster.wait_same_digest([survivor, new])
+    assert lost not in cluster.live()

@@ -38,6 +38,7 @@ try:
     from pysyncobj.node import TCPNode
     from pysyncobj.pipe_notifier import PipeNotifier
     from pysyncobj.poller import POLL_EVENT_TYPE
+    from pysyncobj.syncobj import _COMMAND_TYPE as COMMAND_TYPE
     from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
     from pysyncobj.tcp_server import TcpServer
     from pysyncobj.transport import TCPTransport
@@ -48,7 +49,7 @@ except ImportError as error:  # a name moved or gone: the same refusal as a miss
     ) from error
 
 __all__ = [
-    "CONNECTION_STATE", "ENCRYPTOR_SALT", "FAIL_REASON", "POLL_EVENT_TYPE", "SERIALIZER_STATE", "SEAMS",
+    "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_SALT", "FAIL_REASON", "POLL_EVENT_TYPE", "SERIALIZER_STATE", "SEAMS",
     "TESTED_VERSIONS", "FileJournal", "Journal", "MetaStorer", "SyncObj", "SyncObjConf", "TCPTransport",
     "TCPNode", "TcpConnection", "TcpServer", "pysyncobj_pickle", "raft_clock", "replicated",
 ]
@@ -163,8 +164,12 @@ def _journal_seams() -> list[Seam]:
 
 def _module_seams() -> list[Seam]:
     import pysyncobj.encryptor
+    import pysyncobj.syncobj
 
-    return [Constant(pysyncobj.encryptor, "SALT", f"{_CIPHER} (the frame key, derived as pysyncobj derives it)")]
+    return [
+        Constant(pysyncobj.encryptor, "SALT", f"{_CIPHER} (the frame key, derived as pysyncobj derives it)"),
+        Constant(pysyncobj.syncobj, "_COMMAND_TYPE", "cluster/recovery.py (a membership entry made a no-op)"),
+    ]
 
 
 SEAMS: tuple[Seam, ...] = (*_syncobj_seams(), *_transport_seams(), *_journal_seams(), *_module_seams())

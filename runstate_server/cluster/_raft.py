@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from runstate_server.cluster._read_index import ReadIndex
-from runstate_server.cluster._transport import KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
+from runstate_server.cluster._transport import EPOCH_UNTOLD, KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
 
 
 class Bridge(Protocol):
@@ -67,6 +67,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         handshake_timeout_s: float = 2.0,
         read_index: ReadIndex | None = None,
         command_level: int = LEVEL_UNTOLD,
+        epoch: int = EPOCH_UNTOLD,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
@@ -75,7 +76,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             # autoTick=False: binds the port here, synchronously. The transport bounds what an
             # unauthenticated peer can do (_transport.py).
             transport_class = functools.partial(
-                BoundedTransport, handshake_timeout_s=handshake_timeout_s, command_level=command_level
+                BoundedTransport, handshake_timeout_s=handshake_timeout_s, command_level=command_level, epoch=epoch,
             )
             super().__init__(self_address, list(peer_addresses), conf, transportClass=transport_class)
             if conf.dynamicMembershipChange and not (conf.fullDumpFile and os.path.isfile(conf.fullDumpFile)):

@@ -106,6 +106,9 @@ MESSAGE_TYPES = (
 )
 # The level of a peer that is not connected or told none (a release from before levels were told).
 LEVEL_UNTOLD = 1
+# The epoch of a cluster never forced into a new one, and of a peer of a release that tells none.
+EPOCH_UNTOLD = 1
+EPOCH_REFUSALS_LOGGED_EVERY = 100
 # A peer connection idle in sending for this share of the connection timeout gets a keepalive.
 KEEPALIVE_SHARE_OF_TIMEOUT = 1 / 3
 
@@ -289,7 +292,8 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
     Runs in the tick thread only, like pysyncobj's."""
 
     def __init__(
-        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float, command_level: int
+        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float, command_level: int,
+        epoch: int = EPOCH_UNTOLD,
     ) -> None:
         assert handshake_timeout_s > 0 and command_level >= LEVEL_UNTOLD
         self.handshake_timeout_s = handshake_timeout_s
@@ -300,6 +304,11 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             (direction, kind): 0 for direction in ("sent", "received") for kind in MESSAGE_TYPES
         }
         self.command_level = command_level
+        # The cluster's epoch (DESIGN.md "Membership"): a peer that tells another one is of another
+        # cluster (a forced recovery's, or the one it left): its connection is closed.
+        self.epoch = epoch
+        self.epochs_refused = 0
+        self._of_another_epoch: set[Any] = set()  # peers that told another epoch: nothing of theirs is read
         self._peer_levels: dict[Any, int] = {}  # connected peers that told their level
         # The lowest command level of this node and its peers: one int, replaced whole (other
         # threads read it).
@@ -321,6 +330,11 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         self._count("received", message)
         if isinstance(message, dict) and message.get("type") == LEVEL:
+            epoch = message.get("epoch", EPOCH_UNTOLD)
+            if epoch != self.epoch:
+                self._refuse_epoch(node, epoch)
+                return
+            self._of_another_epoch.discard(node)
             level = message.get("level")
             if type(level) is int and level >= LEVEL_UNTOLD and node in self._nodes:
                 self._peer_levels[node] = level
@@ -330,17 +344,31 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             if type(formats) is int and formats >= FRAMES_AEAD and isinstance(conn, BoundedConnection):
                 conn.peer_formats = formats  # from now on it gets the newest format both read
             return
+        if node in self._of_another_epoch:
+            return  # sent by a node of another epoch after its level: never read (its connection is closing)
         super()._onMessageReceived(node, message)
 
     def _onNodeConnected(self, node: Any) -> None:
         super()._onNodeConnected(node)
         formats = self.frame_ciphers.formats if self.frame_ciphers is not None else FRAMES_FERNET
-        self.send(node, {"type": LEVEL, "level": self.command_level, "frames": formats})
+        self.send(node, {"type": LEVEL, "level": self.command_level, "frames": formats, "epoch": self.epoch})
 
     def _onNodeDisconnected(self, node: Any) -> None:
         if self._peer_levels.pop(node, None) is not None:
             self._update_level_floor()
         super()._onNodeDisconnected(node)
+
+    def _refuse_epoch(self, node: Any, epoch: Any) -> None:
+        self._of_another_epoch.add(node)
+        self.epochs_refused += 1
+        if self.epochs_refused == 1 or self.epochs_refused % EPOCH_REFUSALS_LOGGED_EVERY == 0:
+            logger.warning(
+                "Raft port: %s told cluster epoch %r, this node's is %d: a node of another cluster (before a forced "
+                "recovery, or one it left) is refused (%d refusals so far)", node, epoch, self.epoch, self.epochs_refused,
+            )
+        conn = self._connections.get(node)
+        if conn is not None:
+            conn.disconnect()
 
     def _update_level_floor(self) -> None:
         levels = [self._peer_levels.get(node, LEVEL_UNTOLD) for node in self._nodes]

@@ -31,7 +31,7 @@ from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._pysyncobj import FAIL_REASON, raft_clock
 from runstate_server.cluster._raft import RaftNode
 from runstate_server.cluster._read_index import ReadIndex
-from runstate_server.cluster._transport import LEVEL_UNTOLD
+from runstate_server.cluster._transport import EPOCH_UNTOLD, LEVEL_UNTOLD
 from runstate_server.cluster.codec import BatchFormatError, decode_batch, encode_batch, encode_command
 from runstate_server.cluster.config import (
     BATCH_BYTES_MAX,
@@ -183,6 +183,7 @@ class ReplicatedLog:
         config: LogConfig | None = None,
         command_level: int = LEVEL_UNTOLD,
         members: Sequence[Member] = (),
+        epoch: int = EPOCH_UNTOLD,
     ) -> None:
         if not password:
             raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
@@ -206,6 +207,7 @@ class ReplicatedLog:
         self._config = config or LogConfig()
         # The commands this node's state machine applies (its peers are told: _transport.py).
         self._command_level = command_level
+        self.epoch = epoch  # the cluster's (_transport.py): peers of another epoch are refused
         self._loop: asyncio.AbstractEventLoop | None = None
         self._raft: RaftNode | None = None
         self._journal: _journal.DurableJournal | None = None
@@ -214,7 +216,10 @@ class ReplicatedLog:
         self._dumper: _dumper.Dumper | None = None
         self._thread: threading.Thread | None = None
         # One node (no peers): pysyncobj ticks on the event loop, with no tick thread (_tick_on_loop).
-        self.ticks_on_loop = not self.peer_addresses
+        # A cluster's node, whatever its peers now (a cluster of one after a forced recovery may
+        # grow): it ticks in its thread and confirms reads by read index. Else a single node.
+        self.clustered = bool(self.peer_addresses) or self._config.dynamic_membership
+        self.ticks_on_loop = not self.clustered
         self._tick_timer: asyncio.Handle | None = None  # the loop's next tick when nothing comes first
         self._ticking = False  # the loop is inside _tick_on_loop
         self._ticks_ended = False  # _end_ticks ran: pysyncobj is destroyed
@@ -297,7 +302,7 @@ class ReplicatedLog:
             peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
             raft = await asyncio.to_thread(
                 RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,
-                self._read_index, self._command_level,
+                self._read_index, self._command_level, self.epoch,
             )
         except Exception as error:
             raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
@@ -376,7 +381,7 @@ class ReplicatedLog:
         raft = self._raft
         if raft is None or self._halt_reason is not None or raft.raft_state() != _LEADER:
             return False  # a halted log commits nothing more
-        if not self.peer_addresses:
+        if not self.clustered:
             return True  # a single node is its own majority
         since = raft_clock() - self._config.leader_fallback_timeout_s
         # Stale when the tick thread is stuck, which is the point: then it stops counting.
@@ -391,7 +396,7 @@ class ReplicatedLog:
         it. Committed entries not yet applied were not acknowledged: concurrent with the read. On
         a cluster a leader confirms a read index instead (reads_by_index)."""
         raft = self._raft
-        if raft is None or self.peer_addresses or self._stopped or self._halt_reason is not None:
+        if raft is None or self.clustered or self._stopped or self._halt_reason is not None:
             return False
         if raft.raft_state() != _LEADER:
             return False
@@ -402,7 +407,7 @@ class ReplicatedLog:
         """Whether a linearizable read on this cluster node may wait for `read_index` instead of
         committing a barrier: it runs, leads (check-quorum included) and has applied its own no-op."""
         raft = self._raft
-        if raft is None or not self.peer_addresses or self._stopped or self._halt_reason is not None:
+        if raft is None or not self.clustered or self._stopped or self._halt_reason is not None:
             return False
         if not self.is_leader:
             return False
@@ -558,12 +563,12 @@ class ReplicatedLog:
     def raft_messages(self) -> dict[tuple[str, str], int]:
         """Raft messages sent and received so far, by (direction, type); empty on a single node."""
         raft = self._raft
-        return raft.messages() if raft is not None and self.peer_addresses else {}
+        return raft.messages() if raft is not None and self.clustered else {}
 
     def raft_frames_sealed(self) -> dict[str, int]:
         """Raft frames sealed so far, by format ("fernet", "aead"); empty on a single node."""
         raft = self._raft
-        return raft.frames_sealed() if raft is not None and self.peer_addresses else {}
+        return raft.frames_sealed() if raft is not None and self.clustered else {}
 
     @property
     def fsync_seconds(self) -> HistogramView | None:
@@ -588,7 +593,7 @@ class ReplicatedLog:
         self._check_running()
         if not self.is_leader:
             raise NotLeader(self.leader_address)
-        if not self.peer_addresses:
+        if len(self.voters()) < 2:
             raise ValueError("a cluster of one voter has no other voter to hand leadership to")
         if to_address is not None and to_address not in {member.address for member in self.voters()}:
             raise ValueError(f"{to_address} is not a voter of this cluster")
@@ -930,7 +935,7 @@ class ReplicatedLog:
             transfer = self._transfer
             if transfer is not None and not transfer.sent and self._uncommitted == 0:
                 self._send_timeout_now(raft, transfer)
-        if self.peer_addresses:
+        if self.clustered:
             confirmed = self._read_index.on_tick(raft)
             if confirmed is not None:
                 self._call_on_loop(self._on_read_confirmed, confirmed)

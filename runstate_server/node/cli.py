@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import gc
 import logging
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ try:
     from runstate_server.actors import COMPILED, limits
     from runstate_server.actors.dispatch import COMMAND_LEVEL
     from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
+    from runstate_server.cluster.membership import Member
+    from runstate_server.cluster.recovery import NoData, force_alone
     from runstate_server.node.admin_cli import (
         ADMIN_COMMANDS,
         add_admin_commands,
@@ -40,11 +45,13 @@ try:
         HTTP_HEADER_TIMEOUT_MS,
         HTTP_IDLE_TIMEOUT_MS,
         HTTP_SEND_TIMEOUT_MS,
+        LOCK_FILE_NAME,
         SECRET_CHARS_MIN,
         SECRET_ENV,
         ConfigError,
         HttpLimits,
         NodeConfig,
+        Peer,
         load_toml,
         parse_peer,
         read_bootstrap_key,
@@ -53,7 +60,9 @@ try:
     )
     from runstate_server.node.membership import (
         LEARNER,
+        VOTER,
         JoinError,
+        Membership,
         ask_to_join,
         read_membership,
         write_membership,
@@ -230,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="join a running cluster: the API URL of one or more of its members, which record this node as a "
         "learner; the leader makes it a voter once it has caught up. Not with --peer; a restart needs neither",
     )
+    node.add_argument(
+        "--force-new-cluster", action="store_true",
+        help="after losing a majority for good: start this survivor's data dir as a new cluster of one voter "
+        "that keeps its data (a new cluster epoch: nodes of the old one are refused); then add members back with "
+        "--join. Writes the others acknowledged that this node never received are lost",
+    )
     node.add_argument("--data-dir", type=Path, help="where the journal and snapshot live (default ./.runstate)")
     node.add_argument(
         "--secret-file", help=f"file holding the cluster secret (or set {SECRET_ENV}); required, at least "
@@ -334,6 +349,42 @@ def _dev(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
 
+@contextlib.contextmanager
+def locked_data_dir(data_dir: Path) -> Iterator[None]:
+    """The data dir's lock (the one a running node holds: node/server.py) while the block runs;
+    ConfigError when a node has it."""
+    if not data_dir.is_dir():
+        raise ConfigError(f"--force-new-cluster needs the data dir of a survivor: {data_dir} does not exist")
+    with open(data_dir / LOCK_FILE_NAME, "ab") as lock_file:
+        try:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"a runstate node is using the data dir {data_dir}: stop it first") from None
+        yield
+
+
+def force_new_cluster(data_dir: Path, node_id: str, raft: str, api_url: str, epoch: int) -> int:
+    """Make the survivor's data dir that of a new one-voter cluster (cluster/recovery.py), say
+    what it keeps, and return the new epoch. ConfigError on a data dir with no data."""
+    try:
+        with locked_data_dir(data_dir):
+            kept = force_alone(
+                data_dir / JOURNAL_FILE_NAME, data_dir / DUMP_FILE_NAME, Member(raft, node_id, api_url), fsync=True,
+            )
+    except NoData as error:
+        raise ConfigError(f"--force-new-cluster needs the data dir of a survivor: {error}") from None
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--force-new-cluster cannot rewrite {data_dir}: {error!r}") from None
+    epoch += 1
+    write_membership(data_dir, Membership(VOTER, (Peer(node_id, raft, api_url),), epoch))
+    print(
+        f"runstate: {node_id} starts a new cluster of one voter, epoch {epoch}, with its log up to index "
+        f"{kept.last_index} (term {kept.last_term}); {kept.membership_entries} membership entries dropped. Add "
+        "members with --join; restart this node without --force-new-cluster.", flush=True,
+    )
+    return epoch
+
+
 def node_config(args: argparse.Namespace) -> NodeConfig:
     """A cluster node's settings: flags over the TOML file over the defaults."""
     file: dict[str, Any] = load_toml(args.config) if args.config else {}
@@ -370,8 +421,14 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     data_dir = setting(args.data_dir, "data_dir")
     data_path = Path(data_dir) if data_dir else Path(".runstate")
     kept = read_membership(data_path)
-    learner = False
-    if kept is not None:  # a node that joined once: its data dir names its role and the voters
+    learner, epoch = False, 1 if kept is None else kept.epoch
+    if args.force_new_cluster:
+        if join_urls or peers:
+            raise ConfigError("--force-new-cluster starts this node alone: not with --peer or --join")
+        api_url = (setting(args.advertise_url, "advertise_url") or f"http://{host}:{port}").rstrip("/")
+        epoch = force_new_cluster(data_path, node_id, raft, api_url, epoch)
+        peers = ()
+    elif kept is not None:  # a node that joined once: its data dir names its role and the voters
         peers, learner = tuple(peer for peer in kept.voters if peer.id != node_id), kept.role == LEARNER
     elif join_urls:
         if (data_path / JOURNAL_FILE_NAME).exists() or (data_path / DUMP_FILE_NAME).exists():
@@ -384,8 +441,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         except JoinError as error:
             raise ConfigError(f"cannot join the cluster: {error}") from None
         write_membership(data_path, joined)
-        peers, learner = tuple(peer for peer in joined.voters if peer.id != node_id), True
-    if not peers:
+        peers, learner, epoch = tuple(peer for peer in joined.voters if peer.id != node_id), True, joined.epoch
+    if not peers and kept is None and not args.force_new_cluster:
         raise ConfigError(
             "a cluster node needs its peers (--peer ID,RAFT_HOST:PORT,API_URL for each other node of a new cluster) "
             "or a member to join (--join URL)"
@@ -415,6 +472,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raft_bind=raft_bind,
         peers=peers,
         learner=learner,
+        clustered=True,
+        epoch=epoch,
         secret=read_secret(setting(args.secret_file, "secret_file")),
         auth=True,  # a cluster node always requires keys
         bootstrap_key=read_bootstrap_key(setting(args.bootstrap_key_file, "bootstrap_key_file")),

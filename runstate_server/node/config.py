@@ -29,6 +29,7 @@ WRITE_STOP_GRACE_S = 1.0
 # cut off from its peers steps down within leader_fallback_timeout_s = 1 s: then UNAVAILABLE).
 READ_INDEX_TIMEOUT_S = 1.0
 LONG_POLL_MS_MAX = 30_000  # the longest a result/receive long poll is held; the SDK re-issues
+LOCK_FILE_NAME = "LOCK"  # in the data dir: held by the node that uses it (flock)
 READY_TIMEOUT_S = 30.0  # start-up: the longest to wait for the log to be replayed and a leader
 SECRET_ENV = "RUNSTATE_CLUSTER_SECRET"
 SECRET_CHARS_MIN = 16
@@ -88,6 +89,12 @@ class NodeConfig:
     # A node that joined a running cluster (`--join`, node/membership.py): it follows the log as a
     # learner (no vote) until the leader promotes it. `peers` are then the voters it knows of.
     learner: bool = False
+    # A cluster's node (`runstate node`): its membership changes by the log, even while it is the
+    # only voter (after a forced recovery). Else `runstate dev`: one node, for good.
+    clustered: bool = False
+    # The cluster's epoch (DESIGN.md "Membership"): 1, plus one per forced recovery; peers of
+    # another epoch are refused.
+    epoch: int = 1
     secret: str = ""  # the cluster secret (Raft password); "" on a dev node: a random one
     fsync: bool = True
     retention_ms: int = limits.retention_ms_default

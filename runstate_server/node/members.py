@@ -63,7 +63,8 @@ class MembershipKeeper:
         )
         log.warning("recorded %s (%s, %s) as a learner", node_id, raft_address, api_url)
         learner = {"id": node_id, "raftAddress": raft_address, "apiUrl": api_url, "voter": False}
-        return {"learner": learner, "voters": [node.member_view(member) for member in node.members()]}
+        voters = [node.member_view(member) for member in node.members()]
+        return {"learner": learner, "voters": voters, "epoch": node.config.epoch}
 
     async def drop_learner(self, node_id: str) -> bool:
         """Forget the learner `node_id`; False when there is none."""
@@ -129,7 +130,7 @@ class MembershipKeeper:
         )
         own = Peer(node.config.node_id, node.raft_address, node.config.api_url)
         if node.config.data_dir is not None:
-            write_membership(node.config.data_dir, Membership(VOTER, (own, *peers)))
+            write_membership(node.config.data_dir, Membership(VOTER, (own, *peers), node.config.epoch))
         log.warning("%s is a voter now: restarting its log as one", node.config.node_id)
         await node.restart_log_as_voter(peers)
 

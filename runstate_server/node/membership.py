@@ -44,6 +44,7 @@ class Membership:
 
     role: str
     voters: tuple[Peer, ...]
+    epoch: int = 1  # the cluster's epoch (DESIGN.md "Membership")
 
 
 def join_proof(secret: str, body: bytes) -> str:
@@ -63,13 +64,14 @@ def read_membership(data_dir: Path) -> Membership | None:
         document = json.loads(path.read_text())
         role = document["role"]
         voters = tuple(Peer(voter["id"], voter["raftAddress"], voter["apiUrl"]) for voter in document["voters"])
+        epoch = document.get("epoch", 1)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"cannot read {path}: {error!r}") from None
-    if role not in (LEARNER, VOTER):
-        raise ConfigError(f"{path}: unknown role {role!r}")
-    return Membership(role, voters)
+    if role not in (LEARNER, VOTER) or type(epoch) is not int or epoch < 1:
+        raise ConfigError(f"{path}: unknown role {role!r} or epoch {epoch!r}")
+    return Membership(role, voters, epoch)
 
 
 def write_membership(data_dir: Path, membership: Membership) -> None:
@@ -79,6 +81,7 @@ def write_membership(data_dir: Path, membership: Membership) -> None:
     temporary = path.with_suffix(".json.writing")
     document = {
         "role": membership.role,
+        "epoch": membership.epoch,
         "voters": [{"id": peer.id, "raftAddress": peer.raft_address, "apiUrl": peer.api_url} for peer in membership.voters],
     }
     with open_private(temporary) as file:
@@ -103,7 +106,7 @@ def ask_to_join(urls: list[str], secret: str, node_id: str, raft_address: str, a
                 with urllib.request.urlopen(request, timeout=JOIN_REQUEST_TIMEOUT_S) as answer:
                     document: Any = json.loads(answer.read())
                 voters = tuple(Peer(voter["id"], voter["raftAddress"], voter["apiUrl"]) for voter in document["voters"])
-                return Membership(LEARNER, voters)
+                return Membership(LEARNER, voters, int(document.get("epoch", 1)))
             except urllib.error.HTTPError as error:
                 code, message = _error_of(error)
                 error.close()

@@ -27,6 +27,7 @@ from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
 from runstate_server.node.config import (
     DEFAULT_HOST,
+    LOCK_FILE_NAME,
     PROPOSE_TIMEOUT_S,
     READ_INDEX_TIMEOUT_S,
     READY_TIMEOUT_S,
@@ -101,7 +102,6 @@ TRANSFER_TIMEOUT_S = 5.0
 MEMBERSHIP_CHANGE_TIMEOUT_S = 5.0
 NEW_LEADER_WAIT_S = 2.0  # after the handover, until the new leader's first message names it here
 NEW_LEADER_POLL_S = 0.01
-LOCK_FILE_NAME = "LOCK"
 LISTEN_BACKLOG = 1024  # pending connections the API socket queues
 BOOTSTRAP_RETRY_S = 0.5  # a cluster leader retries creating the first admin key this often
 
@@ -164,10 +164,11 @@ class Node:
             on_role_change=self._on_role_change,
             config=LogConfig(
                 log_compaction_entries_min=config.compaction_entries, bind_address=config.raft_bind,
-                dynamic_membership=bool(peers),
+                dynamic_membership=config.clustered,
             ),
             command_level=config.command_level,
             members=seed,
+            epoch=config.epoch,
         )
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -179,19 +180,19 @@ class Node:
         check_port_free(self.config.host, self.config.port)
         try:
             await self.log.start()
-            if not self.config.peers:
+            if not self.config.clustered:
                 # A single node elects itself at once; wait so the first request finds it ready.
                 # A cluster node serves at once instead (503 until a majority is up and elects).
                 await self.log.wait_ready(READY_TIMEOUT_S)
         except LogUnavailable as error:
             raise NodeStartError(f"the replicated log did not start: {error}") from None
-        if self.config.auth and not self.config.peers:
+        if self.config.auth and not self.config.clustered:
             try:
                 self.bootstrap_message = await bootstrap(self)
             except (ApiError, OSError) as error:
                 raise NodeStartError(f"cannot create the first admin key: {error}") from None
         self._spawn(self.ticker.run(), "ticker")
-        if self.config.peers:
+        if self.config.clustered:
             self._spawn(self.membership.run(), "membership")
         connections_max = connections_max_for(self.config.http, fd_limit)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
@@ -543,7 +544,7 @@ class Node:
             await self.prove_levels_when_due()
         except ApiError as error:  # the ticker asks again
             log.info("state.number_creations or state.level not applied: %s", error.message)
-        if self.config.auth and self.config.peers:
+        if self.config.auth and self.config.clustered:
             await self._bootstrap_while_leading()
 
     async def _bootstrap_while_leading(self) -> None:

@@ -35,6 +35,7 @@ def health_view(node: Node) -> dict[str, Any]:
         "term": raft.term,
         "appliedIndex": raft.applied_index,
         "commitIndex": raft.commit_index,
+        "epoch": node.config.epoch,  # the cluster's: 1, plus one per forced recovery
         "longPolls": len(node.waiters),  # parked here now
     }
 
