@@ -1,5 +1,5 @@
-"""The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses its
-proxy, a partition of the leader elects another one and heals to one state, the schedule is a
+"""The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses a
+proxy that knows who dialed, and every node names each other one alike; a partition of the leader elects another one and heals to one state, the schedule is a
 function of the seed (a kind added to the registry leaves the schedules without it alone), the
 injector records each fault (a leadership transfer with its answer), and close() leaves nothing
 running."""
@@ -7,6 +7,7 @@ running."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from chaos.faults import (
     parse_kinds,
     transfer_outcome,
 )
+from chaos.proxy import dialer_of
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +75,22 @@ def test_the_proxies_carry_every_raft_pair(cluster: ChaosCluster) -> None:
         assert run_state(cluster.urls[(index + 1) % NODES], cluster.admin_key, run_id) == "ACTIVE"
     cluster.wait_converged()
     assert cluster.pairs_connected(range(NODES))
-    for stats in cluster.proxy_stats():
-        assert stats["connections"] >= 1 and stats["bytes_to_target"] > 0 and stats["bytes_from_target"] > 0, stats
-    # Each node names the others by its own view of their Raft address, and health maps it back.
+    # Of each pair, the node with the greater Raft address dialed the other's proxy, which knows it.
+    stats = {proxy["name"]: proxy for proxy in cluster.proxy_stats()}
+    for a in range(NODES):
+        for b in range(a + 1, NODES):
+            dialer, dialed = sorted([a, b], key=lambda index: cluster.rafts[index], reverse=True)
+            proxy = stats[cluster.ids[dialed]]
+            assert proxy["live_from"].get(cluster.ids[dialer]) == 1, stats
+            assert proxy["bytes_to_target"] > 0 and proxy["bytes_from_target"] > 0, stats
+    assert all(proxy["unidentified"] == 0 for proxy in stats.values()), stats
+    # Every node names the leader by one Raft address: its proxy's.
     leader = cluster.wait_healthy()
     views = cluster.health()
     for viewer in range(NODES):
         view = views[cluster.ids[viewer]]
         assert view["leader"] == cluster.ids[leader], views
-        assert view["leaderAddress"] == cluster.raft_view(viewer, leader), views
+        assert view["leaderAddress"] == cluster.rafts[leader], views
 
 
 def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosCluster) -> None:
@@ -96,7 +105,9 @@ def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosC
     views = cluster.health()
     isolated, leading = views[cluster.ids[old]], views[cluster.ids[new]]
     assert isolated["role"] != "leader" and isolated["commitIndex"] < leading["commitIndex"], views
-    assert all(stats["live"] == 0 for stats in cluster.proxy_stats() if cluster.ids[old] in stats["name"].split("-"))
+    for stats in cluster.proxy_stats():
+        assert cluster.ids[old] not in stats["live_from"], stats
+        assert stats["live"] == 0 or stats["name"] != cluster.ids[old], stats
 
     cluster.heal()
     cluster.wait_healthy()
@@ -189,6 +200,19 @@ def test_a_transfer_outcome_is_read_from_its_answer() -> None:
     assert outcome({"status": 409, "answer": {"error": {"code": "CONFLICT", "message": "..."}}}) == "CONFLICT"
     assert outcome({"status": 502, "answer": None}) == "502"
     assert outcome(None) == "error"  # nothing answered
+
+
+def test_a_proxy_finds_which_process_dialed() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        listen_port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", listen_port)) as client:
+            accepted, (_, peer_port) = server.accept()
+            with accepted:
+                assert peer_port == client.getsockname()[1]
+                assert dialer_of(peer_port, listen_port, {"other": 1, "me": os.getpid()}) == "me"
+                assert dialer_of(peer_port, listen_port, {"other": 1}) is None
+                assert dialer_of(listen_port, peer_port, {"me": os.getpid()}) == "me"  # the accepted side
+                assert dialer_of(peer_port, listen_port + 1, {"me": os.getpid()}) is None
 
 
 def test_close_leaves_no_process(cluster: ChaosCluster) -> None:
