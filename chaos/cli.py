@@ -1,11 +1,12 @@
 """`python -m chaos run ...` and `python -m chaos check DIR`.
 
 A run: a fresh three-node cluster in REPORT/cluster, the workload recording every operation in
-REPORT/history.jsonl while the injector applies the seeded fault schedule, then everything healed
-(partitions lifted, paused nodes resumed, stopped nodes started), the workload's final reads, the
-replicas' digests compared, the checker over the history, and REPORT/summary.json. Exit code 0
-when the checker found no violation (and the harness itself had no error), 1 otherwise, 2 for a
-usage error.
+REPORT/history.jsonl while the injector applies the seeded fault schedule (a replace or a grow
+changes the nodes; the workload's clients follow), then everything healed (partitions lifted,
+paused nodes resumed, stopped nodes started), the workload's final reads, the replicas' digests
+compared, the members' lists of voters compared, the checker over the history, and
+REPORT/summary.json. Exit code 0 when the checker found no violation (and the harness itself had
+no error), 1 otherwise, 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ SEED_MAX = 2**31 - 1
 DURATION_S_MIN, DURATION_S_MAX = 5, 24 * 3600
 HEAL_TIMEOUT_S = 90.0  # after the last fault: every node back, one leader
 CONVERGE_TIMEOUT_S = 60.0
+MEMBERS_TIMEOUT_S = 30.0  # at the end: every node lists the nodes as voters
 _DURATION = re.compile(r"^(\d+)(s|m|h)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 
@@ -96,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     faults = summary["faults"]
     print(json.dumps({
         "seed": seed, "injected": faults["injected"], "survived": faults["survived"], "skipped": faults["skipped"],
-        "transfers": faults["transfers"], "longestUnavailableS": faults["longestUnavailableS"], "longestWriteGapS": summary["longestWriteGapS"],
+        "transfers": faults["transfers"], "replaces": faults["replaces"], "grows": faults["grows"],
+        "members": summary["members"]["ids"], "membersAgree": summary["members"]["agree"],
+        "longestUnavailableS": faults["longestUnavailableS"], "longestWriteGapS": summary["longestWriteGapS"],
         "operations": summary["operations"].get("operations"),
         "violations": summary["violations"], "harnessErrors": summary["harness_errors"],
     }), flush=True)
@@ -121,6 +125,7 @@ def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_leve
         cluster.up()
         history.event("start", {"seed": seed, "durationS": duration, "schedule": schedule.as_json(), "layout": cluster.layout()})
         workload = Workload(cluster.urls, cluster.admin_key, history, seed)
+        cluster.watch(workload.use_urls)  # a replace or a grow changes the nodes the clients call
         injector = Injector(cluster, schedule, lambda line: history.event(line["event"], line["detail"]))
         workload.start()
         injector.start()
@@ -136,6 +141,7 @@ def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_leve
             summary["digest"] = cluster.wait_converged(CONVERGE_TIMEOUT_S)
         except ClusterError as error:
             harness_errors.append(f"the cluster did not recover after the faults: {error}")
+        summary["members"] = _members(cluster)
         history.event("stop", {"harnessErrors": harness_errors})
         history.close()
         summary["faults"] = injector.summary()
@@ -162,6 +168,18 @@ def _heal_everything(cluster: ChaosCluster) -> None:
     if stopped:
         cluster.start(*stopped)
     cluster.wait_healthy(HEAL_TIMEOUT_S)
+
+
+def _members(cluster: ChaosCluster) -> dict[str, Any]:
+    """The nodes at the end, whether every one lists them all as voters (a failed replace or
+    grow may leave them disagreeing: visible here, not a violation), and the departed ones."""
+    try:
+        cluster.wait_members(MEMBERS_TIMEOUT_S)
+    except ClusterError:
+        pass
+    agree, views = cluster.members_agree()
+    return {"ids": cluster.ids, "agree": agree, "views": views, "departed": [slot.id for slot in cluster.departed],
+            "layout": cluster.layout()}
 
 
 WRITE_OPS = frozenset({

@@ -1,5 +1,6 @@
-"""A three-node runstate cluster for chaos runs: `runstate node` processes on 127.0.0.1 whose Raft
-traffic crosses one TCP proxy per pair, so a partition needs no root.
+"""A runstate cluster for chaos runs: `runstate node` processes on 127.0.0.1 whose Raft traffic
+crosses one TCP proxy per node, so a partition needs no root; three nodes to start with, and
+membership changes while it serves (a node replaced by a fresh one, nodes added and removed).
 
     cluster = ChaosCluster(root)
     leader = cluster.up()               # proxies, three nodes, one leader (bounded wait)
@@ -7,19 +8,24 @@ traffic crosses one TCP proxy per pair, so a partition needs no root.
     cluster.heal()
     cluster.kill(1); cluster.start(1)   # kill -9, then restart on the same data dir
     cluster.wait_healthy()
+    cluster.kill(1); cluster.remove_member(cluster.ids[1], asked=[0, 2])
+    cluster.join(1)                     # a fresh node n4 in n2's place, started with --join
+    cluster.wait_members(10.0)          # every member lists the same voters, n4 among them
     cluster.close()                     # also run at exit: nothing is left running
 
-Nodes are indexes 0, 1, 2 (ids n1, n2, n3). Node i logs to ROOT/n<i+1>.log and keeps its data in
-ROOT/n<i+1>. Only the installed package is used (`python -m runstate_server.node.cli node`).
+Nodes are indexes (slots) 0, 1, 2, ... in `ids` order: n1, n2, n3 first. A slot keeps its index
+when a fresh node takes it (`join(index)`: a new id, n4, n5, ..., new ports, a new data dir), so
+whoever holds an index (the workload's clients, a fault's target) follows the membership; slots
+added after the first three (`join()`) are dropped from the end (`drop()`). Node `nK` logs to
+ROOT/nK.log and keeps its data in ROOT/nK. Only the installed package is used (`python -m
+runstate_server.node.cli node`).
 
-How the pairs are routed (pysyncobj 0.3.17, transport.py `_shouldConnect`): of two nodes, the one
-whose own address is *greater* than the address it has for the other dials, once, and says who it
-is by sending its own address, which the dialled node must know the caller by. So every node i
-has a real Raft address R_i with R_1 < R_2 < R_3, and each pair a < b has a proxy P_ab below every
-R, forwarding to R_a: node b lists node a at P_ab (R_b > P_ab, so b dials through the proxy) and
-node a lists node b at R_b (R_a < R_b, so a never dials). All ports have five digits, so string
-order is numeric order. Each node's --peer list carries its own view of the peer's Raft address,
-and so do its /v1/health answers: `health()` maps them back to node ids.
+How the Raft traffic is routed (chaos/proxy.py): every node's Raft address (`--raft`, what every
+member names it by, in --peer flags, in membership entries and in /v1/health's `leader`) is its
+proxy's port, and the node binds another one (`--raft-bind`). Of two nodes, the one whose address
+is greater dials the other's proxy (pysyncobj 0.3.17, transport.py `_shouldConnect`; a learner
+dials every voter); the proxy finds which node dialed, so `partition(i)` cuts exactly the pairs
+of node i: every connection into its proxy, and its own connections into the others'.
 """
 
 from __future__ import annotations
@@ -38,19 +44,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.proxy import PairProxy
+from chaos.proxy import NodeProxy
 
-NODES = 3
+NODES = 3  # the cluster's first members (and how many voters a replace keeps)
+NODES_MAX = 5  # the most it ever has (a grow adds two)
 HOST = "127.0.0.1"
-# Five-digit ports (string order is numeric order, which pysyncobj's dial rule compares), below
-# Linux's ephemeral range so outgoing connections rarely take them.
+# Five-digit ports below Linux's ephemeral range, so outgoing connections rarely take them.
 PORT_RANGE = range(20000, 30000)
 PORT_PICK_TRIES = 500
+PORTS_PER_NODE = 3  # its API, its proxy (its Raft address), the Raft port it binds
 # Bounds of every wait.
 START_TIMEOUT_S = 60.0  # fresh nodes find a leader (2 cores, 3 nodes, Python startup)
 HEALTHY_TIMEOUT_S = 30.0  # the cluster comes back after a fault
@@ -64,6 +71,19 @@ PROBE_TIMEOUT_S = 1.0  # one HTTP probe of one node
 # One POST /v1/cluster/transfer-leader: the node's own bound on the handover (5 s) and on learning
 # the new leader afterwards (2 s), plus a follower's forwarding and a busy machine's slack.
 TRANSFER_CALL_TIMEOUT_S = 15.0
+# One DELETE /v1/cluster/members/{id}: the node's bound on the membership entry's commit (10 s),
+# plus forwarding and slack. Refusals that a moment cures (503: no leader or it stopped leading;
+# 409: another change under way, or a majority not reachable yet) are asked again, through the
+# next member, for at most REMOVE_TIMEOUT_S in all.
+REMOVE_CALL_TIMEOUT_S = 15.0
+REMOVE_TIMEOUT_S = 30.0
+REMOVE_RETRY_PAUSE_S = 0.5
+# One GET /v1/cluster: the node asks every other member's health (0.5 s each, in parallel).
+VIEW_TIMEOUT_S = 3.0
+# A fresh node started with --join until every member lists it as a voter: its own start and join
+# (the node asks the members for up to 60 s), catching up with the log, its promotion.
+JOIN_TIMEOUT_S = 90.0
+MEMBERS_POLL_S = 0.25
 POLL_S = 0.05
 # Health must hold this long to count: a node that has just reconnected (after a partition or a
 # SIGSTOP) tries an election within a tick or two if its election deadline passed meanwhile
@@ -80,9 +100,9 @@ class ClusterError(Exception):
     """A bounded wait ran out, or a node exited on its own; the message says what was last seen."""
 
 
-def _get_json(url: str, key: str | None = None) -> tuple[int, Any] | None:
+def _get_json(url: str, key: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, Any] | None:
     """(status, body) of a GET (with `key` as the bearer), or None when nothing answered."""
-    return _call_json("GET", url, key, None, PROBE_TIMEOUT_S)
+    return _call_json("GET", url, key, None, timeout_s)
 
 
 def _call_json(method: str, url: str, key: str | None, body: Any, timeout_s: float) -> tuple[int, Any] | None:
@@ -108,12 +128,22 @@ def _call_json(method: str, url: str, key: str | None, body: Any, timeout_s: flo
         return None
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports of PORT_RANGE that bind now (all held while they are picked)."""
+def error_code(body: Any) -> str | None:
+    """The error code of an answer's envelope (`{"error": {"code": ...}}`), None when it has none."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports of PORT_RANGE, none of `avoid`, that bind now (all held while they
+    are picked)."""
     chooser = random.SystemRandom()  # not the run's seed: a replay must not depend on port luck
     held: list[socket.socket] = []
     try:
         for candidate in chooser.sample(PORT_RANGE, PORT_PICK_TRIES):
+            if candidate in avoid:
+                continue
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 probe.bind((HOST, candidate))
@@ -129,44 +159,66 @@ def free_ports(count: int) -> list[int]:
     raise ClusterError(f"no {count} free ports in {PORT_RANGE} after {PORT_PICK_TRIES} tries")
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Another member as a node's --peer flag names it."""
+
+    id: str
+    raft: str
+    url: str
+
+
+@dataclass
+class _Slot:
+    """One node: its names, its ports, its proxy, its process (None until started)."""
+
+    id: str
+    api_port: int
+    raft_port: int  # its proxy's: the Raft address every member names it by
+    bind_port: int  # the Raft port the node itself binds
+    proxy: NodeProxy
+    peers: tuple[Peer, ...]  # a first member's --peer flags; empty for a node that joins
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.api_port}"
+
+    @property
+    def raft(self) -> str:
+        return f"{HOST}:{self.raft_port}"
+
+
 class ChaosCluster:
-    """Three nodes and their three pair proxies. Indexes are 0..2; node ids n1..n3."""
+    """Three nodes to start with, one proxy each; indexes are slots (module docstring)."""
 
     def __init__(self, root: Path, *extra_args: str, log_level: str = LOG_LEVEL_DEFAULT) -> None:
-        """Writes the secret and the bootstrap admin key under `root` and picks the ports; starts
-        nothing (see up() and start())."""
+        """Writes the secret and the bootstrap admin key under `root` and picks the first three
+        nodes' ports; starts nothing (see up() and start())."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = extra_args
         self.log_level = log_level
-        self.ids = [f"n{index + 1}" for index in range(NODES)]
         self.secret_file = root / "cluster.secret"
         self.secret_file.write_text(secrets.token_urlsafe(SECRET_BYTES))
         self.admin_key = "rsk_" + secrets.token_urlsafe(SECRET_BYTES)
         self.admin_key_file = root / "bootstrap.key"
         self.admin_key_file.write_text(self.admin_key)
 
-        pairs = [(a, b) for a in range(NODES) for b in range(a + 1, NODES)]
-        ports = free_ports(2 * NODES + len(pairs))  # APIs, Raft addresses, proxies
-        self.api_ports = ports[:NODES]
-        raft_like = sorted(ports[NODES:])
-        # Every proxy port below every Raft port, Raft ports ascending by index (see the module doc).
-        self.raft_ports = raft_like[len(pairs):]
-        self.proxy_ports = dict(zip(pairs, raft_like[: len(pairs)], strict=True))
-        assert all(len(str(port)) == 5 for port in ports)
-        assert max(self.proxy_ports.values()) < min(self.raft_ports) and self.raft_ports == sorted(self.raft_ports)
-
-        self.urls = [f"http://{HOST}:{port}" for port in self.api_ports]
-        self.rafts = [f"{HOST}:{port}" for port in self.raft_ports]
-        self.proxies = {
-            (a, b): PairProxy(f"{self.ids[a]}-{self.ids[b]}", self.proxy_ports[(a, b)], self.raft_ports[a])
-            for (a, b) in pairs
-        }
-        self.processes: list[subprocess.Popen[bytes] | None] = [None] * NODES
+        self.slots: list[_Slot] = []
+        self.departed: list[_Slot] = []  # nodes replaced or dropped, for the report and close()
+        self._ports_used: set[int] = set()  # every port ever given to a node or a proxy
+        self._ids_given = 0
+        firsts = [self._new_slot(()) for _ in range(NODES)]
+        peers = [Peer(slot.id, slot.raft, slot.url) for slot in firsts]
+        for slot in firsts:
+            slot.peers = tuple(peer for peer in peers if peer.id != slot.id)
+        self.slots = firsts
         self.pids_started: list[int] = []  # every process ever started, for leak checks
         self.paused: set[int] = set()
         self.isolated: set[int] = set()
         self.expected: set[int] = set()  # started and not killed or stopped on purpose
+        self._watchers: list[Callable[[list[str]], None]] = []
         self._proxies_started = False
         self._closed = False
         self._lock = threading.RLock()  # the injector's thread and the caller's both act on nodes
@@ -174,12 +226,38 @@ class ChaosCluster:
 
     def __repr__(self) -> str:
         states = []
-        for index in range(NODES):
+        for index in range(self.size):
             state = "paused" if index in self.paused else "up" if self.running(index) else "down"
             states.append(f"{self.ids[index]}={state}{'/isolated' if index in self.isolated else ''}")
         return f"<ChaosCluster {self.root} {' '.join(states)}>"
 
+    def _new_slot(self, peers: tuple[Peer, ...]) -> _Slot:
+        api_port, raft_port, bind_port = free_ports(PORTS_PER_NODE, avoid=self._ports_used)
+        self._ports_used.update((api_port, raft_port, bind_port))
+        self._ids_given += 1
+        node_id = f"n{self._ids_given}"
+        proxy = NodeProxy(node_id, raft_port, bind_port, self.pids)
+        return _Slot(node_id, api_port, raft_port, bind_port, proxy, peers)
+
     # -- where things are ----------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """How many nodes the cluster has now (slots)."""
+        return len(self.slots)
+
+    @property
+    def ids(self) -> list[str]:
+        return [slot.id for slot in self.slots]
+
+    @property
+    def urls(self) -> list[str]:
+        return [slot.url for slot in self.slots]
+
+    @property
+    def rafts(self) -> list[str]:
+        """Every node's Raft address, as all members name it (its proxy's)."""
+        return [slot.raft for slot in self.slots]
 
     @property
     def base_url(self) -> str:
@@ -188,85 +266,87 @@ class ChaosCluster:
 
     def urls_from(self, index: int) -> str:
         """Every node's API starting with node `index` (so clients spread over the nodes)."""
-        return ",".join(self.urls[index:] + self.urls[:index])
+        urls = self.urls
+        return ",".join(urls[index:] + urls[:index])
 
     def data_dir(self, index: int) -> Path:
-        return self.root / self.ids[index]
+        return self.root / self.slots[index].id
 
     def log_path(self, index: int) -> Path:
-        return self.root / f"{self.ids[index]}.log"
+        return self.root / f"{self.slots[index].id}.log"
 
-    def raft_view(self, viewer: int, other: int) -> str:
-        """The Raft address node `viewer` has for node `other` (its own real one for itself)."""
-        if viewer <= other:
-            return self.rafts[other]  # the lower node never dials, so it knows the real address
-        return f"{HOST}:{self.proxy_ports[(other, viewer)]}"  # the higher node dials through the proxy
+    def index_of(self, raft_address: str | None) -> int | None:
+        """Which node has the Raft address `raft_address` (None: unknown or None)."""
+        return next((index for index, slot in enumerate(self.slots) if slot.raft == raft_address), None)
 
-    def index_in_view(self, viewer: int, raft_address: str | None) -> int | None:
-        """Which node `raft_address`, as node `viewer` names it, is (None: unknown or None)."""
-        for other in range(NODES):
-            if raft_address == self.raft_view(viewer, other):
-                return other
-        return None
+    def watch(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback(urls)` with every node's API (index order) after each membership change
+        the harness makes (join, drop); from the thread that made it."""
+        self._watchers.append(callback)
 
     def command(self, index: int) -> list[str]:
+        """Node `index`'s command line: a first member names the others with --peer; a node that
+        joins names the running members' APIs with --join (which a restart on its data dir ignores:
+        the data dir names its role and the voters)."""
+        slot = self.slots[index]
         command = [
             sys.executable, "-m", "runstate_server.node.cli", "node",
-            "--node-id", self.ids[index],
-            "--api", f"{HOST}:{self.api_ports[index]}",
-            "--raft", self.rafts[index],
+            "--node-id", slot.id,
+            "--api", f"{HOST}:{slot.api_port}",
+            "--raft", slot.raft,
+            "--raft-bind", f"{HOST}:{slot.bind_port}",
             "--data-dir", str(self.data_dir(index)),
             "--secret-file", str(self.secret_file),
             "--bootstrap-key-file", str(self.admin_key_file),
             "--log-level", self.log_level,
             *self.extra_args,
         ]
-        for other in range(NODES):
-            if other != index:
-                command += ["--peer", f"{self.ids[other]},{self.raft_view(index, other)},{self.urls[other]}"]
+        for peer in slot.peers:
+            command += ["--peer", f"{peer.id},{peer.raft},{peer.url}"]
+        if not slot.peers:
+            members = [other.url for other_index, other in enumerate(self.slots) if other_index != index and self.running(other_index)]
+            command += ["--join", ",".join(members)]
         return command
 
     def layout(self) -> dict[str, Any]:
         """Ports and routes, for the report."""
         return {
             "nodes": [
-                {"id": self.ids[index], "api": self.urls[index], "raft": self.rafts[index],
-                 "peers": {self.ids[other]: self.raft_view(index, other) for other in range(NODES) if other != index}}
-                for index in range(NODES)
+                {"id": slot.id, "api": slot.url, "raft": slot.raft, "bind": f"{HOST}:{slot.bind_port}",
+                 "peers": [peer.id for peer in slot.peers], "joins": not slot.peers}
+                for slot in self.slots
             ],
             "proxies": [
-                {"pair": f"{self.ids[a]}-{self.ids[b]}", "listen": self.proxy_ports[(a, b)], "target": self.rafts[a],
-                 "dialer": self.ids[b]}
-                for (a, b) in self.proxies
+                {"node": slot.id, "listen": slot.raft_port, "target": slot.bind_port} for slot in self.slots
             ],
         }
 
     # -- process state -------------------------------------------------------------------------
 
     def running(self, index: int) -> bool:
-        process = self.processes[index]
+        process = self.slots[index].process
         return process is not None and process.poll() is None
 
     def live(self) -> list[int]:
         """Nodes running and not paused."""
-        return [index for index in range(NODES) if self.running(index) and index not in self.paused]
+        return [index for index in range(self.size) if self.running(index) and index not in self.paused]
 
     def pids(self) -> dict[str, int]:
-        """The pid of every running node process, by node id."""
+        """The pid of every running node process, by node id (any thread: the proxies ask)."""
         return {
-            self.ids[index]: process.pid
-            for index, process in enumerate(self.processes)
-            if process is not None and process.poll() is None
+            slot.id: slot.process.pid
+            for slot in list(self.slots)
+            if slot.process is not None and slot.process.poll() is None
         }
 
     def exited(self) -> dict[str, int]:
         """Nodes that should be running but exited on their own: node id -> exit code."""
         found: dict[str, int] = {}
         for index in sorted(self.expected):
-            process = self.processes[index]
+            process = self.slots[index].process
             code = process.poll() if process is not None else None
             if code is not None:
-                found[self.ids[index]] = code
+                found[self.slots[index].id] = code
         return found
 
     # -- processes -----------------------------------------------------------------------------
@@ -282,13 +362,13 @@ class ChaosCluster:
             assert not self._closed, "this cluster was closed"
             if not self._proxies_started:
                 self._proxies_started = True
-                for proxy in self.proxies.values():
-                    proxy.start()
-            for index in indexes or range(NODES):
+                for slot in self.slots:
+                    slot.proxy.start()
+            for index in indexes or range(self.size):
                 self._spawn(index)
 
     def _spawn(self, index: int) -> None:
-        assert not self.running(index), f"{self.ids[index]} is already running"
+        assert not self.running(index), f"{self.slots[index].id} is already running"
         command = self.command(index)
         with open(self.log_path(index), "ab") as log_file:
             log_file.write(f"--- {time.strftime('%H:%M:%S')} start {' '.join(command)}\n".encode())
@@ -297,7 +377,7 @@ class ChaosCluster:
             process = subprocess.Popen(
                 command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True
             )
-        self.processes[index] = process
+        self.slots[index].process = process
         self.pids_started.append(process.pid)
         self.paused.discard(index)
         self.expected.add(index)
@@ -306,27 +386,31 @@ class ChaosCluster:
         """kill -9: no chance to flush or say goodbye (a paused node dies too)."""
         with self._lock:
             self.expected.discard(index)
-            process = self.processes[index]
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGKILL)
-                try:
-                    process.wait(KILL_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    raise ClusterError(f"{self.ids[index]} (pid {process.pid}) outlived SIGKILL for {KILL_TIMEOUT_S} s") from None
+            self._kill_process(self.slots[index])
             self.paused.discard(index)
+
+    @staticmethod
+    def _kill_process(slot: _Slot) -> None:
+        process = slot.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            try:
+                process.wait(KILL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise ClusterError(f"{slot.id} (pid {process.pid}) outlived SIGKILL for {KILL_TIMEOUT_S} s") from None
 
     def pause(self, index: int) -> None:
         """SIGSTOP: the process is frozen, its sockets stay open."""
         with self._lock:
-            process = self.processes[index]
-            assert process is not None and process.poll() is None, f"{self.ids[index]} is not running"
+            process = self.slots[index].process
+            assert process is not None and process.poll() is None, f"{self.slots[index].id} is not running"
             process.send_signal(signal.SIGSTOP)
             self.paused.add(index)
 
     def resume(self, index: int) -> None:
         """SIGCONT a paused node."""
         with self._lock:
-            process = self.processes[index]
+            process = self.slots[index].process
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGCONT)
             self.paused.discard(index)
@@ -337,14 +421,14 @@ class ChaosCluster:
 
     def stop_all(self) -> list[int | None]:
         """stop() of every node at once (one SIGTERM each, then one shared bounded wait)."""
-        return self._stop(list(range(NODES)))
+        return self._stop(list(range(self.size)))
 
     def _stop(self, indexes: Sequence[int]) -> list[int | None]:
         with self._lock:
             signalled: list[subprocess.Popen[bytes] | None] = []
             for index in indexes:
                 self.expected.discard(index)
-                process = self.processes[index]
+                process = self.slots[index].process
                 if process is not None and process.poll() is None:
                     if index in self.paused:
                         process.send_signal(signal.SIGCONT)  # SIGTERM waits while it is stopped
@@ -376,27 +460,149 @@ class ChaosCluster:
         self.stop_all()
         self.start()
 
+    # -- membership ------------------------------------------------------------------------------
+
+    def join(self, index: int | None = None) -> int:
+        """Start a fresh node (a new id, new ports, an empty data dir) with --join the running
+        members' APIs: in slot `index`, whose node must be down (killed, and removed from the
+        configuration by the caller), or in a new slot at the end (None). Does not wait. Its index."""
+        with self._lock:
+            assert not self._closed, "this cluster was closed"
+            slot = self._new_slot(())
+            if index is None:
+                assert self.size < NODES_MAX, f"a chaos cluster has at most {NODES_MAX} nodes"
+                self.slots.append(slot)
+                index = self.size - 1
+            else:
+                assert not self.running(index), f"{self.slots[index].id} is still running"
+                self._depart(index)
+                self.slots[index] = slot
+            if self._proxies_started:
+                slot.proxy.start()
+            self._spawn(index)
+        self._tell_watchers()
+        return index
+
+    def drop(self, index: int) -> None:
+        """kill -9 the last slot's node (removed from the configuration by the caller, or never
+        in it) and forget the slot; the others keep their indexes."""
+        with self._lock:
+            assert index == self.size - 1 and index >= NODES, "only a slot added by join() is dropped, the last first"
+            self.kill(index)
+            self._depart(index)
+            self.slots.pop()
+        self._tell_watchers()
+
+    def _depart(self, index: int) -> None:
+        """Slot `index`'s node leaves: its proxy closes (after the cut it carries nothing), the
+        slot's state is forgotten."""
+        slot = self.slots[index]
+        slot.proxy.close()
+        self.departed.append(slot)
+        for states in (self.paused, self.isolated, self.expected):
+            states.discard(index)
+
+    def _tell_watchers(self) -> None:
+        urls = self.urls
+        for callback in self._watchers:
+            callback(urls)
+
+    def remove_member(self, node_id: str, asked: Sequence[int], timeout_s: float = REMOVE_TIMEOUT_S) -> dict[str, Any]:
+        """DELETE /v1/cluster/members/{node_id} with the admin key, through the nodes `asked` in
+        turn (a follower forwards it to the leader), until it is answered 200 or 404 (no such
+        voter: an earlier call whose answer was lost removed it), another refusal that waiting
+        does not cure, or timeout_s passed. Returns {"status", "answer", "calls", "removeS",
+        "removed"} of the last call (status None: nothing answered)."""
+        began = time.monotonic()
+        deadline = began + timeout_s
+        calls = 0
+        answer: tuple[int, Any] | None = None
+        while True:
+            index = asked[calls % len(asked)]
+            calls += 1
+            answer = _call_json(
+                "DELETE", f"{self.urls[index]}/v1/cluster/members/{node_id}", self.admin_key, None,
+                min(REMOVE_CALL_TIMEOUT_S, max(PROBE_TIMEOUT_S, deadline - time.monotonic())),
+            )
+            status = None if answer is None else answer[0]
+            if status in (200, 404) or (status is not None and status not in (409, 503)):
+                break
+            if time.monotonic() + REMOVE_RETRY_PAUSE_S >= deadline:
+                break
+            time.sleep(REMOVE_RETRY_PAUSE_S)
+        return {
+            "status": None if answer is None else answer[0], "answer": None if answer is None else answer[1],
+            "calls": calls, "removeS": round(time.monotonic() - began, 3),
+            "removed": answer is not None and answer[0] in (200, 404),
+        }
+
+    def cluster_view(self, index: int) -> dict[str, Any] | None:
+        """Node `index`'s GET /v1/cluster (leader, nodes with voter flags), None unless it answered 200."""
+        answer = _get_json(f"{self.urls[index]}/v1/cluster", self.admin_key, VIEW_TIMEOUT_S)
+        return answer[1] if answer is not None and answer[0] == 200 and isinstance(answer[1], dict) else None
+
+    def members_agree(self) -> tuple[bool, dict[str, Any]]:
+        """Whether every running, unpaused node's GET /v1/cluster lists exactly the nodes of the
+        slots, each a voter; and what each said (node id -> [[id, voter], ...], or None)."""
+        wanted = sorted(self.ids)
+        seen: dict[str, Any] = {}
+        agreed = bool(self.live())
+        for index in self.live():
+            view = self.cluster_view(index)
+            nodes = view.get("nodes") if view is not None else None
+            if not isinstance(nodes, list):
+                seen[self.ids[index]] = None
+                agreed = False
+                continue
+            listed = sorted([str(node.get("id")), node.get("voter") is True] for node in nodes)
+            seen[self.ids[index]] = listed
+            agreed = agreed and listed == [[node_id, True] for node_id in wanted]
+        return agreed, seen
+
+    def wait_members(self, timeout_s: float = JOIN_TIMEOUT_S) -> float:
+        """Wait until members_agree(): every member lists the slots' nodes, all voters (a node
+        that joined was promoted, a removed one is gone everywhere); the seconds it took.
+        ClusterError after timeout_s, or at once if a node exited on its own."""
+        began = time.monotonic()
+        deadline = began + timeout_s
+        while True:
+            exited = self.exited()
+            if exited:
+                raise ClusterError(f"waiting for the members to agree: exited on their own {exited}")
+            agreed, seen = self.members_agree()
+            if agreed:
+                return round(time.monotonic() - began, 3)
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"the members did not list {sorted(self.ids)} as voters within {timeout_s} s; last seen {json.dumps(seen)}"
+                )
+            time.sleep(MEMBERS_POLL_S)
+
     # -- partitions ------------------------------------------------------------------------------
 
     def partition(self, index: int) -> None:
         """Isolate node `index`: every pair with it is cut until heal(). Its API still answers."""
         with self._lock:
             assert self._proxies_started, "start the cluster before partitioning it"
-            for (a, b), proxy in self.proxies.items():
-                if index in (a, b):
-                    proxy.partition()
+            isolated = self.slots[index]
+            for slot in self.slots:
+                if slot is isolated:
+                    slot.proxy.partition()
+                else:
+                    slot.proxy.block(isolated.id)
             self.isolated.add(index)
 
     def heal(self) -> None:
         """Reconnect every pair (the nodes redial by themselves)."""
         with self._lock:
             if self._proxies_started:
-                for proxy in self.proxies.values():
-                    proxy.heal()
+                for slot in self.slots:
+                    slot.proxy.heal()
             self.isolated.clear()
 
     def proxy_stats(self) -> list[dict[str, Any]]:
-        return [asdict(proxy.stats()) for proxy in self.proxies.values()]
+        """Every proxy's counters, those of departed nodes too."""
+        return [asdict(slot.proxy.stats()) for slot in [*self.slots, *self.departed]]
 
     # -- what the nodes say --------------------------------------------------------------------
 
@@ -414,7 +620,7 @@ class ChaosCluster:
         if answer is None or not isinstance(answer[1], dict):
             return view
         body = answer[1]
-        leader = self.index_in_view(index, body.get("leader"))
+        leader = self.index_of(body.get("leader"))
         view.update(
             answering=True, status=body.get("status"), role=body.get("role"),
             leader=None if leader is None else self.ids[leader], leaderAddress=body.get("leader"),
@@ -424,7 +630,7 @@ class ChaosCluster:
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Every node's node_health(), by node id."""
-        return {self.ids[index]: self.node_health(index) for index in range(NODES)}
+        return {self.ids[index]: self.node_health(index) for index in range(self.size)}
 
     def agreed_leader(self, indexes: Sequence[int], views: dict[str, dict[str, Any]] | None = None) -> int | None:
         """The index of the node every listed node names as leader and that says it leads; None
@@ -443,14 +649,19 @@ class ChaosCluster:
             return None
         return leader
 
-    def pairs_connected(self, indexes: Sequence[int]) -> bool:
-        """Every pair of the given nodes has a live connection through its proxy (the Raft view
-        the nodes' own health cannot give: an isolated follower still names the old leader)."""
-        return all(
-            proxy.stats().live > 0 and not proxy.partitioned
-            for (a, b), proxy in self.proxies.items()
-            if a in indexes and b in indexes
-        )
+    def pairs_connected(self, indexes: Collection[int]) -> bool:
+        """Every pair of the given nodes has a live connection through one of their proxies (the
+        Raft view the nodes' own health cannot give: an isolated follower still names the old
+        leader)."""
+        chosen = sorted(indexes)
+        for position, a in enumerate(chosen):
+            for b in chosen[position + 1:]:
+                first, second = self.slots[a], self.slots[b]
+                if a in self.isolated or b in self.isolated:
+                    return False
+                if first.proxy.live_from(second.id) + second.proxy.live_from(first.id) == 0:
+                    return False
+        return True
 
     def _wait_for_leader(self, what: str, asked: Callable[[], list[int]], timeout_s: float) -> tuple[int, float]:
         """(leader, since): the first moment of a stretch of at least HEALTHY_STABLE_S in which
@@ -511,8 +722,9 @@ class ChaosCluster:
         """Every node's GET /v1/cluster/digest (appliedIndex, digest, dataDigest), by node id; None
         for a node that is down, paused or did not answer 200."""
         found: dict[str, dict[str, Any] | None] = {}
-        for index in range(NODES):
-            answer = _get_json(f"{self.urls[index]}/v1/cluster/digest", key=self.admin_key) if index in self.live() else None
+        live = self.live()
+        for index in range(self.size):
+            answer = _get_json(f"{self.urls[index]}/v1/cluster/digest", key=self.admin_key) if index in live else None
             found[self.ids[index]] = answer[1] if answer is not None and answer[0] == 200 else None
         return found
 
@@ -534,7 +746,7 @@ class ChaosCluster:
     def logs_tail(self) -> str:
         """The end of every node's log, for failure messages."""
         parts = []
-        for index in range(NODES):
+        for index in range(self.size):
             try:
                 text = self.log_path(index).read_text(errors="replace")[-LOG_TAIL_CHARS:]
             except OSError:
@@ -552,19 +764,19 @@ class ChaosCluster:
             self._closed = True
             atexit.unregister(self.close)
             self.expected.clear()
-            for process in self.processes:
-                if process is None or process.poll() is not None:
+            processes = [slot.process for slot in [*self.slots, *self.departed] if slot.process is not None]
+            for process in processes:
+                if process.poll() is not None:
                     continue
                 with contextlib.suppress(OSError):
                     process.send_signal(signal.SIGCONT)
                     process.send_signal(signal.SIGKILL)
-            for process in self.processes:
-                if process is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        process.wait(KILL_TIMEOUT_S)
+            for process in processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(KILL_TIMEOUT_S)
             self.paused.clear()
-            for proxy in self.proxies.values():
-                proxy.close()
+            for slot in [*self.slots, *self.departed]:
+                slot.proxy.close()
             self.isolated.clear()
 
     def __enter__(self) -> ChaosCluster:

@@ -18,6 +18,12 @@ Around each fault it records, through the callback, event lines of the history
 
 A cluster that does not come back within HEALTH_TIMEOUT_S is recorded (`ok` false) and the run
 goes on; one that is not healthy before a fault skips that fault.
+
+Membership faults change the nodes (ChaosCluster's slots): `replace` puts a fresh node (n4, n5,
+...) in a removed follower's slot, `grow` adds two slots and drops them at its heal; the cluster
+tells its watchers (the workload) the new URLs. Their heal waits until every member lists the
+slots' nodes as voters; one that does not within JOIN_TIMEOUT_S is an outcome in the fault's
+detail (`outcome`, `shrink`: summary()'s `replaces` and `grows`), not a harness error.
 """
 
 from __future__ import annotations
@@ -31,18 +37,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chaos.cluster import (
+    JOIN_TIMEOUT_S,
     KILL_TIMEOUT_S,
     NODES,
+    NODES_MAX,
+    REMOVE_CALL_TIMEOUT_S,
+    REMOVE_TIMEOUT_S,
     STOP_TIMEOUT_S,
     TRANSFER_CALL_TIMEOUT_S,
     ChaosCluster,
     ClusterError,
+    error_code,
 )
 
 LEADER = "leader"
 FOLLOWER = "follower"
 ALL = "all"
 LEADER_TO_FOLLOWER = "leader->follower"  # the leader, then the pick-th follower (a transfer's target)
+NEW_NODES = "new"  # no node of the cluster: the fault adds its own (a grow)
 
 # The schedule. Each fault: a hold drawn from its kind's range, then RECOVERY_S_PLANNED for the
 # cluster to come back, then a quiet gap (the workload runs undisturbed) before the next one.
@@ -56,12 +68,29 @@ DURATION_S_MAX = 24 * 3600.0
 # The injector's bounded waits.
 HEALTH_TIMEOUT_S = 30.0  # before a fault, and from its heal until the cluster is healthy again
 HOLD_S_MAX = 5.0  # the longest hold of any kind (checked against the registry below)
-# The longest one fault can take, every bound reached: health before, a graceful stop that ends in
-# a kill, the hold, health after; plus slack for the HTTP probes.
-FAULT_S_MAX = 2 * HEALTH_TIMEOUT_S + STOP_TIMEOUT_S + KILL_TIMEOUT_S + HOLD_S_MAX + 10.0
+# A replaced node's newcomer that exits on its own (its join refused) is started again, this often.
+JOIN_RESTARTS_MAX = 2
+# Membership faults, every bound reached: a replace's kill, removal and join; a grow's joins (one
+# per node added) in the injection, and in the heal, per node it added, a leadership transfer (if
+# it leads), its removal and its kill, then the members' agreement.
+GROW_NODES = NODES_MAX - NODES
+REMOVE_S_MAX = REMOVE_TIMEOUT_S + REMOVE_CALL_TIMEOUT_S
+INJECT_MEMBERSHIP_S_MAX = max(KILL_TIMEOUT_S + REMOVE_S_MAX, GROW_NODES * JOIN_TIMEOUT_S)
+HEAL_MEMBERSHIP_S_MAX = (
+    GROW_NODES * (TRANSFER_CALL_TIMEOUT_S + REMOVE_S_MAX + KILL_TIMEOUT_S) + JOIN_TIMEOUT_S
+)
+# The longest one fault can take, every bound reached: health before, the injection (a graceful
+# stop that ends in a kill, or a membership change), the hold, the heal, health after; plus slack
+# for the HTTP probes.
+FAULT_S_MAX = (
+    2 * HEALTH_TIMEOUT_S + max(STOP_TIMEOUT_S + KILL_TIMEOUT_S, INJECT_MEMBERSHIP_S_MAX) + HOLD_S_MAX
+    + HEAL_MEMBERSHIP_S_MAX + 10.0
+)
 OFFSET_DIGITS = 3  # schedule times are rounded to milliseconds, so they print and replay exactly
+PROBLEM_CHARS_MAX = 2000  # of a failed membership change's last ClusterError, in its detail
 
 EventRecorder = Callable[[dict[str, Any]], None]
+Detail = dict[str, Any]
 
 
 # -- the registry ----------------------------------------------------------------------------------
@@ -73,7 +102,7 @@ def _kill(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any] | None:
     return None
 
 
-def _start_stopped(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
+def _start_stopped(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None = None) -> None:
     down = [node for node in nodes if not cluster.running(node)]
     if down:
         cluster.start(*down)
@@ -85,7 +114,7 @@ def _pause(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any] | None
     return None
 
 
-def _resume(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
+def _resume(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None) -> None:
     for node in nodes:
         cluster.resume(node)
 
@@ -96,7 +125,7 @@ def _isolate(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any] | No
     return None
 
 
-def _heal_partitions(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
+def _heal_partitions(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None) -> None:
     cluster.heal()
 
 
@@ -106,7 +135,7 @@ def _transfer(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any]:
     the answer (a refusal, such as 409 when the target was behind for 5 s, is an outcome, not a
     harness error) and how long the call took. ClusterError when nothing answered."""
     leader, to = nodes
-    asked = next(node for node in range(NODES) if node not in nodes)
+    asked = next(node for node in range(cluster.size) if node not in nodes)
     began = time.monotonic()
     answer = cluster.transfer_leader(asked, to)
     took_s = round(time.monotonic() - began, OFFSET_DIGITS)
@@ -119,7 +148,7 @@ def _transfer(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, Any]:
             "transferS": took_s}
 
 
-def _heal_nothing(cluster: ChaosCluster, nodes: Sequence[int]) -> None:
+def _heal_nothing(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None) -> None:
     """A transfer leaves nothing to undo: the new leader leads on."""
 
 
@@ -127,7 +156,7 @@ def _stop_gracefully(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, A
     """SIGTERM; the exit codes (-9: it did not stop within STOP_TIMEOUT_S and was killed) and how
     long the stop took."""
     began = time.monotonic()
-    if len(nodes) == NODES:
+    if len(nodes) == cluster.size:
         codes = cluster.stop_all()  # all at once, not one after the other
     else:
         codes = [cluster.stop(node) for node in nodes]
@@ -135,6 +164,103 @@ def _stop_gracefully(cluster: ChaosCluster, nodes: Sequence[int]) -> dict[str, A
         "exitCodes": {cluster.ids[node]: code for node, code in zip(nodes, codes, strict=True)},
         "stopS": round(time.monotonic() - began, OFFSET_DIGITS),
     }
+
+
+def _removal(removal: Detail) -> Detail:
+    """A remove_member() outcome for the report: the answer's error code instead of its body."""
+    return {"status": removal["status"], "code": error_code(removal["answer"]),
+            "calls": removal["calls"], "removeS": removal["removeS"]}
+
+
+def _replace(cluster: ChaosCluster, nodes: Sequence[int]) -> Detail:
+    """kill -9 the follower nodes[0]; remove it from the configuration (DELETE
+    /v1/cluster/members/{id} through the other members, asked again while a moment may cure the
+    refusal); then start a fresh node in its slot (a new id, new ports, an empty data dir) with
+    --join the running members' APIs. Its detail names both and how the removal was answered;
+    `outcome` "not-removed" when the removal was not confirmed (the old node is started again at
+    the heal). The heal waits for the newcomer to be a voter."""
+    index = nodes[0]
+    old_id = cluster.ids[index]
+    cluster.kill(index)
+    removal = cluster.remove_member(old_id, [other for other in range(cluster.size) if other != index])
+    detail: Detail = {"removed": old_id, "removal": _removal(removal)}
+    if not removal["removed"]:
+        return {**detail, "outcome": "not-removed"}
+    cluster.join(index)
+    return {**detail, "added": cluster.ids[index]}
+
+
+def _await_voter(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None) -> Detail:
+    """A replace's heal: until every member lists the newcomer as a voter and the old node nowhere
+    (bounded by JOIN_TIMEOUT_S; a newcomer that exits on its own, its join refused, is started
+    again up to JOIN_RESTARTS_MAX times). `outcome`: "voter", or "not-voter" with the problem. A
+    replace whose removal failed starts the old node again instead ("not-removed")."""
+    index = nodes[0]
+    if detail is None or "added" not in detail:  # the removal failed, or the injection did not end
+        _start_stopped(cluster, nodes)
+        return {"outcome": (detail or {}).get("outcome", "error")}
+    began = time.monotonic()
+    deadline = began + JOIN_TIMEOUT_S
+    restarts = 0
+    while True:
+        try:
+            cluster.wait_members(max(0.0, deadline - time.monotonic()))
+            return {"outcome": "voter", "voterS": round(time.monotonic() - began, OFFSET_DIGITS), "joinRestarts": restarts}
+        except ClusterError as error:
+            newcomer_exited = list(cluster.exited()) == [cluster.ids[index]]
+            if newcomer_exited and restarts < JOIN_RESTARTS_MAX and time.monotonic() < deadline:
+                restarts += 1
+                cluster.kill(index)  # reaped, and no longer expected to run
+                cluster.start(index)
+                continue
+            if newcomer_exited:
+                cluster.kill(index)  # so the health checks that follow count it as down, not failed
+            return {"outcome": "not-voter", "problem": str(error)[:PROBLEM_CHARS_MAX], "joinRestarts": restarts}
+
+
+def _grow(cluster: ChaosCluster, nodes: Sequence[int]) -> Detail:
+    """Add GROW_NODES fresh nodes with --join, one at a time, each waited for until every member
+    lists it as a voter. `outcome` "voters", "not-voter" (with the problem: the heal removes what
+    was added) or "not-grown" when the cluster had more than NODES nodes already."""
+    if cluster.size != NODES:
+        return {"outcome": "not-grown", "problem": f"the cluster has {cluster.size} nodes, not {NODES}"}
+    added: list[str] = []
+    voter_s: list[float] = []
+    for _ in range(GROW_NODES):
+        index = cluster.join()
+        added.append(cluster.ids[index])
+        try:
+            voter_s.append(cluster.wait_members(JOIN_TIMEOUT_S))
+        except ClusterError as error:
+            return {"added": added, "voterS": voter_s, "outcome": "not-voter", "problem": str(error)[:PROBLEM_CHARS_MAX]}
+    return {"added": added, "voterS": voter_s, "outcome": "voters"}
+
+
+def _shrink(cluster: ChaosCluster, nodes: Sequence[int], detail: Detail | None) -> Detail:
+    """A grow's heal: each node it added, the last first, is removed from the configuration
+    (after handing its leadership to a first member if it leads) and killed; then the members must
+    agree again. A node whose removal was not confirmed stays (`shrink` "not-removed")."""
+    removed: list[str] = []
+    kept: list[str] = []
+    for index in reversed(range(NODES, cluster.size)):
+        node_id = cluster.ids[index]
+        firsts = [other for other in range(NODES) if other in cluster.live()]
+        if cluster.running(index) and firsts and cluster.agreed_leader(cluster.live()) == index:
+            cluster.transfer_leader(firsts[0], firsts[0])
+        removal = cluster.remove_member(node_id, firsts or [0])
+        if not removal["removed"] and cluster.running(index):
+            kept.append(node_id)
+            break
+        cluster.drop(index)
+        removed.append(node_id)
+    outcome: Detail = {"dropped": removed, "kept": kept}
+    if kept:
+        return {**outcome, "shrink": "not-removed"}
+    try:
+        cluster.wait_members(JOIN_TIMEOUT_S)
+    except ClusterError as error:
+        return {**outcome, "shrink": "members-disagree", "problem": str(error)[:PROBLEM_CHARS_MAX]}
+    return {**outcome, "shrink": "removed"}
 
 
 @dataclass(frozen=True)
@@ -145,8 +271,8 @@ class FaultKind:
     roles: tuple[str, ...]
     hold_s_min: float
     hold_s_max: float
-    inject: Callable[[ChaosCluster, Sequence[int]], dict[str, Any] | None]  # returns details for the report
-    heal: Callable[[ChaosCluster, Sequence[int]], None]
+    inject: Callable[[ChaosCluster, Sequence[int]], Detail | None]  # returns details for the report
+    heal: Callable[[ChaosCluster, Sequence[int], Detail | None], Detail | None]  # gets them; may add some
     description: str
 
 
@@ -165,6 +291,11 @@ REGISTRY: dict[str, FaultKind] = {
         FaultKind("transfer", (LEADER_TO_FOLLOWER,), 0.0, 1.0, _transfer, _heal_nothing,
                   "ask (through the third node) for the leader's leadership to go to a follower; "
                   "nothing to heal"),
+        FaultKind("replace", (FOLLOWER,), 0.0, 1.0, _replace, _await_voter,
+                  "kill -9 a follower, remove it, start a fresh node at new ports with --join; healed "
+                  "once every member lists it as a voter"),
+        FaultKind("grow", (NEW_NODES,), 1.0, 4.0, _grow, _shrink,
+                  "add a fourth and a fifth voter with --join, one at a time; remove them after the hold"),
     )
 }
 
@@ -367,7 +498,9 @@ class Injector:
         except ClusterError as error:
             result.error = str(error)
         finally:
-            kind.heal(self.cluster, nodes)
+            healed = kind.heal(self.cluster, nodes, result.detail)
+            if healed is not None:
+                result.detail = {**(result.detail or {}), **healed}
             result.healed_at = time.monotonic()
             self._emit("heal", result.healed_at, {
                 "fault": result.seq, "kind": kind.name, "nodes": result.nodes, **(result.detail or {}),
@@ -381,10 +514,13 @@ class Injector:
 
     def _targets(self, planned: PlannedFault, leader: int) -> list[int]:
         if planned.role == ALL:
-            return list(range(NODES))
+            return list(range(self.cluster.size))
+        if planned.role == NEW_NODES:
+            return []
         if planned.role == LEADER:
             return [leader]
-        followers = [node for node in range(NODES) if node != leader]
+        # Running ones only: a node a failed membership change left down is no follower to hit.
+        followers = [node for node in range(self.cluster.size) if node != leader and self.cluster.running(node)]
         follower = followers[planned.pick % len(followers)]
         if planned.role == LEADER_TO_FOLLOWER:
             return [leader, follower]
@@ -419,13 +555,19 @@ class Injector:
             self._record({"event": event, "at": at, "detail": detail})
 
     def summary(self) -> dict[str, Any]:
-        """Faults injected and survived by kind, skipped by reason, the longest unavailability, and
-        how the transfers' calls were answered."""
+        """Faults injected and survived by kind, skipped by reason, the longest unavailability, how
+        the transfers' calls were answered, and what became of the membership changes."""
         injected = Counter(result.kind for result in self.results if result.at is not None)
         survived = Counter(result.kind for result in self.results if result.survived)
         skipped = Counter(result.skipped for result in self.results if result.skipped is not None)
         transfers = Counter(
             transfer_outcome(result) for result in self.results if result.kind == "transfer" and result.at is not None
+        )
+        replaces = Counter(
+            membership_outcome(result) for result in self.results if result.kind == "replace" and result.at is not None
+        )
+        grows = Counter(
+            membership_outcome(result) for result in self.results if result.kind == "grow" and result.at is not None
         )
         windows = [result for result in self.results if result.unavailable_s is not None]
         longest = max(windows, key=lambda result: result.unavailable_s or 0.0, default=None)
@@ -436,6 +578,8 @@ class Injector:
             "survived": {kind: survived[kind] for kind in self.schedule.kinds},
             "skipped": dict(skipped),
             "transfers": dict(transfers),
+            "replaces": dict(replaces),
+            "grows": dict(grows),
             "longestUnavailableS": None if longest is None else longest.unavailable_s,
             "longestUnavailable": None if longest is None else longest.as_json(),
             "faults": [result.as_json() for result in self.results],
@@ -454,3 +598,14 @@ def transfer_outcome(result: FaultResult) -> str:
     error = answer.get("error") if isinstance(answer, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     return str(code or result.detail.get("status"))
+
+
+def membership_outcome(result: FaultResult) -> str:
+    """What became of a replace ("voter": the fresh node was listed as a voter by every member in
+    time; "not-removed", "not-voter") or a grow ("voters, then removed"; "not-voter, then ...",
+    "..., then not-removed" or "members-disagree"); "error" when the injection raised."""
+    detail = result.detail or {}
+    outcome = str(detail.get("outcome", "error"))
+    if result.kind == "grow":
+        return f"{outcome}, then {detail.get('shrink', 'error')}"
+    return outcome

@@ -352,7 +352,8 @@ class HttpClient:
             headers["Content-Type"] = "application/json"
         if not path.startswith(OPERATOR_PATHS):
             path = f"/v1/spaces/{self.space}/" + path.removeprefix("/v1/")
-        url = self.base_urls[node % len(self.base_urls)] + path
+        urls = self.base_urls  # one read: use_urls() may replace the list meanwhile
+        url = urls[node % len(urls)] + path
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with self._opener.open(request, timeout=timeout_s) as response:
@@ -367,6 +368,13 @@ class HttpClient:
             return classify(error.code, text)
         except (OSError, http.client.HTTPException) as error:
             return _unknown_of(error)
+
+    def use_urls(self, base_urls: list[str]) -> None:
+        """Send the next calls to these nodes (the cluster's membership changed); a caller's node
+        number now picks among them."""
+        if not base_urls:
+            raise ValueError("no base URL")
+        self.base_urls = [url.rstrip("/") for url in base_urls]
 
 
 # -- what the clients share ----------------------------------------------------------------------
@@ -1723,9 +1731,21 @@ class Workload:
                 if time.monotonic() >= deadline:
                     raise RuntimeError("cannot create the run of the once callers")
                 setup.pause(RETRY_PAUSE_S, paced=False)
+        self._configure_sdk()
+
+    def _configure_sdk(self) -> None:
         runstate.configure(
             base_url=self.base_urls, api_key=self.admin_key, scope_id=self.shared.once_run, holder="chaos-once"
         )
+
+    def use_urls(self, base_urls: list[str]) -> None:
+        """The cluster's nodes changed (a node replaced, added or removed): the clients' next calls,
+        and the SDK's (`once` callers), go to these. Reconfiguring the SDK closes its process-wide
+        client, so a `once` call in flight ends with an error, recorded as of unknown outcome."""
+        self.base_urls = list(base_urls)
+        self.http.use_urls(self.base_urls)
+        if self._state == "running" and self.shared.once_run is not None:
+            self._configure_sdk()
 
     def _make_clients(self) -> list[_Client]:
         config = self.config

@@ -1,12 +1,14 @@
-"""The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses its
-proxy, a partition of the leader elects another one and heals to one state, the schedule is a
-function of the seed (a kind added to the registry leaves the schedules without it alone), the
-injector records each fault (a leadership transfer with its answer), and close() leaves nothing
-running."""
+"""The chaos harness's cluster, proxies and faults on real processes: every Raft pair crosses a
+proxy that knows who dialed, and every node names each other one alike; a partition of the leader
+elects another one and heals to one state, the schedule is a function of the seed (a kind added to
+the registry leaves the schedules without it alone), the injector records each fault (a leadership
+transfer with its answer, a replaced node's successor, the nodes a grow added and removed), and
+close() leaves nothing running."""
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,17 @@ from runstate import Runstate, UnavailableError
 from chaos.cluster import NODES, ChaosCluster
 from chaos.faults import (
     LEADER_TO_FOLLOWER,
+    NEW_NODES,
     REGISTRY,
     FaultResult,
     Injector,
     PlannedFault,
     Schedule,
+    membership_outcome,
     parse_kinds,
     transfer_outcome,
 )
+from chaos.proxy import dialer_of
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +38,7 @@ pytestmark = pytest.mark.slow
 ISOLATED_WRITE_TIMEOUT_S = 1.5
 ALL_KINDS = list(REGISTRY)
 KINDS_BEFORE_TRANSFER = ["kill", "pause", "partition", "restart"]
+KINDS_BEFORE_MEMBERSHIP = [*KINDS_BEFORE_TRANSFER, "transfer"]
 # Schedule(7, 60.0, KINDS_BEFORE_TRANSFER) as drawn before the kind `transfer` existed: `--faults
 # kill,pause,partition,restart --seed 7` (the short form's fixed seed) replays what it did.
 SEED_7_FIRST_FAULTS = (
@@ -40,6 +46,13 @@ SEED_7_FIRST_FAULTS = (
     PlannedFault(at_s=10.243, kind="kill", role="follower", hold_s=2.748, pick=2),
     PlannedFault(at_s=17.421, kind="kill", role="follower", hold_s=2.255, pick=0),
     PlannedFault(at_s=23.857, kind="restart", role="leader", hold_s=0.827, pick=0),
+)
+# Schedule(11, 90.0, KINDS_BEFORE_MEMBERSHIP) as drawn before the kinds `replace` and `grow` existed.
+SEED_11_FIRST_FAULTS = (
+    PlannedFault(at_s=1.905, kind="transfer", role=LEADER_TO_FOLLOWER, hold_s=0.452, pick=2),
+    PlannedFault(at_s=6.737, kind="transfer", role=LEADER_TO_FOLLOWER, hold_s=0.63, pick=0),
+    PlannedFault(at_s=11.555, kind="partition", role="leader", hold_s=2.272, pick=2),
+    PlannedFault(at_s=19.096, kind="transfer", role=LEADER_TO_FOLLOWER, hold_s=0.965, pick=2),
 )
 
 
@@ -73,15 +86,22 @@ def test_the_proxies_carry_every_raft_pair(cluster: ChaosCluster) -> None:
         assert run_state(cluster.urls[(index + 1) % NODES], cluster.admin_key, run_id) == "ACTIVE"
     cluster.wait_converged()
     assert cluster.pairs_connected(range(NODES))
-    for stats in cluster.proxy_stats():
-        assert stats["connections"] >= 1 and stats["bytes_to_target"] > 0 and stats["bytes_from_target"] > 0, stats
-    # Each node names the others by its own view of their Raft address, and health maps it back.
+    # Of each pair, the node with the greater Raft address dialed the other's proxy, which knows it.
+    stats = {proxy["name"]: proxy for proxy in cluster.proxy_stats()}
+    for a in range(NODES):
+        for b in range(a + 1, NODES):
+            dialer, dialed = sorted([a, b], key=lambda index: cluster.rafts[index], reverse=True)
+            proxy = stats[cluster.ids[dialed]]
+            assert proxy["live_from"].get(cluster.ids[dialer]) == 1, stats
+            assert proxy["bytes_to_target"] > 0 and proxy["bytes_from_target"] > 0, stats
+    assert all(proxy["unidentified"] == 0 for proxy in stats.values()), stats
+    # Every node names the leader by one Raft address: its proxy's.
     leader = cluster.wait_healthy()
     views = cluster.health()
     for viewer in range(NODES):
         view = views[cluster.ids[viewer]]
         assert view["leader"] == cluster.ids[leader], views
-        assert view["leaderAddress"] == cluster.raft_view(viewer, leader), views
+        assert view["leaderAddress"] == cluster.rafts[leader], views
 
 
 def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosCluster) -> None:
@@ -96,7 +116,9 @@ def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosC
     views = cluster.health()
     isolated, leading = views[cluster.ids[old]], views[cluster.ids[new]]
     assert isolated["role"] != "leader" and isolated["commitIndex"] < leading["commitIndex"], views
-    assert all(stats["live"] == 0 for stats in cluster.proxy_stats() if cluster.ids[old] in stats["name"].split("-"))
+    for stats in cluster.proxy_stats():
+        assert cluster.ids[old] not in stats["live_from"], stats
+        assert stats["live"] == 0 or stats["name"] != cluster.ids[old], stats
 
     cluster.heal()
     cluster.wait_healthy()
@@ -108,9 +130,9 @@ def test_a_partitioned_leader_is_replaced_and_heals_to_one_state(cluster: ChaosC
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
-    first = Schedule(7, 120.0, ALL_KINDS)
-    assert first.faults == Schedule(7, 120.0, list(reversed(ALL_KINDS))).faults
-    assert first.faults != Schedule(8, 120.0, ALL_KINDS).faults
+    first = Schedule(7, 180.0, ALL_KINDS)  # long enough for seed 7 to draw every kind
+    assert first.faults == Schedule(7, 180.0, list(reversed(ALL_KINDS))).faults
+    assert first.faults != Schedule(8, 180.0, ALL_KINDS).faults
     assert len(first) > 5
     assert {fault.kind for fault in first.faults} == set(ALL_KINDS)
     for fault in first.faults:
@@ -125,12 +147,18 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
     assert {fault.kind for fault in Schedule(7, 120.0, ["pause"]).faults} == {"pause"}
     assert parse_kinds("restart, kill") == ["kill", "restart"]
     assert parse_kinds("transfer,kill,pause") == ["kill", "pause", "transfer"]
+    assert parse_kinds("grow,replace,kill") == ["kill", "replace", "grow"]
     # A kind added to the registry goes last, and a schedule without it is drawn as before.
     assert ALL_KINDS[: len(KINDS_BEFORE_TRANSFER)] == KINDS_BEFORE_TRANSFER
     before = Schedule(7, 60.0, KINDS_BEFORE_TRANSFER)
     assert len(before) == 8 and before.faults[: len(SEED_7_FIRST_FAULTS)] == SEED_7_FIRST_FAULTS
     transfers = [fault for fault in Schedule(7, 90.0, ["transfer", "kill", "pause"]).faults if fault.kind == "transfer"]
     assert transfers and all(fault.role == LEADER_TO_FOLLOWER for fault in transfers)
+    assert ALL_KINDS[: len(KINDS_BEFORE_MEMBERSHIP)] == KINDS_BEFORE_MEMBERSHIP
+    assert Schedule(11, 90.0, KINDS_BEFORE_MEMBERSHIP).faults[: len(SEED_11_FIRST_FAULTS)] == SEED_11_FIRST_FAULTS
+    membership = Schedule(11, 150.0, ["replace", "grow", "kill"]).faults
+    assert {fault.role for fault in membership if fault.kind == "replace"} == {"follower"}
+    assert {fault.role for fault in membership if fault.kind == "grow"} == {NEW_NODES}
     with pytest.raises(ValueError):
         parse_kinds("kill,fire")
     with pytest.raises(ValueError):
@@ -173,7 +201,9 @@ def test_the_injector_records_each_fault_and_its_recovery(cluster: ChaosCluster)
     assert heal["to"] == to and heal["answer"]["transferred"] is True
 
     summary = injector.summary()
-    assert summary["injected"] == {"kill": 1, "pause": 0, "partition": 1, "restart": 1, "transfer": 1}
+    assert summary["injected"] == {
+        "kill": 1, "pause": 0, "partition": 1, "restart": 1, "transfer": 1, "replace": 0, "grow": 0,
+    }
     assert summary["survived"] == summary["injected"]
     assert summary["transfers"] == {"transferred": 1}
     assert summary["longestUnavailableS"] >= 1.0  # the partition's hold at least
@@ -189,6 +219,76 @@ def test_a_transfer_outcome_is_read_from_its_answer() -> None:
     assert outcome({"status": 409, "answer": {"error": {"code": "CONFLICT", "message": "..."}}}) == "CONFLICT"
     assert outcome({"status": 502, "answer": None}) == "502"
     assert outcome(None) == "error"  # nothing answered
+
+
+def test_a_replace_and_a_grow_change_the_members_and_the_workload_follows(cluster: ChaosCluster) -> None:
+    cluster.up()
+    seen_urls: list[list[str]] = []
+    cluster.watch(seen_urls.append)
+    schedule = Schedule(1, 60.0, ["replace", "grow"])
+    schedule.faults = (
+        PlannedFault(0.0, "replace", "follower", 0.0, 0),
+        PlannedFault(0.0, "grow", NEW_NODES, 0.5, 0),
+    )
+    events: list[dict[str, Any]] = []
+    injector = Injector(cluster, schedule, events.append)
+    injector.start().join()
+
+    assert injector.error is None
+    for seq in range(len(schedule.faults)):
+        mine = [event for event in events if event["detail"]["fault"] == seq]
+        assert [event["event"] for event in mine] == ["health", "fault", "heal", "health"], mine
+        assert mine[0]["detail"]["ok"] and mine[3]["detail"]["ok"], mine
+    # The replace: the first follower out (removed through another member), n4 in its slot, a voter.
+    replace, grow = injector.results
+    assert replace.detail is not None, replace
+    old = replace.nodes[0]
+    assert replace.detail["removed"] == old and replace.detail["removal"]["status"] == 200, replace
+    assert replace.detail["added"] == "n4" and replace.detail["outcome"] == "voter", replace
+    assert old not in cluster.ids and "n4" in cluster.ids
+    # The grow: n5 and n6 voters one after the other, then removed and dropped, the last first.
+    assert grow.detail is not None, grow
+    assert grow.detail["added"] == ["n5", "n6"] and grow.detail["outcome"] == "voters", grow
+    assert grow.detail["dropped"] == ["n6", "n5"] and grow.detail["shrink"] == "removed", grow
+    assert cluster.size == NODES and [slot.id for slot in cluster.departed] == [old, "n6", "n5"]
+    assert seen_urls[0] == seen_urls[-1] == cluster.urls and len(seen_urls[1]) == NODES + 1 and len(seen_urls[2]) == 5
+    assert cluster.members_agree()[0]
+    summary = injector.summary()
+    assert summary["replaces"] == {"voter": 1} and summary["grows"] == {"voters, then removed": 1}
+
+    # The newcomer serves, and restarts on its data dir (its --join then changes nothing).
+    newcomer = cluster.ids.index("n4")
+    run_id = create_run(cluster.urls[newcomer], cluster.admin_key, "via-n4")
+    cluster.kill(newcomer)
+    cluster.start(newcomer)
+    cluster.wait_healthy()
+    assert run_state(cluster.urls[newcomer], cluster.admin_key, run_id) == "ACTIVE"
+    cluster.wait_members(30.0)
+    cluster.wait_converged()
+
+
+def test_membership_outcomes_are_read_from_the_details() -> None:
+    def outcome(kind: str, detail: dict[str, Any] | None) -> str:
+        return membership_outcome(FaultResult(0, kind, "follower", 0.0, 0.0, at=1.0, detail=detail))
+
+    assert outcome("replace", {"outcome": "voter"}) == "voter"
+    assert outcome("replace", {"outcome": "not-removed"}) == "not-removed"
+    assert outcome("replace", None) == "error"
+    assert outcome("grow", {"outcome": "voters", "shrink": "removed"}) == "voters, then removed"
+    assert outcome("grow", {"outcome": "not-voter"}) == "not-voter, then error"
+
+
+def test_a_proxy_finds_which_process_dialed() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        listen_port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", listen_port)) as client:
+            accepted, (_, peer_port) = server.accept()
+            with accepted:
+                assert peer_port == client.getsockname()[1]
+                assert dialer_of(peer_port, listen_port, {"other": 1, "me": os.getpid()}) == "me"
+                assert dialer_of(peer_port, listen_port, {"other": 1}) is None
+                assert dialer_of(listen_port, peer_port, {"me": os.getpid()}) == "me"  # the accepted side
+                assert dialer_of(peer_port, listen_port + 1, {"me": os.getpid()}) is None
 
 
 def test_close_leaves_no_process(cluster: ChaosCluster) -> None:
