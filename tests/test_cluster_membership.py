@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runstate_server.actors.dispatch import COMMAND_LEVEL
 from runstate_server.node.membership import MEMBERSHIP_FILE_NAME
-from tests._cluster import Cluster
+from tests._cluster import Cluster, get_json
 from tests._http import Api, mailbox_id, submit_task
 from tests._prometheus import scrape, value
 from tests.test_admin_cli import ok_json, refused
@@ -122,6 +122,12 @@ def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Call
         cluster.spawn(new)
 
         def promoted() -> bool:
+            # The new node's own view, a learner's or a voter's, names every member once.
+            answer = get_json(f"{cluster.urls[new]}/v1/cluster", key=cluster.admin_key)
+            if answer is not None and answer[0] == 200:
+                own_view = answer[1]
+                ids = [node["id"] for node in own_view["nodes"]]
+                assert sorted(ids) == sorted({*ids, *(cluster.ids[index] for index in survivors)}), own_view
             view = cluster.api(survivors[0]).resending().ok("GET", "/v1/cluster")
             nodes = {node["id"]: node for node in view["nodes"]}
             return cluster.ids[new] in nodes and nodes[cluster.ids[new]]["voter"] is True

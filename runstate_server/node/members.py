@@ -3,7 +3,7 @@
 A node joins as a learner: `add_learner` records it in the replicated state (`cluster.learner_add`)
 and the node follows the log as pysyncobj's read-only node. While this node leads, `run` checks each
 learner's applied index (its public `GET /v1/health`) against the leader's commit index of the
-moment of the check; once it reached it, the leader adds it to the configuration as a voter
+moment of the check; once it is within PROMOTION_SLACK_ENTRIES of it, the leader adds it to the configuration as a voter
 (pysyncobj's membership entry) and forgets it as a learner. The learner, seeing itself among the
 voters of the configuration it applies, restarts its log as a voter on the same data dir. So a slow
 or empty node never counts for a majority before it holds the log.
@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 0.5  # how often a leader looks at its learners, and a learner at the configuration
 HEALTH_TIMEOUT_S = 1.0  # a learner's answer to the leader's look at its applied index
+# A learner within this many entries of the leader's commit index of the moment of the check is
+# caught up: under a steady write load one that keeps up trails by the entries in flight (a few
+# milliseconds of replication), and waiting for a lull could take as long as the load lasts.
+PROMOTION_SLACK_ENTRIES = 16
 CHANGE_TIMEOUT_S = 5.0  # a membership entry commits like any other; beyond this its outcome is unknown
 
 
@@ -113,7 +117,7 @@ class MembershipKeeper:
                 continue
             commit_index = node.log.commit_index
             applied = await _applied_index(session, str(learner.api_url))
-            if applied is None or applied < commit_index:
+            if applied is None or applied < commit_index - PROMOTION_SLACK_ENTRIES:
                 continue
             await node.log.change_membership("add", learner, CHANGE_TIMEOUT_S)
             log.warning("promoted learner %s to voter (applied %d, commit index %d)", learner.node_id, applied, commit_index)

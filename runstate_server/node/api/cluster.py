@@ -51,7 +51,9 @@ async def cluster_view(request: web.Request) -> web.Response:
             view["id"] = peer_id
             return view
 
-        others = [*node.members()[1:], *node.membership.learners()]
+        # This node first (a voter or a learner), then the other voters, then the other learners.
+        others = [member for member in node.members() if member.address != node.raft_address]
+        others += [member for member in node.membership.learners() if member.address != node.raft_address]
         peers = await asyncio.gather(*(
             peer_view(member.node_id or member.address, member.api_url or "") for member in others
         ))
