@@ -27,7 +27,8 @@ def admin(cluster: Cluster, index: int) -> tuple[str, ...]:
 
 
 def voters(cluster: Cluster, index: int) -> list[str]:
-    return sorted(node["id"] for node in cluster.api(index).resending().ok("GET", "/v1/cluster")["nodes"])
+    view = cluster.api(index).resending().ok("GET", "/v1/cluster")
+    return sorted(node["id"] for node in view["nodes"] if node["voter"])
 
 
 def wait_level_proven(cluster: Cluster) -> None:
@@ -98,6 +99,23 @@ def test_changes_that_would_cost_the_quorum_or_name_no_member_are_refused(
     secret = api.ok("POST", "/v1/keys", {"space": space, "permissions": ["admin"]})["key"]
     tenant = Api(cluster.urls[leader], key=secret)
     assert tenant.error("DELETE", f"/v1/cluster/members/{cluster.ids[dead]}") == (403, "FORBIDDEN")
+    assert voters(cluster, leader) == everyone
+
+    # A learner recorded from the shell: not promoted until it has caught up (it never started),
+    # and a second one waits for the first; removing it forgets it.
+    assert "no learner 'n9'" in refused("NOT_FOUND", "cluster", "promote", "n9", *admin(cluster, leader))
+    added = ok_json("cluster", "add", "--node-id", "n9", "--raft", "127.0.0.1:1", "--api-url", "http://127.0.0.1:1",
+                    *admin(cluster, leader))
+    assert added["learner"] == {"id": "n9", "raftAddress": "127.0.0.1:1", "apiUrl": "http://127.0.0.1:1", "voter": False}
+    assert "has not caught up yet" in refused("CONFLICT", "cluster", "promote", "n9", *admin(cluster, leader))
+    assert "still catching up" in refused("CONFLICT", "cluster", "add", "--node-id", "n10", "--raft", "127.0.0.1:2",
+                                          "--api-url", "http://127.0.0.1:2", *admin(cluster, leader))
+    assert "voter n" in refused("CONFLICT", "cluster", "add", "--node-id", cluster.ids[alive], "--raft", "127.0.0.1:3",
+                                "--api-url", "http://127.0.0.1:3", *admin(cluster, leader))
+    view = cluster.api(leader).resending().ok("GET", "/v1/cluster")
+    assert [node["voter"] for node in view["nodes"] if node["id"] == "n9"] == [False]
+    assert ok_json("cluster", "remove", "n9", *admin(cluster, leader))["removed"] == "n9"
+    assert "n9" not in [node["id"] for node in cluster.api(leader).resending().ok("GET", "/v1/cluster")["nodes"]]
     assert voters(cluster, leader) == everyone
 
 

@@ -81,7 +81,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `members`, `add`, `remove` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
+    """Add `members`, `add`, `promote`, `remove` and `transfer-leader` to `runstate cluster`; run them with `run_admin_command`
     (the parsed arguments carry `admin_action`)."""
     _leaf(cluster_commands, "members", "show the cluster's members: role, voter, lag, reachable", _members)
     transfer = _leaf(
@@ -98,6 +98,12 @@ def add_cluster_commands(cluster_commands: argparse._SubParsersAction[argparse.A
     add.add_argument("--node-id", required=True, metavar="ID", help="the new node's id")
     add.add_argument("--raft", required=True, metavar="HOST:PORT", help="its Raft address, as the others reach it")
     add.add_argument("--api-url", required=True, metavar="URL", help="its API's URL, as the others reach it")
+    promote = _leaf(
+        cluster_commands, "promote",
+        "make a learner a voter now, refused until it has caught up (the leader does it by itself then)",
+        _promote_member,
+    )
+    promote.add_argument("node_id", metavar="ID")
     remove = _leaf(
         cluster_commands, "remove",
         "remove a voter, e.g. a dead machine's before its replacement joins (needs an operator admin key)",
@@ -209,6 +215,12 @@ def _add_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, 
     answer = client.request("POST", "/v1/cluster/members", body)
     return (f"recorded {answer['learner']['id']} as a learner: start it with runstate node --join; the leader "
             "makes it a voter once it has caught up"), answer
+
+
+def _promote_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:
+    answer = client.request("POST", f"/v1/cluster/members/{quote(args.node_id, safe='')}/promote", {})
+    voters = ", ".join(str(member["id"] or member["raftAddress"]) for member in answer["voters"])
+    return f"promoted {answer['promoted']}; the voters now: {voters}", answer
 
 
 def _remove_member(client: OperatorClient, args: argparse.Namespace) -> tuple[str, Any]:

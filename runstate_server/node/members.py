@@ -109,19 +109,41 @@ class MembershipKeeper:
                 except Exception:  # never let the keeper die: the next round tries again
                     log.exception("membership: a round failed (asked again in %s s)", CHECK_PERIOD_S)
 
-    async def _promote_caught_up_learners(self, session: aiohttp.ClientSession) -> None:
+    async def promote(self, node_id: str) -> dict[str, Any]:
+        """Promote the learner `node_id` now (POST /v1/cluster/members/{id}/promote), as the
+        leader would by itself: CONFLICT unless it has caught up; NOT_FOUND for no learner."""
+        learner = next((member for member in self.learners() if member.node_id == node_id), None)
+        if learner is None:
+            names = ", ".join(str(member.node_id) for member in self.learners()) or "none"
+            raise ApiError("NOT_FOUND", f"no learner {node_id!r} (the learners: {names})")
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            promoted = await self._promote_if_caught_up(session, learner)
+        if promoted is not None:
+            raise ApiError("CONFLICT", f"{node_id} has not caught up yet ({promoted}): promote it once it has")
         node = self._node
+        return {"promoted": node_id, "voters": [node.member_view(member) for member in node.members()]}
+
+    async def _promote_caught_up_learners(self, session: aiohttp.ClientSession) -> None:
         for learner in self.learners():
-            if any(voter.address == learner.address for voter in node.members()):
-                await self.drop_learner(str(learner.node_id))  # promoted by a leader that lost its lead before this
-                continue
-            commit_index = node.log.commit_index
-            applied = await _applied_index(session, str(learner.api_url))
-            if applied is None or applied < commit_index - PROMOTION_SLACK_ENTRIES:
-                continue
-            await node.log.change_membership("add", learner, CHANGE_TIMEOUT_S)
-            log.warning("promoted learner %s to voter (applied %d, commit index %d)", learner.node_id, applied, commit_index)
-            await self.drop_learner(str(learner.node_id))
+            await self._promote_if_caught_up(session, learner)
+
+    async def _promote_if_caught_up(self, session: aiohttp.ClientSession, learner: Member) -> str | None:
+        """Make `learner` a voter if it has caught up; None when it is one now, else why not."""
+        node = self._node
+        if any(voter.address == learner.address for voter in node.members()):
+            await self.drop_learner(str(learner.node_id))  # promoted by a leader that lost its lead before this
+            return None
+        commit_index = node.log.commit_index
+        applied = await _applied_index(session, str(learner.api_url))
+        if applied is None:
+            return f"its API at {learner.api_url} did not answer"
+        if applied < commit_index - PROMOTION_SLACK_ENTRIES:
+            return f"applied index {applied}, the leader's commit index {commit_index}"
+        await node.log.change_membership("add", learner, CHANGE_TIMEOUT_S)
+        log.warning("promoted learner %s to voter (applied %d, commit index %d)", learner.node_id, applied, commit_index)
+        await self.drop_learner(str(learner.node_id))
+        return None
 
     async def _become_voter_once_promoted(self) -> None:
         node = self._node

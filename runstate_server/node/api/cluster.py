@@ -14,6 +14,7 @@ from aiohttp import web
 
 from runstate_server.actors import limits
 from runstate_server.actors.state import to_snapshot
+from runstate_server.cluster.errors import ChangeRefused, LogUnavailable, NotLeader
 from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
 from runstate_server.node.api.health import health_view
@@ -131,6 +132,25 @@ async def add_member(request: web.Request) -> web.Response:
     _require_operator(request, "adding a member")
     body = await req.json_body(request)
     return json_response(await node_of(request).membership.add_learner(*_new_member(body)))
+
+
+@routes(
+    "POST", "/v1/cluster/members/{id}/promote",
+    "Make a learner a voter now, as the leader does by itself once it has caught up: refused until it has "
+    "(an operator admin key)",
+    errors=("FORBIDDEN", "NOT_FOUND", "CONFLICT", "UNAVAILABLE"), permission=ADMIN,
+    answer=obj({"promoted": STRING, "voters": array(MEMBER)}),
+)
+async def promote_member(request: web.Request) -> web.Response:
+    _require_operator(request, "promoting a learner")
+    node = node_of(request)
+    node.require_dynamic_membership()
+    try:
+        return json_response(await node.membership.promote(request.match_info["id"]))
+    except ChangeRefused as error:
+        raise ApiError("CONFLICT", f"{error}; try again in a moment") from None
+    except (NotLeader, LogUnavailable) as error:
+        raise ApiError("UNAVAILABLE", str(error)) from None
 
 
 @routes(
