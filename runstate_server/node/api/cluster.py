@@ -126,7 +126,7 @@ def _new_member(body: dict[str, Any]) -> tuple[str, str, str]:
     "it caught up (an operator admin key; the node itself starts with `runstate node --join`)",
     body=_NEW_MEMBER, required=("nodeId", "raftAddress", "apiUrl"),
     errors=("VALIDATION_FAILED", "FORBIDDEN", "CONFLICT", "UNAVAILABLE"), permission=ADMIN,
-    answer=obj({"learner": MEMBER, "voters": array(MEMBER)}),
+    answer=obj({"learner": MEMBER, "voters": array(MEMBER), "epoch": INTEGER}),
 )
 async def add_member(request: web.Request) -> web.Response:
     _require_operator(request, "adding a member")
@@ -159,7 +159,7 @@ async def promote_member(request: web.Request) -> web.Response:
     f"cluster secret ({JOIN_PROOF_HEADER}: HMAC-SHA256 of the body)",
     body=_NEW_MEMBER, required=("nodeId", "raftAddress", "apiUrl"),
     errors=("VALIDATION_FAILED", "UNAUTHENTICATED", "CONFLICT", "UNAVAILABLE"), permission=PUBLIC,
-    answer=obj({"learner": MEMBER, "voters": array(MEMBER)}),
+    answer=obj({"learner": MEMBER, "voters": array(MEMBER), "epoch": INTEGER}),
 )
 async def join(request: web.Request) -> web.Response:
     node = node_of(request)

@@ -12,7 +12,7 @@ from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, en
 
 HEALTH = obj({
     "status": enum("ok", "unavailable"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
-    "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER,
+    "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER, "epoch": INTEGER,
 })
 
 routes = RouteTable()
