@@ -51,6 +51,10 @@ from typing import Any
 
 from chaos.proxy import NodeProxy
 
+# What a node that joined keeps in its data dir (the server's runstate_server/node/membership.py;
+# the harness imports nothing of the server).
+MEMBERSHIP_FILE_NAME = "membership.json"
+
 NODES = 3  # the cluster's first members (and how many voters a replace keeps)
 NODES_MAX = 5  # the most it ever has (a grow adds two)
 HOST = "127.0.0.1"
@@ -303,7 +307,9 @@ class ChaosCluster:
         ]
         for peer in slot.peers:
             command += ["--peer", f"{peer.id},{peer.raft},{peer.url}"]
-        if not slot.peers:
+        # A node that joined keeps its role and the voters in its data dir: a restart needs no --join
+        # (and at a restart of every node there is no member running to name).
+        if not slot.peers and not (self.data_dir(index) / MEMBERSHIP_FILE_NAME).exists():
             members = [other.url for other_index, other in enumerate(self.slots) if other_index != index and self.running(other_index)]
             command += ["--join", ",".join(members)]
         return command
