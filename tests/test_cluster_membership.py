@@ -6,9 +6,13 @@ nothing."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
+
+import runstate
 
 from runstate_server.actors.dispatch import COMMAND_LEVEL
 from runstate_server.node.membership import MEMBERSHIP_FILE_NAME
@@ -19,6 +23,7 @@ from tests.test_admin_cli import ok_json, refused
 from tests.test_cluster_transfer import Load
 
 LEVEL_TIMEOUT_S = 30.0
+SDK_LOAD_PAUSE_S = 0.005  # between two submits of the SDK's load
 CLI_TIMEOUT_S = 60.0  # a node that refuses its settings exits long before
 
 
@@ -119,6 +124,40 @@ def test_changes_that_would_cost_the_quorum_or_name_no_member_are_refused(
     assert voters(cluster, leader) == everyone
 
 
+class SdkLoad:
+    """Keyed submits through the Python SDK (the published client's retries and failover), one
+    after another, until stopped: the task ids it acknowledged by key, and every error it raised
+    (an error it did not retry by itself)."""
+
+    def __init__(self, cluster: Cluster, nodes: list[int]) -> None:
+        self.acknowledged: dict[str, str] = {}
+        self.raised: list[BaseException] = []
+        self._stop = threading.Event()
+        urls = [cluster.urls[index] for index in nodes]
+        self._thread = threading.Thread(target=self._run, args=(urls, cluster.admin_key), daemon=True)
+
+    def __enter__(self) -> SdkLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self, urls: list[str], key: str) -> None:
+        with runstate.Runstate(base_url=urls, api_key=key) as client:
+            mailbox = client.scopes.create().mailbox("work")
+            for number in itertools.count():
+                if self._stop.wait(SDK_LOAD_PAUSE_S):
+                    return
+                try:
+                    ticket = mailbox.submit({"n": number}, key=f"sdk-{number}")
+                except Exception as error:  # noqa: BLE001 - recorded: the test fails on any
+                    self.raised.append(error)
+                    continue
+                self.acknowledged[f"sdk-{number}"] = ticket.id
+
+
 def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Callable[..., Cluster]) -> None:
     """The documented replacement: remove the dead node, start the new machine with --join. Under a
     steady keyed-submit load: the new node is a learner first, a voter once it caught up; every
@@ -132,7 +171,7 @@ def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Call
     dead = next(index for index in range(cluster.size) if index != leader)
     survivors = [index for index in range(cluster.size) if index != dead]
 
-    with Load(cluster, run_id, mailbox, nodes=survivors) as load:
+    with Load(cluster, run_id, mailbox, nodes=survivors) as load, SdkLoad(cluster, survivors) as sdk:
         cluster.wait_until("a few acknowledged writes", lambda: len(load.acknowledged) >= 20 or None, LEVEL_TIMEOUT_S)
         cluster.kill(dead)
         ok_json("cluster", "remove", cluster.ids[dead], *admin(cluster, survivors[0]))
@@ -156,10 +195,11 @@ def test_a_dead_node_is_replaced_under_load_by_one_that_joins(make_cluster: Call
                            LEVEL_TIMEOUT_S)
 
     assert load.failures == []
+    assert sdk.raised == [] and len(sdk.acknowledged) > 20, (sdk.raised, len(sdk.acknowledged))
     members = [*survivors, new]
     assert voters(cluster, survivors[0]) == sorted(cluster.ids[index] for index in members)
     reader = cluster.api(new).resending()
-    for key, task_id in load.acknowledged.items():
+    for key, task_id in [*load.acknowledged.items(), *sdk.acknowledged.items()]:
         assert reader.ok("GET", f"/v1/tasks/{task_id}")["taskKey"] == key
     cluster.wait_same_digest(members)
     # The new node restarts from its data dir (it names its role and the voters), a voter still.
