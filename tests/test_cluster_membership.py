@@ -70,13 +70,21 @@ def test_a_dead_node_is_removed_and_the_configuration_outlives_restarts(make_clu
     now_leading = cluster.wait_healthy([leader, other])
     assert voters(cluster, other) == sorted(cluster.ids[i] for i in (leader, other))
 
-    # The removed node comes back with its data: nobody answers it, it never leads, the others go on.
+    # The removed node comes back with its data: nobody answers it, it never leads, the others go
+    # on; it learns from the leader's health that it is out, says so, and never starts again.
     cluster.spawn(dead)  # never healthy: no member answers it
     cluster.wait_until("the removed node up", lambda: cluster.health(dead), LEVEL_TIMEOUT_S)
     later = submit_task(cluster.api(now_leading).resending(), run_id, {"n": 3}, "later")
     assert cluster.leader_index(exclude=[dead]) in (leader, other)
-    removed_health = cluster.health(dead)
-    assert removed_health is not None and removed_health["role"] != "leader"
+    removed_health = cluster.wait_until(
+        "the removed node to know", lambda: (view := cluster.health(dead)) and view["status"] == "removed" and view,
+        LEVEL_TIMEOUT_S,
+    )
+    assert removed_health["role"] != "leader"
+    assert Api(cluster.urls[dead], key=cluster.admin_key).error("GET", "/v1/cluster") == (503, "REMOVED")
+    cluster.kill(dead)
+    again = subprocess.run(cluster.command(dead), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert again.returncode == 2 and "was removed from its cluster" in again.stderr, again.stderr
     reader = cluster.api(cluster.leader_index(exclude=[dead])).resending()
     for task in (before, after, later):
         assert reader.ok("GET", f"/v1/tasks/{task['id']}")["taskKey"] == task["taskKey"]

@@ -60,6 +60,7 @@ try:
     )
     from runstate_server.node.membership import (
         LEARNER,
+        REMOVED,
         VOTER,
         JoinError,
         Membership,
@@ -428,6 +429,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         api_url = (setting(args.advertise_url, "advertise_url") or f"http://{host}:{port}").rstrip("/")
         epoch = force_new_cluster(data_path, node_id, raft, api_url, epoch)
         peers = ()
+    elif kept is not None and kept.role == REMOVED:
+        raise ConfigError(
+            f"{node_id} was removed from its cluster: it does not start again on {data_path}; wipe that data dir and "
+            "start it with --join to be a member again"
+        )
     elif kept is not None:  # a node that joined once: its data dir names its role and the voters
         peers, learner = tuple(peer for peer in kept.voters if peer.id != node_id), kept.role == LEARNER
     elif join_urls:

@@ -57,6 +57,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "ALLOWANCE_COOLDOWN": 429,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
+    "REMOVED": 503,  # this node was removed from its cluster (node/members.py): it serves nothing more
 }
 
 

@@ -23,7 +23,7 @@ from runstate_server.cluster.log import LogUnavailable, NotLeader
 from runstate_server.cluster.membership import Member
 from runstate_server.node.config import Peer
 from runstate_server.node.errors import ApiError
-from runstate_server.node.membership import VOTER, Membership, write_membership
+from runstate_server.node.membership import REMOVED, VOTER, Membership, write_membership
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -36,12 +36,18 @@ HEALTH_TIMEOUT_S = 1.0  # a learner's answer to the leader's look at its applied
 # caught up: under a steady write load one that keeps up trails by the entries in flight (a few
 # milliseconds of replication), and waiting for a lull could take as long as the load lasts.
 PROMOTION_SLACK_ENTRIES = 16
-CHANGE_TIMEOUT_S = 5.0  # a membership entry commits like any other; beyond this its outcome is unknown
+CHANGE_TIMEOUT_S = 5.0
+# A voter that has known no leader this long asks the members it knows whether it is still one of
+# them (pysyncobj drops a removed node's connection as the removal is appended: it never hears).
+REMOVED_PROBE_AFTER_S = 3.0
+REMOVED_PROBE_EVERY_S = 2.0  # a membership entry commits like any other; beyond this its outcome is unknown
 
 
 class MembershipKeeper:
     def __init__(self, node: Node) -> None:
         self._node = node
+        self._leaderless_since: float | None = None  # the loop's clock
+        self._probed_at = float("-inf")
 
     # -- the routes' calls (a leader's) ----------------------------------------------------------
 
@@ -104,6 +110,8 @@ class MembershipKeeper:
                         await self._become_voter_once_promoted()
                     elif self._node.log.is_leader:
                         await self._promote_caught_up_learners(session)
+                    elif self._node.removed is None:
+                        await self._learn_if_removed(session)
                 except (ApiError, NotLeader, LogUnavailable, ChangeRefused) as error:
                     log.info("membership: %s (asked again in %s s)", error, CHECK_PERIOD_S)
                 except Exception:  # never let the keeper die: the next round tries again
@@ -145,6 +153,45 @@ class MembershipKeeper:
         await self.drop_learner(str(learner.node_id))
         return None
 
+    async def _learn_if_removed(self, session: aiohttp.ClientSession) -> None:
+        """A voter without a leader for REMOVED_PROBE_AFTER_S asks the members it knows; when one that
+        leads (at this node's epoch) names voters without this node, it was removed: it records so
+        in its data dir, stops its log (it never campaigns again) and answers REMOVED."""
+        node = self._node
+        now = asyncio.get_running_loop().time()
+        if node.log.leader_address is not None:
+            self._leaderless_since = None
+            return
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        if now - self._leaderless_since < REMOVED_PROBE_AFTER_S or now - self._probed_at < REMOVED_PROBE_EVERY_S:
+            return
+        self._probed_at = now
+        own = node.config.node_id
+        for member in node.members():
+            if member.address == node.raft_address or not member.api_url:
+                continue
+            view = await _health(session, member.api_url)
+            voters = view.get("voters") if view is not None else None
+            if (
+                view is not None and view.get("role") == "leader" and view.get("status") == "ok"
+                and view.get("epoch") == node.config.epoch and isinstance(voters, list) and own not in voters
+            ):
+                await self._become_removed(str(member.node_id or member.address), [str(voter) for voter in voters])
+                return
+
+    async def _become_removed(self, leader: str, voters: list[str]) -> None:
+        node = self._node
+        node.removed = (
+            f"{node.config.node_id} was removed from its cluster (its leader {leader} names the voters "
+            f"{', '.join(voters)}): it serves nothing more; wipe its data dir and start it with --join to serve again"
+        )
+        log.error("%s", node.removed)
+        if node.config.data_dir is not None:
+            own = Peer(node.config.node_id, node.raft_address, node.config.api_url)
+            write_membership(node.config.data_dir, Membership(REMOVED, (own,), node.config.epoch))
+        await node.log.stop()  # it never campaigns again
+
     async def _become_voter_once_promoted(self) -> None:
         node = self._node
         voters = node.log.voters()
@@ -161,10 +208,16 @@ class MembershipKeeper:
         await node.restart_log_as_voter(peers)
 
 
-async def _applied_index(session: aiohttp.ClientSession, api_url: str) -> int | None:
+async def _health(session: aiohttp.ClientSession, api_url: str) -> dict[str, Any] | None:
+    """A node's GET /v1/health body (200 or 503), None when it did not answer one."""
     try:
         async with session.get(f"{api_url}/v1/health") as answer:
-            applied = (await answer.json()).get("appliedIndex")
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+            view = await answer.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return None
+    return view if isinstance(view, dict) else None
+
+
+async def _applied_index(session: aiohttp.ClientSession, api_url: str) -> int | None:
+    applied = (await _health(session, api_url) or {}).get("appliedIndex")
     return applied if isinstance(applied, int) else None

@@ -32,6 +32,7 @@ JOIN_TIMEOUT_S = 60.0  # asking the members in turn until one records the node
 JOIN_REQUEST_TIMEOUT_S = 15.0  # one member's answer (the leader commits the learner first)
 JOIN_RETRY_PAUSE_S = 0.5
 LEARNER, VOTER = "learner", "voter"
+REMOVED = "removed"  # the node learned it was removed: it does not start again on this data dir
 
 
 class JoinError(Exception):
@@ -69,7 +70,7 @@ def read_membership(data_dir: Path) -> Membership | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"cannot read {path}: {error!r}") from None
-    if role not in (LEARNER, VOTER) or type(epoch) is not int or epoch < 1:
+    if role not in (LEARNER, VOTER, REMOVED) or type(epoch) is not int or epoch < 1:
         raise ConfigError(f"{path}: unknown role {role!r} or epoch {epoch!r}")
     return Membership(role, voters, epoch)
 

@@ -139,6 +139,8 @@ class Node:
         self.log = self._new_log(self.core, learner=config.learner, peers=config.peers)
         self.router = Router(self)
         self.membership = MembershipKeeper(self)
+        # Why this node serves nothing more (it was removed from its cluster), None while it serves.
+        self.removed: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: Runner | None = None
         self._lock_file: IO[bytes] | None = None

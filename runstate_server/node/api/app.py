@@ -119,10 +119,17 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     return response
 
 
+# What a node removed from its cluster still answers (its health says it was removed).
+REMOVED_STILL_ANSWERS = frozenset({"/v1/health", "/metrics"})
+
+
 @web.middleware
 async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Serve here if this node leads (or the route is node-local); else forward to the leader."""
-    router = request.app[NODE_KEY].router
+    node = request.app[NODE_KEY]
+    if node.removed is not None and request.path not in REMOVED_STILL_ANSWERS:
+        raise ApiError("REMOVED", node.removed)
+    router = node.router
     if not router.serves_here(request):
         forwarded = await router.forward(request)
         if forwarded is not None:

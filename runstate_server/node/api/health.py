@@ -8,11 +8,12 @@ from aiohttp import web
 
 from runstate_server.node._json import json_response
 from runstate_server.node.api.routes import PUBLIC, RouteTable, node_of
-from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, enum, obj
+from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, array, enum, obj
 
 HEALTH = obj({
-    "status": enum("ok", "unavailable"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
+    "status": enum("ok", "unavailable", "removed"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
     "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER, "epoch": INTEGER,
+    "voters": array(STRING),
 })
 
 routes = RouteTable()
@@ -27,8 +28,9 @@ def health_view(node: Node) -> dict[str, Any]:
     raft = node.log
     with node.read() as state:
         bootstrapped = not node.config.auth or state.operator_space is not None
+    status = "ok" if raft.leader_address is not None and bootstrapped else "unavailable"
     return {
-        "status": "ok" if raft.leader_address is not None and bootstrapped else "unavailable",
+        "status": "removed" if node.removed is not None else status,
         "nodeId": node.config.node_id,
         "role": raft.role,
         "leader": raft.leader_address,
@@ -36,6 +38,8 @@ def health_view(node: Node) -> dict[str, Any]:
         "appliedIndex": raft.applied_index,
         "commitIndex": raft.commit_index,
         "epoch": node.config.epoch,  # the cluster's: 1, plus one per forced recovery
+        # The voters of the configuration this node applies (a removed node learns it from these).
+        "voters": [member.node_id or member.address for member in node.members()],
         "longPolls": len(node.waiters),  # parked here now
     }
 
