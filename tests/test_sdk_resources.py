@@ -383,7 +383,11 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
             while not (await rs.limits.status("tokens"))["waiters"]:
                 assert time.monotonic() < deadline, "the first take never joined the line"
                 await asyncio.sleep(0.01)
-            second = asyncio.create_task(take(2, 1))  # it would fit now, but waits behind the first
+            # It would fit now (3 + 3 <= 10), but waits behind the first; and when the window opens
+            # the first's 8 leave no room for it (8 + 3 > 10), so it is granted a window later: the
+            # order seen is the server's line, not which of two pollers looked first (both granted
+            # at once, they could finish in either order on a loaded machine).
+            second = asyncio.create_task(take(2, 3))
             await asyncio.gather(first, second)
             assert order == [1, 2]
             with pytest.raises(ConfigError):
