@@ -79,7 +79,8 @@ async def whoami(request: web.Request) -> web.Response:
     })
 
 
-def _require_operator(caller: Caller, what: str) -> None:
+def require_operator(caller: Caller, what: str) -> None:
+    """FORBIDDEN unless `caller` holds an admin key of the operator space (operator routes)."""
     if not caller.operator:
         raise ApiError("FORBIDDEN", f"{what} needs an admin key of the operator space")
 
@@ -91,7 +92,7 @@ def _require_operator(caller: Caller, what: str) -> None:
 )
 async def create_space(request: web.Request) -> web.Response:
     caller = caller_of(request)
-    _require_operator(caller, "creating a space")
+    require_operator(caller, "creating a space")
     body = await req.json_body(request, required=False)
     space_id = req.text(body, "id", max_chars=limits.name_chars_max)
     if space_id is not None and not SPACE_ID.match(space_id):
@@ -119,7 +120,7 @@ def _target_space(caller: Caller, space_id: str | None) -> str:
         return caller.space
     if not SPACE_ID.match(space_id):
         raise ApiError("VALIDATION_FAILED", "space must be 1 to 128 letters, digits, '_', '.' or '-'")
-    _require_operator(caller, "managing another space's keys")
+    require_operator(caller, "managing another space's keys")
     return space_id
 
 

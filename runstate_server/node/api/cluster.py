@@ -17,6 +17,7 @@ from runstate_server.actors.state import to_snapshot
 from runstate_server.cluster.errors import ChangeRefused, LogUnavailable, NotLeader
 from runstate_server.node._json import json_response
 from runstate_server.node.api import _request as req
+from runstate_server.node.api.access import require_operator
 from runstate_server.node.api.health import health_view
 from runstate_server.node.api.routes import ADMIN, ANY_KEY, PUBLIC, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STRING_OR_NULL, array, obj
@@ -75,11 +76,6 @@ async def cluster_view(request: web.Request) -> web.Response:
 MEMBER = obj({"id": STRING_OR_NULL, "raftAddress": STRING, "apiUrl": STRING_OR_NULL, "voter": BOOLEAN})
 
 
-def _require_operator(request: web.Request, what: str) -> None:
-    if not caller_of(request).operator:
-        raise ApiError("FORBIDDEN", f"{what} needs an admin key of the operator space")
-
-
 @routes(
     "DELETE", "/v1/cluster/members/{id}",
     "Remove a voter from the cluster's configuration, e.g. a dead machine's before its replacement joins "
@@ -89,7 +85,7 @@ def _require_operator(request: web.Request, what: str) -> None:
     answer=obj({"removed": STRING, "members": array(MEMBER)}),
 )
 async def remove_member(request: web.Request) -> web.Response:
-    _require_operator(request, "removing a member")
+    require_operator(caller_of(request), "removing a member")
     node, node_id = node_of(request), request.match_info["id"]
     if await node.membership.drop_learner(node_id):
         return json_response({"removed": node_id, "members": [node.member_view(member) for member in node.members()]})
@@ -129,7 +125,7 @@ def _new_member(body: dict[str, Any]) -> tuple[str, str, str]:
     answer=obj({"learner": MEMBER, "voters": array(MEMBER), "epoch": INTEGER}),
 )
 async def add_member(request: web.Request) -> web.Response:
-    _require_operator(request, "adding a member")
+    require_operator(caller_of(request), "adding a member")
     body = await req.json_body(request)
     return json_response(await node_of(request).membership.add_learner(*_new_member(body)))
 
@@ -142,7 +138,7 @@ async def add_member(request: web.Request) -> web.Response:
     answer=obj({"promoted": STRING, "voters": array(MEMBER)}),
 )
 async def promote_member(request: web.Request) -> web.Response:
-    _require_operator(request, "promoting a learner")
+    require_operator(caller_of(request), "promoting a learner")
     node = node_of(request)
     node.require_dynamic_membership()
     try:
@@ -180,7 +176,7 @@ async def join(request: web.Request) -> web.Response:
     answer=obj({"leader": STRING_OR_NULL, "previousLeader": STRING, "transferred": BOOLEAN}),
 )
 async def transfer_leader(request: web.Request) -> web.Response:
-    _require_operator(request, "handing leadership over")
+    require_operator(caller_of(request), "handing leadership over")
     body = await req.json_body(request, required=False)
     to_id = req.text(body, "to", max_chars=limits.name_chars_max)
     return json_response(await node_of(request).transfer_leadership(to_id))
