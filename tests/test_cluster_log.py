@@ -37,7 +37,7 @@ async def running_log(
     machine = state_machine or RecordingMachine()
     log = ReplicatedLog(
         machine,
-        self_address=f"127.0.0.1:{free_port()}",
+        self_address=options.pop("self_address", None) or f"127.0.0.1:{free_port()}",
         data_dir=data_dir,
         password="test-password",
         **options,

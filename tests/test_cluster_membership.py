@@ -295,3 +295,51 @@ def test_a_survivor_of_a_lost_majority_is_forced_into_a_new_cluster_and_grows_ag
     assert new_health["epoch"] == 2
     cluster.wait_same_digest([survivor, new])
     assert lost not in cluster.live()
+
+
+COMPACT_AFTER = 100  # entries: the first writes compact every node's log, the rest of the test does not
+
+
+def test_a_learner_catches_up_from_a_leader_that_joined_after_its_dump(make_cluster: Callable[..., Cluster]) -> None:
+    """A leader that joined as a replacement holds the dump it installed then, whose configuration
+    does not name it. A learner that installs that dump still follows the leader that sent it,
+    takes the membership entries after the dump, and becomes a voter (chaos seed 4042: it dropped
+    its connection to that leader and stayed at the dump's index)."""
+    cluster = make_cluster("--compact-after", str(COMPACT_AFTER)).start()
+    wait_level_proven(cluster)
+    first = cluster.leader_index()
+    api = cluster.api(first).resending()
+    run_id = api.ok("POST", "/v1/scopes", {})["id"]
+    mailbox_id(api)
+    tasks = [submit_task(api, run_id, {"n": n}, f"before-{n}") for n in range(COMPACT_AFTER + 20)]
+    cluster.wait_until("a dump on the leader", lambda: (cluster.data_dir(first) / "raft.dump").exists() or None,
+                       LEVEL_TIMEOUT_S)
+    replaced, later = (index for index in range(cluster.size) if index != first)
+
+    def becomes_voter(new: int, asked: int) -> None:
+        cluster.wait_until(f"{cluster.ids[new]} a voter", lambda: cluster.ids[new] in voters(cluster, asked),
+                           LEVEL_TIMEOUT_S)
+
+    # The replacement installs the first leader's dump (it names the three first nodes), then leads.
+    cluster.kill(replaced)
+    ok_json("cluster", "remove", cluster.ids[replaced], *admin(cluster, first))
+    joined = cluster.add_node(join=[first])
+    cluster.spawn(joined)
+    becomes_voter(joined, first)
+    assert (cluster.data_dir(joined) / "raft.dump").exists()
+    ok_json("cluster", "transfer-leader", "--to", cluster.ids[joined], *admin(cluster, first))
+    assert cluster.leader_index() == joined
+
+    # The next replacement learns from it: it catches up and is promoted.
+    cluster.kill(later)
+    ok_json("cluster", "remove", cluster.ids[later], *admin(cluster, joined))
+    last = cluster.add_node(join=[joined])
+    cluster.spawn(last)
+    becomes_voter(last, joined)
+    members = [first, joined, last]
+    assert voters(cluster, joined) == sorted(cluster.ids[index] for index in members)
+    after = submit_task(cluster.api(joined).resending(), run_id, {"n": -1}, "after")
+    cluster.wait_same_digest(members)
+    reader = cluster.api(last).resending()
+    for task in [*tasks, after]:
+        assert reader.ok("GET", f"/v1/tasks/{task['id']}")["taskKey"] == task["taskKey"]

@@ -166,12 +166,16 @@ def test_pysyncobj_calls_every_override_and_a_pre_vote_round_precedes_the_first_
             await eventually(lambda: counts["RaftNode._SyncObj__onNodeDisconnected"] > 0)
         # A node with a dump loads it as it starts (and then the journal's membership entries).
         data_dir = tmp_path / "alone"
-        async with running_log(data_dir, config=LogConfig(log_compaction_entries_min=COMPACT_AFTER)) as (log, _):
+        address = f"127.0.0.1:{free_port()}"
+        config = LogConfig(log_compaction_entries_min=COMPACT_AFTER)
+        async with running_log(data_dir, config=config, self_address=address) as (log, _):
             for index in range(3 * COMPACT_AFTER):
                 await log.propose({"type": "add", "id": index})
             await eventually(lambda: (data_dir / DUMP_FILE_NAME).exists())
-        async with running_log(data_dir):
+        # With dynamic membership, the dump's configuration is applied as it loads.
+        async with running_log(data_dir, config=LogConfig(dynamic_membership=True), self_address=address):
             await eventually(lambda: counts["RaftNode._SyncObj__loadDumpFile"] > 0)
+            await eventually(lambda: counts["RaftNode._SyncObj__updateClusterConfiguration"] > 0)
 
     asyncio.run(scenario())
     assert sorted(key for key in expected if counts[key] == 0) == []

@@ -75,6 +75,7 @@ def _syncobj_seams() -> list[Seam]:
         "_SyncObj__onNodeDisconnected": _PREVOTE,
         "_SyncObj__onMessageReceived": f"{_PREVOTE}, {_READ_INDEX}, snapshot chunks' commit index",
         "_SyncObj__loadDumpFile": f"{_RAFT} (the journal's membership entries applied after the dump)",
+        "_SyncObj__updateClusterConfiguration": f"{_RAFT} (a dump's configuration keeps its sender)",
     }
     called = {
         "_isLeader": _RAFT, "_getLeader": _LOG, "_SyncObj__getCurrentLogIndex": _RAFT,

@@ -105,6 +105,19 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self.conf.dynamicMembershipChange:
             self.apply_logged_configuration()  # the dump's configuration, then the journal's changes
 
+    def _SyncObj__updateClusterConfiguration(self, newNodes: list[Any]) -> None:
+        # pysyncobj calls this only from __loadDumpFile, with the configuration the dump holds: the
+        # one of the dump's index, older than the entries its sender sends next. A dump installed
+        # from a leader that joined after it was written does not name that leader, and pysyncobj
+        # dropped the connection to it: a learner (which connects only to the voters it knows)
+        # then heard nothing more, stuck at the dump's index (chaos seed 4042: a replacement never
+        # caught up). The sender stays a member until the membership entries after the dump,
+        # which it sends next, say what the configuration is (adding it again is then a no-op).
+        leader = self._SyncObj__raftLeader
+        if leader is not None and leader != self._SyncObj__selfNode and leader not in newNodes:
+            newNodes = [*newNodes, leader]
+        SyncObj._SyncObj__updateClusterConfiguration(self, newNodes)
+
     @replicated
     def apply_batch(self, batch: bytes) -> list[Any]:
         return self._bridge.apply_batch(batch)
