@@ -1082,10 +1082,24 @@ def test_events_an_acknowledged_change_without_its_event_or_with_two() -> None:
     assert "has 2 task.created events" in found
 
 
+def test_events_a_change_acknowledged_after_the_last_read_to_the_end_is_a_note() -> None:
+    """No final read (a run whose cluster did not recover): what was acknowledged after the last
+    page that found the end of the log may be past what the pages saw; before it, it may not."""
+    h = evented()
+    h.submit("t2", 8.6, 8.7, key="k2")  # after the final read's call (8): its event may be past it
+    parsed = parse_history(h.history_lines())
+    assert checker.check_events(parsed) == []
+    assert any("after the last read of the log to its end" in note for note in parsed.notes)
+    earlier = evented()
+    earlier.submit("t2", 7.5, 7.9, key="k2")  # acknowledged before the final read's call
+    assert "an acknowledged submit's task has no task.created event" in messages(earlier.violations("events"))
+
+
 def test_events_a_change_missing_from_a_log_not_seen_whole_is_a_note() -> None:
     h = H().op("run_create", {"idem": "k1"}, 0, 1, {"run": "run1"}).submit("t1", 1, 2)
     # Events 1 to 9 fell out of the bounded log before any page read them.
     page(h, [event(10, "task.created", "t1")], None, 3)
+    page(h, [], 10, 5, client="final-events", op="events_read")
     h.fail("watch", {"watcher": "watcher-1", "cursor": 3, "limit": 200, "resume": "older", "node": 0}, 4, 4.1,
            "CURSOR_EXPIRED", client="watcher-1")
     parsed = parse_history(h.history_lines())
@@ -1190,6 +1204,7 @@ def test_events_an_acknowledged_resource_change_or_a_run_below_a_cancel_without_
     h, log = resourced()
     kept = [item for item in log if item["seq"] not in (5, 7, 12)]  # the consume, the settle, run2's stop
     page(h, [{**item, "seq": index + 1, "eventId": f"evt_{index + 1}"} for index, item in enumerate(kept)], None, 5)
+    page(h, [], len(kept), 6, client="final-events", op="events_read")
     found = messages(h.violations("events"))
     assert "an acknowledged consume has no allowance.consumed event" in found
     assert "an acknowledged settle has no budget.settled event" in found
