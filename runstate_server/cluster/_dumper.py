@@ -38,8 +38,8 @@ _DESCRIPTORS_WITHOUT_PROC_MAX = 1024
 _CHILD_NICENESS = 10
 
 
-def writing_path(dump_path: str, pid: int) -> str:
-    return f"{dump_path}.{pid}{_WRITING_SUFFIX}"
+def writing_path(dump_path: str, name: str) -> str:
+    return f"{dump_path}.{name}{_WRITING_SUFFIX}"
 
 
 def remove_leftovers(dump_path: str) -> None:
@@ -49,70 +49,116 @@ def remove_leftovers(dump_path: str) -> None:
             os.remove(leftover)
 
 
-class Dumper:
-    """One dump at a time, for pysyncobj's serializer and serializeChecker (both in the tick thread)."""
+class ForkedWrite:
+    """`produce()` written to `path` by a forked child, which sees the memory as it was at the fork
+    (copy-on-write): a consistent copy of a large state for the cost of a fork. The child closes
+    every inherited descriptor, dies with its parent, runs at a lower CPU priority, and never
+    renames; `poll` reaps it. For the dump (Dumper) and any other copy of the state made the same
+    way (a backup, a digest): call `start` where the state is still, between two applies."""
 
-    def __init__(self, dump_path: str, *, fsync: bool) -> None:
-        self.dump_path = dump_path
-        self.fsync = fsync
-        self.child: tuple[int, str] | None = None  # (pid, the file it writes)
-        self.started_at = 0.0
-        self.finished: int | None = None  # a result check() has not reported yet
-
-    def start(self, encode: Callable[[], bytes]) -> None:
-        """Write `encode()` as the dump; `encode` reads the state, so it must run before the next
-        entry is applied: in the child, it sees the memory as it was at the fork."""
-        assert self.child is None and self.finished is None, "one dump at a time"
+    def __init__(self, path: str, produce: Callable[[], bytes], *, fsync: bool, what: str) -> None:
+        self.path = path
+        self.what = what  # for the log: "the Raft dump", "a backup", ...
+        self.started_at = time.monotonic()
+        self.pid: int | None = None
+        self.done: bool | None = None  # None while the child runs; then whether the file is complete
         if not CAN_FORK:
-            self.finished = self._write_here(encode)
+            self.done = self._write_here(produce, fsync)
             return
         parent_pid = os.getpid()
-        self.started_at = time.monotonic()
-        try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns about fork() with threads: the child here runs only the dump
-                # code below and leaves with os._exit, touching no lock another thread could hold.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:
-            logger.exception("cannot fork to write the Raft dump")
-            self.finished = SERIALIZER_STATE.FAILED  # pysyncobj waits for a result before the next try
-            return
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork() with threads: the child here runs only the code below
+            # and leaves with os._exit, touching no lock another thread could hold.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()  # OSError to the caller
         if pid == 0:  # the child: never returns
             code = 1
             try:
                 _close_inherited_descriptors()
                 _die_with_parent(parent_pid)
                 os.nice(_CHILD_NICENESS)  # the node's own threads come first for the CPU
-                write_file(writing_path(self.dump_path, os.getpid()), encode(), fsync=self.fsync)
+                write_file(path, produce(), fsync=fsync)
                 code = 0
             except BaseException:
                 with contextlib.suppress(BaseException):
-                    logger.exception("the dump child failed")
+                    logger.exception("the child writing %s failed", what)
             finally:
                 os._exit(code)
-        self.child = (pid, writing_path(self.dump_path, pid))
-        logger.info("forked dump child %s in %.4f s", pid, time.monotonic() - self.started_at)
+        self.pid = pid
+        logger.info("forked child %s for %s in %.4f s", pid, what, time.monotonic() - self.started_at)
+
+    def poll(self) -> bool | None:
+        """None while the child runs; then True once the file is complete, or False (the file is
+        removed, the failure logged)."""
+        if self.done is None and self.pid is not None:
+            try:
+                finished_pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                finished_pid, status = self.pid, 1
+            if finished_pid == 0:
+                return None
+            self.done = os.waitstatus_to_exitcode(status) == 0
+            if not self.done:
+                logger.error("the child %s writing %s ended with status %s", self.pid, self.what, status)
+                with contextlib.suppress(OSError):
+                    os.remove(self.path)
+        return self.done
+
+    def abort(self) -> None:
+        """Kill and reap a running child and drop its file."""
+        if self.done is None and self.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+        self.done = False
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
+
+    def _write_here(self, produce: Callable[[], bytes], fsync: bool) -> bool:
+        try:
+            write_file(self.path, produce(), fsync=fsync)
+        except Exception:
+            logger.exception("writing %s to %s failed", self.what, self.path)
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            return False
+        return True
+
+
+class Dumper:
+    """One dump at a time, for pysyncobj's serializer and serializeChecker (both in the tick thread)."""
+
+    def __init__(self, dump_path: str, *, fsync: bool) -> None:
+        self.dump_path = dump_path
+        self.fsync = fsync
+        self.child: ForkedWrite | None = None
+        self.finished: int | None = None  # a result check() has not reported yet
+        self._started = 0  # dumps started: with the pid, names each one's file
+
+    def start(self, encode: Callable[[], bytes]) -> None:
+        """Write `encode()` as the dump; `encode` reads the state, so it must run before the next
+        entry is applied: in the child, it sees the memory as it was at the fork."""
+        assert self.child is None and self.finished is None, "one dump at a time"
+        self._started += 1
+        path = writing_path(self.dump_path, f"{os.getpid()}-{self._started}")  # remove_leftovers finds it
+        try:
+            self.child = ForkedWrite(path, encode, fsync=self.fsync, what="the Raft dump")
+        except OSError:
+            logger.exception("cannot fork to write the Raft dump")
+            self.finished = SERIALIZER_STATE.FAILED  # pysyncobj waits for a result before the next try
+            return
 
     def check(self) -> int:
         """pysyncobj's serializeChecker: SERIALIZING while the child runs; then SUCCESS (the dump is
         in place) or FAILED, reported once; NOT_SERIALIZING otherwise."""
-        if self.child is not None:
-            pid, path = self.child
-            try:
-                finished_pid, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                finished_pid, status = pid, 1
-            if finished_pid == 0:
+        child = self.child
+        if child is not None:
+            done = child.poll()
+            if done is None:
                 return int(SERIALIZER_STATE.SERIALIZING)
             self.child = None
-            if os.waitstatus_to_exitcode(status) == 0 and self._put_in_place(path):
-                self.finished = SERIALIZER_STATE.SUCCESS
-            else:
-                logger.error("the dump child %s ended with status %s: no dump this time", pid, status)
-                with contextlib.suppress(OSError):
-                    os.remove(path)
-                self.finished = SERIALIZER_STATE.FAILED
+            self.finished = SERIALIZER_STATE.SUCCESS if done and self._put_in_place(child) else SERIALIZER_STATE.FAILED
         if self.finished is not None:
             finished, self.finished = self.finished, None
             return int(finished)
@@ -122,34 +168,21 @@ class Dumper:
         """Kill and reap a running child and drop its file (the next check() says FAILED)."""
         if self.child is None:
             return
-        pid, path = self.child
+        self.child.abort()
         self.child = None
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-        with contextlib.suppress(OSError):
-            os.remove(path)
         self.finished = SERIALIZER_STATE.FAILED
 
-    def _write_here(self, encode: Callable[[], bytes]) -> int:
-        path = writing_path(self.dump_path, os.getpid())
-        try:
-            write_file(path, encode(), fsync=self.fsync)
-        except Exception:
-            logger.exception("writing the Raft dump %s failed", path)
-            return int(SERIALIZER_STATE.FAILED)
-        return int(SERIALIZER_STATE.SUCCESS if self._put_in_place(path) else SERIALIZER_STATE.FAILED)
-
-    def _put_in_place(self, path: str) -> bool:
+    def _put_in_place(self, child: ForkedWrite) -> bool:
         # The journal fsyncs the directory before it drops the entries this dump replaces.
         try:
-            size = os.path.getsize(path)
-            os.replace(path, self.dump_path)
+            size = os.path.getsize(child.path)
+            os.replace(child.path, self.dump_path)
         except OSError:
-            logger.exception("renaming the Raft dump %s failed", path)
+            logger.exception("renaming the Raft dump %s failed", child.path)
+            with contextlib.suppress(OSError):
+                os.remove(child.path)
             return False
-        logger.info("Raft dump of %d bytes in place %.3f s after it started", size, time.monotonic() - self.started_at)
+        logger.info("Raft dump of %d bytes in place %.3f s after it started", size, time.monotonic() - child.started_at)
         return True
 
 
