@@ -66,7 +66,8 @@ class MembershipKeeper:
         pending = [other for other in learners if other != node_id]
         if pending:
             raise ApiError(
-                "CONFLICT", f"learner {pending[0]} is still catching up: add the next once it is a voter (one change at a time)",
+                "CONFLICT", f"learner {pending[0]} is still catching up: add the next once it is a voter (one change at a "
+                f"time), or forget it first with `runstate cluster remove {pending[0]}`",
             )
         await node.propose_system(
             "cluster.learner_add", {"node_id": node_id, "raft_address": raft_address, "api_url": api_url},
