@@ -31,6 +31,7 @@ from tests._nodes import DevNode
 
 BATCH_TASKS = 100  # tasks per POST /tasks/batch while filling (limits.submit_batch_max)
 FILL_THREADS = 4
+WRITES_SPACE = "bench-writes"  # the measured writes' space
 BASELINE_S = 3.0  # sequential writes measured before the backup
 REQUEST_TIMEOUT_S = 60.0
 CLI_TIMEOUT_S = 1800.0
@@ -56,15 +57,16 @@ def fill(url: str, tasks: int) -> tuple[str, str]:
 
     with ThreadPoolExecutor(FILL_THREADS) as pool:
         list(pool.map(batch, range(0, tasks, BATCH_TASKS)))
-    # The measured writes go to a mailbox of their own (the filled one may be at its backlog limit).
-    return run, post(url, space + "/mailboxes", {"name": "writes"})["id"]
+    # The measured writes go to a space of their own (the filled one is at its limits on tasks).
+    writes_space = f"/v1/spaces/{WRITES_SPACE}"
+    return post(url, writes_space + "/scopes", {})["id"], post(url, writes_space + "/mailboxes", {"name": "writes"})["id"]
 
 
 def writes(url: str, run: str, mailbox: str, stop: threading.Event, latencies: list[tuple[float, float]]) -> None:
     """Sequential writes until `stop`: (start, seconds) each."""
     while not stop.is_set():
         started = time.monotonic()
-        post(url, "/v1/spaces/default/tasks", {"scopeId": run, "mailboxId": mailbox, "input": {"w": len(latencies)}})
+        post(url, f"/v1/spaces/{WRITES_SPACE}/tasks", {"scopeId": run, "mailboxId": mailbox, "input": {"w": len(latencies)}})
         latencies.append((started, time.monotonic() - started))
 
 
