@@ -34,6 +34,8 @@ def call(base_url: str, method: str, path: str, body: Any = None, *, raw: bytes 
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             if response.headers.get_content_type() == "text/plain":  # GET /metrics
                 return response.status, response.read().decode()
+            if response.headers.get_content_type() == "application/vnd.runstate.backup":  # GET /v1/cluster/backup
+                return response.status, response.read()
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         payload = error.read()

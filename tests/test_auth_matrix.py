@@ -29,7 +29,7 @@ SPACELESS = {
     ("PUT", "/v1/budgets/by-name/{name}"),
     ("GET", "/v1/cluster"), ("GET", "/v1/cluster/digest"), ("GET", "/v1/ops/waits"), ("GET", "/metrics"),
     ("POST", "/v1/cluster/transfer-leader"), ("POST", "/v1/cluster/members"), ("DELETE", "/v1/cluster/members/{id}"),
-    ("POST", "/v1/cluster/members/{id}/promote"),
+    ("POST", "/v1/cluster/members/{id}/promote"), ("GET", "/v1/cluster/backup"),
     ("POST", "/v1/allowances"), ("GET", "/v1/allowances"), ("PUT", "/v1/allowances/by-name/{name}"),
     ("GET", "/v1/events"), ("GET", "/v1/watch"),  # they name no id (a scopeId of another space matches nothing)
     # The list reads (extensions): their filters name ids only in the query, matching nothing of another space.

@@ -51,12 +51,16 @@ COMMAND_VERSION = 1
 # node of an older release would refuse a command type it does not know, and its state would
 # differ from the others'. Level 2: task.submit_many. Level 3: state.number_creations. Level 4:
 # state.level, and pysyncobj's membership entries (a release before this one applies them only in
-# part: cluster/DESIGN.md "Membership").
-COMMAND_LEVEL = 4
+# part: cluster/DESIGN.md "Membership"). Level 5: cluster.identify (the cluster's id, for backups).
+COMMAND_LEVEL = 5
 SUBMIT_MANY_LEVEL = 2
 NUMBER_CREATIONS_LEVEL = 3
 STATE_LEVEL_LEVEL = 4
 MEMBERSHIP_LEVEL = 4
+INTEGRITY_LEVEL = 5
+# A cluster id (cluster.identify): "rsc_" and this many hex digits, made by the leader that proposes it.
+CLUSTER_ID_PREFIX = "rsc_"
+CLUSTER_ID_HEX_CHARS = 24
 
 
 
@@ -129,10 +133,10 @@ SYSTEM_SPACE = ""
 # The command types apply() knows besides HANDLERS: the leader's own.
 BUILT_IN_KINDS = frozenset({
     "tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations", "state.level",
-    "cluster.learner_add", "cluster.learner_drop",
+    "cluster.learner_add", "cluster.learner_drop", "cluster.identify",
 })
 # The built-in kinds a space may not send: they change the cluster, not a space.
-_SYSTEM_ONLY_KINDS = frozenset({"access.bootstrap", "cluster.learner_add", "cluster.learner_drop"})
+_SYSTEM_ONLY_KINDS = frozenset({"access.bootstrap", "cluster.learner_add", "cluster.learner_drop", "cluster.identify"})
 
 
 def unknown_kind(command: Any) -> str | None:
@@ -213,6 +217,8 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         return members.add_learner(state, args, now_ms)
     if kind == "cluster.learner_drop":
         return members.drop_learner(state, args)
+    if kind == "cluster.identify":
+        return identify_cluster(state, args)
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
     if kind == "state.number_creations":
@@ -255,6 +261,31 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
     if idem is not None and space_id in state.spaces:  # a command that made no space changed nothing
         idempotency.record(state, space_id, idem, result, now_ms)
     return result
+
+
+def is_cluster_id(value: Any) -> bool:
+    """A cluster id as cluster.identify takes it: CLUSTER_ID_PREFIX and CLUSTER_ID_HEX_CHARS lowercase hex digits."""
+    if not isinstance(value, str) or not value.startswith(CLUSTER_ID_PREFIX):
+        return False
+    digits = value[len(CLUSTER_ID_PREFIX):]
+    return len(digits) == CLUSTER_ID_HEX_CHARS and all(char in "0123456789abcdef" for char in digits)
+
+
+def identify_cluster(state: State, args: Any) -> dict[str, Any]:
+    """`cluster.identify`: the leader's, once every node applies it (INTEGRITY_LEVEL), on a state
+    that has no cluster id yet. The first one names the cluster for good; a later one (a second
+    leader's, proposed before it applied the first) changes nothing and answers the id there is.
+    A restore (node/backup.py) gives the new cluster its own id in the state it writes."""
+    cluster_id = args.get("cluster_id") if isinstance(args, dict) else None
+    if not is_cluster_id(cluster_id):
+        raise Rejected(
+            errors.VALIDATION_FAILED,
+            f"cluster.identify needs a cluster_id of {CLUSTER_ID_PREFIX!r} and {CLUSTER_ID_HEX_CHARS} lowercase hex digits",
+        )
+    if state.cluster_id is None:
+        state.cluster_id = cluster_id
+        return {"cluster_id": cluster_id, "identified": True}
+    return {"cluster_id": state.cluster_id, "identified": False}
 
 
 def _leader_start(state: State, now_ms: int, epoch: int) -> dict[str, Any]:

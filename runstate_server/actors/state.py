@@ -440,6 +440,9 @@ class State:
     # The cluster's learners (actors/members.py): node id -> [Raft address, API URL, added ms], in
     # the order they were added. The voters are the Raft log's own configuration, not state.
     learners: dict[str, list[Any]] = field(default_factory=dict)
+    # The cluster's id (`cluster.identify`, dispatch.py): None until a leader wrote one; a backup
+    # names its cluster by it, and a restore gives the new cluster a new one (node/backup.py).
+    cluster_id: str | None = None
     keys: dict[str, ApiKey] = field(default_factory=dict)  # id -> key
     # Derived from `keys` (hash -> id), so a request's key is found without a scan; rebuilt by
     # from_snapshot, never written to a snapshot.
@@ -553,6 +556,8 @@ def to_snapshot(state: State) -> dict[str, Any]:
         # Only once proven, so a state without it has the snapshot (and digest) releases before had.
         **({"level": state.level} if state.level > 1 else {}),
         **({"learners": [[node_id, *entry] for node_id, entry in state.learners.items()]} if state.learners else {}),
+        # Only once written, so a state without it has the snapshot (and digest) releases before had.
+        **({"cluster_id": state.cluster_id} if state.cluster_id is not None else {}),
         "keys": [[_copied(getattr(k, f)) for f in _KEY_FIELDS] for k in state.keys.values()],
         "operator_space": state.operator_space,
         # Rows in age order; a result is a value the state never changes, but copied all the same.
@@ -691,6 +696,7 @@ def from_snapshot(data: dict[str, Any]) -> State:
     state.creation_seq = data.get("creation_seq")
     state.level = data.get("level", 1)
     state.learners = {row[0]: list(row[1:]) for row in data.get("learners", [])}
+    state.cluster_id = data.get("cluster_id")
     recount(state)
     recount_queue_figures(state)
     return state

@@ -33,7 +33,10 @@ try:
         run_admin_command,
     )
     from runstate_server.node.api.app import build_app
+    from runstate_server.node.backup_cli import add_backup_commands, run_backup_command
     from runstate_server.node.config import (
+        BACKUP_EVERY_MS_DEFAULT,
+        BACKUP_KEEP_DEFAULT,
         BOOTSTRAP_KEY_ENV,
         BOOTSTRAP_KEY_FILE_NAME,
         CLUSTER_NODES_MAX,
@@ -194,6 +197,42 @@ def _add_long_poll_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_backup_flags(parser: argparse.ArgumentParser) -> None:
+    """--backup-dir, --backup-every, --backup-keep: scheduled backups (node/backup.py), dev and node."""
+    parser.add_argument(
+        "--backup-dir", type=Path, default=None, metavar="DIR",
+        help="take scheduled backups into DIR (one node of a cluster takes each; README \"Backups and restore\")",
+    )
+    parser.add_argument(
+        "--backup-every", type=duration_ms, default=None, metavar="DURATION",
+        help=f"how often, with --backup-dir (default {BACKUP_EVERY_MS_DEFAULT // 60_000}m, at least 1s)",
+    )
+    parser.add_argument(
+        "--backup-keep", type=positive_integer, default=None, metavar="N",
+        help=f"keep the newest N scheduled backups, removing older ones (default {BACKUP_KEEP_DEFAULT})",
+    )
+
+
+def backup_settings(args: argparse.Namespace, file: dict[str, Any]) -> dict[str, Any]:
+    """NodeConfig's backup_* fields: the flags over the file's keys over the defaults."""
+    directory = args.backup_dir if args.backup_dir is not None else file.get("backup_dir")
+    every = args.backup_every
+    if every is None and "backup_every" in file:
+        try:
+            every = duration_ms(str(file["backup_every"]))
+        except argparse.ArgumentTypeError as error:
+            raise ConfigError(f"backup_every in the config file: {error}") from None
+    keep = args.backup_keep if args.backup_keep is not None else file.get("backup_keep", BACKUP_KEEP_DEFAULT)
+    if not directory and (args.backup_every is not None or args.backup_keep is not None):
+        raise ConfigError("--backup-every and --backup-keep need --backup-dir")
+    every = BACKUP_EVERY_MS_DEFAULT if every is None else every
+    if every < 1000:
+        raise ConfigError("--backup-every (backup_every) must be at least 1s")
+    if type(keep) is not int or keep < 1:
+        raise ConfigError(f"--backup-keep (backup_keep) must be an integer of at least 1, not {keep!r}")
+    return {"backup_dir": Path(directory) if directory else None, "backup_every_ms": every, "backup_keep": keep}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runstate", description="runstate coordination server")
     parser.add_argument("--version", action="version", version=f"runstate {__version__} ({CORE})")
@@ -215,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bootstrap_flag(dev)
     _add_storage_flags(dev, defaults=True)
+    _add_backup_flags(dev)
     _add_long_poll_flags(dev)
     _add_http_flags(dev)
 
@@ -259,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
+    _add_backup_flags(node)
     _add_long_poll_flags(node)
     _add_http_flags(node)
 
@@ -280,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     add_cluster_commands(cluster_commands)
     add_admin_commands(commands)
+    add_backup_commands(commands)
     return parser
 
 
@@ -302,6 +344,8 @@ def tune_garbage_collector() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "backup_action", None) is not None:
+        return run_backup_command(args)
     if args.command in ADMIN_COMMANDS or getattr(args, "admin_action", None) is not None:
         return run_admin_command(args)
     tune_garbage_collector()
@@ -326,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
+    backups = backup_settings(args, {})
     if args.host not in LOOPBACK_HOSTS and not args.auth:
         print(
             f"runstate dev serves without authentication, so it binds only loopback addresses, not {args.host} "
@@ -346,6 +391,7 @@ def _dev(args: argparse.Namespace) -> int:
         long_polls_max=args.long_polls or WAITERS_TOTAL_MAX,
         long_polls_per_key_max=args.long_polls_per_key or WAITERS_PER_KEY_MAX,
         http=http_limits(args, {}),
+        **backups,
     )
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
@@ -490,6 +536,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         long_polls_per_key_max=int(setting(args.long_polls_per_key, "long_polls_per_key") or WAITERS_PER_KEY_MAX),
         http=http_limits(args, file),
         command_level=command_level,
+        **backup_settings(args, file),
     )
 
 

@@ -38,6 +38,8 @@ BOOTSTRAP_KEY_CHARS_MIN = 32
 BOOTSTRAP_KEY_CHARS_MAX = 256
 BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
 CLUSTER_NODES_MAX = 7
+BACKUP_EVERY_MS_DEFAULT = 3_600_000  # scheduled backups, when --backup-dir is given: hourly
+BACKUP_KEEP_DEFAULT = 24  # and the newest 24 kept
 
 # The HTTP server's bounds (node/http_server.py). The first five are settings (HttpLimits); a
 # client holding a connection past any of them is answered and disconnected, never waited for.
@@ -110,6 +112,10 @@ class NodeConfig:
     # The highest command level this node tells its peers and proposes at (DESIGN.md, "Command
     # levels"): below this release's, the cluster keeps writing what the older release applies.
     command_level: int = COMMAND_LEVEL
+    # Scheduled backups (node/backup.py): into this dir (None: none), every this long, the newest N kept.
+    backup_dir: Path | None = None
+    backup_every_ms: int = BACKUP_EVERY_MS_DEFAULT
+    backup_keep: int = BACKUP_KEEP_DEFAULT
 
     @property
     def api_url(self) -> str:

@@ -81,3 +81,28 @@ def _api_error(error: urllib.error.HTTPError) -> OperatorError:
         return OperatorError(str(envelope["code"]), str(envelope["message"]))
     except (ValueError, KeyError, TypeError):
         return OperatorError("UNAVAILABLE", f"the node answered {error.code} without an error envelope")
+
+
+# `runstate backup` (node/backup_cli.py): a backup streamed from a node into an open file.
+BACKUP_TIMEOUT_S = 600.0  # the node forks, writes the file, then streams it
+DOWNLOAD_CHUNK_BYTES = 1024 * 1024
+
+
+def download(base_url: str, path: str, api_key: str | None, out: Any) -> int:
+    """GET `path` from the node at `base_url` into the binary file `out`; the bytes written.
+    OperatorError when the node refuses it or cannot be reached (UNAVAILABLE)."""
+    headers = {"Accept": "*/*"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(base_url + path, method="GET", headers=headers)
+    written = 0
+    try:
+        with urllib.request.urlopen(request, timeout=BACKUP_TIMEOUT_S) as answer:  # noqa: S310 - http(s) only
+            while chunk := answer.read(DOWNLOAD_CHUNK_BYTES):
+                out.write(chunk)
+                written += len(chunk)
+    except urllib.error.HTTPError as error:
+        raise _api_error(error) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise OperatorError("UNAVAILABLE", f"{base_url}: {error}") from None
+    return written

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 LOCAL_PATHS = frozenset({
     "/v1/health", "/v1/cluster", "/v1/cluster/digest", "/v1/openapi.json", "/metrics",
+    "/v1/cluster/backup",  # taken on the node asked (node/api/backup.py)
     "/", "/console", "/console/",  # the web console (api/console.py): the same files on every node
 })
 LOCAL_PREFIXES = ("/console/static/",)

@@ -23,6 +23,7 @@ from runstate_server.cluster.errors import ChangeRefused
 from runstate_server.cluster.log import LogUnavailable, NotLeader, ReplicatedLog
 from runstate_server.cluster.membership import Member
 from runstate_server.cluster.private_files import make_private_dir, open_private
+from runstate_server.node.backup import Backups
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
 from runstate_server.node.config import (
@@ -139,6 +140,7 @@ class Node:
         self.log = self._new_log(self.core, learner=config.learner, peers=config.peers)
         self.router = Router(self)
         self.membership = MembershipKeeper(self)
+        self.backups = Backups(self)  # GET /v1/cluster/backup and scheduled backups (node/backup.py)
         # Why this node serves nothing more (it was removed from its cluster), None while it serves.
         self.removed: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -196,6 +198,9 @@ class Node:
         self._spawn(self.ticker.run(), "ticker")
         if self.config.clustered:
             self._spawn(self.membership.run(), "membership")
+        if self.config.backup_dir is not None:
+            self._spawn(self.backups.run_schedule(
+                self.config.backup_dir, self.config.backup_every_ms, self.config.backup_keep), "backups")
         connections_max = connections_max_for(self.config.http, fd_limit)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
         await self._runner.setup()
@@ -517,6 +522,19 @@ class Node:
         if proven < told and told >= dispatch.STATE_LEVEL_LEVEL:
             # The same for the level every node told now: from then on the log proves it.
             await self.propose_system("state.level", {"level": told})
+        await self.identify_cluster_when_due()
+
+    async def identify_cluster_when_due(self) -> None:
+        """A leader names its cluster (`cluster.identify`, a new random id) once every node applies
+        that command (dispatch.INTEGRITY_LEVEL); once: a named cluster keeps its name, and a
+        cluster restored from a backup got a new one from `runstate restore` (node/backup.py)."""
+        if not self.log.is_leader or self.proposal_level() < dispatch.INTEGRITY_LEVEL:
+            return
+        with self.log.lock:
+            named = self.core.state.cluster_id is not None
+        if not named:
+            cluster_id = dispatch.CLUSTER_ID_PREFIX + secrets.token_hex(dispatch.CLUSTER_ID_HEX_CHARS // 2)
+            await self.propose_system("cluster.identify", {"cluster_id": cluster_id})
 
     # -- effects, on the event loop --------------------------------------------------------------
 

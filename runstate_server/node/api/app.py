@@ -11,6 +11,7 @@ from runstate_server.actors import limits
 from runstate_server.node.api import (
     access,
     allowances,
+    backup,
     barriers,
     budgets,
     claims,
@@ -54,7 +55,7 @@ __all__ = ["ROUTES", "build_app"]
 ROUTES: tuple[Route, ...] = tuple(
     route
     for module in (
-        health, cluster, openapi, access,
+        health, cluster, backup, openapi, access,
         runs, mailboxes, messages, tasks, once, claims, groups, barriers, timers, permits,
         work_limits, budgets, ops, allowances, events, metrics,
     )

@@ -21,6 +21,7 @@ from runstate_server.node.api.access import require_operator
 from runstate_server.node.api.health import health_view
 from runstate_server.node.api.routes import ADMIN, ANY_KEY, PUBLIC, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STRING_OR_NULL, array, obj
+from runstate_server.node.backup import data_digest
 from runstate_server.node.errors import ApiError
 from runstate_server.node.membership import JOIN_PROOF_HEADER, proof_holds
 
@@ -33,7 +34,7 @@ PEER_HEALTH_TIMEOUT_S = 0.5
     "GET", "/v1/cluster",
     "Every node: id, role, voter or not, leader, term, commit and applied index, lag behind the leader's commit "
     "index, reachable or not", permission=ANY_KEY,
-    answer=obj({"leader": STRING_OR_NULL, "nodes": array(obj({
+    answer=obj({"leader": STRING_OR_NULL, "clusterId": STRING_OR_NULL, "nodes": array(obj({
         "id": STRING, "apiUrl": STRING, "reachable": BOOLEAN, "voter": BOOLEAN, "lag": {"type": ["integer", "null"]},
     }))}),
 )
@@ -70,7 +71,8 @@ async def cluster_view(request: web.Request) -> web.Response:
         view["voter"] = view["id"] not in learners and not (view is own and node.log.learner)
         applied = view.get("appliedIndex")
         view["lag"] = max(0, leader_view["commitIndex"] - applied) if isinstance(applied, int) else None
-    return json_response({"leader": leader_id, "nodes": nodes})
+    own["backup"] = node.backups.view()  # this node's last scheduled backup (node/backup.py), or null
+    return json_response({"leader": leader_id, "clusterId": own.get("clusterId"), "nodes": nodes})
 
 
 MEMBER = obj({"id": STRING_OR_NULL, "raftAddress": STRING, "apiUrl": STRING_OR_NULL, "voter": BOOLEAN})
@@ -185,7 +187,7 @@ async def transfer_leader(request: web.Request) -> web.Response:
 @routes(
     "GET", "/v1/cluster/digest",
     "This node's applied log index, a SHA-256 of its state there (replicas at one index agree), and one of "
-    "the state without its clock (`dataDigest`: unchanged by reads and refused commands)", permission=ANY_KEY, answer=obj({"nodeId": STRING, "appliedIndex": INTEGER, "digest": STRING, "dataDigest": STRING}),
+    "the state without its clock and cluster id (`dataDigest`: unchanged by reads and refused commands, and equal to a backup's)", permission=ANY_KEY, answer=obj({"nodeId": STRING, "appliedIndex": INTEGER, "digest": STRING, "dataDigest": STRING}),
 )
 async def state_digest(request: web.Request) -> web.Response:
     node = node_of(request)
@@ -193,8 +195,9 @@ async def state_digest(request: web.Request) -> web.Response:
         applied_index = node.log.applied_index
         snapshot = to_snapshot(state)
     digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
-    # Every command moves the clock, a refused one and a read's no-op included; nothing else.
-    data_digest = hashlib.sha256(msgpack.packb({**snapshot, "clock_ms": None}, use_bin_type=True)).hexdigest()
-    return json_response(
-        {"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest, "dataDigest": data_digest}
-    )
+    # Every command moves the clock, a refused one and a read's no-op included; nothing else. The
+    # cluster id names the cluster, not its data: a restore gives its state a new one.
+    return json_response({
+        "nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest,
+        "dataDigest": data_digest(snapshot),
+    })

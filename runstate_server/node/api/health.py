@@ -13,7 +13,7 @@ from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, ar
 HEALTH = obj({
     "status": enum("ok", "unavailable", "removed"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
     "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER, "epoch": INTEGER,
-    "voters": array(STRING),
+    "voters": array(STRING), "clusterId": STRING_OR_NULL,
 })
 
 routes = RouteTable()
@@ -28,6 +28,7 @@ def health_view(node: Node) -> dict[str, Any]:
     raft = node.log
     with node.read() as state:
         bootstrapped = not node.config.auth or state.operator_space is not None
+        cluster_id = state.cluster_id
     status = "ok" if raft.leader_address is not None and bootstrapped else "unavailable"
     return {
         "status": "removed" if node.removed is not None else status,
@@ -38,6 +39,7 @@ def health_view(node: Node) -> dict[str, Any]:
         "appliedIndex": raft.applied_index,
         "commitIndex": raft.commit_index,
         "epoch": node.config.epoch,  # the cluster's: 1, plus one per forced recovery
+        "clusterId": cluster_id,  # cluster.identify's (node/backup.py), null until a leader wrote it
         # The voters of the configuration this node applies (a removed node learns it from these).
         "voters": [member.node_id or member.address for member in node.members()],
         "longPolls": len(node.waiters),  # parked here now

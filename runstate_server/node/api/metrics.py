@@ -200,6 +200,18 @@ def render(node: Node, caller: Caller) -> str:
     fsync = raft.fsync_seconds
     out.histogram("runstate_raft_fsync_seconds", "Seconds per fsync of the Raft journal (none without a data dir)",
                   [] if fsync is None else [((), fsync)])
+    backups = node.backups.figures  # scheduled backups (node/backup.py)
+    out.metric("runstate_backup_last_success_timestamp_seconds", "gauge",
+               "When this node last finished a scheduled backup (Unix time; 0: none since it started)",
+               [((), (backups.last_success_ms or 0) / 1000)])
+    out.metric("runstate_backup_last_size_bytes", "gauge", "The size of this node's last scheduled backup",
+               [((), backups.last_size_bytes)])
+    out.metric("runstate_backup_last_duration_seconds", "gauge",
+               "How long this node's last scheduled backup took, from the fork to the file in place",
+               [((), backups.last_duration_s)])
+    out.metric("runstate_backups_total", "counter", "Scheduled backups this node finished", [((), backups.successes)])
+    out.metric("runstate_backup_failures_total", "counter", "Scheduled backups of this node that failed (logged)",
+               [((), backups.failures)])
     out.metric("runstate_http_requests_total", "counter",
                "HTTP requests this node answered, by method, route template and status",
                [((("method", method), ("route", route), ("status", status)), count)
