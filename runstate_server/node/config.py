@@ -38,6 +38,8 @@ BOOTSTRAP_KEY_CHARS_MIN = 32
 BOOTSTRAP_KEY_CHARS_MAX = 256
 BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no key was given
 CLUSTER_NODES_MAX = 7
+# A cluster's leader has the nodes compare their states this often (`--replica-check-every`; node/replicas.py).
+REPLICA_CHECK_EVERY_MS_DEFAULT = 300_000
 
 # The HTTP server's bounds (node/http_server.py). The first five are settings (HttpLimits); a
 # client holding a connection past any of them is answered and disconnected, never waited for.
@@ -110,6 +112,8 @@ class NodeConfig:
     # The highest command level this node tells its peers and proposes at (DESIGN.md, "Command
     # levels"): below this release's, the cluster keeps writing what the older release applies.
     command_level: int = COMMAND_LEVEL
+    # A cluster's leader asks its nodes to compare their states this often (node/replicas.py); 0: never.
+    replica_check_every_ms: int = REPLICA_CHECK_EVERY_MS_DEFAULT
 
     @property
     def api_url(self) -> str:

@@ -4,12 +4,10 @@ hand leadership to another voter (an operator admin key)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 from typing import Any
 
 import aiohttp
-import msgpack
 from aiohttp import web
 
 from runstate_server.actors import limits
@@ -23,6 +21,7 @@ from runstate_server.node.api.routes import ADMIN, ANY_KEY, PUBLIC, RouteTable, 
 from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STRING_OR_NULL, array, obj
 from runstate_server.node.errors import ApiError
 from runstate_server.node.membership import JOIN_PROOF_HEADER, proof_holds
+from runstate_server.node.replicas import snapshot_digest
 
 routes = RouteTable()
 
@@ -192,9 +191,9 @@ async def state_digest(request: web.Request) -> web.Response:
     with node.read() as state:
         applied_index = node.log.applied_index
         snapshot = to_snapshot(state)
-    digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
+    digest = snapshot_digest(snapshot)  # what the replica checks compare (node/replicas.py)
     # Every command moves the clock, a refused one and a read's no-op included; nothing else.
-    data_digest = hashlib.sha256(msgpack.packb({**snapshot, "clock_ms": None}, use_bin_type=True)).hexdigest()
+    data_digest = snapshot_digest({**snapshot, "clock_ms": None})
     return json_response(
         {"nodeId": node.config.node_id, "appliedIndex": applied_index, "digest": digest, "dataDigest": data_digest}
     )
