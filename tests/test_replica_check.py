@@ -10,6 +10,8 @@ restart on the same data, and hands leadership over when it is given it. When no
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ import pytest
 
 from runstate_server.cluster.log import DUMP_FILE_NAME
 from runstate_server.cluster.snapshot import decode_dump, encode_dump
+from runstate_server.node import cli
+from runstate_server.node.config import REPLICA_CHECK_EVERY_MS_DEFAULT, ConfigError, NodeConfig
 from runstate_server.node.replicas import DIVERGED_FILE_NAME
 from tests._cluster import Cluster
 from tests._http import Api, call, mailbox_id, submit_task
@@ -28,7 +32,8 @@ pytestmark = pytest.mark.slow
 CHECK_EVERY = "1s"  # the leader asks for a check this often here (5 min by default)
 COMPACT_AFTER = "20"  # so that every node writes a dump early (the test rewrites one)
 WRITES = 30  # enough for every node to compact at least once
-CHECK_TIMEOUT_S = 60.0  # a check is proposed, computed by three forked children and compared
+CHECK_TIMEOUT_S = 60.0
+CLI_TIMEOUT_S = 60.0  # a node that refuses its settings exits long before  # a check is proposed, computed by three forked children and compared
 
 
 def space_created_ms_shifted(dump_path: Path, shift_ms: int) -> None:
@@ -164,3 +169,32 @@ def test_no_majority_raises_the_alarm_everywhere_and_reads_go_on(make_cluster: C
         assert value(samples, "runstate_replica_diverged") == 0
         assert "REPLICA CHECK UNDECIDED" in cluster.log_path(index).read_text()
     assert cluster.api(leader).resending().ok("GET", f"/v1/tasks/{task_id}")["id"] == task_id
+
+
+def test_the_check_period_comes_from_the_flag_over_the_file_and_a_bad_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RUNSTATE_CLUSTER_SECRET", "s" * 32)
+    node = ["node", "--node-id", "n1", "--api", "127.0.0.1:8081", "--raft", "127.0.0.1:9081",
+            "--peer", "n2,127.0.0.1:9082,http://127.0.0.1:8082", "--data-dir", str(tmp_path / "data")]
+
+    def config(*argv: str) -> NodeConfig:
+        return cli.node_config(cli.build_parser().parse_args([*node, *argv]))
+
+    assert config().replica_check_every_ms == REPLICA_CHECK_EVERY_MS_DEFAULT == 300_000
+    assert config("--replica-check-every", "0").replica_check_every_ms == 0
+    (tmp_path / "node.toml").write_text('replica_check_every = "30s"\n')
+    assert config("--config", str(tmp_path / "node.toml")).replica_check_every_ms == 30_000
+    assert config("--config", str(tmp_path / "node.toml"), "--replica-check-every", "2m").replica_check_every_ms == 120_000
+    (tmp_path / "node.toml").write_text('replica_check_every = "often"\n')
+    with pytest.raises(ConfigError, match="replica_check_every"):
+        config("--config", str(tmp_path / "node.toml"))
+    (tmp_path / "node.toml").write_text("replica_check_every = -1\n")
+    with pytest.raises(ConfigError, match="replica_check_every"):
+        config("--config", str(tmp_path / "node.toml"))
+    finished = subprocess.run(
+        [sys.executable, "-m", "runstate_server.node.cli", *node, "--replica-check-every", "soon"],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+    )
+    assert finished.returncode == 2 and "--replica-check-every" in finished.stderr, finished.stderr
+    assert "Traceback" not in finished.stderr
