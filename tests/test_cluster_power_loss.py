@@ -32,6 +32,8 @@ LOAD_TIMEOUT_S = 30.0  # the load's first acknowledged writes after a (re)start
 ACKS_MIN = 5  # the writes acknowledged before the kill, at least, for a round to count
 LOAD_STOP_TIMEOUT_S = 90.0  # the load thread's last call (the HTTP client's own timeout bounds it)
 COMPACT_AFTER = "100"  # dumps and journals both: a restart loads a dump and replays the entries after it
+ROUND_TIMEOUT_S = 60  # a round's share of the test's timeout (a round takes 3-8 s on a loaded 2-core machine)
+ROUNDS = int(os.environ.get(ROUNDS_ENV, POWER_LOSS_ROUNDS_DEFAULT))
 RECV_HOLDER = {"holder": "power-loss", "holderSession": "s1", "max": 1, "leaseSeconds": 60}
 
 
@@ -92,8 +94,9 @@ def power_loss(cluster: Cluster) -> None:
     cluster.kill_all()  # reaps them
 
 
+@pytest.mark.timeout(max(300, ROUNDS * ROUND_TIMEOUT_S))  # the long form runs past the suite's 300 s
 def test_every_acknowledged_write_outlives_whole_cluster_power_losses(make_cluster: Callable[..., Cluster]) -> None:
-    rounds = int(os.environ.get(ROUNDS_ENV, POWER_LOSS_ROUNDS_DEFAULT))
+    rounds = ROUNDS
     seed = int(os.environ.get(SEED_ENV, random.randrange(2**32)))
     print(f"power loss: {rounds} rounds, seed {seed} ({SEED_ENV})")
     draw = random.Random(seed)
