@@ -24,6 +24,7 @@ from runstate_server.actors import (
     events,
     groups,
     idempotency,
+    integrity,
     limits,
     members,
     once,
@@ -51,7 +52,8 @@ COMMAND_VERSION = 1
 # node of an older release would refuse a command type it does not know, and its state would
 # differ from the others'. Level 2: task.submit_many. Level 3: state.number_creations. Level 4:
 # state.level, and pysyncobj's membership entries (a release before this one applies them only in
-# part: cluster/DESIGN.md "Membership"). Level 5: cluster.identify (the cluster's id, for backups).
+# part: cluster/DESIGN.md "Membership"). Level 5: cluster.identify (the cluster's id, for backups) and
+# replica.check (actors/integrity.py).
 COMMAND_LEVEL = 5
 SUBMIT_MANY_LEVEL = 2
 NUMBER_CREATIONS_LEVEL = 3
@@ -133,10 +135,12 @@ SYSTEM_SPACE = ""
 # The command types apply() knows besides HANDLERS: the leader's own.
 BUILT_IN_KINDS = frozenset({
     "tick", "leader.start", "access.bootstrap", "barrier", "state.number_creations", "state.level",
-    "cluster.learner_add", "cluster.learner_drop", "cluster.identify",
+    "cluster.learner_add", "cluster.learner_drop", "cluster.identify", integrity.CHECK_KIND,
 })
 # The built-in kinds a space may not send: they change the cluster, not a space.
-_SYSTEM_ONLY_KINDS = frozenset({"access.bootstrap", "cluster.learner_add", "cluster.learner_drop", "cluster.identify"})
+_SYSTEM_ONLY_KINDS = frozenset({
+    "access.bootstrap", "cluster.learner_add", "cluster.learner_drop", "cluster.identify", integrity.CHECK_KIND,
+})
 
 
 def unknown_kind(command: Any) -> str | None:
@@ -219,6 +223,8 @@ def _apply(state: State, command: dict[str, Any], now_ms: int, epoch: int, effec
         return members.drop_learner(state, args)
     if kind == "cluster.identify":
         return identify_cluster(state, args)
+    if kind == integrity.CHECK_KIND:
+        return integrity.check(args, str(command.get("id", "")))
     if kind == "barrier":
         return {}  # committed, so its proposer still led: reads after it are linearizable
     if kind == "state.number_creations":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import re
@@ -32,8 +31,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import msgpack
 
 from runstate_server._version import __version__
 from runstate_server.actors import dispatch
@@ -55,6 +52,7 @@ from runstate_server.node.backup_file import (
 )
 from runstate_server.node.config import Peer
 from runstate_server.node.membership import VOTER, Membership, write_membership
+from runstate_server.node.replicas import snapshot_digest
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -99,7 +97,7 @@ def data_digest(snapshot: dict[str, Any]) -> str:
     /v1/cluster/digest calls `dataDigest`. Equal on every replica at one index, and between a
     backup and the state it was taken from (a restore gives the state a new cluster id)."""
     data = {key: value for key, value in snapshot.items() if key != "cluster_id"}
-    return hashlib.sha256(msgpack.packb({**data, "clock_ms": None}, use_bin_type=True)).hexdigest()
+    return snapshot_digest({**data, "clock_ms": None})
 
 
 class Backups:

@@ -49,6 +49,7 @@ try:
         HTTP_IDLE_TIMEOUT_MS,
         HTTP_SEND_TIMEOUT_MS,
         LOCK_FILE_NAME,
+        REPLICA_CHECK_EVERY_MS_DEFAULT,
         SECRET_CHARS_MIN,
         SECRET_ENV,
         ConfigError,
@@ -128,6 +129,11 @@ def positive_integer(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def check_every_ms(text: str) -> int:
+    """--replica-check-every: a duration, or 0 for never."""
+    return 0 if text.strip() == "0" else duration_ms(text)
 
 
 def positive_duration_ms(text: str) -> int:
@@ -296,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the highest command level this node tells its peers and proposes at, 1 to {COMMAND_LEVEL} "
         f"(default {COMMAND_LEVEL}, this release's); the cluster uses the lowest of its nodes' levels. Keep it "
         "at the older release's level during a rolling upgrade you may roll back",
+    )
+    node.add_argument(
+        "--replica-check-every", type=check_every_ms, default=None, metavar="DURATION",
+        help="how often the leader has the nodes compare a digest of their states at one log entry, e.g. 5m "
+        "(default 5m; 0 turns the periodic checks off; README, \"Replica checks\")",
     )
     _add_bootstrap_flag(node)
     _add_storage_flags(node, defaults=False)
@@ -514,6 +525,16 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         command_level = COMMAND_LEVEL
     if type(command_level) is not int or not 1 <= command_level <= COMMAND_LEVEL:
         raise ConfigError(f"command_level must be an integer from 1 to {COMMAND_LEVEL}, not {command_level!r}")
+    replica_check_every = setting(args.replica_check_every, "replica_check_every")
+    if isinstance(replica_check_every, str):
+        try:
+            replica_check_every = check_every_ms(replica_check_every)
+        except argparse.ArgumentTypeError as error:
+            raise ConfigError(f"replica_check_every: {error}") from None
+    if replica_check_every is None:
+        replica_check_every = REPLICA_CHECK_EVERY_MS_DEFAULT
+    if type(replica_check_every) is not int or replica_check_every < 0:
+        raise ConfigError(f"replica_check_every must be a duration such as 5m, or 0, not {replica_check_every!r}")
     return NodeConfig(
         node_id=node_id,
         host=host,
@@ -537,6 +558,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         http=http_limits(args, file),
         command_level=command_level,
         **backup_settings(args, file),
+        replica_check_every_ms=replica_check_every,
     )
 
 

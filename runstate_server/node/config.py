@@ -40,6 +40,8 @@ BOOTSTRAP_KEY_FILE_NAME = "bootstrap.key"  # in the data dir, mode 0600, when no
 CLUSTER_NODES_MAX = 7
 BACKUP_EVERY_MS_DEFAULT = 3_600_000  # scheduled backups, when --backup-dir is given: hourly
 BACKUP_KEEP_DEFAULT = 24  # and the newest 24 kept
+# A cluster's leader has the nodes compare their states this often (`--replica-check-every`; node/replicas.py).
+REPLICA_CHECK_EVERY_MS_DEFAULT = 300_000
 
 # The HTTP server's bounds (node/http_server.py). The first five are settings (HttpLimits); a
 # client holding a connection past any of them is answered and disconnected, never waited for.
@@ -116,6 +118,8 @@ class NodeConfig:
     backup_dir: Path | None = None
     backup_every_ms: int = BACKUP_EVERY_MS_DEFAULT
     backup_keep: int = BACKUP_KEEP_DEFAULT
+    # A cluster's leader asks its nodes to compare their states this often (node/replicas.py); 0: never.
+    replica_check_every_ms: int = REPLICA_CHECK_EVERY_MS_DEFAULT
 
     @property
     def api_url(self) -> str:

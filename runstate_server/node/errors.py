@@ -58,6 +58,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
     "REMOVED": 503,  # this node was removed from its cluster (node/members.py): it serves nothing more
+    # A replica check found this node's state differs from the majority's (node/replicas.py).
+    "REPLICA_DIVERGED": 503,
 }
 
 

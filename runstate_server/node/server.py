@@ -41,6 +41,7 @@ from runstate_server.node.errors import ApiError, raise_for_result
 from runstate_server.node.http_server import Runner, Site, connections_max_for, limit_log_rate, raise_fd_limit
 from runstate_server.node.members import MembershipKeeper
 from runstate_server.node.metrics import NodeMetrics
+from runstate_server.node.replicas import CheckedCore, ReplicaChecker
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
 from runstate_server.node.waiters import Waiters
@@ -137,6 +138,7 @@ class Node:
             raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
         self.raft_address = raft_address
         self._password = config.secret or secrets.token_hex(16)
+        self.replicas = ReplicaChecker(self)  # replica checks (node/replicas.py)
         self.log = self._new_log(self.core, learner=config.learner, peers=config.peers)
         self.router = Router(self)
         self.membership = MembershipKeeper(self)
@@ -157,8 +159,9 @@ class Node:
         config = self.config
         seed = [Member(self.raft_address, config.node_id, config.api_url)]
         seed += [Member(peer.raft_address, peer.id, peer.api_url) for peer in peers]
-        return ReplicatedLog(
-            core,
+        checked = CheckedCore(core, self.replicas)  # forks a replica check's digest as its entry applies
+        checked.log = replicated = ReplicatedLog(
+            checked,
             self_address=None if learner else self.raft_address,
             peer_addresses=[peer.raft_address for peer in peers],
             data_dir=config.data_dir,
@@ -174,6 +177,7 @@ class Node:
             members=seed,
             epoch=config.epoch,
         )
+        return replicated
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -198,6 +202,7 @@ class Node:
         self._spawn(self.ticker.run(), "ticker")
         if self.config.clustered:
             self._spawn(self.membership.run(), "membership")
+            self._spawn(self.replicas.run(), "replica-checks")
         if self.config.backup_dir is not None:
             self._spawn(self.backups.run_schedule(
                 self.config.backup_dir, self.config.backup_every_ms, self.config.backup_keep), "backups")

@@ -122,6 +122,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 # What a node removed from its cluster still answers (its health says it was removed).
 REMOVED_STILL_ANSWERS = frozenset({"/v1/health", "/metrics"})
+# What a node whose state diverged still answers: its health, its metrics, and the operator's cluster
+# routes (the view, the digest, handing leadership over, removing it: README, "Replica checks").
+DIVERGED_STILL_ANSWERS = REMOVED_STILL_ANSWERS
+DIVERGED_STILL_ANSWERS_PREFIX = "/v1/cluster"
 
 
 @web.middleware
@@ -130,6 +134,10 @@ async def route_to_leader(request: web.Request, handler: Handler) -> web.StreamR
     node = request.app[NODE_KEY]
     if node.removed is not None and request.path not in REMOVED_STILL_ANSWERS:
         raise ApiError("REMOVED", node.removed)
+    if node.replicas.diverged is not None and not (
+        request.path in DIVERGED_STILL_ANSWERS or request.path.startswith(DIVERGED_STILL_ANSWERS_PREFIX)
+    ):
+        node.replicas.refuse_if_diverged()
     router = node.router
     if not router.serves_here(request):
         forwarded = await router.forward(request)

@@ -4,12 +4,10 @@ hand leadership to another voter (an operator admin key)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 from typing import Any
 
 import aiohttp
-import msgpack
 from aiohttp import web
 
 from runstate_server.actors import limits
@@ -24,6 +22,7 @@ from runstate_server.node.api.schemas import BOOLEAN, INTEGER, NAME, STRING, STR
 from runstate_server.node.backup import data_digest
 from runstate_server.node.errors import ApiError
 from runstate_server.node.membership import JOIN_PROOF_HEADER, proof_holds
+from runstate_server.node.replicas import snapshot_digest
 
 routes = RouteTable()
 
@@ -194,7 +193,7 @@ async def state_digest(request: web.Request) -> web.Response:
     with node.read() as state:
         applied_index = node.log.applied_index
         snapshot = to_snapshot(state)
-    digest = hashlib.sha256(msgpack.packb(snapshot, use_bin_type=True)).hexdigest()
+    digest = snapshot_digest(snapshot)  # what the replica checks compare (node/replicas.py)
     # Every command moves the clock, a refused one and a read's no-op included; nothing else. The
     # cluster id names the cluster, not its data: a restore gives its state a new one.
     return json_response({

@@ -10,8 +10,13 @@ from runstate_server.node._json import json_response
 from runstate_server.node.api.routes import PUBLIC, RouteTable, node_of
 from runstate_server.node.api.schemas import INTEGER, STRING, STRING_OR_NULL, array, enum, obj
 
+# This node's replica checks (node/replicas.py): its verdict, and its last digests for its peers to compare.
+REPLICA_CHECK = obj({
+    "status": enum("ok", "diverged", "undecided", "off"), "message": STRING_OR_NULL,
+    "agreedIndex": {"type": ["integer", "null"]}, "digests": array(obj({"index": INTEGER, "digest": STRING})),
+})
 HEALTH = obj({
-    "status": enum("ok", "unavailable", "removed"), "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
+    "status": enum("ok", "unavailable", "removed", "diverged"), "replicaCheck": REPLICA_CHECK, "nodeId": STRING, "role": STRING, "leader": STRING_OR_NULL,
     "term": INTEGER, "appliedIndex": INTEGER, "commitIndex": INTEGER, "longPolls": INTEGER, "epoch": INTEGER,
     "voters": array(STRING), "clusterId": STRING_OR_NULL,
 })
@@ -30,8 +35,11 @@ def health_view(node: Node) -> dict[str, Any]:
         bootstrapped = not node.config.auth or state.operator_space is not None
         cluster_id = state.cluster_id
     status = "ok" if raft.leader_address is not None and bootstrapped else "unavailable"
+    if node.replicas.diverged is not None:
+        status = "diverged"  # its state differs from the majority's: it serves none of it (node/replicas.py)
     return {
         "status": "removed" if node.removed is not None else status,
+        "replicaCheck": node.replicas.view(),
         "nodeId": node.config.node_id,
         "role": raft.role,
         "leader": raft.leader_address,

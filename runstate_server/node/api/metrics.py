@@ -216,7 +216,32 @@ def render(node: Node, caller: Caller) -> str:
                "HTTP requests this node answered, by method, route template and status",
                [((("method", method), ("route", route), ("status", status)), count)
                 for (method, route, status), count in sorted(observed.http_requests.items())])
+    _replica_checks(out, node)
     return out.text()
+
+
+def _replica_checks(out: Exposition, node: Node) -> None:
+    """The replica checks' figures (node/replicas.py; README, "Replica checks")."""
+    checker = node.replicas
+    out.metric("runstate_replica_diverged", "gauge",
+               "1 when a replica check found this node's state differs from the one a majority of the voters "
+               "agree on (it then refuses calls with REPLICA_DIVERGED until an operator replaces its data)",
+               [((), 1 if checker.diverged is not None else 0)])
+    out.metric("runstate_replica_check_undecided", "gauge",
+               "1 when the last replica check every voter answered found no majority agreeing on a digest",
+               [((), 1 if checker.undecided is not None else 0)])
+    out.metric("runstate_replica_checks_total", "counter",
+               "Replica checks this node computed, by outcome: agreed, diverged, undecided (no majority), "
+               "unverified (too few voters answered in time), skipped (its child of an earlier check still ran)",
+               [((("outcome", outcome),), count) for outcome, count in checker.counts.items()])
+    out.metric("runstate_replica_checks_proposed_total", "counter", "Replica checks this node asked for while it led",
+               [((), checker.proposed)])
+    out.metric("runstate_replica_check_fork_seconds", "gauge",
+               "How long the last replica check's fork stopped this node's apply",
+               [] if checker.last_fork_s is None else [((), checker.last_fork_s)])
+    out.metric("runstate_replica_check_child_seconds", "gauge",
+               "How long the last replica check's child took to hash the state",
+               [] if checker.last_child_s is None else [((), checker.last_child_s)])
 
 
 @routes(
