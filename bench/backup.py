@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         run, mailbox = fill(node.url, args.tasks)
         print(f"filled {args.tasks:,} tasks in {time.monotonic() - started:.1f} s", flush=True)
-        stop, latencies = threading.Event(), []
+        stop = threading.Event()
+        latencies: list[tuple[float, float]] = []
         writer = threading.Thread(target=writes, args=(node.url, run, mailbox, stop, latencies), daemon=True)
         writer.start()
         time.sleep(BASELINE_S)
