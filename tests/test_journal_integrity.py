@@ -73,8 +73,9 @@ def test_every_byte_of_every_record_but_the_last_is_checked(tmp_path: Path) -> N
 def test_a_journal_cut_short_inside_its_last_record_loses_that_record_only(tmp_path: Path) -> None:
     path = tmp_path / "raft.journal"
     data = written(path)
-    last = scan(data, str(path)).offsets[-1]
-    for cut_at in (last + 4, last + 5, last + 30, len(data) - 1):  # its length field whole
+    whole = scan(data, str(path))
+    last = whole.offsets[-1]
+    for cut_at in (last + 4, last + 5, last + 30, whole.end - 1):  # its length field whole
         found = scan(data[:cut_at], str(path))
         assert (found.entries, found.torn_at) == (ENTRIES[:-1], last)
     # Cut inside an earlier record: more than a torn write lost (a record whose length says more follow).
