@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from runstate_server.cluster._journal import DurableJournal, JournalFile, RecordJournal, scan_file
 
 
