@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj.journal import FileJournal
 from pysyncobj.pickle import loads as pysyncobj_loads
 from pysyncobj.transport import TCPTransport
 
 from runstate_server.cluster import LogConfig, LogUnavailable, NotLeader, ReplicatedLog
 from runstate_server.cluster._frame_cipher import FRAMES_FERNET
+from runstate_server.cluster._journal import scan_file
 from runstate_server.cluster._transport import LEVEL, BoundedTransport
 from runstate_server.cluster.codec import decode_batch
 from runstate_server.cluster.log import DUMP_FILE_NAME, FOLLOWER_EFFECTS_HANDOFF_S, JOURNAL_FILE_NAME
@@ -371,11 +371,7 @@ def test_a_crash_between_dump_and_journal_trim_keeps_the_journal_tail(tmp_path: 
 
 def write_dump_of_a_journal_prefix(data_dir: Path, prefix_commands: int) -> None:
     """Replay the journal's first regular entries into a fresh machine and dump it at that entry."""
-    journal = FileJournal(str(data_dir / JOURNAL_FILE_NAME))
-    try:
-        entries = [journal[position] for position in range(len(journal))]
-    finally:
-        journal._destroy()
+    entries = scan_file(str(data_dir / JOURNAL_FILE_NAME)).entries
     machine = RecordingMachine()
     for position, (command, _, _) in enumerate(entries):
         if command[:1] != b"\x00":  # pysyncobj's no-op entries

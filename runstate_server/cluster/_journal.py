@@ -16,6 +16,11 @@ tick) and adds three things:
   the same bytes in the same places, and the sync after an append takes about two thirds of the
   time (0.13 against 0.20 ms on the test machine's disk).
 With `fsync=False` only the crash-safe compaction and the writes through `pwrite` remain.
+
+The file is pysyncobj's layout with a checksum in each record (`RecordJournal`, format 2; DESIGN.md
+"Checksums"); a journal of the release before (format 1, pysyncobj's own) is read as before and
+rewritten in format 2 when it opens. Opening checks every record (`scan`): a torn last record is cut
+off, a damaged one before the end raises `JournalDamaged` (file and byte offset).
 """
 
 from __future__ import annotations
@@ -23,11 +28,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from runstate_server.cluster._pysyncobj import FileJournal, Journal, MetaStorer
+import pysyncobj.syncobj
+
+from runstate_server.cluster._pysyncobj import Journal, MemoryJournal, MetaStorer
 from runstate_server.cluster._pysyncobj import pysyncobj_pickle as _pickle
 from runstate_server.cluster.private_files import make_private, open_private
 from runstate_server.cluster.snapshot import fsync_directory
@@ -96,14 +106,12 @@ class _PrivateMetaStorer(MetaStorer):  # type: ignore[misc]
 
 
 class JournalFile:
-    """pysyncobj's ResizableFile (its FileJournal's file: write, read, flush, _destroy), written
-    with `pwrite` instead of through a shared memory map. The bytes and their places are the same
-    (the file grows by doubling its size, as ResizableFile's does), so pysyncobj reads the file as
-    before, and a node of an earlier release reads this one's. What changes is the sync: on the
-    test machine's disk (ext4 on a virtual disk) an fdatasync after an append through the map took
-    0.20 ms at the median, against 0.13 ms after the same two writes (the entry, then the header's
-    end offset) made with pwrite; the kernel writes a mapping's dirty pages back through its
-    page-fault tracking, which costs more than writing the page cache directly."""
+    """The journal's file (what pysyncobj's ResizableFile was: write, read, flush, _destroy), written
+    with `pwrite` instead of through a shared memory map, and grown ahead by doubling its size as
+    ResizableFile did. On the test machine's disk (ext4 on a virtual disk) an fdatasync after an
+    append through the map took 0.20 ms at the median, against 0.13 ms after the same two writes
+    (the record, then the header's end offset) made with pwrite; the kernel writes a mapping's dirty
+    pages back through its page-fault tracking, which costs more than writing the page cache."""
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
@@ -160,40 +168,320 @@ def _sync_file(fd: int) -> None:
 
 
 _HAS_FDATASYNC = hasattr(os, "fdatasync")
-# pwrite and pread exist wherever the node runs (Linux, macOS); without them the map stays.
-_HAS_PWRITE = hasattr(os, "pwrite") and hasattr(os, "pread")
 
 
-def write_with_pwrite(journal: FileJournal) -> None:
-    """Swap the journal's memory-mapped file for a JournalFile of the same path (pysyncobj has read
-    the entries through the map by now); a journal already swapped is left as it is."""
-    mapped = journal._FileJournal__journalFile
-    if isinstance(mapped, JournalFile) or not _HAS_PWRITE:
-        return
-    path = mapped._ResizableFile__fileName
-    mapped._destroy()  # msync what went through the map since it opened (SyncObj's no-op entry), close
-    journal._FileJournal__journalFile = JournalFile(path)
+def sync_without_the_gil(journal: RecordJournal) -> None:
+    """Write the journal's file to disk with fdatasync, which releases the interpreter lock (the
+    node's other thread runs meanwhile; pysyncobj's own flush was an msync made holding it)."""
+    journal.flush()
 
 
-def sync_without_the_gil(journal: FileJournal) -> None:
-    """Write the journal's file to disk, as pysyncobj's flush() does, but letting the node's other
-    thread run meanwhile (pysyncobj's flush is `mmap.flush()`, an msync that CPython makes while
-    holding the interpreter lock: the event loop, every HTTP request of the node, stood still for
-    each fsync of the log). A JournalFile syncs with fdatasync, which releases the lock; a file
-    still mapped (no pwrite) syncs with pysyncobj's msync."""
-    file = journal._FileJournal__journalFile
-    if isinstance(file, JournalFile):
+# The file (pysyncobj's layout, DESIGN.md "Checksums"): a header, then the records in order.
+#   header: name (24 bytes), pysyncobj's version (8), format (u32), the end of the last record (u32)
+#   format 1, pysyncobj's (the release before): length | index u64 | term u64 | command | length
+#   format 2, this one's:         length | index u64 | term u64 | command | crc32 | length
+# `length` (u32) counts the index, term and command; the crc32 (zlib's, of every byte of the record
+# before it) makes a flipped bit or a torn write anywhere in the record visible. All little-endian.
+_HEADER = struct.Struct("<24s8sII")
+HEADER_BYTES = _HEADER.size  # = pysyncobj.journal.FIRST_RECORD_OFFSET, where the first record starts
+_END_FIELD_OFFSET = 36  # the header's "end of the last record" field
+_NAME = b"PYSYNCOBJ"
+_PYSYNCOBJ_VERSION = b"0.3.17"  # the header's version field, as pysyncobj fills it (nothing reads it)
+FORMAT_PLAIN = 1
+FORMAT_CHECKSUMMED = 2
+_U32 = struct.Struct("<I")
+_INDEX_TERM = struct.Struct("<QQ")
+_CRC_AND_LENGTH = struct.Struct("<II")
+_INDEX_TERM_BYTES = 16
+# Bytes of a record besides its `length`: the leading length and what follows the command.
+_FRAME_BYTES = {FORMAT_PLAIN: 8, FORMAT_CHECKSUMMED: 12}
+
+Entry = tuple[bytes, int, int]
+
+
+class JournalDamaged(Exception):
+    """A record of the journal file before its last one is unsound (or the header is): its bytes
+    are not what was written, so nothing after it can be trusted either."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"the Raft journal {path} is damaged at byte {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a journal file holds, checked: its sound records, and where the next one goes."""
+
+    format: int
+    entries: list[Entry]
+    offsets: list[int]  # where each entry's record starts
+    end: int  # where the next record goes: the header's end, or the start of a torn last record
+    torn_at: int | None = None  # the offset of a torn last record that was cut off
+    torn_reason: str = ""
+
+
+class _Unsound(Exception):
+    pass
+
+
+def encode_record(command: bytes, index: int, term: int) -> bytes:
+    """One format-2 record."""
+    head = _U32.pack(_INDEX_TERM_BYTES + len(command)) + _INDEX_TERM.pack(index, term)
+    checksum = zlib.crc32(command, zlib.crc32(head))
+    return b"".join((head, command, _CRC_AND_LENGTH.pack(checksum, _INDEX_TERM_BYTES + len(command))))
+
+
+def _header(end: int) -> bytes:
+    return _HEADER.pack(_NAME, _PYSYNCOBJ_VERSION, FORMAT_CHECKSUMMED, end)
+
+
+def _record_at(data: bytes, offset: int, limit: int, version: int) -> tuple[Entry, int]:
+    """The entry of the record at `offset` and its length in bytes; _Unsound if it is not sound.
+    `limit`: where the journal's records end (the header says)."""
+    if offset + 4 > len(data):
+        raise _Unsound(f"the file ends at byte {len(data)}, inside the record's length")
+    (length,) = _U32.unpack_from(data, offset)
+    if length < _INDEX_TERM_BYTES:
+        raise _Unsound(f"its length field says {length} bytes, fewer than an index and a term")
+    record_bytes = length + _FRAME_BYTES[version]
+    if offset + record_bytes > limit:
+        raise _Unsound(f"its length field ({length}) runs past the journal's end at byte {limit}")
+    if offset + record_bytes > len(data):
+        raise _Unsound(f"the file ends at byte {len(data)}, inside the record")
+    (trailing,) = _U32.unpack_from(data, offset + record_bytes - 4)
+    if trailing != length:
+        raise _Unsound(f"its two length fields differ ({length} and {trailing})")
+    if version == FORMAT_CHECKSUMMED:
+        (stored,) = _U32.unpack_from(data, offset + 4 + length)
+        if zlib.crc32(memoryview(data)[offset:offset + 4 + length]) != stored:
+            raise _Unsound("its checksum does not match its bytes")
+    index, term = _INDEX_TERM.unpack_from(data, offset + 4)
+    return (bytes(data[offset + 4 + _INDEX_TERM_BYTES:offset + 4 + length]), index, term), record_bytes
+
+
+def _record_ending_at(data: bytes, end: int, version: int) -> int | None:
+    """The start of a sound record that ends exactly at `end` (found by its trailing length), or None."""
+    if end > len(data) or end - 4 < HEADER_BYTES:
+        return None
+    (length,) = _U32.unpack_from(data, end - 4)
+    start = end - length - _FRAME_BYTES[version]
+    if start < HEADER_BYTES:
+        return None
+    try:
+        _record_at(data, start, end, version)
+    except _Unsound:
+        return None
+    return start
+
+
+def _is_torn_tail(data: bytes, offset: int, end: int, version: int) -> bool:
+    """Whether the unsound record at `offset` is the journal's last one, torn by a crash while it was
+    written, rather than damage before the end: its own length (when it can be read) says it ends
+    where the journal ends, or no sound record ends there after it. A file shorter than the journal's
+    end (cut short from outside: the journal grows its file ahead of its records) lost more than
+    its last record unless that record's length says it is the last."""
+    if offset + 4 > len(data):
+        return len(data) >= end
+    (length,) = _U32.unpack_from(data, offset)
+    if offset + length + _FRAME_BYTES[version] == end:
+        return True
+    if len(data) < end:
+        return False
+    last = _record_ending_at(data, end, version)
+    return last is None or last <= offset
+
+
+def scan(data: bytes, path: str) -> Scan:
+    """Check every record of a journal file's bytes: the header, each record's framing and checksum
+    (format 2), and that indexes follow one another and terms never go back. A torn last record is
+    cut off (`Scan.torn_at`); anything else unsound raises JournalDamaged."""
+    if len(data) < HEADER_BYTES:
+        raise JournalDamaged(path, 0, f"the file has {len(data)} bytes, fewer than a journal's header ({HEADER_BYTES})")
+    name, _, version, end = _HEADER.unpack_from(data)
+    if name.rstrip(b"\0") != _NAME:
+        raise JournalDamaged(path, 0, f"it does not start with {_NAME.decode()}: not a Raft journal")
+    if version not in _FRAME_BYTES:
+        raise JournalDamaged(path, 32, f"unknown format {version} (this release reads 1 and 2)")
+    if end < HEADER_BYTES:
+        raise JournalDamaged(path, _END_FIELD_OFFSET, f"the records' end ({end}) is inside the header")
+    entries: list[Entry] = []
+    offsets: list[int] = []
+    offset = HEADER_BYTES
+    while offset < end:
+        try:
+            entry, record_bytes = _record_at(data, offset, end, version)
+            if entries and entry[1] != entries[-1][1] + 1:
+                raise _Unsound(f"its index {entry[1]} does not follow {entries[-1][1]}")
+            if entries and entry[2] < entries[-1][2]:
+                raise _Unsound(f"its term {entry[2]} is below the term before it ({entries[-1][2]})")
+        except _Unsound as unsound:
+            if _is_torn_tail(data, offset, end, version):
+                return Scan(version, entries, offsets, offset, torn_at=offset, torn_reason=str(unsound))
+            raise JournalDamaged(path, offset, f"the record there is unsound ({unsound}), and it is not the last "
+                                               "one (not a torn last write)") from None
+        entries.append(entry)
+        offsets.append(offset)
+        offset += record_bytes
+    return Scan(version, entries, offsets, end)
+
+
+def scan_file(path: str) -> Scan:
+    with open(path, "rb") as file:
+        return scan(file.read(), path)
+
+
+def write_journal(path: str, entries: Sequence[Entry], *, fsync: bool) -> None:
+    """A format-2 journal of `entries` at `path`, whole or not at all: written to a new file, synced,
+    renamed over `path` (a compaction, a conversion from format 1, a new journal)."""
+    new_path = path + COMPACTION_SUFFIX
+    records = [encode_record(*entry) for entry in entries]
+    with open_private(new_path) as file:
+        file.write(_header(HEADER_BYTES + sum(map(len, records))))
+        file.writelines(records)
         file.flush()
-    else:
-        journal.flush()
+        if fsync:
+            os.fsync(file.fileno())
+    os.replace(new_path, path)
+    if fsync:
+        fsync_directory(os.path.dirname(path) or ".")
 
 
-def _open(path: str, *, fsync: bool) -> FileJournal:
-    journal = FileJournal(path)  # creates the file if missing, with the umask's mode
-    make_private(path)
-    journal._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
-    write_with_pwrite(journal)
-    return journal
+class RecordJournal(Journal):  # type: ignore[misc]
+    """pysyncobj's FileJournal in format 2 (a checksum per record), written with pwrite: the same
+    interface, the entries in memory as pysyncobj keeps them, the term, vote and commit index in the
+    `.meta` file beside it (pysyncobj's format). Opening checks the file (`scan`): JournalDamaged
+    for a damaged record before the end; a torn last record is cut off (logged); a format-1 file is
+    rewritten in format 2 first."""
+
+    def __init__(self, path: str, *, fsync: bool = True) -> None:
+        self.path = path
+        self.fsync = fsync
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            write_journal(path, [], fsync=fsync)
+        found = scan_file(path)
+        if found.torn_at is not None:
+            logger.warning("the Raft journal %s ends with a torn record at byte %d (%s): cut off, as a write that "
+                           "never completed", path, found.torn_at, found.torn_reason)
+        if found.format != FORMAT_CHECKSUMMED:
+            write_journal(path, found.entries, fsync=fsync)
+            logger.info("the Raft journal %s (format %d, %d records) was rewritten in format %d (checksummed)",
+                        path, found.format, len(found.entries), FORMAT_CHECKSUMMED)
+            found = scan_file(path)
+        make_private(path)
+        self._entries = found.entries
+        self._offsets = found.offsets
+        self._file = JournalFile(path)
+        self._end = found.end
+        if found.torn_at is not None:
+            self._set_end(self._end)
+            self._file.flush()
+        self.meta_storer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
+        self._meta: dict[str, Any] = self.meta_storer.getMeta()
+        self._meta_saved = True
+
+    def _set_end(self, end: int) -> None:
+        self._end = end
+        self._file.write(_END_FIELD_OFFSET, _U32.pack(end))
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        record = encode_record(bytes(command), idx, term)
+        self._file.write(self._end, record)
+        self._entries.append((command, idx, term))
+        self._offsets.append(self._end)
+        self._set_end(self._end + len(record))
+
+    def clear(self) -> None:
+        self._entries = []
+        self._offsets = []
+        self._set_end(HEADER_BYTES)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        if entryFrom >= len(self._entries):
+            return
+        end = self._offsets[entryFrom]
+        del self._entries[entryFrom:]
+        del self._offsets[entryFrom:]
+        self._set_end(end)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        self.replace(self._entries[entryTo:])
+
+    def replace(self, entries: Sequence[Entry]) -> None:
+        """Hold exactly `entries`, through a new file renamed over this one (write_journal)."""
+        self._file._destroy()
+        write_journal(self.path, entries, fsync=self.fsync)
+        self._file = JournalFile(self.path)
+        self._entries = list(entries)
+        self._offsets = []
+        offset = HEADER_BYTES
+        for command, _, _ in self._entries:
+            self._offsets.append(offset)
+            offset += len(command) + _INDEX_TERM_BYTES + _FRAME_BYTES[FORMAT_CHECKSUMMED]
+        self._end = offset
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _destroy(self) -> None:
+        self._file._destroy()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    # The meta file: pysyncobj's FileJournal's, unchanged.
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._meta["raftCommitIndex"] = raftCommitIndex
+        self._meta_saved = False
+
+    def getRaftCommitIndex(self) -> int:
+        return int(self._meta.get("raftCommitIndex", 1))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        self._meta["currentTerm"] = term
+        self._meta["votedForNodeId"] = votedForNodeId
+        # Raft: the term and the vote are durable before any message that shows them is sent.
+        self.meta_storer.storeMeta(self._meta)
+        self._meta_saved = True
+
+    def getCurrentTerm(self) -> int:
+        return int(self._meta.get("currentTerm", 0))
+
+    def getVotedForNodeId(self) -> Any:
+        return self._meta.get("votedForNodeId", None)
+
+    def onOneSecondTimer(self) -> None:
+        if not self._meta_saved:
+            self.meta_storer.storeMeta(self._meta)
+            self._meta_saved = True
+
+
+def _create_journal(journal_file: str | None) -> Journal:
+    """pysyncobj's createJournal (SyncObj.__init__ calls it by this module-level name): ours for a
+    file, pysyncobj's MemoryJournal without one. JournalDamaged goes out of SyncObj's constructor."""
+    return MemoryJournal() if journal_file is None else RecordJournal(journal_file)
+
+
+# The one journal pysyncobj builds for any SyncObj of this process (a seam: _pysyncobj.py).
+pysyncobj.syncobj.createJournal = _create_journal
+
+
+def _open(path: str, *, fsync: bool) -> RecordJournal:
+    return RecordJournal(path, fsync=fsync)
+
+
+def keep_term_and_vote(meta_path: str, *, fsync: bool) -> None:
+    """Rewrite a journal's .meta file with its term and vote only (Raft's persistent state), without
+    the commit index: for a journal discarded, whose entries are gone. An unreadable one keeps nothing."""
+    meta = _PrivateMetaStorer(meta_path, fsync=fsync).getMeta()
+    _PrivateMetaStorer(meta_path, fsync=fsync).storeMeta(
+        {key: meta[key] for key in ("currentTerm", "votedForNodeId") if key in meta}
+    )
 
 
 def remove_leftovers(path: str) -> None:
@@ -204,13 +492,12 @@ def remove_leftovers(path: str) -> None:
 
 
 class DurableJournal(Journal):  # type: ignore[misc]
-    def __init__(self, inner: FileJournal, path: str, *, fsync: bool) -> None:
+    def __init__(self, inner: RecordJournal, path: str, *, fsync: bool) -> None:
         self._path = path
         self._directory = os.path.dirname(path) or "."
         self._fsync = fsync
-        make_private(path)  # pysyncobj created it with the umask's mode
-        inner._FileJournal__metaStorer = _PrivateMetaStorer(path + ".meta", fsync=fsync)
-        write_with_pwrite(inner)
+        inner.fsync = fsync
+        inner.meta_storer.fsync = fsync
         if fsync:
             sync_without_the_gil(inner)  # the no-op entry SyncObj may have just added
         self._inner = inner
@@ -340,19 +627,9 @@ class DurableJournal(Journal):  # type: ignore[misc]
             # pysyncobj renamed the new dump over the old one in the previous tick: make that
             # durable before the journal stops holding the entries the dump replaces.
             fsync_directory(self._directory)
-        self._inner.onOneSecondTimer()  # the new FileJournal re-reads .meta: store pending changes
-        new_path = self._path + COMPACTION_SUFFIX
+        self._inner.onOneSecondTimer()  # store pending meta changes (the file is not rewritten)
         remove_leftovers(self._path)
-        new_journal = FileJournal(new_path)  # reads (absent) new_path.meta, never writes it
-        make_private(new_path)
-        for entry in kept:
-            new_journal.add(*entry)
-        new_journal._destroy()  # sync + close
-        self._inner._destroy()
-        os.replace(new_path, self._path)
-        if self._fsync:
-            fsync_directory(self._directory)
-        self._inner = _open(self._path, fsync=self._fsync)
+        self._inner.replace(kept)  # a new file, synced, renamed over the journal, the directory synced
         assert len(self._inner) == len(kept)
         self.command_bytes = sum(len(entry[0]) for entry in kept)
         if self._visible is not None:

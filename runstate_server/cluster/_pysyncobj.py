@@ -33,7 +33,7 @@ try:
     from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
     from pysyncobj.config import SERIALIZER_STATE
     from pysyncobj.encryptor import SALT as ENCRYPTOR_SALT
-    from pysyncobj.journal import FileJournal, Journal, MetaStorer, ResizableFile
+    from pysyncobj.journal import FileJournal, Journal, MemoryJournal, MetaStorer
     from pysyncobj.monotonic import monotonic as raft_clock
     from pysyncobj.node import TCPNode
     from pysyncobj.pipe_notifier import PipeNotifier
@@ -50,7 +50,7 @@ except ImportError as error:  # a name moved or gone: the same refusal as a miss
 
 __all__ = [
     "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_SALT", "FAIL_REASON", "POLL_EVENT_TYPE", "SERIALIZER_STATE", "SEAMS",
-    "TESTED_VERSIONS", "FileJournal", "Journal", "MetaStorer", "SyncObj", "SyncObjConf", "TCPTransport",
+    "TESTED_VERSIONS", "FileJournal", "Journal", "MemoryJournal", "MetaStorer", "SyncObj", "SyncObjConf", "TCPTransport",
     "TCPNode", "TcpConnection", "TcpServer", "pysyncobj_pickle", "raft_clock", "replicated",
 ]
 
@@ -152,11 +152,6 @@ JOURNAL_METHODS = frozenset({
 def _journal_seams() -> list[Seam]:
     return [
         *(Method(Journal, name, _JOURNAL) for name in sorted(JOURNAL_METHODS)),
-        Attribute(FileJournal, "_FileJournal__journalFile", f"{_JOURNAL} (written with pwrite, synced with fdatasync)"),
-        Attribute(FileJournal, "_FileJournal__metaStorer", f"{_JOURNAL} (its file private and fsynced)"),
-        Method(FileJournal, "flush", _JOURNAL),
-        Attribute(ResizableFile, "_ResizableFile__fileName", _JOURNAL),
-        Method(ResizableFile, "_destroy", _JOURNAL),
         Override(MetaStorer, "getMeta", f"{_JOURNAL} (patched to close its file)"),
         Override(MetaStorer, "storeMeta", _JOURNAL),
         Method(MetaStorer, "getPath", _JOURNAL),
@@ -170,6 +165,9 @@ def _module_seams() -> list[Seam]:
     return [
         Constant(pysyncobj.encryptor, "SALT", f"{_CIPHER} (the frame key, derived as pysyncobj derives it)"),
         Constant(pysyncobj.syncobj, "_COMMAND_TYPE", "cluster/recovery.py (a membership entry made a no-op)"),
+        # SyncObj.__init__ builds its journal by this module-level name: replaced by ours (a checksum
+        # per record, checked at open: DESIGN.md "Checksums").
+        Constant(pysyncobj.syncobj, "createJournal", f"{_JOURNAL} (the record journal, format 2)"),
     ]
 
 

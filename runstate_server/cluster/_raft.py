@@ -15,6 +15,7 @@ import queue
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from runstate_server.cluster._catch_up import CatchUp
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from runstate_server.cluster._read_index import ReadIndex
@@ -68,10 +69,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         read_index: ReadIndex | None = None,
         command_level: int = LEVEL_UNTOLD,
         epoch: int = EPOCH_UNTOLD,
+        catch_up: CatchUp | None = None,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
         self.read_index = read_index
+        # Set while this node catches up after discarding damaged data: it votes for no one
+        # (_catch_up.py); the log clears it once caught up.
+        self.catch_up = catch_up
         try:
             # autoTick=False: binds the port here, synchronously. The transport bounds what an
             # unauthenticated peer can do (_transport.py).
@@ -193,6 +198,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__connectedToAnyone(self) -> bool:
         # pysyncobj evaluates this last, and only here, when it starts an election: its deadline
         # passed and this node is a follower or candidate. Pre-vote decides at that very moment.
+        if self.catch_up is not None:
+            return False  # a node catching up never campaigns (_catch_up.py)
         connected = bool(SyncObj._SyncObj__connectedToAnyone(self))
         return connected and (self.pre_vote is None or self.pre_vote.may_elect(self))
 
@@ -204,6 +211,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == KEEPALIVE:
             return  # it was read: that is all it is for (_transport.py)
+        catch_up = self.catch_up
+        if catch_up is not None and catch_up.on_message(self, message):
+            return  # a vote this node must not give while it catches up
         if self.pre_vote is not None and self.pre_vote.on_message(self, node, message):
             return
         if self.read_index is not None and self.read_index.on_message(self, node, message):

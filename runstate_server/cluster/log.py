@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runstate_server.cluster import _dumper, _journal
+from runstate_server.cluster._catch_up import MARKER_FILE_NAME, CatchUp
 from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._pysyncobj import FAIL_REASON, raft_clock
 from runstate_server.cluster._raft import RaftNode
@@ -48,6 +49,8 @@ from runstate_server.cluster.membership import Member, member_of, names_by_addre
 from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
     Dump,
+    DumpFormatError,
+    check_dump,
     decode_dump,
     encode_dump,
     fsync_directory,
@@ -59,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 JOURNAL_FILE_NAME = "raft.journal"
 DUMP_FILE_NAME = "raft.dump"
+# A cluster node that found its Raft data damaged keeps the files it discarded under this suffix (the
+# last ones only: a later discard replaces them), for the operator to inspect and delete.
+DISCARDED_SUFFIX = ".discarded"
 
 # pysyncobj's _RAFT_STATE values.
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -166,6 +172,7 @@ class _Counters:
     commits_alone: int = 0  # times a single node committed its new batches with no tick (_commit_alone)
     leadership_transfers: int = 0  # times this leader told a voter to campaign at once (transfer_leadership)
     loop_handoffs: int = 0  # times the tick thread woke the loop with the calls it gathered (_hand_calls_to_loop)
+    local_data_discarded: int = 0  # times this node found its Raft data damaged at start and discarded it
 
 
 class ReplicatedLog:
@@ -292,32 +299,121 @@ class ReplicatedLog:
             serialize_checker=self._check_dump,
             on_state_changed=self._on_state_changed,
         )
-        try:
-            # Reads the whole journal and binds the port: not on the loop.
-            pre_vote = PreVote(
-                silence_s=self._config.raft_timeout_s_min,
-                lost_delay_s=self._config.leader_lost_delay_s,
-                lost_stagger_s=self._config.leader_lost_stagger_s,
-            ) if self._config.pre_vote and not self.learner else None
-            peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
-            raft = await asyncio.to_thread(
-                RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,
-                self._read_index, self._command_level, self.epoch,
-            )
-        except Exception as error:
-            raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
+        catch_up: CatchUp | None = None
+        if journal_file is not None and dump_file is not None:
+            catch_up = await asyncio.to_thread(self._check_dump_at_start, journal_file, dump_file)
+        raft: RaftNode | None = None
+        while raft is None:
+            try:
+                # Reads (and checks) the whole journal and binds the port: not on the loop.
+                pre_vote = PreVote(
+                    silence_s=self._config.raft_timeout_s_min,
+                    lost_delay_s=self._config.leader_lost_delay_s,
+                    lost_stagger_s=self._config.leader_lost_stagger_s,
+                ) if self._config.pre_vote and not self.learner else None
+                peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
+                raft = await asyncio.to_thread(
+                    RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,
+                    self._read_index, self._command_level, self.epoch, catch_up,
+                )
+            except _journal.JournalDamaged as damaged:
+                if catch_up is not None and catch_up.discarded:
+                    raise LogUnavailable(f"the Raft journal is damaged again after a discard: {damaged}") from None
+                assert journal_file is not None and dump_file is not None
+                catch_up = await asyncio.to_thread(self._discard_or_refuse, str(damaged), journal_file, dump_file)
+            except Exception as error:
+                raise LogUnavailable(f"cannot start the Raft node on {self.self_address}: {error!r}") from error
         if journal_file is not None:
             self._journal = _journal.DurableJournal(raft.get_journal(), journal_file, fsync=self._fsync)
             self._journal.sync_later = self.ticks_on_loop
             raft.set_journal(self._journal)
         self._raft = raft
         raft.addOnTickCallback(self._hand_calls_to_loop)
+        if catch_up is not None:
+            raft.addOnTickCallback(self._check_caught_up)
         if self.ticks_on_loop:
             raft.silence_notifier()
             self._tick_timer = self._loop.call_soon(self._tick_on_loop)
             return
         self._thread = threading.Thread(target=self._run_ticks, name=f"raft-{self.self_address}", daemon=True)
         self._thread.start()
+
+    # Damaged data at start (DESIGN.md "Checksums and damaged data"). In a thread: file I/O.
+
+    def _check_dump_at_start(self, journal_file: str, dump_file: str) -> CatchUp | None:
+        """Check the dump's checksum (the journal is checked as pysyncobj opens it: JournalDamaged).
+        A damaged dump is discarded with the journal (a cluster node) or refuses the start; a node
+        that discarded its data before and has not caught up yet goes on catching up."""
+        catch_up = None
+        marker = os.path.join(os.path.dirname(journal_file), MARKER_FILE_NAME)
+        if os.path.exists(marker):
+            if not self._may_discard():
+                raise LogUnavailable(
+                    f"{marker}: this node discarded damaged Raft data and has not caught up from a leader since, "
+                    "and it has no peers to catch up from: restore its data dir from a backup"
+                )
+            logger.warning("this node discarded damaged Raft data and has not caught up yet (%s): it grants no vote "
+                           "until it has", marker)
+            catch_up = CatchUp(marker, fsync=self._fsync)
+        try:
+            with open(dump_file, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            return catch_up
+        try:
+            check_dump(data)
+        except DumpFormatError as error:
+            return self._discard_or_refuse(
+                f"the Raft dump {dump_file} is damaged at byte {error.offset}: {error}", journal_file, dump_file,
+            )
+        return catch_up
+
+    def _may_discard(self) -> bool:
+        """A node with peers (or a learner, which follows voters) can catch up from a leader; a dev
+        node or a cluster's only voter has no other copy of its data."""
+        return self.learner or bool(self.peer_addresses)
+
+    def _discard_or_refuse(self, damage: str, journal_file: str, dump_file: str) -> CatchUp:
+        """`damage` names the file and the byte. A node without peers refuses to start (LogUnavailable,
+        one line); a cluster's node keeps what identifies it (the node layer's membership.json, its
+        id and secret, the term and vote of its .meta), moves the journal and dump aside
+        (DISCARDED_SUFFIX), and starts empty, catching up from the leader by snapshot, voting for
+        no one until it has (_catch_up.py)."""
+        if not self._may_discard():
+            raise LogUnavailable(
+                f"{damage}; a node without peers has no other copy of its data: restore the data dir from a backup, "
+                'or move the damaged file aside to start empty (README, "Data integrity")'
+            )
+        directory = os.path.dirname(journal_file) or "."
+        marker = os.path.join(directory, MARKER_FILE_NAME)
+        CatchUp.mark(marker, fsync=self._fsync)  # first: a crash halfway still catches up without voting
+        for path in (journal_file, dump_file):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path + DISCARDED_SUFFIX)
+        _journal.keep_term_and_vote(journal_file + ".meta", fsync=self._fsync)
+        if self._fsync:
+            fsync_directory(directory)
+        self.counters.local_data_discarded += 1
+        logger.error(
+            "%s: this node discarded its Raft journal and dump (kept as *%s for inspection) and catches up from "
+            "the leader by snapshot; it grants no vote until it has (runstate_local_data_discarded_total)",
+            damage, DISCARDED_SUFFIX,
+        )
+        catch_up = CatchUp(marker, fsync=self._fsync)
+        catch_up.discarded = True
+        return catch_up
+
+    def _check_caught_up(self) -> None:
+        """Tick thread: end the catch-up once this node holds what the leader may count it for."""
+        raft = self._raft
+        if raft is not None and raft.catch_up is not None and raft.catch_up.caught_up(raft):
+            raft.catch_up = None
+
+    @property
+    def catching_up(self) -> bool:
+        """This node discarded damaged data and has not caught up yet: it grants no vote. Any thread."""
+        raft = self._raft
+        return raft is not None and raft.catch_up is not None
 
     def end_waits(self) -> None:
         """Answer every call that waits for the log now, and refuse new ones (LogUnavailable): the

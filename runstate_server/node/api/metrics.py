@@ -197,6 +197,13 @@ def render(node: Node, caller: Caller) -> str:
     out.metric("runstate_raft_peers_connected", "gauge",
                "Peers this node is connected to now (that told their command level); none on a single node",
                [((), raft.connected_peers())])
+    # Damaged data at start (cluster/DESIGN.md "Checksums and damaged data").
+    out.metric("runstate_local_data_discarded_total", "counter",
+               "Times this node found its Raft journal or dump damaged at start and discarded them to catch up "
+               "from the leader (since it started)", [((), raft.counters.local_data_discarded)])
+    out.metric("runstate_raft_catching_up", "gauge",
+               "1 while this node, after discarding damaged data, catches up from the leader and grants no vote",
+               [((), 1 if raft.catching_up else 0)])
     fsync = raft.fsync_seconds
     out.histogram("runstate_raft_fsync_seconds", "Seconds per fsync of the Raft journal (none without a data dir)",
                   [] if fsync is None else [((), fsync)])
