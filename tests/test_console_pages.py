@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +249,13 @@ def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, s
         assert not page.locator("[data-nav]").is_visible()
         page.click('[data-action="menu"]')
         assert page.locator("[data-nav]").is_visible()
+
+
+def test_the_cluster_page_shows_the_last_scheduled_backup(node_factory: Callable[..., DevNode], console: Console,
+                                                          tmp_path: Path) -> None:
+    node = node_factory("--backup-dir", str(tmp_path / "backups"), "--backup-every", "1s").start()
+    page = console.open(node.url)
+    page.click('[data-nav-entry="cluster"]')
+    shown = page.locator('[data-table="nodes"] [data-backup="taken"]')
+    shown.wait_for()
+    assert "at index" in shown.inner_text() and "MiB" in shown.inner_text()

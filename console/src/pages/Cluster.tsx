@@ -1,5 +1,5 @@
 // Cluster: every node of GET /v1/cluster (role, term, commit and applied index, reachable or not,
-// the leader). The view is node-local; it is polled, since membership is not in the event log.
+// the leader, the last scheduled backup). The view is node-local; it is polled, since membership is not in the event log.
 
 import { useEffect } from "preact/hooks";
 import { get } from "../api";
@@ -20,6 +20,42 @@ export interface ClusterNode {
   commitIndex?: number;
   longPolls?: number;
   error?: string;
+  // The last scheduled backup this node took (README "Backups and restore"), null when none.
+  backup?: ClusterBackup | null;
+}
+
+export interface ClusterBackup {
+  at: number | null;
+  file: string | null;
+  index: number;
+  bytes: number;
+  seconds: number;
+  failures: number;
+  lastError: string | null;
+}
+
+const MIB = 1024 * 1024;
+
+function BackupCell({ backup }: { backup: ClusterBackup | null | undefined }) {
+  if (!backup) return <span class="muted">—</span>;
+  const taken = backup.at === null ? null : new Date(backup.at);
+  return (
+    <span data-backup={taken ? "taken" : "failed"} title={backup.file ?? backup.lastError ?? ""}>
+      {taken ? (
+        <>
+          {taken.toLocaleString()} <span class="muted">at index {backup.index}, {(backup.bytes / MIB).toFixed(1)} MiB</span>
+        </>
+      ) : (
+        "none yet"
+      )}
+      {backup.failures > 0 ? (
+        <span class="error-text" data-backup-failures>
+          {" "}
+          {backup.failures} failed{backup.lastError ? `: ${backup.lastError}` : ""}
+        </span>
+      ) : null}
+    </span>
+  );
 }
 
 export interface ClusterView {
@@ -65,6 +101,7 @@ export function ClusterPage() {
                   { title: "Commit index", cell: (node) => node.commitIndex ?? "—", class: "num" },
                   { title: "Applied index", cell: (node) => node.appliedIndex ?? "—", class: "num" },
                   { title: "Long polls", cell: (node) => node.longPolls ?? "—", class: "num" },
+                  { title: "Last backup", cell: (node) => <BackupCell backup={node.backup} /> },
                   {
                     title: "API",
                     cell: (node) => (
