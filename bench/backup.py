@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from runstate_server.actors import limits
 from tests._nodes import DevNode
 
 BATCH_TASKS = 100  # tasks per POST /tasks/batch while filling (limits.submit_batch_max)
@@ -46,11 +47,13 @@ def post(url: str, path: str, body: Any) -> Any:
 
 def fill(url: str, tasks: int) -> tuple[str, str]:
     space = "/v1/spaces/default"
-    run = post(url, space + "/scopes", {})["id"]
+    # A run holds at most limits.tasks_per_run_max tasks: one run per that many.
+    runs = [post(url, space + "/scopes", {})["id"] for _ in range(0, tasks, limits.tasks_per_run_max)]
     mailbox = post(url, space + "/mailboxes", {"name": "bench"})["id"]
 
     def batch(start: int) -> None:
         size = min(BATCH_TASKS, tasks - start)
+        run = runs[start // limits.tasks_per_run_max]
         post(url, space + "/tasks/batch", {"tasks": [
             {"scopeId": run, "mailboxId": mailbox, "input": {"n": start + i}} for i in range(size)
         ]})
