@@ -19,7 +19,7 @@ CHECK_KIND = "replica.check"
 CHECK_REASONS = ("period", "compaction")
 
 
-def check(args: dict[str, Any], command_id: str) -> dict[str, Any]:
+def check(args: Any, command_id: str) -> dict[str, Any]:
     reason = args.get("reason") if isinstance(args, dict) else None
     if reason not in CHECK_REASONS:
         raise Rejected(errors.VALIDATION_FAILED, f"{CHECK_KIND} needs a reason, one of {', '.join(CHECK_REASONS)}")
