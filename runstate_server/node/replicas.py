@@ -167,7 +167,7 @@ class ReplicaChecker:
             return  # a replay before the log knows its index, or the same entry again
         if any(check.child is not None and check.digest is None and check.outcome is None for check in self.checks.values()):
             self.counts["skipped"] += 1
-            log.warning("replica check %s at index %d skipped: the child of an earlier check still runs", check_id, index)
+            log.info("replica check %s at index %d skipped: the child of an earlier check still runs", check_id, index)
             return
         self._started += 1
         path = str(self._files_dir / f"{self._file_prefix}{os.getpid()}-{self._started}")
