@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ WRITES_SPACE = "bench-writes"  # the measured writes' space
 BASELINE_S = 3.0  # sequential writes measured before the backup
 REQUEST_TIMEOUT_S = 60.0
 CLI_TIMEOUT_S = 1800.0
+STALLS_SHOWN = 5  # the longest writes during the backup, with when they started
 
 
 def post(url: str, path: str, body: Any) -> Any:
@@ -73,6 +75,15 @@ def writes(url: str, run: str, mailbox: str, stop: threading.Event, latencies: l
         latencies.append((started, time.monotonic() - started))
 
 
+def _logged_at(log: str, text: str) -> list[float]:
+    """The wall-clock times (local time, as the node logs them) of the log lines holding `text`."""
+    moments = []
+    for line in log.splitlines():
+        if text in line and (match := re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)):
+            moments.append(time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")) + int(match.group(2)) / 1000)
+    return moments
+
+
 def runstate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runstate_server.node.cli", *args], capture_output=True, text=True,
                           timeout=CLI_TIMEOUT_S, check=True)
@@ -83,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=100_000, help="small tasks in the state (default 100000)")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-backup-"))
-    node = DevNode(root / "node", "--fsync", "never")
+    node = DevNode(root / "node", "--fsync", "never", "--log-level", "info")  # info: the fork's hold of the state
     try:
         node.start()
         started = time.monotonic()
@@ -112,8 +123,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"backup size           {out.stat().st_size / 1e6:.1f} MB")
         print(f"writes before         {len(before)}: p99 {p99 * 1000:.1f} ms, max {max(before, default=0) * 1000:.1f} ms")
         print(f"writes during backup  {len(during)}: max {max(during, default=0) * 1000:.1f} ms (the longest stall)")
+        longest = sorted(((seconds, at) for at, seconds in latencies if backup_start <= at <= backup_end), reverse=True)
+        print("longest writes        " + ", ".join(
+            f"{seconds * 1000:.0f} ms at +{at - backup_start:.2f} s" for seconds, at in longest[:STALLS_SHOWN]))
         print(f"restore               {restore_s:.2f} s (read, verify, load-check, write)")
-        print(f"node log              {node.log().strip().splitlines()[-1] if node.log().strip() else ''}")
+        wall = time.time() - time.monotonic()  # monotonic -> wall clock
+        dumps = [moment - wall - backup_start for moment in _logged_at(node.log(), "Raft dump of")
+                 if backup_start <= moment - wall <= backup_end]
+        print(f"own Raft dumps        {len(dumps)} finished during the backup, at "
+              + (", ".join(f"+{offset:.2f} s" for offset in dumps) or "-")
+              + " (a dump's end compacts the journal: compare with the longest writes)")
+        held = re.findall(r"the state held ([0-9.]+) s", node.log())
+        print(f"state held for fork   {float(held[-1]) * 1000:.1f} ms (writes wait this long; the rest of a stall is "
+              "the machine: the child, the CLI and the node share its cores)" if held else "state held for fork   ?")
     finally:
         node.stop()
         shutil.rmtree(root, ignore_errors=True)
