@@ -34,7 +34,7 @@ EXIT_USAGE = 2
 Action = Callable[[OperatorClient, argparse.Namespace], tuple[str, Any]]
 
 
-def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", default=None, metavar="URL[,URL...]",
         help=f"the node's API, or a comma-separated list of a cluster's nodes (default ${BASE_URL_ENV}, "
@@ -48,7 +48,7 @@ def _leaf(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, action: Action
 ) -> argparse.ArgumentParser:
     parser = commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
-    _add_client_flags(parser)
+    add_client_flags(parser)
     parser.set_defaults(admin_action=action)
     return parser
 

@@ -20,14 +20,11 @@ from typing import Any
 
 from runstate_server.cluster.membership import Member
 from runstate_server.cluster.snapshot import fsync_directory
-from runstate_server.node.admin_cli import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE
+from runstate_server.node.admin_cli import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE, add_client_flags
 from runstate_server.node.backup import RestoreError, restore
 from runstate_server.node.backup_file import BackupFileError, Header, read_backup
 from runstate_server.node.config import ConfigError, split_address
 from runstate_server.node.operator_client import (
-    API_KEY_ENV,
-    BASE_URL_DEFAULT,
-    BASE_URL_ENV,
     OperatorClient,
     OperatorError,
     UsageError,
@@ -53,13 +50,7 @@ def add_backup_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "shows what a backup holds and verifies its SHA-256.",
     )
     backup.add_argument("--out", metavar="FILE", help="the file to write (atomically: a failed backup leaves none)")
-    backup.add_argument(
-        "--url", default=None, metavar="URL[,URL...]",
-        help=f"the node's API, or a comma-separated list of a cluster's nodes (default ${BASE_URL_ENV}, else "
-        f"{BASE_URL_DEFAULT})",
-    )
-    backup.add_argument("--api-key", default=None, help=f"an operator admin key's secret (default ${API_KEY_ENV})")
-    backup.add_argument("--json", action="store_true", help="print the backup's header as JSON")
+    add_client_flags(backup)  # --url, --api-key (an operator admin key's), --json (the backup's header)
     backup.set_defaults(backup_action=_backup)
     backup_commands = backup.add_subparsers(dest="backup_command")
     inspect = backup_commands.add_parser(

@@ -172,7 +172,7 @@ class MembershipKeeper:
         for member in node.members():
             if member.address == node.raft_address or not member.api_url:
                 continue
-            view = await _health(session, member.api_url)
+            view = await peer_health(session, member.api_url)
             voters = view.get("voters") if view is not None else None
             if (
                 view is not None and view.get("role") == "leader" and view.get("status") == "ok"
@@ -209,7 +209,7 @@ class MembershipKeeper:
         await node.restart_log_as_voter(peers)
 
 
-async def _health(session: aiohttp.ClientSession, api_url: str) -> dict[str, Any] | None:
+async def peer_health(session: aiohttp.ClientSession, api_url: str) -> dict[str, Any] | None:
     """A node's GET /v1/health body (200 or 503), None when it did not answer one."""
     try:
         async with session.get(f"{api_url}/v1/health") as answer:
@@ -220,5 +220,5 @@ async def _health(session: aiohttp.ClientSession, api_url: str) -> dict[str, Any
 
 
 async def _applied_index(session: aiohttp.ClientSession, api_url: str) -> int | None:
-    applied = (await _health(session, api_url) or {}).get("appliedIndex")
+    applied = (await peer_health(session, api_url) or {}).get("appliedIndex")
     return applied if isinstance(applied, int) else None

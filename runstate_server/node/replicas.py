@@ -51,6 +51,7 @@ from runstate_server.cluster._dumper import ForkedWrite
 from runstate_server.cluster.log import DUMP_FILE_NAME, LogUnavailable, NotLeader
 from runstate_server.cluster.private_files import open_private
 from runstate_server.node.errors import ApiError
+from runstate_server.node.members import peer_health
 
 if TYPE_CHECKING:
     from runstate_server.cluster.log import ReplicatedLog
@@ -379,12 +380,8 @@ def _write_private_json(path: Path, record: dict[str, Any]) -> None:
 
 async def _digests(session: aiohttp.ClientSession, api_url: str) -> dict[int, str] | None:
     """A peer's last digests by index (GET /v1/health's replicaCheck, 200 or 503), None when none answered."""
-    try:
-        async with session.get(f"{api_url}/v1/health") as answer:
-            view = await answer.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
-    check = view.get("replicaCheck") if isinstance(view, dict) else None
+    view = await peer_health(session, api_url)
+    check = view.get("replicaCheck") if view is not None else None
     digests = check.get("digests") if isinstance(check, dict) else None
     if not isinstance(digests, list):
         return None
