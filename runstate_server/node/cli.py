@@ -34,6 +34,7 @@ try:
     )
     from runstate_server.node.api.app import build_app
     from runstate_server.node.backup_cli import add_backup_commands, run_backup_command
+    from runstate_server.node.certs import add_certs_commands, server_context, tls_files
     from runstate_server.node.config import (
         BACKUP_EVERY_MS_DEFAULT,
         BACKUP_KEEP_DEFAULT,
@@ -56,6 +57,7 @@ try:
         HttpLimits,
         NodeConfig,
         Peer,
+        TlsFiles,
         load_toml,
         parse_peer,
         read_bootstrap_key,
@@ -182,6 +184,31 @@ def http_limits(args: argparse.Namespace, file: dict[str, Any]) -> HttpLimits:
     return HttpLimits(**values)
 
 
+def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    """--tls-cert, --tls-key, --tls-client-ca: HTTPS on the API (node/certs.py), dev and node."""
+    parser.add_argument(
+        "--tls-cert", default=None, metavar="FILE",
+        help="serve the API over HTTPS (TLS 1.2 at least) with this PEM certificate (chain); needs --tls-key",
+    )
+    parser.add_argument("--tls-key", default=None, metavar="FILE", help="the PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", default=None, metavar="FILE",
+        help="with --tls-cert: also require every client to present a certificate this CA signed (mutual TLS; "
+        "API keys are still required when auth is on)",
+    )
+
+
+def tls_settings(args: argparse.Namespace, file: dict[str, Any]) -> TlsFiles | None:
+    """The --tls-* flags over the file's tls_* keys; the files are read now (ConfigError if bad)."""
+    files = tls_files(
+        args.tls_cert or file.get("tls_cert"), args.tls_key or file.get("tls_key"),
+        args.tls_client_ca or file.get("tls_client_ca"),
+    )
+    if files is not None:
+        server_context(files)  # a missing file or a key not matching stops the node before anything starts
+    return files
+
+
 def _add_bootstrap_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-key-file",
@@ -263,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backup_flags(dev)
     _add_long_poll_flags(dev)
     _add_http_flags(dev)
+    _add_tls_flags(dev)
 
     node = commands.add_parser(
         "node",
@@ -273,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--config", type=Path, help="a TOML file with the settings below")
     node.add_argument("--node-id", help="this node's id, e.g. n1")
     node.add_argument("--api", help="HOST:PORT the HTTP API binds, e.g. 0.0.0.0:8080")
-    node.add_argument("--advertise-url", help="how peers and clients reach this API (default http://HOST:PORT of --api)")
+    node.add_argument("--advertise-url", help="how peers and clients reach this API (default http://HOST:PORT of --api; https:// with --tls-cert)")
     node.add_argument("--raft", help="this node's Raft address as the peers know it, HOST:PORT")
     node.add_argument("--raft-bind", help="what the Raft port binds, HOST:PORT (default: the --raft address)")
     node.add_argument(
@@ -313,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backup_flags(node)
     _add_long_poll_flags(node)
     _add_http_flags(node)
+    _add_tls_flags(node)
 
     cluster = commands.add_parser(
         "cluster", help="a local cluster for trying runstate out and for tests; a cluster's members and leader",
@@ -333,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_commands(cluster_commands)
     add_admin_commands(commands)
     add_backup_commands(commands)
+    add_certs_commands(commands)
     return parser
 
 
@@ -357,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "backup_action", None) is not None:
         return run_backup_command(args)
+    if getattr(args, "certs_action", None) is not None:
+        return int(args.certs_action(args))
     if args.command in ADMIN_COMMANDS or getattr(args, "admin_action", None) is not None:
         return run_admin_command(args)
     tune_garbage_collector()
@@ -403,6 +435,7 @@ def _dev(args: argparse.Namespace) -> int:
         long_polls_per_key_max=args.long_polls_per_key or WAITERS_PER_KEY_MAX,
         http=http_limits(args, {}),
         **backups,
+        tls=tls_settings(args, {}),
     )
     return asyncio.run(_serve(config, banner="runstate dev node"))
 
@@ -458,6 +491,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
             raise ConfigError(f"a cluster node needs {what}")
     host, port = split_address(api, "--api")
     split_address(raft, "--raft")
+    tls = tls_settings(args, file)
+    scheme = "https" if tls is not None else "http"
     raft_bind = setting(args.raft_bind, "raft_bind")
     if raft_bind:
         split_address(raft_bind, "--raft-bind")
@@ -483,7 +518,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     if args.force_new_cluster:
         if join_urls or peers:
             raise ConfigError("--force-new-cluster starts this node alone: not with --peer or --join")
-        api_url = (setting(args.advertise_url, "advertise_url") or f"http://{host}:{port}").rstrip("/")
+        api_url = (setting(args.advertise_url, "advertise_url") or f"{scheme}://{host}:{port}").rstrip("/")
         epoch = force_new_cluster(data_path, node_id, raft, api_url, epoch)
         peers = ()
     elif kept is not None and kept.role == REMOVED:
@@ -499,7 +534,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         try:
             joined = ask_to_join(
                 join_urls, read_secret(setting(args.secret_file, "secret_file")), node_id, raft,
-                (setting(args.advertise_url, "advertise_url") or f"http://{host}:{port}").rstrip("/"),
+                (setting(args.advertise_url, "advertise_url") or f"{scheme}://{host}:{port}").rstrip("/"),
             )
         except JoinError as error:
             raise ConfigError(f"cannot join the cluster: {error}") from None
@@ -559,6 +594,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         command_level=command_level,
         **backup_settings(args, file),
         replica_check_every_ms=replica_check_every,
+        tls=tls,
     )
 
 

@@ -72,6 +72,16 @@ class HttpLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """HTTPS on the API (node/certs.py): its certificate chain and key (`--tls-cert`, `--tls-key`),
+    and the CA its clients' certificates must chain to (`--tls-client-ca`; None: none asked)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Peer:
     """Another node of the cluster: its id, its Raft address and its API's URL."""
 
@@ -85,7 +95,7 @@ class NodeConfig:
     node_id: str = "dev"
     host: str = DEFAULT_HOST  # where the API binds
     port: int = DEFAULT_PORT
-    advertise_url: str | None = None  # how peers and clients reach the API (default http://host:port)
+    advertise_url: str | None = None  # how peers and clients reach the API (default http://host:port, https:// with tls)
     data_dir: Path | None = Path(".runstate")  # None: in memory, nothing on disk
     raft_address: str | None = None  # host:port as the peers know it; None: 127.0.0.1 and a free port
     raft_bind: str | None = None  # what the Raft port binds, when not raft_address (e.g. 0.0.0.0:9000)
@@ -120,10 +130,12 @@ class NodeConfig:
     backup_keep: int = BACKUP_KEEP_DEFAULT
     # A cluster's leader asks its nodes to compare their states this often (node/replicas.py); 0: never.
     replica_check_every_ms: int = REPLICA_CHECK_EVERY_MS_DEFAULT
+    tls: TlsFiles | None = None  # HTTPS on the API; None: plain HTTP
 
     @property
     def api_url(self) -> str:
-        return (self.advertise_url or f"http://{self.host}:{self.port}").rstrip("/")
+        scheme = "https" if self.tls is not None else "http"
+        return (self.advertise_url or f"{scheme}://{self.host}:{self.port}").rstrip("/")
 
 
 def split_address(text: str, what: str) -> tuple[str, int]:

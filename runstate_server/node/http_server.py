@@ -19,6 +19,13 @@ answering anyone once 1,100 idle connections had used up its file descriptors. H
   still there `send_timeout_ms` after the answer began, the connection is dropped with it (a
   client that asks for large answers and never reads would otherwise keep them in memory, and a
   close waits for the buffer to drain).
+- TLS (`--tls-cert`, node/certs.py): each accepted connection's handshake runs in its own task,
+  so a slow one never holds up the accept loop. It must finish within `header_timeout_ms`, else
+  the connection is closed; at most TLS_HANDSHAKES_MAX handshakes are under way at once, and one
+  past that takes the place of the oldest (as an idle connection does). A connection counts toward
+  `connections_max` once its handshake is done. A failed handshake (plain HTTP to the TLS port, a
+  client that does not trust the certificate or presents none the client CA signed) closes the
+  connection with one rate-limited INFO line, no traceback.
 - aiohttp's own answers (a malformed request; an exception no middleware caught) are the JSON
   error envelope with X-Request-Id.
 - A client that goes away mid-request is logged at debug, and asyncio's and aiohttp's logs are
@@ -38,6 +45,7 @@ import logging
 import re
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -73,6 +81,9 @@ RATE_LIMITED_LOGGERS = (
 CLIENT_GONE = (ConnectionError, asyncio.CancelledError)  # a client closed its side mid-request
 # Out of file descriptors or memory at accept: wait this long before accepting again.
 ACCEPT_RETRY_S = 0.1
+# TLS handshakes under way at once (each bounded by the header timeout); past it the oldest is closed.
+# Their descriptors come on top of the served connections' (which take at most half the fd limit).
+TLS_HANDSHAKES_MAX = 256
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -429,19 +440,24 @@ class Runner(web.AppRunner):
 class Site(web.BaseSite):
     """Listens on host:port and accepts one connection at a time, each handed to the runner's
     server before the next is taken, so the descriptors open stay within the server's cap (plus
-    the one being refused). Binds the one address `host` names (IPv6 if it holds a colon)."""
+    the one being refused). Binds the one address `host` names (IPv6 if it holds a colon). With
+    an SSL context, serves HTTPS: each handshake in a task of its own (see the module's docstring)."""
 
-    __slots__ = ("_host", "_port", "_accepting")
+    __slots__ = ("_host", "_port", "_accepting", "_tls", "_handshakes")
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, backlog: int) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, backlog: int, ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(runner, backlog=backlog)
         self._host = host
         self._port = port
         self._accepting: asyncio.Task[None] | None = None
+        self._tls = ssl_context
+        self._handshakes: dict[asyncio.Task[None], None] = {}  # TLS handshakes under way, oldest first
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        return f"{'https' if self._tls is not None else 'http'}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -458,6 +474,10 @@ class Site(web.BaseSite):
             except asyncio.CancelledError:
                 pass
             self._accepting = None
+        handshakes = list(self._handshakes)
+        for task in handshakes:
+            task.cancel()
+        await asyncio.gather(*handshakes, return_exceptions=True)
         await super().stop()
 
     async def _accept(self, listener: socket.socket) -> None:
@@ -467,17 +487,54 @@ class Site(web.BaseSite):
         with listener:
             while True:
                 try:
-                    client, _ = await loop.sock_accept(listener)
+                    client, address = await loop.sock_accept(listener)
                 except OSError as error:
                     if error.errno in _OUT_OF_RESOURCES:
                         log.error("cannot accept a connection on %s: %s", self.name, error)
                         await asyncio.sleep(ACCEPT_RETRY_S)
                     continue  # else a connection reset before it was accepted
+                if self._tls is not None:
+                    self._start_handshake(server, client, address)
+                    continue
                 try:
                     await loop.connect_accepted_socket(server, client)
                 except OSError as error:
                     log.debug("connection dropped as it was accepted: %s", error)
                     client.close()
+
+    def _start_handshake(self, server: web.Server, client: socket.socket, address: Any) -> None:
+        if len(self._handshakes) >= TLS_HANDSHAKES_MAX:
+            oldest = next(iter(self._handshakes))
+            self._handshakes.pop(oldest)
+            oldest.cancel()  # asyncio closes its transport
+        task = asyncio.create_task(self._handshake(server, client, address), name=f"TLS handshake {address}")
+        self._handshakes[task] = None
+        task.add_done_callback(self._handshake_done)
+
+    def _handshake_done(self, task: asyncio.Task[None]) -> None:
+        self._handshakes.pop(task, None)
+
+    async def _handshake(self, server: web.Server, client: socket.socket, address: Any) -> None:
+        """Serve `client` once its TLS handshake is done; a failed or late one closes it (asyncio
+        closes the transport it made of the socket)."""
+        loop = asyncio.get_running_loop()
+        timeout_s = cast(LimitedServer, server).header_timeout_s
+        try:
+            await loop.connect_accepted_socket(server, client, ssl=self._tls, ssl_handshake_timeout=timeout_s)
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError; a timeout ConnectionAbortedError
+            log.info("TLS handshake with %s failed: %s", _address_text(address), _handshake_error(error))
+
+
+def _address_text(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
+def _handshake_error(error: BaseException) -> str:
+    if isinstance(error, ssl.SSLError):
+        return error.reason or error.__class__.__name__  # e.g. HTTP_REQUEST: plain HTTP to the TLS port
+    return str(error) or error.__class__.__name__
 
 
 # Last, once the four classes exist: a name of ours that aiohttp's code uses too stops the node.

@@ -26,6 +26,7 @@ from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.backup import Backups
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
+from runstate_server.node.certs import server_context
 from runstate_server.node.config import (
     DEFAULT_HOST,
     LOCK_FILE_NAME,
@@ -33,6 +34,7 @@ from runstate_server.node.config import (
     READ_INDEX_TIMEOUT_S,
     READY_TIMEOUT_S,
     WRITE_STOP_GRACE_S,
+    ConfigError,
     NodeConfig,
     Peer,
     split_address,
@@ -209,9 +211,16 @@ class Node:
         connections_max = connections_max_for(self.config.http, fd_limit)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
         await self._runner.setup()
-        site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG)
+        ssl_context = None
+        if self.config.tls is not None:  # HTTPS (node/certs.py): the files were checked, but may have changed since
+            try:
+                ssl_context = server_context(self.config.tls)
+            except ConfigError as error:
+                raise NodeStartError(str(error)) from None
+        site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG, ssl_context=ssl_context)
         await site.start()
-        self.url = f"http://{self.config.host}:{self.config.port}"
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = f"{scheme}://{self.config.host}:{self.config.port}"
 
     async def restart_log_as_voter(self, peers: tuple[Peer, ...]) -> None:
         """A learner promoted to voter: its read-only log stops and a voter's starts on the same
