@@ -453,7 +453,8 @@ class Site(web.BaseSite):
         self._port = port
         self._accepting: asyncio.Task[None] | None = None
         self._tls = ssl_context
-        self._handshakes: dict[asyncio.Task[None], None] = {}  # TLS handshakes under way, oldest first
+        # TLS handshakes under way, oldest first, each with its socket until the task takes it over.
+        self._handshakes: dict[asyncio.Task[None], socket.socket | None] = {}
 
     @property
     def name(self) -> str:
@@ -475,8 +476,10 @@ class Site(web.BaseSite):
                 pass
             self._accepting = None
         handshakes = list(self._handshakes)
-        for task in handshakes:
+        for task, client in list(self._handshakes.items()):
             task.cancel()
+            if client is not None:
+                client.close()  # the task never ran
         await asyncio.gather(*handshakes, return_exceptions=True)
         await super().stop()
 
@@ -505,10 +508,12 @@ class Site(web.BaseSite):
     def _start_handshake(self, server: web.Server, client: socket.socket, address: Any) -> None:
         if len(self._handshakes) >= TLS_HANDSHAKES_MAX:
             oldest = next(iter(self._handshakes))
-            self._handshakes.pop(oldest)
-            oldest.cancel()  # asyncio closes its transport
+            socket_of_oldest = self._handshakes.pop(oldest)
+            oldest.cancel()  # once it ran, asyncio closes the transport it made of the socket
+            if socket_of_oldest is not None:
+                socket_of_oldest.close()  # it never ran: the socket is still only ours
         task = asyncio.create_task(self._handshake(server, client, address), name=f"TLS handshake {address}")
-        self._handshakes[task] = None
+        self._handshakes[task] = client
         task.add_done_callback(self._handshake_done)
 
     def _handshake_done(self, task: asyncio.Task[None]) -> None:
@@ -519,6 +524,9 @@ class Site(web.BaseSite):
         closes the transport it made of the socket)."""
         loop = asyncio.get_running_loop()
         timeout_s = cast(LimitedServer, server).header_timeout_s
+        task = asyncio.current_task()
+        if task in self._handshakes:
+            self._handshakes[task] = None  # from here on asyncio closes the socket, whatever happens
         try:
             await loop.connect_accepted_socket(server, client, ssl=self._tls, ssl_handshake_timeout=timeout_s)
         except (OSError, ValueError) as error:  # ssl.SSLError is an OSError; a timeout ConnectionAbortedError
