@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from runstate_server.node.api.backup import BACKUP_MEDIA_TYPE
 from runstate_server.node.config import LONG_POLL_MS_MAX
 from runstate_server.node.errors import STATUS_BY_CODE
 from tests._auth_world import SPACE_ROUTE_PREFIX, World, auth_world, concrete
@@ -31,6 +32,8 @@ from tests._http import Api
 from tests._raw_http import send
 
 # Examples per route (about 1500 in all by default, some 10 s).
+# The successes that are not JSON: GET /metrics (Prometheus text) and GET /v1/cluster/backup (a backup file).
+NOT_JSON = ("text/plain", BACKUP_MEDIA_TYPE)
 EXAMPLES_PER_ROUTE = int(os.environ.get("RUNSTATE_FUZZ_EXAMPLES", "20"))
 _PARAMETER = re.compile(r"{(\w+)}")
 
@@ -189,8 +192,8 @@ def test_raw_requests_never_crash_the_node(target: Target) -> None:
             code = envelope["error"]["code"]
             assert STATUS_BY_CODE.get(code) == answer.status, what
             assert envelope["error"]["requestId"] == answer.headers["X-Request-Id"], what
-        elif answer.status != 204 and not answer.headers.get("Content-Type", "").startswith("text/plain"):
-            answer.json()  # a success is JSON (but GET /metrics: Prometheus text)
+        elif answer.status != 204 and not answer.headers.get("Content-Type", "").startswith(NOT_JSON):
+            answer.json()  # a success is JSON (but GET /metrics: Prometheus text; a backup: its file)
         log = target.new_log()
         assert "Traceback" not in log and " ERROR " not in log, (what, log[-4000:])
 
