@@ -224,3 +224,30 @@ def test_a_cluster_nodes_toml_keys_and_advertised_url(tmp_path: Path, certs: Pat
     tls = TlsFiles(certs / "n1.pem", certs / "n1.key")
     assert NodeConfig(host="10.0.0.1", port=8443, tls=tls).api_url == "https://10.0.0.1:8443"
     assert NodeConfig(host="10.0.0.1", port=8080).api_url == "http://10.0.0.1:8080"
+
+
+EXPIRY_DAYS_SHORT = 10  # below certs.EXPIRY_WARNING_DAYS: warned of
+
+
+def test_a_certificate_near_its_expiry_is_warned_of_and_every_expiry_is_in_the_metrics(tmp_path: Path, certs: Path) -> None:
+    short = tmp_path / "short"
+    done = runstate("certs", "init", "--out", str(short), "--nodes", "n1", "--days", str(EXPIRY_DAYS_SHORT))
+    assert done.returncode == 0, done.stderr
+    for directory, warned in ((short, True), (certs, False)):
+        context = client_context(directory, client="client")
+        node = TlsDevNode(tmp_path / f"data-{directory.name}", context, "--tls-cert", str(directory / "n1.pem"),
+                          "--tls-key", str(directory / "n1.key"), "--tls-client-ca", str(directory / "ca.pem"))
+        try:
+            node.start()
+            request = urllib.request.Request(f"{node.url}/metrics")
+            with urllib.request.urlopen(request, timeout=ANSWER_TIMEOUT_S, context=context) as response:
+                text = response.read().decode()
+            days = {
+                line.split('certificate="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) / 86_400
+                for line in text.splitlines() if line.startswith("runstate_tls_certificate_expiry_seconds{")
+            }
+            expected = EXPIRY_DAYS_SHORT if warned else 825
+            assert set(days) == {"api", "client_ca"} and all(expected - 1 < left <= expected for left in days.values()), days
+            assert ("expires in" in node.log()) is warned, node.log()
+        finally:
+            node.stop()

@@ -73,6 +73,39 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+# A certificate that expires within this many days is logged as a warning (at start, then daily).
+EXPIRY_WARNING_DAYS = 30
+EXPIRY_CHECK_EVERY_S = 24 * 3600.0
+
+
+def expiries(files: TlsFiles) -> dict[str, float]:
+    """When the API's certificate (`api`) and the client CA's first certificate (`client_ca`)
+    expire, in Unix seconds: for GET /metrics and the warning. A file that cannot be read or parsed
+    now is left out (the server context was built from it at start)."""
+    found: dict[str, float] = {}
+    for name, path in (("api", files.cert), ("client_ca", files.client_ca)):
+        if path is None:
+            continue
+        try:
+            certificate = x509.load_pem_x509_certificate(Path(path).read_bytes())
+        except (OSError, ValueError):
+            continue
+        found[name] = certificate.not_valid_after_utc.timestamp()
+    return found
+
+
+def expiring(files: TlsFiles, now_s: float) -> list[str]:
+    """One line per certificate that expires within EXPIRY_WARNING_DAYS (or has expired)."""
+    paths = {"api": files.cert, "client_ca": files.client_ca}
+    lines = []
+    for name, expires_s in expiries(files).items():
+        days = (expires_s - now_s) / 86_400
+        if days < EXPIRY_WARNING_DAYS:
+            state = f"expires in {days:.1f} days" if days >= 0 else f"expired {-days:.1f} days ago"
+            lines.append(f"the TLS certificate {paths[name]} ({name}) {state}: replace it and restart the node")
+    return lines
+
+
 def tls_files(cert: str | Path | None, key: str | Path | None, client_ca: str | Path | None) -> TlsFiles | None:
     """The flags' (or the file's keys') TLS files: None without any; ConfigError for a partial set."""
     if cert is None and key is None and client_ca is None:

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import IO, Any
 
@@ -26,7 +27,7 @@ from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.backup import Backups
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
-from runstate_server.node.certs import server_context
+from runstate_server.node.certs import EXPIRY_CHECK_EVERY_S, expiring, server_context
 from runstate_server.node.config import (
     DEFAULT_HOST,
     LOCK_FILE_NAME,
@@ -37,6 +38,7 @@ from runstate_server.node.config import (
     ConfigError,
     NodeConfig,
     Peer,
+    TlsFiles,
     split_address,
 )
 from runstate_server.node.errors import ApiError, raise_for_result
@@ -217,10 +219,19 @@ class Node:
                 ssl_context = server_context(self.config.tls)
             except ConfigError as error:
                 raise NodeStartError(str(error)) from None
+        if self.config.tls is not None:
+            self._spawn(self._warn_of_expiring_certificates(self.config.tls), "certificate-expiry")
         site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG, ssl_context=ssl_context)
         await site.start()
         scheme = "https" if ssl_context is not None else "http"
         self.url = f"{scheme}://{self.config.host}:{self.config.port}"
+
+    async def _warn_of_expiring_certificates(self, files: TlsFiles) -> None:
+        """A warning per TLS certificate that expires within EXPIRY_WARNING_DAYS: at start, then daily."""
+        while True:
+            for line in expiring(files, time.time()):
+                log.warning("%s", line)
+            await asyncio.sleep(EXPIRY_CHECK_EVERY_S)
 
     async def restart_log_as_voter(self, peers: tuple[Peer, ...]) -> None:
         """A learner promoted to voter: its read-only log stops and a voter's starts on the same

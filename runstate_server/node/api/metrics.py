@@ -23,6 +23,7 @@ from runstate_server.actors import COMPILED, dispatch, limits
 from runstate_server.histogram import HistogramView
 from runstate_server.node.api.routes import READ, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING
+from runstate_server.node.certs import expiries
 
 if TYPE_CHECKING:
     from runstate_server.actors.state import QueueFigures, State
@@ -224,6 +225,12 @@ def render(node: Node, caller: Caller) -> str:
                [((("method", method), ("route", route), ("status", status)), count)
                 for (method, route, status), count in sorted(observed.http_requests.items())])
     _replica_checks(out, node)
+    if node.config.tls is not None:
+        now_s = time.time()
+        out.metric("runstate_tls_certificate_expiry_seconds", "gauge",
+                   "Seconds until a TLS certificate this node serves or trusts expires (negative: expired), by "
+                   "certificate: api (--tls-cert), client_ca (--tls-client-ca)",
+                   [((("certificate", name),), expires_s - now_s) for name, expires_s in expiries(node.config.tls).items()])
     return out.text()
 
 
