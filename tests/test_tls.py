@@ -13,7 +13,6 @@ import ssl
 import stat
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from cryptography import x509
 from runstate_server.node.certs import certs_init
 from runstate_server.node.config import NodeConfig, TlsFiles
 from runstate_server.node.http_server import TLS_HANDSHAKES_MAX
-from tests._nodes import START_TIMEOUT_S, DevNode
+from tests._nodes import DevNode
 
 NODES = ("n1", "n2", "n3")
 ANSWER_TIMEOUT_S = 10.0  # a client's wait for an answer or a close, far above the deadlines set here
@@ -63,19 +62,8 @@ class TlsDevNode(DevNode):
         self.url = f"https://127.0.0.1:{self.port}"
         self.context = context
 
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"runstate dev exited with {self.process.returncode}: {self.log()}")
-            try:
-                if get_health(self, self.context) == "ok":
-                    return
-            except (OSError, urllib.error.URLError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"runstate dev did not become healthy in {START_TIMEOUT_S} s: {self.log()}")
+    def health_status(self) -> str:
+        return get_health(self, self.context)
 
 
 def get_health(node: DevNode, context: ssl.SSLContext) -> str:
@@ -90,7 +78,8 @@ def https_node(tmp_path: Path, certs: Path) -> Iterator[TlsDevNode]:
         "--http-header-timeout", "1s",
     )
     try:
-        yield node.start()
+        node.start()
+        yield node
     finally:
         node.stop()
 
