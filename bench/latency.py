@@ -6,6 +6,7 @@
     python -m bench.latency --code ../other-checkout --cluster   # the nodes run that checkout's code
     python -m bench.latency --etcd http://127.0.0.1:2379         # the same client's puts to an etcd
     python -m bench.latency --typescript           # also through the TypeScript SDK
+    python -m bench.latency --tls                  # over HTTPS (also with --cluster)
 
 Starts its own node(s) (fsync always, unless --fsync never) on free 127.0.0.1 ports, opens a run
 and a mailbox, and submits `--requests` tasks one after the other: first from a raw HTTP/1.1
@@ -22,6 +23,10 @@ With --typescript a third phase submits as many through the TypeScript SDK (`sub
 process: bench/latency_typescript.mts, run with sdk/typescript's dev dependencies, `npm ci` there
 first), with that process's CPU per request.
 
+With --tls the node(s) serve HTTPS with certificates of a private CA made for the run (as
+bench.throughput --tls) and every client trusts it: the raw client's one connection is then a TLS
+connection, its handshake among the uncounted warm-up submits.
+
 With --etcd URL it also puts as many small keys to that etcd (v3's JSON gateway, `POST
 /v3/kv/put`) from the same raw client, one after the other: the reference the issue's latency
 target names (etcd's put), measured on the same machine in the same sitting. The etcd is not
@@ -37,6 +42,7 @@ import http.client
 import json
 import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -49,7 +55,17 @@ from urllib.parse import urlsplit
 
 from runstate import AsyncRunstate
 
-from bench.throughput import cpu_s, percentile, start_cluster, start_node, stop_node, wait_healthy
+from bench.throughput import (
+    CA_FILE_ENV,
+    cpu_s,
+    make_certs,
+    percentile,
+    start_cluster,
+    start_node,
+    stop_node,
+    tls_environment,
+    wait_healthy,
+)
 
 TYPESCRIPT_PACKAGE = Path(__file__).resolve().parent.parent / "sdk" / "typescript"
 TYPESCRIPT_SCRIPT = Path(__file__).resolve().parent / "latency_typescript.mts"
@@ -65,7 +81,13 @@ class RawClient:
 
     def __init__(self, url: str, key: str | None) -> None:
         parts = urlsplit(url)
-        self._connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=REQUEST_TIMEOUT_S)
+        host = parts.hostname or "127.0.0.1"
+        self._connection: http.client.HTTPConnection
+        if parts.scheme == "https":  # --tls: trust the run's CA (tls_environment)
+            context = ssl.create_default_context(cafile=os.environ.get(CA_FILE_ENV))
+            self._connection = http.client.HTTPSConnection(host, parts.port, timeout=REQUEST_TIMEOUT_S, context=context)
+        else:
+            self._connection = http.client.HTTPConnection(host, parts.port, timeout=REQUEST_TIMEOUT_S)
         self._headers = {"content-type": "application/json"}
         if key:
             self._headers["authorization"] = f"Bearer {key}"
@@ -211,11 +233,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "submit_latency", "nodes": 3 if args.cluster else 1, "via": args.via if args.cluster else "dev",
         "fsync": args.fsync, "requests": args.requests, "gap_ms": args.gap_ms, "code": str(code), "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], "tls": args.tls,
     }
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
+        certs = make_certs(Path(scratch)) if args.tls else None
+        if certs is not None:
+            tls_environment(certs)
         if args.cluster:
-            cluster = start_cluster(args.fsync, Path(scratch) / "cluster")
+            cluster = start_cluster(args.fsync, Path(scratch) / "cluster", certs)
             try:
                 leader = cluster.leader_index()
                 target = leader if args.via == "leader" else next(i for i in range(len(cluster.processes)) if i != leader)
@@ -231,7 +256,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 cluster.stop()
         else:
-            node, url = start_node(args.fsync, Path(scratch) / "data", env=dict(os.environ))
+            node, url = start_node(args.fsync, Path(scratch) / "data", env=dict(os.environ), certs=certs)
             try:
                 asyncio.run(wait_healthy(url, node))
                 report["raw"] = raw_submits(url, None, args.requests, args.warmup, [("dev", node.pid, True)], gap_s)
@@ -253,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--via", choices=("leader", "follower"), default="leader", help="the cluster node the client talks to")
     parser.add_argument("--code", type=Path, default=Path(__file__).parent.parent, help="the checkout whose server the nodes run")
     parser.add_argument("--typescript", action="store_true", help="also submit through the TypeScript SDK (Node.js)")
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="the node(s) serve HTTPS with certificates of a private CA made for the run; every client trusts it",
+    )
     parser.add_argument("--etcd", help="also time puts to this etcd's client URL (e.g. http://127.0.0.1:2379)")
     args = parser.parse_args(argv)
     check_pacing_options(parser, args)

@@ -1,6 +1,7 @@
 """End-to-end throughput and submit latency against a dev node; prints one JSON object.
 
     python -m bench.throughput --tasks 5000 --workers 2 --fsync always
+    python -m bench.throughput --tasks 5000 --workers 2 --tls           # the same over HTTPS
 
 With --batch B the producers submit B tasks per call (submit_many) and wait for B results per
 call (results); submit latency is then per call. Starts its own `runstate dev` node on a free 127.0.0.1 port with a fresh data dir (with
@@ -8,6 +9,11 @@ call (results); submit latency is then per call. Starts its own `runstate dev` n
 opens a run, starts W worker processes that consume the run's queue with the SDK, submits N tasks
 from P concurrent producers, waits for every result, then cancels the run (which stops the
 workers) and stops the node.
+
+With --tls the node(s) serve HTTPS: a private CA is made (`runstate certs init`, node/certs.py) in
+the run's scratch directory, each node gets its certificate (`--tls-cert`, `--tls-key`), and every
+client of the run (this process, the workers, the SDK) trusts the CA through the environment
+(`tls_environment`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,38 @@ WORKER_EXIT_TIMEOUT_S = 30.0
 NODE_STOP_TIMEOUT_S = 30.0
 # What a worker process prints once it has started (imports alone take ~0.3 s of CPU).
 WORKER_READY = "ready"
+
+# --tls (bench.latency's too): the CA and the node certificates of one run.
+TLS_NODES = ("n1", "n2", "n3")  # a dev node serves n1's certificate, a cluster's node nK its own
+TLS_CERT_DAYS = 1  # a run's certificates are thrown away with its scratch directory
+CA_FILE_ENV = "RUNSTATE_CA_FILE"  # the SDKs' CA option (issue 42)
+# What ssl.create_default_context() reads (OpenSSL's default verify file): urllib's default context
+# and an SDK without RUNSTATE_CA_FILE trust the CA through it, and so does a follower forwarding to
+# its leader over HTTPS.
+OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
+NODE_CA_FILE_ENV = "NODE_EXTRA_CA_CERTS"  # Node.js's: bench.latency --typescript
+
+
+def make_certs(scratch: Path) -> Path:
+    """A private CA and a certificate for each of TLS_NODES in `scratch`/certs; the directory."""
+    from runstate_server.node.certs import certs_init
+
+    out = scratch / "certs"
+    certs_init(out, list(TLS_NODES), [], TLS_CERT_DAYS)
+    return out
+
+
+def tls_environment(certs: Path) -> None:
+    """Every client this process starts from now on (workers, the SDK, urllib) trusts `certs`' CA."""
+    for name in (CA_FILE_ENV, OPENSSL_CA_FILE_ENV, NODE_CA_FILE_ENV):
+        os.environ[name] = str(certs / "ca.pem")
+
+
+def tls_flags(certs: Path | None, node_id: str) -> list[str]:
+    """A node's flags to serve its API over HTTPS with its certificate (none without `certs`)."""
+    if certs is None:
+        return []
+    return ["--tls-cert", str(certs / f"{node_id}.pem"), "--tls-key", str(certs / f"{node_id}.key")]
 
 
 def rotated(url: str, by: int) -> str:
@@ -181,23 +219,23 @@ async def work(url: str, run_id: str, concurrency: int) -> None:
 
 def start_node(
     fsync: str, data_dir: Path, *, auth: bool = False, python_args: tuple[str, ...] = ("-m", "runstate_server.node.cli"),
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, certs: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A dev node; with `auth`, it requires keys and RUNSTATE_API_KEY (inherited by the workers)
     is set to its first admin key. `python_args` run the node's CLI (bench.memory runs it under
-    tracemalloc)."""
+    tracemalloc). With `certs` (make_certs) it serves HTTPS with the first node's certificate."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._nodes import free_port
 
     port = free_port()
-    flags = ["--auth"] if auth else []
+    flags = (["--auth"] if auth else []) + tls_flags(certs, TLS_NODES[0])
     if auth:
         os.environ["RUNSTATE_BOOTSTRAP_KEY"] = os.environ["RUNSTATE_API_KEY"] = "rsk_" + secrets.token_urlsafe(32)
     node = subprocess.Popen(
         [sys.executable, *python_args, "dev", "--port", str(port), "--data-dir", str(data_dir), "--fsync", fsync, *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
-    return node, f"http://127.0.0.1:{port}"
+    return node, f"{'https' if certs else 'http'}://127.0.0.1:{port}"
 
 
 def stop_node(node: subprocess.Popen[bytes], timeout_s: float = NODE_STOP_TIMEOUT_S) -> None:
@@ -210,13 +248,17 @@ def stop_node(node: subprocess.Popen[bytes], timeout_s: float = NODE_STOP_TIMEOU
         node.wait()
 
 
-def start_cluster(fsync: str, root: Path) -> Any:
+def start_cluster(fsync: str, root: Path, certs: Path | None = None) -> Any:
     """A three-node cluster (`runstate node` processes, as the tests start them); RUNSTATE_API_KEY
-    (inherited by the workers) is set to its first admin key."""
+    (inherited by the workers) is set to its first admin key. With `certs` (make_certs, and
+    tls_environment called) each node serves HTTPS with its own certificate."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._cluster import Cluster
 
     cluster = Cluster(root, "--fsync", fsync)
+    if certs is not None:
+        cluster.urls = [url.replace("http://", "https://", 1) for url in cluster.urls]
+        cluster.node_args = [tuple(tls_flags(certs, node_id)) for node_id in cluster.ids]
     os.environ["RUNSTATE_API_KEY"] = cluster.admin_key
     try:
         cluster.start()
@@ -263,11 +305,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     node = cluster = None
     with tempfile.TemporaryDirectory(prefix="runstate-bench-") as scratch:
         url = args.url
+        certs = make_certs(Path(scratch)) if args.tls else None
+        if certs is not None:
+            tls_environment(certs)
         if args.cluster:
-            cluster = start_cluster(args.fsync, Path(scratch) / "cluster")
+            cluster = start_cluster(args.fsync, Path(scratch) / "cluster", certs)
             url = cluster.base_url
         elif url is None:
-            node, url = start_node(args.fsync, Path(scratch) / "data", auth=args.auth)
+            node, url = start_node(args.fsync, Path(scratch) / "data", auth=args.auth, certs=certs)
         workers: list[subprocess.Popen[bytes]] = []
         try:
             await wait_healthy(url, node)
@@ -354,6 +399,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "payload_bytes": args.payload_bytes,
         "fsync": args.fsync if known else "unknown (--url)",
         "auth": (args.auth or args.cluster) if known else "unknown (--url)",
+        "tls": args.tls if known else "unknown (--url)",
         "needs": args.needs,
         "coalesce": not args.no_coalesce,
         "cpus": os.cpu_count(),
@@ -395,11 +441,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster", action="store_true",
         help="start a three-node cluster (API keys required, as always on a cluster) instead of one dev node",
     )
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="the node(s) serve HTTPS with certificates of a private CA made for the run; every client trusts it",
+    )
     parser.add_argument("--role", choices=("bench", "worker"), default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cluster and (args.url or args.auth):
         parser.error("--cluster starts its own nodes, which always require keys: no --url, no --auth")
+    if args.tls and args.url:
+        parser.error("--tls starts its own node(s) with certificates: no --url (point SSL_CERT_FILE at a running one's CA)")
     if args.role == "worker":
         asyncio.run(work(args.url, args.run, args.concurrency))
         return 0

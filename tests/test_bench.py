@@ -20,8 +20,9 @@ CLUSTER_TASKS = 1000
 
 @pytest.mark.parametrize(
     "flags",
-    [(), ("--auth", "--no-coalesce"), ("--needs",), ("--cluster",), ("--batch", "20", "--payload-bytes", "4000")],
-    ids=["plain", "auth", "needs", "cluster", "payload"],
+    [(), ("--auth", "--no-coalesce"), ("--needs",), ("--cluster",), ("--batch", "20", "--payload-bytes", "4000"),
+     ("--tls",)],
+    ids=["plain", "auth", "needs", "cluster", "payload", "tls"],
 )
 def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     # A cluster's followers' CPU is split between threads by clock ticks (10 ms): enough tasks that
@@ -38,6 +39,7 @@ def test_throughput_bench_short_form(flags: tuple[str, ...]) -> None:
     assert report["auth"] is ("--auth" in flags or "--cluster" in flags)  # a cluster always requires keys
     assert report["nodes"] == (3 if "--cluster" in flags else 1)
     assert report["fsync"] == "always"
+    assert report["tls"] is ("--tls" in flags)
     assert report["cpu_s"]["node"] > 0
     assert set(report["cpu_us_per_task"]) == {"producer", "workers", "node"}
     # Each node's CPU, its event loop's and its other threads': a cluster's one leader and two
@@ -159,7 +161,8 @@ def test_consume_cpu_bench_short_form() -> None:
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--cluster", "--via", "follower", "--gap-ms", "2")], ids=["dev", "cluster-follower-sparse"],
+    "flags", [(), ("--cluster", "--via", "follower", "--gap-ms", "2"), ("--cluster", "--via", "follower", "--tls")],
+    ids=["dev", "cluster-follower-sparse", "cluster-follower-tls"],
 )
 def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     requests = 60
@@ -171,7 +174,8 @@ def test_latency_bench_short_form(flags: tuple[str, ...]) -> None:
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report["requests"] == requests and report["fsync"] == "always"
     assert report["nodes"] == (3 if flags else 1)
-    assert report["gap_ms"] == (2 if flags else 0)
+    assert report["gap_ms"] == (2 if "--gap-ms" in flags else 0)
+    assert report["tls"] is ("--tls" in flags)  # over HTTPS the follower forwards to the leader over HTTPS too
     for phase in ("raw", "sdk"):
         assert_latencies(report[phase]["submit_ms"])
         assert report[phase]["client_cpu_ms_per_request"] >= 0
