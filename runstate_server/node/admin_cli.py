@@ -2,9 +2,9 @@
 `runstate cluster add`, `runstate cluster remove` and `runstate cluster transfer-leader`: manage spaces, API keys and a
 cluster's members over HTTP.
 
-Talks to the node over HTTP only (operator_client), so it works against a remote node.
-Exit codes: 0 on success, 1 when the API refused the call (`runstate: CODE: message` on stderr),
-2 for a usage error (argparse's own, or a malformed --url).
+Talks to the node over HTTP(S) only (operator_client), so it works against a remote node.
+Exit codes: 0 on success, 1 when the API refused the call or TLS failed (`runstate: CODE: message`
+on stderr), 2 for a usage error (argparse's own, a malformed --url, a TLS file that cannot be used).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from runstate_server.node.operator_client import (
     API_KEY_ENV,
     BASE_URL_DEFAULT,
     BASE_URL_ENV,
+    CA_FILE_ENV,
+    CLIENT_CERT_ENV,
+    CLIENT_KEY_ENV,
     OperatorClient,
     OperatorError,
     UsageError,
@@ -42,6 +45,25 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api-key", default=None, help=f"the API key's secret (default ${API_KEY_ENV})")
     parser.add_argument("--json", action="store_true", help="print JSON (the HTTP API's fields) instead of text")
+    # TLS (issue 42): as the SDKs take them.
+    parser.add_argument(
+        "--ca-file", default=None, metavar="FILE",
+        help=f"trust only this PEM CA for https:// nodes (default ${CA_FILE_ENV}, else the system's CAs)",
+    )
+    parser.add_argument(
+        "--client-cert", default=None, metavar="FILE",
+        help=f"present this PEM certificate to nodes that require one (mutual TLS; default ${CLIENT_CERT_ENV})",
+    )
+    parser.add_argument(
+        "--client-key", default=None, metavar="FILE", help=f"the private key of --client-cert (default ${CLIENT_KEY_ENV})",
+    )
+
+
+def client_of(args: argparse.Namespace) -> OperatorClient:
+    """The client `add_client_flags`' flags describe; UsageError for a malformed one."""
+    return OperatorClient(
+        args.url, args.api_key, ca_file=args.ca_file, client_cert=args.client_cert, client_key=args.client_key,
+    )
 
 
 def _leaf(
@@ -116,7 +138,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
     """Run a command added by `add_admin_commands`; returns the exit code (0, 1 or 2)."""
     action: Action = args.admin_action
     try:
-        text, machine = action(OperatorClient(args.url, args.api_key), args)
+        text, machine = action(client_of(args), args)
     except UsageError as error:
         print(f"runstate: {error}", file=sys.stderr)
         return EXIT_USAGE

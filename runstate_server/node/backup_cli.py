@@ -20,7 +20,7 @@ from typing import Any
 
 from runstate_server.cluster.membership import Member
 from runstate_server.cluster.snapshot import fsync_directory
-from runstate_server.node.admin_cli import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE, add_client_flags
+from runstate_server.node.admin_cli import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE, add_client_flags, client_of
 from runstate_server.node.backup import RestoreError, restore
 from runstate_server.node.backup_file import BackupFileError, Header, read_backup
 from runstate_server.node.config import ConfigError, split_address
@@ -90,7 +90,7 @@ def _backup(args: argparse.Namespace) -> tuple[str, Any]:
         raise CommandFailed("runstate backup needs --out FILE (or `runstate backup inspect FILE`)", EXIT_USAGE)
     out = Path(args.out)
     try:
-        client = OperatorClient(args.url, args.api_key)
+        client = client_of(args)
     except UsageError as error:
         raise CommandFailed(str(error), EXIT_USAGE) from None
     if out.is_dir():
@@ -102,7 +102,7 @@ def _backup(args: argparse.Namespace) -> tuple[str, Any]:
     try:
         with os.fdopen(descriptor, "wb") as file:
             source = _source(client)
-            download(source, BACKUP_PATH, client.api_key, file)
+            download(source, BACKUP_PATH, client.api_key, file, client.context)
             file.flush()
             os.fsync(file.fileno())
         try:
