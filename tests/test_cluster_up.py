@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from runstate_server.node import local_cluster
+from runstate_server.node.config import ConfigError
 from runstate_server.node.local_cluster import RAFT_PORT_OFFSET
 from tests._cluster import free_port_block
 
@@ -78,3 +85,63 @@ def test_cluster_up_refuses_a_taken_port_before_starting_anything(tmp_path: Path
     assert f"127.0.0.1:{base_port + RAFT_PORT_OFFSET + 1}" in finished.stderr
     assert "--base-port" in finished.stderr
     assert not (tmp_path / "cluster" / "n1.log").exists()  # no node was started
+
+
+def test_cluster_up_tls_serves_https_to_a_client_trusting_its_ca(tmp_path: Path) -> None:
+    base_port = free_port_block([*range(3), *(RAFT_PORT_OFFSET + index for index in range(3))])
+    data_dir = tmp_path / "cluster"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runstate_server.node.cli", "cluster", "up", "--tls", "--base-port", str(base_port),
+         "--data-dir", str(data_dir), "--fsync", "never"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        printed: list[str] = []
+        for line in process.stdout:
+            printed.append(line)
+            if "See the nodes with:" in line:
+                break
+        exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in printed if "export " in line)
+        urls = exports["RUNSTATE_BASE_URL"].split(",")
+        assert urls == [f"https://127.0.0.1:{base_port + index}" for index in range(3)], "".join(printed)
+        ca_file = data_dir / "certs" / "ca.pem"
+        assert exports["RUNSTATE_CA_FILE"] == str(ca_file) and '--cacert "$RUNSTATE_CA_FILE"' in printed[-1]
+        key = (data_dir / "bootstrap.key").read_text()
+        # A client trusting the CA is served, by each node; one that does not is refused.
+        context = ssl.create_default_context(cafile=str(ca_file))
+        request = urllib.request.Request(f"{urls[0]}/v1/cluster", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(request, timeout=UP_TIMEOUT_S, context=context) as answer:
+            view = json.load(answer)
+        assert [node["apiUrl"] for node in sorted(view["nodes"], key=lambda node: node["id"])] == urls
+        with pytest.raises(urllib.error.URLError) as refused:
+            urllib.request.urlopen(request, timeout=UP_TIMEOUT_S, context=ssl.create_default_context())
+        assert isinstance(refused.value.reason, ssl.SSLCertVerificationError)
+        # The admin commands with what the banner printed: a write through a follower, forwarded
+        # to the leader over HTTPS.
+        follower = next(url for url in urls if url != urls[int(view["leader"].removeprefix("n")) - 1])
+        environment = {**os.environ, "RUNSTATE_CA_FILE": str(ca_file), "RUNSTATE_API_KEY": key}
+        environment.pop("SSL_CERT_FILE", None)
+        created = subprocess.run(
+            [sys.executable, "-m", "runstate_server.node.cli", "spaces", "create", "--id", "tls-up", "--url", follower],
+            capture_output=True, text=True, timeout=UP_TIMEOUT_S, env=environment,
+        )
+        assert created.returncode == 0 and "created space tls-up" in created.stdout, created.stderr
+        process.send_signal(signal.SIGINT)
+        assert process.wait(UP_TIMEOUT_S) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(UP_TIMEOUT_S)
+        if process.stdout is not None:
+            process.stdout.close()
+    assert stat.S_IMODE((data_dir / "certs" / "n1.key").stat().st_mode) == 0o600
+
+
+def test_cluster_up_tls_writes_the_certificates_once_and_reuses_them(tmp_path: Path) -> None:
+    data_dir = tmp_path / "cluster"
+    certs = local_cluster._certs(data_dir, ["n1", "n2", "n3"])
+    ca = (certs / "ca.pem").read_bytes()
+    assert local_cluster._certs(data_dir, ["n1", "n2"]) == certs and (certs / "ca.pem").read_bytes() == ca
+    with pytest.raises(ConfigError, match="n4.pem"):  # more nodes than the certificates were made for
+        local_cluster._certs(data_dir, ["n1", "n2", "n3", "n4"])

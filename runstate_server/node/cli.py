@@ -359,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path, default=Path("cluster"), help="where the nodes keep their data (default ./cluster)")
     up.add_argument("--fsync", choices=("always", "never"), default="always")
     up.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    up.add_argument(
+        "--tls", action="store_true",
+        help="serve the APIs over HTTPS with a private CA's certificates, written once into DATA_DIR/certs "
+        "(runstate certs init) and reused",
+    )
     add_cluster_commands(cluster_commands)
     add_admin_commands(commands)
     add_backup_commands(commands)
@@ -402,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             from runstate_server.node.local_cluster import cluster_up
 
-            return cluster_up(args.nodes, args.base_port, args.data_dir, fsync=args.fsync, log_level=args.log_level)
+            return cluster_up(
+                args.nodes, args.base_port, args.data_dir, fsync=args.fsync, log_level=args.log_level, tls=args.tls,
+            )
     except ConfigError as error:
         print(f"runstate: {error}", file=sys.stderr)
         return 2

@@ -4,6 +4,11 @@ Each node is its own `runstate node` process (the same command a deployment runs
 and its log in DATA_DIR/<id>. The cluster secret and the first admin key are generated once into
 DATA_DIR/cluster.secret and DATA_DIR/bootstrap.key (mode 0600) and reused, so the same command
 restarts the same cluster.
+
+With --tls the APIs serve HTTPS: `runstate certs init` writes a private CA and each node's
+certificate into DATA_DIR/certs once (reused by the next `cluster up --tls`), each node serves its
+own, and the nodes trust the CA when a follower forwards to its leader. The banner says how a
+client connects (the https:// URLs and RUNSTATE_CA_FILE).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from runstate_server.cluster.private_files import make_private_dir, open_private
+from runstate_server.node.certs import CA_NAME, CERT_DAYS_DEFAULT, CertsError, certs_init
 from runstate_server.node.config import (
     BOOTSTRAP_KEY_FILE_NAME,
     CLUSTER_NODES_MAX,
@@ -36,9 +43,13 @@ STOP_TIMEOUT_S = 15.0
 WATCH_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 1.0  # one health probe while the nodes start
 SECRET_FILE_NAME = "cluster.secret"
+CERTS_DIR_NAME = "certs"  # --tls: DATA_DIR/certs, as `runstate certs init --out` writes it
+# What ssl.create_default_context() reads: a node's client of its leader (node/relay.py) trusts the
+# cluster's CA through it, until the nodes take the CA as a flag.
+OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
 
 
-def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_level: str) -> int:
+def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_level: str, tls: bool = False) -> int:
     if not 1 <= nodes <= CLUSTER_NODES_MAX:
         raise ConfigError(f"--nodes must be from 1 to {CLUSTER_NODES_MAX}")
     if not 1024 <= base_port <= 65535 - RAFT_PORT_OFFSET - nodes:
@@ -53,7 +64,13 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
     secret_file = _secret_file(data_dir, SECRET_FILE_NAME, secrets.token_hex(32))
     key_file = _secret_file(data_dir, BOOTSTRAP_KEY_FILE_NAME, new_key_secret())
     ids = [f"n{index + 1}" for index in range(nodes)]
-    api_urls = [f"http://{DEFAULT_HOST}:{base_port + index}" for index in range(nodes)]
+    certs = _certs(data_dir, ids) if tls else None
+    scheme = "https" if certs else "http"
+    api_urls = [f"{scheme}://{DEFAULT_HOST}:{base_port + index}" for index in range(nodes)]
+    context = ssl.create_default_context(cafile=str(certs / f"{CA_NAME}.pem")) if certs else None
+    environment = dict(os.environ)
+    if certs is not None:
+        environment[OPENSSL_CA_FILE_ENV] = str(certs / f"{CA_NAME}.pem")
     rafts = [f"{DEFAULT_HOST}:{base_port + RAFT_PORT_OFFSET + index}" for index in range(nodes)]
     processes: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -77,19 +94,25 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
                 "--fsync", fsync,
                 "--log-level", log_level,
             ]
+            if certs is not None:
+                command += ["--tls-cert", str(certs / f"{node_id}.pem"), "--tls-key", str(certs / f"{node_id}.key")]
             for other in range(nodes):
                 if other != index:
                     command += ["--peer", f"{ids[other]},{rafts[other]},{api_urls[other]}"]
             with open_private(data_dir / f"{node_id}.log", "ab") as log_file:
-                processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-        if not _wait_healthy(api_urls, processes, lambda: stopping):
+                processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+        if not _wait_healthy(api_urls, processes, lambda: stopping, context):
             return 1
         print(f"runstate cluster of {nodes} nodes is up (data and logs in {data_dir})", flush=True)
         print("Point clients at it with:", flush=True)
         print(f"  export RUNSTATE_BASE_URL={','.join(api_urls)}", flush=True)
         print(f"  export RUNSTATE_SPACE_ID={DEFAULT_SPACE}", flush=True)
         print(f"  export RUNSTATE_API_KEY=$(cat {key_file})", flush=True)
-        print(f'See the nodes with: curl -H "Authorization: Bearer $RUNSTATE_API_KEY" {api_urls[0]}/v1/cluster', flush=True)
+        curl = "curl"
+        if certs is not None:
+            print(f"  export RUNSTATE_CA_FILE={certs / f'{CA_NAME}.pem'}", flush=True)
+            curl = 'curl --cacert "$RUNSTATE_CA_FILE"'
+        print(f'See the nodes with: {curl} -H "Authorization: Bearer $RUNSTATE_API_KEY" {api_urls[0]}/v1/cluster', flush=True)
         print("Stop them all with Ctrl-C.", flush=True)
         reported: set[str] = set()
         while not stopping:
@@ -114,7 +137,27 @@ def _secret_file(data_dir: Path, name: str, secret: str) -> Path:
     return path
 
 
-def _wait_healthy(urls: list[str], processes: dict[str, subprocess.Popen[bytes]], stopping: object) -> bool:
+def _certs(data_dir: Path, ids: list[str]) -> Path:
+    """DATA_DIR/certs with the CA and every node's certificate and key: written by `certs init` if
+    it holds no CA yet, else reused (ConfigError, one line, if a node's files are missing)."""
+    out = data_dir / CERTS_DIR_NAME
+    if not (out / f"{CA_NAME}.pem").exists():
+        make_private_dir(out)
+        try:
+            certs_init(out, ids, [], CERT_DAYS_DEFAULT)
+        except CertsError as error:
+            raise ConfigError(f"--tls: {error}") from None
+    missing = [str(out / f"{node_id}{suffix}") for node_id in ids for suffix in (".pem", ".key")
+               if not (out / f"{node_id}{suffix}").exists()]
+    if missing:
+        raise ConfigError(f"--tls: {', '.join(missing)} missing: remove {out} to have every certificate made anew "
+                          f"(runstate certs init), or write them with the CA there")
+    return out
+
+
+def _wait_healthy(
+    urls: list[str], processes: dict[str, subprocess.Popen[bytes]], stopping: object, context: ssl.SSLContext | None,
+) -> bool:
     deadline = time.monotonic() + HEALTHY_TIMEOUT_S
     pending = set(urls)
     while pending:
@@ -127,7 +170,7 @@ def _wait_healthy(urls: list[str], processes: dict[str, subprocess.Popen[bytes]]
             return False
         for url in list(pending):
             try:
-                with urllib.request.urlopen(f"{url}/v1/health", timeout=PROBE_TIMEOUT_S) as response:
+                with urllib.request.urlopen(f"{url}/v1/health", timeout=PROBE_TIMEOUT_S, context=context) as response:
                     if json.load(response).get("status") == "ok":
                         pending.discard(url)
             except (OSError, urllib.error.URLError, ValueError):
