@@ -7,6 +7,10 @@ paused nodes resumed, stopped nodes started), the workload's final reads, the re
 compared, the members' lists of voters compared, the checker over the history, and
 REPORT/summary.json. Exit code 0 when the checker found no violation (and the harness itself had
 no error), 1 otherwise, 2 for a usage error.
+
+`run --tls`: the nodes serve their APIs over HTTPS with certificates of a private CA made for the
+run (REPORT/cluster/certs, `runstate certs init`), and every client of the harness trusts it (the
+SDK's `once` callers through RUNSTATE_CA_FILE and SSL_CERT_FILE, set in this process).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import re
 import signal
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checker import check_history, format_report
-from chaos.cluster import ChaosCluster, ClusterError
+from chaos.cluster import CA_FILE_ENV, OPENSSL_CA_FILE_ENV, ChaosCluster, ClusterError
 from chaos.faults import REGISTRY, Injector, Schedule, parse_kinds
 from chaos.history import History, read_history
 from chaos.workload import Workload
@@ -72,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--report", type=Path, help="the report folder (default ./chaos-reports/<time>-seed<S>)")
     run.add_argument("--log-level", default="WARNING", help="the nodes' and the harness's log level")
+    run.add_argument(
+        "--tls", action="store_true",
+        help="the nodes serve HTTPS with certificates of a private CA made for the run; every client trusts it",
+    )
     check = commands.add_parser("check", help="check a saved report's history again")
     check.add_argument("report", type=Path, help="a report folder (holding history.jsonl)")
     return parser
@@ -87,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     if report.exists() and any(report.iterdir()):
         print(f"chaos: the report folder {report} is not empty", file=sys.stderr)
         return EXIT_USAGE
-    print(f"chaos: seed {seed}, {args.duration} s of {','.join(args.faults)}; report in {report}", flush=True)
+    print(f"chaos: seed {seed}, {args.duration} s of {','.join(args.faults)}{' over TLS' if args.tls else ''}; "
+          f"report in {report}", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = run(seed, args.duration, args.faults, report, args.log_level)
+        summary = run(seed, args.duration, args.faults, report, args.log_level, tls=args.tls)
     except KeyboardInterrupt:
         print(f"chaos: interrupted; the cluster's nodes are stopped; seed {seed}, report in {report}", flush=True)
         return EXIT_INTERRUPTED
@@ -114,17 +124,21 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_level: str) -> dict[str, Any]:
-    """One chaos run into `report`; returns (and writes) its summary."""
+def run(seed: int, duration: int, fault_kinds: list[str], report: Path, log_level: str, tls: bool = False) -> dict[str, Any]:
+    """One chaos run into `report` (with `tls`, over HTTPS); returns (and writes) its summary."""
     report.mkdir(parents=True, exist_ok=True)
     schedule = Schedule(seed, duration, fault_kinds)
     history = History(report / HISTORY_FILE)
     harness_errors: list[str] = []
-    summary: dict[str, Any] = {"seed": seed, "durationS": duration, "kinds": fault_kinds, "schedule": schedule.as_json()}
-    with ChaosCluster(report / "cluster", log_level=log_level) as cluster:
+    summary: dict[str, Any] = {
+        "seed": seed, "durationS": duration, "kinds": fault_kinds, "tls": tls, "schedule": schedule.as_json(),
+    }
+    with ChaosCluster(report / "cluster", log_level=log_level, tls=tls) as cluster:
+        if cluster.ca_file is not None:  # the SDK's `once` callers (the workload's urllib client takes the context)
+            os.environ[CA_FILE_ENV] = os.environ[OPENSSL_CA_FILE_ENV] = str(cluster.ca_file)
         cluster.up()
         history.event("start", {"seed": seed, "durationS": duration, "schedule": schedule.as_json(), "layout": cluster.layout()})
-        workload = Workload(cluster.urls, cluster.admin_key, history, seed)
+        workload = Workload(cluster.urls, cluster.admin_key, history, seed, context=cluster.context)
         cluster.watch(workload.use_urls)  # a replace or a grow changes the nodes the clients call
         injector = Injector(cluster, schedule, lambda line: history.event(line["event"], line["detail"]))
         workload.start()

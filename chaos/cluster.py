@@ -26,6 +26,11 @@ proxy's port, and the node binds another one (`--raft-bind`). Of two nodes, the 
 is greater dials the other's proxy (pysyncobj 0.3.17, transport.py `_shouldConnect`; a learner
 dials every voter); the proxy finds which node dialed, so `partition(i)` cuts exactly the pairs
 of node i: every connection into its proxy, and its own connections into the others'.
+
+With `tls=True` (`python -m chaos run --tls`) the APIs serve HTTPS: `runstate certs init` writes a
+private CA and node certificates into ROOT/certs, each node serves its own (`--tls-cert`,
+`--tls-key`), and the harness's clients (`context`; the SDK and the nodes through SSL_CERT_FILE)
+trust the CA.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import random
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -98,20 +104,35 @@ HEALTHY_STABLE_S = 0.5
 LOG_TAIL_CHARS = 3000
 SECRET_BYTES = 32
 LOG_LEVEL_DEFAULT = "WARNING"
+# --tls: certificates made once per run with `runstate certs init` for n1 .. nCERT_IDS (its --nodes
+# at most). A node whose id is past them (a long run's replaces and grows give new ids) serves the
+# certificate CERT_IDS ids below its own: the same CA's, and every one names 127.0.0.1.
+CERTS_DIR_NAME = "certs"
+CERT_IDS = 64
+CERT_DAYS = 2  # a run lasts a day at most
+CERTS_TIMEOUT_S = 60.0  # `certs init` writes 64 keys and certificates (a second or so)
+# What ssl.create_default_context() reads: the nodes (a follower forwarding to its leader, a node
+# joining through a member's API) and the SDK's `once` callers trust the CA through it.
+OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
+CA_FILE_ENV = "RUNSTATE_CA_FILE"  # the SDKs' own setting (issue 42)
 
 
 class ClusterError(Exception):
     """A bounded wait ran out, or a node exited on its own; the message says what was last seen."""
 
 
-def _get_json(url: str, key: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, Any] | None:
+def _get_json(
+    url: str, key: str | None = None, timeout_s: float = PROBE_TIMEOUT_S, context: ssl.SSLContext | None = None,
+) -> tuple[int, Any] | None:
     """(status, body) of a GET (with `key` as the bearer), or None when nothing answered."""
-    return _call_json("GET", url, key, None, timeout_s)
+    return _call_json("GET", url, key, None, timeout_s, context)
 
 
-def _call_json(method: str, url: str, key: str | None, body: Any, timeout_s: float) -> tuple[int, Any] | None:
-    """(status, body) of a call (with `key` as the bearer, `body` as JSON unless None), or None
-    when nothing answered within timeout_s."""
+def _call_json(
+    method: str, url: str, key: str | None, body: Any, timeout_s: float, context: ssl.SSLContext | None = None,
+) -> tuple[int, Any] | None:
+    """(status, body) of a call (with `key` as the bearer, `body` as JSON unless None; an https://
+    one verified with `context`), or None when nothing answered within timeout_s."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     data = None
     if body is not None:
@@ -119,7 +140,7 @@ def _call_json(method: str, url: str, key: str | None, body: Any, timeout_s: flo
         headers["Content-Type"] = "application/json"
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         payload = error.read()
@@ -163,6 +184,24 @@ def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
     raise ClusterError(f"no {count} free ports in {PORT_RANGE} after {PORT_PICK_TRIES} tries")
 
 
+def make_certs(out: Path) -> Path:
+    """`runstate certs init` into `out`: a private CA and certificates for n1 .. nCERT_IDS; `out`."""
+    command = [
+        sys.executable, "-m", "runstate_server.node.cli", "certs", "init", "--out", str(out),
+        "--nodes", ",".join(f"n{number}" for number in range(1, CERT_IDS + 1)), "--days", str(CERT_DAYS),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CERTS_TIMEOUT_S)
+    if done.returncode != 0:
+        raise ClusterError(f"runstate certs init failed ({done.returncode}): {done.stderr.strip()}")
+    return out
+
+
+def cert_name(node_id: str) -> str:
+    """The certificate node `node_id` (nK) serves: its own, or for K past CERT_IDS one CERT_IDS below."""
+    number = int(node_id.removeprefix("n"))
+    return f"n{(number - 1) % CERT_IDS + 1}"
+
+
 @dataclass(frozen=True)
 class Peer:
     """Another member as a node's --peer flag names it."""
@@ -182,11 +221,12 @@ class _Slot:
     bind_port: int  # the Raft port the node itself binds
     proxy: NodeProxy
     peers: tuple[Peer, ...]  # a first member's --peer flags; empty for a node that joins
+    scheme: str = "http"  # its API's: https with --tls
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.api_port}"
+        return f"{self.scheme}://{HOST}:{self.api_port}"
 
     @property
     def raft(self) -> str:
@@ -196,13 +236,17 @@ class _Slot:
 class ChaosCluster:
     """Three nodes to start with, one proxy each; indexes are slots (module docstring)."""
 
-    def __init__(self, root: Path, *extra_args: str, log_level: str = LOG_LEVEL_DEFAULT) -> None:
-        """Writes the secret and the bootstrap admin key under `root` and picks the first three
-        nodes' ports; starts nothing (see up() and start())."""
+    def __init__(self, root: Path, *extra_args: str, log_level: str = LOG_LEVEL_DEFAULT, tls: bool = False) -> None:
+        """Writes the secret and the bootstrap admin key (and with `tls` the certificates) under
+        `root` and picks the first three nodes' ports; starts nothing (see up() and start())."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = extra_args
         self.log_level = log_level
+        # --tls: the CA every client of the harness trusts (None: plain HTTP).
+        self.certs: Path | None = make_certs(root / CERTS_DIR_NAME) if tls else None
+        self.ca_file: Path | None = self.certs / "ca.pem" if self.certs else None
+        self.context: ssl.SSLContext | None = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
         self.secret_file = root / "cluster.secret"
         self.secret_file.write_text(secrets.token_urlsafe(SECRET_BYTES))
         self.admin_key = "rsk_" + secrets.token_urlsafe(SECRET_BYTES)
@@ -241,7 +285,7 @@ class ChaosCluster:
         self._ids_given += 1
         node_id = f"n{self._ids_given}"
         proxy = NodeProxy(node_id, raft_port, bind_port, self.pids)
-        return _Slot(node_id, api_port, raft_port, bind_port, proxy, peers)
+        return _Slot(node_id, api_port, raft_port, bind_port, proxy, peers, "https" if self.certs else "http")
 
     # -- where things are ----------------------------------------------------------------------
 
@@ -305,6 +349,9 @@ class ChaosCluster:
             "--log-level", self.log_level,
             *self.extra_args,
         ]
+        if self.certs is not None:
+            name = cert_name(slot.id)
+            command += ["--tls-cert", str(self.certs / f"{name}.pem"), "--tls-key", str(self.certs / f"{name}.key")]
         for peer in slot.peers:
             command += ["--peer", f"{peer.id},{peer.raft},{peer.url}"]
         # A node that joined keeps its role and the voters in its data dir: a restart needs no --join
@@ -381,12 +428,19 @@ class ChaosCluster:
             log_file.flush()
             # Its own session: a Ctrl-C at the terminal reaches the harness, which kills the nodes.
             process = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=self.node_environment(), start_new_session=True
             )
         self.slots[index].process = process
         self.pids_started.append(process.pid)
         self.paused.discard(index)
         self.expected.add(index)
+
+    def node_environment(self) -> dict[str, str]:
+        """A node's environment: the harness's, and with --tls the CA as the trusted one."""
+        environment = os.environ.copy()
+        if self.ca_file is not None:
+            environment[OPENSSL_CA_FILE_ENV] = str(self.ca_file)
+        return environment
 
     def kill(self, index: int) -> None:
         """kill -9: no chance to flush or say goodbye (a paused node dies too)."""
@@ -528,7 +582,7 @@ class ChaosCluster:
             calls += 1
             answer = _call_json(
                 "DELETE", f"{self.urls[index]}/v1/cluster/members/{node_id}", self.admin_key, None,
-                min(REMOVE_CALL_TIMEOUT_S, max(PROBE_TIMEOUT_S, deadline - time.monotonic())),
+                min(REMOVE_CALL_TIMEOUT_S, max(PROBE_TIMEOUT_S, deadline - time.monotonic())), self.context,
             )
             status = None if answer is None else answer[0]
             if status in (200, 404) or (status is not None and status not in (409, 503)):
@@ -544,7 +598,7 @@ class ChaosCluster:
 
     def cluster_view(self, index: int) -> dict[str, Any] | None:
         """Node `index`'s GET /v1/cluster (leader, nodes with voter flags), None unless it answered 200."""
-        answer = _get_json(f"{self.urls[index]}/v1/cluster", self.admin_key, VIEW_TIMEOUT_S)
+        answer = _get_json(f"{self.urls[index]}/v1/cluster", self.admin_key, VIEW_TIMEOUT_S, self.context)
         return answer[1] if answer is not None and answer[0] == 200 and isinstance(answer[1], dict) else None
 
     def members_agree(self) -> tuple[bool, dict[str, Any]]:
@@ -622,7 +676,7 @@ class ChaosCluster:
         }
         if not view["running"] or view["paused"]:
             return view
-        answer = _get_json(f"{self.urls[index]}/v1/health")
+        answer = _get_json(f"{self.urls[index]}/v1/health", context=self.context)
         if answer is None or not isinstance(answer[1], dict):
             return view
         body = answer[1]
@@ -721,7 +775,7 @@ class ChaosCluster:
         answered within TRANSFER_CALL_TIMEOUT_S."""
         return _call_json(
             "POST", f"{self.urls[asked]}/v1/cluster/transfer-leader", self.admin_key, {"to": self.ids[to]},
-            TRANSFER_CALL_TIMEOUT_S,
+            TRANSFER_CALL_TIMEOUT_S, self.context,
         )
 
     def digests(self) -> dict[str, dict[str, Any] | None]:
@@ -730,7 +784,10 @@ class ChaosCluster:
         found: dict[str, dict[str, Any] | None] = {}
         live = self.live()
         for index in range(self.size):
-            answer = _get_json(f"{self.urls[index]}/v1/cluster/digest", key=self.admin_key) if index in live else None
+            answer = (
+                _get_json(f"{self.urls[index]}/v1/cluster/digest", key=self.admin_key, context=self.context)
+                if index in live else None
+            )
             found[self.ids[index]] = answer[1] if answer is not None and answer[0] == 200 else None
         return found
 

@@ -76,6 +76,7 @@ import itertools
 import json
 import logging
 import random
+import ssl
 import threading
 import time
 import urllib.error
@@ -331,14 +332,17 @@ class HttpClient:
     are given as `/v1/<path>` and sent under the space (`/v1/spaces/{space}/<path>`), except the
     operator routes."""
 
-    def __init__(self, base_urls: list[str], admin_key: str, space: str = SPACE) -> None:
+    def __init__(
+        self, base_urls: list[str], admin_key: str, space: str = SPACE, context: ssl.SSLContext | None = None,
+    ) -> None:
+        """`context` verifies https:// nodes (ChaosCluster.context with --tls)."""
         if not base_urls:
             raise ValueError("no base URL")
         self.base_urls = [url.rstrip("/") for url in base_urls]
         self.admin_key = admin_key
         self.space = space
         # No proxy from the environment: the nodes are on this machine.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
 
     def call(
         self, node: int, method: str, path: str, body: dict[str, Any] | None = None, *, holder: str, timeout_s: float,
@@ -1665,14 +1669,17 @@ class Workload:
     """Every client role against the cluster's nodes (module docstring). Not restartable."""
 
     def __init__(
-        self, base_urls: list[str], admin_key: str, history: History, seed: int, config: WorkloadConfig | None = None
+        self, base_urls: list[str], admin_key: str, history: History, seed: int, config: WorkloadConfig | None = None,
+        context: ssl.SSLContext | None = None,
     ) -> None:
+        """`context` verifies https:// nodes (the SDK's `once` callers trust the CA through the
+        environment: `python -m chaos run --tls` sets it)."""
         self.base_urls = list(base_urls)
         self.admin_key = admin_key
         self.history = history
         self.seed = seed
         self.config = config if config is not None else WorkloadConfig()
-        self.http = HttpClient(self.base_urls, admin_key)
+        self.http = HttpClient(self.base_urls, admin_key, context=context)
         self.shared = _Shared(self.http, history, self.config)
         self.errors: list[str] = []  # exceptions that ended a client thread: bugs of the harness
         self._stopping = threading.Event()
