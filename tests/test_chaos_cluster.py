@@ -30,6 +30,7 @@ from chaos.faults import (
     transfer_outcome,
 )
 from chaos.proxy import dialer_of
+from chaos.workload import HttpClient
 
 pytestmark = pytest.mark.slow
 
@@ -314,3 +315,29 @@ def test_close_leaves_no_process(cluster: ChaosCluster) -> None:
             os.kill(pid, 0)
     assert cluster.pids() == {}
     assert all(not stats["live"] for stats in cluster.proxy_stats())
+
+
+CALL_TIMEOUT_S = 10.0  # one call of the TLS test's clients
+
+
+def test_a_tls_cluster_serves_https_forwards_and_heals_after_a_kill(tmp_path: Path) -> None:
+    """`chaos run --tls`'s cluster: certificates of a private CA made for it, HTTPS APIs its
+    clients trust (a follower forwards to its leader over HTTPS), a client without the CA refused."""
+    made = ChaosCluster(tmp_path / "cluster", tls=True)
+    try:
+        leader = made.up()
+        assert made.ca_file is not None and all(url.startswith("https://") for url in made.urls)
+        follower = next(index for index in range(made.size) if index != leader)
+        client = HttpClient(made.urls, made.admin_key, context=made.context)
+        assert client.call(follower, "POST", "/v1/scopes", {}, holder="tls", timeout_s=CALL_TIMEOUT_S).ok
+        untrusting = HttpClient(made.urls, made.admin_key)  # the system's CAs only
+        refused = untrusting.call(follower, "GET", "/v1/cluster", holder="tls", timeout_s=CALL_TIMEOUT_S)
+        assert not refused.ok and "CERTIFICATE_VERIFY_FAILED" in refused.message, refused
+        made.kill(leader)
+        made.wait_healthy()
+        made.start(leader)
+        made.wait_healthy()
+        made.wait_converged()
+    finally:
+        made.close()
+        print(made.logs_tail())
