@@ -109,13 +109,16 @@ def _syncobj_seams() -> list[Seam]:
 
 
 def _transport_seams() -> list[Seam]:
-    connection_overrides = ("send", "connect", "_TcpConnection__processRead", "_TcpConnection__processParseMessage")
-    connection_calls = ("_TcpConnection__trySendBuffer", "_TcpConnection__processConnection", "disconnect",
+    connection_overrides = (
+        "send", "connect", "_TcpConnection__processRead", "_TcpConnection__processParseMessage",
+        "_TcpConnection__processConnection", "_TcpConnection__processSend",  # TLS (peer_tls.py)
+    )
+    connection_calls = ("_TcpConnection__trySendBuffer", "disconnect",
                         "setOnConnectedCallback", "setOnMessageReceivedCallback", "setOnDisconnectedCallback")
     connection_attributes = (
         "_TcpConnection__readBuffer", "_TcpConnection__writeBuffer", "_TcpConnection__socket",
         "_TcpConnection__recvBufferSize", "_TcpConnection__fileno", "_TcpConnection__poller", "sendRandKey",
-        "recvRandKey", "recvLastTimestamp", "encryptor", "state",
+        "recvRandKey", "recvLastTimestamp", "encryptor", "state", "_TcpConnection__lastReadTime",
     )
     server_attributes = (
         "_TcpServer__socket", "_TcpServer__poller", "_TcpServer__sendBufferSize", "_TcpServer__recvBufferSize",
@@ -126,7 +129,9 @@ def _transport_seams() -> list[Seam]:
         "_onNewIncomingConnection", "_onIncomingMessageReceived", "_onOutgoingMessageReceived", "_onTick",
     )
     transport_calls = ("_onOutgoingConnected", "_onDisconnected", "destroy")
-    transport_attributes = ("_server", "_connections", "_unknownConnections", "_nodes", "_syncObj", "_selfNode", "ready")
+    transport_attributes = (
+        "_server", "_connections", "_unknownConnections", "_nodes", "_syncObj", "_selfNode", "ready", "_nodeAddrToNode",
+    )
     return [
         *(Override(TcpConnection, name, _TRANSPORT) for name in connection_overrides),
         *(Method(TcpConnection, name, _TRANSPORT) for name in connection_calls),

@@ -20,6 +20,7 @@ from runstate_server.cluster._prevote import PreVote
 from runstate_server.cluster._pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from runstate_server.cluster._read_index import ReadIndex
 from runstate_server.cluster._transport import EPOCH_UNTOLD, KEEPALIVE, LEVEL_UNTOLD, BoundedTransport
+from runstate_server.cluster.peer_tls import PeerTls
 
 
 class Bridge(Protocol):
@@ -70,6 +71,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         command_level: int = LEVEL_UNTOLD,
         epoch: int = EPOCH_UNTOLD,
         catch_up: CatchUp | None = None,
+        peer_tls: PeerTls | None = None,
     ):
         self._bridge = bridge
         self.pre_vote = pre_vote
@@ -82,6 +84,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             # unauthenticated peer can do (_transport.py).
             transport_class = functools.partial(
                 BoundedTransport, handshake_timeout_s=handshake_timeout_s, command_level=command_level, epoch=epoch,
+                peer_tls=peer_tls,
             )
             super().__init__(self_address, list(peer_addresses), conf, transportClass=transport_class)
             if conf.dynamicMembershipChange and not (conf.fullDumpFile and os.path.isfile(conf.fullDumpFile)):

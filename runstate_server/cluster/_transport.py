@@ -47,6 +47,7 @@ import collections
 import errno
 import logging
 import socket
+import ssl
 import struct
 import zlib
 from typing import Any
@@ -68,6 +69,13 @@ from runstate_server.cluster.config import (
     PEER_FRAME_BYTES_MAX,
     UNAUTHENTICATED_CONNECTIONS_MAX,
     UNAUTHENTICATED_CONNECTIONS_PER_HOST_MAX,
+)
+from runstate_server.cluster.peer_tls import (
+    TLS_SNIFF_BYTES,
+    PeerTls,
+    looks_like_tls,
+    names_host,
+    peer_identity,
 )
 
 logger = logging.getLogger(__name__)
@@ -112,6 +120,18 @@ EPOCH_REFUSALS_LOGGED_EVERY = 100
 # A peer connection idle in sending for this share of the connection timeout gets a keepalive.
 KEEPALIVE_SHARE_OF_TIMEOUT = 1 / 3
 
+# A connection's TLS (peer_tls.py), BoundedConnection.tls_state: none on it (a cluster without peer
+# certificates, or a password-sealed connection with --peer-tls-allow-plain); an incoming one whose
+# first bytes are not read yet (allow_plain: TLS or not?); TLS to begin as soon as the TCP connection
+# is up (dialling) or the first event comes (accepting); its handshake under way; done.
+TLS_NONE, TLS_SNIFFING, TLS_TO_START, TLS_HANDSHAKING, TLS_UP = "none", "sniffing", "to-start", "handshaking", "up"
+_TLS_BEFORE_FRAMES = frozenset({TLS_SNIFFING, TLS_TO_START, TLS_HANDSHAKING})
+# Reads of data TLS already decrypted and holds (the poller cannot see it) after one event, at most:
+# each reads up to one socket read's worth, and TLS holds at most one record (16 KiB) decrypted.
+TLS_PENDING_READS_MAX = 64
+# OpenSSL's reasons for a handshake with a peer that sent something other than TLS.
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"})
+
 
 def _frame_body(pickled: bytes) -> bytes:
     window_bits = min(_WINDOW_BITS_MAX, max(_WINDOW_BITS_MIN, (len(pickled) + ZLIB_LOOKAHEAD_BYTES).bit_length()))
@@ -127,6 +147,8 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
 
     # pysyncobj's attributes this class reads and sets (declared for mypy only).
     _TcpConnection__readBuffer: bytes | bytearray
+    _TcpConnection__writeBuffer: bytes
+    _TcpConnection__socket: Any
     recvLastTimestamp: int
 
     def __init__(self, *args: Any, remote_host: str | None = None, **kwargs: Any) -> None:
@@ -140,6 +162,15 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         # The node's frame ciphers (its transport's), set before the connection sends or reads a
         # frame; used only where pysyncobj set `encryptor` (a cluster with a password).
         self.ciphers: FrameCiphers | None = None
+        # TLS on this connection (peer_tls.py; set by the transport before the first event).
+        self.peer_tls: PeerTls | None = None
+        self.tls_state = TLS_NONE
+        self.tls_host: str | None = None  # the host dialled (its certificate must name it); None: accepted
+        self.password_encryptor: Any = None  # pysyncobj's encryptor, for a connection without TLS
+        self.plain_next = False  # allow_plain: dial the next time without TLS (the last TLS handshake failed)
+        self.dial_name: str | None = None  # the name the peer's certificate must carry when dialled (its host)
+        self.handshake_timeout_s = float("inf")  # a dialled TLS handshake's bound (set by the transport)
+        self.on_tls_refused: Any = None  # the transport's counter of refused TLS handshakes
         super().__init__(*args, **kwargs)
 
     def send(self, message: Any) -> None:
@@ -177,7 +208,166 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         # and Fernet tokens until the peer tells again which formats it reads (it may be another release now).
         self.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
         self.peer_formats = FRAMES_FERNET
+        self.peer = False
+        tls = self.peer_tls is not None and not (self.peer_tls.allow_plain and self.plain_next)
+        self.plain_next = False
+        self.tls_state = TLS_TO_START if tls else TLS_NONE
+        self.tls_host = self.dial_name or host
+        self.encryptor = None if tls else self.password_encryptor  # TLS seals the frames itself
+        self.handshake_deadline = raft_clock() + self.handshake_timeout_s if tls else float("inf")
         return bool(super().connect(host, port))
+
+    def accepted(self, peer_tls: PeerTls | None, deadline: float) -> None:
+        """An incoming connection, before its first event: TLS or not is decided on it."""
+        self.peer_tls = peer_tls
+        self.handshake_deadline = deadline
+        self.password_encryptor = self.encryptor
+        if peer_tls is None:
+            return
+        self.tls_state = TLS_SNIFFING if peer_tls.allow_plain else TLS_TO_START
+        self.encryptor = None
+
+    @property
+    def tls(self) -> bool:
+        """The connection's frames go over TLS (once its handshake is done)."""
+        return self.tls_state != TLS_NONE
+
+    # pysyncobj's __processConnection: the poller's callback for every event of the socket. Before
+    # TLS is up, the events drive its handshake; afterwards pysyncobj's code runs, and then reads
+    # what TLS decrypted and holds, which the poller cannot see.
+    def _TcpConnection__processConnection(self, descr: int, event: int) -> None:
+        if self.tls_state in _TLS_BEFORE_FRAMES:
+            self._tls_event(descr, event)
+            return
+        super()._TcpConnection__processConnection(descr, event)
+        if self.tls_state != TLS_UP:
+            return
+        sock = self._TcpConnection__socket
+        for _ in range(TLS_PENDING_READS_MAX):
+            if self.state == CONNECTION_STATE.DISCONNECTED or sock is None or not sock.pending():
+                return
+            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
+
+    def _tls_event(self, descr: int, event: int) -> None:
+        poller = self._TcpConnection__poller
+        if descr != self._TcpConnection__fileno:
+            poller.unsubscribe(descr)
+            return
+        if event & POLL_EVENT_TYPE.ERROR:
+            self._tls_failed("the connection failed", certificate=False)
+            return
+        sock = self._TcpConnection__socket
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self._tls_failed("the connection failed", certificate=False)
+            return
+        if self.tls_state == TLS_SNIFFING:
+            try:
+                prefix = sock.recv(TLS_SNIFF_BYTES, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):  # a write event: wait for the peer's first bytes
+                poller.subscribe(descr, self._TcpConnection__processConnection, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+                return
+            except OSError:
+                self.disconnect()
+                return
+            if not prefix:
+                self.disconnect()
+                return
+            if len(prefix) < TLS_SNIFF_BYTES:
+                poller.subscribe(descr, self._TcpConnection__processConnection, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+                return
+            if not looks_like_tls(prefix):  # a peer without a certificate yet: the password's frames
+                self.tls_state = TLS_NONE
+                self.encryptor = self.password_encryptor
+                super()._TcpConnection__processConnection(descr, event)
+                return
+            self.tls_state = TLS_TO_START
+        if self.tls_state == TLS_TO_START:
+            assert self.peer_tls is not None
+            try:
+                sock = self.peer_tls.wrap(sock, server_hostname=self.tls_host)
+            except (OSError, ValueError) as error:
+                self._tls_failed(str(error), certificate=False)
+                return
+            self._TcpConnection__socket = sock
+            self.tls_state = TLS_HANDSHAKING
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            poller.subscribe(descr, self._TcpConnection__processConnection, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+            return
+        except ssl.SSLWantWriteError:
+            poller.subscribe(
+                descr, self._TcpConnection__processConnection,
+                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+            )
+            return
+        except ssl.SSLCertVerificationError as error:
+            self._tls_failed(f"its certificate does not verify against --peer-tls-ca: {error.verify_message or error}",
+                             certificate=True)
+            return
+        except (OSError, ValueError) as error:
+            reason = error.reason if isinstance(error, ssl.SSLError) and error.reason else str(error) or type(error).__name__
+            if reason in _NOT_TLS_REASONS:
+                reason = f"it does not speak TLS ({reason})"
+            # An alert about a certificate: the peer refused this node's, or sent none.
+            self._tls_failed(reason, certificate=isinstance(error, ssl.SSLError) and "CERTIFICATE" in reason.upper())
+            return
+        self.tls_state = TLS_UP
+        self._TcpConnection__lastReadTime = raft_clock()
+        poller.subscribe(
+            descr, self._TcpConnection__processConnection,
+            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+        )
+        if self.tls_host is not None:
+            # Dialled, and the peer's certificate verified and names the host: pysyncobj now sees
+            # the connection up (its onConnected: the key exchange or the node's address).
+            self.authenticated()
+            self.handshake_deadline = float("inf")
+            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.WRITE)
+        elif sock.pending():
+            self._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
+
+    def _tls_failed(self, reason: str, *, certificate: bool) -> None:
+        if self.on_tls_refused is not None:
+            self.on_tls_refused()
+        if self.tls_host is not None and not certificate and self.peer_tls is not None and self.peer_tls.allow_plain:
+            self.plain_next = True  # perhaps a peer without certificates yet: the password next time
+        logger.warning(
+            "Raft port: %s %s refused: %s",
+            "TLS with the peer at" if self.tls_host is not None else "a TLS connection from",
+            self.tls_host or self.remote_host or "a peer", reason,
+        )
+        self.disconnect()
+
+    def tls_identity_names(self, host: str) -> bool:
+        """Whether this (accepted, TLS) connection's peer certificate names `host`."""
+        sock = self._TcpConnection__socket
+        return isinstance(sock, ssl.SSLSocket) and names_host(peer_identity(sock), host)
+
+    def tls_identity_is_server(self) -> bool:
+        """Whether this (accepted, TLS) connection's peer certificate is one for servers (a node's)."""
+        sock = self._TcpConnection__socket
+        return isinstance(sock, ssl.SSLSocket) and peer_identity(sock).server
+
+    # pysyncobj's __processSend, for a TLS socket: a write TLS cannot finish now (the socket is full)
+    # is tried again, with the same bytes first, on the next send or write event.
+    def _TcpConnection__processSend(self) -> bool:
+        if self.tls_state != TLS_UP:
+            return bool(super()._TcpConnection__processSend())
+        buffer = self._TcpConnection__writeBuffer
+        if not buffer:
+            return False
+        try:
+            sent = self._TcpConnection__socket.send(buffer)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            self.disconnect()
+            return False
+        if sent <= 0:
+            return False
+        self._TcpConnection__writeBuffer = buffer[sent:]
+        return True
 
     def _buffer(self) -> bytearray:
         buffer = self._TcpConnection__readBuffer
@@ -208,6 +398,8 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         sock = self._TcpConnection__socket
         try:
             incoming = sock.recv(self._TcpConnection__recvBufferSize)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False  # TLS needs more of the peer's bytes (or to send first) before it has more
         except OSError as error:
             if error.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
@@ -293,10 +485,12 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
 
     def __init__(
         self, syncObj: Any, selfNode: Any, otherNodes: Any, *, handshake_timeout_s: float, command_level: int,
-        epoch: int = EPOCH_UNTOLD,
+        epoch: int = EPOCH_UNTOLD, peer_tls: PeerTls | None = None,
     ) -> None:
         assert handshake_timeout_s > 0 and command_level >= LEVEL_UNTOLD
         self.handshake_timeout_s = handshake_timeout_s
+        self.peer_tls = peer_tls  # mutual TLS on the port (peer_tls.py); None: the password's frames only
+        self.tls_refused = 0  # TLS handshakes that failed, and verified peers whose certificate named another host
         self.connections_refused = 0
         self.utility_messages_refused = 0  # pysyncobj admin commands sent to the Raft port
         self.handshakes_timed_out = 0
@@ -421,17 +615,43 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             keepalive=conf.tcp_keepalive,
             remote_host=getattr(node, "host", None),
         )
-        bounded.encryptor = self._syncObj.encryptor
+        bounded.encryptor = bounded.password_encryptor = self._syncObj.encryptor
         bounded.ciphers = self.frame_ciphers
+        bounded.peer_tls = self.peer_tls
+        bounded.dial_name = getattr(node, "host", None)
+        bounded.handshake_timeout_s = self.handshake_timeout_s
+        bounded.on_tls_refused = self._count_tls_refused
         bounded.setOnConnectedCallback(lambda: self._onOutgoingConnected(bounded))
         bounded.setOnMessageReceivedCallback(lambda message: self._onMessageReceived(node, message))
         bounded.setOnDisconnectedCallback(lambda: self._onDisconnected(bounded))
         self._connections[node] = bounded
 
     def _onNewIncomingConnection(self, conn: BoundedConnection) -> None:
-        conn.handshake_deadline = raft_clock() + self.handshake_timeout_s
         conn.ciphers = self.frame_ciphers
-        super()._onNewIncomingConnection(conn)
+        conn.on_tls_refused = self._count_tls_refused
+        super()._onNewIncomingConnection(conn)  # sets its encryptor (the password's)
+        conn.accepted(self.peer_tls, raft_clock() + self.handshake_timeout_s)
+
+    def _count_tls_refused(self) -> None:
+        self.tls_refused += 1
+
+    def _names_itself_truly(self, conn: BoundedConnection, message: Any) -> bool:
+        """Over TLS, a peer naming itself (its Raft address, or "readonly": a learner) must hold a
+        certificate for it: one that names that address's host, or, for a learner, a server's."""
+        if message == "readonly":
+            if conn.tls_identity_is_server():
+                return True
+            reason = "a learner's certificate must be a node's (for servers), not a client's"
+        else:
+            node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
+            if node is None or conn.tls_identity_names(node.host):
+                return True  # an unknown name is refused by pysyncobj as before
+            reason = f"its certificate does not name {node.host}, the host of the Raft address {message} it gave"
+        self.tls_refused += 1
+        logger.warning("Raft port: refusing a TLS connection from %s: %s", conn.remote_host or "a peer", reason)
+        conn.disconnect()
+        self._unknownConnections.discard(conn)
+        return False
 
     def _onIncomingMessageReceived(self, conn: BoundedConnection, message: Any) -> None:
         if isinstance(message, list) and conn.sendRandKey:
@@ -441,6 +661,9 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             self.utility_messages_refused += 1
             conn.disconnect()
             self._unknownConnections.discard(conn)
+            return
+        naming = bool(conn.sendRandKey) or not self._syncObj.encryptor  # the key exchange is done
+        if conn.tls and naming and not isinstance(message, list) and not self._names_itself_truly(conn, message):
             return
         super()._onIncomingMessageReceived(conn, message)
         if conn not in self._unknownConnections and conn.state == CONNECTION_STATE.CONNECTED:
@@ -459,6 +682,13 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
             self.handshakes_timed_out += 1
             conn.disconnect()  # calls _onDisconnected, which forgets it
             self._unknownConnections.discard(conn)
+        for conn in list(self._connections.values()):  # a dialled TLS handshake that does not end
+            if (
+                isinstance(conn, BoundedConnection) and conn.tls_state in _TLS_BEFORE_FRAMES and conn.handshake_deadline < now
+                and conn.state != CONNECTION_STATE.DISCONNECTED
+            ):
+                self.handshakes_timed_out += 1
+                conn.disconnect()
         self._keep_alive(now)
 
     def _keep_alive(self, now: float) -> None:
@@ -473,10 +703,12 @@ class BoundedTransport(TCPTransport):  # type: ignore[misc]
                 self.send(node, {"type": KEEPALIVE})
 
     def counts(self) -> dict[str, int]:
-        hosts = collections.Counter(getattr(conn, "remote_host", None) for conn in self._unknownConnections)
+        pending = list(self._unknownConnections)  # one C-level copy: the tick thread changes the set
+        hosts = collections.Counter(getattr(conn, "remote_host", None) for conn in pending)
         return {
-            "handshaking": len(self._unknownConnections),
+            "handshaking": len(pending),
             "handshaking_hosts": len(hosts),
             "refused": self.connections_refused,
             "handshakes_timed_out": self.handshakes_timed_out,
+            "tls_refused": self.tls_refused,
         }

@@ -46,6 +46,7 @@ from runstate_server.cluster.config import (
 )
 from runstate_server.cluster.errors import ChangeRefused, LogUnavailable, NotLeader
 from runstate_server.cluster.membership import Member, member_of, names_by_address, raft_node, with_names
+from runstate_server.cluster.peer_tls import PeerTls
 from runstate_server.cluster.private_files import make_private, make_private_dir
 from runstate_server.cluster.snapshot import (
     Dump,
@@ -191,6 +192,7 @@ class ReplicatedLog:
         command_level: int = LEVEL_UNTOLD,
         members: Sequence[Member] = (),
         epoch: int = EPOCH_UNTOLD,
+        peer_tls: PeerTls | None = None,
     ) -> None:
         if not password:
             raise ValueError("a Raft password is required: pysyncobj unpickles whatever reaches its port")
@@ -212,6 +214,7 @@ class ReplicatedLog:
         self._on_applied = on_applied
         self._on_role_change = on_role_change
         self._config = config or LogConfig()
+        self.peer_tls = peer_tls  # mutual TLS on the Raft port (peer_tls.py); None: the password's frames
         # The commands this node's state machine applies (its peers are told: _transport.py).
         self._command_level = command_level
         self.epoch = epoch  # the cluster's (_transport.py): peers of another epoch are refused
@@ -314,7 +317,7 @@ class ReplicatedLog:
                 peers = [raft_node(with_names(Member(address), self._names)) for address in self.peer_addresses]
                 raft = await asyncio.to_thread(
                     RaftNode, self, self.self_address, peers, conf, pre_vote, self._config.handshake_timeout_s,
-                    self._read_index, self._command_level, self.epoch, catch_up,
+                    self._read_index, self._command_level, self.epoch, catch_up, self.peer_tls,
                 )
             except _journal.JournalDamaged as damaged:
                 if catch_up is not None and catch_up.discarded:
@@ -660,6 +663,11 @@ class ReplicatedLog:
         """Raft messages sent and received so far, by (direction, type); empty on a single node."""
         raft = self._raft
         return raft.messages() if raft is not None and self.clustered else {}
+
+    def raft_transport_counts(self) -> dict[str, int]:
+        """The Raft port's connection counts (_transport.py `counts`); empty on a single node. Any thread."""
+        raft = self._raft
+        return raft.transport_counts() if raft is not None and self.clustered else {}
 
     def raft_frames_sealed(self) -> dict[str, int]:
         """Raft frames sealed so far, by format ("fernet", "aead"); empty on a single node."""

@@ -78,14 +78,12 @@ EXPIRY_WARNING_DAYS = 30
 EXPIRY_CHECK_EVERY_S = 24 * 3600.0
 
 
-def expiries(files: TlsFiles) -> dict[str, float]:
-    """When the API's certificate (`api`) and the client CA's first certificate (`client_ca`)
-    expire, in Unix seconds: for GET /metrics and the warning. A file that cannot be read or parsed
-    now is left out (the server context was built from it at start)."""
+def expiries(files: dict[str, Path]) -> dict[str, float]:
+    """When each certificate (by name: node/tls.py certificate_files) expires, in Unix seconds: for
+    GET /metrics and the warning; a CA file's first certificate. A file that cannot be read or
+    parsed now is left out (the contexts in use were built from it before)."""
     found: dict[str, float] = {}
-    for name, path in (("api", files.cert), ("client_ca", files.client_ca)):
-        if path is None:
-            continue
+    for name, path in files.items():
         try:
             certificate = x509.load_pem_x509_certificate(Path(path).read_bytes())
         except (OSError, ValueError):
@@ -94,15 +92,17 @@ def expiries(files: TlsFiles) -> dict[str, float]:
     return found
 
 
-def expiring(files: TlsFiles, now_s: float) -> list[str]:
+def expiring(files: dict[str, Path], now_s: float) -> list[str]:
     """One line per certificate that expires within EXPIRY_WARNING_DAYS (or has expired)."""
-    paths = {"api": files.cert, "client_ca": files.client_ca}
     lines = []
     for name, expires_s in expiries(files).items():
         days = (expires_s - now_s) / 86_400
         if days < EXPIRY_WARNING_DAYS:
             state = f"expires in {days:.1f} days" if days >= 0 else f"expired {-days:.1f} days ago"
-            lines.append(f"the TLS certificate {paths[name]} ({name}) {state}: replace it and restart the node")
+            lines.append(
+                f"the TLS certificate {files[name]} ({name}) {state}: replace the file (the node reloads it within "
+                "seconds, or at once on SIGHUP)"
+            )
     return lines
 
 

@@ -10,6 +10,7 @@ import gc
 import logging
 import re
 import signal
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ try:
     from runstate_server.actors.dispatch import COMMAND_LEVEL
     from runstate_server.cluster.log import DUMP_FILE_NAME, JOURNAL_FILE_NAME
     from runstate_server.cluster.membership import Member
+    from runstate_server.cluster.peer_tls import PeerTlsError, PeerTlsFiles
+    from runstate_server.cluster.peer_tls import contexts as peer_tls_contexts
     from runstate_server.cluster.recovery import NoData, force_alone
     from runstate_server.node.admin_cli import (
         ADMIN_COMMANDS,
@@ -74,6 +77,7 @@ try:
         read_membership,
         write_membership,
     )
+    from runstate_server.node.tls import client_context
     from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 except DependencyMismatch as mismatch:
     print(f"runstate: cannot start: {mismatch}", file=sys.stderr)
@@ -196,6 +200,61 @@ def _add_tls_flags(parser: argparse.ArgumentParser) -> None:
         help="with --tls-cert: also require every client to present a certificate this CA signed (mutual TLS; "
         "API keys are still required when auth is on)",
     )
+
+
+def _add_cluster_tls_flags(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca and --peer-tls-*: TLS between the nodes of a cluster (cluster/peer_tls.py)."""
+    parser.add_argument(
+        "--tls-ca", default=None, metavar="FILE",
+        help="verify the other nodes' HTTPS APIs (a follower forwarding to the leader, --join, membership and "
+        "replica checks) against this CA (default: the system's CAs)",
+    )
+    parser.add_argument(
+        "--peer-tls-cert", default=None, metavar="FILE",
+        help="mutual TLS on the Raft port: this node's PEM certificate (chain); needs --peer-tls-key and --peer-tls-ca",
+    )
+    parser.add_argument("--peer-tls-key", default=None, metavar="FILE", help="the PEM private key of --peer-tls-cert")
+    parser.add_argument(
+        "--peer-tls-ca", default=None, metavar="FILE",
+        help="the CA every peer's Raft certificate must chain to; a peer whose certificate does not verify, or does "
+        "not name the host of its Raft address, is refused before any Raft message is read",
+    )
+    parser.add_argument(
+        "--peer-tls-allow-plain", action="store_true", default=None,
+        help="while a running cluster moves to certificates one node at a time: also accept, and fall back to, "
+        "the password-sealed Raft connections of peers without certificates yet",
+    )
+
+
+def cluster_tls_settings(args: argparse.Namespace, file: dict[str, Any]) -> tuple[Path | None, PeerTlsFiles | None]:
+    """--tls-ca and the --peer-tls-* flags over the file's keys; the files are read now (ConfigError if bad)."""
+    ca = args.tls_ca or file.get("tls_ca")
+    if ca is not None:
+        try:
+            ssl.create_default_context(cafile=ca)
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError(f"--tls-ca {ca}: not readable PEM CA certificates ({getattr(error, 'reason', None) or error})") from None
+    cert, key, peer_ca = (
+        getattr(args, f"peer_tls_{name}") or file.get(f"peer_tls_{name}") for name in ("cert", "key", "ca")
+    )
+    allow_plain = args.peer_tls_allow_plain if args.peer_tls_allow_plain is not None else file.get("peer_tls_allow_plain")
+    if cert is None and key is None and peer_ca is None:
+        if allow_plain:
+            raise ConfigError("--peer-tls-allow-plain goes with --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
+        return (Path(ca) if ca else None), None
+    if cert is None or key is None or peer_ca is None:
+        raise ConfigError(
+            "--peer-tls-cert (peer_tls_cert), --peer-tls-key (peer_tls_key) and --peer-tls-ca (peer_tls_ca) go "
+            "together: give all three, or none"
+        )
+    if allow_plain is not None and type(allow_plain) is not bool:
+        raise ConfigError(f"peer_tls_allow_plain must be true or false, not {allow_plain!r}")
+    files = PeerTlsFiles(Path(cert), Path(key), Path(peer_ca), allow_plain=bool(allow_plain))
+    try:
+        peer_tls_contexts(files)  # a missing file or a key not matching stops the node before anything starts
+    except PeerTlsError as error:
+        raise ConfigError(str(error)) from None
+    return (Path(ca) if ca else None), files
 
 
 def tls_settings(args: argparse.Namespace, file: dict[str, Any]) -> TlsFiles | None:
@@ -342,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_long_poll_flags(node)
     _add_http_flags(node)
     _add_tls_flags(node)
+    _add_cluster_tls_flags(node)
 
     cluster = commands.add_parser(
         "cluster", help="a local cluster for trying runstate out and for tests; a cluster's members and leader",
@@ -499,6 +559,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     host, port = split_address(api, "--api")
     split_address(raft, "--raft")
     tls = tls_settings(args, file)
+    tls_ca, peer_tls = cluster_tls_settings(args, file)
     scheme = "https" if tls is not None else "http"
     raft_bind = setting(args.raft_bind, "raft_bind")
     if raft_bind:
@@ -542,6 +603,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
             joined = ask_to_join(
                 join_urls, read_secret(setting(args.secret_file, "secret_file")), node_id, raft,
                 (setting(args.advertise_url, "advertise_url") or f"{scheme}://{host}:{port}").rstrip("/"),
+                context=client_context(tls_ca, tls),
             )
         except JoinError as error:
             raise ConfigError(f"cannot join the cluster: {error}") from None
@@ -602,6 +664,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         **backup_settings(args, file),
         replica_check_every_ms=replica_check_every,
         tls=tls,
+        tls_ca=tls_ca,
+        peer_tls=peer_tls,
     )
 
 
@@ -616,6 +680,8 @@ async def _serve(config: NodeConfig, *, banner: str) -> int:
     try:
         node = Node(config, build_app)
         await node.start()
+        tls = node.tls
+        loop.add_signal_handler(signal.SIGHUP, lambda: tls.reload("SIGHUP"))
     except (NodeStartError, OSError) as error:
         print(f"runstate: {error}", file=sys.stderr)
         if node is not None:

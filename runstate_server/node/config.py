@@ -10,6 +10,7 @@ from typing import Any
 
 from runstate_server.actors import limits
 from runstate_server.actors.dispatch import COMMAND_LEVEL
+from runstate_server.cluster.peer_tls import PeerTlsFiles
 from runstate_server.node.waiters import WAITERS_PER_KEY_MAX, WAITERS_TOTAL_MAX
 
 if sys.version_info >= (3, 11):
@@ -131,6 +132,11 @@ class NodeConfig:
     # A cluster's leader asks its nodes to compare their states this often (node/replicas.py); 0: never.
     replica_check_every_ms: int = REPLICA_CHECK_EVERY_MS_DEFAULT
     tls: TlsFiles | None = None  # HTTPS on the API; None: plain HTTP
+    # The CA this node verifies other nodes' HTTPS APIs against (forwarding to the leader, joining,
+    # membership and replica checks; `--tls-ca`); None: the system's CAs.
+    tls_ca: Path | None = None
+    # Mutual TLS on the Raft port (`--peer-tls-*`, cluster/peer_tls.py); None: the password's frames only.
+    peer_tls: PeerTlsFiles | None = None
 
     @property
     def api_url(self) -> str:

@@ -460,6 +460,11 @@ class Site(web.BaseSite):
     def name(self) -> str:
         return f"{'https' if self._tls is not None else 'http'}://{self._host}:{self._port}"
 
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """Serve the handshakes from now on with `context` (a reload, node/tls.py); those under way keep theirs."""
+        assert self._tls is not None, "a plain HTTP site does not turn into an HTTPS one"
+        self._tls = context
+
     async def start(self) -> None:
         await super().start()
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET

@@ -24,6 +24,7 @@ from runstate_server.cluster.membership import Member
 from runstate_server.node.config import Peer
 from runstate_server.node.errors import ApiError
 from runstate_server.node.membership import REMOVED, VOTER, Membership, write_membership
+from runstate_server.node.tls import PeerSession
 
 if TYPE_CHECKING:
     from runstate_server.node.server import Node
@@ -103,10 +104,11 @@ class MembershipKeeper:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with PeerSession(self._node.tls, timeout) as sessions:
             while True:
                 await asyncio.sleep(CHECK_PERIOD_S)
                 try:
+                    session = await sessions.get()
                     if self._node.log.learner:
                         await self._become_voter_once_promoted()
                     elif self._node.log.is_leader:
@@ -126,8 +128,8 @@ class MembershipKeeper:
             names = ", ".join(str(member.node_id) for member in self.learners()) or "none"
             raise ApiError("NOT_FOUND", f"no learner {node_id!r} (the learners: {names})")
         timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            promoted = await self._promote_if_caught_up(session, learner)
+        async with PeerSession(self._node.tls, timeout) as sessions:
+            promoted = await self._promote_if_caught_up(await sessions.get(), learner)
         if promoted is not None:
             raise ApiError("CONFLICT", f"{node_id} has not caught up yet ({promoted}): promote it once it has")
         node = self._node

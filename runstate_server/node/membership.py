@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -92,10 +93,12 @@ def write_membership(data_dir: Path, membership: Membership) -> None:
     os.replace(temporary, path)
 
 
-def ask_to_join(urls: list[str], secret: str, node_id: str, raft_address: str, api_url: str) -> Membership:
+def ask_to_join(
+    urls: list[str], secret: str, node_id: str, raft_address: str, api_url: str, *, context: ssl.SSLContext | None = None,
+) -> Membership:
     """Ask the members at `urls`, in turn, to record this node as a learner, until one does or
     JOIN_TIMEOUT_S passes. JoinError when a member refuses it (the answer's code and message) or
-    none answers."""
+    none answers. `context`: how an https:// member is verified (node/tls.py client_context)."""
     body = json.dumps({"nodeId": node_id, "raftAddress": raft_address, "apiUrl": api_url}).encode()
     headers = {"Content-Type": "application/json", JOIN_PROOF_HEADER: join_proof(secret, body)}
     deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -104,7 +107,7 @@ def ask_to_join(urls: list[str], secret: str, node_id: str, raft_address: str, a
         for url in urls:
             request = urllib.request.Request(url.rstrip("/") + JOIN_PATH, data=body, method="POST", headers=headers)
             try:
-                with urllib.request.urlopen(request, timeout=JOIN_REQUEST_TIMEOUT_S) as answer:
+                with urllib.request.urlopen(request, timeout=JOIN_REQUEST_TIMEOUT_S, context=context) as answer:
                     document: Any = json.loads(answer.read())
                 voters = tuple(Peer(voter["id"], voter["raftAddress"], voter["apiUrl"]) for voter in document["voters"])
                 return Membership(LEARNER, voters, int(document.get("epoch", 1)))

@@ -18,8 +18,9 @@ a forward needs:
   the whole answer. An answer that says `Connection: close` is the connection's last.
 - Two errors: ConnectError, no connection could be made (the call was never sent: another leader
   may be tried with it); AnswerError, it was sent and may have been applied.
-- https:// verifies the leader's certificate against the system's CAs (`ssl.create_default_context`,
-  which also reads SSL_CERT_FILE and SSL_CERT_DIR).
+- https:// verifies the leader's certificate with the context the client is given per connection:
+  the node's (node/tls.py: against `--tls-ca`, else the system's CAs, presenting the node's own
+  API certificate), so a reload reaches the next connection.
 
 The Python SDK has a client of the same kind (runstate/sdk/_wire.py); the server package does not
 ship the SDK (a node's image installs the server alone), and a forward needs less of one: no
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -304,13 +306,17 @@ class RelayClient:
     """Keep-alive connections to the leaders' APIs, at most `idle_max` idle per origin, each reused
     while it has been idle at most `idle_reuse_s`."""
 
-    def __init__(self, *, idle_max: int, idle_reuse_s: float, connect_timeout_s: float) -> None:
+    def __init__(
+        self, *, idle_max: int, idle_reuse_s: float, connect_timeout_s: float,
+        context: Callable[[], ssl.SSLContext] = ssl.create_default_context,
+    ) -> None:
         if idle_max < 0:
             raise ValueError(f"idle_max must be at least 0, got {idle_max}")
         self._pool = _Pool(idle_max)
         self.idle_reuse_s = idle_reuse_s
         self.connect_timeout_s = connect_timeout_s
-        self._ssl: ssl.SSLContext | None = None
+        # The context an https:// origin is dialled with (asked per connection: a reload replaces it).
+        self._context = context
         self._closed = False
 
     @property
@@ -354,9 +360,7 @@ class RelayClient:
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = None
         if origin.secure:
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            context = self._ssl
+            context = self._context()
         try:
             _, connection = await asyncio.wait_for(
                 loop.create_connection(

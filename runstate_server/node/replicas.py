@@ -52,6 +52,7 @@ from runstate_server.cluster.log import DUMP_FILE_NAME, LogUnavailable, NotLeade
 from runstate_server.cluster.private_files import open_private
 from runstate_server.node.errors import ApiError
 from runstate_server.node.members import peer_health
+from runstate_server.node.tls import PeerSession
 
 if TYPE_CHECKING:
     from runstate_server.cluster.log import ReplicatedLog
@@ -218,12 +219,12 @@ class ReplicaChecker:
         proposed_at = loop.time()
         dump_seen = self._dump_stamp()
         timeout = aiohttp.ClientTimeout(total=PEER_HEALTH_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with PeerSession(self._node.tls, timeout) as sessions:
             while True:
                 await asyncio.sleep(LOOP_PERIOD_S)
                 try:
                     self._reap()
-                    await self._compare(session)
+                    await self._compare(await sessions.get())
                     node = self._node
                     if not node.log.is_leader:
                         continue

@@ -84,6 +84,7 @@ class Router:
         idle_reuse_s = min(FORWARD_IDLE_REUSE_S_MAX, node.config.http.idle_timeout_ms / 1000 * FORWARD_IDLE_REUSE_SHARE)
         self._client = relay.RelayClient(
             idle_max=FORWARD_IDLE_CONNECTIONS_MAX, idle_reuse_s=idle_reuse_s, connect_timeout_s=FORWARD_CONNECT_TIMEOUT_S,
+            context=lambda: node.tls.client,
         )
         self._stop_deadline: float | None = None  # the loop's clock; set once the node is stopping
         # Per leader API URL (the peers' URLs, fixed by the configuration): its origin, its path

@@ -27,7 +27,7 @@ from runstate_server.cluster.private_files import make_private_dir, open_private
 from runstate_server.node.backup import Backups
 from runstate_server.node.bootstrap import bootstrap
 from runstate_server.node.caller import Caller
-from runstate_server.node.certs import EXPIRY_CHECK_EVERY_S, expiring, server_context
+from runstate_server.node.certs import EXPIRY_CHECK_EVERY_S, expiring
 from runstate_server.node.config import (
     DEFAULT_HOST,
     LOCK_FILE_NAME,
@@ -38,7 +38,6 @@ from runstate_server.node.config import (
     ConfigError,
     NodeConfig,
     Peer,
-    TlsFiles,
     split_address,
 )
 from runstate_server.node.errors import ApiError, raise_for_result
@@ -48,6 +47,7 @@ from runstate_server.node.metrics import NodeMetrics
 from runstate_server.node.replicas import CheckedCore, ReplicaChecker
 from runstate_server.node.routing import Router
 from runstate_server.node.ticker import Ticker
+from runstate_server.node.tls import NodeTls, certificate_files
 from runstate_server.node.waiters import Waiters
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,12 @@ class Node:
             raise NodeStartError(f"the Raft port must not be the API port ({config.port})")
         self.raft_address = raft_address
         self._password = config.secret or secrets.token_hex(16)
+        # The TLS contexts of the API, of calls to other nodes' APIs and of the Raft port
+        # (node/tls.py); reloaded on SIGHUP and when a file changes.
+        try:
+            self.tls = NodeTls(config)
+        except ConfigError as error:
+            raise NodeStartError(str(error)) from None
         self.replicas = ReplicaChecker(self)  # replica checks (node/replicas.py)
         self.log = self._new_log(self.core, learner=config.learner, peers=config.peers)
         self.router = Router(self)
@@ -180,6 +186,7 @@ class Node:
             command_level=config.command_level,
             members=seed,
             epoch=config.epoch,
+            peer_tls=self.tls.peer,
         )
         return replicated
 
@@ -213,23 +220,20 @@ class Node:
         connections_max = connections_max_for(self.config.http, fd_limit)
         self._runner = Runner(self._build_app(self), self.config.http, connections_max=connections_max)
         await self._runner.setup()
-        ssl_context = None
-        if self.config.tls is not None:  # HTTPS (node/certs.py): the files were checked, but may have changed since
-            try:
-                ssl_context = server_context(self.config.tls)
-            except ConfigError as error:
-                raise NodeStartError(str(error)) from None
-        if self.config.tls is not None:
-            self._spawn(self._warn_of_expiring_certificates(self.config.tls), "certificate-expiry")
+        ssl_context = self.tls.server  # HTTPS (node/certs.py), None: plain HTTP
+        if self.tls.any:
+            self._spawn(self._warn_of_expiring_certificates(), "certificate-expiry")
+            self._spawn(self.tls.watch(), "tls-reload")
         site = Site(self._runner, self.config.host, self.config.port, backlog=LISTEN_BACKLOG, ssl_context=ssl_context)
+        self.tls.on_server_context = site.use_tls
         await site.start()
         scheme = "https" if ssl_context is not None else "http"
         self.url = f"{scheme}://{self.config.host}:{self.config.port}"
 
-    async def _warn_of_expiring_certificates(self, files: TlsFiles) -> None:
+    async def _warn_of_expiring_certificates(self) -> None:
         """A warning per TLS certificate that expires within EXPIRY_WARNING_DAYS: at start, then daily."""
         while True:
-            for line in expiring(files, time.time()):
+            for line in expiring(certificate_files(self.config), time.time()):
                 log.warning("%s", line)
             await asyncio.sleep(EXPIRY_CHECK_EVERY_S)
 

@@ -41,7 +41,7 @@ async def cluster_view(request: web.Request) -> web.Response:
     node = node_of(request)
     own = {"id": node.config.node_id, "apiUrl": node.config.api_url, "reachable": True, **health_view(node)}
     timeout = aiohttp.ClientTimeout(total=PEER_HEALTH_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=node.tls.client)) as session:
 
         async def peer_view(peer_id: str, api_url: str) -> dict[str, Any]:
             view: dict[str, Any] = {"id": peer_id, "apiUrl": api_url, "reachable": False}

@@ -24,6 +24,7 @@ from runstate_server.histogram import HistogramView
 from runstate_server.node.api.routes import READ, RouteTable, caller_of, node_of
 from runstate_server.node.api.schemas import STRING
 from runstate_server.node.certs import expiries
+from runstate_server.node.tls import certificate_files
 
 if TYPE_CHECKING:
     from runstate_server.actors.state import QueueFigures, State
@@ -180,6 +181,15 @@ def render(node: Node, caller: Caller) -> str:
                "Raft frames this node sealed, by format: fernet (to a peer of an earlier release, or before "
                "a peer told its formats) or aead (AES-GCM); none on a single node",
                [((("format", name),), count) for name, count in sorted(raft.raft_frames_sealed().items())])
+    transport = raft.raft_transport_counts()
+    out.metric("runstate_raft_connections_refused_total", "counter",
+               "Connections to this node's Raft port it closed before they named a peer, by reason: cap (too many "
+               "in their handshake), handshake_timeout (not done within 2 s), tls (a peer certificate that does not "
+               "verify against --peer-tls-ca or does not name the peer's host, or no TLS spoken; also counts the "
+               "node's own dials refused so); none on a single node",
+               [((("reason", reason),), transport[key]) for reason, key in
+                (("cap", "refused"), ("handshake_timeout", "handshakes_timed_out"), ("tls", "tls_refused"))
+                if key in transport])
     out.metric("runstate_raft_commands_proposed_total", "counter",
                "Commands this node proposed to the Raft log while it led (a batch submit is one command at "
                "command level 2, one per task below)", [((), raft.counters.commands_proposed)])
@@ -225,12 +235,18 @@ def render(node: Node, caller: Caller) -> str:
                [((("method", method), ("route", route), ("status", status)), count)
                 for (method, route, status), count in sorted(observed.http_requests.items())])
     _replica_checks(out, node)
-    if node.config.tls is not None:
+    if node.tls.any:
         now_s = time.time()
         out.metric("runstate_tls_certificate_expiry_seconds", "gauge",
                    "Seconds until a TLS certificate this node serves or trusts expires (negative: expired), by "
-                   "certificate: api (--tls-cert), client_ca (--tls-client-ca)",
-                   [((("certificate", name),), expires_s - now_s) for name, expires_s in expiries(node.config.tls).items()])
+                   "certificate: api (--tls-cert), client_ca (--tls-client-ca), ca (--tls-ca), peer (--peer-tls-cert), "
+                   "peer_ca (--peer-tls-ca)",
+                   [((("certificate", name),), expires_s - now_s)
+                    for name, expires_s in expiries(certificate_files(node.config)).items()])
+        out.metric("runstate_tls_reloads_total", "counter",
+                   "Reloads of the TLS files (SIGHUP or a file changed), by result: done (every context replaced), "
+                   "kept (a file could not be used: that part kept the certificate in use; logged)",
+                   [((("result", "done"),), node.tls.reloads), ((("result", "kept"),), node.tls.reload_failures)])
     return out.text()
 
 
