@@ -11,9 +11,10 @@ from P concurrent producers, waits for every result, then cancels the run (which
 workers) and stops the node.
 
 With --tls the node(s) serve HTTPS: a private CA is made (`runstate certs init`, node/certs.py) in
-the run's scratch directory, each node gets its certificate (`--tls-cert`, `--tls-key`), and every
-client of the run (this process, the workers, the SDK) trusts the CA through the environment
-(`tls_environment`).
+the run's scratch directory, each node gets its certificate (`--tls-cert`, `--tls-key`; a cluster's
+nodes also trust the CA for each other's APIs, `--tls-ca`, and speak mutual TLS on the Raft port,
+`--peer-tls-*`), and every client of the run (this process, the workers, the SDK) trusts the CA
+through the environment (`tls_environment`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,7 @@ TLS_NODES = ("n1", "n2", "n3")  # a dev node serves n1's certificate, a cluster'
 TLS_CERT_DAYS = 1  # a run's certificates are thrown away with its scratch directory
 CA_FILE_ENV = "RUNSTATE_CA_FILE"  # the SDKs' CA option (issue 42)
 # What ssl.create_default_context() reads (OpenSSL's default verify file): urllib's default context
-# and an SDK without RUNSTATE_CA_FILE trust the CA through it, and so does a follower forwarding to
-# its leader over HTTPS.
+# and an SDK without RUNSTATE_CA_FILE trust the CA through it.
 OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
 NODE_CA_FILE_ENV = "NODE_EXTRA_CA_CERTS"  # Node.js's: bench.latency --typescript
 
@@ -67,11 +67,17 @@ def tls_environment(certs: Path) -> None:
         os.environ[name] = str(certs / "ca.pem")
 
 
-def tls_flags(certs: Path | None, node_id: str) -> list[str]:
-    """A node's flags to serve its API over HTTPS with its certificate (none without `certs`)."""
+def tls_flags(certs: Path | None, node_id: str, *, cluster: bool = False) -> list[str]:
+    """A node's flags to serve its API over HTTPS with its certificate (none without `certs`); a
+    cluster node's also to trust the CA for the others' APIs (`--tls-ca`) and to speak mutual TLS on
+    the Raft port with the same certificate (`--peer-tls-*`)."""
     if certs is None:
         return []
-    return ["--tls-cert", str(certs / f"{node_id}.pem"), "--tls-key", str(certs / f"{node_id}.key")]
+    cert, key, ca = (str(certs / name) for name in (f"{node_id}.pem", f"{node_id}.key", "ca.pem"))
+    flags = ["--tls-cert", cert, "--tls-key", key]
+    if cluster:
+        flags += ["--tls-ca", ca, "--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca]
+    return flags
 
 
 def rotated(url: str, by: int) -> str:
@@ -258,7 +264,7 @@ def start_cluster(fsync: str, root: Path, certs: Path | None = None) -> Any:
     cluster = Cluster(root, "--fsync", fsync)
     if certs is not None:
         cluster.urls = [url.replace("http://", "https://", 1) for url in cluster.urls]
-        cluster.node_args = [tuple(tls_flags(certs, node_id)) for node_id in cluster.ids]
+        cluster.node_args = [tuple(tls_flags(certs, node_id, cluster=True)) for node_id in cluster.ids]
     os.environ["RUNSTATE_API_KEY"] = cluster.admin_key
     try:
         cluster.start()

@@ -27,10 +27,12 @@ is greater dials the other's proxy (pysyncobj 0.3.17, transport.py `_shouldConne
 dials every voter); the proxy finds which node dialed, so `partition(i)` cuts exactly the pairs
 of node i: every connection into its proxy, and its own connections into the others'.
 
-With `tls=True` (`python -m chaos run --tls`) the APIs serve HTTPS: `runstate certs init` writes a
-private CA and node certificates into ROOT/certs, each node serves its own (`--tls-cert`,
-`--tls-key`), and the harness's clients (`context`; the SDK and the nodes through SSL_CERT_FILE)
-trust the CA.
+With `tls=True` (`python -m chaos run --tls`) the APIs serve HTTPS and the Raft traffic is mutual
+TLS: `runstate certs init` writes a private CA and node certificates into ROOT/certs, each node
+serves its own (`--tls-cert`, `--tls-key`), trusts the CA for the others' APIs (`--tls-ca`:
+forwarding, joining) and presents the same certificate on the Raft port (`--peer-tls-*`; the
+proxies carry the TLS bytes as they are), and the harness's clients trust the CA (`context`; the
+SDK's `once` callers through the environment).
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ CERTS_DIR_NAME = "certs"
 CERT_IDS = 64
 CERT_DAYS = 2  # a run lasts a day at most
 CERTS_TIMEOUT_S = 60.0  # `certs init` writes 64 keys and certificates (a second or so)
-# What ssl.create_default_context() reads: the nodes (a follower forwarding to its leader, a node
-# joining through a member's API) and the SDK's `once` callers trust the CA through it.
+# What ssl.create_default_context() reads: the SDK's `once` callers trust the CA through it (an SDK
+# without RUNSTATE_CA_FILE). The nodes are given the CA by flag, and their environment holds neither.
 OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
 CA_FILE_ENV = "RUNSTATE_CA_FILE"  # the SDKs' own setting (issue 42)
 
@@ -350,8 +352,9 @@ class ChaosCluster:
             *self.extra_args,
         ]
         if self.certs is not None:
-            name = cert_name(slot.id)
-            command += ["--tls-cert", str(self.certs / f"{name}.pem"), "--tls-key", str(self.certs / f"{name}.key")]
+            cert, key = (str(self.certs / f"{cert_name(slot.id)}{suffix}") for suffix in (".pem", ".key"))
+            command += ["--tls-cert", cert, "--tls-key", key, "--tls-ca", str(self.ca_file),
+                        "--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", str(self.ca_file)]
         for peer in slot.peers:
             command += ["--peer", f"{peer.id},{peer.raft},{peer.url}"]
         # A node that joined keeps its role and the voters in its data dir: a restart needs no --join
@@ -436,11 +439,9 @@ class ChaosCluster:
         self.expected.add(index)
 
     def node_environment(self) -> dict[str, str]:
-        """A node's environment: the harness's, and with --tls the CA as the trusted one."""
-        environment = os.environ.copy()
-        if self.ca_file is not None:
-            environment[OPENSSL_CA_FILE_ENV] = str(self.ca_file)
-        return environment
+        """A node's environment: the harness's, without the CA settings `chaos run --tls` gives the
+        SDK (a node trusts the CA by its --tls-ca, and nothing else may make it)."""
+        return {name: value for name, value in os.environ.items() if name not in (OPENSSL_CA_FILE_ENV, CA_FILE_ENV)}
 
     def kill(self, index: int) -> None:
         """kill -9: no chance to flush or say goodbye (a paused node dies too)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -333,6 +334,11 @@ def test_a_tls_cluster_serves_https_forwards_and_heals_after_a_kill(tmp_path: Pa
         untrusting = HttpClient(made.urls, made.admin_key)  # the system's CAs only
         refused = untrusting.call(follower, "GET", "/v1/cluster", holder="tls", timeout_s=CALL_TIMEOUT_S)
         assert not refused.ok and "CERTIFICATE_VERIFY_FAILED" in refused.message, refused
+        # Mutual TLS on the Raft port (through the proxies) with the same certificates.
+        request = urllib.request.Request(f"{made.urls[follower]}/metrics", headers={"Authorization": f"Bearer {made.admin_key}"})
+        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S, context=made.context) as answer:
+            metrics = answer.read().decode()
+        assert 'runstate_tls_certificate_expiry_seconds{certificate="peer"}' in metrics
         made.kill(leader)
         made.wait_healthy()
         made.start(leader)

@@ -114,6 +114,9 @@ def test_cluster_up_tls_serves_https_to_a_client_trusting_its_ca(tmp_path: Path)
         with urllib.request.urlopen(request, timeout=UP_TIMEOUT_S, context=context) as answer:
             view = json.load(answer)
         assert [node["apiUrl"] for node in sorted(view["nodes"], key=lambda node: node["id"])] == urls
+        metrics = urllib.request.Request(f"{urls[1]}/metrics", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(metrics, timeout=UP_TIMEOUT_S, context=context) as answer:
+            assert 'certificate="peer"' in answer.read().decode()  # mutual TLS on the Raft port too
         with pytest.raises(urllib.error.URLError) as refused:
             urllib.request.urlopen(request, timeout=UP_TIMEOUT_S, context=ssl.create_default_context())
         assert isinstance(refused.value.reason, ssl.SSLCertVerificationError)

@@ -7,8 +7,9 @@ restarts the same cluster.
 
 With --tls the APIs serve HTTPS: `runstate certs init` writes a private CA and each node's
 certificate into DATA_DIR/certs once (reused by the next `cluster up --tls`), each node serves its
-own, and the nodes trust the CA when a follower forwards to its leader. The banner says how a
-client connects (the https:// URLs and RUNSTATE_CA_FILE).
+own, trusts the CA for the others' APIs (`--tls-ca`: forwarding, membership) and speaks mutual TLS
+with the same certificate on the Raft port (`--peer-tls-*`). The banner says how a client connects
+(the https:// URLs and RUNSTATE_CA_FILE).
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ WATCH_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 1.0  # one health probe while the nodes start
 SECRET_FILE_NAME = "cluster.secret"
 CERTS_DIR_NAME = "certs"  # --tls: DATA_DIR/certs, as `runstate certs init --out` writes it
-# What ssl.create_default_context() reads: a node's client of its leader (node/relay.py) trusts the
-# cluster's CA through it, until the nodes take the CA as a flag.
-OPENSSL_CA_FILE_ENV = "SSL_CERT_FILE"
 
 
 def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_level: str, tls: bool = False) -> int:
@@ -68,9 +66,6 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
     scheme = "https" if certs else "http"
     api_urls = [f"{scheme}://{DEFAULT_HOST}:{base_port + index}" for index in range(nodes)]
     context = ssl.create_default_context(cafile=str(certs / f"{CA_NAME}.pem")) if certs else None
-    environment = dict(os.environ)
-    if certs is not None:
-        environment[OPENSSL_CA_FILE_ENV] = str(certs / f"{CA_NAME}.pem")
     rafts = [f"{DEFAULT_HOST}:{base_port + RAFT_PORT_OFFSET + index}" for index in range(nodes)]
     processes: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -95,12 +90,14 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
                 "--log-level", log_level,
             ]
             if certs is not None:
-                command += ["--tls-cert", str(certs / f"{node_id}.pem"), "--tls-key", str(certs / f"{node_id}.key")]
+                cert, key, ca = (str(certs / name) for name in (f"{node_id}.pem", f"{node_id}.key", f"{CA_NAME}.pem"))
+                command += ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca,
+                            "--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca]
             for other in range(nodes):
                 if other != index:
                     command += ["--peer", f"{ids[other]},{rafts[other]},{api_urls[other]}"]
             with open_private(data_dir / f"{node_id}.log", "ab") as log_file:
-                processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+                processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         if not _wait_healthy(api_urls, processes, lambda: stopping, context):
             return 1
         print(f"runstate cluster of {nodes} nodes is up (data and logs in {data_dir})", flush=True)
