@@ -350,3 +350,76 @@ def test_health_checks_pass_on_200_and_fail_on_503_or_no_answer(fake_node: tuple
         handler.status = 503
         assert run_check(command, url) != 0, where
         assert run_check(command, "http://127.0.0.1:9/v1/health") != 0, where
+
+
+# -- compose.tls.yml (the TLS override) ------------------------------------------------------------
+
+TLS_TEXT = (DOCKER / "compose.tls.yml").read_text()
+TLS = parse_compose(TLS_TEXT)
+TLS_SERVICES: dict[str, dict[str, Any]] = TLS["services"]
+CERTS_DIR = "/certs"
+
+
+def runstate_help(*command: str) -> set[str]:
+    """The flags `runstate <command> --help` lists."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "runstate_server.node.cli", *command, "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    return set(re.findall(r"--[a-z][a-z0-9-]*", finished.stdout))
+
+
+def test_the_tls_override_covers_every_node_and_runs_its_certs_job_first() -> None:
+    assert set(TLS) == {"name", "services", "volumes"} and TLS["name"] == COMPOSE["name"]
+    assert set(TLS_SERVICES) == {"certs", *SERVICES} and set(TLS["volumes"]) == {"certs"}
+    job = TLS_SERVICES["certs"]
+    assert job["image"] == SERVICES["n1"]["image"] and job["build"] == SERVICES["n1"]["build"]
+    assert job["volumes"] == [f"certs:{CERTS_DIR}"] and job["restart"] == "no"
+    for name in SERVICES:
+        service = TLS_SERVICES[name]
+        assert service["depends_on"] == {"certs": {"condition": "service_completed_successfully"}}, name
+        assert service["volumes"] == [f"certs:{CERTS_DIR}:ro"], name  # beside compose.yml's data volume
+        assert service.get("profiles") == SERVICES[name].get("profiles"), name
+        # The healthcheck (compose.yml's, and the image's) asks over HTTPS, trusting the CA.
+        assert service["environment"] == {
+            "RUNSTATE_HEALTH_URL": f"https://127.0.0.1:{API_PORT}/v1/health", "SSL_CERT_FILE": f"{CERTS_DIR}/ca.pem",
+        }, name
+        assert "RUNSTATE_HEALTH_URL" in " ".join(SERVICES[name]["healthcheck"]["test"])
+
+
+def test_the_tls_commands_are_compose_ymls_over_https_with_each_nodes_certificate() -> None:
+    for name, service in SERVICES.items():
+        plain, tls = node_flags(service), node_flags(TLS_SERVICES[name])
+        https = {flag: [value.replace("http://", "https://") for value in values] for flag, values in plain.items()}
+        assert {flag: values for flag, values in tls.items() if flag in plain} == https, name
+        assert {flag: values for flag, values in tls.items() if flag not in plain} == {
+            "--tls-cert": [f"{CERTS_DIR}/{name}.pem"], "--tls-key": [f"{CERTS_DIR}/{name}.key"],
+            "--tls-ca": [f"{CERTS_DIR}/ca.pem"], "--peer-tls-cert": [f"{CERTS_DIR}/{name}.pem"],
+            "--peer-tls-key": [f"{CERTS_DIR}/{name}.key"], "--peer-tls-ca": [f"{CERTS_DIR}/ca.pem"],
+        }, name
+    used = {flag for name in SERVICES for flag in node_flags(TLS_SERVICES[name])}
+    assert used - runstate_help("node") == set()
+
+
+def test_the_certs_job_writes_every_file_the_nodes_name_once(tmp_path: Path) -> None:
+    entrypoint = TLS_SERVICES["certs"]["entrypoint"]
+    assert entrypoint[:2] == ["sh", "-c"] and len(entrypoint) == 3
+    out = tmp_path / "certs"
+    out.mkdir()  # the image's /certs, which the new volume starts as
+    runstate = f"{shlex.quote(sys.executable)} -m runstate_server.node.cli"
+    script = entrypoint[2].replace(CERTS_DIR, str(out)).replace("exec runstate ", f"exec {runstate} ")
+    assert {flag for flag in re.findall(r"--[a-z][a-z0-9-]*", entrypoint[2])} <= runstate_help("certs", "init")
+    first = subprocess.run(["sh", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
+    assert first.returncode == 0, first.stderr
+    named = {value for name in SERVICES for flag, values in node_flags(TLS_SERVICES[name]).items()
+             if flag.startswith(("--tls", "--peer-tls")) for value in values}
+    assert named and all((out / Path(path).name).is_file() for path in named), sorted(named)
+    before = (out / "ca.pem").read_bytes()
+    again = subprocess.run(["sh", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
+    assert again.returncode == 0 and (out / "ca.pem").read_bytes() == before, again.stderr  # kept, not replaced
+
+
+def test_the_image_makes_certs_owned_by_the_nodes_user() -> None:
+    setup = next(rest for word, rest in INSTRUCTIONS if word == "RUN" and "useradd" in rest)
+    assert "mkdir /data /certs" in setup and "chown runstate:runstate /data /certs" in setup
