@@ -44,7 +44,6 @@ WORKER_READY = "ready"
 
 # --tls (bench.latency's too): the CA and the node certificates of one run.
 TLS_NODES = ("n1", "n2", "n3")  # a dev node serves n1's certificate, a cluster's node nK its own
-TLS_CERT_DAYS = 1  # a run's certificates are thrown away with its scratch directory
 CA_FILE_ENV = "RUNSTATE_CA_FILE"  # the SDKs' CA option (issue 42)
 # What ssl.create_default_context() reads (OpenSSL's default verify file): urllib's default context
 # and an SDK without RUNSTATE_CA_FILE trust the CA through it.
@@ -54,10 +53,10 @@ NODE_CA_FILE_ENV = "NODE_EXTRA_CA_CERTS"  # Node.js's: bench.latency --typescrip
 
 def make_certs(scratch: Path) -> Path:
     """A private CA and a certificate for each of TLS_NODES in `scratch`/certs; the directory."""
-    from runstate_server.node.certs import certs_init
+    from runstate_server.node.certs import CERT_DAYS_DEFAULT, certs_init
 
     out = scratch / "certs"
-    certs_init(out, list(TLS_NODES), [], TLS_CERT_DAYS)
+    certs_init(out, list(TLS_NODES), [], CERT_DAYS_DEFAULT)  # shorter: the nodes warn of the expiry
     return out
 
 

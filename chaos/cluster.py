@@ -111,7 +111,8 @@ LOG_LEVEL_DEFAULT = "WARNING"
 # certificate CERT_IDS ids below its own: the same CA's, and every one names 127.0.0.1.
 CERTS_DIR_NAME = "certs"
 CERT_IDS = 64
-CERT_DAYS = 2  # a run lasts a day at most
+# `certs init`'s default validity (825 days): a certificate within 30 days of its end is warned
+# of in every node's log at each start.
 CERTS_TIMEOUT_S = 60.0  # `certs init` writes 64 keys and certificates (a second or so)
 # What ssl.create_default_context() reads: the SDK's `once` callers trust the CA through it (an SDK
 # without RUNSTATE_CA_FILE). The nodes are given the CA by flag, and their environment holds neither.
@@ -190,7 +191,7 @@ def make_certs(out: Path) -> Path:
     """`runstate certs init` into `out`: a private CA and certificates for n1 .. nCERT_IDS; `out`."""
     command = [
         sys.executable, "-m", "runstate_server.node.cli", "certs", "init", "--out", str(out),
-        "--nodes", ",".join(f"n{number}" for number in range(1, CERT_IDS + 1)), "--days", str(CERT_DAYS),
+        "--nodes", ",".join(f"n{number}" for number in range(1, CERT_IDS + 1)),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CERTS_TIMEOUT_S)
     if done.returncode != 0:
