@@ -232,3 +232,28 @@ def test_a_certificate_replaced_on_disk_is_served_after_sighup_and_after_a_chang
     cluster.wait_until("n1 serving the first certificate again", lambda: served_by(old_ca), RELOAD_TIMEOUT_S)
     log_text = cluster.log_path(0).read_text()
     assert "TLS files reloaded (SIGHUP)" in log_text and "TLS files reloaded (a file changed)" in log_text
+
+
+@pytest.mark.parametrize(
+    ("flags", "toml", "says"),
+    [
+        (["--peer-tls-cert", "{c}/n1.pem", "--peer-tls-key", "{c}/n1.key"], "", "go together"),
+        (["--peer-tls-allow-plain"], "", "goes with"),
+        ([], 'peer_tls_cert = "{c}/n1.pem"\npeer_tls_key = "{c}/n2.key"\npeer_tls_ca = "{c}/ca.pem"\n', "matching private key"),
+        (["--peer-tls-cert", "{c}/n1.pem", "--peer-tls-key", "{c}/n1.key", "--peer-tls-ca", "{c}/n1.key"], "", "--peer-tls-ca"),
+        (["--peer-tls-cert", "{c}/none.pem", "--peer-tls-key", "{c}/n1.key", "--peer-tls-ca", "{c}/ca.pem"], "", "cannot read"),
+        (["--tls-ca", "{c}/n1.key"], "", "--tls-ca"),
+    ],
+)
+def test_bad_cluster_tls_settings_stop_the_node_with_one_line(
+    certs: Path, tmp_path: Path, flags: list[str], toml: str, says: str,
+) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('node_id = "n1"\napi = "127.0.0.1:1"\nraft = "127.0.0.1:2"\n' + toml.format(c=certs))
+    done = subprocess.run(
+        [sys.executable, "-m", "runstate_server.node.cli", "node", "--config", str(config), "--data-dir",
+         str(tmp_path / "d"), "--peer", "n2,127.0.0.1:3,https://n2:1", *(flag.format(c=certs) for flag in flags)],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+    assert done.stderr.startswith("runstate: ") and "Traceback" not in done.stderr
