@@ -49,9 +49,11 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def trusting(certs: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
-    """urllib in this process (tests/_http.py, _cluster.py, _prometheus.py) trusts the CA; the
-    nodes are given it by flag only (their environment says nothing of it)."""
+    """urllib in this process (tests/_http.py, _cluster.py, _prometheus.py) trusts the CA and
+    presents the client certificate; the nodes are given the CA by flag only (their environment
+    says nothing of it)."""
     context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    context.load_cert_chain(certs / "client.pem", certs / "client.key")
     monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.HTTPSHandler(context=context)))
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     yield context
@@ -90,11 +92,13 @@ def peer_tls_args(cert: Path, key: Path, ca: Path) -> tuple[str, ...]:
 
 
 def tls_cluster(make_cluster: Callable[..., Cluster], certs: Path, *, https: bool = True) -> Cluster:
-    """A cluster (not started) whose nodes serve HTTPS (with `https`) and speak mutual TLS on Raft."""
+    """A cluster (not started) whose nodes speak mutual TLS on Raft and, with `https`, serve HTTPS
+    to clients with a certificate of the CA only (so a forwarding node presents its own)."""
     cluster = make_cluster()
     for index, node in enumerate(cluster.ids):
         peer = peer_tls_args(certs / f"{node}.pem", certs / f"{node}.key", certs / "ca.pem")
-        cluster.node_args[index] = (*api_tls_args(certs, node), *peer) if https else peer
+        api = (*api_tls_args(certs, node), "--tls-client-ca", str(certs / "ca.pem"))
+        cluster.node_args[index] = (*api, *peer) if https else peer
     if https:
         cluster.urls = [url.replace("http://", "https://") for url in cluster.urls]
     return cluster
