@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,8 +20,6 @@ from runstate_server.node.certs import certs_init
 from tests.test_tls import TlsDevNode, client_context
 
 CERT_DAYS = 30  # the test CAs' certificates' validity
-# A folder whose sitecustomize makes a node send TLS alerts (see its docstring).
-ALERTS_PATH = Path(__file__).resolve().parent / "_tls_alerts"
 
 
 def make_ca(directory: Path) -> Path:
@@ -78,28 +75,18 @@ def unverified_context() -> ssl.SSLContext:
 
 @contextmanager
 def https_node(
-    data_dir: Path, ca: Path, *, cert: str = "n1", client_ca: Path | None = None, alerts: bool = False,
+    data_dir: Path, ca: Path, *, cert: str = "n1", client_ca: Path | None = None,
     health: ssl.SSLContext | None = None,
 ) -> Iterator[TlsDevNode]:
-    """`runstate dev` serving ca/<cert>.pem over HTTPS (with `client_ca`: mutual TLS; with
-    `alerts`: sending TLS alerts), stopped at the end."""
+    """`runstate dev` serving ca/<cert>.pem over HTTPS (with `client_ca`: mutual TLS), stopped at the end."""
     if health is None:
         health = client_context(ca, client="client" if client_ca is not None else None)
     args = ["--tls-cert", str(ca / f"{cert}.pem"), "--tls-key", str(ca / f"{cert}.key")]
     if client_ca is not None:
         args += ["--tls-client-ca", str(client_ca / "ca.pem")]
     node = TlsDevNode(data_dir, health, *args)
-    saved = os.environ.get("PYTHONPATH")
     try:
-        if alerts:  # read by the child as it starts (DevNode copies this process's environment)
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ALERTS_PATH), saved]))
-        try:
-            node.start()
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+        node.start()
         yield node
     finally:
         node.stop()

@@ -48,8 +48,8 @@ def node(tmp_path_factory: pytest.TempPathFactory, ca: Path) -> Iterator[TlsDevN
 
 @pytest.fixture(scope="module")
 def mutual_node(tmp_path_factory: pytest.TempPathFactory, ca: Path) -> Iterator[TlsDevNode]:
-    """Mutual TLS, sending TLS alerts (tests/_tls_alerts): a refused client hears why."""
-    with https_node(tmp_path_factory.mktemp("mutual") / "data", ca, client_ca=ca, alerts=True) as made:
+    """Mutual TLS: a refused client hears why (the node sends the alert: node/_asyncio_tls.py)."""
+    with https_node(tmp_path_factory.mktemp("mutual") / "data", ca, client_ca=ca) as made:
         yield made
 
 
@@ -159,13 +159,7 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_client_ca(
     assert "client_cert" in error.reason
 
 
-@pytest.mark.xfail(
-    strict=True, raises=UnavailableError,
-    reason="the node closes a refused TLS handshake without the alert (CPython gh-98078, asyncio): the "
-    "client cannot tell it from a dropped connection, retries, and ends with UnavailableError. Passes once "
-    "the node sends the alert (tests/_tls_alerts shows how); then drop this mark and that folder.",
-)
-def test_the_node_as_shipped_tells_a_client_without_a_certificate_why(tmp_path: Path, ca: Path) -> None:
+def test_the_node_tells_a_client_without_a_certificate_why(tmp_path: Path, ca: Path) -> None:
     with https_node(tmp_path / "data", ca, client_ca=ca) as plain_node, \
             Runstate(plain_node.url, ca_file=ca / "ca.pem") as rs:
         with pytest.raises(TlsError):

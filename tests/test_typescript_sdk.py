@@ -458,7 +458,7 @@ def test_quickstart_typescript_over_https_with_the_ca_from_the_environment(
 
 def test_typescript_tls_options_mutual_tls_and_each_refusal(tmp_path: Path, tls_ca: Path, procs: Processes) -> None:
     other = make_ca(tmp_path / "other")
-    with https_node(tmp_path / "mutual", tls_ca, client_ca=tls_ca, alerts=True) as mutual, \
+    with https_node(tmp_path / "mutual", tls_ca, client_ca=tls_ca) as mutual, \
             https_node(tmp_path / "expired", tls_ca, cert="expired", health=unverified_context()) as expired:
         def calls(node: DevNode, ca: Path | None, **extra: str) -> list[dict[str, object]]:
             report = last_json(output(procs.tsx("node/tls_calls.ts", tls_env(node, ca, **extra))))
