@@ -42,8 +42,9 @@ class Console:
         self.browser = browser
         self.contexts: list[Any] = []
 
-    def new_page(self, viewport: dict[str, int] = WIDE) -> Any:
-        context = self.browser.new_context(viewport=viewport)
+    def new_page(self, viewport: dict[str, int] = WIDE, *, ignore_https_errors: bool = False) -> Any:
+        """`ignore_https_errors`: for a node serving a private CA's certificate (Chromium is not told the CA)."""
+        context = self.browser.new_context(viewport=viewport, ignore_https_errors=ignore_https_errors)
         context.set_default_timeout(UI_TIMEOUT_MS)
         self.contexts.append(context)
         return context.new_page()

@@ -179,3 +179,18 @@ def test_pysyncobj_calls_every_override_and_a_pre_vote_round_precedes_the_first_
 
     asyncio.run(scenario())
     assert sorted(key for key in expected if counts[key] == 0) == []
+
+
+def test_asyncio_sends_a_failed_handshakes_alert_only_while_its_names_are_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """node/_asyncio_tls.py replaces asyncio's SSLProtocol._do_handshake (installed as the HTTP
+    server is imported); a Python whose asyncio lacks a name it calls is refused, not patched."""
+    from asyncio import sslproto
+
+    from runstate_server.node import _asyncio_tls, http_server  # importing the HTTP server installs it
+
+    assert http_server.Site is not None
+    _asyncio_tls.check_seams()
+    assert sslproto.SSLProtocol._do_handshake is _asyncio_tls._do_handshake  # type: ignore[attr-defined]
+    monkeypatch.delattr(sslproto.SSLProtocol, "_process_outgoing")
+    with pytest.raises(DependencyMismatch, match="_process_outgoing"):
+        _asyncio_tls.check_seams()

@@ -18,7 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from runstate import AsyncRunstate
 from runstate.sdk import _wire
-from runstate.sdk._wire import Answer, AnswerError, ConnectError, ConnectionPool, ResponseParser, request_head
+from runstate.sdk._wire import (
+    Answer,
+    AnswerError,
+    ConnectError,
+    ConnectionPool,
+    HandshakeError,
+    ResponseParser,
+    handshake_refusal,
+    request_head,
+)
 
 # --- the answer parser --------------------------------------------------------------------------
 
@@ -428,7 +437,7 @@ def test_https_verifies_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     async def main() -> None:
         async with scripted(keep_answering, context) as server:
-            with pytest.raises(ConnectError, match="certificate"):
+            with pytest.raises(HandshakeError, match="certificate does not verify"):
                 await call(pool_of(), server.port, scheme="https")  # a certificate nobody vouched for
             monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # now trusted (OpenSSL reads it)
             pool = pool_of()
@@ -484,3 +493,25 @@ def test_a_target_and_a_host_are_sent_as_http_wants_them() -> None:
     assert _endpoint("http://exämple.com:81/pré") == (("http", "xn--exmple-cua.com", 81), "xn--exmple-cua.com:81", "/pr%C3%A9")
     assert _endpoint("https://[::1]/") == (("https", "::1", 443), "[::1]", "")
     assert _endpoint("http://h:80") == (("http", "h", 80), "h", "")
+
+
+def test_only_a_tls_failure_a_retry_would_meet_again_is_a_handshake_error() -> None:
+    def ssl_error(cls: type[ssl.SSLError], reason: str | None) -> ssl.SSLError:
+        error = cls(1, f"[SSL: {reason}] failed")
+        error.reason = reason  # as OpenSSL's errors carry it
+        return error
+
+    for reason, says in (
+        ("TLSV13_ALERT_CERTIFICATE_REQUIRED", "refused the TLS handshake"),
+        ("TLSV1_ALERT_UNKNOWN_CA", "refused the TLS handshake"),
+        ("SSLV3_ALERT_HANDSHAKE_FAILURE", "refused the TLS handshake"),
+        ("WRONG_VERSION_NUMBER", "does not speak TLS"),
+    ):
+        refusal = handshake_refusal(ssl_error(ssl.SSLError, reason))
+        assert refusal is not None and says in refusal.reason and reason in refusal.reason
+    # A handshake cut short (a node restarting, the node's handshake cap) may pass: retried.
+    for error in (
+        ssl_error(ssl.SSLEOFError, "UNEXPECTED_EOF_WHILE_READING"), ssl_error(ssl.SSLError, "DECRYPTION_FAILED"),
+        ConnectionResetError(), None,
+    ):
+        assert handshake_refusal(error) is None

@@ -24,6 +24,7 @@ import pytest
 from runstate import Runstate
 
 from tests._nodes import DevNode
+from tests._tls_nodes import https_node, make_ca, sign_server_certificate, unverified_context
 from tests._typescript import PACKAGE, npm, run_npm
 
 SAMPLES = PACKAGE / "samples"
@@ -419,3 +420,65 @@ def test_a_python_group_judged_from_typescript(dev_node: DevNode, procs: Process
         decision = group.wait(timeout_ms=30_000)
         assert (decision["outcome"], decision["outcomeReason"]) == ("SUCCESS", "first_accepted")
         assert decision["members"][0]["verdictBy"] == "typescript-reviewer"
+
+
+# -- TLS --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    made = make_ca(tmp_path_factory.mktemp("ts-ca") / "tls")
+    sign_server_certificate(made, "expired", ["localhost", "127.0.0.1"], expired=True)
+    return made
+
+
+def tls_env(node: DevNode, ca: Path | None, *, client: Path | None = None, **extra: str) -> dict[str, str]:
+    env = ts_env(node, "default", **extra)
+    for name in ("RUNSTATE_CA_FILE", "RUNSTATE_CLIENT_CERT", "RUNSTATE_CLIENT_KEY"):
+        env.pop(name, None)
+    if ca is not None:
+        env["RUNSTATE_CA_FILE"] = str(ca / "ca.pem")
+    if client is not None:
+        env["RUNSTATE_CLIENT_CERT"], env["RUNSTATE_CLIENT_KEY"] = str(client / "client.pem"), str(client / "client.key")
+    return env
+
+
+def test_quickstart_typescript_over_https_with_the_ca_from_the_environment(
+    tmp_path: Path, tls_ca: Path, procs: Processes,
+) -> None:
+    with https_node(tmp_path / "data", tls_ca) as node:
+        env = tls_env(node, tls_ca)
+        producer = procs.tsx("quickstart/producer.ts", env)
+        run_id = read_line(producer, "RUNSTATE_SCOPE_ID=").split("=", 1)[1]
+        worker = procs.tsx("quickstart/worker.ts", {**env, "RUNSTATE_SCOPE_ID": run_id})
+        assert read_line(producer, "SUCCEEDED") == "SUCCEEDED { doubled: 42 }"
+        assert producer.wait(PROCESS_TIMEOUT_S) == 0
+        assert read_line(worker, "completed").endswith("(attempt 1)")
+
+
+def test_typescript_tls_options_mutual_tls_and_each_refusal(tmp_path: Path, tls_ca: Path, procs: Processes) -> None:
+    other = make_ca(tmp_path / "other")
+    with https_node(tmp_path / "mutual", tls_ca, client_ca=tls_ca) as mutual, \
+            https_node(tmp_path / "expired", tls_ca, cert="expired", health=unverified_context()) as expired:
+        def calls(node: DevNode, ca: Path | None, **extra: str) -> list[dict[str, object]]:
+            report = last_json(output(procs.tsx("node/tls_calls.ts", tls_env(node, ca, **extra))))
+            return report["calls"]  # type: ignore[return-value]
+
+        assert calls(mutual, tls_ca, client=tls_ca) == [{"run": True}] * 2  # from the environment
+        options = {"caFile": str(tls_ca / "ca.pem"), "clientCert": str(tls_ca / "client.pem"), "clientKey": str(tls_ca / "client.key")}
+        # Options win over the variables (which name a file that is not there).
+        assert calls(mutual, tmp_path / "missing", TLS_OPTIONS=json.dumps(options)) == [{"run": True}] * 2
+        refusals = {
+            "node's CAs": (calls(mutual, None), "certificate does not verify"),
+            "another CA": (calls(mutual, other, client=tls_ca), "certificate does not verify"),
+            "expired": (calls(expired, tls_ca), "CERT_HAS_EXPIRED"),
+            "no client certificate": (calls(mutual, tls_ca), "refused the TLS handshake (TLSV13_ALERT_CERTIFICATE_REQUIRED)"),
+            "another CA's client certificate": (calls(mutual, tls_ca, client=other), "refused the TLS handshake"),
+        }
+        for case, (seen, says) in refusals.items():
+            url = expired.url if case == "expired" else mutual.url
+            for call in seen:  # each call: at once, not retried into UnavailableError
+                assert call["error"] == "TlsError" and call["code"] == "TLS_FAILED" and call["url"] == url, (case, call)
+                assert says in str(call["reason"]), (case, call)
+        made = last_json(output(procs.tsx("node/tls_calls.ts", tls_env(mutual, tmp_path / "missing"))))
+        assert made["config"] is True and f"cannot read caFile {tmp_path / 'missing' / 'ca.pem'}" in str(made["made"]), made

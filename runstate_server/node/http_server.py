@@ -52,6 +52,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from runstate_server.node import _asyncio_tls
 from runstate_server.node._aiohttp import RequestHandler, StreamReader, check_own_names
 from runstate_server.node.config import (
     HTTP_HEADERS_MAX,
@@ -64,6 +65,8 @@ from runstate_server.node.errors import ApiError, error_response, new_request_id
 from runstate_server.node.waiters import Waiter
 
 log = logging.getLogger(__name__)
+
+_asyncio_tls.install()  # a TLS handshake the node refuses tells the client why (its alert)
 
 # Of the file descriptors the process may open, API connections take at most 1/FD_SHARE_DIVISOR.
 FD_SHARE_DIVISOR = 2

@@ -121,7 +121,8 @@ class NodeTls:
             log.warning("TLS files reloaded (%s), but kept the certificates in use for %s", why, "; ".join(problems))
         else:
             self.reloads += 1
-            log.info("TLS files reloaded (%s): new connections use them", why)
+            # A warning so that the default log level shows it: the operator's rotation took effect.
+            log.warning("TLS files reloaded (%s): new connections use them", why)
         return problems
 
     @property

@@ -23,6 +23,7 @@ import {
   defaultHolder,
   field,
   parseBaseUrls,
+  readTlsFiles,
   resolveOptional,
   segment,
 } from './transport.js';
@@ -36,6 +37,12 @@ export interface RunstateOptions {
   spaceId?: string;
   /** The API key; default RUNSTATE_API_KEY. */
   apiKey?: string;
+  /** A PEM file of the CA(s) an https:// server's certificate must chain to, instead of Node's; default RUNSTATE_CA_FILE. */
+  caFile?: string;
+  /** A PEM certificate presented to a server that requires one (mutual TLS), with `clientKey`; default RUNSTATE_CLIENT_CERT. */
+  clientCert?: string;
+  /** The PEM private key of `clientCert`; default RUNSTATE_CLIENT_KEY. */
+  clientKey?: string;
   /** Bound on one ordinary request in milliseconds (long polls get their wait on top); default 10 000. */
   timeoutMs?: number;
   /** `timeoutMs` as a duration (`'10s'`), as the published clients take it. */
@@ -210,9 +217,12 @@ export class Scope {
 
 /**
  * The client. Options fall back to the environment: `baseURL` to RUNSTATE_BASE_URL (default
- * http://localhost:8080), `spaceId` to RUNSTATE_SPACE_ID, `apiKey` to RUNSTATE_API_KEY. Throws
- * ConfigError for a malformed setting; calls reject with UnavailableError when no server answers
- * for a few seconds.
+ * http://localhost:8080), `spaceId` to RUNSTATE_SPACE_ID, `apiKey` to RUNSTATE_API_KEY, and the
+ * TLS files `caFile`, `clientCert`, `clientKey` to RUNSTATE_CA_FILE, RUNSTATE_CLIENT_CERT,
+ * RUNSTATE_CLIENT_KEY. Throws ConfigError for a malformed setting or a TLS file that cannot be read;
+ * calls reject with UnavailableError when no server answers for a few seconds, and with TlsError
+ * at once, not retried, when TLS with a server fails (its certificate does not verify, or it
+ * refused the client's).
  */
 export class Runstate {
   readonly mailboxes: Mailboxes;
@@ -234,10 +244,12 @@ export class Runstate {
     if (holder !== undefined && (typeof holder !== 'string' || !holder.trim())) throw new ConfigError('holder must be a non-empty string');
     const spaceId = resolveOptional(options.spaceId, SPACE_ID_ENV);
     const apiKey = resolveOptional(options.apiKey, API_KEY_ENV);
+    const tls = readTlsFiles(options);
     this.transport = new Transport({
       baseUrls: parseBaseUrls(options.baseURL ?? options.baseUrl),
       ...(spaceId !== undefined ? { spaceId } : {}),
       ...(apiKey !== undefined ? { apiKey } : {}),
+      ...(tls !== undefined ? { tls } : {}),
       holder: holder?.trim() || defaultHolder(),
       timeoutMs: options.timeoutMs ?? (options.timeout !== undefined ? durationMs(options.timeout, 'timeout') : REQUEST_TIMEOUT_MS_DEFAULT),
     });

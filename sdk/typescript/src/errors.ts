@@ -114,6 +114,25 @@ export class UnavailableError extends RunstateError {
 /** A request that is unsafe to repeat may have reached the server, but no answer came back. */
 export class OutcomeUnknownError extends UnavailableError {}
 
+/**
+ * TLS with a server failed for a reason a retry would meet again, so the call is not retried: the
+ * server's certificate does not verify against the client's CAs (`caFile`, else Node's: an unknown
+ * CA, expired, issued for another host), or the server refused the handshake (it requires a client
+ * certificate and the client has none it accepts), or it does not speak TLS. The server read no
+ * request. `url` is the server's base URL, `reason` what failed; `status` is undefined.
+ */
+export class TlsError extends RunstateError {
+  static override readonly defaultCode: string = 'TLS_FAILED';
+  readonly url: string;
+  readonly reason: string;
+
+  constructor(url: string, reason: string, options: { cause?: unknown } = {}) {
+    super(`${url}: ${reason}`, options.cause === undefined ? {} : { cause: options.cause });
+    this.url = url;
+    this.reason = reason;
+  }
+}
+
 /** An events cursor is older than what the server keeps (410 CURSOR_EXPIRED). */
 export class CursorExpiredError extends RunstateError {
   static override readonly defaultCode: string = 'CURSOR_EXPIRED';

@@ -118,7 +118,8 @@ export function runtime(): Runtime {
 
 /**
  * Set what `once`, `queue` and `serve` connect to, instead of (or over) the environment:
- * `baseURL`, `spaceId`, `apiKey`, `holder`, `scopeId` (the run to use) or `run` (the named run).
+ * `baseURL`, `spaceId`, `apiKey`, `caFile`, `clientCert`, `clientKey`, `holder`, `scopeId` (the run to
+ * use) or `run` (the named run).
  * The next call uses a new client. ConfigError for a malformed setting.
  */
 export function configure(next: Settings = {}): void {

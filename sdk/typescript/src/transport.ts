@@ -19,21 +19,32 @@
  * while some server has not been tried since the last pause; once every one has failed, retries
  * pause (RETRY_BACKOFF_MS_INITIAL, doubling up to RETRY_BACKOFF_MS_MAX) and stop after
  * `UNAVAILABLE_AFTER_MS` without an answer, with UnavailableError.
+ *
+ * TLS. An https:// server's certificate is verified against Node's CAs, or only against `caFile`
+ * when one is given; `clientCert` with `clientKey` is presented to a server that asks (mutual TLS).
+ * A TLS failure that another attempt would meet again (the certificate does not verify, the server
+ * refused the handshake, the port does not speak TLS) rejects with TlsError at once, not retried,
+ * and the client's next call starts at the next listed server.
  */
 
 import { randomBytes, randomFillSync } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
+import { createSecureContext } from 'node:tls';
 import type { Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { urlToHttpOptions } from 'node:url';
-import { ConfigError, OutcomeUnknownError, RunstateError, UnavailableError, errorFromResponse } from './errors.js';
+import { ConfigError, OutcomeUnknownError, RunstateError, TlsError, UnavailableError, errorFromResponse } from './errors.js';
 import { sleep } from './time.js';
 
 export const BASE_URL_ENV = 'RUNSTATE_BASE_URL';
 export const SPACE_ID_ENV = 'RUNSTATE_SPACE_ID';
 export const API_KEY_ENV = 'RUNSTATE_API_KEY';
 export const BASE_URL_DEFAULT = 'http://localhost:8080';
+export const CA_FILE_ENV = 'RUNSTATE_CA_FILE';
+export const CLIENT_CERT_ENV = 'RUNSTATE_CLIENT_CERT';
+export const CLIENT_KEY_ENV = 'RUNSTATE_CLIENT_KEY';
 export const SDK_VERSION = '0.4.0-dev.0';
 
 // How long the SDK keeps retrying without any answer before it raises UnavailableError.
@@ -120,6 +131,84 @@ export function parseBaseUrls(baseURL: string | readonly string[] | undefined): 
 export function resolveOptional(value: string | undefined, env: string): string | undefined {
   const chosen = value ?? process.env[env];
   return chosen && chosen.trim() ? chosen.trim() : undefined;
+}
+
+/** What a client's https:// connections trust and present, read from its files. */
+export interface TlsFiles {
+  ca?: Buffer;
+  cert?: Buffer;
+  key?: Buffer;
+}
+
+/**
+ * A client's TLS files: the options, else RUNSTATE_CA_FILE, RUNSTATE_CLIENT_CERT and
+ * RUNSTATE_CLIENT_KEY (an option wins over its variable); undefined when none names a file (Node's
+ * CAs then). ConfigError naming the file for one that is missing, unreadable or not PEM, or a key
+ * that does not match its certificate.
+ */
+export function readTlsFiles(options: { caFile?: string; clientCert?: string; clientKey?: string }): TlsFiles | undefined {
+  const caFile = resolveOptional(options.caFile, CA_FILE_ENV);
+  const clientCert = resolveOptional(options.clientCert, CLIENT_CERT_ENV);
+  const clientKey = resolveOptional(options.clientKey, CLIENT_KEY_ENV);
+  if (caFile === undefined && clientCert === undefined && clientKey === undefined) return undefined;
+  if ((clientCert === undefined) !== (clientKey === undefined)) {
+    throw new ConfigError(`clientCert (${CLIENT_CERT_ENV}) and clientKey (${CLIENT_KEY_ENV}) go together: give both, or neither`);
+  }
+  const read = (path: string | undefined, what: string): Buffer | undefined => {
+    if (path === undefined) return undefined;
+    try {
+      return readFileSync(path);
+    } catch (error) {
+      throw new ConfigError(`cannot read ${what} ${path}: ${(error as Error).message}`);
+    }
+  };
+  const files: TlsFiles = {};
+  const ca = read(caFile, 'caFile');
+  const cert = read(clientCert, 'clientCert');
+  const key = read(clientKey, 'clientKey');
+  if (ca !== undefined) {
+    files.ca = ca;
+    try {
+      createSecureContext({ ca });
+    } catch (error) {
+      throw new ConfigError(`caFile ${caFile}: not PEM CA certificates (${(error as Error).message})`);
+    }
+    if (!ca.includes('-----BEGIN CERTIFICATE-----')) throw new ConfigError(`caFile ${caFile}: not PEM CA certificates (no certificate in it)`);
+  }
+  if (cert !== undefined && key !== undefined) {
+    files.cert = cert;
+    files.key = key;
+    try {
+      createSecureContext({ cert, key });
+    } catch (error) {
+      throw new ConfigError(
+        `clientCert ${clientCert} with clientKey ${clientKey}: not a PEM certificate and its matching private key (${(error as Error).message})`,
+      );
+    }
+  }
+  return files;
+}
+
+// Node's codes of a server certificate that does not verify: OpenSSL's verification results
+// (UNABLE_TO_GET_ISSUER_CERT_LOCALLY, SELF_SIGNED_CERT_IN_CHAIN, CERT_HAS_EXPIRED, ...) and Node's
+// own host check.
+const CERT_NOT_VERIFIED = /^(?:UNABLE_TO_|CERT_|CRL_|DEPTH_ZERO_SELF_SIGNED_CERT$|SELF_SIGNED_CERT_IN_CHAIN$|INVALID_CA$|INVALID_PURPOSE$|PATH_LENGTH_EXCEEDED$|HOSTNAME_MISMATCH$|ERR_TLS_CERT_ALTNAME_INVALID$)/;
+// OpenSSL's reasons that the server ended the handshake on purpose (an alert it sent: no client
+// certificate, one of another CA, no protocol in common) or does not speak TLS. Anything else (a
+// reset or an EOF mid-handshake: a node restarting, a handshake cap) may pass and is retried.
+const REFUSED = /^ERR_SSL_(?:.*_ALERT_.*|WRONG_VERSION_NUMBER)$/;
+
+/** What failed, in words, when `error` is a TLS failure that a retry would meet again. */
+function tlsRefusal(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  if (typeof code !== 'string') return undefined;
+  const message = (error as Error).message;
+  if (CERT_NOT_VERIFIED.test(code)) return `the server's certificate does not verify: ${message} (${code})`;
+  if (!REFUSED.test(code)) return undefined;
+  const reason = code.slice('ERR_SSL_'.length);
+  if (reason === 'WRONG_VERSION_NUMBER') return `the server does not speak TLS on this port (${reason})`;
+  const hint = /CERTIFICATE|UNKNOWN_CA/.test(reason) ? ': it requires a client certificate that its client CA signed (clientCert, clientKey)' : '';
+  return `the server refused the TLS handshake (${reason})${hint}`;
 }
 
 /** The worker identity when none is given: `<hostname>:<pid>`. */
@@ -230,9 +319,9 @@ class AbortError extends Error {
   }
 }
 
-function agents(): { 'http:': http.Agent; 'https:': https.Agent } {
+function agents(tls: TlsFiles | undefined): { 'http:': http.Agent; 'https:': https.Agent } {
   const options = { keepAlive: true, maxFreeSockets: IDLE_CONNECTIONS_MAX, timeout: IDLE_REUSE_MS_MAX, scheduling: 'lifo' as const };
-  return { 'http:': new http.Agent(options), 'https:': new https.Agent(options) };
+  return { 'http:': new http.Agent(options), 'https:': new https.Agent({ ...options, ...tls }) };
 }
 
 /** What `http.request` takes of one server's URL, worked out once per server. */
@@ -449,7 +538,7 @@ export class Transport {
   readonly mailboxIds = new Map<string, string>();
   /** The Authorization header's value, if any. */
   private readonly authorization: string | undefined;
-  private readonly agents = agents();
+  private readonly agents: { 'http:': http.Agent; 'https:': https.Agent };
   /** What requests need of each base URL, worked out on its first request. */
   private readonly servers = new Map<string, Server | undefined>();
   private readonly answerBytesMax: number;
@@ -463,6 +552,8 @@ export class Transport {
     holder: string;
     timeoutMs: number;
     answerBytesMax?: number;
+    /** What https:// connections trust and present (`readTlsFiles`); Node's CAs without. */
+    tls?: TlsFiles;
   }) {
     if (options.baseUrls.length === 0) throw new ConfigError('baseURL lists no URL');
     if (!(options.timeoutMs > 0)) throw new ConfigError(`timeoutMs must be positive, got ${options.timeoutMs}`);
@@ -474,6 +565,7 @@ export class Transport {
     this.holderSession = randomBytes(8).toString('hex');
     this.timeoutMs = options.timeoutMs;
     this.answerBytesMax = options.answerBytesMax ?? ANSWER_BYTES_MAX;
+    this.agents = agents(options.tls);
   }
 
   /**
@@ -530,6 +622,13 @@ export class Transport {
       } catch (error) {
         if (error instanceof RunstateError) throw error;
         if (options.signal?.aborted) throw options.signal.reason;
+        const refusal = error instanceof WireError ? tlsRefusal(error.cause) : undefined;
+        if (refusal !== undefined) {
+          // Another attempt would fail the same way: say so now. The next call starts at the next
+          // listed server (one node with a bad certificate does not stop a cluster's client).
+          this.movePast(base);
+          throw new TlsError(base, refusal, { cause: error });
+        }
         if (isConnectFailure(error)) {
           failure = `cannot connect to ${base} (${describeCause(error)})`;
         } else {
@@ -550,8 +649,7 @@ export class Transport {
           { status: lastStatus ?? null },
         );
       }
-      // Move on from the node that failed, unless a concurrent call already did.
-      if (this.baseUrls[this.urlIndex] === base) this.urlIndex = (this.urlIndex + 1) % this.baseUrls.length;
+      this.movePast(base);
       failedSincePause.add(base);
       if (failedSincePause.has(this.baseUrls[this.urlIndex] as string)) {
         // Every server failed since the last pause (or the next one just did): pause before going
@@ -586,6 +684,11 @@ export class Transport {
   private server(base: string): Server | undefined {
     if (!this.servers.has(base)) this.servers.set(base, describeServer(base, this.agents));
     return this.servers.get(base);
+  }
+
+  /** Move on from the server `base` that failed, unless a concurrent call already did. */
+  private movePast(base: string): void {
+    if (this.baseUrls[this.urlIndex] === base) this.urlIndex = (this.urlIndex + 1) % this.baseUrls.length;
   }
 
   private followLeader(leaderUrl: string | null): void {

@@ -13,6 +13,12 @@ call. A retry goes to the next listed server at once while some server has not b
 the last pause; once every one has failed, retries pause (RETRY_BACKOFF_S_INITIAL, doubling up to
 RETRY_BACKOFF_S_MAX) and stop after `UNAVAILABLE_AFTER_S` seconds without an answer, with
 `UnavailableError`.
+
+TLS. An https:// server's certificate is verified against the system's CAs, or only against
+`ca_file` when one is given; `client_cert` with `client_key` is presented to a server that asks
+(mutual TLS). A TLS failure that another attempt would meet again (the certificate does not
+verify, the server refused the handshake, the port does not speak TLS) raises `TlsError` at once,
+not retried, and the client's next call starts at the next listed server.
 """
 
 from __future__ import annotations
@@ -24,14 +30,16 @@ import os
 import re
 import secrets
 import socket
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
-from runstate.sdk._wire import AnswerError, ConnectError, ConnectionPool, request_head
+from runstate.sdk._wire import AnswerError, ConnectError, ConnectionPool, HandshakeError, request_head
 from runstate.sdk.errors import (
     ConfigError,
     RunstateError,
+    TlsError,
     UnavailableError,
     error_from_response,
 )
@@ -51,6 +59,9 @@ BASE_URL_ENV = "RUNSTATE_BASE_URL"
 SPACE_ID_ENV = "RUNSTATE_SPACE_ID"
 API_KEY_ENV = "RUNSTATE_API_KEY"
 BASE_URL_DEFAULT = "http://localhost:8080"
+CA_FILE_ENV = "RUNSTATE_CA_FILE"
+CLIENT_CERT_ENV = "RUNSTATE_CLIENT_CERT"
+CLIENT_KEY_ENV = "RUNSTATE_CLIENT_KEY"
 
 # How long the SDK keeps retrying without any answer before it raises UnavailableError.
 UNAVAILABLE_AFTER_S = 5.0
@@ -122,6 +133,44 @@ def resolve_optional(value: str | None, env: str) -> str | None:
     if value is None or not value.strip():
         return None
     return value.strip()
+
+
+def tls_context(ca_file: str | None, client_cert: str | None, client_key: str | None) -> ssl.SSLContext | None:
+    """The https:// context of a client: None (the system's CAs, made at first use) when neither
+    argument nor RUNSTATE_CA_FILE, RUNSTATE_CLIENT_CERT, RUNSTATE_CLIENT_KEY names a file; else one
+    that trusts only `ca_file`'s CAs (when given) and presents `client_cert` with `client_key`
+    (when given). An argument wins over its variable. Raises ConfigError naming the file for one
+    that is missing, unreadable or not PEM, or a key that does not match its certificate."""
+    ca_file = resolve_optional(ca_file, CA_FILE_ENV)
+    client_cert = resolve_optional(client_cert, CLIENT_CERT_ENV)
+    client_key = resolve_optional(client_key, CLIENT_KEY_ENV)
+    if ca_file is None and client_cert is None and client_key is None:
+        return None
+    if (client_cert is None) != (client_key is None):
+        raise ConfigError(
+            f"client_cert ({CLIENT_CERT_ENV}) and client_key ({CLIENT_KEY_ENV}) go together: give both, or neither"
+        )
+    for path, what in ((ca_file, "ca_file"), (client_cert, "client_cert"), (client_key, "client_key")):
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as error:
+            raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except ssl.SSLError as error:
+        raise ConfigError(f"ca_file {ca_file}: not PEM CA certificates ({error.reason or error})") from None
+    if client_cert is not None:
+        try:
+            context.load_cert_chain(client_cert, client_key)
+        except ssl.SSLError as error:
+            raise ConfigError(
+                f"client_cert {client_cert} with client_key {client_key}: not a PEM certificate and its matching "
+                f"private key ({error.reason or error})"
+            ) from None
+    return context
 
 
 def default_holder() -> str:
@@ -243,6 +292,7 @@ class Transport:
         api_key: str | None,
         holder: str,
         timeout_s: float,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not base_urls:
             raise ConfigError("base_url lists no URL")
@@ -267,7 +317,9 @@ class Transport:
         self._endpoints = {base: _endpoint(base) for base in base_urls}
         self._space_lock = asyncio.Lock()
         self._url_index = 0
-        self._pool = ConnectionPool(idle_max=IDLE_CONNECTIONS_MAX, connect_timeout_s=CONNECT_TIMEOUT_S)
+        self._pool = ConnectionPool(
+            idle_max=IDLE_CONNECTIONS_MAX, connect_timeout_s=CONNECT_TIMEOUT_S, ssl_context=ssl_context
+        )
         self._closed = False
 
     def headers(self) -> dict[str, str]:
@@ -330,6 +382,11 @@ class Transport:
             last_status: int | None = None
             try:
                 answer = await self._pool.request(endpoint.origin, head, data, method, timeout_s)
+            except HandshakeError as exc:
+                # Another attempt would fail the same way: say so now. The next call starts at the
+                # next listed server (one node with a bad certificate does not stop a cluster's client).
+                self._move_past(base)
+                raise TlsError(base, exc.reason) from exc
             except ConnectError as exc:
                 # Never reached a server: always safe to try the next one.
                 failure = f"cannot connect to {base} ({exc})"
@@ -362,11 +419,7 @@ class Transport:
                     status=last_status,
                 )
             logger.debug("retrying %s %s on the next server: %s", method, path, failure)
-            # Move on from the node that failed, unless a concurrent call already did: calls that
-            # fail together must not each advance the shared index (by len(urls) they would all
-            # land on the dead node again).
-            if self.base_urls[self._url_index] == base:
-                self._url_index = (self._url_index + 1) % len(self.base_urls)
+            self._move_past(base)
             failed_since_pause.add(base)
             if self.base_urls[self._url_index] in failed_since_pause:
                 # Every server failed since the last pause (or the next one just did): pause before
@@ -390,6 +443,13 @@ class Transport:
                         )
                     self.space_id = space
         return self.space_id
+
+    def _move_past(self, base: str) -> None:
+        """Move on from the server `base` that failed, unless a concurrent call already did: calls
+        that fail together must not each advance the shared index (by len(urls) they would all land
+        on the dead node again)."""
+        if self.base_urls[self._url_index] == base:
+            self._url_index = (self._url_index + 1) % len(self.base_urls)
 
     def _follow_leader(self, leader_url: str | None) -> None:
         """A follower that forwarded this call named the leader: talk to it directly from now on

@@ -55,6 +55,16 @@ class Settings:
     scope_id: str | None = None
     holder: str | None = None
     run: str | None = None
+    ca_file: str | os.PathLike[str] | None = None
+    client_cert: str | os.PathLike[str] | None = None
+    client_key: str | os.PathLike[str] | None = None
+
+    def client_arguments(self, space_id: str | None) -> dict[str, Any]:
+        """What each AsyncRunstate of the module-level API is made with."""
+        return {
+            "base_url": self.base_url, "space_id": space_id, "api_key": self.api_key, "holder": self.holder,
+            "ca_file": self.ca_file, "client_cert": self.client_cert, "client_key": self.client_key,
+        }
 
 
 class RunChoice:
@@ -82,14 +92,10 @@ class LoopClients:
     def __init__(self, settings: Settings, choice: RunChoice) -> None:
         space_id = settings.space_id if settings.space_id is not None else choice.space_id
         # Validates the settings (ConfigError) before anything starts.
-        self.client = AsyncRunstate(
-            base_url=settings.base_url, space_id=space_id, api_key=settings.api_key, holder=settings.holder
-        )
+        self.client = AsyncRunstate(**settings.client_arguments(space_id))
         # Long polls (waiting for a once entry or a job) get a connection pool of their own, so however
         # many callers wait, renewals and results of running work always find a connection.
-        self.waits = AsyncRunstate(
-            base_url=settings.base_url, space_id=space_id, api_key=settings.api_key, holder=settings.holder
-        )
+        self.waits = AsyncRunstate(**settings.client_arguments(space_id))
         self.choice = choice
         self.pid = os.getpid()
         self._once_waits: dict[tuple[str, str], asyncio.Task[dict[str, Any]]] = {}
@@ -386,6 +392,9 @@ def configure(
     scope_id: str | None = None,
     holder: str | None = None,
     run: str | None = None,
+    ca_file: str | os.PathLike[str] | None = None,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
 ) -> None:
     """Set what `once`, `queue` and `serve` connect to, instead of (or over) the environment.
 
@@ -393,17 +402,20 @@ def configure(
     RUNSTATE_BASE_URL, RUNSTATE_SPACE_ID and RUNSTATE_API_KEY; `scope_id` selects the run (else
     RUNSTATE_SCOPE_ID, else the active run named `run`, RUNSTATE_RUN or `default`: the space's
     default run, replaced by a fresh one of the same name once it stopped); `holder` names this process on leases
-    (default `<hostname>:<pid>`). Closes the current process-wide client; the next call opens a new
+    (default `<hostname>:<pid>`); `ca_file`, `client_cert` and `client_key` (else RUNSTATE_CA_FILE,
+    RUNSTATE_CLIENT_CERT, RUNSTATE_CLIENT_KEY) are the TLS files, as `AsyncRunstate` takes them.
+    Closes the current process-wide client; the next call opens a new
     one. Raises ConfigError for a malformed setting.
     """
     global _settings
     if run is not None and (not isinstance(run, str) or not 0 < len(run.strip()) <= RUN_NAME_CHARS_MAX):
         raise ConfigError(f"run must be a name of 1 to {RUN_NAME_CHARS_MAX} characters, got {run!r}")
     settings = Settings(
-        base_url=base_url, space_id=space_id, api_key=api_key, scope_id=scope_id, holder=holder, run=run
+        base_url=base_url, space_id=space_id, api_key=api_key, scope_id=scope_id, holder=holder, run=run,
+        ca_file=ca_file, client_cert=client_cert, client_key=client_key,
     )
     # Validate now, not at the first call.
-    AsyncRunstate(base_url=base_url, space_id=space_id, api_key=api_key, holder=holder)
+    AsyncRunstate(**settings.client_arguments(space_id))
     with _lock:
         _settings = settings
     close()

@@ -20,12 +20,14 @@ client does only what the SDK needs:
   ANSWER_BYTES_MAX or anything that is not HTTP/1.x is refused (AnswerError) and the connection
   closed. An answer that says `Connection: close`, or that ends with the connection, is the
   connection's last; so is one a deadline or a cancellation interrupted.
-- Two errors: ConnectError, the request was not sent (no connection: refused, unknown host, TLS
-  handshake, connect timeout), so any server may be tried with it; AnswerError, it was sent and
-  may have been applied (the connection closed or the deadline passed before the whole answer,
-  or the answer was malformed).
+- Three errors: ConnectError, the request was not sent (no connection: refused, unknown host, a
+  handshake cut short, connect timeout), so any server may be tried with it; AnswerError, it was
+  sent and may have been applied (the connection closed or the deadline passed before the whole
+  answer, or the answer was malformed); HandshakeError, TLS failed for a reason that trying again
+  will not change (see `handshake_refusal`), and the server read no request.
 - https:// verifies the server's certificate against the system's CAs (`ssl.create_default_context`,
-  which also reads SSL_CERT_FILE and SSL_CERT_DIR).
+  which also reads SSL_CERT_FILE and SSL_CERT_DIR), or against the pool's `ssl_context` (the
+  client's CA file and client certificate: _http.py's `tls_context`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,40 @@ class ConnectError(WireError):
 
 class AnswerError(WireError):
     """The request was sent (it may have been applied) but no whole, well-formed answer came."""
+
+
+class HandshakeError(WireError):
+    """TLS with the server failed for good: its certificate does not verify, or it refused the
+    handshake (our certificate, or none, or no protocol in common), or it does not speak TLS. The
+    server read no request. `reason` says which, in words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# OpenSSL's reasons (ssl.SSLError.reason) that the server ended the handshake on purpose: an alert
+# it sent (TLSV13_ALERT_CERTIFICATE_REQUIRED, SSLV3_ALERT_BAD_CERTIFICATE, TLSV1_ALERT_UNKNOWN_CA,
+# SSLV3_ALERT_HANDSHAKE_FAILURE, ...), or an answer that is not TLS at all (a plain HTTP port).
+# Anything else (an EOF or a reset mid-handshake: a node restarting, a handshake cap) may pass.
+_REFUSAL_REASON_PARTS = ("ALERT", "WRONG_VERSION_NUMBER")
+
+
+def handshake_refusal(error: BaseException | None) -> HandshakeError | None:
+    """The HandshakeError that `error` (raised by a TLS handshake, or a TLS connection's first
+    read) stands for, or None when it is not one that trying again would meet again."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return HandshakeError(f"the server's certificate does not verify: {error.verify_message or error.reason or error}")
+    if isinstance(error, ssl.SSLError) and not isinstance(error, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)):
+        reason = error.reason or ""
+        if reason == "WRONG_VERSION_NUMBER":
+            return HandshakeError(f"the server does not speak TLS on this port ({reason})")
+        if any(part in reason for part in _REFUSAL_REASON_PARTS):
+            hint = "" if "CERTIFICATE" not in reason and "UNKNOWN_CA" not in reason else (
+                ": it requires a client certificate that its client CA signed (client_cert, client_key)"
+            )
+            return HandshakeError(f"the server refused the TLS handshake ({reason}){hint}")
+    return None
 
 
 class Answer:
@@ -279,6 +315,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[Answer] | None = None
         self.idle_since = 0.0
         self.closed = False
+        self.answered = False  # an answer came on it (a TLS refusal can come only before one)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -312,15 +349,22 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._pool.forget(self)
+        # With TLS 1.3 the client's side of the handshake ends before the server checks the
+        # client's certificate: its refusal comes as the first read of the connection.
+        refusal = handshake_refusal(exc) if not self.answered else None
+        if refusal is not None:
+            self._fail(refusal)
+            return
         detail = f": {exc}" if exc is not None else ""
         self._fail(AnswerError(f"the connection closed before the whole answer{detail}"))
 
     def _answer(self, answer: Answer) -> None:
+        self.answered = True
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
 
-    def _fail(self, error: AnswerError) -> None:
+    def _fail(self, error: WireError) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
@@ -341,7 +385,7 @@ class ConnectionPool:
     all on the event loop of the first request (a request from another loop starts the pool afresh
     there)."""
 
-    def __init__(self, *, idle_max: int, connect_timeout_s: float) -> None:
+    def __init__(self, *, idle_max: int, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         if idle_max < 0:
             raise ValueError(f"idle_max must be at least 0, got {idle_max}")
         self.idle_max = idle_max
@@ -349,7 +393,8 @@ class ConnectionPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
-        self._ssl: ssl.SSLContext | None = None
+        # https:// connections' context: the one given, else the system's CAs (made at first use).
+        self._ssl: ssl.SSLContext | None = ssl_context
         self._closed = False
 
     @property
@@ -426,6 +471,9 @@ class ConnectionPool:
         except asyncio.TimeoutError:
             raise ConnectError(f"cannot connect to {host}:{port} within {timeout_s:g} s") from None
         except (OSError, ssl.SSLError, ssl.CertificateError) as error:
+            refusal = handshake_refusal(error)
+            if refusal is not None:
+                raise refusal from error
             raise ConnectError(f"cannot connect to {host}:{port}: {error}") from error
         self._open.add(connection)
         return connection

@@ -7,6 +7,7 @@ back as the server's JSON objects (dicts with camelCase keys, e.g. `storedState`
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from runstate.sdk._http import (
     parse_base_urls,
     path_segment,
     resolve_optional,
+    tls_context,
 )
 from runstate.sdk._time import format_deadline, parse_time
 from runstate.sdk.admin import Identity, Keys, Spaces, fetch_identity
@@ -897,17 +899,27 @@ class Delivery:
         return answer
 
 
+def _path(value: str | os.PathLike[str] | None) -> str | None:
+    return None if value is None else os.fspath(value)
+
+
 class AsyncRunstate:
     """The asyncio client. Use as `async with AsyncRunstate(holder="worker-1") as rs: ...`.
 
     Arguments fall back to the environment: `base_url` to RUNSTATE_BASE_URL (a comma-separated list
     of servers; default http://localhost:8080), `space_id` to RUNSTATE_SPACE_ID, `api_key` to
-    RUNSTATE_API_KEY. `holder` names this client on leases (default `<hostname>:<pid>`).
+    RUNSTATE_API_KEY. For https:// servers, `ca_file` (RUNSTATE_CA_FILE) is the PEM file of the CA
+    to trust instead of the system's, and `client_cert` with `client_key` (RUNSTATE_CLIENT_CERT,
+    RUNSTATE_CLIENT_KEY) the certificate and key presented to a node that requires one (mutual
+    TLS); a file that cannot be read is a ConfigError here. `holder` names this client on leases
+    (default `<hostname>:<pid>`).
     `timeout_s` bounds each ordinary request (long polls get their wait on top). `coalesce`
     (default True): concurrent `submit()` calls of this client ride together in one batch request,
     and so do the first looks of concurrent `Ticket.result()` waits; each caller still gets
     exactly its own answer or error (README, "Coalescing"). Raises ConfigError for a malformed
-    setting. Calls raise UnavailableError when no server answers for a few seconds.
+    setting. Calls raise UnavailableError when no server answers for a few seconds, and TlsError
+    at once, without retrying, when TLS with a server fails (its certificate does not verify, or it
+    refused the client's).
     """
 
     def __init__(
@@ -918,6 +930,9 @@ class AsyncRunstate:
         holder: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
         coalesce: bool = True,
+        ca_file: str | os.PathLike[str] | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
     ) -> None:
         if holder is not None and (not isinstance(holder, str) or not holder.strip()):
             raise ConfigError(f"holder must be a non-empty string, got {holder!r}")
@@ -929,6 +944,7 @@ class AsyncRunstate:
             api_key=resolve_optional(api_key, API_KEY_ENV),
             holder=holder.strip() if holder else default_holder(),
             timeout_s=timeout_s,
+            ssl_context=tls_context(_path(ca_file), _path(client_cert), _path(client_key)),
         )
         if coalesce:
             self._transport.submits = SubmitBatcher(self._transport)

@@ -172,6 +172,22 @@ class UnavailableError(RunstateError):
     default_status = 503
 
 
+class TlsError(RunstateError):
+    """TLS with a server failed for a reason a retry would meet again, so the call is not retried:
+    the server's certificate does not verify against the client's CAs (`ca_file`, else the
+    system's: an unknown CA, expired, issued for another host), or the server refused the
+    handshake (it requires a client certificate and the client has none it accepts), or it does
+    not speak TLS. The server read no request. `.url` is the server's base URL, `.reason` what
+    failed; `.status` is None."""
+
+    default_code = "TLS_FAILED"
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
 class CursorExpiredError(RunstateError):
     """An events cursor is older than what the server keeps (410 CURSOR_EXPIRED): read again
     without a cursor (events.watch(restart_on_expired=True) does)."""

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -471,11 +472,14 @@ class Runstate:
         holder: str | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
         coalesce: bool = True,
+        ca_file: str | os.PathLike[str] | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
     ) -> None:
         # Validate the settings before starting a thread.
         self._async = aio.AsyncRunstate(
             base_url=base_url, space_id=space_id, api_key=api_key, holder=holder, timeout_s=timeout_s,
-            coalesce=coalesce,
+            coalesce=coalesce, ca_file=ca_file, client_cert=client_cert, client_key=client_key,
         )
         self._portal_context = start_blocking_portal(name="runstate-portal")
         self._portal = self._portal_context.__enter__()
