@@ -84,11 +84,10 @@ def test_tls_failures_are_one_line_and_a_nonzero_exit(
         # (flags, exit status, what the line says)
         ((*base, *client), 1, f"runstate: TLS: {node.url}: the node's certificate is not trusted"),  # the system's CAs
         ((*base, "--ca-file", str(other / "ca.pem"), *client), 1, "certificate is not trusted"),  # another CA
-        # Without a client certificate, or with one of another CA: TLS 1.3 refuses it after the
-        # client's side of the handshake, so the client sees the connection closed.
-        ((*base, "--ca-file", str(tls_dir / "ca.pem")), 1, "a node that requires client certificates closes so"),
+        # Without a client certificate, or with one of another CA: the node's alert says which.
+        ((*base, "--ca-file", str(tls_dir / "ca.pem")), 1, f"runstate: TLS: {node.url}: the node requires a client certificate"),
         ((*base, "--ca-file", str(tls_dir / "ca.pem"), "--client-cert", str(other / "client.pem"),
-          "--client-key", str(other / "client.key")), 1, "give one its client CA signed with --client-cert"),
+          "--client-key", str(other / "client.key")), 1, "the node refused the client certificate"),
         (("whoami", "--url", node.url.replace("https://", "http://"), "--api-key", key), 1, "UNAVAILABLE"),  # plain HTTP
         (("whoami", "--url", dev_node.url.replace("http://", "https://"), "--ca-file", str(tls_dir / "ca.pem")), 1,
          "the TLS handshake failed"),  # HTTPS to a plain HTTP node

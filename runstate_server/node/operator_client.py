@@ -104,18 +104,21 @@ def _tls_failure(base: str, error: BaseException) -> OperatorError | None:
             f"that signed it with --ca-file or {CA_FILE_ENV}",
         )
     if isinstance(reason, ssl.SSLError):
-        return OperatorError(
-            TLS_ERROR_CODE,
-            f"{base}: the TLS handshake failed ({reason.reason or reason}); is it an https:// node, and does it require "
-            f"a client certificate (--client-cert and --client-key, or {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV})?",
-        )
+        why = str(reason.reason or reason)
+        give = f"give one its client CA signed with --client-cert and --client-key, or {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV}"
+        if "ALERT_CERTIFICATE_REQUIRED" in why:
+            return OperatorError(TLS_ERROR_CODE, f"{base}: the node requires a client certificate ({why}): {give}")
+        if "ALERT" in why and ("CERTIFICATE" in why or "UNKNOWN_CA" in why):  # the node's alert about ours
+            return OperatorError(TLS_ERROR_CODE, f"{base}: the node refused the client certificate ({why}): {give}")
+        return OperatorError(TLS_ERROR_CODE, f"{base}: the TLS handshake failed ({why}); is it an https:// node?")
     return None
 
 
 def _closed_hint(base: str, error: BaseException) -> str:
     """Why an https:// node may close a connection unanswered: with TLS 1.3 a node that requires
     client certificates refuses a missing or foreign one after the client's side of the handshake,
-    so the client sees only the close."""
+    and a node of a release before node/_asyncio_tls.py closed it without its alert, so the client
+    sees only the close."""
     if base.startswith("https://") and isinstance(error, http.client.RemoteDisconnected):
         return (f" (a node that requires client certificates closes so: give one its client CA signed with "
                 f"--client-cert and --client-key, or {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV})")
