@@ -107,12 +107,12 @@ LOG_TAIL_CHARS = 3000
 SECRET_BYTES = 32
 LOG_LEVEL_DEFAULT = "WARNING"
 # --tls: certificates made once per run with `runstate certs init` for n1 .. nCERT_IDS (its --nodes
-# at most). A node whose id is past them (a long run's replaces and grows give new ids) serves the
-# certificate CERT_IDS ids below its own: the same CA's, and every one names 127.0.0.1.
+# at most), of its default validity (825 days: one within 30 days of its end would be warned of in
+# every node's log at each start). A node whose id is past them (a long run's replaces and grows
+# give new ids) serves the certificate CERT_IDS ids below its own: the same CA's, and every one
+# names 127.0.0.1, the host of every Raft address here.
 CERTS_DIR_NAME = "certs"
 CERT_IDS = 64
-# `certs init`'s default validity (825 days): a certificate within 30 days of its end is warned
-# of in every node's log at each start.
 CERTS_TIMEOUT_S = 60.0  # `certs init` writes 64 keys and certificates (a second or so)
 # What ssl.create_default_context() reads: the SDK's `once` callers trust the CA through it (an SDK
 # without RUNSTATE_CA_FILE). The nodes are given the CA by flag, and their environment holds neither.
