@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from runstate import Runstate, UnavailableError
 
-from chaos.cluster import NODES, ChaosCluster
+from chaos.cluster import CERT_IDS, NODES, ChaosCluster, cert_name
 from chaos.faults import (
     LEADER_TO_FOLLOWER,
     NEW_NODES,
@@ -347,3 +347,9 @@ def test_a_tls_cluster_serves_https_forwards_and_heals_after_a_kill(tmp_path: Pa
     finally:
         made.close()
         print(made.logs_tail())
+
+
+def test_a_node_past_the_certificates_made_serves_one_of_the_same_ca() -> None:
+    assert [cert_name(f"n{number}") for number in (1, 7, CERT_IDS, CERT_IDS + 1, 2 * CERT_IDS + 7)] == [
+        "n1", "n7", f"n{CERT_IDS}", "n1", "n7",
+    ]
