@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from runstate import Runstate
 
+from runstate_server.node._asyncio_tls import PYTHON_WITH_THIS_PROTOCOL
 from tests._nodes import DevNode
 from tests._tls_nodes import https_node, make_ca, sign_server_certificate, unverified_context
 from tests._typescript import PACKAGE, npm, run_npm
@@ -456,6 +457,7 @@ def test_quickstart_typescript_over_https_with_the_ca_from_the_environment(
         assert read_line(worker, "completed").endswith("(attempt 1)")
 
 
+@pytest.mark.skipif(sys.version_info < PYTHON_WITH_THIS_PROTOCOL, reason="a node on Python 3.10 sends no TLS alert")
 def test_typescript_tls_options_mutual_tls_and_each_refusal(tmp_path: Path, tls_ca: Path, procs: Processes) -> None:
     other = make_ca(tmp_path / "other")
     with https_node(tmp_path / "mutual", tls_ca, client_ca=tls_ca) as mutual, \

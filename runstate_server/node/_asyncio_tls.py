@@ -10,7 +10,9 @@ CPython's with that fix: what OpenSSL left to send (the alert) is flushed before
 handled. The SDKs then raise TlsError at once, naming the alert (e.g.
 TLSV13_ALERT_CERTIFICATE_REQUIRED, TLSV1_ALERT_UNKNOWN_CA).
 
-Installed by `install()` (node/http_server.py, at import). The names it replaces and calls are
+Installed by `install()` (node/http_server.py, at import), on Python 3.11 and later, whose TLS
+protocol this is (3.10's is another, `_SSLPipe`, which drops the alert too: a client of a node on
+3.10 sees a refused certificate as a dropped connection). The names it replaces and calls are
 declared as seams and checked first: a Python whose asyncio renamed any of them stops the node at
 start with a message naming it (node/cli.py), rather than serving without the fix or failing every
 handshake.
@@ -24,6 +26,8 @@ from asyncio import sslproto
 
 from runstate_server._seams import Attribute, Constant, DependencyMismatch, Method, Override, Seam
 
+# The first Python whose asyncio TLS protocol is the one `_do_handshake` below belongs to.
+PYTHON_WITH_THIS_PROTOCOL = (3, 11)
 _USED_BY = "node/_asyncio_tls.py (a failed TLS handshake sends its alert)"
 SEAMS: tuple[Seam, ...] = (
     Override(sslproto.SSLProtocol, "_do_handshake", _USED_BY),
@@ -56,7 +60,9 @@ def check_seams() -> None:
 
 
 def install() -> None:
-    """Check the seams, then make asyncio send a failed handshake's alert (idempotent)."""
+    """Check the seams, then make asyncio send a failed handshake's alert (idempotent; nothing on 3.10)."""
+    if sys.version_info < PYTHON_WITH_THIS_PROTOCOL:
+        return
     if sslproto.SSLProtocol._do_handshake is _do_handshake:  # type: ignore[attr-defined]
         return
     check_seams()
