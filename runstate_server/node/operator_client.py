@@ -117,8 +117,8 @@ def _tls_failure(base: str, error: BaseException) -> OperatorError | None:
 def _closed_hint(base: str, error: BaseException) -> str:
     """Why an https:// node may close a connection unanswered: with TLS 1.3 a node that requires
     client certificates refuses a missing or foreign one after the client's side of the handshake,
-    and a node of a release before node/_asyncio_tls.py closed it without its alert, so the client
-    sees only the close."""
+    and a node on Python 3.10 (or of a release before node/_asyncio_tls.py) closes without its
+    alert, so the client sees only the close."""
     if base.startswith("https://") and isinstance(error, http.client.RemoteDisconnected):
         return (f" (a node that requires client certificates closes so: give one its client CA signed with "
                 f"--client-cert and --client-key, or {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV})")
