@@ -155,8 +155,9 @@ def test_a_node_whose_raft_certificate_does_not_verify_is_refused(
     )
     leader = cluster.leader_index(exclude=[2])
     Api(cluster.urls[leader], key=cluster.admin_key).resending().ok("POST", "/v1/scopes", {})
-    health, leading = cluster.health(2), cluster.health(leader)
-    assert health is not None and leading is not None
+    health = cluster.wait_until("n3's API answering", lambda: cluster.health(2), REFUSAL_TIMEOUT_S)
+    leading = cluster.health(leader)
+    assert leading is not None
     assert health["status"] != "ok" and health["appliedIndex"] < leading["appliedIndex"], (health, leading)
     logs = cluster.log_path(0).read_text() + cluster.log_path(1).read_text()
     assert "does not verify against --peer-tls-ca" in logs or "refused" in logs

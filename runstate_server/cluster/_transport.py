@@ -130,7 +130,11 @@ _TLS_BEFORE_FRAMES = frozenset({TLS_SNIFFING, TLS_TO_START, TLS_HANDSHAKING})
 # each reads up to one socket read's worth, and TLS holds at most one record (16 KiB) decrypted.
 TLS_PENDING_READS_MAX = 64
 # OpenSSL's reasons for a handshake with a peer that sent something other than TLS.
-_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"})
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
+# ... and for one whose connection closed mid-handshake: a peer going away (a partition, a restart,
+# its handshake deadline), or, dialling a release without TLS, its refusal of the TLS record as a
+# frame too long. Not a refusal by this node: logged at DEBUG, not counted.
+_CLOSED_REASONS = frozenset({"UNEXPECTED_EOF_WHILE_READING"})
 
 
 def _frame_body(pickled: bytes) -> bytes:
@@ -307,6 +311,9 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
             return
         except (OSError, ValueError) as error:
             reason = error.reason if isinstance(error, ssl.SSLError) and error.reason else str(error) or type(error).__name__
+            if isinstance(error, (ssl.SSLEOFError, ConnectionError)) or reason in _CLOSED_REASONS:
+                self._tls_closed(reason)
+                return
             if reason in _NOT_TLS_REASONS:
                 reason = f"it does not speak TLS ({reason})"
             # An alert about a certificate: the peer refused this node's, or sent none.
@@ -326,6 +333,13 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
             super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.WRITE)
         elif sock.pending():
             self._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
+
+    def _tls_closed(self, reason: str) -> None:
+        if self.tls_host is not None and self.peer_tls is not None and self.peer_tls.allow_plain:
+            self.plain_next = True  # perhaps a peer without certificates yet: the password next time
+        logger.debug("Raft port: a TLS handshake with %s ended: the connection closed (%s)",
+                     self.tls_host or self.remote_host or "a peer", reason)
+        self.disconnect()
 
     def _tls_failed(self, reason: str, *, certificate: bool) -> None:
         if self.on_tls_refused is not None:
