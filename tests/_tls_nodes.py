@@ -28,9 +28,11 @@ def make_ca(directory: Path) -> Path:
     return directory
 
 
-def sign_server_certificate(ca: Path, name: str, hosts: list[str], *, expired: bool = False) -> tuple[Path, Path]:
+def sign_server_certificate(
+    ca: Path, name: str, hosts: list[str], *, expired: bool = False, client_too: bool = False,
+) -> tuple[Path, Path]:
     """ca/<name>.pem and .key: a server certificate `ca`'s CA signs for `hosts` (DNS names or IP
-    addresses), valid now, or expired a day ago."""
+    addresses), valid now, or expired a day ago; `client_too`: for clients too (a Raft peer's)."""
     ca_cert = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
@@ -47,7 +49,8 @@ def sign_server_certificate(ca: Path, name: str, hosts: list[str], *, expired: b
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.SubjectAlternativeName([_general_name(host) for host in hosts]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH, *([ExtendedKeyUsageOID.CLIENT_AUTH] if client_too else [])]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     pem, key_path = ca / f"{name}.pem", ca / f"{name}.key"

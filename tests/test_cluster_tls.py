@@ -7,8 +7,6 @@ a certificate replaced on disk is served after SIGHUP."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import signal
 import ssl
 import subprocess
@@ -18,14 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests._cluster import Cluster
 from tests._http import Api
 from tests._prometheus import scrape, value
+from tests._tls_nodes import sign_server_certificate
 
 NODES = ("n1", "n2", "n3")
 CLI_TIMEOUT_S = 60.0
@@ -57,30 +52,6 @@ def trusting(certs: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLCo
     monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.HTTPSHandler(context=context)))
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     yield context
-
-
-def signed_expired(certs: Path, out: Path, node: str) -> tuple[Path, Path]:
-    """A certificate for `node` that the CA of `certs` signed and that expired yesterday."""
-    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), password=None)
-    ca_cert = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=30)).not_valid_after(now - datetime.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(node), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    cert_path, key_path = out / f"{node}.pem", out / f"{node}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    key_path.chmod(0o600)
-    return cert_path, key_path
 
 
 def api_tls_args(certs: Path, node: str) -> tuple[str, ...]:
@@ -144,7 +115,7 @@ def test_a_node_whose_raft_certificate_does_not_verify_is_refused(
         other = certs_init(tmp_path / "other", *NODES)
         cert, key, ca = other / "n3.pem", other / "n3.key", other / "ca.pem"
     else:
-        cert, key = signed_expired(certs, tmp_path / "expired", "n3")
+        cert, key = sign_server_certificate(certs, "n3-expired", ["n3", "127.0.0.1"], expired=True, client_too=True)
         ca = certs / "ca.pem"
     cluster.node_args[2] = peer_tls_args(cert, key, ca)
     cluster.start(0, 1)
