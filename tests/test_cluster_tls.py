@@ -11,6 +11,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -233,3 +234,24 @@ def test_bad_cluster_tls_settings_stop_the_node_with_one_line(
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert done.stderr.startswith("runstate: ") and "Traceback" not in done.stderr
+
+
+PAUSE_ROUNDS = 4  # each node in turn, this many times
+PAUSE_S = 1.5  # beyond the connection timeout (1 s): its peers' connections to it time out
+
+
+def test_paused_peers_reconnect_over_tls_without_a_byte_in_plain(make_cluster: Callable[..., Cluster], certs: Path) -> None:
+    """A connection found timed out while pysyncobj handles one of its events was dialled again
+    from inside that event, and pysyncobj sent the new socket's first frame in plain, before TLS:
+    the peer refused it (WRONG_VERSION_NUMBER). No refusal may happen in a cluster whose nodes all
+    hold good certificates, however they are paused."""
+    cluster = tls_cluster(make_cluster, certs, https=False).start()
+    for _ in range(PAUSE_ROUNDS):
+        for index in range(cluster.size):
+            cluster.pause(index)
+            time.sleep(PAUSE_S)
+            cluster.resume(index)
+            cluster.wait_healthy()
+    cluster.api(cluster.leader_index()).resending().ok("POST", "/v1/scopes", {})
+    assert [refusals(cluster, index) for index in range(cluster.size)] == [0] * cluster.size, cluster.logs()
+    assert "WRONG_VERSION_NUMBER" not in cluster.logs()

@@ -175,6 +175,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.dial_name: str | None = None  # the name the peer's certificate must carry when dialled (its host)
         self.handshake_timeout_s = float("inf")  # a dialled TLS handshake's bound (set by the transport)
         self.on_tls_refused: Any = None  # the transport's counter of refused TLS handshakes
+        self._in_event = False  # pysyncobj's handling of one of its socket's events is under way
         super().__init__(*args, **kwargs)
 
     def send(self, message: Any) -> None:
@@ -208,6 +209,13 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.peer = True
 
     def connect(self, host: str, port: int) -> bool:
+        if self._in_event and self.peer_tls is not None:
+            # pysyncobj's __processConnection found the connection timed out, closed it, and the
+            # transport dials again at once, from inside that event: pysyncobj then goes on with the
+            # event as the new socket's and calls onConnected while it is still connecting, before
+            # TLS (its first frame went out in plain). Dialled on the next round instead
+            # (connection_retry_s later).
+            return False
         # An outgoing connection object is reused for every reconnection: a new handshake each time,
         # and Fernet tokens until the peer tells again which formats it reads (it may be another release now).
         self.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
@@ -243,26 +251,30 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
         if self.tls_state in _TLS_BEFORE_FRAMES:
             self._tls_event(descr, event)
             return
-        super()._TcpConnection__processConnection(descr, event)
+        self._pysyncobj_event(descr, event)
         if self.tls_state != TLS_UP:
             return
         sock = self._TcpConnection__socket
         for _ in range(TLS_PENDING_READS_MAX):
             if self.state == CONNECTION_STATE.DISCONNECTED or sock is None or not sock.pending():
                 return
-            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
+            self._pysyncobj_event(descr, POLL_EVENT_TYPE.READ)
+
+    def _pysyncobj_event(self, descr: int, event: int) -> None:
+        self._in_event = True
+        try:
+            super()._TcpConnection__processConnection(descr, event)
+        finally:
+            self._in_event = False
 
     def _tls_event(self, descr: int, event: int) -> None:
         poller = self._TcpConnection__poller
         if descr != self._TcpConnection__fileno:
             poller.unsubscribe(descr)
             return
-        if event & POLL_EVENT_TYPE.ERROR:
-            self._tls_failed("the connection failed", certificate=False)
-            return
         sock = self._TcpConnection__socket
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self._tls_failed("the connection failed", certificate=False)
+        if event & POLL_EVENT_TYPE.ERROR or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self._tls_closed("the connection failed")  # e.g. the peer is down: not a refusal, nothing to log
             return
         if self.tls_state == TLS_SNIFFING:
             try:
@@ -282,7 +294,7 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
             if not looks_like_tls(prefix):  # a peer without a certificate yet: the password's frames
                 self.tls_state = TLS_NONE
                 self.encryptor = self.password_encryptor
-                super()._TcpConnection__processConnection(descr, event)
+                self._pysyncobj_event(descr, event)
                 return
             self.tls_state = TLS_TO_START
         if self.tls_state == TLS_TO_START:
@@ -330,12 +342,12 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
             # the connection up (its onConnected: the key exchange or the node's address).
             self.authenticated()
             self.handshake_deadline = float("inf")
-            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.WRITE)
+            self._pysyncobj_event(descr, POLL_EVENT_TYPE.WRITE)
         elif sock.pending():
             self._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
 
     def _tls_closed(self, reason: str) -> None:
-        if self.tls_host is not None and self.peer_tls is not None and self.peer_tls.allow_plain:
+        if self.tls_host is not None and self.peer_tls is not None and self.peer_tls.allow_plain and self.tls_state == TLS_HANDSHAKING:
             self.plain_next = True  # perhaps a peer without certificates yet: the password next time
         logger.debug("Raft port: a TLS handshake with %s ended: the connection closed (%s)",
                      self.tls_host or self.remote_host or "a peer", reason)
@@ -366,6 +378,8 @@ class BoundedConnection(TcpConnection):  # type: ignore[misc]
     # pysyncobj's __processSend, for a TLS socket: a write TLS cannot finish now (the socket is full)
     # is tried again, with the same bytes first, on the next send or write event.
     def _TcpConnection__processSend(self) -> bool:
+        if self.tls_state in _TLS_BEFORE_FRAMES:
+            return False  # nothing of a TLS connection goes out before TLS is up
         if self.tls_state != TLS_UP:
             return bool(super()._TcpConnection__processSend())
         buffer = self._TcpConnection__writeBuffer
