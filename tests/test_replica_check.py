@@ -112,7 +112,8 @@ def test_a_node_whose_state_differs_alone_raises_the_alarm_and_refuses_calls(
         assert value(samples, "runstate_replica_diverged") == 0
     samples, _ = scrape(cluster.urls[changed], cluster.admin_key)  # /metrics still answers
     assert value(samples, "runstate_replica_diverged") == 1
-    assert value(samples, "runstate_replica_checks_total", outcome="diverged") == 1
+    # At least the check it was found out at (on loaded cores, a later one may be counted before this scrape).
+    assert value(samples, "runstate_replica_checks_total", outcome="diverged") >= 1
     assert "REPLICA DIVERGED" in cluster.log_path(changed).read_text()
 
     # Its calls are refused with the code; the others serve the same call.
