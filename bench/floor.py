@@ -22,7 +22,7 @@ nothing else: each a bare asyncio protocol (HTTP/1.1: the head, a Content-Length
   nothing else (no terms, no indexes, no encryption).
 
 Each is p50/p90/p99/max in ms over `--requests` after `--warmup`; `--gap-ms N` idles N ms before
-each counted request (a disk's sync is slower when syncs come apart: README, Benchmarks). The
+each counted request (a disk's sync is slower when syncs come apart: docs/performance.md). The
 targets the issue names are printed beside them (`targets_ms`). Ports are free ones on 127.0.0.1;
 the journals live in a temporary directory, removed at the end with the processes.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the lock: requirements/*.txt, exact versions with every file's sha256 (README,
-# "Dependencies and the lock"). From anywhere in the checkout:
+# Regenerates the lock: requirements/*.txt, exact versions with every file's sha256
+# (docs/development.md, "Dependencies and the lock"). From anywhere in the checkout:
 #
 #   requirements/refresh.sh                          keeps every locked version that pyproject.toml's
 #                                                    ranges still allow; changes only what it must

@@ -1,6 +1,6 @@
 """The chaos harness's short form, as CI runs it: a fixed seed and one random seed (printed), each
 a fresh three-node cluster under kill -9, SIGSTOP, partitions and restarts while the workload
-runs; any violation the checker finds fails the test. The long form is in the README."""
+runs; any violation the checker finds fails the test. The long form is in docs/chaos.md."""
 
 from __future__ import annotations
 

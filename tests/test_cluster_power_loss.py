@@ -3,7 +3,7 @@ data; every write acknowledged before the kill is there (its task, and SUCCEEDED
 was acknowledged), and the replicas agree on one digest. Several rounds on the same data dirs.
 
 The default run does POWER_LOSS_ROUNDS_DEFAULT rounds; the long form sets RUNSTATE_POWER_LOSS_ROUNDS
-(README, "Chaos testing": 50 rounds).
+(docs/chaos.md, "Whole-cluster power loss": 50 rounds).
 """
 
 from __future__ import annotations

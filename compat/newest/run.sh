@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The cluster's tests against the newest releases of our dependencies, not the lock's (README,
-# "Dependencies and the lock"). Not part of the default test run: it downloads the newest releases.
+# The cluster's tests against the newest releases of our dependencies, not the lock's
+# (docs/development.md, "Dependencies and the lock"). Not part of the default test run: it downloads the newest releases.
 #
 #   compat/newest/run.sh [--ranges]         the newest release of every dependency (runtime and dev
 #                                           tools) that pyproject.toml's ranges allow

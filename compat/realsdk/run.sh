@@ -5,8 +5,8 @@
 #
 # Run it from the root of a checkout of the project (or set RUNSTATE_SERVER_CMD). Only 0.2.0 and
 # 0.3.0 ship tests in their sdists. The releases are downloaded from PyPI when it runs; nothing of
-# theirs is kept in the project. tests/test_realsdk.py runs it; the README ("Compatibility with
-# the published clients") says how to run it by hand.
+# theirs is kept in the project. tests/test_realsdk.py runs it; docs/development.md
+# ("Compatibility with the published clients") says how to run it by hand.
 #
 # - keeps a cache, $RUNSTATE_REALSDK_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/runstate-realsdk):
 #   `pip download`s the release's wheel and sdist into dist/ if they are missing, unpacks the sdist

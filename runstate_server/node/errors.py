@@ -18,7 +18,7 @@ REQUEST_ID_HEX_CHARS = 24
 # What new_request_id makes; a forwarded request's id is kept only if it looks like one.
 REQUEST_ID = re.compile(r"req_[0-9a-f]{%d}" % REQUEST_ID_HEX_CHARS)  # noqa: UP031
 
-# Every code a client can meet, with its HTTP status (README "Errors" lists them for users).
+# Every code a client can meet, with its HTTP status (docs/errors.md lists them for users).
 STATUS_BY_CODE: dict[str, int] = {
     "VALIDATION_FAILED": 400,
     "UNAUTHENTICATED": 401,

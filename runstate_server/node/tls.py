@@ -1,4 +1,4 @@
-"""A node's TLS material, reloaded without a restart (README "TLS"; DESIGN.md "Mutual TLS on the Raft port").
+"""A node's TLS material, reloaded without a restart (docs/tls.md; DESIGN.md "Mutual TLS on the Raft port").
 
 `NodeTls` holds:
 - the API's server context (`--tls-cert`, `--tls-key`, `--tls-client-ca`; node/certs.py);

@@ -916,7 +916,7 @@ class AsyncRunstate:
     `timeout_s` bounds each ordinary request (long polls get their wait on top). `coalesce`
     (default True): concurrent `submit()` calls of this client ride together in one batch request,
     and so do the first looks of concurrent `Ticket.result()` waits; each caller still gets
-    exactly its own answer or error (README, "Coalescing"). Raises ConfigError for a malformed
+    exactly its own answer or error (docs/python-sdk.md, "The client": coalescing). Raises ConfigError for a malformed
     setting. Calls raise UnavailableError when no server answers for a few seconds, and TlsError
     at once, without retrying, when TLS with a server fails (its certificate does not verify, or it
     refused the client's).
