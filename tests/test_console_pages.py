@@ -128,16 +128,15 @@ def test_an_operator_creates_a_space(console: Console, auth_node: tuple[DevNode,
     assert "CONFLICT" in page.locator('[data-page="spaces"] [data-error]').inner_text()
 
 
-def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_write(
-    console: Console, dev_node: DevNode
-) -> None:
+def test_a_node_without_auth_signs_in_by_itself_and_the_console_can_write(console: Console, dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run, tasks = _run_with_tasks(api, tasks=1)
     page = console.new_page()
     page.goto(f"{dev_node.url}/console/")
-    page.locator("[data-no-auth]").wait_for()
-    assert page.locator('input[name="key"]').count() == 0
-    console.open(dev_node.url, page=page)
+    page.locator("[data-nav]").wait_for()  # no sign-in form: GET /v1/whoami said no key is needed
+    assert page.locator('[data-page="sign-in"]').count() == 0
+    assert page.locator("[data-no-auth]").count() == 1
+    assert page.locator('[data-action="sign-out"]').count() == 0  # nothing to sign out of
     # A POST from the console passes the guard of a node without auth (a loopback Origin).
     page.goto(f"{dev_node.url}/console/#/runs/{run['id']}")
     page.click('[data-action="cancel"]')
@@ -147,6 +146,13 @@ def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_
     page.click('[data-nav-entry="keys"]')  # such a node makes no keys: the page says so
     page.locator('[data-page="keys"] [data-no-auth]').wait_for()
     assert page.locator('[data-form="create-key"]').count() == 0
+    # The space switch lists the node's spaces; choosing one opens it.
+    space = f"other-{uuid.uuid4().hex[:8]}"
+    api.ok("POST", "/v1/spaces", {"id": space})
+    page.reload()
+    page.locator("[data-space-switch] option", has_text=space).wait_for(state="attached")
+    page.select_option("[data-space-switch]", space)
+    page.wait_for_function("s => JSON.parse(sessionStorage.getItem('runstate.console.session')).space === s", arg=space)
 
 
 def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:
