@@ -10,14 +10,17 @@ import type { Params } from "../routes";
 import { Age, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
 import { LineChart, useEventRate, useSeries } from "./_charts";
 import {
+  ErrorText,
   hashParam,
   JsonPreview,
   type Mailbox,
+  MailboxLink,
   RunLink,
   type Task,
   TASK_ENDED_EVENTS,
   TASK_EVENTS,
   TASK_STATES,
+  TaskKey,
   TaskLink,
   useEvery,
   usePaged,
@@ -110,7 +113,10 @@ interface Message {
   createdAt: string;
 }
 
-export function TaskTable(props: { tasks: Task[]; empty: string }) {
+/** Tasks by key. `scopeId`: the table of that run's page (a Mailbox column; the run's own tasks
+ * say "this run", a child run's name their run). */
+export function TaskTable(props: { tasks: Task[]; empty: string; scopeId?: string }) {
+  const inRun = props.scopeId !== undefined;
   return (
     <Table<Task>
       name="tasks"
@@ -118,13 +124,17 @@ export function TaskTable(props: { tasks: Task[]; empty: string }) {
       rowId={(task) => task.id}
       empty={props.empty}
       columns={[
-        { title: "Task", cell: (task) => <TaskLink id={task.id}>{task.taskKey || task.id}</TaskLink> },
+        { title: "Task", cell: (task) => <TaskLink id={task.id}><TaskKey value={task.taskKey} /></TaskLink> },
         { title: "State", cell: (task) => <StateBadge state={task.state} /> },
+        ...(inRun ? [{ title: "Mailbox", cell: (task: Task) => <MailboxLink id={task.mailboxId} name={task.mailbox} /> }] : []),
         { title: "Attempt", class: "num", cell: (task) => `${task.attempt}${task.attempts ? ` / ${task.attempts}` : ""}` },
-        { title: "Holder", cell: (task) => <WorkerLink holder={task.holder} scopeId={task.scopeId} /> },
-        { title: "Error", cell: (task) => (task.error ? <span class="error-text">{task.error}</span> : <span class="muted">—</span>) },
+        { title: "Holder", cell: (task) => <WorkerLink holder={task.holder ?? task.finishedBy} scopeId={task.scopeId} /> },
+        { title: "Error", cell: (task) => <ErrorText value={task.error} /> },
         { title: "Result", cell: (task) => <JsonPreview value={task.outcome} /> },
-        { title: "Run", cell: (task) => <RunLink id={task.scopeId} /> },
+        {
+          title: "Run",
+          cell: (task) => (inRun && task.scopeId === props.scopeId ? <span class="muted">this run</span> : <RunLink id={task.scopeId} />),
+        },
         { title: "Age", class: "num", cell: (task) => <Age since={task.createdAt} /> },
       ]}
     />
@@ -205,7 +215,7 @@ export function MailboxPage(props: { params: Params }) {
             rowId={(message) => message.id}
             empty={state ? `No ${state} messages among the newest.` : "No messages."}
             columns={[
-              { title: "Message", cell: (message) => <TaskLink id={message.id}>{message.workKey || message.id}</TaskLink> },
+              { title: "Message", cell: (message) => <TaskLink id={message.id}><TaskKey value={message.workKey} /></TaskLink> },
               { title: "State", cell: (message) => <StateBadge state={message.state} /> },
               { title: "Attempt", class: "num", cell: (message) => message.attempt },
               { title: "Payload", cell: (message) => <JsonPreview value={message.payload} /> },

@@ -13,6 +13,7 @@ import {
   RunLink,
   type RunDiagnostics,
   type Task,
+  TaskKey,
   WorkerLink,
 } from "./_shared";
 import { WaitReasons } from "./Waits";
@@ -44,6 +45,22 @@ async function history(aggregate: string, signal: AbortSignal): Promise<Event[]>
   return found;
 }
 
+// Payload fields the other columns (or the page itself) already show.
+const SHOWN_ELSEWHERE = new Set(["taskId", "state", "attempt"]);
+
+/** What an event's payload adds to its row: "holder: worker-1", never its raw JSON. */
+function EventDetails(props: { event: Event }) {
+  const extra = Object.entries(props.event.payload).filter(([name, value]) => !SHOWN_ELSEWHERE.has(name) && value !== null && value !== undefined);
+  if (!extra.length) return null;
+  return (
+    <span class="event-details" data-event-details>
+      {extra.map(([name, value], index) => (
+        <>{index ? ", " : null}<span class="muted">{name}:</span> {typeof value === "string" ? value : JSON.stringify(value)}</>
+      ))}
+    </span>
+  );
+}
+
 export function EventTable(props: { events: Event[]; empty: string }) {
   return (
     <Table<Event>
@@ -56,7 +73,7 @@ export function EventTable(props: { events: Event[]; empty: string }) {
         { title: "Event", cell: (event) => <code data-event-type={event.type}>{event.type}</code> },
         { title: "State", cell: (event) => (typeof event.payload.state === "string" ? <StateBadge state={event.payload.state} /> : null) },
         { title: "Attempt", class: "num", cell: (event) => (event.payload.attempt as number | undefined) ?? "" },
-        { title: "Details", cell: (event) => <JsonPreview value={event.payload} maxChars={100} /> },
+        { title: "Details", cell: (event) => <EventDetails event={event} /> },
       ]}
     />
   );
@@ -103,7 +120,7 @@ export function TaskPage(props: { params: Params }) {
             <Fields name="task" rows={shown([
               ["Id", <code data-task-id>{data.id}</code>],
               ["State", <StateBadge state={data.state} />],
-              ["Key", <code>{data.taskKey}</code>],
+              ["Key", <TaskKey value={data.taskKey} />],
               ["Mailbox", <MailboxLink id={data.mailboxId} name={data.mailbox} />],
               ["Run", <RunLink id={data.scopeId} />],
               ["Attempt", `${data.attempt}${data.attempts ? ` of ${data.attempts}` : ""}`],
