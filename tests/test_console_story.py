@@ -6,6 +6,7 @@ workers page, and charts that start from the node's recent history."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -121,3 +122,66 @@ def test_a_runs_page_tells_its_progress_and_lists_its_tasks_by_key(console: Cons
     history = task.locator('[data-table="history"]')
     expect(history.locator('[data-event-type="task.failed"]')).to_have_count(1)
     assert "taskId" not in history.inner_text() and "{" not in history.inner_text()
+
+
+def test_the_overview_workers_and_a_tasks_attempts_tell_what_happened_before_the_page_opened(
+    console: Console, dev_node: DevNode
+) -> None:
+    api = _space(dev_node)
+    story = _story(api)  # everything happened before the browser opened: the pages read the past
+    opened_ms = time.time() * 1000
+    page = console.open(dev_node.url, space=api.space or "")
+    overview = page.locator('[data-page="overview"]')  # the landing page
+    tile = lambda name: overview.locator(f'[data-tile="{name}"] [data-tile-value]')  # noqa: E731
+    expect(tile("runs-active")).to_have_text("1")
+    expect(tile("queued")).to_have_text("1")
+    expect(tile("in-flight")).to_have_text("1")
+    expect(tile("succeeded")).to_have_text("1")
+    expect(tile("failed")).to_have_text("1")
+    expect(tile("cluster")).to_have_text("1 of 1")
+    expect(overview.locator(f'[data-table="longest-waits"] [data-row="{story["mailbox"]["id"]}"]')).to_have_count(1)
+    # The charts start from the log: two ended tasks plotted, and the depth's past (five tasks
+    # queued at once, before any ran) drawn, not a line that starts now.
+    expect(overview.locator('[data-chart="throughput"] [data-line="ended"]')).to_have_count(1)
+    depth = overview.locator('[data-chart="depth"] [data-line="queued"]')
+    expect(depth).to_have_count(1)
+    assert float(depth.get_attribute("data-from")) < opened_ms
+    assert depth.get_attribute("d").count("V") >= 4  # steps: up with each submit, down as each ran
+    console.screenshot(page, "overview")
+
+    page.click('[data-nav-entry="workers"]')
+    workers = page.locator('[data-page="workers"] [data-table="workers"]')
+    worker_b = workers.locator('[data-row="worker-b"]')
+    expect(worker_b.locator('[data-last-seen="now"]')).to_have_count(1)
+    expect(worker_b.locator('[data-task-key="report:initech"]')).to_have_count(1)
+    expect(worker_b.locator("[data-reservation]")).to_contain_text("model-usd: 3.50 USD")
+    worker_a = workers.locator('[data-row="worker-a"]')
+    expect(worker_a.locator('[data-last-seen="before"]')).to_have_count(1)
+    expect(worker_a.locator("[data-succeeded]")).to_have_text("1")
+    console.screenshot(page, "workers")
+
+    # The failed task's attempts: worker-a's retried one, then worker-b's that failed.
+    page.evaluate("path => { location.hash = path }", f"/tasks/{story['failed']}")
+    timeline = page.locator('[data-page="task"] [data-timeline]')
+    expect(timeline.locator("[data-attempt]")).to_have_count(2)
+    expect(timeline.locator('[data-attempt="1"] [data-ended]')).to_have_text("queued again")
+    expect(timeline.locator('[data-attempt="2"] [data-ended="FAILED"]')).to_have_count(1)
+    expect(timeline.locator('[data-attempt="2"] [data-link="worker"]')).to_have_text("worker-b")
+    console.screenshot(page, "task-attempts")
+
+
+def test_the_queues_depth_chart_starts_from_the_log(console: Console, dev_node: DevNode) -> None:
+    api = _space(dev_node)
+    run = api.ok("POST", "/v1/scopes", {"name": "depth"})
+    mailbox = api.ok("POST", "/v1/mailboxes", {"name": "depth"})
+    for n in range(3):
+        api.ok("POST", "/v1/tasks", {"mailboxId": mailbox["id"], "scopeId": run["id"], "input": {"n": n}})
+    _receive(api, mailbox["id"], run["id"], "worker-d")
+    opened_ms = time.time() * 1000
+    page = console.open(dev_node.url, space=api.space or "")
+    page.click('[data-nav-entry="queues"]')
+    chart = page.locator('[data-page="queues"] [data-chart="depth"]')
+    # Before the page opened: 1, 2, 3 queued, then 2 once one ran; the page's own samples follow.
+    for line in ("queued", "inFlight"):
+        page.wait_for_function("([el, before]) => Number(el.getAttribute('data-from')) < before",
+                               arg=[chart.locator(f'[data-line="{line}"]').element_handle(), opened_ms])

@@ -1,5 +1,5 @@
 // Queues: every mailbox with its depth, deliveries in flight, oldest waiting age, attempts and
-// outcomes, and a live plot of throughput and depth; a mailbox's page lists its tasks (filterable
+// outcomes, and a plot of throughput and depth that starts from the event log's last minutes; a mailbox's page lists its tasks (filterable
 // by state) and its newest messages.
 
 import { useEffect } from "preact/hooks";
@@ -8,7 +8,7 @@ import { useData, useLive } from "../live";
 import { href } from "../router";
 import type { Params } from "../routes";
 import { Age, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
-import { LineChart, useEventRate, useSeries } from "./_charts";
+import { depthHistory, LineChart, useEventLog, useEventRate, useSeries } from "./_charts";
 import {
   ErrorText,
   hashParam,
@@ -43,6 +43,13 @@ export function QueuesPage() {
   const queued = useSeries(PLOT_WINDOW_MS);
   const inFlight = useSeries(PLOT_WINDOW_MS);
   const ended = useEventRate(TASK_ENDED_EVENTS, THROUGHPUT_BUCKET_MS, PLOT_WINDOW_MS);
+  // Read once: the depth before the page opened, worked back from its first sample through the log.
+  const log = useEventLog(TASK_EVENTS, PLOT_WINDOW_MS);
+  const firstQueued = queued.points[0];
+  const firstInFlight = inFlight.points[0];
+  const before = log.data && firstQueued && firstInFlight
+    ? depthHistory(log.data.filter((event) => Date.parse(event.createdAt) < firstQueued.at), firstQueued.value, firstInFlight.value)
+    : { queued: [], inFlight: [] };
   const mailboxes = loaded.data?.mailboxes;
   useEffect(() => {
     if (!mailboxes) return;
@@ -94,8 +101,8 @@ export function QueuesPage() {
           title="Queue depth, all mailboxes"
           windowMs={PLOT_WINDOW_MS}
           lines={[
-            { name: "queued", label: "queued", points: queued.points, step: true },
-            { name: "inFlight", label: "in flight", points: inFlight.points, step: true },
+            { name: "queued", label: "queued", points: [...before.queued, ...queued.points], step: true },
+            { name: "inFlight", label: "in flight", points: [...before.inFlight, ...inFlight.points], step: true },
           ]}
         />
       </div>
