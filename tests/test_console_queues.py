@@ -125,7 +125,7 @@ def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Co
         grant.locator('a[data-link="task"]').click()
         page.locator('[data-page="task"] [data-task-id]').filter(has_text=holding.id).wait_for()
         expect(page.locator('[data-page="task"] [data-state="RUNNING"]').first).to_be_visible()
-        page.locator('[data-page="task"] a[data-link="worker"]').click()
+        page.locator('[data-page="task"] [data-field="Holder"] a[data-link="worker"]').click()
         waits = page.locator('[data-page="waits"]')
         waits.wait_for()
         expect(waits.locator('[data-table="workers"] [data-row="gpu-worker"]')).to_contain_text(holding.id)

@@ -108,7 +108,7 @@ def test_a_runs_page_tells_its_progress_and_lists_its_tasks_by_key(console: Cons
     workers = run.locator('[data-table="workers"]')
     expect(workers.locator("th", has_text="Keys held")).to_have_count(1)
     expect(workers.locator('[data-row="worker-b"] [data-reservation]')).to_contain_text("model-usd: 3.50 USD")
-    console.screenshot(page, "run-progress")
+    console.screenshot(page, "story-run")
     _go(page, f"/waits?scopeId={story['run']['id']}", "waits")
     expect(page.locator('[data-table="workers"] [data-row="worker-b"] [data-reservation]')).to_contain_text("3.50 USD")
     # The runs list: a named run with its id below, an unnamed one's id once.
@@ -147,7 +147,7 @@ def test_the_overview_workers_and_a_tasks_attempts_tell_what_happened_before_the
     expect(depth).to_have_count(1)
     assert float(depth.get_attribute("data-from")) < opened_ms
     assert depth.get_attribute("d").count("V") >= 4  # steps: up with each submit, down as each ran
-    console.screenshot(page, "overview")
+    console.screenshot(page, "story-overview")
 
     page.click('[data-nav-entry="workers"]')
     workers = page.locator('[data-page="workers"] [data-table="workers"]')
@@ -158,7 +158,7 @@ def test_the_overview_workers_and_a_tasks_attempts_tell_what_happened_before_the
     worker_a = workers.locator('[data-row="worker-a"]')
     expect(worker_a.locator('[data-last-seen="before"]')).to_have_count(1)
     expect(worker_a.locator("[data-succeeded]")).to_have_text("1")
-    console.screenshot(page, "workers")
+    console.screenshot(page, "story-workers")
 
     # The failed task's attempts: worker-a's retried one, then worker-b's that failed.
     page.evaluate("path => { location.hash = path }", f"/tasks/{story['failed']}")
@@ -167,7 +167,7 @@ def test_the_overview_workers_and_a_tasks_attempts_tell_what_happened_before_the
     expect(timeline.locator('[data-attempt="1"] [data-ended]')).to_have_text("queued again")
     expect(timeline.locator('[data-attempt="2"] [data-ended="FAILED"]')).to_have_count(1)
     expect(timeline.locator('[data-attempt="2"] [data-link="worker"]')).to_have_text("worker-b")
-    console.screenshot(page, "task-attempts")
+    console.screenshot(page, "story-task-attempts")
 
 
 def test_the_queues_depth_chart_starts_from_the_log(console: Console, dev_node: DevNode) -> None:
