@@ -4,8 +4,8 @@ test, closed after it. Ask for `console` after a test's own node fixture (`node_
 `make_cluster`), so its pages (and their open long polls) close before the nodes stop.
 
     def test_x(console: Console, dev_node: DevNode) -> None:
-        page = console.open(dev_node.url)           # signed in on a node without auth
-        page = console.open(url, key=secret)        # or with a key
+        page = console.open(dev_node.url)           # a node without auth signs in by itself
+        page = console.open(url, key=secret)        # or with a key, through the sign-in form
 
 Screenshots: `console.screenshot(page, "runs")` saves <dir>/runs.png only when
 RUNSTATE_CONSOLE_SCREENSHOTS=<dir> is set (the committed ones live in docs/console/).
@@ -19,8 +19,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
+from playwright.sync_api import expect
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -51,8 +53,14 @@ class Console:
 
     def open(self, base_url: str, *, key: str | None = None, space: str = "default", viewport: dict[str, int] = WIDE,
              page: Any = None) -> Any:
-        """A page signed in to the console of the node at base_url (no key: a node without auth)."""
+        """A page signed in to the console of the node at base_url (no key: a node without auth, which
+        signs in by itself to the space the URL names)."""
         page = page or self.new_page(viewport)
+        if key is None:
+            page.goto(f"{base_url}/console/?{urlencode({'space': space})}")
+            page.locator("[data-nav]").wait_for(state="attached")
+            expect(page.locator("[data-space-switch]")).to_have_value(space)
+            return page
         page.goto(f"{base_url}/console/")
         sign_in(page, key=key, space=space)
         return page
@@ -69,14 +77,13 @@ class Console:
         self.contexts.clear()
 
 
-def sign_in(page: Any, *, key: str | None, space: str = "default") -> None:
-    """Fills the sign-in form (without a key on a node without auth) and waits for the shell."""
+def sign_in(page: Any, *, key: str, space: str = "default") -> None:
+    """Fills the sign-in form of a node with auth and waits for the shell."""
     form = page.locator('[data-page="sign-in"]')
     form.wait_for()
     page.locator('[data-action="sign-in"]:not([disabled])').wait_for()
     page.fill('input[name="space"]', space)
-    if key is not None:
-        page.fill('input[name="key"]', key)
+    page.fill('input[name="key"]', key)
     page.click('[data-action="sign-in"]')
     page.locator("[data-nav]").wait_for(state="attached")
 

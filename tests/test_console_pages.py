@@ -17,7 +17,8 @@ from tests._http import Api
 from tests._nodes import DevNode
 
 # The console's own pages (the page table in console/src/routes.ts); "{run}" is a run's id.
-PAGES = {"runs": "/runs", "run": "/runs/{run}", "cluster": "/cluster", "keys": "/keys", "spaces": "/spaces"}
+PAGES = {"overview": "/overview", "runs": "/runs", "run": "/runs/{run}", "workers": "/workers", "cluster": "/cluster",
+         "keys": "/keys", "spaces": "/spaces"}
 
 
 def _run_with_tasks(api: Api, tasks: int = 2, held_by: str | None = None) -> tuple[dict[str, Any], list[str]]:
@@ -41,7 +42,7 @@ def test_sign_in_with_a_key_shows_the_runs_and_the_operator_nav(console: Console
     page.locator('[data-page="sign-in"]').wait_for()
     console.screenshot(page, "sign-in")
     console.open(node.url, key=secret, page=page)
-    page.locator('[data-page="runs"]').wait_for()
+    page.locator('[data-page="overview"]').wait_for()  # the landing page
     assert page.locator('[data-nav-entry="spaces"]').count() == 1  # an operator admin key
     assert page.locator('[data-nav-entry="keys"]').count() == 1
     # The key lives in this tab's sessionStorage only.
@@ -73,7 +74,7 @@ def test_a_key_without_admin_sees_no_keys_or_spaces_entry(console: Console, auth
         "POST", "/v1/keys", {"space": "default", "name": "reader", "permissions": ["coordination_read"]}
     )
     page = console.open(node.url, key=reader["key"])
-    page.locator('[data-page="runs"]').wait_for()
+    page.locator('[data-page="overview"]').wait_for()
     assert page.locator('[data-nav-entry="keys"]').count() == 0
     assert page.locator('[data-nav-entry="spaces"]').count() == 0
     page.goto(f"{node.url}/console/#/keys")  # typed in by hand: the page says what the key lacks
@@ -86,6 +87,7 @@ def test_the_runs_list_follows_the_event_log_and_filters(console: Console, auth_
     node, secret = auth_node
     api = Api(node.url, key=secret)
     page = console.open(node.url, key=secret)
+    page.click('[data-nav-entry="runs"]')
     page.locator('[data-page="runs"]').wait_for()
     tag = uuid.uuid4().hex[:8]
     made = api.ok("POST", "/v1/scopes", {"name": f"live-{tag}"})
@@ -128,16 +130,15 @@ def test_an_operator_creates_a_space(console: Console, auth_node: tuple[DevNode,
     assert "CONFLICT" in page.locator('[data-page="spaces"] [data-error]').inner_text()
 
 
-def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_write(
-    console: Console, dev_node: DevNode
-) -> None:
+def test_a_node_without_auth_signs_in_by_itself_and_the_console_can_write(console: Console, dev_node: DevNode) -> None:
     api = Api(dev_node.url)
     run, tasks = _run_with_tasks(api, tasks=1)
     page = console.new_page()
     page.goto(f"{dev_node.url}/console/")
-    page.locator("[data-no-auth]").wait_for()
-    assert page.locator('input[name="key"]').count() == 0
-    console.open(dev_node.url, page=page)
+    page.locator("[data-nav]").wait_for()  # no sign-in form: GET /v1/whoami said no key is needed
+    assert page.locator('[data-page="sign-in"]').count() == 0
+    assert page.locator("[data-no-auth]").count() == 1
+    assert page.locator('[data-action="sign-out"]').count() == 0  # nothing to sign out of
     # A POST from the console passes the guard of a node without auth (a loopback Origin).
     page.goto(f"{dev_node.url}/console/#/runs/{run['id']}")
     page.click('[data-action="cancel"]')
@@ -147,6 +148,13 @@ def test_a_node_without_auth_lets_the_user_in_without_a_key_and_the_console_can_
     page.click('[data-nav-entry="keys"]')  # such a node makes no keys: the page says so
     page.locator('[data-page="keys"] [data-no-auth]').wait_for()
     assert page.locator('[data-form="create-key"]').count() == 0
+    # The space switch lists the node's spaces; choosing one opens it.
+    space = f"other-{uuid.uuid4().hex[:8]}"
+    api.ok("POST", "/v1/spaces", {"id": space})
+    page.reload()
+    page.locator("[data-space-switch] option", has_text=space).wait_for(state="attached")
+    page.select_option("[data-space-switch]", space)
+    page.wait_for_function("s => JSON.parse(sessionStorage.getItem('runstate.console.session')).space === s", arg=space)
 
 
 def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:
@@ -185,7 +193,7 @@ def test_revoking_the_consoles_key_mid_session_signs_it_out(console: Console, au
     admin = Api(node.url, key=secret)
     made = admin.ok("POST", "/v1/keys", {"space": "default", "name": "short-lived", "permissions": ["admin", "coordination_read"]})
     page = console.open(node.url, key=made["key"])
-    page.locator('[data-page="runs"]').wait_for()
+    page.locator('[data-page="overview"]').wait_for()
     admin.ok("POST", f"/v1/keys/{made['id']}/revoke")
     message = page.locator("[data-signed-out]")
     message.wait_for()  # the open watch, or the shell's next whoami, meets the 401
@@ -198,6 +206,7 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
     api = Api(node.url, key=secret)
     run, tasks = _run_with_tasks(api, tasks=2, held_by="worker-7")
     page = console.open(node.url, key=secret)
+    page.click('[data-nav-entry="runs"]')
     page.locator(f'[data-table="runs"] [data-row="{run["id"]}"] a').click()
     page.locator('[data-page="run"]').wait_for()
     page.locator(f'[data-table="tasks"] [data-row="{tasks[0]}"]').wait_for()
@@ -224,14 +233,14 @@ def test_cancel_a_run_from_its_page_cancels_its_tasks(console: Console, auth_nod
 def test_a_node_that_stops_answering_shows_a_banner_and_recovers(node_factory: Callable[..., DevNode], console: Console) -> None:
     node = node_factory(in_memory=True).start()
     page = console.open(node.url)
-    page.locator('[data-page="runs"]').wait_for()
+    page.locator('[data-page="overview"]').wait_for()
     node.kill()
     page.locator('[data-banner="down"]').wait_for()
     assert node.url.replace("http://", "") in page.locator('[data-banner="down"]').inner_text()
-    assert page.locator('[data-page="runs"]').count() == 1  # not a blank page
+    assert page.locator('[data-page="overview"]').count() == 1  # not a blank page
     node.start()
     page.locator('[data-banner="down"]').wait_for(state="detached")
-    page.locator('[data-page="runs"]').wait_for()
+    page.locator('[data-page="overview"] [data-tile="queued"]').wait_for()
 
 
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1280", "390"])

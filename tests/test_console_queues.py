@@ -33,8 +33,9 @@ def _patient_expectations() -> Iterator[None]:
         expect.set_options(timeout=_EXPECT_TIMEOUT_MS_DEFAULT)
 
 
-def _space() -> str:
-    return f"console-{uuid.uuid4().hex[:10]}"
+def _space(node: DevNode) -> str:
+    """A new space of the node (made first: a space must exist before it is used)."""
+    return str(Api(node.url).ok("POST", "/v1/spaces", {"id": f"console-{uuid.uuid4().hex[:10]}"})["id"])
 
 
 def _go(page: Any, path: str, name: str) -> Any:
@@ -46,7 +47,7 @@ def _go(page: Any, path: str, name: str) -> Any:
 
 
 def test_a_queue_drains_live_and_a_task_shows_its_history(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.mailboxes.ensure("jobs")
         run = rs.scopes.create(name="drain")
@@ -93,7 +94,7 @@ def test_a_queue_drains_live_and_a_task_shows_its_history(console: Console, dev_
 
 
 def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space, holder="gpu-worker") as rs:
         rs.pools.ensure("gpu", 1)
         rs.mailboxes.ensure("renders")
@@ -124,7 +125,7 @@ def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Co
         grant.locator('a[data-link="task"]').click()
         page.locator('[data-page="task"] [data-task-id]').filter(has_text=holding.id).wait_for()
         expect(page.locator('[data-page="task"] [data-state="RUNNING"]').first).to_be_visible()
-        page.locator('[data-page="task"] a[data-link="worker"]').click()
+        page.locator('[data-page="task"] [data-field="Holder"] a[data-link="worker"]').click()
         waits = page.locator('[data-page="waits"]')
         waits.wait_for()
         expect(waits.locator('[data-table="workers"] [data-row="gpu-worker"]')).to_contain_text(holding.id)
@@ -159,7 +160,7 @@ def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Co
 
 
 def test_groups_barriers_and_timers_show_what_the_sdk_made(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.mailboxes.ensure("votes")
         run = rs.scopes.create(name="together")
@@ -199,7 +200,7 @@ def test_groups_barriers_and_timers_show_what_the_sdk_made(console: Console, dev
 
 
 def test_the_pages_fit_a_narrow_screen(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.pools.ensure("narrow-gpu", 2)
         rs.mailboxes.ensure("narrow-jobs")

@@ -22,7 +22,7 @@ def test_the_console_works_over_https(tmp_path: Path, console: Console) -> None:
         insecure: list[str] = []
         page.on("request", lambda request: insecure.append(request.url) if request.url.startswith("http:") else None)
         console.open(node.url, page=page)
-        page.locator('[data-page="runs"]').wait_for()  # signed in, and its first call answered
+        page.locator('[data-page="overview"]').wait_for()  # signed in, and its first call answered
         assert page.url.startswith("https://")
         assert insecure == []
         console.screenshot(page, "console-over-https")

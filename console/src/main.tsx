@@ -1,10 +1,10 @@
-// The console's shell: sign-in until there is a session, then the nav (from routes.ts), the
-// "not answering" banner and the page the hash names.
+// The console's shell: sign-in until there is a session (a node without auth signs in by itself),
+// then the nav (from routes.ts), the "not answering" banner and the page the hash names.
 
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
-import { currentSession, get, hasPermission, isNodeDown, signOut, subscribe } from "./api";
-import { SignInPage } from "./pages/SignIn";
+import { currentSession, get, hasPermission, isNodeDown, type Session, signIn, signOut, subscribe } from "./api";
+import { SignInPage, spaceFromUrl } from "./pages/SignIn";
 import { match, navigate, useHashPath } from "./router";
 import { HOME, ROUTES, type RouteEntry } from "./routes";
 import "./style.css";
@@ -34,6 +34,29 @@ function useHeartbeat(signedIn: boolean): void {
   }, [signedIn]);
 }
 
+/** On a node without auth: the space shown, switched among the node's spaces (GET /v1/spaces). */
+function SpaceSwitch(props: { session: Session }) {
+  const [spaces, setSpaces] = useState<string[]>([props.session.space]);
+  useEffect(() => {
+    const controller = new AbortController();
+    get<{ spaces: { id: string }[] }>("/v1/spaces", { signal: controller.signal }).then(
+      (found) => setSpaces([...new Set([props.session.space, ...found.spaces.map((space) => space.id)])].sort()),
+      () => undefined,
+    );
+    return () => controller.abort();
+  }, [props.session.space]);
+  const choose = (space: string) => {
+    signIn({ ...props.session, space });
+    navigate(HOME);
+  };
+  return (
+    <select class="space-switch" data-space-switch aria-label="space" value={props.session.space}
+      onChange={(event) => choose(event.currentTarget.value)}>
+      {spaces.map((space) => <option value={space}>{space}</option>)}
+    </select>
+  );
+}
+
 function allowed(route: RouteEntry): boolean {
   if (!route.needs) return true;
   if (route.needs === "operator") return currentSession()?.operator === true;
@@ -47,6 +70,11 @@ function App() {
   const [menuOpen, setMenuOpen] = useState(false);
   useHeartbeat(session !== null);
   useEffect(() => setMenuOpen(false), [path]);
+  useEffect(() => {
+    // A link naming a space (/console/?space=<id>) on a node without auth opens that space.
+    const named = spaceFromUrl();
+    if (session && !session.auth && location.search && named !== session.space) signIn({ ...session, space: named });
+  }, []);
   const banner = down ? (
     <div class="banner" role="status" data-banner="down">
       The node at {location.origin} is not answering; retrying…
@@ -84,9 +112,20 @@ function App() {
           ))}
         </nav>
         <div class="who" data-who>
-          <span class="space" title="space">{session.space}</span>
-          <span class="muted">{session.auth ? session.keyId : "no auth"}</span>
-          <button type="button" data-action="sign-out" onClick={() => signOut(null)}>Sign out</button>
+          {session.auth ? (
+            <>
+              <span class="space" title="space">{session.space}</span>
+              <span class="muted">{session.keyId}</span>
+              <button type="button" data-action="sign-out" onClick={() => signOut(null)}>Sign out</button>
+            </>
+          ) : (
+            <>
+              <SpaceSwitch session={session} />
+              <span class="muted" data-no-auth title="This node runs without auth (a dev node): no key is needed, and every call may do everything.">
+                no auth
+              </span>
+            </>
+          )}
         </div>
       </header>
       {banner}
@@ -95,7 +134,7 @@ function App() {
           <Component params={found.params} key={path} />
         ) : (
           <Page name="not-found" title="Not found">
-            <p>No page at <code>#{path}</code>. <a href={`#${HOME}`}>Go to the runs</a>.</p>
+            <p>No page at <code>#{path}</code>. <a href={`#${HOME}`}>Go to the overview</a>.</p>
           </Page>
         )}
       </main>

@@ -6,6 +6,7 @@
 import type { FunctionComponent } from "preact";
 import { ClusterPage } from "./pages/Cluster";
 import { KeysPage } from "./pages/Keys";
+import { OverviewPage } from "./pages/Overview";
 import { RunPage, RunsPage } from "./pages/Runs";
 import { SpacesPage } from "./pages/Spaces";
 // The pages of queues, tasks, groups, capacity and waits.
@@ -14,6 +15,7 @@ import { BarriersPage, GroupPage, GroupsPage, TimersPage } from "./pages/Groups"
 import { MailboxPage, QueuesPage } from "./pages/Queues";
 import { TaskPage } from "./pages/Tasks";
 import { WaitsPage } from "./pages/Waits";
+import { WorkersPage } from "./pages/Workers";
 
 export type Params = Record<string, string>;
 
@@ -26,6 +28,7 @@ export interface RouteEntry {
 }
 
 export const ROUTES: RouteEntry[] = [
+  { path: "/overview", component: OverviewPage, nav: "Overview", needs: "coordination_read" },
   { path: "/runs", component: RunsPage, nav: "Runs", needs: "coordination_read" },
   { path: "/runs/:id", component: RunPage },
   { path: "/queues", component: QueuesPage, nav: "Queues", needs: "coordination_read" },
@@ -39,10 +42,13 @@ export const ROUTES: RouteEntry[] = [
   { path: "/permits/:id", component: PermitPage },
   { path: "/allowances/:id", component: AllowancePage },
   { path: "/budgets/:id", component: BudgetPage },
+  { path: "/workers", component: WorkersPage, nav: "Workers", needs: "coordination_read" },
   { path: "/waits", component: WaitsPage, nav: "Waits", needs: "coordination_read" },
   { path: "/cluster", component: ClusterPage, nav: "Cluster" },
   { path: "/keys", component: KeysPage, nav: "API keys", needs: "admin" },
   { path: "/spaces", component: SpacesPage, nav: "Spaces", needs: "operator" },
 ];
 
-export const HOME = "/runs";
+// The landing page after sign-in. A key without coordination_read sees the overview's error (what
+// the key lacks), as on any page it cannot read.
+export const HOME = "/overview";

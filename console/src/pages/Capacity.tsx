@@ -346,8 +346,8 @@ function ResourcePage(props: { kind: Kind; id: string }) {
                     empty="No reservations."
                     columns={[
                       { title: "Holder", cell: (row) => <WorkerLink holder={row.holder} scopeId={row.scopeId} /> },
-                      { title: "Reserved", class: "num", cell: (row) => formatMinor(row.reservedMinor, view.scale) },
-                      { title: "Settled", class: "num", cell: (row) => formatMinor(row.settledMinor, view.scale) },
+                      { title: "Reserved", class: "num", cell: (row) => formatMinor(row.reservedMinor, view.scale, view.currency) },
+                      { title: "Settled", class: "num", cell: (row) => formatMinor(row.settledMinor, view.scale, view.currency) },
                       { title: "State", cell: (row) => <StateBadge state={row.state} /> },
                       { title: "Task", cell: (row) => <TaskLink id={row.taskId} /> },
                       { title: "Run", cell: (row) => <RunLink id={row.scopeId} /> },

@@ -1,5 +1,5 @@
 // Queues: every mailbox with its depth, deliveries in flight, oldest waiting age, attempts and
-// outcomes, and a live plot of throughput and depth; a mailbox's page lists its tasks (filterable
+// outcomes, and a plot of throughput and depth that starts from the event log's last minutes; a mailbox's page lists its tasks (filterable
 // by state) and its newest messages.
 
 import { useEffect } from "preact/hooks";
@@ -8,16 +8,19 @@ import { useData, useLive } from "../live";
 import { href } from "../router";
 import type { Params } from "../routes";
 import { Age, Fields, Filters, formatAge, Loadable, Page, StateBadge, Table } from "../ui";
-import { LineChart, useEventRate, useSeries } from "./_charts";
+import { depthHistory, LineChart, useEventLog, useEventRate, useSeries } from "./_charts";
 import {
+  ErrorText,
   hashParam,
   JsonPreview,
   type Mailbox,
+  MailboxLink,
   RunLink,
   type Task,
   TASK_ENDED_EVENTS,
   TASK_EVENTS,
   TASK_STATES,
+  TaskKey,
   TaskLink,
   useEvery,
   usePaged,
@@ -40,6 +43,13 @@ export function QueuesPage() {
   const queued = useSeries(PLOT_WINDOW_MS);
   const inFlight = useSeries(PLOT_WINDOW_MS);
   const ended = useEventRate(TASK_ENDED_EVENTS, THROUGHPUT_BUCKET_MS, PLOT_WINDOW_MS);
+  // Read once: the depth before the page opened, worked back from its first sample through the log.
+  const log = useEventLog(TASK_EVENTS, PLOT_WINDOW_MS);
+  const firstQueued = queued.points[0];
+  const firstInFlight = inFlight.points[0];
+  const before = log.data && firstQueued && firstInFlight
+    ? depthHistory(log.data.filter((event) => Date.parse(event.createdAt) < firstQueued.at), firstQueued.value, firstInFlight.value)
+    : { queued: [], inFlight: [] };
   const mailboxes = loaded.data?.mailboxes;
   useEffect(() => {
     if (!mailboxes) return;
@@ -91,8 +101,8 @@ export function QueuesPage() {
           title="Queue depth, all mailboxes"
           windowMs={PLOT_WINDOW_MS}
           lines={[
-            { name: "queued", label: "queued", points: queued.points, step: true },
-            { name: "inFlight", label: "in flight", points: inFlight.points, step: true },
+            { name: "queued", label: "queued", points: [...before.queued, ...queued.points], step: true },
+            { name: "inFlight", label: "in flight", points: [...before.inFlight, ...inFlight.points], step: true },
           ]}
         />
       </div>
@@ -110,7 +120,10 @@ interface Message {
   createdAt: string;
 }
 
-export function TaskTable(props: { tasks: Task[]; empty: string }) {
+/** Tasks by key. `scopeId`: the table of that run's page (a Mailbox column; the run's own tasks
+ * say "this run", a child run's name their run). */
+export function TaskTable(props: { tasks: Task[]; empty: string; scopeId?: string }) {
+  const inRun = props.scopeId !== undefined;
   return (
     <Table<Task>
       name="tasks"
@@ -118,13 +131,17 @@ export function TaskTable(props: { tasks: Task[]; empty: string }) {
       rowId={(task) => task.id}
       empty={props.empty}
       columns={[
-        { title: "Task", cell: (task) => <TaskLink id={task.id}>{task.taskKey || task.id}</TaskLink> },
+        { title: "Task", cell: (task) => <TaskLink id={task.id}><TaskKey value={task.taskKey} /></TaskLink> },
         { title: "State", cell: (task) => <StateBadge state={task.state} /> },
+        ...(inRun ? [{ title: "Mailbox", cell: (task: Task) => <MailboxLink id={task.mailboxId} name={task.mailbox} /> }] : []),
         { title: "Attempt", class: "num", cell: (task) => `${task.attempt}${task.attempts ? ` / ${task.attempts}` : ""}` },
-        { title: "Holder", cell: (task) => <WorkerLink holder={task.holder} scopeId={task.scopeId} /> },
-        { title: "Error", cell: (task) => (task.error ? <span class="error-text">{task.error}</span> : <span class="muted">—</span>) },
+        { title: "Holder", cell: (task) => <WorkerLink holder={task.holder ?? task.finishedBy} scopeId={task.scopeId} /> },
+        { title: "Error", cell: (task) => <ErrorText value={task.error} /> },
         { title: "Result", cell: (task) => <JsonPreview value={task.outcome} /> },
-        { title: "Run", cell: (task) => <RunLink id={task.scopeId} /> },
+        {
+          title: "Run",
+          cell: (task) => (inRun && task.scopeId === props.scopeId ? <span class="muted">this run</span> : <RunLink id={task.scopeId} />),
+        },
         { title: "Age", class: "num", cell: (task) => <Age since={task.createdAt} /> },
       ]}
     />
@@ -205,7 +222,7 @@ export function MailboxPage(props: { params: Params }) {
             rowId={(message) => message.id}
             empty={state ? `No ${state} messages among the newest.` : "No messages."}
             columns={[
-              { title: "Message", cell: (message) => <TaskLink id={message.id}>{message.workKey || message.id}</TaskLink> },
+              { title: "Message", cell: (message) => <TaskLink id={message.id}><TaskKey value={message.workKey} /></TaskLink> },
               { title: "State", cell: (message) => <StateBadge state={message.state} /> },
               { title: "Attempt", class: "num", cell: (message) => message.attempt },
               { title: "Payload", cell: (message) => <JsonPreview value={message.payload} /> },

@@ -7,6 +7,9 @@ import { get, hasPermission, post, spacePath } from "../api";
 import { useData, useLive } from "../live";
 import { href } from "../router";
 import { Age, ConfirmButton, Empty, Fields, Filters, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import { type Task, useMoney, useThrottled, type Worker } from "./_shared";
+import { TaskTable } from "./Queues";
+import { Workers } from "./Waits";
 
 export const RUN_EVENTS = ["scope.created", "scope.completed", "scope.cancelled", "scope.expired"];
 const RUN_STATES = ["ACTIVE", "COMPLETED", "CANCELLED", "EXPIRED"];
@@ -119,12 +122,14 @@ function RunTable(props: { name: string; runs: Run[] }) {
       columns={[
         {
           title: "Run",
-          cell: (run) => (
+          cell: (run) => (run.name ? (
             <>
-              <a href={href("runs", run.id)}>{run.name ?? run.id}</a>
+              <a href={href("runs", run.id)}>{run.name}</a>
               <div class="mono small muted">{run.id}</div>
             </>
-          ),
+          ) : (
+            <a href={href("runs", run.id)} class="mono" data-unnamed>{run.id}</a>
+          )),
         },
         { title: "State", cell: (run) => <RunState run={run} /> },
         { title: "Children", cell: (run) => run.children, class: "num" },
@@ -157,11 +162,6 @@ interface TreeScope {
   effective: string;
 }
 
-interface Worker {
-  holder: string;
-  [what: string]: unknown;
-}
-
 interface OpsRun {
   rootScopeId: string;
   scopes: TreeScope[];
@@ -170,37 +170,70 @@ interface OpsRun {
   truncated: boolean;
 }
 
-interface Task {
-  id: string;
-  state: string;
-  mailboxId?: string;
-  mailbox?: string | null;
-  scopeId?: string;
-  attempt?: number;
-  holder?: string | null;
-  createdAt?: string;
-  taskKey?: string | null;
-  error?: unknown;
-  [field: string]: unknown;
+const TASKS_PAGE = 500;
+const TASKS_COUNTED_MAX = 5000; // a run's tasks read to count them: ten pages at most
+const TASKS_SHOWN = 100;
+const RELOAD_MS_MIN = 1000; // a busy run's events reload its page at most once a second
+// The states a run's progress counts, in the order of its bar (EXPIRED shows when there are any).
+const PROGRESS_STATES = ["SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "RUNNING", "QUEUED"];
+
+interface RunTasks {
+  tasks: Task[];
+  complete: boolean; // false: the run has more than TASKS_COUNTED_MAX tasks (the counts are a floor)
+}
+
+async function runTasks(id: string, signal: AbortSignal): Promise<RunTasks> {
+  const tasks: Task[] = [];
+  let cursor: string | null = null;
+  do {
+    const page: { tasks: Task[]; nextCursor: string | null } = await get(spacePath("/tasks"), {
+      query: { scopeId: id, includeDescendants: "true", limit: TASKS_PAGE, cursor }, signal,
+    });
+    tasks.push(...page.tasks);
+    cursor = page.nextCursor;
+  } while (cursor !== null && tasks.length < TASKS_COUNTED_MAX);
+  return { tasks, complete: cursor === null };
+}
+
+/** The run's tasks counted by state, as numbers and as a bar; a count filters the table below. */
+function Progress(props: { loaded: RunTasks; selected: string | null; select: (state: string | null) => void }) {
+  const counts = new Map<string, number>();
+  for (const task of props.loaded.tasks) counts.set(task.state, (counts.get(task.state) ?? 0) + 1);
+  const total = props.loaded.tasks.length;
+  const shown = PROGRESS_STATES.filter((state) => state !== "EXPIRED" || counts.get(state));
+  const count = (state: string) => counts.get(state) ?? 0;
+  return (
+    <div class="progress" data-progress>
+      <div class="progress-bar" role="img" aria-label={shown.map((state) => `${count(state)} ${state.toLowerCase()}`).join(", ")}>
+        {shown.map((state) => (count(state) ? (
+          <span class={`progress-part progress-${state.toLowerCase()}`} style={{ width: `${(100 * count(state)) / total}%` }} />
+        ) : null))}
+      </div>
+      <div class="progress-counts">
+        <span class="muted">{props.loaded.complete ? "" : "at least "}{total} task{total === 1 ? "" : "s"}:</span>
+        {shown.map((state) => (
+          <button type="button" class={props.selected === state ? "count selected" : "count"} data-count={state}
+            aria-pressed={props.selected === state} onClick={() => props.select(props.selected === state ? null : state)}>
+            <span class={`dot progress-${state.toLowerCase()}`} /> <span data-count-value>{count(state)}</span> {state.toLowerCase()}
+          </button>
+        ))}
+      </div>
+    </div>
+  );
 }
 
 export function RunPage(props: { params: { id: string } }) {
   const id = props.params.id;
   const run = useData((signal) => get<Run>(spacePath(`/scopes/${encodeURIComponent(id)}`), { signal }), [id]);
   const ops = useData((signal) => get<OpsRun>(spacePath(`/ops/runs/${encodeURIComponent(id)}`), { signal }), [id]);
-  const tasks = useData(
-    (signal) =>
-      get<{ tasks: Task[]; nextCursor: string | null }>(spacePath("/tasks"), {
-        query: { scopeId: id, includeDescendants: "true", limit: PAGE_LIMIT },
-        signal,
-      }),
-    [id],
-  );
-  useLive({ scopeId: id }, () => {
+  const tasks = useData((signal) => runTasks(id, signal), [id]);
+  const money = useMoney();
+  const [stateShown, setStateShown] = useState<string | null>(null);
+  useLive({ scopeId: id }, useThrottled(RELOAD_MS_MIN, () => {
     run.reload();
     ops.reload();
     tasks.reload();
-  });
+  }));
   const canWrite = hasPermission("coordination_write");
   const [reason, setReason] = useState("");
   const stop = async (verb: "cancel" | "complete") => {
@@ -212,6 +245,9 @@ export function RunPage(props: { params: { id: string } }) {
   return (
     <Page name="run" title={<>Run {run.data?.name ? <span>{run.data.name}</span> : <span class="mono">{id}</span>}</>}>
       <p class="crumbs"><a href="#/runs">← Runs</a></p>
+      <Loadable loaded={tasks}>
+        {(data) => <Progress loaded={data} selected={stateShown} select={setStateShown} />}
+      </Loadable>
       <Loadable loaded={run}>
         {(data) => (
           <>
@@ -261,7 +297,7 @@ export function RunPage(props: { params: { id: string } }) {
       <Loadable loaded={ops}>
         {(data) => (
           <>
-            <Workers workers={data.workers} />
+            <Workers workers={data.workers} selected={null} money={money} />
             {data.waiting.length > 0 ? (
               <p class="notice" data-waiting={data.waiting.length}>
                 {data.waiting.length} thing{data.waiting.length === 1 ? "" : "s"} in this run wait{data.waiting.length === 1 ? "s" : ""} for a
@@ -273,23 +309,18 @@ export function RunPage(props: { params: { id: string } }) {
       </Loadable>
       <h2>Tasks</h2>
       <Loadable loaded={tasks}>
-        {(data) => (
-          <Table
-            name="tasks"
-            rows={data.tasks}
-            rowId={(task) => task.id}
-            empty="No tasks in this run."
-            columns={[
-              { title: "Task", cell: (task) => <a href={href("tasks", task.id)} class="mono">{task.id}</a> },
-              { title: "State", cell: (task) => <StateBadge state={task.state} /> },
-              { title: "Mailbox", cell: (task) => (task.mailboxId ? <a href={href("queues", task.mailboxId)}>{task.mailbox ?? task.mailboxId}</a> : "—") },
-              { title: "Run", cell: (task) => (task.scopeId && task.scopeId !== id ? <a href={href("runs", task.scopeId)} class="mono">{task.scopeId}</a> : <span class="muted">this run</span>) },
-              { title: "Attempt", cell: (task) => task.attempt ?? "—", class: "num" },
-              { title: "Holder", cell: (task) => task.holder ?? <span class="muted">—</span> },
-              { title: "Age", cell: (task) => <Age since={task.createdAt} /> },
-            ]}
-          />
-        )}
+        {(data) => {
+          const matching = stateShown ? data.tasks.filter((task) => task.state === stateShown) : data.tasks;
+          return (
+            <>
+              <TaskTable tasks={matching.slice(0, TASKS_SHOWN)} scopeId={id}
+                empty={stateShown ? `No ${stateShown} tasks in this run.` : "No tasks in this run."} />
+              {matching.length > TASKS_SHOWN ? (
+                <p class="muted small">The newest {TASKS_SHOWN} of {matching.length}{data.complete ? "" : "+"} shown: a mailbox's page lists them all.</p>
+              ) : null}
+            </>
+          );
+        }}
       </Loadable>
     </Page>
   );
@@ -317,38 +348,5 @@ function RunTree(props: { ops: OpsRun; current: string }) {
       <ul>{node(root, 0)}</ul>
       {props.ops.truncated ? <p class="muted small">The tree is cut short (too large to show whole).</p> : null}
     </div>
-  );
-}
-
-function Workers(props: { workers: Worker[] }) {
-  if (props.workers.length === 0) return <Empty>No worker holds anything in this run.</Empty>;
-  const list = (items: unknown) => (Array.isArray(items) ? items : []);
-  return (
-    <Table
-      name="workers"
-      rows={props.workers}
-      rowId={(worker) => worker.holder}
-      columns={[
-        { title: "Holder", cell: (worker) => <strong>{worker.holder}</strong> },
-        {
-          title: "Tasks",
-          cell: (worker) =>
-            list(worker.tasks).length === 0 ? (
-              <span class="muted">—</span>
-            ) : (
-              <ul class="holds">
-                {list(worker.tasks).map((task) => (
-                  <li><a href={href("tasks", String(task))} class="mono">{String(task)}</a></li>
-                ))}
-              </ul>
-            ),
-        },
-        { title: "Once keys", cell: (worker) => list(worker.keys).map(String).join(", ") || <span class="muted">—</span> },
-        { title: "Permit grants", cell: (worker) => list(worker.grants).length, class: "num" },
-        { title: "Budget reservations", cell: (worker) => list(worker.reservations).length, class: "num" },
-        { title: "Sessions", cell: (worker) => list(worker.sessions).length, class: "num" },
-        { title: "Earliest lease expiry", cell: (worker) => <Time value={worker.earliestLeaseExpiry as string | null} /> },
-      ]}
-    />
   );
 }

@@ -5,7 +5,7 @@ import type { ComponentChildren } from "preact";
 import { get, spacePath } from "../api";
 import { useData, useLive } from "../live";
 import type { Params } from "../routes";
-import { Fields, Loadable, Page, StateBadge, Table, Time } from "../ui";
+import { Empty, Fields, formatAge, Loadable, Page, StateBadge, Table, Time, useNow } from "../ui";
 import {
   JsonBlock,
   JsonPreview,
@@ -13,6 +13,8 @@ import {
   RunLink,
   type RunDiagnostics,
   type Task,
+  TASK_ENDED_EVENTS,
+  TaskKey,
   WorkerLink,
 } from "./_shared";
 import { WaitReasons } from "./Waits";
@@ -44,6 +46,22 @@ async function history(aggregate: string, signal: AbortSignal): Promise<Event[]>
   return found;
 }
 
+// Payload fields the other columns (or the page itself) already show.
+const SHOWN_ELSEWHERE = new Set(["taskId", "state", "attempt"]);
+
+/** What an event's payload adds to its row: "holder: worker-1", never its raw JSON. */
+function EventDetails(props: { event: Event }) {
+  const extra = Object.entries(props.event.payload).filter(([name, value]) => !SHOWN_ELSEWHERE.has(name) && value !== null && value !== undefined);
+  if (!extra.length) return null;
+  return (
+    <span class="event-details" data-event-details>
+      {extra.map(([name, value], index) => (
+        <>{index ? ", " : null}<span class="muted">{name}:</span> {typeof value === "string" ? value : JSON.stringify(value)}</>
+      ))}
+    </span>
+  );
+}
+
 export function EventTable(props: { events: Event[]; empty: string }) {
   return (
     <Table<Event>
@@ -56,9 +74,86 @@ export function EventTable(props: { events: Event[]; empty: string }) {
         { title: "Event", cell: (event) => <code data-event-type={event.type}>{event.type}</code> },
         { title: "State", cell: (event) => (typeof event.payload.state === "string" ? <StateBadge state={event.payload.state} /> : null) },
         { title: "Attempt", class: "num", cell: (event) => (event.payload.attempt as number | undefined) ?? "" },
-        { title: "Details", cell: (event) => <JsonPreview value={event.payload} maxChars={100} /> },
+        { title: "Details", cell: (event) => <EventDetails event={event} /> },
       ]}
     />
+  );
+}
+
+interface Attempt {
+  attempt: number;
+  startedAt: number;
+  endedAt: number | null; // null: running now
+  holder: string | null; // null: not recorded (the log names a holder only when a lease lapses)
+  ended: string; // how it ended: SUCCEEDED, FAILED, "lease lapsed", "queued again", CANCELLED...
+}
+
+/** The task's attempts from its events: each task.running opens one; a lapsed lease, a task.queued
+ * (a retry or a release) or the task's end closes it. The holder of the last one is the task's
+ * own (`holder` while it runs, `finishedBy` once a worker finished it). */
+function attempts(events: Event[], task: Task): Attempt[] {
+  const found: Attempt[] = [];
+  let open: Attempt | null = null;
+  for (const event of events) {
+    const at = Date.parse(event.createdAt);
+    if (event.type === "task.running") {
+      open = { attempt: Number(event.payload.attempt), startedAt: at, endedAt: null, holder: null, ended: "running" };
+      found.push(open);
+    } else if (open && event.type === "delivery.lease_lost") {
+      open.holder = typeof event.payload.holder === "string" ? event.payload.holder : null;
+      open.ended = "lease lapsed";
+      open.endedAt = at;
+    } else if (open && event.type === "task.queued") {
+      if (open.endedAt === null) {
+        open.ended = "queued again";
+        open.endedAt = at;
+      }
+      open = null;
+    } else if (open && TASK_ENDED_EVENTS.includes(event.type)) {
+      if (open.endedAt === null || open.ended === "lease lapsed") {
+        open.ended = open.endedAt === null ? String(event.payload.state) : `lease lapsed, ${String(event.payload.state)}`;
+        open.endedAt = open.endedAt ?? at;
+      }
+      open = null;
+    }
+  }
+  const last = found[found.length - 1];
+  if (last && last.holder === null && last.attempt === task.attempt) last.holder = task.holder ?? task.finishedBy;
+  return found;
+}
+
+const ENDED_CLASS: Record<string, string> = { SUCCEEDED: "ok", FAILED: "bad", running: "info" };
+
+/** A task's attempts on one time axis: who held each, when, for how long and how it ended. */
+function Timeline(props: { events: Event[]; task: Task }) {
+  const now = useNow();
+  const rows = attempts(props.events, props.task);
+  if (!rows.length) return <Empty>No attempt yet (no worker has taken it, or the log no longer keeps it).</Empty>;
+  const from = rows[0].startedAt;
+  const to = Math.max(now, ...rows.map((row) => row.endedAt ?? now));
+  const span = Math.max(1, to - from);
+  return (
+    <div class="timeline" data-timeline>
+      {rows.map((row) => {
+        const end = row.endedAt ?? now;
+        return (
+          <div class="timeline-row" data-attempt={row.attempt} key={row.attempt + ":" + row.startedAt}>
+            <span class="timeline-label">
+              <strong>#{row.attempt}</strong>{" "}
+              {row.holder ? <WorkerLink holder={row.holder} scopeId={props.task.scopeId} /> : <span class="muted" title="the event log names a holder only when its lease lapses">holder not recorded</span>}
+            </span>
+            <span class="timeline-track">
+              <span class={`timeline-bar timeline-${ENDED_CLASS[row.ended] ?? (row.ended.startsWith("lease") ? "warn" : "muted")}`}
+                style={{ left: `${(100 * (row.startedAt - from)) / span}%`, width: `max(3px, ${(100 * (end - row.startedAt)) / span}%)` }} />
+            </span>
+            <span class="timeline-text">
+              <Time value={new Date(row.startedAt).toISOString()} />, {formatAge(end - row.startedAt)}{row.endedAt === null ? " so far" : ""}:{" "}
+              <span data-ended={row.ended}>{row.ended.startsWith("lease") || row.ended.startsWith("queued") || row.ended === "running" ? row.ended : <StateBadge state={row.ended} />}</span>
+            </span>
+          </div>
+        );
+      })}
+    </div>
   );
 }
 
@@ -103,7 +198,7 @@ export function TaskPage(props: { params: Params }) {
             <Fields name="task" rows={shown([
               ["Id", <code data-task-id>{data.id}</code>],
               ["State", <StateBadge state={data.state} />],
-              ["Key", <code>{data.taskKey}</code>],
+              ["Key", <TaskKey value={data.taskKey} />],
               ["Mailbox", <MailboxLink id={data.mailboxId} name={data.mailbox} />],
               ["Run", <RunLink id={data.scopeId} />],
               ["Attempt", `${data.attempt}${data.attempts ? ` of ${data.attempts}` : ""}`],
@@ -130,6 +225,10 @@ export function TaskPage(props: { params: Params }) {
             </div>
           </>
         )}
+      </Loadable>
+      <h2>Attempts</h2>
+      <Loadable loaded={events}>
+        {(found) => (task.data ? <Timeline events={found} task={task.data} /> : null)}
       </Loadable>
       <h2>History</h2>
       <Loadable loaded={events}>

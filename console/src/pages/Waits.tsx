@@ -9,14 +9,18 @@ import { href } from "../router";
 import { Empty, Fields, Filters, Loadable, Page, StateBadge, Table, Time } from "../ui";
 import {
   formatMinor,
+  formatMoney,
   hashParam,
+  type Money,
   type Holder,
   ResourceLink,
   RunLink,
   type RunDiagnostics,
   type SpaceWaits,
+  TaskKey,
   TaskLink,
   useEvery,
+  useMoney,
   useThrottled,
   type Waiting,
   type WaitsFor,
@@ -129,7 +133,8 @@ export function WaitingTable(props: { waiting: Waiting[]; empty: string }) {
   );
 }
 
-function Workers(props: { workers: Worker[]; selected: string | null; scopeId: string }) {
+/** A run's workers and what each holds (GET /ops/runs/{id}); the run's page shows it too. */
+export function Workers(props: { workers: Worker[]; selected: string | null; money: Money }) {
   return (
     <Table<Worker>
       name="workers"
@@ -139,9 +144,9 @@ function Workers(props: { workers: Worker[]; selected: string | null; scopeId: s
       columns={[
         { title: "Worker", cell: (worker) => <strong class={worker.holder === props.selected ? "selected" : undefined} data-worker={worker.holder}>{worker.holder}</strong> },
         { title: "Tasks", cell: (worker) => worker.tasks.length ? worker.tasks.map((id) => <div><TaskLink id={id} /></div>) : <span class="muted">—</span> },
-        { title: "Keys", cell: (worker) => worker.keys.length ? worker.keys.map((key) => <div><code>{key}</code></div>) : <span class="muted">—</span> },
+        { title: "Keys held", cell: (worker) => worker.keys.length ? worker.keys.map((key) => <div><TaskKey value={key} /></div>) : <span class="muted">—</span> },
         { title: "Grants", cell: (worker) => worker.grants.length ? worker.grants.map((grant) => <div><ResourceLink kind="permits" id={grant.permitId} name={grant.permit} /> × {grant.units}</div>) : <span class="muted">—</span> },
-        { title: "Reservations", cell: (worker) => worker.reservations.length ? worker.reservations.map((row) => <div>{row.budget}: {row.heldMinor} <StateBadge state={row.state} /></div>) : <span class="muted">—</span> },
+        { title: "Reservations", cell: (worker) => worker.reservations.length ? worker.reservations.map((row) => <div data-reservation>{row.budget}: {formatMoney(props.money, row.budget, row.heldMinor)} <StateBadge state={row.state} /></div>) : <span class="muted">—</span> },
         { title: "Earliest lease expiry", cell: (worker) => <Time value={worker.earliestLeaseExpiry} /> },
       ]}
     />
@@ -154,6 +159,7 @@ export function RunWaits(props: { scopeId: string; holder: string | null }) {
   const loaded = useData(
     (signal) => get<RunDiagnostics>(spacePath(`/ops/runs/${encodeURIComponent(props.scopeId)}`), { signal }), [props.scopeId],
   );
+  const money = useMoney();
   const reload = useThrottled(RELOAD_MS_MIN, loaded.reload);
   useLive({ scopeId: props.scopeId }, reload);
   useEvery(REFRESH_MS, reload);
@@ -172,7 +178,7 @@ export function RunWaits(props: { scopeId: string; holder: string | null }) {
             <h2>{props.holder ? `What ${props.holder} holds` : "Workers and what they hold"}</h2>
             {props.holder && workers.length === 0
               ? <Empty>{props.holder} holds nothing in this run now.</Empty>
-              : <Workers workers={workers} selected={props.holder} scopeId={props.scopeId} />}
+              : <Workers workers={workers} selected={props.holder} money={money} />}
             <h2>What waits</h2>
             <WaitingTable waiting={view.waiting} empty="Nothing in this run waits." />
           </>

@@ -1,9 +1,11 @@
-// Small SVG charts of the Queues and Capacity pages (no library): a time series kept while the
-// page is open (useSeries), a sparkline, a line chart with axes, and a tally of events per
-// interval read from the space's event log (useEventRate).
+// Small SVG charts of the Overview, Queues and Capacity pages (no library): a time series kept while
+// the page is open (useSeries), a sparkline, a line chart with axes, a tally of events per interval
+// read from the space's event log (useEventRate), and the log's recent history (useEventLog) with
+// what it tells of the past: events per interval (eventRate), queue depth (depthHistory).
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, get, spacePath } from "../api";
+import { type Loaded, useData } from "../live";
 
 export interface Point {
   at: number; // ms since the epoch
@@ -110,7 +112,9 @@ export function LineChart(props: { name: string; title: string; lines: ChartLine
             const d = line.step
               ? path(shown, x, y)
               : shown.map((point, i) => `${i ? "L" : "M"}${x(point.at).toFixed(1)},${y(point.value).toFixed(1)}`).join("");
-            return <path d={d} class={`chart-line chart-line-${index}`} data-line={line.name} />;
+            // data-from: when its first point is (ms since the epoch): a chart that starts from the
+            // node's history starts before the page opened.
+            return <path d={d} class={`chart-line chart-line-${index}`} data-line={line.name} data-from={points[0].at} />;
           })}
         </svg>
         {/* Labels in HTML: the plot stretches to its box, text must not. */}
@@ -203,4 +207,104 @@ export function useEventRate(types: string[], bucketMs: number, windowMs: number
     points.push({ at: Math.min(bucket + bucketMs / 2, now), value: counts.get(bucket) ?? 0 }); // the current one: at now
   }
   return { points, total };
+}
+
+// ---- the log's recent history ---------------------------------------------------------------------
+
+export interface LogEvent {
+  eventId: string;
+  cursor: string;
+  type: string;
+  createdAt: string;
+  scopeId: string | null;
+  payload: Record<string, unknown>;
+}
+
+const LOG_PAGE = 1000;
+const LOG_PAGES_MAX = 10; // the space's log keeps at most 10 000 events
+
+/** The events of `types` over the last `windowMs` (the log keeps an hour at most), oldest first:
+ * read whole when the page opens, then only what came after on each reload. */
+export function useEventLog(types: string[], windowMs: number): Loaded<LogEvent[]> {
+  const kept = useRef<{ cursor: string | null; events: LogEvent[] }>({ cursor: null, events: [] });
+  const key = types.join(",");
+  return useData(async (signal) => {
+    let { cursor, events } = kept.current;
+    const fresh: LogEvent[] = [];
+    for (let pages = 0; pages < LOG_PAGES_MAX; pages++) {
+      let page: { events: LogEvent[]; nextCursor: string };
+      try {
+        page = await get(spacePath("/events"), { query: { types: key, cursor, limit: LOG_PAGE }, signal });
+      } catch (error) {
+        if (!(error instanceof ApiError && error.code === "CURSOR_EXPIRED")) throw error;
+        cursor = null; // events were dropped since: read again what the log keeps
+        events = [];
+        continue;
+      }
+      fresh.push(...page.events);
+      cursor = page.nextCursor;
+      if (page.events.length < LOG_PAGE) break;
+    }
+    const oldest = Date.now() - windowMs;
+    kept.current = { cursor, events: [...events, ...fresh].filter((event) => Date.parse(event.createdAt) >= oldest) };
+    return kept.current.events;
+  }, [key, windowMs]);
+}
+
+/** Events per `bucketMs` over the last `windowMs`, from events read from the log. */
+export function eventRate(events: LogEvent[], bucketMs: number, windowMs: number, now: number): Point[] {
+  const counts = new Map<number, number>();
+  for (const event of events) {
+    const bucket = Math.floor(Date.parse(event.createdAt) / bucketMs) * bucketMs;
+    counts.set(bucket, (counts.get(bucket) ?? 0) + 1);
+  }
+  const points: Point[] = [];
+  const last = Math.floor(now / bucketMs) * bucketMs;
+  for (let bucket = last - Math.floor(windowMs / bucketMs) * bucketMs; bucket <= last; bucket += bucketMs) {
+    points.push({ at: Math.min(bucket + bucketMs / 2, now), value: counts.get(bucket) ?? 0 });
+  }
+  return points;
+}
+
+// The state a task most likely left when the log holds no earlier event of it (it began before the
+// log's oldest event): a worker completes or fails what it holds; a cancel or deadline may end
+// either, and a queued task is the likelier.
+const STATE_BEFORE: Record<string, string | null> = {
+  "task.created": null, "task.running": "QUEUED", "task.queued": "RUNNING", "task.succeeded": "RUNNING",
+  "task.failed": "RUNNING", "task.cancelled": "QUEUED", "task.expired": "QUEUED",
+};
+
+/** The space's queued and in-flight counts over the log's history, worked back from the counts now
+ * (`queuedNow`, `inFlightNow`) through the task events (each one moves a task from its state
+ * before to the one it names). */
+export function depthHistory(events: LogEvent[], queuedNow: number, inFlightNow: number): { queued: Point[]; inFlight: Point[] } {
+  const last = new Map<string, string>();
+  const deltas: { at: number; queued: number; inFlight: number }[] = [];
+  for (const event of events) {
+    if (!(event.type in STATE_BEFORE)) continue;
+    const task = String(event.payload.taskId);
+    const after = String(event.payload.state);
+    const before = last.has(task) ? last.get(task)! : STATE_BEFORE[event.type];
+    last.set(task, after);
+    deltas.push({
+      at: Date.parse(event.createdAt),
+      queued: Number(after === "QUEUED") - Number(before === "QUEUED"),
+      inFlight: Number(after === "RUNNING") - Number(before === "RUNNING"),
+    });
+  }
+  const queued: Point[] = [];
+  const inFlight: Point[] = [];
+  let q = queuedNow;
+  let r = inFlightNow;
+  for (let i = deltas.length - 1; i >= 0; i--) {
+    queued.push({ at: deltas[i].at, value: Math.max(0, q) });
+    inFlight.push({ at: deltas[i].at, value: Math.max(0, r) });
+    q -= deltas[i].queued;
+    r -= deltas[i].inFlight;
+  }
+  if (deltas.length) {
+    queued.push({ at: deltas[0].at - 1, value: Math.max(0, q) });
+    inFlight.push({ at: deltas[0].at - 1, value: Math.max(0, r) });
+  }
+  return { queued: queued.reverse(), inFlight: inFlight.reverse() };
 }

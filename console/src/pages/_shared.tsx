@@ -198,6 +198,59 @@ export function formatMinor(minor: string | null | undefined, scale: number, cur
   return currency ? `${amount} ${currency}` : amount;
 }
 
+/** What the money of each budget is counted in, by the budget's name (GET /budgets), for the views
+ * that name a budget with an amount of minor units only (a worker's reservations). */
+export type Money = Map<string, { scale: number; currency: string }>;
+
+export function useMoney(): Money {
+  const loaded = useData(async (signal) => {
+    const found = await get<{ budgets: { name: string; scale: number; currency: string }[] }>(spacePath("/budgets"), { signal });
+    return new Map(found.budgets.map((budget) => [budget.name, { scale: budget.scale, currency: budget.currency }]));
+  }, []);
+  return loaded.data ?? new Map();
+}
+
+/** An amount of minor units of the budget `name` as money ("3.50 USD"); the bare number only while
+ * the budget's scale is not known. */
+export function formatMoney(money: Money, name: string, minor: string): string {
+  const unit = money.get(name);
+  return unit ? formatMinor(minor, unit.scale, unit.currency) : minor;
+}
+
+// A task with no key of its own is keyed by the SHA-256 of its input (64 hex digits); `once` and
+// `queue` keys end in the first 32 hex digits of their arguments' hash.
+const INPUT_HASH = /^[0-9a-f]{64}$/;
+const NAMED_HASH = /^(.+):([0-9a-f]{32})$/;
+const HASH_SHOWN_CHARS = 8;
+const KEY_SHOWN_CHARS_MAX = 48;
+
+/** A task's key as a reader tells it apart: "unkeyed" (and the start of its input's hash) for a
+ * task submitted without a key, `name:1a2b3c4d…` for a once or queue key, the whole key on hover. */
+export function TaskKey(props: { value: string | null | undefined }) {
+  const key = props.value;
+  if (!key) return <span class="muted">—</span>;
+  if (INPUT_HASH.test(key)) {
+    return <span class="task-key" title={`no key: the hash of its input, ${key}`} data-task-key="unkeyed">
+      <span class="muted">unkeyed</span> <code class="muted">{key.slice(0, HASH_SHOWN_CHARS)}</code></span>;
+  }
+  const named = NAMED_HASH.exec(key);
+  const shown = named ? `${named[1]}:${named[2].slice(0, HASH_SHOWN_CHARS)}…`
+    : key.length > KEY_SHOWN_CHARS_MAX ? `${key.slice(0, KEY_SHOWN_CHARS_MAX)}…` : key;
+  return <code class="task-key" title={shown === key ? undefined : key} data-task-key={key}>{shown}</code>;
+}
+
+const ERROR_SHOWN_CHARS_MAX = 160;
+
+/** An error message in a table cell: wrapped in a readable width, cut past 160 characters (the whole
+ * message on hover and on the task's page). */
+export function ErrorText(props: { value: string | null | undefined }) {
+  if (!props.value) return <span class="muted">—</span>;
+  const text = props.value;
+  const cut = text.length > ERROR_SHOWN_CHARS_MAX;
+  return <span class="error-text error-cell" title={cut ? text : undefined} data-error-text>
+    {cut ? `${text.slice(0, ERROR_SHOWN_CHARS_MAX)}…` : text}</span>;
+}
+
 /** The hash query's value of `name` ("#/groups?scopeId=x"). */
 export function hashParam(name: string): string | null {
   const at = location.hash.indexOf("?");
