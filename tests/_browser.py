@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ NARROW = {"width": 390, "height": 844}
 # How long a page may take to show what a test waits for: the console's own polls (the shell's
 # whoami every 5 s, the cluster view every 2 s) plus a loaded machine.
 UI_TIMEOUT_MS = 20_000
+EVALUATE_POLL_S = 0.05  # wait_true's pause between two evaluations
 
 
 class Console:
@@ -160,3 +162,13 @@ def console(browser: Any) -> Iterator[Console]:
         yield opened
     finally:
         opened.close()
+
+
+def wait_true(page: Any, expression: str, arg: Any = None, timeout_ms: int = UI_TIMEOUT_MS) -> None:
+    """Until `expression` (a function of `arg`) is true in the page. Not Playwright's
+    wait_for_function: it polls with `new Function`, which the console's Content Security Policy
+    (no 'unsafe-eval') refuses as soon as the first evaluation is false (on loaded cores)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression, arg):
+        assert time.monotonic() < deadline, f"still false after {timeout_ms} ms: {expression}"
+        time.sleep(EVALUATE_POLL_S)

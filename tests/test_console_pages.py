@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests._browser import NARROW, WIDE, Console, page_overflows
+from tests._browser import NARROW, WIDE, Console, page_overflows, wait_true
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -154,7 +154,7 @@ def test_a_node_without_auth_signs_in_by_itself_and_the_console_can_write(consol
     page.reload()
     page.locator("[data-space-switch] option", has_text=space).wait_for(state="attached")
     page.select_option("[data-space-switch]", space)
-    page.wait_for_function("s => JSON.parse(sessionStorage.getItem('runstate.console.session')).space === s", arg=space)
+    wait_true(page, "s => JSON.parse(sessionStorage.getItem('runstate.console.session')).space === s", space)
 
 
 def test_create_a_key_and_see_its_secret_once(console: Console, auth_node: tuple[DevNode, str]) -> None:
@@ -251,7 +251,7 @@ def test_every_page_fits_the_width(console: Console, auth_node: tuple[DevNode, s
     for name, path in PAGES.items():
         page.goto(f"{node.url}/console/#{path.format(run=run['id'])}")
         page.locator(f'[data-page="{name}"] table, [data-page="{name}"] [data-empty]').first.wait_for()
-        page.wait_for_function("!document.querySelector('[data-loading]')")  # every part of the page loaded
+        wait_true(page, "() => !document.querySelector('[data-loading]')")  # every part of the page loaded
         assert not page_overflows(page), f"the {name} page scrolls sideways at {viewport['width']} px"
         console.screenshot(page, name if viewport is WIDE else f"{name}-{viewport['width']}")
     if viewport is NARROW:  # the nav folds into a menu

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests._browser import UI_TIMEOUT_MS, Console
+from tests._browser import UI_TIMEOUT_MS, Console, wait_true
 from tests._http import Api
 from tests._nodes import DevNode
 
@@ -183,5 +183,5 @@ def test_the_queues_depth_chart_starts_from_the_log(console: Console, dev_node: 
     chart = page.locator('[data-page="queues"] [data-chart="depth"]')
     # Before the page opened: 1, 2, 3 queued, then 2 once one ran; the page's own samples follow.
     for line in ("queued", "inFlight"):
-        page.wait_for_function("([el, before]) => Number(el.getAttribute('data-from')) < before",
-                               arg=[chart.locator(f'[data-line="{line}"]').element_handle(), opened_ms])
+        wait_true(page, "([el, before]) => Number(el.getAttribute('data-from')) < before",
+                  [chart.locator(f'[data-line="{line}"]').element_handle(), opened_ms])
