@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from runstate import Runstate
 
 from tests._browser import NARROW, UI_TIMEOUT_MS, Console, page_overflows
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 _EXPECT_TIMEOUT_MS_DEFAULT = 5_000  # Playwright's own
@@ -33,8 +33,8 @@ def _patient_expectations() -> Iterator[None]:
         expect.set_options(timeout=_EXPECT_TIMEOUT_MS_DEFAULT)
 
 
-def _space() -> str:
-    return f"console-{uuid.uuid4().hex[:10]}"
+def _space(node: DevNode) -> str:
+    return new_space(node.url, "console")
 
 
 def _go(page: Any, path: str, name: str) -> Any:
@@ -46,7 +46,7 @@ def _go(page: Any, path: str, name: str) -> Any:
 
 
 def test_a_queue_drains_live_and_a_task_shows_its_history(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.mailboxes.ensure("jobs")
         run = rs.scopes.create(name="drain")
@@ -93,7 +93,7 @@ def test_a_queue_drains_live_and_a_task_shows_its_history(console: Console, dev_
 
 
 def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space, holder="gpu-worker") as rs:
         rs.pools.ensure("gpu", 1)
         rs.mailboxes.ensure("renders")
@@ -159,7 +159,7 @@ def test_a_task_short_of_a_permit_leads_to_the_permit_and_its_holder(console: Co
 
 
 def test_groups_barriers_and_timers_show_what_the_sdk_made(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.mailboxes.ensure("votes")
         run = rs.scopes.create(name="together")
@@ -199,7 +199,7 @@ def test_groups_barriers_and_timers_show_what_the_sdk_made(console: Console, dev
 
 
 def test_the_pages_fit_a_narrow_screen(console: Console, dev_node: DevNode) -> None:
-    space = _space()
+    space = _space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
         rs.pools.ensure("narrow-gpu", 2)
         rs.mailboxes.ensure("narrow-jobs")

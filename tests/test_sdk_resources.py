@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from runstate.sdk.errors import (
 )
 from runstate.sdk.resources import Spending, needs_body
 
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests.test_sdk_queue import Worker
 
@@ -42,8 +42,8 @@ CANCELLED_LEASE_MS = 3_000
 TAKES_WINDOW_S = 4
 
 
-def space() -> str:
-    return f"resources-{uuid.uuid4().hex[:10]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "resources")
 
 
 async def eventually(what: str, probe: Any, timeout_s: float = WAIT_S) -> Any:
@@ -210,7 +210,7 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
 
 def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             pool = await rs.pools.ensure("browser", size=2)
             assert (pool["name"], pool["size"], pool["inUse"], pool["holders"], pool["created"]) == (
                 "browser", 2, 0, [], True
@@ -249,7 +249,7 @@ def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
 
 def test_a_slot_is_held_renewed_released_and_handed_on(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space(), holder="holder-a") as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node), holder="holder-a") as rs:
             await rs.pools.ensure("browser", size=1)
             run = await rs.scopes.create()
             events: list[tuple[str, float]] = []
@@ -308,7 +308,7 @@ def test_a_slot_waits_in_the_permits_fifo_line(dev_node: DevNode) -> None:
     a wait that times out leaves the line, and the slot goes to the waiter ahead when it returns."""
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.pools.ensure("browser", size=1)
             run = await rs.scopes.create()
             first = await run.pools.acquire("browser", lease_ms=5_000)
@@ -332,7 +332,7 @@ async def _waiters(rs: AsyncRunstate, states: list[str]) -> bool:
 
 def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.limits.ensure("search-api", units=2, per=f"{TAKES_WINDOW_S}s")
             run = await rs.scopes.create()
             started = time.monotonic()
@@ -359,7 +359,7 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
     """A take is a consumption of the allowance; a full window puts takes in its FIFO line, granted
     in order as it opens; a take that times out leaves the line; a settle gives unused units back."""
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             limit = await rs.limits.ensure("tokens", units=10, per=f"{TAKES_WINDOW_S}s")
             assert (limit["unitsLimit"], limit["windowSeconds"], limit["intervalMs"]) == (10, TAKES_WINDOW_S, TAKES_WINDOW_S * 1000)
             run = await rs.scopes.create()
@@ -398,7 +398,7 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
 
 def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.budgets.ensure("model-usd", total=1.00)
             run = await rs.scopes.create()
 
@@ -459,7 +459,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
 
 
 def test_the_blocking_client(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         assert rs.pools.ensure("browser", size=1)["size"] == 1
         assert rs.limits.ensure("search-api", units=3, per=1)["intervalMs"] == 1000
         assert rs.budgets.ensure("model-usd", total=1)["total"] == 1.0
@@ -492,7 +492,7 @@ def test_the_blocking_client(dev_node: DevNode) -> None:
 def module_api(dev_node: DevNode, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runstate, Any]]:
     """The module-level API on a fresh space and run (queues defined here are forgotten after)."""
     monkeypatch.setattr(queue_module, "_queues", {})
-    space_id = space()
+    space_id = space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space_id) as rs:
         run = rs.scopes.create()
         runstate.configure(base_url=dev_node.url, space_id=space_id, scope_id=run.id)
@@ -634,7 +634,7 @@ def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any
 
 def test_submits_name_existing_resources(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("render")
             await rs.limits.ensure("search-api", units=2)
             await rs.pools.ensure("browser", size=1)
@@ -661,7 +661,7 @@ def test_submits_name_existing_resources(dev_node: DevNode) -> None:
 
 def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> None:
     async def main() -> None:
-        space_id = space()
+        space_id = space(dev_node)
         async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:
             await rs.pools.ensure("browser", size=1)
             await rs.limits.ensure("search-api", units=5)
