@@ -21,6 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runstate.sdk import client as aio
 from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
+from runstate.sdk._interrupt import interrupted
 from runstate.sdk.admin import BlockingKeys, BlockingSpaces, Identity
 from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.claims import BlockingClaims
@@ -443,10 +444,12 @@ class Mailbox:
         except concurrent.futures.CancelledError:
             # The client was closed while consuming: that ends consume().
             return
-        except BaseException:
+        except BaseException as error:
             # KeyboardInterrupt and the like: stop consuming, hand running deliveries back.
             future.cancel()
             concurrent.futures.wait([future], timeout=CONSUME_INTERRUPT_WAIT_S)
+            if type(error) is KeyboardInterrupt:  # Ctrl-C: one line and exit 130 (_interrupt.py)
+                raise interrupted() from None
             raise
 
     @staticmethod
