@@ -51,7 +51,7 @@ def test_forty_jobs_share_a_pool_a_limit_and_a_budget(dev_node: DevNode, tmp_pat
         tickets = [
             mailbox.submit(
                 {"n": n}, key=f"page-{n}", slots="browser", limit={"name": "search-api", "units": 1},
-                budget={"name": "model-usd", "reserve": RESERVE},
+                budget={"name": "model-usd", "amount": RESERVE},
             )
             for n in range(JOBS)
         ]

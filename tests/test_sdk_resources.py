@@ -27,7 +27,7 @@ from runstate.sdk.errors import (
 from runstate.sdk.resources import Spending, needs_body
 
 from tests._http import new_space
-from tests._nodes import DevNode
+from tests._nodes import DevNode, free_port
 from tests.test_sdk_queue import Worker
 
 WAIT_S = 30.0
@@ -73,7 +73,7 @@ def settled(rs: Runstate, name: str, spent: float, timeout_s: float = WAIT_S) ->
 
 def test_needs_are_checked_before_sending() -> None:
     assert needs_body(None, None, None) == {}
-    assert needs_body("browser", "search-api", {"name": "model-usd", "reserve": 0.4}) == {
+    assert needs_body("browser", "search-api", {"name": "model-usd", "amount": 0.4}) == {
         "slots": "browser",
         "limit": {"name": "search-api"},
         "budget": {"name": "model-usd", "reserve": 0.4},
@@ -89,13 +89,31 @@ def test_needs_are_checked_before_sending() -> None:
         (None, {"units": 1}, None),
         (None, {"name": "x", "unit": 1}, None),
         (None, None, {"name": "model-usd"}),
-        (None, None, {"name": "model-usd", "reserve": -1}),
-        (None, None, {"name": "model-usd", "reserve": float("nan")}),
+        (None, None, {"name": "model-usd", "amount": -1}),
+        (None, None, {"name": "model-usd", "amount": float("nan")}),
     ]:
         with pytest.raises(ConfigError):
             needs_body(slots, limit, budget)
     with pytest.raises(ConfigError, match="budget"):
         runstate.queue("bad", budget={"name": "model-usd"})(lambda input: input)
+
+
+def test_a_budget_amount_has_one_name_and_the_old_one_is_deprecated() -> None:
+    """`amount` everywhere (issue 43); `reserve`, its name in runstate-sdk 0.3.0's budget(name,
+    reserve=) and submit budget, still works with a DeprecationWarning; both at once is an error."""
+    with pytest.warns(DeprecationWarning, match="'reserve' is deprecated"):
+        assert needs_body(None, None, {"name": "model-usd", "reserve": 0.4}) == {"budget": {"name": "model-usd", "reserve": 0.4}}
+    with pytest.raises(ConfigError, match="budget"):
+        needs_body(None, None, {"name": "model-usd", "amount": 0.4, "reserve": 0.4})
+    with Runstate(base_url=f"http://127.0.0.1:{free_port()}", space_id="default") as rs:
+        run = rs.scope("run_unused")
+        with pytest.raises(ConfigError, match="give the amount once"):
+            run.budget("model-usd", 0.4, reserve=0.4)
+        with pytest.raises(ConfigError, match="needs the amount"):
+            run.budget("model-usd")
+        with pytest.warns(DeprecationWarning, match="'reserve' is deprecated") as warned:
+            run.budget("model-usd", reserve=0.4)  # nothing is sent until the block is entered
+        assert warned[0].filename == __file__
 
 
 def test_spend_sums_exactly_and_needs_a_queue_handler() -> None:
@@ -172,15 +190,15 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         transport = FakeTransport()
         run.budgets._transport = transport  # type: ignore[assignment]
         with pytest.raises(KeyError):
-            async with run.budget("model-usd", reserve=0.4):
+            async with run.budget("model-usd", amount=0.4):
                 raise KeyError("own error")
         assert transport.actions() == ["look-up", "reserve", "void"]
-        async with run.budget("model-usd", reserve=0.4, lease_ms=150) as reservation:
+        async with run.budget("model-usd", amount=0.4, lease_ms=150) as reservation:
             await asyncio.sleep(0.2)
         settle = {"reservationId": "rsv_1", "amountMinor": "400000", "workKey": "settle:rsv_1", "allowOverrun": True}
         assert transport.calls[-2:] == [("settle", settle), ("void", {"reservationId": "rsv_1", "workKey": "void:rsv_1"})]
         assert "renew" in [name for name, _ in transport.calls]
-        async with run.budget("model-usd", reserve=0.4) as reservation:
+        async with run.budget("model-usd", amount=0.4) as reservation:
             reservation.spend(0.07)
             reservation.spend(0.05)
         assert transport.calls[-2] == ("settle", {**settle, "amountMinor": "120000"})
@@ -407,7 +425,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 assert view["reserved"] == 0 and view["reservations"] == []
                 return float(view["spent"])
 
-            async with run.budget("model-usd", reserve=0.40) as reservation:
+            async with run.budget("model-usd", amount=0.40) as reservation:
                 assert reservation.amount == 0.40
                 view = await rs.budgets.status("model-usd")
                 assert (view["reserved"], view["remaining"]) == (0.40, 0.60)
@@ -416,17 +434,17 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 assert reservation.spent == 0.3
             assert await spent() == 0.3
 
-            async with run.budget("model-usd", reserve=0.40):
+            async with run.budget("model-usd", amount=0.40):
                 pass  # spend() never called: the whole reservation counts
             assert await spent() == 0.7
 
             with pytest.raises(RuntimeError):
-                async with run.budget("model-usd", reserve=0.20):
+                async with run.budget("model-usd", amount=0.20):
                     raise RuntimeError("before any spend: released")
             assert await spent() == 0.7
 
             with pytest.raises(RuntimeError):
-                async with run.budget("model-usd", reserve=0.20) as reservation:
+                async with run.budget("model-usd", amount=0.20) as reservation:
                     reservation.spend(0.05)
                     raise RuntimeError("after a spend: settled")
             assert await spent() == 0.75
@@ -450,7 +468,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 await held.settle(0.05)
 
             settling = asyncio.create_task(settle_later())
-            async with run.budget("model-usd", reserve=0.10, timeout_ms=5_000) as waited:
+            async with run.budget("model-usd", amount=0.10, timeout_ms=5_000) as waited:
                 assert waited.amount == 0.10
             await settling
             assert await spent() == 1.00
@@ -471,11 +489,14 @@ def test_the_blocking_client(dev_node: DevNode) -> None:
                 run.pools.acquire("browser", timeout_ms=100)
         assert not lease.lost and rs.pools.status("browser")["inUse"] == 0
         assert run.limits.take("search-api", units=3)["taken"] is True
-        with run.budget("model-usd", reserve=0.5) as reservation:
+        with run.budget("model-usd", amount=0.5) as reservation:
             reservation.spend(0.25)
         explicit = run.budgets.reserve("model-usd", 0.5)
         assert explicit.settle() == {"charged": 0.5, "returned": 0}
         assert rs.budgets.status("model-usd")["spent"] == 0.75
+        with pytest.warns(DeprecationWarning), run.budget("model-usd", reserve=0.25):  # the old name works
+            pass
+        assert rs.budgets.status("model-usd")["spent"] == 1.0
 
         with pytest.raises(LeaseLostError):
             with run.slot("browser", lease_ms=300) as lease:
@@ -515,7 +536,7 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
         "render",
         slots="browser",
         limit={"name": "search-api", "units": 1},
-        budget={"name": "model-usd", "reserve": 0.40},
+        budget={"name": "model-usd", "amount": 0.40},
     )
     def render(input: dict) -> dict:
         started = time.monotonic()
@@ -555,7 +576,7 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
 def test_context_spend_is_reported_with_the_job(module_api: tuple[Runstate, Any]) -> None:
     rs, run = module_api
     rs.budgets.ensure("model-usd", total=10.00)
-    budget = {"name": "model-usd", "reserve": 0.40}
+    budget = {"name": "model-usd", "amount": 0.40}
 
     @runstate.queue("spends", budget=budget)
     def spends(input: float) -> float:
@@ -595,7 +616,7 @@ def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any
     rs.pools.ensure("browser", size=1)
     rs.budgets.ensure("model-usd", total=1.00)
 
-    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "reserve": 0.25}, attempts=1)
+    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "amount": 0.25}, attempts=1)
     def declared(input: dict) -> dict:
         runstate.context().spend(0.1)
         if input.get("fail"):
@@ -678,7 +699,7 @@ def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> 
                 raise AssertionError("the block ran to its end")
 
             async def hold_budget() -> None:
-                async with run.budget("model-usd", reserve=0.40, lease_ms=CANCELLED_LEASE_MS) as reservation:
+                async with run.budget("model-usd", amount=0.40, lease_ms=CANCELLED_LEASE_MS) as reservation:
                     seen["reservation"] = reservation
                     reservation.spend(0.1)
                     await asyncio.sleep(WAIT_S)

@@ -48,6 +48,7 @@ from runstate.sdk.resources import (
     Reservation,
     SlotLease,
     SlotsLike,
+    budget_amount,
 )
 from runstate.sdk.timers import BlockingTimers
 
@@ -186,15 +187,18 @@ class Scope:
     def budget(
         self,
         name: str,
-        reserve: float,
+        amount: float | None = None,
         lease_ms: int = SLOT_LEASE_MS_DEFAULT,
         timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
         holder: str | None = None,
+        *,
+        reserve: float | None = None,
     ) -> BlockingHolding[Reservation, BlockingReservation]:
-        """`with run.budget("model-usd", reserve=0.40) as reservation:` (see `client.Scope.budget`)."""
+        """`with run.budget("model-usd", amount=0.40) as reservation:` (see `client.Scope.budget`)."""
+        amount = budget_amount(amount, reserve, "budget()")
         return BlockingHolding(
             lambda: self._inner.budgets.reserve(
-                name, reserve, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder
+                name, amount, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder
             ),
             BlockingReservation,
             self._portal,
