@@ -62,7 +62,9 @@ def fill(url: str, tasks: int) -> tuple[str, str]:
 
     with ThreadPoolExecutor(FILL_THREADS) as pool:
         list(pool.map(batch, range(0, tasks, BATCH_TASKS)))
-    # The measured writes go to a space of their own (the filled one is at its limits on tasks).
+    # The measured writes go to a space of their own (the filled one is at its limits on tasks),
+    # which must exist before it is used.
+    post(url, "/v1/spaces", {"id": WRITES_SPACE})
     writes_space = f"/v1/spaces/{WRITES_SPACE}"
     return post(url, writes_space + "/scopes", {})["id"], post(url, writes_space + "/mailboxes", {"name": "writes"})["id"]
 

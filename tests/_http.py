@@ -134,6 +134,16 @@ class Api:
         return status, answer["error"]["code"]
 
 
+def new_space(base_url: str, prefix: str, key: str | None = None) -> str:
+    """A new space, `<prefix>-<12 random hex digits>`, made through POST /v1/spaces (a space must
+    exist before it is used; on a node without auth, anyone may make one); returns its id."""
+    space_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    status, answer = keyed_call(base_url, "POST", "/v1/spaces", {"id": space_id}, headers=headers)
+    assert status == 201, (status, answer)
+    return space_id
+
+
 def configured_run(base_url: str) -> Iterator[str]:
     """A fresh run that the module-level API of this process (`runstate.once`, `runstate.queue`)
     uses until the generator ends; for a fixture to `yield from`."""

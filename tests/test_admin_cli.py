@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
+from tests._http import call
 from tests._nodes import DevNode, free_port
 from tests.test_sdk_admin import OPERATOR_SPACE, unique
 
@@ -96,6 +97,14 @@ def test_spaces_create_and_list(auth_node: tuple[DevNode, str]) -> None:
 
     assert space_id in refused("CONFLICT", "spaces", "create", "--id", space_id, *flags)
     refused("VALIDATION_FAILED", "spaces", "create", "--id", "no/slashes", *flags)
+
+
+def test_a_node_without_auth_makes_a_space_before_it_is_used(dev_node: DevNode) -> None:
+    space_id = unique("keyless")
+    runs = f"/v1/spaces/{space_id}/scopes"
+    assert call(dev_node.url, "POST", runs, {})[0] == 404
+    assert ok("spaces", "create", "--id", space_id, "--url", dev_node.url) == f"created space {space_id}\n"
+    assert call(dev_node.url, "POST", runs, {})[0] == 201
 
 
 def test_keys_create_list_revoke(auth_node: tuple[DevNode, str]) -> None:

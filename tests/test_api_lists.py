@@ -5,19 +5,18 @@ under concurrent inserts, bad query values, and space isolation."""
 from __future__ import annotations
 
 import random
-import uuid
 from typing import Any
 
 import pytest
 
 from runstate_server.actors import limits
 from runstate_server.node.api import _paging as paging
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
 def _space(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"lists-{uuid.uuid4().hex[:10]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "lists"))
 
 
 def _all(api: Api, path: str, field: str, limit: int, **query: str) -> list[dict[str, Any]]:

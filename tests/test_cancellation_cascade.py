@@ -11,7 +11,6 @@ stay readable.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,6 +22,7 @@ from runstate import AsyncRunstate
 from runstate_server.actors import errors, resources
 from runstate_server.actors.state import RunState
 from runstate_server.actors.storage import json_value
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests.test_actors_harness import MAILBOX, RETENTION_MS, Harness
 
@@ -202,7 +202,7 @@ def test_a_group_decided_on_its_own_still_answers_group_closed(h: Harness) -> No
 
 def test_the_cascade_through_the_sdk(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=f"cascade-{uuid.uuid4().hex[:10]}") as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=new_space(dev_node.url, "cascade")) as rs:
             await rs.mailboxes.ensure("work")
             await rs.pools.ensure("browser", size=2)
             await rs.limits.ensure("api", units=100, per="1s")

@@ -148,3 +148,43 @@ def test_cluster_up_tls_writes_the_certificates_once_and_reuses_them(tmp_path: P
     assert local_cluster._certs(data_dir, ["n1", "n2"]) == certs and (certs / "ca.pem").read_bytes() == ca
     with pytest.raises(ConfigError, match="n4.pem"):  # more nodes than the certificates were made for
         local_cluster._certs(data_dir, ["n1", "n2", "n3", "n4"])
+
+
+def test_cluster_up_names_the_node_that_failed_its_first_error_and_its_log(tmp_path: Path) -> None:
+    """Issue 43: not only `no healthy answer`, but which node failed, the first error of its log
+    and the log's path, in one line."""
+    base_port = free_port_block([*range(3), *(RAFT_PORT_OFFSET + index for index in range(3))])
+    data_dir = tmp_path / "cluster"
+    data_dir.mkdir(mode=0o700)
+    (data_dir / "n2").write_text("a file where n2's data directory belongs\n")
+    finished = subprocess.run(
+        [sys.executable, "-m", "runstate_server.node.cli", "cluster", "up", "--base-port", str(base_port),
+         "--data-dir", str(data_dir), "--fsync", "never"],
+        capture_output=True, text=True, timeout=UP_TIMEOUT_S,
+    )
+    assert finished.returncode == 1, finished.stderr
+    (line,) = finished.stderr.splitlines()
+    assert line.startswith("runstate: node n2 exited with 2 while starting: cannot read "), line
+    assert "Not a directory" in line and line.endswith(f"(log: {data_dir / 'n2.log'})"), line
+    assert "Traceback" not in finished.stderr
+
+
+def test_the_first_error_of_a_node_log_is_that_of_its_latest_start(tmp_path: Path) -> None:
+    path = tmp_path / "n1.log"
+    earlier_start = "2026-12-07 10:00:00,000 ERROR runstate.node: an old failure, fixed since\n"
+    path.write_text(earlier_start)
+    log = local_cluster._NodeLog(path)
+    log.start_offset = len(earlier_start)
+    assert log.first_error() is None and log.why() == f"its log is empty (log: {path})"
+    with path.open("a") as file:
+        file.write("2026-12-07 10:01:00,000 INFO runstate.node: starting\n")
+        file.write("Traceback (most recent call last):\n")
+        file.write('  File "x.py", line 1, in <module>\n    raise ValueError("the first")\n')
+        file.write("ValueError: the first\n")
+        file.write("2026-12-07 10:01:01,000 ERROR runstate.node: a later one\n" * 3)
+    assert log.first_error() == "ValueError: the first"
+    with path.open("w") as file:
+        file.write("2026-12-07 10:02:00,000 WARNING pysyncobj: no quorum yet " + "x" * 1000 + "\n")
+    log.start_offset = 0
+    last = log.first_error()
+    assert last is not None and last.startswith("2026-12-07 10:02:00,000 WARNING") and len(last) == local_cluster.ERROR_LINE_CHARS_MAX + len("...")

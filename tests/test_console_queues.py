@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from runstate import Runstate
 
 from tests._browser import NARROW, UI_TIMEOUT_MS, Console, page_overflows
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 _EXPECT_TIMEOUT_MS_DEFAULT = 5_000  # Playwright's own
@@ -35,7 +35,7 @@ def _patient_expectations() -> Iterator[None]:
 
 def _space(node: DevNode) -> str:
     """A new space of the node (made first: a space must exist before it is used)."""
-    return str(Api(node.url).ok("POST", "/v1/spaces", {"id": f"console-{uuid.uuid4().hex[:10]}"})["id"])
+    return new_space(node.url, "console")
 
 
 def _go(page: Any, path: str, name: str) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from chaos.checker import GroupMember, group_decision
-from tests._http import Api, recv, settle
+from tests._http import Api, new_space, recv, settle
 from tests._nodes import DevNode
 
 MAILBOX = "reviews"
@@ -140,7 +139,7 @@ class GroupRaces(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.api = Api(self.url, space=f"races-{uuid.uuid4().hex[:12]}")
+        self.api = Api(self.url, space=new_space(self.url, "races"))
         self.mailbox_id = self.api.ok("POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"})["id"]
         self.parent = self.api.ok("POST", "/v1/scopes", {})["id"]
         self.task_ids: dict[str, str] = {}  # member key -> task id

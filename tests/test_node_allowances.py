@@ -8,18 +8,17 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"allowances-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "allowances"))
 
 
 def new_run(api: Api) -> str:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -18,7 +17,9 @@ from runstate_server.node.api.app import ROUTES
 from runstate_server.node.api.openapi import openapi_path
 from tests._http import (
     Api,
+    call,
     mailbox_id,
+    new_space,
     recv,
     recv_path,
     settle,
@@ -36,7 +37,7 @@ POLL_TIMEOUT_S = 20.0
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
     """A client in a space of its own, so tests never see each other's state."""
-    client = Api(dev_node.url, space=f"test-{uuid.uuid4().hex[:12]}")
+    client = Api(dev_node.url, space=new_space(dev_node.url, "test"))
     assert client.ok("POST", "/v1/mailboxes", {"name": "work", "mode": "WORK"})["name"] == "work"
     return client
 
@@ -290,11 +291,31 @@ def test_unknown_ids_are_not_found(api: Api) -> None:
 def test_spaces_do_not_see_each_other(api: Api, dev_node: DevNode) -> None:
     run_id = new_run(api)
     task_id = submit(api, run_id, {"n": 1})["id"]
-    stranger = Api(dev_node.url, space=f"other-{uuid.uuid4().hex[:8]}")
+    stranger = Api(dev_node.url, space=new_space(dev_node.url, "other"))
     assert stranger.error("GET", f"/v1/scopes/{run_id}") == (404, "NOT_FOUND")
     assert stranger.error("GET", f"/v1/tasks/{task_id}") == (404, "NOT_FOUND")
     assert stranger.error("POST", f"/v1/scopes/{run_id}/cancel") == (404, "NOT_FOUND")
     assert api.ok("GET", f"/v1/scopes/{run_id}")["storedState"] == "ACTIVE"
+
+
+def test_an_unknown_space_is_not_found_and_is_not_made(dev_node: DevNode) -> None:
+    """Without auth, a typo in the space id fails at the first call (issue 43) instead of
+    writing into a new, empty space; the default space needs no creating."""
+    from runstate import NotFoundError, Runstate
+
+    typo = f"typo-{time.monotonic_ns()}"
+    for method, path, body in (("POST", "/v1/scopes", {}), ("GET", "/v1/scopes", None), ("POST", "/v1/mailboxes", {"name": "work"})):
+        status, answer = call(dev_node.url, method, f"/v1/spaces/{typo}{path[len('/v1'):]}", body)
+        assert (status, answer["error"]["code"]) == (404, "NOT_FOUND"), (method, path, answer)
+        assert f"space {typo!r} not found" in answer["error"]["message"]
+    with Runstate(base_url=dev_node.url, space_id=typo) as rs, pytest.raises(NotFoundError, match=typo):
+        rs.scopes.create()
+    operator = Api(dev_node.url)
+    assert typo not in [space["id"] for space in operator.ok("GET", "/v1/spaces")["spaces"]]
+    assert Api(dev_node.url, space="default").ok("GET", "/v1/mailboxes") is not None
+
+    operator.ok("POST", "/v1/spaces", {"id": typo})
+    assert Api(dev_node.url, space=typo).ok("POST", "/v1/scopes", {})["id"]
 
 
 # -- tasks and deliveries ------------------------------------------------------------------------

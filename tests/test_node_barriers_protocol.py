@@ -4,18 +4,16 @@ cancellation with the run, and bad input."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from tests._auth_world import forbidden, keyed
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"barriers-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "barriers"))
 
 
 def new_run(api: Api) -> str:

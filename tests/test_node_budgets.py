@@ -6,12 +6,11 @@ requirements.budgets; and the old decimal routes on the same budgets."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 WORKER = {"holder": "w1", "holderSession": "s1", "leaseSeconds": 30}
@@ -19,7 +18,7 @@ WORKER = {"holder": "w1", "holderSession": "s1", "leaseSeconds": 30}
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"budgets-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "budgets"))
 
 
 def new_run(api: Api) -> str:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests._http import Api, call
+from tests._http import Api, call, new_space
 from tests._nodes import DevNode
 
 KEY = "locks/report 2024/ü?#%"  # every kind of character, `/` included, travels encoded in the path
@@ -23,7 +23,7 @@ LAPSE_PAUSE_S = 0.05
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"claims-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "claims"))
 
 
 def new_run(api: Api) -> str:
@@ -142,7 +142,7 @@ def test_bad_input(api: Api) -> None:
 
 def test_the_generation_survives_a_restart(node_factory: Any) -> None:
     node: DevNode = node_factory().start()
-    api = Api(node.url, space="restart")
+    api = Api(node.url, space=new_space(node.url, "restart"))
     run_id = new_run(api)
     for generation in (1, 2, 3):
         granted = api.ok("POST", "/v1/claims", body(run_id, key="k"))

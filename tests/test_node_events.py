@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    api = Api(dev_node.url, space=f"events-{uuid.uuid4().hex[:12]}")
+    api = Api(dev_node.url, space=new_space(dev_node.url, "events"))
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     return api
 
@@ -145,7 +144,7 @@ def test_the_sdk_watches_resumes_and_lists(dev_node: DevNode) -> None:
     from runstate import AsyncRunstate, ConfigError, CursorExpiredError, Runstate
     from runstate.sdk.errors import error_from_response
 
-    space_id = f"events-sdk-{uuid.uuid4().hex[:10]}"
+    space_id = new_space(dev_node.url, "events-sdk")
 
     async def main() -> str:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from tests._http import Api, recv, recv_path, settle_error, settle_ok, task_ok
+from tests._http import Api, new_space, recv, recv_path, settle_error, settle_ok, task_ok
 from tests._nodes import DevNode
 
 MAILBOX = "reviews"
@@ -23,7 +22,7 @@ class GroupsApi(Api):
 
 @pytest.fixture
 def api(dev_node: DevNode) -> GroupsApi:
-    api = GroupsApi(dev_node.url, space=f"groups-{uuid.uuid4().hex[:12]}")
+    api = GroupsApi(dev_node.url, space=new_space(dev_node.url, "groups"))
     api.mailbox_id = api.ok("POST", "/v1/mailboxes", {"name": MAILBOX, "mode": "WORK"})["id"]
     return api
 

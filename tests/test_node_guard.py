@@ -5,10 +5,9 @@ Each refused request changes nothing."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-from tests._http import Api, keyed_send
+from tests._http import Api, keyed_send, new_space
 from tests._nodes import DevNode, read_bootstrap_key
 from tests._raw_http import json_headers, send
 
@@ -25,7 +24,7 @@ def run_state(node: DevNode, space: str, run_id: str) -> str:
 
 
 def test_a_cross_site_cancel_is_refused_and_changes_nothing(dev_node: DevNode) -> None:
-    space = f"guard-{uuid.uuid4().hex[:10]}"
+    space = new_space(dev_node.url, "guard")
     run_id = new_run(dev_node, space)
     cancel = f"/v1/spaces/{space}/scopes/{run_id}/cancel"
     refusals: list[tuple[dict[str, Any], bytes | None, int, str]] = [
@@ -49,7 +48,7 @@ def test_a_cross_site_cancel_is_refused_and_changes_nothing(dev_node: DevNode) -
 
 
 def test_a_node_without_auth_serves_this_machine(dev_node: DevNode) -> None:
-    space = f"guard-{uuid.uuid4().hex[:10]}"
+    space = new_space(dev_node.url, "guard")
     base = f"/v1/spaces/{space}/scopes"
     port = dev_node.port
     for origin in ("http://127.0.0.1:3000", "http://localhost:5173", "http://[::1]:8000", "https://localhost"):

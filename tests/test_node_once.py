@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests._http import Api, call
+from tests._http import Api, call, new_space
 from tests._nodes import DevNode
 
 KEY = "research:0123456789abcdef0123456789abcdef/with slash & more"
@@ -19,7 +19,7 @@ LEASE_S = 30
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"once-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "once"))
 
 
 def new_run(api: Api) -> str:

@@ -3,19 +3,18 @@ holders and what they hold, and why each waiting thing waits, naming the resourc
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 from runstate import Runstate
 
-from tests._http import Api, recv, task_ok
+from tests._http import Api, new_space, recv, task_ok
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    api = Api(dev_node.url, space=f"ops-{uuid.uuid4().hex[:12]}")
+    api = Api(dev_node.url, space=new_space(dev_node.url, "ops"))
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     return api
 
@@ -127,7 +126,7 @@ def test_waiters_barriers_timers_and_tasks_nobody_took(api: Api) -> None:
 
 
 def test_the_sdk_reads_both_views(dev_node: DevNode) -> None:
-    space = f"ops-sdk-{uuid.uuid4().hex[:12]}"
+    space = new_space(dev_node.url, "ops-sdk")
     api = Api(dev_node.url, space=space)
     run_id = new_run(api)
     api.ok("POST", "/v1/claims", {**lease_body(run_id, "sdk-worker"), "key": "k"})

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any
 
 import pytest
 
-from tests._http import Api, recv, task_ok
+from tests._http import Api, new_space, recv, task_ok
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    api = Api(dev_node.url, space=f"permits-{uuid.uuid4().hex[:12]}")
+    api = Api(dev_node.url, space=new_space(dev_node.url, "permits"))
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     return api
 

@@ -6,13 +6,12 @@ in test_node_permits.py, test_node_allowances.py and test_node_budgets.py."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests._http import Api, mailbox_id, recv, settle_ok, task_ok
+from tests._http import Api, mailbox_id, new_space, recv, settle_ok, task_ok
 from tests._nodes import DevNode
 
 JOIN_TIMEOUT_S = 20.0
@@ -21,7 +20,7 @@ WAIT_MS = 300
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    api = Api(dev_node.url, space=f"resources-{uuid.uuid4().hex[:12]}")
+    api = Api(dev_node.url, space=new_space(dev_node.url, "resources"))
     api.ok("POST", "/v1/mailboxes", {"name": "work"})
     return api
 

@@ -7,14 +7,23 @@ import json
 import threading
 import urllib.error
 import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from tests._http import Api, mailbox_id, recv, settle, settle_error, settle_ok, submit_task, task_body
+from tests._http import (
+    Api,
+    mailbox_id,
+    new_space,
+    recv,
+    settle,
+    settle_error,
+    settle_ok,
+    submit_task,
+    task_body,
+)
 from tests._nodes import DevNode
 from tests.test_node_api import wait_until
 
@@ -23,7 +32,7 @@ WORKER = {"holder": "w1", "holderSession": "s1", "leaseSeconds": 30}
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"rt-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "rt"))
 
 
 def new_run(api: Api, **body: Any) -> str:

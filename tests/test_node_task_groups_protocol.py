@@ -5,19 +5,18 @@ worker serving that run with includeDescendants."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from tests._http import Api, call, mailbox_id
+from tests._http import Api, call, mailbox_id, new_space
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"groups-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "groups"))
 
 
 @pytest.fixture

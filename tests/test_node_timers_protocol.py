@@ -5,14 +5,13 @@ once fired), poll, ack with the token, cancel, the run's stop, and bad input."""
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from tests._auth_world import forbidden, keyed
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 FIRE_WAIT_S = 30.0  # for a due timer to be seen fired (a tick on a loaded machine)
@@ -21,7 +20,7 @@ TOMORROW = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"timers-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "timers"))
 
 
 def new_run(api: Api) -> str:

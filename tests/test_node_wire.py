@@ -6,20 +6,19 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"wire-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "wire"))
 
 
 def send(api: Api, method: str, path: str, body: Any = None, *, key: str | None = None,
@@ -74,7 +73,7 @@ def test_a_retried_mutation_is_applied_once_and_answered_alike(api: Api) -> None
     other = send(api, "POST", path, body, key="barrier-2")
     assert other[2]["id"] != first[2]["id"]  # another key is another barrier
     # A key is its space's: the same key elsewhere is unrelated.
-    elsewhere = Api(api.base_url, space=f"wire-{uuid.uuid4().hex[:12]}")
+    elsewhere = Api(api.base_url, space=new_space(api.base_url, "wire"))
     elsewhere_run = new_run(elsewhere)
     assert send(elsewhere, "POST", path, {**body, "scopeId": elsewhere_run}, key="barrier-1")[2]["id"] != first[2]["id"]
 

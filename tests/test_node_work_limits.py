@@ -7,17 +7,16 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 
-from tests._http import Api, mailbox_id, recv, settle_ok, submit_task, task_body
+from tests._http import Api, mailbox_id, new_space, recv, settle_ok, submit_task, task_body
 from tests._nodes import DevNode
 
 
 @pytest.fixture
 def api(dev_node: DevNode) -> Api:
-    return Api(dev_node.url, space=f"wlim-{uuid.uuid4().hex[:12]}")
+    return Api(dev_node.url, space=new_space(dev_node.url, "wlim"))
 
 
 def new_run(api: Api) -> str:
@@ -45,7 +44,7 @@ def test_create_and_list(api: Api) -> None:
     assert api.error("POST", "/v1/work-limits", {"name": "x", "scopeId": "run_none", "maxOutstanding": 1}) == (
         404, "NOT_FOUND",
     )
-    assert Api(api.base_url, space=f"other-{uuid.uuid4().hex[:8]}").ok("GET", "/v1/work-limits") == {"workLimits": []}
+    assert Api(api.base_url, space=new_space(api.base_url, "other")).ok("GET", "/v1/work-limits") == {"workLimits": []}
 
 
 def test_tasks_past_max_outstanding_are_concurrency_limited(api: Api, dev_node: DevNode) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runstate import Runstate, ScopeCancelledError
 
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests._once_procs import children, sdk_env
 
@@ -38,7 +38,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> 
 
 
 def test_forty_jobs_share_a_pool_a_limit_and_a_budget(dev_node: DevNode, tmp_path: Path) -> None:
-    space = f"render-{uuid.uuid4().hex[:8]}"
+    space = new_space(dev_node.url, "render")
     effects = tmp_path / "effects.jsonl"
     effects.touch()
     with Runstate(base_url=dev_node.url, space_id=space) as rs:
@@ -51,7 +51,7 @@ def test_forty_jobs_share_a_pool_a_limit_and_a_budget(dev_node: DevNode, tmp_pat
         tickets = [
             mailbox.submit(
                 {"n": n}, key=f"page-{n}", slots="browser", limit={"name": "search-api", "units": 1},
-                budget={"name": "model-usd", "reserve": RESERVE},
+                budget={"name": "model-usd", "amount": RESERVE},
             )
             for n in range(JOBS)
         ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -14,17 +13,17 @@ import runstate
 from runstate import AsyncRunstate, Runstate
 
 from tests._cluster import Cluster
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 
-def space() -> str:
-    return f"bt-{uuid.uuid4().hex[:10]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "bt")
 
 
 def test_the_spec_samples(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             run = await rs.scopes.create()
             # Coordinator:
             barrier = await run.barriers.create(target=3)
@@ -50,7 +49,7 @@ def test_the_spec_samples(dev_node: DevNode) -> None:
 
 def test_fifty_concurrent_arrivals_with_thirty_keys_release_exactly_once(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             run = await rs.scopes.create()
             barrier = await run.barriers.create(target=30)
             keys = [f"k{n % 30}" for n in range(50)]
@@ -74,7 +73,7 @@ def test_a_waiter_late_for_a_release_is_not_held_for_the_next_epoch(dev_node: De
     nextEpoch gets epoch 1's release; waiting for epoch 2 would need its own next arrival."""
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             run = await rs.scopes.create()
             barrier = await run.barriers.create(target=2)
             slow = rs.scope(run.id).barriers.get(barrier.id)
@@ -111,7 +110,7 @@ def test_waiting_for_an_epoch_over_http(dev_node: DevNode) -> None:
 
 
 def test_cancelling_the_run_cancels_barriers_and_timers(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         run = rs.scopes.create()
         barrier = run.barriers.create(target=2)
         timer = run.timers.create(after_seconds=3600)
@@ -153,7 +152,7 @@ def test_a_timer_fires_once_across_a_leader_kill(make_cluster: Callable[..., Clu
 
 
 def test_named_barriers_and_timers_poll_and_ack_with_the_blocking_client(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         run = rs.scopes.create()
         barrier = run.barriers.by_name("stage-2", target=2)
         assert run.barriers.by_name("stage-2", target=2).id == barrier.id  # the run's barrier of that name

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 
+from tests._http import new_space
 from tests._nodes import DevNode
 
 BODY_DEPTH_MAX = 64  # the node's json_depth_max: a request body's nesting, its own object included
@@ -25,7 +25,7 @@ def nested(depth: int) -> list[Any]:
 
 def test_submit_many_and_results_async(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=f"batch-{uuid.uuid4().hex[:8]}") as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=new_space(dev_node.url, "batch")) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             queue = run.mailbox("work")
@@ -80,7 +80,7 @@ def test_submit_many_and_results_async(dev_node: DevNode) -> None:
 
 
 def test_submit_many_and_results_blocking(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=f"batch-{uuid.uuid4().hex[:8]}") as rs:
+    with Runstate(base_url=dev_node.url, space_id=new_space(dev_node.url, "batch")) as rs:
         rs.mailboxes.ensure("work")
         queue = rs.scopes.create().mailbox("work")
         tickets = queue.submit_many(["a", "b"])

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 import runstate
 from runstate.sdk.client import AsyncRunstate
 
+from tests._http import new_space
 from tests._nodes import DevNode
 
 KEY = "reports/2024 q1"  # sent percent-encoded in the path
 
 
 def test_one_holder_at_a_time_and_the_generation_grows(dev_node: DevNode) -> None:
-    space = f"sdk-claims-{uuid.uuid4().hex[:12]}"
+    space = new_space(dev_node.url, "sdk-claims")
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space, holder="a") as a, AsyncRunstate(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from runstate.sdk.client import Ticket
 
 from tests import _prometheus
 from tests._cluster import Cluster
+from tests._http import new_space
 from tests._nodes import DevNode
 
 
@@ -29,8 +29,8 @@ def _requests(node: DevNode, route: str) -> float:
     )
 
 
-def _space() -> str:
-    return f"coalesce-{uuid.uuid4().hex[:8]}"
+def _space(node: DevNode) -> str:
+    return new_space(node.url, "coalesce")
 
 
 def _shape(error: BaseException) -> tuple[Any, ...]:
@@ -41,7 +41,7 @@ def _shape(error: BaseException) -> tuple[Any, ...]:
 def test_mixed_batch_each_caller_gets_its_own_outcome(dev_node: DevNode) -> None:
     """Good submits and bad ones in one batch: only the bad callers raise, each the error its single
     call raises (same class, code, status and message); the good ones get their tickets."""
-    space = _space()
+    space = _space(dev_node)
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space) as rs, AsyncRunstate(
@@ -105,7 +105,7 @@ def test_result_waits_with_a_timeout_inside_a_coalesced_batch(dev_node: DevNode)
     NotFoundError, and an unfinished one with time left keeps waiting until its task finishes."""
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=_space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=_space(dev_node)) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             queue = run.mailbox("work")
@@ -150,7 +150,7 @@ def test_result_waits_with_a_timeout_inside_a_coalesced_batch(dev_node: DevNode)
 def test_exactly_once_with_keys_under_coalescing(dev_node: DevNode) -> None:
     """Many concurrent submits of a few keys, from two clients: one task per key, created once,
     every caller of a key gets that task."""
-    space = _space()
+    space = _space(dev_node)
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space) as first, AsyncRunstate(
@@ -177,7 +177,7 @@ def test_exactly_once_with_keys_under_coalescing(dev_node: DevNode) -> None:
 
 def test_blocking_client_coalesces_across_threads(dev_node: DevNode) -> None:
     """Threads sharing one blocking client: their submits and waits ride together too."""
-    with Runstate(base_url=dev_node.url, space_id=_space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=_space(dev_node)) as rs:
         rs.mailboxes.ensure("work")
         queue = rs.scopes.create().mailbox("work")
         batches_before = _requests(dev_node, "/tasks/batch")

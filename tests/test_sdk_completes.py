@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from runstate import AsyncRunstate, Runstate
 from runstate.sdk._completes import Completes
 from runstate.sdk.client import Delivery, Mailbox, Scope, Ticket
 
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests._prometheus import scrape
 
@@ -48,8 +48,8 @@ def completes_answered(url: str) -> Counter[str]:
     return counts
 
 
-def space() -> str:
-    return f"completes-{uuid.uuid4().hex[:8]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "completes")
 
 
 async def queue_of_tasks(rs: AsyncRunstate, count: int) -> tuple[Scope, Mailbox, list[Ticket]]:
@@ -64,7 +64,7 @@ def test_consume_settles_every_task_once_with_fewer_requests(dev_node: DevNode) 
     calls: Counter[str] = Counter()
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             run, queue, tickets = await queue_of_tasks(rs, TASKS)
             before = completes_answered(dev_node.url)
 
@@ -98,7 +98,7 @@ def test_one_client_waits_on_more_results_than_it_keeps_connections_while_it_con
     waits = 120
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             _, queue, tickets = await queue_of_tasks(rs, waits)
             results = asyncio.gather(*(ticket.result(timeout_ms=RESULT_TIMEOUT_MS) for ticket in tickets))
             await asyncio.sleep(0.5)  # every wait is parked on the node
@@ -119,7 +119,7 @@ def test_one_client_waits_on_more_results_than_it_keeps_connections_while_it_con
 def test_blocking_consume_settles_every_task_once(dev_node: DevNode) -> None:
     calls: Counter[str] = Counter()
     lock = threading.Lock()
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         rs.mailboxes.ensure("work")
         run = rs.scopes.create()
         queue = run.mailbox("work")
@@ -148,7 +148,7 @@ def test_each_delivery_of_a_batch_gets_its_own_outcome(dev_node: DevNode) -> Non
     LeaseLostError and an unknown task NotFoundError, each for its own delivery only."""
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             queue = run.mailbox("work")

@@ -4,7 +4,6 @@ process on the group's run, re-attaching by id, and the blocking client's calls 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests._once_procs import children, sdk_env
 
@@ -19,8 +19,8 @@ WORKER_EXIT_S = 30.0
 RESULT_TIMEOUT_MS = 30_000  # the spec's samples wait 600_000; a test fails sooner
 
 
-def space() -> str:
-    return f"groups-{uuid.uuid4().hex[:10]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "groups")
 
 
 def is_good_draft(outcome: dict[str, Any]) -> bool:
@@ -28,7 +28,7 @@ def is_good_draft(outcome: dict[str, Any]) -> bool:
 
 
 def test_the_spec_samples_with_a_worker_process(dev_node: DevNode) -> None:
-    space_id = space()
+    space_id = space(dev_node)
 
     async def main() -> None:
         async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:
@@ -101,7 +101,7 @@ def test_the_spec_samples_with_a_worker_process(dev_node: DevNode) -> None:
 
 
 def test_blocking_client_verdicts_errors_and_late_answers(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         rs.mailboxes.ensure("reviews")
         run = rs.scopes.create()
         with pytest.raises(runstate.NotFoundError):

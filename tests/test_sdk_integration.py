@@ -19,6 +19,7 @@ import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 from runstate.sdk import _consume
+from runstate.sdk._interrupt import INTERRUPTED_MESSAGE
 
 from tests._nodes import free_port
 
@@ -71,6 +72,8 @@ def test_quickstart_scripts_run_unchanged(dev_node: Any, tmp_path: Path) -> None
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C as in a terminal, whatever this test process does with SIGINT.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         # Not communicate(): it reads the pipe underneath the text buffer, and loses a line that
         # readline() above had already buffered (the submit line, when it came with the first).
@@ -87,12 +90,16 @@ def test_quickstart_scripts_run_unchanged(dev_node: Any, tmp_path: Path) -> None
         if worker is not None:
             worker.send_signal(signal.SIGINT)  # "Stop the worker with Ctrl-C."
             try:
-                worker_out, _ = worker.communicate(timeout=15)
+                worker_out, worker_err = worker.communicate(timeout=15)
             except subprocess.TimeoutExpired:
                 worker.kill()
-                worker_out, _ = worker.communicate()
+                worker_out, worker_err = worker.communicate()
     assert "worker listening on run" in worker_out
     assert "completed " in worker_out and "(attempt 1)" in worker_out
+    # Ctrl-C ends it with one line and the status a shell gives a process stopped by Ctrl-C, not a
+    # CancelledError / KeyboardInterrupt traceback (issue 43).
+    assert worker_err == INTERRUPTED_MESSAGE + "\n", worker_err
+    assert worker.returncode == 128 + signal.SIGINT
 
 
 # --- the same flow in-process -----------------------------------------------------------------

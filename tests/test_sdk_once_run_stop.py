@@ -19,7 +19,7 @@ import runstate
 from runstate.sdk import once_calls as once_module
 from runstate.sdk.errors import ScopeCancelledError
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 from tests._once_procs import HERE, WAIT_S, children, lines, read_line, sdk_env
 
@@ -137,7 +137,7 @@ def test_waiting_callers_learn_at_once_that_the_run_stopped(
 @pytest.mark.slow
 def test_after_a_stop_every_process_moves_to_the_same_fresh_default_run(dev_node: DevNode, tmp_path: Path) -> None:
     """Two long-lived processes (each caching the default run) in a space of their own."""
-    space = f"default-run-{uuid.uuid4().hex[:12]}"
+    space = new_space(dev_node.url, "default-run")
     api = Api(dev_node.url, space=space)
     effects = tmp_path / "effects"
     env = sdk_env(dev_node.url, None, RUNSTATE_SPACE_ID=space, RS_TEST_EFFECTS=str(effects))
@@ -181,7 +181,7 @@ def test_in_the_default_run_a_waiter_moves_to_the_fresh_run_when_it_stops(
     """The holder is still at work when the default run is stopped: the waiting caller does not
     wait for it, it runs the function itself in the fresh default run."""
     monkeypatch.delenv("RUNSTATE_SCOPE_ID", raising=False)
-    space = f"default-stop-{uuid.uuid4().hex[:12]}"
+    space = new_space(dev_node.url, "default-stop")
     api = Api(dev_node.url, space=space)
     runstate.configure(base_url=dev_node.url, space_id=space)
     started, waiting = threading.Event(), threading.Event()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,8 @@ from runstate.sdk.errors import (
 )
 from runstate.sdk.resources import Spending, needs_body
 
-from tests._nodes import DevNode
+from tests._http import new_space
+from tests._nodes import DevNode, free_port
 from tests.test_sdk_queue import Worker
 
 WAIT_S = 30.0
@@ -42,8 +42,8 @@ CANCELLED_LEASE_MS = 3_000
 TAKES_WINDOW_S = 4
 
 
-def space() -> str:
-    return f"resources-{uuid.uuid4().hex[:10]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "resources")
 
 
 async def eventually(what: str, probe: Any, timeout_s: float = WAIT_S) -> Any:
@@ -73,7 +73,7 @@ def settled(rs: Runstate, name: str, spent: float, timeout_s: float = WAIT_S) ->
 
 def test_needs_are_checked_before_sending() -> None:
     assert needs_body(None, None, None) == {}
-    assert needs_body("browser", "search-api", {"name": "model-usd", "reserve": 0.4}) == {
+    assert needs_body("browser", "search-api", {"name": "model-usd", "amount": 0.4}) == {
         "slots": "browser",
         "limit": {"name": "search-api"},
         "budget": {"name": "model-usd", "reserve": 0.4},
@@ -89,13 +89,31 @@ def test_needs_are_checked_before_sending() -> None:
         (None, {"units": 1}, None),
         (None, {"name": "x", "unit": 1}, None),
         (None, None, {"name": "model-usd"}),
-        (None, None, {"name": "model-usd", "reserve": -1}),
-        (None, None, {"name": "model-usd", "reserve": float("nan")}),
+        (None, None, {"name": "model-usd", "amount": -1}),
+        (None, None, {"name": "model-usd", "amount": float("nan")}),
     ]:
         with pytest.raises(ConfigError):
             needs_body(slots, limit, budget)
     with pytest.raises(ConfigError, match="budget"):
         runstate.queue("bad", budget={"name": "model-usd"})(lambda input: input)
+
+
+def test_a_budget_amount_has_one_name_and_the_old_one_is_deprecated() -> None:
+    """`amount` everywhere (issue 43); `reserve`, its name in runstate-sdk 0.3.0's budget(name,
+    reserve=) and submit budget, still works with a DeprecationWarning; both at once is an error."""
+    with pytest.warns(DeprecationWarning, match="'reserve' is deprecated"):
+        assert needs_body(None, None, {"name": "model-usd", "reserve": 0.4}) == {"budget": {"name": "model-usd", "reserve": 0.4}}
+    with pytest.raises(ConfigError, match="budget"):
+        needs_body(None, None, {"name": "model-usd", "amount": 0.4, "reserve": 0.4})
+    with Runstate(base_url=f"http://127.0.0.1:{free_port()}", space_id="default") as rs:
+        run = rs.scope("run_unused")
+        with pytest.raises(ConfigError, match="give the amount once"):
+            run.budget("model-usd", 0.4, reserve=0.4)
+        with pytest.raises(ConfigError, match="needs the amount"):
+            run.budget("model-usd")
+        with pytest.warns(DeprecationWarning, match="'reserve' is deprecated") as warned:
+            run.budget("model-usd", reserve=0.4)  # nothing is sent until the block is entered
+        assert warned[0].filename == __file__
 
 
 def test_spend_sums_exactly_and_needs_a_queue_handler() -> None:
@@ -172,15 +190,15 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
         transport = FakeTransport()
         run.budgets._transport = transport  # type: ignore[assignment]
         with pytest.raises(KeyError):
-            async with run.budget("model-usd", reserve=0.4):
+            async with run.budget("model-usd", amount=0.4):
                 raise KeyError("own error")
         assert transport.actions() == ["look-up", "reserve", "void"]
-        async with run.budget("model-usd", reserve=0.4, lease_ms=150) as reservation:
+        async with run.budget("model-usd", amount=0.4, lease_ms=150) as reservation:
             await asyncio.sleep(0.2)
         settle = {"reservationId": "rsv_1", "amountMinor": "400000", "workKey": "settle:rsv_1", "allowOverrun": True}
         assert transport.calls[-2:] == [("settle", settle), ("void", {"reservationId": "rsv_1", "workKey": "void:rsv_1"})]
         assert "renew" in [name for name, _ in transport.calls]
-        async with run.budget("model-usd", reserve=0.4) as reservation:
+        async with run.budget("model-usd", amount=0.4) as reservation:
             reservation.spend(0.07)
             reservation.spend(0.05)
         assert transport.calls[-2] == ("settle", {**settle, "amountMinor": "120000"})
@@ -210,7 +228,7 @@ def test_holding_renews_and_cancels_the_block_when_a_renewal_is_refused() -> Non
 
 def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             pool = await rs.pools.ensure("browser", size=2)
             assert (pool["name"], pool["size"], pool["inUse"], pool["holders"], pool["created"]) == (
                 "browser", 2, 0, [], True
@@ -249,7 +267,7 @@ def test_ensure_and_status_of_each_kind(dev_node: DevNode) -> None:
 
 def test_a_slot_is_held_renewed_released_and_handed_on(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space(), holder="holder-a") as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node), holder="holder-a") as rs:
             await rs.pools.ensure("browser", size=1)
             run = await rs.scopes.create()
             events: list[tuple[str, float]] = []
@@ -308,7 +326,7 @@ def test_a_slot_waits_in_the_permits_fifo_line(dev_node: DevNode) -> None:
     a wait that times out leaves the line, and the slot goes to the waiter ahead when it returns."""
 
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.pools.ensure("browser", size=1)
             run = await rs.scopes.create()
             first = await run.pools.acquire("browser", lease_ms=5_000)
@@ -332,7 +350,7 @@ async def _waiters(rs: AsyncRunstate, states: list[str]) -> bool:
 
 def test_limit_takes_wait_for_the_window(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.limits.ensure("search-api", units=2, per=f"{TAKES_WINDOW_S}s")
             run = await rs.scopes.create()
             started = time.monotonic()
@@ -359,7 +377,7 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
     """A take is a consumption of the allowance; a full window puts takes in its FIFO line, granted
     in order as it opens; a take that times out leaves the line; a settle gives unused units back."""
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             limit = await rs.limits.ensure("tokens", units=10, per=f"{TAKES_WINDOW_S}s")
             assert (limit["unitsLimit"], limit["windowSeconds"], limit["intervalMs"]) == (10, TAKES_WINDOW_S, TAKES_WINDOW_S * 1000)
             run = await rs.scopes.create()
@@ -398,7 +416,7 @@ def test_limit_takes_are_allowance_consumptions_in_a_fifo_line(dev_node: DevNode
 
 def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.budgets.ensure("model-usd", total=1.00)
             run = await rs.scopes.create()
 
@@ -407,7 +425,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 assert view["reserved"] == 0 and view["reservations"] == []
                 return float(view["spent"])
 
-            async with run.budget("model-usd", reserve=0.40) as reservation:
+            async with run.budget("model-usd", amount=0.40) as reservation:
                 assert reservation.amount == 0.40
                 view = await rs.budgets.status("model-usd")
                 assert (view["reserved"], view["remaining"]) == (0.40, 0.60)
@@ -416,17 +434,17 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 assert reservation.spent == 0.3
             assert await spent() == 0.3
 
-            async with run.budget("model-usd", reserve=0.40):
+            async with run.budget("model-usd", amount=0.40):
                 pass  # spend() never called: the whole reservation counts
             assert await spent() == 0.7
 
             with pytest.raises(RuntimeError):
-                async with run.budget("model-usd", reserve=0.20):
+                async with run.budget("model-usd", amount=0.20):
                     raise RuntimeError("before any spend: released")
             assert await spent() == 0.7
 
             with pytest.raises(RuntimeError):
-                async with run.budget("model-usd", reserve=0.20) as reservation:
+                async with run.budget("model-usd", amount=0.20) as reservation:
                     reservation.spend(0.05)
                     raise RuntimeError("after a spend: settled")
             assert await spent() == 0.75
@@ -450,7 +468,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
                 await held.settle(0.05)
 
             settling = asyncio.create_task(settle_later())
-            async with run.budget("model-usd", reserve=0.10, timeout_ms=5_000) as waited:
+            async with run.budget("model-usd", amount=0.10, timeout_ms=5_000) as waited:
                 assert waited.amount == 0.10
             await settling
             assert await spent() == 1.00
@@ -459,7 +477,7 @@ def test_budget_reserve_settle_spend_and_release(dev_node: DevNode) -> None:
 
 
 def test_the_blocking_client(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         assert rs.pools.ensure("browser", size=1)["size"] == 1
         assert rs.limits.ensure("search-api", units=3, per=1)["intervalMs"] == 1000
         assert rs.budgets.ensure("model-usd", total=1)["total"] == 1.0
@@ -471,11 +489,14 @@ def test_the_blocking_client(dev_node: DevNode) -> None:
                 run.pools.acquire("browser", timeout_ms=100)
         assert not lease.lost and rs.pools.status("browser")["inUse"] == 0
         assert run.limits.take("search-api", units=3)["taken"] is True
-        with run.budget("model-usd", reserve=0.5) as reservation:
+        with run.budget("model-usd", amount=0.5) as reservation:
             reservation.spend(0.25)
         explicit = run.budgets.reserve("model-usd", 0.5)
         assert explicit.settle() == {"charged": 0.5, "returned": 0}
         assert rs.budgets.status("model-usd")["spent"] == 0.75
+        with pytest.warns(DeprecationWarning), run.budget("model-usd", reserve=0.25):  # the old name works
+            pass
+        assert rs.budgets.status("model-usd")["spent"] == 1.0
 
         with pytest.raises(LeaseLostError):
             with run.slot("browser", lease_ms=300) as lease:
@@ -492,7 +513,7 @@ def test_the_blocking_client(dev_node: DevNode) -> None:
 def module_api(dev_node: DevNode, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runstate, Any]]:
     """The module-level API on a fresh space and run (queues defined here are forgotten after)."""
     monkeypatch.setattr(queue_module, "_queues", {})
-    space_id = space()
+    space_id = space(dev_node)
     with Runstate(base_url=dev_node.url, space_id=space_id) as rs:
         run = rs.scopes.create()
         runstate.configure(base_url=dev_node.url, space_id=space_id, scope_id=run.id)
@@ -515,7 +536,7 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
         "render",
         slots="browser",
         limit={"name": "search-api", "units": 1},
-        budget={"name": "model-usd", "reserve": 0.40},
+        budget={"name": "model-usd", "amount": 0.40},
     )
     def render(input: dict) -> dict:
         started = time.monotonic()
@@ -555,7 +576,7 @@ def test_the_spec_queue_sample_with_two_workers(module_api: tuple[Runstate, Any]
 def test_context_spend_is_reported_with_the_job(module_api: tuple[Runstate, Any]) -> None:
     rs, run = module_api
     rs.budgets.ensure("model-usd", total=10.00)
-    budget = {"name": "model-usd", "reserve": 0.40}
+    budget = {"name": "model-usd", "amount": 0.40}
 
     @runstate.queue("spends", budget=budget)
     def spends(input: float) -> float:
@@ -595,7 +616,7 @@ def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any
     rs.pools.ensure("browser", size=1)
     rs.budgets.ensure("model-usd", total=1.00)
 
-    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "reserve": 0.25}, attempts=1)
+    @runstate.queue("declared", slots="browser", budget={"name": "model-usd", "amount": 0.25}, attempts=1)
     def declared(input: dict) -> dict:
         runstate.context().spend(0.1)
         if input.get("fail"):
@@ -634,7 +655,7 @@ def test_queue_requirements_come_from_the_worker(module_api: tuple[Runstate, Any
 
 def test_submits_name_existing_resources(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("render")
             await rs.limits.ensure("search-api", units=2)
             await rs.pools.ensure("browser", size=1)
@@ -661,7 +682,7 @@ def test_submits_name_existing_resources(dev_node: DevNode) -> None:
 
 def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> None:
     async def main() -> None:
-        space_id = space()
+        space_id = space(dev_node)
         async with AsyncRunstate(base_url=dev_node.url, space_id=space_id) as rs:
             await rs.pools.ensure("browser", size=1)
             await rs.limits.ensure("search-api", units=5)
@@ -678,7 +699,7 @@ def test_a_cancelled_run_refuses_and_held_leases_are_lost(dev_node: DevNode) -> 
                 raise AssertionError("the block ran to its end")
 
             async def hold_budget() -> None:
-                async with run.budget("model-usd", reserve=0.40, lease_ms=CANCELLED_LEASE_MS) as reservation:
+                async with run.budget("model-usd", amount=0.40, lease_ms=CANCELLED_LEASE_MS) as reservation:
                     seen["reservation"] = reservation
                     reservation.spend(0.1)
                     await asyncio.sleep(WAIT_S)

@@ -13,16 +13,17 @@ import pytest
 import runstate
 from runstate import AsyncRunstate, Runstate
 
+from tests._http import new_space
 from tests._nodes import DevNode
 
 
-def space() -> str:
-    return f"sdk-rt-{uuid.uuid4().hex[:8]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "sdk-rt")
 
 
 def test_named_runs_and_child_runs(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             first = await rs.scopes.named("nightly")
             assert (await rs.scopes.named("nightly")).id == first.id
             assert (await rs.default_scope()).view["name"] == "default"  # type: ignore[index]
@@ -37,7 +38,7 @@ def test_named_runs_and_child_runs(dev_node: DevNode) -> None:
 
 def test_mailbox_modes_and_backlog_limit(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             created = await rs.mailboxes.ensure("bounded", backlog_limit=1)
             assert created["created"] is True and created["id"].startswith("mbx_")
             again = await rs.mailboxes.ensure("bounded")
@@ -60,7 +61,7 @@ def test_mailbox_modes_and_backlog_limit(dev_node: DevNode) -> None:
 
 def test_ticket_cancel_join_detach_and_outcome_reason(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             ticket = await run.mailbox("work").submit({"n": 1})
@@ -87,7 +88,7 @@ def test_ticket_cancel_join_detach_and_outcome_reason(dev_node: DevNode) -> None
 
 def test_consume_below_a_run_takes_the_tasks_of_its_child_runs(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             child = await run.child()
@@ -106,7 +107,7 @@ def test_consume_below_a_run_takes_the_tasks_of_its_child_runs(dev_node: DevNode
 
 def test_delivery_settles_through_nack_and_a_stale_token_is_lease_lost(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=space()) as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
             await rs.mailboxes.ensure("work")
             run = await rs.scopes.create()
             queue = run.mailbox("work")
@@ -128,7 +129,7 @@ def test_delivery_settles_through_nack_and_a_stale_token_is_lease_lost(dev_node:
 
 
 def test_the_blocking_client_mirrors_the_new_calls(dev_node: DevNode) -> None:
-    with Runstate(base_url=dev_node.url, space_id=space()) as rs:
+    with Runstate(base_url=dev_node.url, space_id=space(dev_node)) as rs:
         run = rs.scopes.named("blocking")
         assert rs.scopes.named("blocking").id == run.id
         rs.mailboxes.ensure("work", backlog_limit=10)
@@ -155,7 +156,7 @@ def test_the_blocking_client_mirrors_the_new_calls(dev_node: DevNode) -> None:
 def test_the_module_api_uses_the_configured_named_run(dev_node: DevNode) -> None:
     from runstate.sdk import _runtime
 
-    space_id, name = space(), f"nightly-{uuid.uuid4().hex[:6]}"
+    space_id, name = space(dev_node), f"nightly-{uuid.uuid4().hex[:6]}"
     with pytest.raises(runstate.ConfigError):
         runstate.configure(base_url=dev_node.url, space_id=space_id, run="")
     runstate.configure(base_url=dev_node.url, space_id=space_id, run=name)

@@ -6,13 +6,13 @@ nothing)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import runstate
 from runstate import AsyncRunstate
 
+from tests._http import new_space
 from tests._nodes import DevNode
 
 WAIT_MS = 10_000
@@ -20,7 +20,7 @@ WAIT_MS = 10_000
 
 def test_a_timer_at_a_time(dev_node: DevNode) -> None:
     async def main() -> None:
-        async with AsyncRunstate(base_url=dev_node.url, space_id=f"at-{uuid.uuid4().hex[:10]}") as rs:
+        async with AsyncRunstate(base_url=dev_node.url, space_id=new_space(dev_node.url, "at")) as rs:
             run = await rs.scopes.create()
             when = (datetime.now(timezone.utc) + timedelta(seconds=0.3)).replace(microsecond=0) + timedelta(seconds=1)
             aware = await run.timers.create(at=when)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from runstate import Runstate
 
 from runstate_server.node._asyncio_tls import PYTHON_WITH_THIS_PROTOCOL
+from tests._http import new_space
 from tests._nodes import DevNode
 from tests._tls_nodes import https_node, make_ca, sign_server_certificate, unverified_context
 from tests._typescript import PACKAGE, npm, run_npm
@@ -55,7 +55,7 @@ def ts_env(node: DevNode, space: str | None = None, **extra: str) -> dict[str, s
     for name in ("RUNSTATE_API_KEY", "RUNSTATE_SCOPE_ID", "RUNSTATE_RUN"):
         if name not in extra:
             env.pop(name, None)
-    env["RUNSTATE_SPACE_ID"] = space or f"ts-{uuid.uuid4().hex[:10]}"
+    env["RUNSTATE_SPACE_ID"] = space or new_space(node.url, "ts")
     return env
 
 
@@ -397,7 +397,7 @@ def test_task_group_cancel_barrier_and_timer_samples(dev_node: DevNode, procs: P
 
 
 def test_a_python_group_judged_from_typescript(dev_node: DevNode, procs: Processes) -> None:
-    space = f"ts-{uuid.uuid4().hex[:10]}"
+    space = new_space(dev_node.url, "ts")
     with Runstate(base_url=dev_node.url, space_id=space, holder="python-owner") as rs:
         rs.mailboxes.ensure("reviews", mode="WORK")
         run = rs.scopes.create()

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from runstate import AsyncRunstate
 
-from tests._http import Api
+from tests._http import Api, new_space
 from tests._nodes import DevNode
 
 LEASE_MS = 30_000
 
 
-def space() -> str:
-    return f"identity-{uuid.uuid4().hex[:10]}"
+def space(node: DevNode) -> str:
+    return new_space(node.url, "identity")
 
 
 @contextlib.asynccontextmanager
@@ -32,7 +31,7 @@ async def two_workers(url: str, space_id: str) -> AsyncIterator[tuple[AsyncRunst
 
 
 def test_statuses_show_who_holds_and_who_finished_tasks_once_entries_and_claims(dev_node: DevNode) -> None:
-    space_id = space()
+    space_id = space(dev_node)
 
     async def main() -> None:
         async with two_workers(dev_node.url, space_id) as (a, b):
@@ -83,7 +82,7 @@ def test_statuses_show_who_holds_and_who_finished_tasks_once_entries_and_claims(
 
 
 def test_group_status_shows_who_worked_on_and_who_judged_each_member(dev_node: DevNode) -> None:
-    space_id = space()
+    space_id = space(dev_node)
 
     async def main() -> None:
         async with two_workers(dev_node.url, space_id) as (a, b):

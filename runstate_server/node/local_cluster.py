@@ -44,6 +44,14 @@ STOP_TIMEOUT_S = 15.0
 WATCH_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 1.0  # one health probe while the nodes start
 SECRET_FILE_NAME = "cluster.secret"
+# What `cluster up` reads of a node's log to say why it failed: the first error line of this start
+# (a node that keeps failing writes megabytes of tracebacks), at most this much of the log, and
+# the line cut to this length.
+LOG_SCAN_BYTES_MAX = 1 << 20
+ERROR_LINE_CHARS_MAX = 300
+LOG_ERROR_LEVELS = (" ERROR ", " CRITICAL ")  # as the node's logging format writes levels (cli.py)
+TRACEBACK_START = "Traceback (most recent call last):"
+COMMAND_ERROR_PREFIX = "runstate: "  # a node that cannot start says why in one line so prefixed
 CERTS_DIR_NAME = "certs"  # --tls: DATA_DIR/certs, as `runstate certs init --out` writes it
 
 
@@ -68,6 +76,7 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
     context = ssl.create_default_context(cafile=str(certs / f"{CA_NAME}.pem")) if certs else None
     rafts = [f"{DEFAULT_HOST}:{base_port + RAFT_PORT_OFFSET + index}" for index in range(nodes)]
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {node_id: _NodeLog(data_dir / f"{node_id}.log") for node_id in ids}
     stopping = False
 
     def stop(_signum: int, _frame: object) -> None:
@@ -96,9 +105,10 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
             for other in range(nodes):
                 if other != index:
                     command += ["--peer", f"{ids[other]},{rafts[other]},{api_urls[other]}"]
-            with open_private(data_dir / f"{node_id}.log", "ab") as log_file:
+            with open_private(logs[node_id].path, "ab") as log_file:
+                logs[node_id].start_offset = log_file.tell()  # the log is kept across starts: read this one's
                 processes[node_id] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-        if not _wait_healthy(api_urls, processes, lambda: stopping, context):
+        if not _wait_healthy(dict(zip(ids, api_urls, strict=True)), processes, logs, lambda: stopping, context):
             return 1
         print(f"runstate cluster of {nodes} nodes is up (data and logs in {data_dir})", flush=True)
         print("Point clients at it with:", flush=True)
@@ -116,7 +126,7 @@ def cluster_up(nodes: int, base_port: int, data_dir: Path, *, fsync: str, log_le
             for node_id, process in processes.items():
                 if process.poll() is not None and node_id not in reported:
                     reported.add(node_id)
-                    print(f"runstate: node {node_id} exited with {process.returncode}; see {data_dir / node_id}.log", flush=True)
+                    print(f"runstate: node {node_id} exited with {process.returncode}: {logs[node_id].why()}", flush=True)
             time.sleep(WATCH_INTERVAL_S)
         print("runstate: stopping the cluster", flush=True)
         return 0
@@ -152,24 +162,75 @@ def _certs(data_dir: Path, ids: list[str]) -> Path:
     return out
 
 
+class _NodeLog:
+    """A node's log file, and where this start of the node began writing to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.start_offset = 0
+
+    def first_error(self) -> str | None:
+        """The first error this start of the node logged: a line logged at ERROR or CRITICAL, the
+        last line of a traceback (the exception and its message), or a one-line error of the
+        command (`runstate: ...`); else its last line; None when it wrote nothing (or the log
+        cannot be read)."""
+        try:
+            with open(self.path, "rb") as file:
+                file.seek(self.start_offset)
+                text = file.read(LOG_SCAN_BYTES_MAX).decode(errors="replace")
+        except OSError:
+            return None
+        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+        in_traceback = False
+        for line in lines:
+            if in_traceback:
+                if not line[:1].isspace():  # the frames are indented; the exception line is not
+                    return _cut(line)
+            elif line.startswith(TRACEBACK_START):
+                in_traceback = True
+            elif line.startswith(COMMAND_ERROR_PREFIX):
+                return _cut(line.removeprefix(COMMAND_ERROR_PREFIX))
+            elif any(level in line for level in LOG_ERROR_LEVELS):
+                return _cut(line)
+        return _cut(lines[-1]) if lines else None
+
+    def why(self) -> str:
+        """The first error of the node's log and the log's path, for a one-line message."""
+        error = self.first_error()
+        return f"{error if error is not None else 'its log is empty'} (log: {self.path})"
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= ERROR_LINE_CHARS_MAX else line[:ERROR_LINE_CHARS_MAX] + "..."
+
+
 def _wait_healthy(
-    urls: list[str], processes: dict[str, subprocess.Popen[bytes]], stopping: object, context: ssl.SSLContext | None,
+    urls: dict[str, str], processes: dict[str, subprocess.Popen[bytes]], logs: dict[str, _NodeLog], stopping: object,
+    context: ssl.SSLContext | None,
 ) -> bool:
+    """Whether every node answers healthy within HEALTHY_TIMEOUT_S. If not (a node exited, the
+    time ran out, or a stop was asked for), says which node and why on stderr, one line a node."""
     deadline = time.monotonic() + HEALTHY_TIMEOUT_S
     pending = set(urls)
     while pending:
         for node_id, process in processes.items():
             if process.poll() is not None:
-                print(f"runstate: node {node_id} exited with {process.returncode} while starting", file=sys.stderr)
+                print(f"runstate: node {node_id} exited with {process.returncode} while starting: {logs[node_id].why()}",
+                      file=sys.stderr)
                 return False
-        if time.monotonic() > deadline or (callable(stopping) and stopping()):
-            print(f"runstate: no healthy answer from {', '.join(sorted(pending))}", file=sys.stderr)
+        if callable(stopping) and stopping():
+            print(f"runstate: stopped while {', '.join(sorted(pending))} had not answered healthy", file=sys.stderr)
             return False
-        for url in list(pending):
+        if time.monotonic() > deadline:
+            for node_id in sorted(pending):
+                print(f"runstate: no healthy answer from node {node_id} ({urls[node_id]}) in {HEALTHY_TIMEOUT_S:.0f} s: "
+                      f"{logs[node_id].why()}", file=sys.stderr)
+            return False
+        for node_id in sorted(pending):
             try:
-                with urllib.request.urlopen(f"{url}/v1/health", timeout=PROBE_TIMEOUT_S, context=context) as response:
+                with urllib.request.urlopen(f"{urls[node_id]}/v1/health", timeout=PROBE_TIMEOUT_S, context=context) as response:
                     if json.load(response).get("status") == "ok":
-                        pending.discard(url)
+                        pending.discard(node_id)
             except (OSError, urllib.error.URLError, ValueError):
                 pass
         time.sleep(0.1)

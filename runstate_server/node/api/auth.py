@@ -17,10 +17,16 @@ and that state holds every revoke acknowledged before the read: Node.confirm_lea
 routes (the cluster view) are checked against the local copy.
 
 Without auth (`runstate dev` without --auth, loopback only) there is no key: the caller has every
-permission in the space the path names, or the default space.
+permission in the space the path names, or the default space. The space the path names must exist
+(the default space always does; `runstate spaces create` makes others): an unknown one is
+404 NOT_FOUND naming it, so a typo in RUNSTATE_SPACE_ID fails at the first call instead of writing
+into a new, empty space. Checked here against the node's state, which holds at apply time too:
+a space is never deleted, and such a node is alone (a cluster node always has auth).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -39,6 +45,9 @@ from runstate_server.node.api.routes import (
 )
 from runstate_server.node.errors import ApiError
 from runstate_server.node.keys import key_hash
+
+if TYPE_CHECKING:
+    from runstate_server.node.server import Node
 
 BEARER_PREFIX = "bearer "
 API_KEY_CHARS_MAX = 512  # longer Authorization values are refused before they are hashed
@@ -68,7 +77,10 @@ def _caller(request: web.Request, route: Route) -> Caller:
     if path_space is not None and not SPACE_ID.match(path_space):
         raise ApiError("VALIDATION_FAILED", "the space id in the path must be 1 to 128 letters, digits, '_', '.' or '-'")
     if not node.config.auth:
-        return Caller(path_space or node.config.default_space, None, ALL_PERMISSIONS, operator=True)
+        space = path_space or node.config.default_space
+        if space != node.config.default_space:
+            _require_space(node, space)
+        return Caller(space, None, ALL_PERMISSIONS, operator=True)
     secret = _bearer(request)
     with node.read() as state:
         if state.operator_space is None:
@@ -87,6 +99,17 @@ def _caller(request: web.Request, route: Route) -> Caller:
             f"this call needs the {route.permission} permission; the key has {', '.join(key.permissions)}",
         )
     return Caller(key.space, key.id, frozenset(key.permissions), operator)
+
+
+def _require_space(node: Node, space_id: str) -> None:
+    with node.read() as state:
+        if space_id in state.spaces:
+            return
+    raise ApiError(
+        "NOT_FOUND",
+        f"space {space_id!r} not found: create it first (runstate spaces create --id {space_id}), "
+        f"or use the default space, {node.config.default_space!r}",
+    )
 
 
 def _bearer(request: web.Request) -> str:

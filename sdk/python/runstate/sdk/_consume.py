@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from runstate.sdk._completes import Completes
 from runstate.sdk._http import OutcomeUnknownError
+from runstate.sdk._interrupt import interrupted, watching_sigint
 from runstate.sdk.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -208,6 +209,15 @@ class Consumer:
         self._completes = Completes(mailbox._transport)
 
     async def run(self) -> None:
+        with watching_sigint() as sigint_seen:
+            try:
+                await self._run()
+            except asyncio.CancelledError:
+                if sigint_seen():  # Ctrl-C under asyncio.run(): one line and exit 130 (_interrupt.py)
+                    raise interrupted() from None
+                raise
+
+    async def _run(self) -> None:
         stop_waiter = asyncio.create_task(self._stopping.wait())
         watcher = asyncio.create_task(self._watch_stop(self._stop)) if self._stop is not None else None
         grace_s = CONSUME_DRAIN_TIMEOUT_S

@@ -72,6 +72,7 @@ from runstate.sdk.resources import (
     SlotLease,
     SlotsLike,
     Spending,
+    budget_amount,
     requirements_body,
     settle_job_reservations,
     spent_value,
@@ -353,20 +354,25 @@ class Scope:
     def budget(
         self,
         name: str,
-        reserve: float,
+        amount: float | None = None,
         lease_ms: int = SLOT_LEASE_MS_DEFAULT,
         timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
         holder: str | None = None,
+        *,
+        reserve: float | None = None,
     ) -> Holding[Reservation]:
-        """`async with run.budget("model-usd", reserve=0.40) as reservation:` reserves `reserve` of
-        the budget for the block; report spend with `reservation.spend(amount)`.
+        """`async with run.budget("model-usd", amount=0.40) as reservation:` reserves `amount` of
+        the budget for the block (as `run.budgets.reserve(name, amount)`); report spend with
+        `reservation.spend(amount)`. `reserve=` is the amount's deprecated name (DeprecationWarning;
+        ConfigError with both).
 
         On exit the reservation is settled with what was spent (the whole reservation if
         `spend()` was never called), or released if the block raised before any `spend()`.
         Waiting, renewal and errors as for `slot` (ValidationError for more than the budget's total).
         """
+        amount = budget_amount(amount, reserve, "budget()")
         return Holding(
-            lambda: self.budgets.reserve(name, reserve, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder)
+            lambda: self.budgets.reserve(name, amount, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder)
         )
 
     def mailbox(self, name: str) -> Mailbox:
@@ -449,7 +455,7 @@ class Mailbox:
         """Submit a task; returns its `Ticket` (`.created` is False if the key already existed).
 
         `slots` (a pool name or a list of them), `limit` (a limit name, or `{"name", "units"}`) and
-        `budget` (`{"name", "reserve"}`) name what the job needs, sent as the protocol's
+        `budget` (`{"name", "amount"}`) name what the job needs, sent as the protocol's
         `requirements`: a worker receives it only when all of them can be taken, and takes them
         with it; slots return when its delivery ends, the reservation is settled by the worker.
 

@@ -286,7 +286,7 @@ def queue(
     return value identifies the job instead of the whole input.
 
     `slots` (a pool name or a list of them), `limit` (`{"name", "units"}`, or a limit name for one
-    unit) and `budget` (`{"name", "reserve"}`) name what each job needs; they must exist (see
+    unit) and `budget` (`{"name", "amount"}`) name what each job needs; they must exist (see
     `rs.pools`, `rs.limits`, `rs.budgets`). A worker takes a job and all of them in one step and
     they return when the job ends; `runstate.context().spend(amount)` in the handler reports the
     actual spend (else the whole reservation counts as spent).

@@ -10,7 +10,7 @@ that a worker takes a job and everything it needs in one step (`submit(..., slot
     async with run.slot("browser", timeout_ms=60_000) as lease:    # renewed while held, released on exit
         ...
     await run.limits.take("search-api", units=1, timeout_ms=10_000)
-    async with run.budget("model-usd", reserve=0.40) as reservation:
+    async with run.budget("model-usd", amount=0.40) as reservation:
         reservation.spend(0.12)                                      # settled on exit
 
 All of it is the published protocol on the wire: a pool is a permit, a rate limit an allowance,
@@ -28,6 +28,7 @@ import asyncio
 import logging
 import math
 import threading
+import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -149,7 +150,7 @@ def needs_body(slots: SlotsLike, limit: LimitLike, budget: BudgetLike) -> dict[s
     """The fields a task submit carries for what the job needs. ConfigError when malformed.
 
     `slots` is a pool name or a list of them; `limit` a limit name (1 unit) or `{"name", "units"}`;
-    `budget` `{"name", "reserve"}`.
+    `budget` `{"name", "amount"}` (`{"name", "reserve"}`, deprecated, still works).
     """
     body: dict[str, Any] = {}
     if slots is not None:
@@ -172,11 +173,29 @@ def needs_body(slots: SlotsLike, limit: LimitLike, budget: BudgetLike) -> dict[s
         if "units" in limit:
             body["limit"]["units"] = _count(limit["units"], "limit units")
     if budget is not None:
-        if not isinstance(budget, Mapping) or set(budget) != {"name", "reserve"}:
-            raise ConfigError(f'budget must be {{"name", "reserve"}}, got {budget!r}')
+        if not isinstance(budget, Mapping) or set(budget) not in ({"name", "amount"}, {"name", "reserve"}):
+            raise ConfigError(f'budget must be {{"name", "amount"}}, got {budget!r}')
         path_segment(budget["name"], "budget name")
-        body["budget"] = {"name": budget["name"], "reserve": _amount(budget["reserve"], "budget reserve")}
+        amount = budget_amount(budget.get("amount"), budget.get("reserve"), 'budget={"name", "amount"}', stacklevel=4)
+        # "reserve" is the wire's name (the protocol's reserveMinor), not the user's.
+        body["budget"] = {"name": budget["name"], "reserve": _amount(amount, "budget amount")}
     return body
+
+
+def budget_amount(amount: Any, reserve: Any, where: str, stacklevel: int = 3) -> Any:
+    """The amount of a budget to reserve, given as `amount`, or by its old name `reserve` (as
+    runstate-sdk 0.3.0 named it in `budget(name, reserve=...)` and a submit's `budget`): accepted
+    with a DeprecationWarning. ConfigError when both or neither are given."""
+    if reserve is None:
+        if amount is None:
+            raise ConfigError(f"{where} needs the amount to reserve")
+        return amount
+    if amount is not None:
+        raise ConfigError(f"{where}: give the amount once, as amount (reserve is its deprecated name)")
+    warnings.warn(
+        f"{where}: 'reserve' is deprecated, name the amount 'amount'", DeprecationWarning, stacklevel=stacklevel
+    )
+    return reserve
 
 
 async def requirements_body(
@@ -511,7 +530,7 @@ class SlotLease(Held):
 
 
 class Reservation(Held):
-    """An amount reserved from a budget: `async with run.budget("model-usd", reserve=0.40) as r:`.
+    """An amount reserved from a budget: `async with run.budget("model-usd", amount=0.40) as r:`.
 
     `amount` is what was reserved; `spend(amount)` reports what was actually spent (summed over
     calls, `spent`); `settle()` charges it and returns the rest to the budget. On the wire it is

@@ -21,6 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from runstate.sdk import client as aio
 from runstate.sdk._http import REQUEST_TIMEOUT_S_DEFAULT
+from runstate.sdk._interrupt import interrupted
 from runstate.sdk.admin import BlockingKeys, BlockingSpaces, Identity
 from runstate.sdk.barriers import BlockingBarriers
 from runstate.sdk.claims import BlockingClaims
@@ -47,6 +48,7 @@ from runstate.sdk.resources import (
     Reservation,
     SlotLease,
     SlotsLike,
+    budget_amount,
 )
 from runstate.sdk.timers import BlockingTimers
 
@@ -185,15 +187,18 @@ class Scope:
     def budget(
         self,
         name: str,
-        reserve: float,
+        amount: float | None = None,
         lease_ms: int = SLOT_LEASE_MS_DEFAULT,
         timeout_ms: int = WAIT_TIMEOUT_MS_DEFAULT,
         holder: str | None = None,
+        *,
+        reserve: float | None = None,
     ) -> BlockingHolding[Reservation, BlockingReservation]:
-        """`with run.budget("model-usd", reserve=0.40) as reservation:` (see `client.Scope.budget`)."""
+        """`with run.budget("model-usd", amount=0.40) as reservation:` (see `client.Scope.budget`)."""
+        amount = budget_amount(amount, reserve, "budget()")
         return BlockingHolding(
             lambda: self._inner.budgets.reserve(
-                name, reserve, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder
+                name, amount, lease_ms=lease_ms, timeout_ms=timeout_ms, holder=holder
             ),
             BlockingReservation,
             self._portal,
@@ -443,10 +448,12 @@ class Mailbox:
         except concurrent.futures.CancelledError:
             # The client was closed while consuming: that ends consume().
             return
-        except BaseException:
+        except BaseException as error:
             # KeyboardInterrupt and the like: stop consuming, hand running deliveries back.
             future.cancel()
             concurrent.futures.wait([future], timeout=CONSUME_INTERRUPT_WAIT_S)
+            if type(error) is KeyboardInterrupt:  # Ctrl-C: one line and exit 130 (_interrupt.py)
+                raise interrupted() from None
             raise
 
     @staticmethod
