@@ -162,8 +162,29 @@ export interface Needs {
   slots?: string | string[];
   /** A rate limit: a name (one unit) or `{ name, units }`. */
   limit?: string | { name: string; units?: number };
-  /** A budget reservation: `{ name, reserve }` (a decimal amount). */
-  budget?: { name: string; reserve: number };
+  /**
+   * A budget reservation: `{ name, amount }` (a decimal amount, as `budgets.reserve(name, { amount })`
+   * names it). `reserve`, the name of earlier releases, still works and warns that it is deprecated.
+   */
+  budget?: { name: string; amount?: number; reserve?: number };
+}
+
+let reserveNameWarned = false;
+
+/** A budget need's amount: `amount`, or the deprecated `reserve` (ConfigError for both or neither). */
+function budgetAmount(budget: { name: string; amount?: number; reserve?: number }): number {
+  if (budget.amount !== undefined && budget.reserve !== undefined) {
+    throw new ConfigError('a budget need takes amount (or the deprecated reserve), not both');
+  }
+  if (budget.reserve !== undefined) {
+    if (!reserveNameWarned) {
+      reserveNameWarned = true;
+      process.emitWarning("a budget need's reserve is deprecated: name it amount ({ name, amount })", 'DeprecationWarning');
+    }
+    return budget.reserve;
+  }
+  if (budget.amount === undefined) throw new ConfigError('a budget need takes an amount: { name, amount }');
+  return budget.amount;
 }
 
 /** Check `needs` now (ConfigError), before the first submit. */
@@ -181,7 +202,7 @@ export function checkNeeds(needs: Needs): void {
   }
   if (budget !== undefined) {
     segment(budget?.name, 'budget name');
-    amount(budget.reserve, 'budget reserve');
+    amount(budgetAmount(budget), 'budget amount');
   }
 }
 
@@ -204,8 +225,8 @@ export async function requirements(transport: Transport, needs: Needs): Promise<
   }
   if (needs.budget !== undefined) {
     const row = await budgetRow(transport, needs.budget.name);
-    const reserveMinor = toMinor(needs.budget.reserve, row.scale, 'budget reserve');
-    if (reserveMinor < 1n) throw new ConfigError(`budget reserve must be at least one minor unit of budget ${needs.budget.name}`);
+    const reserveMinor = toMinor(budgetAmount(needs.budget), row.scale, 'budget amount');
+    if (reserveMinor < 1n) throw new ConfigError(`budget amount must be at least one minor unit of budget ${needs.budget.name}`);
     body.budgets = [{ name: needs.budget.name, reserveMinor: String(reserveMinor) }];
   }
   return Object.keys(body).length > 0 ? body : undefined;

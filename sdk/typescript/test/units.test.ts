@@ -19,6 +19,7 @@ import runstate, {
 import { errorFromResponse } from '../src/errors.ts';
 import { durationMs, formatTime } from '../src/time.ts';
 import { parseBaseUrls } from '../src/transport.ts';
+import { checkNeeds } from '../src/resources.ts';
 
 test('durations: numbers are milliseconds, strings carry their unit', () => {
   assert.equal(durationMs(1500, 'lease'), 1500);
@@ -103,4 +104,20 @@ test('budget amounts convert exactly to minor units', async () => {
   assert.equal(toMinor(1e21, 0, 'total'), 10n ** 21n);
   assert.throws(() => toMinor(0.405, 2, 'reserve'), ConfigError);
   assert.throws(() => toMinor(-1, 2, 'reserve'), ConfigError);
+});
+
+test("a budget need's amount is `amount`; the deprecated `reserve` still works, not both", async () => {
+  checkNeeds({ budget: { name: 'model-usd', amount: 0.4 } });
+  const warnings: string[] = [];
+  const listen = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`);
+  process.on('warning', listen);
+  try {
+    checkNeeds({ budget: { name: 'model-usd', reserve: 0.4 } });
+    await new Promise((resolve) => setImmediate(resolve)); // emitWarning delivers on a later tick
+  } finally {
+    process.off('warning', listen);
+  }
+  assert.deepEqual(warnings, ["DeprecationWarning: a budget need's reserve is deprecated: name it amount ({ name, amount })"]);
+  assert.throws(() => checkNeeds({ budget: { name: 'model-usd', amount: 0.4, reserve: 0.4 } }), ConfigError);
+  assert.throws(() => checkNeeds({ budget: { name: 'model-usd' } }), ConfigError);
 });

@@ -9,6 +9,6 @@ async function renderPage(url: string): Promise<string> {
 export const render = runstate.queue('render', async (input: { url: string }) => renderPage(input.url), {
   slots: 'browser',
   limit: { name: 'search-api', units: 1 },
-  budget: { name: 'model-usd', reserve: 0.4 },
+  budget: { name: 'model-usd', amount: 0.4 },
 });
 // --- end of sample ---

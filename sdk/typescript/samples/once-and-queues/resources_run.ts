@@ -15,7 +15,7 @@ const measured = runstate.queue(
     runstate.context()!.spend(0.1);
     return input.url;
   },
-  { slots: 'browser', budget: { name: 'model-usd', reserve: 0.4 } },
+  { slots: 'browser', budget: { name: 'model-usd', amount: 0.4 } },
 );
 const stop = new AbortController();
 const serving = runstate.serve({ queues: [render, measured], signal: stop.signal, handleSignals: false });
