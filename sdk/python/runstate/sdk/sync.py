@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -60,6 +61,19 @@ STOP_POLL_INTERVAL_S = 0.1
 CONSUME_INTERRUPT_WAIT_S = 10.0
 
 SyncHandler = Callable[[Any, "Delivery"], Any]
+
+
+def _close_client(portal: BlockingPortal, client: aio.AsyncRunstate, portal_context: Any) -> None:
+    """Close `client`'s connections, then stop the portal's thread (Runstate.close, or its finalizer)."""
+    try:
+        portal.call(client.aclose)
+    finally:
+        try:
+            # Cancel what still runs (e.g. a result() abandoned by Ctrl-C) instead of waiting.
+            portal.call(portal.stop, True)
+        except RuntimeError:
+            pass
+        portal_context.__exit__(None, None, None)
 
 
 def _call(portal: BlockingPortal, function: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -491,6 +505,11 @@ class Runstate:
         self._portal_context = start_blocking_portal(name="runstate-portal")
         self._portal = self._portal_context.__enter__()
         self._closed = False
+        # A client never closed is closed when it is collected, or at the latest as the interpreter
+        # exits (atexit, while the portal's daemon thread still runs): left to the portal's own
+        # context manager, it was closed at the interpreter's end, after that thread stopped, and
+        # the process hung there (a failed call's traceback kept the client alive until then).
+        self._finalizer = weakref.finalize(self, _close_client, self._portal, self._async, self._portal_context)
         self.mailboxes = Mailboxes(self._async.mailboxes, self._portal)
         self.scopes = Scopes(self._async.scopes, self._portal)
         self.pools = BlockingPools(self._async.pools, self._portal)
@@ -549,15 +568,7 @@ class Runstate:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._portal.call(self._async.aclose)
-        finally:
-            try:
-                # Cancel what still runs (e.g. a result() abandoned by Ctrl-C) instead of waiting.
-                self._portal.call(self._portal.stop, True)
-            except RuntimeError:
-                pass
-            self._portal_context.__exit__(None, None, None)
+        self._finalizer()  # _close_client, once
 
     def __enter__(self) -> Runstate:
         return self
