@@ -18,30 +18,21 @@ import {
   WorkerLink,
 } from "./_shared";
 import { WaitReasons } from "./Waits";
+import { LOG_PAGE, LOG_PAGES_MAX, type LogEvent } from "./_charts";
 
-interface Event {
-  eventId: string;
-  cursor: string;
-  type: string;
-  createdAt: string;
-  scopeId: string | null;
-  payload: Record<string, unknown>;
-}
-
-const HISTORY_PAGE = 1000;
-const HISTORY_PAGES_MAX = 10; // the space's log keeps at most 10 000 events
+type Event = LogEvent;
 
 /** Every event of the aggregate the log still keeps, oldest first. */
 async function history(aggregate: string, signal: AbortSignal): Promise<Event[]> {
   const found: Event[] = [];
   let cursor: string | null = null;
-  for (let pages = 0; pages < HISTORY_PAGES_MAX; pages++) {
+  for (let pages = 0; pages < LOG_PAGES_MAX; pages++) {
     const page: { events: Event[]; nextCursor: string } = await get(spacePath("/events"), {
-      query: { aggregate, cursor, limit: HISTORY_PAGE }, signal,
+      query: { aggregate, cursor, limit: LOG_PAGE }, signal,
     });
     found.push(...page.events);
     cursor = page.nextCursor;
-    if (page.events.length < HISTORY_PAGE) break;
+    if (page.events.length < LOG_PAGE) break;
   }
   return found;
 }

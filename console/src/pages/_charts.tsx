@@ -220,8 +220,8 @@ export interface LogEvent {
   payload: Record<string, unknown>;
 }
 
-const LOG_PAGE = 1000;
-const LOG_PAGES_MAX = 10; // the space's log keeps at most 10 000 events
+export const LOG_PAGE = 1000; // events asked for per page of the log
+export const LOG_PAGES_MAX = 10; // the space's log keeps at most 10 000 events
 
 /** The events of `types` over the last `windowMs` (the log keeps an hour at most), oldest first:
  * read whole when the page opens, then only what came after on each reload. */
